@@ -1,0 +1,1 @@
+"""Disaggregated prefill/decode vLLM on Slurm: recipe -> plan -> render -> submit -> orchestrate."""
