@@ -1,0 +1,594 @@
+"""Telemetry storage under `runs/<run-id>/telemetry/<node>/`: one writer (the node's agent),
+any number of readers (dashboard, tests, notebooks), safe on NFS/Lustre.
+
+Files in a node directory (the agent is the only writer of each):
+
+    samples-<start_ms>-<pid>.tsv      the active segment: append-only text rows
+    samples-<start_ms>-<pid>.parquet  a rotated segment, compacted (write-then-rename)
+    raw-<start_ms>-<pid>.zraw         raw /metrics text, zlib, append-only records
+    gaps.jsonl                        one line per gap opened / closed, with the reason
+    agent.json                        what the agent collects and what it could not (replaced whole)
+
+Row shape (contracts.md): `(ts, node, process, engine, name, labels, value)`. A text row is
+`ts \\t node \\t process \\t engine \\t name \\t labels \\t value \\n`; canonical JSON never holds a raw
+tab or newline, so a row cannot contain a separator. A writer killed mid-write leaves at most a
+torn last line without its newline: readers stop at the last newline, and skip any row that does
+not parse (NFS can expose zero-filled tails).
+
+**Change-point encoding** (what keeps a 72-GPU run readable). Most series (histogram buckets,
+idle counters, totals) do not change between two scrapes. `ChangeFilter` writes a series'
+observation only when
+
+1. its value differs from the previous observation (the change), or
+2. the next observation changes it and this one was not written (the *hold point*: the last
+   sample of an unchanged run, at its own timestamp), or
+3. a keyframe is due (every `KEYFRAME_S`, and the first observation after a start or a gap), or
+4. the writer closes or the source goes away (its pending hold points are written).
+
+Consequence for readers: linear interpolation between two consecutive rows of one series gives
+back every sampled value exactly (constant runs are stored as their two ends). Counter rates
+from consecutive rows are exact averages over their interval; the value of any series at time t
+is the last row at or before t (at most `KEYFRAME_S` old while the source is alive).
+`read_samples(start=...)` therefore also returns, per series, the last row before `start`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import zlib
+from collections.abc import Hashable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Self
+
+if TYPE_CHECKING:  # heavy imports stay lazy: the agent's hot path never needs them
+    import pandas as pd
+
+FORMAT_VERSION = 1
+KEYFRAME_S = 60.0
+ROTATE_S = 600.0
+ROTATE_BYTES = 64 * 1024 * 1024
+COLUMNS = ("ts", "node", "process", "engine", "name", "labels", "value")
+AGENT_INFO = "agent.json"
+GAPS = "gaps.jsonl"
+STORE_META = "store.json"
+
+Row = tuple[float, str, str, str, str, "dict | str", float]
+
+
+def canonical_labels(labels: dict | str | None) -> str:
+    """Sorted-key compact JSON; a string is taken as already canonical."""
+    if labels is None:
+        return "{}"
+    if isinstance(labels, str):
+        return labels or "{}"
+    return json.dumps(labels, sort_keys=True, separators=(",", ":"))
+
+
+def format_row(ts: float, node: str, process: str, engine: str, name: str,
+               labels: dict | str | None, value: float) -> str:
+    return (f"{ts:.3f}\t{node}\t{process}\t{engine or ''}\t{name}\t"
+            f"{canonical_labels(labels)}\t{float(value)!r}\n")
+
+
+# --- change-point filter ---------------------------------------------------------------------
+
+class ChangeFilter:
+    """Drops unchanged observations of a set of series observed together (one source).
+
+    `step(ts, items)` takes every `(key, value)` observed at `ts` and returns the
+    `(ts, key, value)` triples to store, by the rule in the module docstring. Values are
+    compared with `==`, so a scraper can pass the raw value strings and skip float parsing
+    of unchanged lines."""
+
+    def __init__(self, keyframe_s: float = KEYFRAME_S) -> None:
+        self.keyframe_s = keyframe_s
+        # key -> [value, ts of that observation, written?]
+        self._last: dict[Hashable, list] = {}
+        self._next_keyframe = 0.0
+
+    def step(self, ts: float, items: Iterable[tuple[Hashable, Any]]) -> list[tuple]:
+        out: list[tuple] = []
+        last = self._last
+        if ts >= self._next_keyframe:
+            self._next_keyframe = ts + self.keyframe_s
+            for key, value in items:
+                prev = last.get(key)
+                if prev is not None and not prev[2] and prev[0] != value:
+                    out.append((prev[1], key, prev[0]))
+                last[key] = [value, ts, True]
+                out.append((ts, key, value))
+            return out
+        for key, value in items:
+            prev = last.get(key)
+            if prev is None:
+                last[key] = [value, ts, True]
+                out.append((ts, key, value))
+            elif prev[0] == value:
+                prev[1] = ts
+                prev[2] = False
+            else:
+                if not prev[2]:
+                    out.append((prev[1], key, prev[0]))  # hold point
+                prev[0] = value
+                prev[1] = ts
+                prev[2] = True
+                out.append((ts, key, value))
+        return out
+
+    def pending(self, reset: bool = True) -> list[tuple]:
+        """Unwritten last observations (call on a gap or at close); `reset` makes the next
+        observation a keyframe, so the series restart cleanly after the gap."""
+        out = [(v[1], k, v[0]) for k, v in self._last.items() if not v[2]]
+        if reset:
+            self._last.clear()
+            self._next_keyframe = 0.0
+        else:
+            for v in self._last.values():
+                v[2] = True
+        return out
+
+
+# --- writer ----------------------------------------------------------------------------------
+
+class SampleWriter:
+    """Append-only writer of one node directory. Thread-safe: collectors in several threads may
+    call `write`; `flush` puts buffered rows into the file (one `write` syscall per flush),
+    so a killed agent loses at most the rows buffered since the last flush (one interval)."""
+
+    def __init__(self, node_dir: Path, *, rotate_s: float = ROTATE_S,
+                 rotate_bytes: int = ROTATE_BYTES, keyframe_s: float = KEYFRAME_S,
+                 compact: bool = True) -> None:
+        self.node_dir = Path(node_dir)
+        self.node_dir.mkdir(parents=True, exist_ok=True)
+        self.rotate_s = rotate_s
+        self.rotate_bytes = rotate_bytes
+        self.keyframe_s = keyframe_s
+        self.compact = compact
+        self._lock = threading.Lock()
+        self._buf: list[str] = []
+        self._fd = -1
+        self._seg_path: Path | None = None
+        self._seg_started = 0.0
+        self._seg_bytes = 0
+        self._raw_fd = -1
+        self._compactors: list[threading.Thread] = []
+        self._closed = False
+        meta = {"format": FORMAT_VERSION, "encoding": "change-points", "keyframe_s": keyframe_s,
+                "columns": list(COLUMNS)}
+        _write_atomic(self.node_dir / STORE_META, json.dumps(meta, indent=1) + "\n")
+        # Text segments left by a killed predecessor: compact them now (one writer per dir).
+        orphans = sorted(self.node_dir.glob("samples-*.tsv"))
+        if orphans and compact:
+            self._compact_async(orphans)
+        self._open_segment()
+
+    # segments
+    def _open_segment(self) -> None:
+        now = time.time()
+        self._seg_path = self.node_dir / f"samples-{int(now * 1000):013d}-{os.getpid()}.tsv"
+        self._fd = os.open(self._seg_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._seg_started = now
+        self._seg_bytes = 0
+
+    def _rotate_locked(self) -> None:
+        old = self._seg_path
+        os.fsync(self._fd)
+        os.close(self._fd)
+        self._open_segment()
+        if old is not None and self.compact:
+            self._compact_async([old])
+
+    def _compact_async(self, paths: list[Path]) -> None:
+        t = threading.Thread(target=_compact_quietly, args=(paths,), daemon=True,
+                             name="telemetry-compact")
+        t.start()
+        self._compactors = [c for c in self._compactors if c.is_alive()] + [t]
+
+    # rows
+    def write(self, rows: Iterable[Sequence]) -> int:
+        """Buffer rows `(ts, node, process, engine, name, labels, value)`; returns how many."""
+        lines = [format_row(*r) for r in rows]
+        with self._lock:
+            self._buf.extend(lines)
+        return len(lines)
+
+    def write_lines(self, lines: list[str]) -> None:
+        """Buffer rows already made by `format_row` (the scraper's fast path)."""
+        with self._lock:
+            self._buf.extend(lines)
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            if self._buf:
+                data = "".join(self._buf).encode()
+                self._buf.clear()
+                _write_all(self._fd, data)
+                self._seg_bytes += len(data)
+            if (self._seg_bytes >= self.rotate_bytes
+                    or (self._seg_bytes and time.time() - self._seg_started >= self.rotate_s)):
+                self._rotate_locked()
+
+    def write_raw(self, ts: float, process: str, text: str | bytes, level: int = 1) -> None:
+        """Keep one raw /metrics payload, zlib-compressed, for re-parsing later."""
+        payload = zlib.compress(text.encode() if isinstance(text, str) else text, level)
+        head = f"R\t{ts:.3f}\t{process}\t{len(payload)}\n".encode()
+        with self._lock:
+            if self._closed:
+                return
+            if self._raw_fd < 0:
+                path = self.node_dir / f"raw-{int(time.time() * 1000):013d}-{os.getpid()}.zraw"
+                self._raw_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            _write_all(self._raw_fd, head + payload + b"\n")
+
+    def gap(self, *, ts: float, node: str, process: str, source: str, target: str,
+            reason: str, state: str = "open") -> None:
+        """Record a gap opening (`state="open"`) or closing (`"closed"`) for one source."""
+        row = {"ts": round(ts, 3), "node": node, "process": process, "source": source,
+               "target": target, "state": state, "reason": reason}
+        line = (json.dumps(row) + "\n").encode()
+        with self._lock, open(self.node_dir / GAPS, "ab") as f:
+            f.write(line)
+
+    def close(self, *, wait_compaction: float = 30.0) -> None:
+        """Flush, fsync, compact the last segment (a clean stop leaves only columnar files)."""
+        self.flush()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            last = self._seg_path
+            os.fsync(self._fd)
+            os.close(self._fd)
+            if self._raw_fd >= 0:
+                os.fsync(self._raw_fd)
+                os.close(self._raw_fd)
+        if self.compact and last is not None:
+            if last.stat().st_size:
+                _compact_quietly([last])
+            else:
+                last.unlink(missing_ok=True)
+        deadline = time.time() + wait_compaction
+        for t in self._compactors:
+            t.join(max(0.0, deadline - time.time()))
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def write_agent_info(node_dir: Path, info: dict) -> None:
+    """Replace `agent.json` whole (the agent is its only writer)."""
+    Path(node_dir).mkdir(parents=True, exist_ok=True)
+    _write_atomic(Path(node_dir) / AGENT_INFO, json.dumps(info, indent=1, default=str) + "\n")
+
+
+# --- compaction ------------------------------------------------------------------------------
+
+compaction_errors: list[str] = []  # kept for the agent's info file
+
+
+def _compact_quietly(paths: list[Path]) -> None:
+    for p in paths:
+        try:
+            compact_segment(p)
+        except Exception as e:  # noqa: BLE001 - a failed compaction keeps the readable text file
+            compaction_errors.append(f"{p.name}: {e}")
+
+
+def compact_segment(tsv: Path) -> Path | None:
+    """Text segment -> parquet sorted by (name, ts), so name filters prune row groups.
+    Write-then-rename, then the text file goes; readers prefer the parquet when both exist."""
+    import pyarrow.parquet as pq
+
+    table = _read_tsv(tsv)
+    if table is None:
+        return None
+    out = tsv.with_suffix(".parquet")
+    if table.num_rows:
+        import pyarrow.compute as pc
+
+        idx = pc.sort_indices(table, sort_keys=[("name", "ascending"), ("ts", "ascending")])
+        table = table.take(idx)
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+        pq.write_table(table, tmp, compression="zstd", row_group_size=65536,
+                       use_dictionary=["node", "process", "engine", "name", "labels"])
+        os.replace(tmp, out)
+    tsv.unlink(missing_ok=True)
+    return out if table.num_rows else None
+
+
+# --- readers ---------------------------------------------------------------------------------
+
+def _arrow_schema():
+    import pyarrow as pa
+
+    return pa.schema([("ts", pa.float64()), ("node", pa.string()), ("process", pa.string()),
+                      ("engine", pa.string()), ("name", pa.string()), ("labels", pa.string()),
+                      ("value", pa.float64())])
+
+
+def _read_tsv(path: Path):
+    """A text segment as an arrow table: complete lines only, bad lines skipped."""
+    import io
+
+    import pyarrow.compute as pc
+    import pyarrow.csv as pcsv
+
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    end = data.rfind(b"\n")
+    schema = _arrow_schema()
+    if end < 0:
+        return schema.empty_table()
+    data = data[: end + 1]
+    ropt = pcsv.ReadOptions(column_names=list(COLUMNS), block_size=1 << 22)
+    popt = pcsv.ParseOptions(delimiter="\t", quote_char=False, escape_char=False,
+                             newlines_in_values=False,
+                             invalid_row_handler=lambda _row: "skip")
+    copt = pcsv.ConvertOptions(column_types=schema, strings_can_be_null=False,
+                               null_values=[""], quoted_strings_can_be_null=False)
+    try:
+        table = pcsv.read_csv(io.BytesIO(data), read_options=ropt, parse_options=popt,
+                              convert_options=copt)
+    except Exception:  # noqa: BLE001 - a damaged segment: fall back to a line-by-line parse
+        table = _read_tsv_slow(data)
+    mask = pc.and_(pc.is_valid(table["ts"]), pc.is_valid(table["value"]))
+    return table.filter(mask)
+
+
+def _read_tsv_slow(data: bytes):
+    import pyarrow as pa
+
+    cols: dict[str, list] = {c: [] for c in COLUMNS}
+    for line in data.split(b"\n"):
+        parts = line.decode("utf-8", "replace").split("\t")
+        if len(parts) != 7:
+            continue
+        try:
+            ts, value = float(parts[0]), float(parts[6])
+        except ValueError:
+            continue
+        for c, v in zip(COLUMNS, (ts, *parts[1:6], value), strict=True):
+            cols[c].append(v)
+    return pa.table(cols, schema=_arrow_schema())
+
+
+def _telemetry_root(run_dir: Path) -> Path:
+    run_dir = Path(run_dir)
+    return run_dir / "telemetry" if (run_dir / "telemetry").is_dir() else run_dir
+
+
+def node_dirs(run_dir: Path, nodes: Iterable[str] | None = None) -> list[Path]:
+    root = _telemetry_root(run_dir)
+    if not root.is_dir():
+        return []
+    wanted = set(nodes) if nodes is not None else None
+    return sorted(p for p in root.iterdir()
+                  if p.is_dir() and not p.name.startswith(".")
+                  and (wanted is None or p.name in wanted))
+
+
+def _segments(node_dir: Path) -> tuple[list[Path], list[Path]]:
+    """(parquet files, text files); a text segment already compacted is left out."""
+    parquet = sorted(node_dir.glob("samples-*.parquet"))
+    done = {p.stem for p in parquet}
+    text = sorted(p for p in node_dir.glob("samples-*.tsv") if p.stem not in done)
+    return parquet, text
+
+
+def _filter_expr(names, name_prefix, processes, start, end):
+    import pyarrow.dataset as ds
+
+    expr = None
+
+    def _and(e):
+        return e if expr is None else expr & e
+
+    if names is not None:
+        expr = _and(ds.field("name").isin(list(names)))
+    if name_prefix is not None:
+        prefixes = [name_prefix] if isinstance(name_prefix, str) else list(name_prefix)
+        pe = None
+        for p in prefixes:
+            # a range filter prunes row groups by their min/max statistics; the string ends
+            # with the highest code point so every name starting with `p` is inside
+            e = (ds.field("name") >= p) & (ds.field("name") < p + "\U0010ffff")
+            pe = e if pe is None else pe | e
+        expr = _and(pe)
+    if processes is not None:
+        expr = _and(ds.field("process").isin(list(processes)))
+    if start is not None:
+        expr = _and(ds.field("ts") >= float(start))
+    if end is not None:
+        expr = _and(ds.field("ts") <= float(end))
+    return expr
+
+
+def read_samples(run_dir: Path, *, names: Iterable[str] | None = None,
+                 name_prefix: str | Sequence[str] | None = None,
+                 nodes: Iterable[str] | None = None, processes: Iterable[str] | None = None,
+                 start: float | None = None, end: float | None = None,
+                 state_at_start: bool = True) -> pd.DataFrame:
+    """Samples of a run (or of one `telemetry/` dir) as a DataFrame with columns
+    ts (float unix s), node, process, engine ("" if none), name, labels (canonical JSON),
+    value (float), sorted by ts. Rows are change points (module docstring). With `start` and
+    `state_at_start`, each series' last row before `start` is included too, so the value of
+    every series at `start` is known."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    names = list(names) if names is not None else None
+    processes = list(processes) if processes is not None else None
+    lookback = None
+    if start is not None and state_at_start:
+        lookback = float(start) - _keyframe_s(run_dir, nodes) - 5.0
+    lo = lookback if lookback is not None else start
+    expr = _filter_expr(names, name_prefix, processes, lo, end)
+    tables = []
+    schema = _arrow_schema()
+    for nd in node_dirs(run_dir, nodes):
+        parquet, text = _segments(nd)
+        if parquet:
+            dset = ds.dataset([str(p) for p in parquet], format="parquet", schema=schema)
+            try:
+                tables.append(dset.to_table(filter=expr))
+            except FileNotFoundError:
+                pass
+        for t in text:
+            tab = _read_tsv(t)
+            if tab is None:  # compacted while we listed: read its parquet
+                pq_path = t.with_suffix(".parquet")
+                if pq_path.exists():
+                    tab = ds.dataset([str(pq_path)], format="parquet", schema=schema).to_table()
+                else:
+                    continue
+            if expr is not None and tab.num_rows:
+                tab = tab.filter(expr)
+            tables.append(tab)
+    if tables:
+        table = pa.concat_tables([t.cast(schema) for t in tables])
+    else:
+        table = schema.empty_table()
+    df = table.to_pandas()
+    for c in ("node", "process", "engine", "name", "labels"):
+        df[c] = df[c].astype(object)
+    if lookback is not None and len(df):
+        before = df["ts"] < float(start)
+        if before.any():
+            keys = ["node", "process", "engine", "name", "labels"]
+            prior = df[before].sort_values("ts").drop_duplicates(keys, keep="last")
+            df = pd.concat([prior, df[~before]], ignore_index=True)
+    return df.sort_values("ts", kind="stable").reset_index(drop=True)
+
+
+def _keyframe_s(run_dir: Path, nodes: Iterable[str] | None) -> float:
+    best = KEYFRAME_S
+    for nd in node_dirs(run_dir, nodes):
+        try:
+            best = max(best, float(json.loads((nd / STORE_META).read_text())["keyframe_s"]))
+        except (FileNotFoundError, KeyError, ValueError, json.JSONDecodeError):
+            continue
+    return best
+
+
+def list_series(run_dir: Path, *, nodes: Iterable[str] | None = None) -> pd.DataFrame:
+    """Distinct (node, process, engine, name) with row counts and time range: what a page
+    can offer without loading values."""
+    df = read_samples(run_dir, nodes=nodes)
+    if df.empty:
+        import pandas as pd
+
+        return pd.DataFrame(columns=["node", "process", "engine", "name", "rows", "first",
+                                     "last"])
+    g = df.groupby(["node", "process", "engine", "name"], sort=True)
+    return g.agg(rows=("value", "size"), first=("ts", "min"), last=("ts", "max")).reset_index()
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if not line.endswith("\n"):
+                    break  # torn last line
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+    except FileNotFoundError:
+        pass
+    return rows
+
+
+def read_gaps(run_dir: Path, *, nodes: Iterable[str] | None = None) -> pd.DataFrame:
+    """Gaps as intervals: columns node, process, source ("scrape" | "log" | "gpu" | ...),
+    target (URL, file, GPU), start, end (NaN while still open), reason (the first failure's
+    reason), failures (how many failed attempts were folded into it)."""
+    import pandas as pd
+
+    out = []
+    for nd in node_dirs(run_dir, nodes):
+        open_: dict[tuple, dict] = {}
+        for r in _read_jsonl(nd / GAPS):
+            key = (r.get("node", nd.name), r.get("process", ""), r.get("source", ""),
+                   r.get("target", ""))
+            if r.get("state") == "closed":
+                g = open_.pop(key, None)
+                if g is not None:
+                    g["end"] = r["ts"]
+                    out.append(g)
+            elif key in open_:
+                open_[key]["failures"] += 1
+            else:
+                open_[key] = {"node": key[0], "process": key[1], "source": key[2],
+                              "target": key[3], "start": r["ts"], "end": float("nan"),
+                              "reason": r.get("reason", ""), "failures": 1}
+        out.extend(open_.values())
+    cols = ["node", "process", "source", "target", "start", "end", "reason", "failures"]
+    df = pd.DataFrame(out, columns=cols)
+    return df.sort_values("start", kind="stable").reset_index(drop=True)
+
+
+def read_agent_info(run_dir: Path) -> dict[str, dict]:
+    """Per node: the agent's `agent.json` (what NVML/the driver supported and what was missing,
+    a `notices` list such as the "no NVML" line, scrape targets, log files, processes)."""
+    out: dict[str, dict] = {}
+    for nd in node_dirs(run_dir):
+        try:
+            out[nd.name] = json.loads((nd / AGENT_INFO).read_text(encoding="utf-8"))
+        except (FileNotFoundError, json.JSONDecodeError):
+            continue
+    return out
+
+
+def read_raw(run_dir: Path, *, nodes: Iterable[str] | None = None,
+             processes: Iterable[str] | None = None, start: float | None = None,
+             end: float | None = None) -> Iterator[tuple[str, float, str, str]]:
+    """Raw /metrics payloads kept by the agent: yields (node, ts, process, text) in file order;
+    a torn last record is skipped."""
+    wanted = set(processes) if processes is not None else None
+    for nd in node_dirs(run_dir, nodes):
+        for path in sorted(nd.glob("raw-*.zraw")):
+            data = path.read_bytes()
+            pos = 0
+            while pos < len(data):
+                nl = data.find(b"\n", pos)
+                if nl < 0:
+                    break
+                head = data[pos:nl].decode("utf-8", "replace").split("\t")
+                if len(head) != 4 or head[0] != "R":
+                    break  # damaged: nothing after it can be framed
+                ts, proc, n = float(head[1]), head[2], int(head[3])
+                body = data[nl + 1: nl + 1 + n]
+                pos = nl + 1 + n + 1
+                if len(body) < n:
+                    break  # torn
+                if wanted is not None and proc not in wanted:
+                    continue
+                if (start is not None and ts < start) or (end is not None and ts > end):
+                    continue
+                yield nd.name, ts, proc, zlib.decompress(body).decode("utf-8", "replace")
