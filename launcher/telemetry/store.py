@@ -226,10 +226,13 @@ class SampleWriter:
             _write_all(self._raw_fd, head + payload + b"\n")
 
     def gap(self, *, ts: float, node: str, process: str, source: str, target: str,
-            reason: str, state: str = "open") -> None:
-        """Record a gap opening (`state="open"`) or closing (`"closed"`) for one source."""
+            reason: str, state: str = "open", failures: int | None = None) -> None:
+        """Record a gap opening (`state="open"`) or closing (`"closed"`, with how many
+        attempts failed in between) for one source."""
         row = {"ts": round(ts, 3), "node": node, "process": process, "source": source,
                "target": target, "state": state, "reason": reason}
+        if failures is not None:
+            row["failures"] = failures
         line = (json.dumps(row) + "\n").encode()
         with self._lock, open(self.node_dir / GAPS, "ab") as f:
             f.write(line)
@@ -540,6 +543,7 @@ def read_gaps(run_dir: Path, *, nodes: Iterable[str] | None = None) -> pd.DataFr
                 g = open_.pop(key, None)
                 if g is not None:
                     g["end"] = r["ts"]
+                    g["failures"] = max(g["failures"], int(r.get("failures") or 0))
                     out.append(g)
             elif key in open_:
                 open_[key]["failures"] += 1

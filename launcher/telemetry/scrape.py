@@ -1,0 +1,303 @@
+"""vLLM /metrics: a fast, vLLM-specific text parser and a concurrent scraper that never stalls.
+
+Why not prometheus_client's parser: on a DP-8 payload it costs ~150 ms per scrape (~15% of a
+core per endpoint at 1 Hz); a line split costs ~3 ms (`notes/perf-facts.md`). vLLM's exposition
+is regular (one sample per line, `name{labels} value`, labels sorted, no timestamps), so:
+
+- each line is split once at its last space into a *series key* and a value string;
+- the key is parsed (name, `engine` label, other labels as canonical JSON, 0.33 renames) once
+  and cached, since the same keys come back every scrape;
+- with a `ChangeFilter`, unchanged value strings are dropped before any float conversion.
+
+Rules (contracts.md, vllm-internals §3): `<family>_created` companion gauges are dropped;
+`le` buckets are kept as a label (verbatim, e.g. `"+Inf"`); `engine` leaves the labels and fills
+the row's engine column; pre-0.33 names are mapped to their 0.33 names (`RENAMES`); everything
+else (router `vllm_router_*`, `process_*`, `http_*`) is kept verbatim. The multiprocess form
+(`--api-server-count > 1`: families grouped by type, no `_created`, no `process_*`) needs nothing
+special: the parser does not depend on line order or HELP/TYPE lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from launcher.telemetry.store import ChangeFilter
+
+# old name -> 0.33 name (vllm-internals §3.4); suffixes `_total/_bucket/_sum/_count` follow.
+RENAMES: dict[str, str] = {
+    "vllm:gpu_cache_usage_perc": "vllm:kv_cache_usage_perc",
+    "vllm:gpu_prefix_cache_queries": "vllm:prefix_cache_queries",
+    "vllm:gpu_prefix_cache_hits": "vllm:prefix_cache_hits",
+    "vllm:time_per_output_token_seconds": "vllm:inter_token_latency_seconds",
+}
+_SUFFIXES = ("", "_total", "_bucket", "_sum", "_count")
+_LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
+_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+_ESC_RE = re.compile(r'\\[\\"n]')
+
+
+def canonical_name(name: str) -> str:
+    """The 0.33 name of a sample name (old names mapped, others unchanged)."""
+    for old, new in RENAMES.items():
+        if name.startswith(old) and name[len(old):] in _SUFFIXES:
+            return new + name[len(old):]
+    return name
+
+
+def parse_series_key(key: str) -> tuple[str, str, str] | None:
+    """`name{a="x",engine="0"}` -> (name, engine, '{"a":"x"}'); None for dropped series."""
+    brace = key.find("{")
+    if brace < 0:
+        name, labels = key.strip(), {}
+    else:
+        name = key[:brace].strip()
+        body = key[brace + 1: key.rfind("}")]
+        labels = {}
+        for k, v in _LABEL_RE.findall(body):
+            labels[k] = _ESC_RE.sub(lambda m: _UNESCAPE[m.group(0)], v) if "\\" in v else v
+    if name.endswith("_created"):
+        return None  # creation-time companions of counters/histograms carry no signal
+    engine = labels.pop("engine", "")
+    return canonical_name(name), engine, json.dumps(labels, sort_keys=True,
+                                                    separators=(",", ":"))
+
+
+def split_line(line: str) -> tuple[str, str] | None:
+    """(series key, value string) of one exposition line; None for comments and blanks."""
+    if not line or line[0] == "#":
+        return None
+    key, _, val = line.rpartition(" ")
+    if not key:
+        return None
+    if key[-1] != "}" and (" " in key or "\t" in key):
+        # an optional timestamp after the value (legal, vLLM never sends it)
+        if "}" in key:
+            brace = key.rfind("}")
+            key, val = key[: brace + 1], key[brace + 1:].split()[0]
+        else:
+            parts = line.split()
+            if len(parts) < 2:
+                return None
+            key, val = parts[0], parts[1]
+    return key, val
+
+
+@dataclass
+class Sample:
+    name: str
+    engine: str
+    labels: str  # canonical JSON
+    value: float
+
+
+class MetricsParser:
+    """Stateful parser: caches parsed series keys across scrapes of one endpoint."""
+
+    def __init__(self) -> None:
+        self._keys: dict[str, tuple[str, str, str] | None] = {}
+
+    def key(self, key: str) -> tuple[str, str, str] | None:
+        try:
+            return self._keys[key]
+        except KeyError:
+            parsed = self._keys[key] = parse_series_key(key)
+            return parsed
+
+    def items(self, text: str) -> list[tuple[str, str]]:
+        """(series key, value string) of every kept sample line."""
+        out = []
+        keys = self._keys
+        for line in text.split("\n"):
+            if not line or line[0] == "#":
+                continue
+            kv = split_line(line)
+            if kv is None:
+                continue
+            k = kv[0]
+            parsed = keys.get(k, 0)
+            if parsed == 0:
+                parsed = self.key(k)
+            if parsed is not None:
+                out.append(kv)
+        return out
+
+    def parse(self, text: str) -> list[Sample]:
+        out = []
+        for k, v in self.items(text):
+            try:
+                value = float(v)
+            except ValueError:
+                continue
+            name, engine, labels = self._keys[k]  # type: ignore[misc]
+            out.append(Sample(name, engine, labels, value))
+        return out
+
+
+def parse_metrics(text: str) -> list[Sample]:
+    """Every sample of one /metrics payload (stateless convenience wrapper)."""
+    return MetricsParser().parse(text)
+
+
+def samples_by(samples: Iterable[Sample], name: str, engine: str | None = None,
+               **labels: str) -> list[Sample]:
+    """Filter helper for tests and notebooks."""
+    out = []
+    for s in samples:
+        if s.name != name or (engine is not None and s.engine != engine):
+            continue
+        lab = json.loads(s.labels)
+        if all(lab.get(k) == v for k, v in labels.items()):
+            out.append(s)
+    return out
+
+
+# --- scraping --------------------------------------------------------------------------------
+
+@dataclass
+class Target:
+    process: str  # plan process name, or "router"
+    url: str  # full /metrics URL
+
+
+@dataclass
+class TargetState:
+    target: Target
+    node: str
+    parser: MetricsParser = field(default_factory=MetricsParser)
+    changes: ChangeFilter = field(default_factory=ChangeFilter)
+    prefix: dict[str, str] = field(default_factory=dict)  # series key -> row middle
+    failing: bool = False
+    failures: int = 0
+    last_ok: float = 0.0
+    last_raw: float = 0.0
+    last_error: str = ""
+    scrapes: int = 0
+
+    def row_middle(self, key: str) -> str:
+        try:
+            return self.prefix[key]
+        except KeyError:
+            name, engine, labels = self.parser.key(key)  # type: ignore[misc]
+            mid = self.prefix[key] = (f"\t{self.node}\t{self.target.process}\t{engine}\t"
+                                      f"{name}\t{labels}\t")
+            return mid
+
+
+def rows_from_text(state: TargetState, ts: float, text: str) -> list[str]:
+    """Store-ready text rows for the changed samples of one scrape (store.format_row layout)."""
+    items = state.parser.items(text)
+    out = []
+    for t, key, val in state.changes.step(ts, items):
+        try:
+            v = float(val)
+        except ValueError:
+            continue
+        out.append(f"{t:.3f}{state.row_middle(key)}{v!r}\n")
+    return out
+
+
+def pending_rows(state: TargetState) -> list[str]:
+    out = []
+    for t, key, val in state.changes.pending():
+        try:
+            v = float(val)
+        except ValueError:
+            continue
+        out.append(f"{t:.3f}{state.row_middle(key)}{v!r}\n")
+    return out
+
+
+def describe_error(e: BaseException, timeout: float) -> str:
+    """One short reason for a failed scrape (what a gap record says)."""
+    if isinstance(e, asyncio.TimeoutError | TimeoutError):
+        return f"timeout after {timeout:g} s"
+    name = type(e).__name__
+    text = str(e).strip()
+    if "Connect" in name or isinstance(e, ConnectionError | OSError):
+        low = text.lower()
+        if "refused" in low:
+            return "connection refused"
+        return f"cannot connect: {text or name}"
+    return f"{name}: {text}" if text else name
+
+
+class Scraper:
+    """Scrapes every target concurrently, each with a hard timeout, so one slow or dead
+    endpoint costs at most `timeout` of wall time and never delays the others."""
+
+    def __init__(self, node: str, targets: list[Target], *, timeout: float = 2.0,
+                 raw_every_s: float = 60.0, keyframe_s: float = 60.0) -> None:
+        self.node = node
+        self.timeout = timeout
+        self.raw_every_s = raw_every_s
+        self.states = [TargetState(t, node, changes=ChangeFilter(keyframe_s)) for t in targets]
+        self._session = None
+
+    async def _ensure_session(self):
+        if self._session is None:
+            import aiohttp
+
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.timeout),
+                connector=aiohttp.TCPConnector(limit=0, force_close=False),
+                auto_decompress=True)
+        return self._session
+
+    async def _fetch(self, url: str) -> str:
+        session = await self._ensure_session()
+        async with session.get(url) as resp:
+            body = await resp.text()
+            if resp.status != 200:
+                raise RuntimeError(f"HTTP {resp.status}")
+            return body
+
+    async def scrape_once(self, writer, ts: float | None = None) -> dict[str, str | None]:
+        """Scrape all targets; write rows, raw text and gap records through `writer`
+        (a store.SampleWriter). Returns {process: error or None}."""
+        ts = time.time() if ts is None else ts
+        results = await asyncio.gather(
+            *(asyncio.wait_for(self._fetch(s.target.url), self.timeout + 0.5)
+              for s in self.states),
+            return_exceptions=True)
+        status: dict[str, str | None] = {}
+        for state, res in zip(self.states, results, strict=True):
+            proc = state.target.process
+            if isinstance(res, BaseException):
+                reason = describe_error(res, self.timeout)
+                state.failures += 1
+                state.last_error = reason
+                status[proc] = reason
+                if not state.failing:
+                    state.failing = True
+                    writer.write_lines(pending_rows(state))  # close the series before the gap
+                    writer.gap(ts=ts, node=self.node, process=proc, source="scrape",
+                               target=state.target.url, reason=reason)
+                continue
+            status[proc] = None
+            if state.failing:
+                writer.gap(ts=ts, node=self.node, process=proc, source="scrape",
+                           target=state.target.url, reason="recovered", state="closed",
+                           failures=state.failures)
+                state.failing = False
+                state.failures = 0
+            state.scrapes += 1
+            state.last_ok = ts
+            writer.write_lines(rows_from_text(state, ts, res))
+            if self.raw_every_s > 0 and ts - state.last_raw >= self.raw_every_s:
+                state.last_raw = ts
+                writer.write_raw(ts, proc, res)
+        return status
+
+    def flush_pending(self, writer) -> None:
+        for state in self.states:
+            writer.write_lines(pending_rows(state))
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
