@@ -1,0 +1,169 @@
+"""`python -m launcher ...`: the command line. Imports stay light until a command needs more."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from launcher.errors import UserError
+
+DEFAULT_RUNS = Path("runs")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m launcher",
+        description="Disaggregated prefill/decode vLLM on Slurm: plan, submit, measure, inspect.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("recipes", help="list the shipped recipes")
+    s.set_defaults(func=cmd_recipes)
+
+    s = sub.add_parser("submit", help="allocate nodes and run a recipe (or --dry-run)")
+    s.add_argument("recipe", help="a recipe YAML path or the name of a shipped recipe")
+    _recipe_options(s)
+    s.add_argument(
+        "--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
+        help="one job per value (several --sweep: every combination), grouped as a study",
+    )  # fmt: skip
+    s.add_argument("--dry-run", action="store_true", help="write and show everything, submit nothing")
+    s.add_argument("--format", choices=("text", "json"), default="text")
+    s.add_argument("--wait", action="store_true", help="follow a Slurm job until it ends")
+    s.add_argument(
+        "--nodelist", help="plan the dry-run on these node names (default: the profile's)"
+    )
+    s.set_defaults(func=cmd_submit)
+
+    s = sub.add_parser("run", help="run a prepared run directory here (inside an allocation)")
+    s.add_argument("run_dir", type=Path)
+    s.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("status", help="state of a run (default: the newest)")
+    s.add_argument("run", nargs="?")
+    s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS)
+    s.set_defaults(func=cmd_status)
+
+    s = sub.add_parser("logs", help="a process's log (or the list of logs)")
+    s.add_argument("run")
+    s.add_argument("process", nargs="?")
+    s.add_argument("-f", "--follow", action="store_true")
+    s.add_argument("-n", "--lines", type=int, default=40)
+    s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS)
+    s.set_defaults(func=cmd_logs)
+
+    s = sub.add_parser("cancel", help="stop a run (scancel, or signal a local run)")
+    s.add_argument("run")
+    s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS)
+    s.set_defaults(func=cmd_cancel)
+
+    s = sub.add_parser("runs", help="list runs")
+    s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS)
+    s.set_defaults(func=cmd_runs)
+
+    s = sub.add_parser("dashboard", help="open the Streamlit dashboard on a runs directory")
+    s.add_argument("runs_dir", nargs="?", type=Path, default=DEFAULT_RUNS)
+    s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=8501)
+    s.set_defaults(func=cmd_dashboard)
+    return p
+
+
+def _recipe_options(s: argparse.ArgumentParser) -> None:
+    s.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a recipe field, e.g. --set prefill.endpoints=8",
+    )  # fmt: skip
+    s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS, help="default ./runs")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+
+def cmd_recipes(args) -> int:
+    from launcher import recipe as rmod
+
+    for name, path in rmod.shipped().items():
+        r = rmod.load(str(path))
+        print(f"{name:32} {r.cluster:12} {r.engine:4}  {' '.join(r.description.split())}")
+    return 0
+
+
+def cmd_submit(args) -> int:
+    from launcher import prepare
+
+    runs = prepare.prepare_all(
+        args.recipe, args.overrides, args.sweep, args.runs_dir, nodelist=args.nodelist
+    )
+    if args.format == "json":
+        print(json.dumps([prepare.describe(r) for r in runs], indent=2))
+    else:
+        for r in runs:
+            print(prepare.render_text(r))
+    if args.dry_run:
+        return 0
+    from launcher import submit
+
+    return submit.submit_all(runs, wait=args.wait)
+
+
+def cmd_run(args) -> int:
+    from launcher import orchestrator
+
+    return orchestrator.run(args.run_dir.resolve())
+
+
+def _find_run(runs_dir: Path, ref: str | None) -> Path:
+    from launcher import runs as runs_mod
+
+    return runs_mod.find(runs_dir, ref)
+
+
+def cmd_status(args) -> int:
+    from launcher import runs as runs_mod
+
+    print(runs_mod.status_text(_find_run(args.runs_dir, args.run)))
+    return 0
+
+
+def cmd_logs(args) -> int:
+    from launcher import runs as runs_mod
+
+    return runs_mod.show_logs(_find_run(args.runs_dir, args.run), args.process, args.follow, args.lines)
+
+
+def cmd_cancel(args) -> int:
+    from launcher import runs as runs_mod
+
+    return runs_mod.cancel(_find_run(args.runs_dir, args.run))
+
+
+def cmd_runs(args) -> int:
+    from launcher import runs as runs_mod
+
+    print(runs_mod.list_text(args.runs_dir))
+    return 0
+
+
+def cmd_dashboard(args) -> int:
+    import dashboard
+
+    if not args.runs_dir.is_dir():
+        raise UserError(f"runs directory {args.runs_dir} does not exist: run a recipe first")
+    os.environ.setdefault("STREAMLIT_BROWSER_GATHER_USAGE_STATS", "false")
+    return dashboard.serve(args.runs_dir.resolve(), host=args.host, port=args.port)

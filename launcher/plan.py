@@ -1,0 +1,294 @@
+"""Plan (pure): endpoints -> nodes, GPU indices, DP ranks and ports.
+
+The same function runs for the dry-run (on the cluster profile's fake node list) and inside
+the allocation (on the real one), so what the dry-run shows is what runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from launcher.cluster import Cluster
+from launcher.errors import UserError
+from launcher.recipe import Pool, Recipe
+
+# Flags and env the launcher derives itself; a user setting them would break the rendezvous.
+OWNED_FLAGS = {
+    "host": "the launcher binds every server (cluster profile bind_host)",
+    "port": "the launcher owns every port",
+    "served-model-name": "set model.served_name",
+    "tensor-parallel-size": "set <pool>.tensor_parallel",
+    "tp": "set <pool>.tensor_parallel",
+    "data-parallel-size": "set <pool>.data_parallel",
+    "dp": "set <pool>.data_parallel",
+    "data-parallel-size-local": "the planner derives it from <pool>.gpus_per_node",
+    "dpl": "the planner derives it from <pool>.gpus_per_node",
+    "data-parallel-address": "the planner sets the head node's address",
+    "dpa": "the planner sets the head node's address",
+    "data-parallel-rpc-port": "the launcher owns every port",
+    "dpp": "the launcher owns every port",
+    "data-parallel-start-rank": "the planner assigns DP ranks",
+    "dpr": "the planner assigns DP ranks",
+    "data-parallel-rank": "the planner assigns DP ranks",
+    "headless": "the planner decides which parts are headless",
+    "enable-expert-parallel": "set <pool>.expert_parallel",
+    "ep": "set <pool>.expert_parallel",
+    "api-server-count": "set <pool>.api_servers",
+    "asc": "set <pool>.api_servers",
+    "kv-transfer-config": "set kv_connector (the launcher adds kv_role per side)",
+    "device-ids": "the planner pins GPUs with CUDA_VISIBLE_DEVICES",
+}
+OWNED_ENV = {
+    "CUDA_VISIBLE_DEVICES": "the planner pins GPUs per endpoint",
+    "VLLM_NIXL_SIDE_CHANNEL_HOST": "the launcher sets each node's own address",
+    "VLLM_NIXL_SIDE_CHANNEL_PORT": "the launcher owns every port",
+    "PD_PROCESS": "the launcher names every process",
+    "PD_RUN_DIR": "the launcher sets the run directory",
+}
+
+EXPORTER_SLOT = 10  # port_base + 10 + node index: one telemetry exporter per node
+ENDPOINT_SLOT = 100  # endpoints' port blocks start here
+MAX_NODES = ENDPOINT_SLOT - EXPORTER_SLOT
+
+
+@dataclass(frozen=True)
+class Part:
+    """One endpoint's share of one node."""
+
+    node: str
+    gpus: tuple[int, ...]
+    dp_ranks: tuple[int, ...]
+    head: bool  # the head runs the API server; other parts are --headless
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    name: str
+    role: str  # prefill | decode | agg
+    pool: Pool
+    parts: tuple[Part, ...]
+    http_port: int
+    dp_rpc_port: int
+    nixl_port_base: int
+
+    @property
+    def head(self) -> Part:
+        return self.parts[0]
+
+    @property
+    def dp_local(self) -> int:
+        return len(self.head.dp_ranks)
+
+    @property
+    def multi_node(self) -> bool:
+        return len(self.parts) > 1
+
+
+@dataclass(frozen=True)
+class Plan:
+    recipe: Recipe
+    cluster: Cluster
+    nodes: tuple[str, ...]  # the nodes the job uses, in order; nodes[0] runs the orchestrator
+    addresses: dict[str, str]
+    endpoints: tuple[Endpoint, ...]
+    router_port: int
+    router_metrics_port: int
+    exporter_ports: dict[str, int] = field(default_factory=dict)
+
+    def address(self, node: str) -> str:
+        return self.addresses.get(node, node)
+
+    def url(self, node: str, port: int) -> str:
+        return f"http://{self.address(node)}:{port}"
+
+    def endpoint_url(self, ep: Endpoint) -> str:
+        return self.url(ep.head.node, ep.http_port)
+
+    @property
+    def router_url(self) -> str:
+        return self.url(self.nodes[0], self.router_port)
+
+    def gpu_count(self) -> dict[str, int]:
+        counts = {"prefill": 0, "decode": 0, "agg": 0}
+        for ep in self.endpoints:
+            counts[ep.role] += ep.pool.gpus
+        counts["total"] = sum(counts.values())
+        return counts
+
+
+def _arg_key(key: str) -> str:
+    return key.lstrip("-").replace("_", "-")
+
+
+def check_owned(recipe: Recipe) -> None:
+    """Reject user args/env that the launcher derives, naming the field to use instead."""
+    sources = [("vllm_args", recipe.vllm_args)] + [
+        (f"{role}.args", getattr(recipe, role).args) for role in ("prefill", "decode", "agg")
+    ]
+    for where, args in sources:
+        for key in args:
+            k = _arg_key(key)
+            base = k.removeprefix("no-")
+            if base in OWNED_FLAGS:
+                why = OWNED_FLAGS[base].replace("<pool>", where.split(".")[0])
+                raise UserError(f"{where}: remove {key!r}: {why}")
+    envs = [("env", recipe.env)] + [
+        (f"{role}.env", getattr(recipe, role).env) for role in ("prefill", "decode", "agg")
+    ]
+    for where, env in envs:
+        for key in env:
+            if key in OWNED_ENV:
+                raise UserError(f"{where}: remove {key}: {OWNED_ENV[key]}")
+
+
+def engine_args(recipe: Recipe, pool: Pool) -> dict:
+    """vllm_args merged with the pool's args (the pool wins); None removes a flag."""
+    merged = {_arg_key(k): v for k, v in recipe.vllm_args.items()}
+    merged.update({_arg_key(k): v for k, v in pool.args.items()})
+    return {k: v for k, v in merged.items() if v is not None}
+
+
+def _check_fit(recipe: Recipe, cluster: Cluster) -> None:
+    gpn = cluster.gpus_per_node
+    for role, pool in recipe.pools():
+        use = pool.gpus_per_node or gpn
+        if use > gpn:
+            raise UserError(
+                f"{role}.gpus_per_node is {use} but a {cluster.name} node has {gpn} GPUs"
+            )
+        if pool.tensor_parallel > use:
+            raise UserError(
+                f"{role}.tensor_parallel {pool.tensor_parallel} is larger than the {use} GPUs "
+                f"per node it may use; multi-node tensor parallel is not supported: use "
+                f"data_parallel across nodes"
+            )
+        if pool.gpus > use:
+            if use % pool.tensor_parallel:
+                raise UserError(
+                    f"{role}: {use} GPUs per node is not a multiple of tensor_parallel "
+                    f"{pool.tensor_parallel}"
+                )
+            if pool.gpus % use:
+                raise UserError(
+                    f"{role}: data_parallel x tensor_parallel = {pool.gpus} GPUs does not fill "
+                    f"whole nodes of {use} GPUs; make it a multiple of {use} or at most {use}"
+                )
+    if recipe.mode == "disagg":
+        p, d = recipe.prefill, recipe.decode
+        facts = recipe.model.facts
+        if facts and facts.hybrid and p.tensor_parallel != d.tensor_parallel:
+            raise UserError(
+                f"hybrid (SSM) models need the same tensor parallel size on prefill and decode "
+                f"for NIXL: prefill.tensor_parallel is {p.tensor_parallel}, "
+                f"decode.tensor_parallel is {d.tensor_parallel}"
+            )
+        pb = engine_args(recipe, p).get("block-size")
+        db = engine_args(recipe, d).get("block-size")
+        if pb != db:
+            raise UserError(
+                f"prefill and decode need the same block size for KV transfer "
+                f"(prefill: {pb or 'default'}, decode: {db or 'default'})"
+            )
+
+
+def place(recipe: Recipe, cluster: Cluster) -> list[tuple[str, Pool, list[tuple[int, list[int]]]]]:
+    """Endpoints onto node slots: [(role, pool, [(node_index, gpu indices), ...]), ...].
+
+    Multi-node endpoints take whole nodes; smaller ones are packed first-fit onto nodes of
+    their own role, so prefill and decode never share a node (their telemetry stays apart).
+    """
+    gpn = cluster.gpus_per_node
+    free: list[list[int]] = []  # free GPU indices per node slot
+    role_of: list[str] = []
+    placed = []
+    for role, pool in recipe.pools():
+        use = pool.gpus_per_node or gpn
+        for _ in range(pool.endpoints):
+            if pool.gpus > use:
+                parts = []
+                for _ in range(pool.gpus // use):
+                    free.append(list(range(use, gpn)))
+                    role_of.append(role)
+                    parts.append((len(free) - 1, list(range(use))))
+            else:
+                slot = next(
+                    (i for i, f in enumerate(free) if role_of[i] == role and len(f) >= pool.gpus),
+                    None,
+                )
+                if slot is None:
+                    free.append(list(range(gpn)))
+                    role_of.append(role)
+                    slot = len(free) - 1
+                gpus, free[slot] = free[slot][: pool.gpus], free[slot][pool.gpus :]
+                parts = [(slot, gpus)]
+            placed.append((role, pool, parts))
+    return placed
+
+
+def nodes_needed(recipe: Recipe, cluster: Cluster) -> int:
+    check_owned(recipe)
+    _check_fit(recipe, cluster)
+    slots = {slot for _, _, parts in place(recipe, cluster) for slot, _ in parts}
+    n = len(slots)
+    if cluster.segment and n > cluster.nodes_per_rack:
+        raise UserError(
+            f"the plan needs {n} nodes but one rack of {cluster.name} has "
+            f"{cluster.nodes_per_rack} and the profile keeps a job in one rack (segment): "
+            f"use fewer endpoints"
+        )
+    if n > MAX_NODES:
+        raise UserError(f"the plan needs {n} nodes; this launcher plans at most {MAX_NODES}")
+    return n
+
+
+def make_plan(
+    recipe: Recipe, cluster: Cluster, nodes: list[str], addresses: dict[str, str] | None = None
+) -> Plan:
+    need = nodes_needed(recipe, cluster)
+    if len(nodes) < need:
+        raise UserError(
+            f"the plan needs {need} nodes of {cluster.gpus_per_node} GPUs but only "
+            f"{len(nodes)} are available ({', '.join(nodes) or 'none'})"
+        )
+    nodes = list(nodes[:need])
+    if len(set(nodes)) != len(nodes):
+        raise UserError(f"the node list names a node twice: {', '.join(nodes)}")
+    if addresses is None:
+        local = cluster.scheduler == "local"
+        addresses = {n: ("127.0.0.1" if local else n) for n in nodes}
+    base = cluster.port_base
+    next_port = base + ENDPOINT_SLOT
+    counters = {"prefill": 0, "decode": 0, "agg": 0}
+    endpoints = []
+    for role, pool, parts in place(recipe, cluster):
+        name = f"{role}-{counters[role]}"
+        counters[role] += 1
+        dp_local = len(parts[0][1]) // pool.tensor_parallel
+        built = []
+        for i, (slot, gpus) in enumerate(parts):
+            ranks = tuple(range(i * dp_local, (i + 1) * dp_local))
+            built.append(Part(nodes[slot], tuple(gpus), ranks, head=(i == 0)))
+        endpoints.append(
+            Endpoint(
+                name=name,
+                role=role,
+                pool=pool,
+                parts=tuple(built),
+                http_port=next_port,
+                dp_rpc_port=next_port + 1,
+                nixl_port_base=next_port + 2,
+            )
+        )
+        next_port += 2 + pool.data_parallel
+    if next_port > 65535:
+        raise UserError(f"ports run past 65535: lower the cluster profile's port_base ({base})")
+    return Plan(
+        recipe=recipe,
+        cluster=cluster,
+        nodes=tuple(nodes),
+        addresses=dict(addresses),
+        endpoints=tuple(endpoints),
+        router_port=base,
+        router_metrics_port=base + 1,
+        exporter_ports={n: base + EXPORTER_SLOT + i for i, n in enumerate(nodes)},
+    )
