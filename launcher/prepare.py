@@ -106,7 +106,7 @@ def prepare_all(
             "study": study,
             "recipe": base,
             "axes": {k: vals for k, vals in axes},
-            "runs": [{"run": p.run.run_id, "values": dict(c)} for p, (c, _) in zip(out, recipes)],
+            "runs": [{"run": p.run.run_id, "values": dict(c)} for p, (c, _) in zip(out, recipes, strict=False)],
         },
     )
     return out
@@ -166,7 +166,7 @@ def render_text(prepared: Prepared) -> str:
     rows = [("NODE", "GPUS", "PROCESS", "PORTS")] + process_rows(prepared)
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     for row in rows:
-        lines.append("  ".join(x.ljust(w) for x, w in zip(row[:3], widths)) + "  " + row[3])
+        lines.append("  ".join(x.ljust(w) for x, w in zip(row[:3], widths, strict=False)) + "  " + row[3])
     b = r.benchmark
     if b.enabled:
         lines.append(

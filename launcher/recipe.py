@@ -18,7 +18,7 @@ from launcher.errors import UserError
 RECIPES_DIR = Path(__file__).parent / "recipes"
 
 # Values of these env names are secrets: they travel by name (env_from_host), never by value.
-SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL)", re.I)
+SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL)", re.IGNORECASE)
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 ArgValue = str | int | float | bool | None
@@ -196,6 +196,9 @@ class Recipe(Strict):
     telemetry: Telemetry = Field(default_factory=Telemetry)
     slurm: Slurm = Field(default_factory=Slurm)
     health: Health = Field(default_factory=Health)
+    hold_s: float = Field(
+        default=0, ge=0, description="keep serving this long after the sweep, before accuracy"
+    )
     sim: dict[str, str | int | float | bool] = Field(
         default_factory=dict, description="simulator knobs (engine: sim), rendered as SIM_* env"
     )

@@ -21,7 +21,8 @@ from typing import Any
 STATES = ("planned", "submitted", "running", "succeeded", "failed", "cancelled")
 FINAL_STATES = ("succeeded", "failed", "cancelled")
 STAGES = (
-    "agents", "endpoints", "health", "router", "warmup", "sweep", "accuracy", "report", "teardown",
+    "plan", "agents", "endpoints", "health", "router", "sweep", "hold", "accuracy", "teardown",
+    "report",
 )
 
 

@@ -1,0 +1,426 @@
+"""The orchestrator: one process that runs a prepared run directory to its end.
+
+Inside a Slurm allocation it is the batch step (submitit's payload) on the first node; on the
+`local` profile it runs in the foreground. Stages, each recorded in run.json and
+events.jsonl: agents -> endpoints -> health -> router -> sweep -> accuracy -> report ->
+teardown. Any process that exits early, or a health timeout, fails the run at once with the
+process, its node, its exit status and its last log lines; everything else is stopped and
+nothing collected so far is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from launcher import cluster as cluster_mod
+from launcher import recipe as recipe_mod
+from launcher import render, rundir
+from launcher.backends import Backend, Handle, make_backend, tail
+from launcher.errors import UserError
+from launcher.plan import Plan, make_plan
+from launcher.prepare import write_run_files
+
+POLL_S = 0.25
+
+
+class RunFailed(Exception):
+    pass
+
+
+class Cancelled(Exception):
+    pass
+
+
+def say(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# --- where am I --------------------------------------------------------------------------------
+
+
+def allocation_nodes() -> list[str] | None:
+    """The allocation's node names in Slurm's order, or None outside an allocation."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        return None
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout  # fmt: skip
+        return out.split()
+    except (OSError, subprocess.SubprocessError):
+        return cluster_mod.expand_nodelist(nodelist)
+
+
+def resolve(nodes: list[str]) -> dict[str, str]:
+    """Node name -> IP: NIXL's side channel binds and advertises an address, not a name."""
+    out = {}
+    for n in nodes:
+        try:
+            out[n] = socket.gethostbyname(n)
+        except OSError:
+            out[n] = n
+    return out
+
+
+def plan_here(run: rundir.RunDir) -> Plan:
+    """Plan again on the real nodes (same pure function as the dry-run) and record it."""
+    recipe = recipe_mod.validate(recipe_mod._yaml().safe_load(run.recipe.read_text()), str(run.recipe))
+    cluster = cluster_mod.load(recipe.cluster)
+    if cluster.scheduler == "slurm":
+        nodes = allocation_nodes()
+        if nodes is None:
+            raise UserError(
+                f"recipe {recipe.name} is for Slurm cluster {cluster.name}: run it inside an "
+                f"allocation (submit does that), or use a recipe for the local profile"
+            )
+        plan = make_plan(recipe, cluster, nodes, resolve(nodes))
+    else:
+        names = cluster_mod.expand_nodelist(cluster.dry_run_nodes)
+        from launcher.plan import nodes_needed
+
+        names += [f"node-{i:03d}" for i in range(len(names) + 1, nodes_needed(recipe, cluster) + 1)]
+        plan = make_plan(recipe, cluster, names)
+    sbatch = run.sbatch.read_text() if run.sbatch.exists() else None
+    write_run_files(run, plan, placeholder_nodes=False)
+    if sbatch is not None:  # keep what was really submitted
+        rundir.write_atomic(run.sbatch, sbatch)
+    return plan
+
+
+# --- HTTP checks -------------------------------------------------------------------------------
+
+
+def http_ok(url: str, timeout: float = 2.0) -> tuple[bool, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            body = resp.read(65536).decode("utf-8", "replace")
+            return 200 <= resp.status < 300, body
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        return False, str(getattr(e, "reason", e))
+
+
+def api_ready(url: str, model: str) -> tuple[bool, str]:
+    """vLLM is ready when /health answers and /v1/models lists the served model."""
+    ok, why = http_ok(f"{url}/health")
+    if not ok:
+        return False, f"/health: {why}"
+    ok, body = http_ok(f"{url}/v1/models")
+    if not ok:
+        return False, f"/v1/models: {body}"
+    try:
+        ids = [m.get("id") for m in json.loads(body).get("data", [])]
+    except (json.JSONDecodeError, AttributeError):
+        return False, "/v1/models: not JSON"
+    return (model in ids), f"/v1/models lists {ids}"
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+
+class Orchestrator:
+    def __init__(self, run: rundir.RunDir, plan: Plan, backend: Backend):
+        self.run = run
+        self.plan = plan
+        self.backend = backend
+        self.handles: list[Handle] = []
+        self.procs = render.processes(plan, str(run.path))
+        self.cancel_reason: str | None = None
+
+    # --- bookkeeping ---
+    def stage(self, name: str) -> None:
+        self.run.update_state(stage=name)
+        self.run.event("stage", stage=name)
+        say(f"stage {name}")
+
+    def start(self, proc: render.Process) -> Handle:
+        missing = [n for n in proc.env_from_host if n not in os.environ]
+        if missing:
+            self.run.event("warning", process=proc.name, message=f"not set here: {missing}")
+        h = self.backend.start(proc)
+        self.handles.append(h)
+        self.run.event("process_started", process=proc.name, node=proc.node, pid=h.pid)
+        self._write_processes()
+        return h
+
+    def _write_processes(self) -> None:
+        state = {
+            h.proc.name: {
+                "node": h.proc.node,
+                "kind": h.proc.kind,
+                "pid": h.pid,
+                "started": h.started,
+                "exit_code": h.exit_code(),
+                "stopped": h.stopped,
+                "log": h.proc.log,
+            }
+            for h in self.handles
+        }
+        self.run.update_state(processes=state)
+
+    def check_processes(self, allowed: Callable[[Handle], bool] = lambda h: False) -> None:
+        """Fail the run if a process that should be running has exited."""
+        if self.cancel_reason:
+            raise Cancelled(self.cancel_reason)
+        for h in self.handles:
+            code = h.exit_code()
+            if code is None or h.stopped or allowed(h):
+                continue
+            if h.proc.kind == "agent":
+                # Telemetry is best effort: losing an agent must not lose the benchmark.
+                h.stopped = True
+                self.run.event("warning", process=h.proc.name, message=f"agent exited {code}")
+                say(f"warning: {h.proc.name} exited with status {code}; telemetry of that node stops")
+                continue
+            lines = tail(h.log_path, 15)
+            self.run.event(
+                "process_exited", process=h.proc.name, node=h.proc.node, exit_code=code,
+                log_tail=lines,
+            )  # fmt: skip
+            raise RunFailed(
+                f"{h.proc.name} on {h.proc.node} exited with status {code}; last lines of "
+                f"{h.proc.log}:\n" + "\n".join(f"  | {x}" for x in lines)
+            )
+
+    def wait_ready(self, targets: list[tuple[render.Process, str]], timeout_s: float, what: str) -> None:
+        """Poll every target until ready, failing fast on a dead process or the timeout."""
+        model = self.plan.recipe.model.name
+        pending = {p.name: (p, url) for p, url in targets}
+        reasons: dict[str, str] = {}
+        deadline = time.monotonic() + timeout_s
+        last_report = 0.0
+        with ThreadPoolExecutor(max_workers=min(16, max(1, len(pending)))) as pool:
+            while pending:
+                self.check_processes()
+                results = dict(
+                    zip(pending, pool.map(lambda t: api_ready(t[1], model), pending.values()), strict=False)
+                )
+                for name, (ok, why) in results.items():
+                    reasons[name] = why
+                    if ok:
+                        del pending[name]
+                        self.run.event("ready", process=name)
+                now = time.monotonic()
+                if pending and now > deadline:
+                    names = sorted(pending)
+                    details = []
+                    for n in names:
+                        proc = pending[n][0]
+                        lines = tail(self.run.path / proc.log, 10)
+                        details.append(
+                            f"{n} on {proc.node} ({reasons.get(n)}); last lines of {proc.log}:\n"
+                            + "\n".join(f"  | {x}" for x in lines)
+                        )
+                    raise RunFailed(
+                        f"{what}: not healthy within {timeout_s:g} s: " + "\n".join(details)
+                    )
+                if pending and now - last_report > 10:
+                    last_report = now
+                    say(f"{what}: waiting for {', '.join(sorted(pending))}")
+                if pending:
+                    time.sleep(1.0)
+
+    # --- stages ---
+    def run_all(self) -> None:
+        r = self.plan.recipe
+        agents = [p for p in self.procs if p.kind == "agent"]
+        engines = [p for p in self.procs if p.kind == "engine"]
+        router = next(p for p in self.procs if p.kind == "router")
+        if agents:
+            self.stage("agents")
+            for p in agents:
+                self.start(p)
+        self.stage("endpoints")
+        for p in engines:
+            self.start(p)
+        self.stage("health")
+        t0 = time.monotonic()
+        self.wait_ready([(p, p.url) for p in engines if p.url], r.health.timeout_s, "endpoints")
+        self.run.event("endpoints_healthy", seconds=round(time.monotonic() - t0, 2))
+        self.stage("router")
+        self.start(router)
+        self.wait_ready([(router, router.url)], r.health.router_timeout_s, "router")
+        self.run.update_state(serving=True, router_url=router.url)
+        self.run.event("serving", url=router.url)
+        say(f"serving at {router.url}")
+        if r.benchmark.enabled:
+            self.stage("sweep")
+            self.sweep()
+        if r.hold_s:
+            self.hold(r.hold_s)
+        if r.accuracy.enabled:
+            self.stage("accuracy")
+            self.accuracy()
+
+    def run_client(self, proc: render.Process) -> int:
+        """Run a client process (bench, accuracy) to its end while watching the servers."""
+        h = self.start(proc)
+        while h.exit_code() is None:
+            self.check_processes(allowed=lambda x: x is h)
+            time.sleep(POLL_S)
+        self.check_processes(allowed=lambda x: x is h)
+        self._write_processes()
+        return h.exit_code() or 0
+
+    def sweep(self) -> None:
+        from launcher import bench
+
+        b = self.plan.recipe.benchmark
+        for proc in [p for p in self.procs if p.kind == "bench"]:
+            start = time.time()
+            code = self.run_client(proc)
+            end = time.time()
+            result_file = self.run.bench / proc.argv[proc.argv.index("--result-filename") + 1]
+            failure = bench.point_failure(result_file, code)
+            if b.driver == "vllm" and result_file.exists():
+                # vllm bench serve records no window; the client's lifetime bounds it.
+                rundir.write_json(
+                    result_file.with_suffix(".window.json"),
+                    {"window_start": start, "window_end": end},
+                )
+            self.run.event(
+                "sweep_point", process=proc.name, status="failed" if failure else "ok",
+                reason=failure, seconds=round(end - start, 2),
+            )  # fmt: skip
+            if failure:
+                say(f"{proc.name}: FAILED: {failure}")
+                if b.on_failure == "stop":
+                    raise RunFailed(f"sweep point {proc.name} failed: {failure}")
+            else:
+                say(f"{proc.name}: done in {end - start:.1f} s")
+
+    def hold(self, seconds: float) -> None:
+        self.stage("hold")
+        say(f"holding the deployment up for {seconds:g} s (hold_s)")
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.check_processes()
+            time.sleep(POLL_S)
+
+    def accuracy(self) -> None:
+        a = self.plan.recipe.accuracy
+        if not a.data or not Path(a.data).is_file():
+            raise RunFailed(
+                f"accuracy.data: {a.data or '(not set)'} is not a file on {socket.gethostname()}: "
+                "give a local GSM8K jsonl (compute nodes may have no internet)"
+            )
+        proc = next(p for p in self.procs if p.kind == "accuracy")
+        code = self.run_client(proc)
+        result = rundir.read_json(self.run.accuracy / f"{a.task}.json")
+        if code != 0 or not result:
+            raise RunFailed(f"accuracy client exited with status {code}; see {proc.log}")
+        score = result.get("accuracy")
+        self.run.update_state(accuracy=score, accuracy_passed=result.get("passed"))
+        self.run.event("accuracy", score=score, threshold=a.threshold, passed=result.get("passed"))
+        say(f"accuracy {a.task}: {score:.3f} (threshold {a.threshold:g})")
+        if not result.get("passed"):
+            raise RunFailed(
+                f"accuracy gate failed: {a.task} scored {score:.3f}, below the threshold "
+                f"{a.threshold:g} (the sweep's results are kept and labelled)"
+            )
+
+    def report(self) -> None:
+        try:
+            from launcher import figures
+
+            summary = figures.summary(self.run.path)
+            rundir.write_json(self.run.summary, summary)
+            print(figures.summary_table(summary), flush=True)
+        except Exception as e:  # a report problem must not hide the run's own outcome
+            self.run.event("warning", message=f"summary failed: {e!r}")
+            say(f"warning: could not write the summary: {e!r}")
+
+    def teardown(self) -> None:
+        self.stage("teardown")
+        order = {"bench": 0, "accuracy": 0, "router": 1, "engine": 2, "agent": 3}
+        for kind_rank in sorted(set(order.values())):
+            group = [h for h in self.handles if order[h.proc.kind] == kind_rank]
+            self.backend.stop(group, grace_s=15.0)
+        for h in self.handles:
+            self.run.event("process_stopped", process=h.proc.name, exit_code=h.exit_code())
+        self._write_processes()
+
+
+def _install_signals(orch: Orchestrator) -> None:
+    def handler(signum, _frame):
+        reason = {
+            signal.SIGTERM: "cancelled (SIGTERM: scancel or shutdown)",
+            signal.SIGINT: "cancelled (Ctrl-C)",
+            signal.SIGUSR2: "stopped: the Slurm time limit is near",
+        }.get(signum, f"signal {signum}")
+        if orch.cancel_reason is None:
+            orch.cancel_reason = reason
+            say(reason + "; tearing down")
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
+        signal.signal(sig, handler)
+
+
+def run(run_dir: Path) -> int:
+    """Run a prepared run directory to its end. Returns 0 only if the run succeeded."""
+    run = rundir.RunDir(Path(run_dir))
+    if not run.recipe.exists():
+        raise UserError(f"{run_dir} is not a prepared run directory (no recipe.yaml)")
+    run.update_state(
+        state="running", stage="plan", started=time.time(), host=socket.gethostname(),
+        orchestrator_pid=os.getpid(), slurm_job_id=os.environ.get("SLURM_JOB_ID"),
+    )  # fmt: skip
+    try:
+        plan = plan_here(run)
+    except UserError as e:
+        run.update_state(state="failed", error=str(e), ended=time.time())
+        run.event("failed", error=str(e))
+        raise
+    orch = Orchestrator(run, plan, make_backend(plan, run.path))
+    _install_signals(orch)
+    if plan.recipe.engine == "sim":
+        say("engine: SIMULATED (launcher.sim): no model runs, timings come from the speed model")
+    state, error = "succeeded", None
+    try:
+        orch.run_all()
+    except RunFailed as e:
+        state, error = "failed", str(e)
+    except Cancelled as e:
+        state, error = "cancelled", str(e)
+    except Exception as e:  # an orchestrator bug still tears down and says so
+        state, error = "failed", f"orchestrator error: {e!r}"
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        # A second signal during teardown must not abort the teardown itself.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
+        orch.teardown()
+        if state != "cancelled" or orch.plan.recipe.benchmark.enabled:
+            orch.stage("report")
+            orch.report()
+    if error:
+        say(f"run {state}: {error}")
+        run.event(state, error=error)
+    else:
+        run.event("succeeded")
+        say("run succeeded")
+    run.update_state(state=state, error=error, ended=time.time(), stage=None, serving=False)
+    say(f"run directory: {run.path}")
+    return 0 if state == "succeeded" else 1
+
+
+def run_in_allocation(run_dir: str) -> int:
+    """submitit's payload: the batch step on the allocation's first node."""
+    code = run(Path(run_dir))
+    if code:
+        sys.exit(code)  # a failed run is a failed Slurm job
+    return code
