@@ -130,7 +130,9 @@ def _signal_group(popen: subprocess.Popen, sig: int) -> None:
 
 
 def make_backend(plan: Plan, run_dir: Path) -> Backend:
-    return SrunBackend(plan, run_dir) if plan.cluster.scheduler == "slurm" else Backend(plan, run_dir)
+    return (
+        SrunBackend(plan, run_dir) if plan.cluster.scheduler == "slurm" else Backend(plan, run_dir)
+    )
 
 
 def tail(path: Path, lines: int = 20, max_bytes: int = 64 * 1024) -> list[str]:

@@ -30,7 +30,9 @@ def _parser() -> argparse.ArgumentParser:
         "--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
         help="one job per value (several --sweep: every combination), grouped as a study",
     )  # fmt: skip
-    s.add_argument("--dry-run", action="store_true", help="write and show everything, submit nothing")
+    s.add_argument(
+        "--dry-run", action="store_true", help="write and show everything, submit nothing"
+    )
     s.add_argument("--format", choices=("text", "json"), default="text")
     s.add_argument("--wait", action="store_true", help="follow a Slurm job until it ends")
     s.add_argument(
@@ -144,7 +146,9 @@ def cmd_status(args) -> int:
 def cmd_logs(args) -> int:
     from launcher import runs as runs_mod
 
-    return runs_mod.show_logs(_find_run(args.runs_dir, args.run), args.process, args.follow, args.lines)
+    return runs_mod.show_logs(
+        _find_run(args.runs_dir, args.run), args.process, args.follow, args.lines
+    )
 
 
 def cmd_cancel(args) -> int:

@@ -77,7 +77,9 @@ def resolve(nodes: list[str]) -> dict[str, str]:
 
 def plan_here(run: rundir.RunDir) -> Plan:
     """Plan again on the real nodes (same pure function as the dry-run) and record it."""
-    recipe = recipe_mod.validate(recipe_mod._yaml().safe_load(run.recipe.read_text()), str(run.recipe))
+    recipe = recipe_mod.validate(
+        recipe_mod._yaml().safe_load(run.recipe.read_text()), str(run.recipe)
+    )
     cluster = cluster_mod.load(recipe.cluster)
     if cluster.scheduler == "slurm":
         nodes = allocation_nodes()
@@ -182,7 +184,9 @@ class Orchestrator:
                 # Telemetry is best effort: losing an agent must not lose the benchmark.
                 h.stopped = True
                 self.run.event("warning", process=h.proc.name, message=f"agent exited {code}")
-                say(f"warning: {h.proc.name} exited with status {code}; telemetry of that node stops")
+                say(
+                    f"warning: {h.proc.name} exited with status {code}; telemetry of that node stops"
+                )
                 continue
             lines = tail(h.log_path, 15)
             self.run.event(
@@ -194,7 +198,9 @@ class Orchestrator:
                 f"{h.proc.log}:\n" + "\n".join(f"  | {x}" for x in lines)
             )
 
-    def wait_ready(self, targets: list[tuple[render.Process, str]], timeout_s: float, what: str) -> None:
+    def wait_ready(
+        self, targets: list[tuple[render.Process, str]], timeout_s: float, what: str
+    ) -> None:
         """Poll every target until ready, failing fast on a dead process or the timeout."""
         model = self.plan.recipe.model.name
         pending = {p.name: (p, url) for p, url in targets}
@@ -205,7 +211,11 @@ class Orchestrator:
             while pending:
                 self.check_processes()
                 results = dict(
-                    zip(pending, pool.map(lambda t: api_ready(t[1], model), pending.values()), strict=False)
+                    zip(
+                        pending,
+                        pool.map(lambda t: api_ready(t[1], model), pending.values()),
+                        strict=False,
+                    )
                 )
                 for name, (ok, why) in results.items():
                     reasons[name] = why

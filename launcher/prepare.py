@@ -73,7 +73,9 @@ def _sweep_values(spec: str) -> tuple[str, list[str]]:
     key, sep, values = spec.partition("=")
     items = [v.strip() for v in values.split(",") if v.strip()]
     if not sep or not key.strip() or not items:
-        raise UserError(f"--sweep {spec!r}: write it as key.path=v1,v2,..., e.g. prefill.endpoints=4,8")
+        raise UserError(
+            f"--sweep {spec!r}: write it as key.path=v1,v2,..., e.g. prefill.endpoints=4,8"
+        )
     return key.strip(), items
 
 
@@ -106,7 +108,10 @@ def prepare_all(
             "study": study,
             "recipe": base,
             "axes": {k: vals for k, vals in axes},
-            "runs": [{"run": p.run.run_id, "values": dict(c)} for p, (c, _) in zip(out, recipes, strict=False)],
+            "runs": [
+                {"run": p.run.run_id, "values": dict(c)}
+                for p, (c, _) in zip(out, recipes, strict=False)
+            ],
         },
     )
     return out
@@ -162,11 +167,15 @@ def render_text(prepared: Prepared) -> str:
         f"(prefill {c['prefill']}, decode {c['decode']}, agg {c['agg']})",
     ]
     if prepared.placeholder_nodes:
-        lines.append("Node names are placeholders: the real ones are planned inside the allocation.")
+        lines.append(
+            "Node names are placeholders: the real ones are planned inside the allocation."
+        )
     rows = [("NODE", "GPUS", "PROCESS", "PORTS")] + process_rows(prepared)
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     for row in rows:
-        lines.append("  ".join(x.ljust(w) for x, w in zip(row[:3], widths, strict=False)) + "  " + row[3])
+        lines.append(
+            "  ".join(x.ljust(w) for x, w in zip(row[:3], widths, strict=False)) + "  " + row[3]
+        )
     b = r.benchmark
     if b.enabled:
         lines.append(
@@ -186,7 +195,9 @@ def render_text(prepared: Prepared) -> str:
             f"{cap.state_bytes_per_request / 2**20:.1f} MiB state/request -> about "
             f"{cap.max_concurrency:,} concurrent requests ({cap.assumptions})"
         )
-    files = ["recipe.yaml", "plan.json", "commands.sh"] + (["job.sbatch"] if prepared.sbatch else [])
+    files = ["recipe.yaml", "plan.json", "commands.sh"] + (
+        ["job.sbatch"] if prepared.sbatch else []
+    )
     lines.append(f"Run directory: {prepared.run.path}  ({', '.join(files)})")
     return "\n".join(lines)
 

@@ -9,19 +9,44 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from launcher.errors import UserError
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 
 # Values of these env names are secrets: they travel by name (env_from_host), never by value.
-SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL)", re.IGNORECASE)
+SECRET_NAME = re.compile(
+    r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL)", re.IGNORECASE
+)
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 ArgValue = str | int | float | bool | None
+
+
+def _env_values(v: Any) -> Any:
+    """YAML reads `X: 1` as an int; environment values are strings, so say it once here."""
+    if isinstance(v, dict):
+        return {
+            k: ("1" if x is True else "0" if x is False else str(x))
+            if isinstance(x, int | float | bool)
+            else x
+            for k, x in v.items()
+        }
+    return v
+
+
+EnvMap = Annotated[dict[str, str], BeforeValidator(_env_values)]
 
 
 class Strict(BaseModel):
@@ -32,7 +57,9 @@ class ModelFacts(Strict):
     """Architecture facts for the KV-capacity estimate (read config.json when you can)."""
 
     total_params_b: float = Field(gt=0, description="parameters, billions")
-    weight_bits: float = Field(default=16, gt=0, description="bits per weight as stored (NVFP4 ~4.5)")
+    weight_bits: float = Field(
+        default=16, gt=0, description="bits per weight as stored (NVFP4 ~4.5)"
+    )
     full_attention_layers: int = Field(ge=0)
     num_kv_heads: int = Field(ge=1)
     head_dim: int = Field(ge=1)
@@ -75,9 +102,11 @@ class Pool(Strict):
     gpus_per_node: int | None = Field(
         default=None, ge=1, description="GPUs each node gives this endpoint (default: all)"
     )
-    api_servers: int = Field(default=1, ge=1, description="--api-server-count; >1 turns stats logs off")
+    api_servers: int = Field(
+        default=1, ge=1, description="--api-server-count; >1 turns stats logs off"
+    )
     args: dict[str, ArgValue] = Field(default_factory=dict, description="extra `vllm serve` flags")
-    env: dict[str, str] = Field(default_factory=dict)
+    env: EnvMap = Field(default_factory=dict)
 
     @property
     def gpus(self) -> int:
@@ -119,7 +148,9 @@ class Benchmark(Strict):
 class Accuracy(Strict):
     enabled: bool = True
     task: Literal["gsm8k"] = "gsm8k"
-    data: str | None = Field(default=None, description="local GSM8K jsonl (clusters may lack internet)")
+    data: str | None = Field(
+        default=None, description="local GSM8K jsonl (clusters may lack internet)"
+    )
     num_questions: int = Field(default=1319, ge=1)
     num_shots: int = Field(default=5, ge=0)
     threshold: float = Field(default=0.88, ge=0, le=1)
@@ -175,7 +206,7 @@ class Recipe(Strict):
     vllm_args: dict[str, ArgValue] = Field(
         default_factory=dict, description="`vllm serve` flags for every endpoint"
     )
-    env: dict[str, str] = Field(default_factory=dict, description="env for every engine process")
+    env: EnvMap = Field(default_factory=dict, description="env for every engine process")
     env_from_host: list[str] = Field(
         default_factory=list, description="env names passed through by name (secrets)"
     )
@@ -236,7 +267,11 @@ class Recipe(Strict):
 
     def pools(self) -> list[tuple[str, Pool]]:
         """(role, pool) for the pools that have endpoints, decode first (it spans nodes)."""
-        return [(r, getattr(self, r)) for r in ("decode", "prefill", "agg") if getattr(self, r).endpoints]
+        return [
+            (r, getattr(self, r))
+            for r in ("decode", "prefill", "agg")
+            if getattr(self, r).endpoints
+        ]
 
 
 POOLS = ("prefill", "decode", "agg")

@@ -431,7 +431,12 @@ def commands_sh(plan: Plan, run_dir: str) -> str:
         where = f"{proc.node}" + (f" gpus {','.join(map(str, proc.gpus))}" if proc.gpus else "")
         lines.append(f"# {proc.name} ({proc.kind}) on {where} -> {run_dir}/{proc.log}")
         if proc.env_from_host:
-            lines.append(f"#   passes through from your environment: {' '.join(proc.env_from_host)}")
-        lines.append(shlex.join(command_line(plan, proc, run_dir)) + f" > {shlex.quote(run_dir + '/' + proc.log)} 2>&1 &")
+            lines.append(
+                f"#   passes through from your environment: {' '.join(proc.env_from_host)}"
+            )
+        lines.append(
+            shlex.join(command_line(plan, proc, run_dir))
+            + f" > {shlex.quote(run_dir + '/' + proc.log)} 2>&1 &"
+        )
         lines.append("")
     return "\n".join(lines)

@@ -21,7 +21,15 @@ from typing import Any
 STATES = ("planned", "submitted", "running", "succeeded", "failed", "cancelled")
 FINAL_STATES = ("succeeded", "failed", "cancelled")
 STAGES = (
-    "plan", "agents", "endpoints", "health", "router", "sweep", "hold", "accuracy", "teardown",
+    "plan",
+    "agents",
+    "endpoints",
+    "health",
+    "router",
+    "sweep",
+    "hold",
+    "accuracy",
+    "teardown",
     "report",
 )
 

@@ -92,7 +92,9 @@ def status_text(run_path: Path) -> str:
         lines.append(f"{'PROCESS':28} {'NODE':16} {'STATE':10} LOG")
         for name, p in procs.items():
             code = p.get("exit_code")
-            state = "running" if code is None else ("stopped" if p.get("stopped") else f"exit {code}")
+            state = (
+                "running" if code is None else ("stopped" if p.get("stopped") else f"exit {code}")
+            )
             lines.append(f"{name:28} {p.get('node', ''):16} {state:10} {p.get('log', '')}")
     if st.get("state") in ("submitted", "running") and job:
         s = slurm_state(str(job)) or ""
@@ -202,8 +204,10 @@ def follow(run_path: Path, poll_s: float = 2.0) -> int:
         if st.get("state") in rundir.FINAL_STATES:
             return 0 if st["state"] == "succeeded" else 1
         s = slurm_state(str(st.get("slurm_job_id") or "")) or ""
-        if st.get("slurm_job_id") and st.get("state") in ("submitted", "running") and not any(
-            x in s for x in ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING")
+        if (
+            st.get("slurm_job_id")
+            and st.get("state") in ("submitted", "running")
+            and not any(x in s for x in ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING"))
         ):
             time.sleep(poll_s)  # the final run.json write may trail the job's end
             if run.read_state().get("state") in rundir.FINAL_STATES:

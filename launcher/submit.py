@@ -50,10 +50,11 @@ def submit_all(runs: list[Prepared], wait: bool = False) -> int:
             continue
         job = submit_slurm(p)
         print(f"submitted job {job}: {p.run.path}")
-        print(f"  follow: python -m launcher status {p.run.path}   logs: python -m launcher logs {p.run.path}")
+        print(
+            f"  follow: python -m launcher status {p.run.path}   logs: python -m launcher logs {p.run.path}"
+        )
     if wait:
         for p in runs:
             if p.plan.cluster.scheduler == "slurm":
                 code = max(code, runs_mod.follow(p.run.path))
     return code
-

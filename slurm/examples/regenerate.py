@@ -1,0 +1,61 @@
+"""Regenerate the golden dry-run examples: `python slurm/examples/regenerate.py`.
+
+For every shipped recipe this writes what `python -m launcher submit NAME --dry-run` emits
+(job.sbatch, commands.sh, plan.json and the printed plan) into slurm/examples/NAME/, with the
+machine-specific parts (run directory, interpreter, run id) replaced by placeholders.
+tests/test_golden.py fails when these files are stale; review the diff, then commit.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+FILES = ("job.sbatch", "commands.sh", "plan.json")
+
+
+def normalise(text: str, run_dir: Path) -> str:
+    text = text.replace(str(run_dir), "<RUN_DIR>")
+    text = text.replace(sys.executable, "<PYTHON>")
+    text = text.replace(run_dir.name, "<RUN_ID>")
+    return re.sub(r'"created": [0-9.]+', '"created": 0', text)
+
+
+def render_all() -> dict[str, dict[str, str]]:
+    """{recipe name: {file name: normalised text}} for every shipped recipe."""
+    from launcher import prepare, recipe
+
+    out: dict[str, dict[str, str]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, path in recipe.shipped().items():
+            p = prepare.prepare(recipe.load(str(path)), Path(tmp))
+            files = {"dry-run.txt": prepare.render_text(p) + "\n"}
+            for f in FILES:
+                src = p.run.path / f
+                if src.exists():
+                    files[f] = src.read_text()
+            # The shipped sim recipes point at this checkout's sample data.
+            root = str(Path(__file__).resolve().parents[2])
+            out[name] = {
+                f: normalise(t, p.run.path).replace(root, "<REPO>") for f, t in files.items()
+            }
+    return out
+
+
+def main() -> None:
+    for name, files in render_all().items():
+        folder = HERE / name
+        folder.mkdir(exist_ok=True)
+        for stale in folder.iterdir():
+            if stale.name not in files:
+                stale.unlink()
+        for f, text in files.items():
+            (folder / f).write_text(text)
+        print(f"wrote {folder.relative_to(HERE.parent.parent)}/ ({', '.join(sorted(files))})")
+
+
+if __name__ == "__main__":
+    main()

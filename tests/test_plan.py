@@ -1,0 +1,136 @@
+"""The pure planner: placement, DP ranks, ports, and plans that do not fit."""
+
+import pytest
+
+from launcher import cluster, plan, recipe, render
+from launcher.errors import UserError
+
+SEED = "qwen3.5-397b-gb200-disagg"
+GB200 = cluster.load("gb200-nvl72")
+NODES = cluster.expand_nodelist("gb200-[001-018]")
+
+
+def make(*sets, ref=SEED, prof=GB200, nodes=NODES):
+    return plan.make_plan(recipe.load(ref, list(sets)), prof, nodes)
+
+
+def all_ports(p):
+    ports = [p.router_port, p.router_metrics_port, *p.exporter_ports.values()]
+    for ep in p.endpoints:
+        ports += [ep.http_port, ep.dp_rpc_port]
+        ports += range(ep.nixl_port_base, ep.nixl_port_base + ep.pool.data_parallel)
+    return ports
+
+
+@pytest.mark.parametrize("n", [4, 5, 6, 7, 8])
+def test_seed_topology_for_4_to_8_prefill_endpoints(n):
+    p = make(f"prefill.endpoints={n}")
+    decode = [ep for ep in p.endpoints if ep.role == "decode"]
+    prefill = [ep for ep in p.endpoints if ep.role == "prefill"]
+    assert len(decode) == 1 and len(prefill) == n
+    d = decode[0]
+    # DEP8 over 2 nodes: one head (API server) and one headless part with ranks 4..7.
+    assert [(pt.node, pt.gpus, pt.dp_ranks, pt.head) for pt in d.parts] == [
+        (NODES[0], (0, 1, 2, 3), (0, 1, 2, 3), True),
+        (NODES[1], (0, 1, 2, 3), (4, 5, 6, 7), False),
+    ]
+    # Two DEP2 prefill endpoints per node, disjoint GPUs, never on decode nodes.
+    used = {}
+    for ep in prefill:
+        (part,) = ep.parts
+        assert part.node not in (NODES[0], NODES[1])
+        assert len(part.gpus) == 2
+        for g in part.gpus:
+            assert (part.node, g) not in used, f"GPU {g} of {part.node} given twice"
+            used[(part.node, g)] = ep.name
+    assert len(p.nodes) == 2 + (n + 1) // 2
+    assert p.gpu_count() == {"prefill": 2 * n, "decode": 8, "agg": 0, "total": 2 * n + 8}
+    ports = all_ports(p)
+    assert len(ports) == len(set(ports)), "a port is used twice in the job"
+
+
+def test_ports_unique_across_job_on_single_host_devcluster():
+    dev = cluster.load("devcluster")
+    p = make(ref="devcluster-sim", prof=dev, nodes=cluster.expand_nodelist("gb200-[01-06]"))
+    ports = all_ports(p)
+    assert len(ports) == len(set(ports))
+
+
+def test_multinode_rendezvous_flags():
+    p = make()
+    procs = {pr.name: pr for pr in render.processes(p, "/runs/x")}
+    head = procs[f"decode-0@{NODES[0]}"].argv
+    tail = procs[f"decode-0@{NODES[1]}"].argv
+    d = p.endpoints[0]
+
+    def val(argv, flag):
+        return argv[argv.index(flag) + 1]
+
+    for argv in (head, tail):
+        assert val(argv, "--data-parallel-size") == "8"
+        assert val(argv, "--data-parallel-size-local") == "4"
+        assert val(argv, "--data-parallel-address") == NODES[0]
+        assert val(argv, "--data-parallel-rpc-port") == str(d.dp_rpc_port)
+        assert "--enable-expert-parallel" in argv
+    assert "--headless" not in head and val(head, "--api-server-count") == "1"
+    assert "--headless" in tail and val(tail, "--data-parallel-start-rank") == "4"
+    assert "--api-server-count" not in tail and "--port" not in tail
+    assert '"kv_role":"kv_consumer"' in val(head, "--kv-transfer-config")
+    pre = procs[f"prefill-0@{NODES[2]}"]
+    assert '"kv_role":"kv_producer"' in val(pre.argv, "--kv-transfer-config")
+    assert pre.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == NODES[2]
+    assert pre.env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert procs[f"prefill-1@{NODES[2]}"].env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert procs[f"decode-0@{NODES[1]}"].env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == NODES[1]
+
+
+def test_router_gets_every_endpoint():
+    p = make("prefill.endpoints=6")
+    router = next(pr for pr in render.processes(p, "/r") if pr.kind == "router")
+    assert "--vllm-pd-disaggregation" in router.argv
+    assert router.argv.count("--prefill") == 6 and router.argv.count("--decode") == 1
+    assert router.argv[router.argv.index("--kv-connector") + 1] == "nixl"
+
+
+def test_addresses_override_names():
+    r = recipe.load(SEED)
+    addrs = {n: f"10.0.0.{i}" for i, n in enumerate(NODES)}
+    p = plan.make_plan(r, GB200, NODES, addrs)
+    head = next(pr for pr in render.processes(p, "/r") if pr.name == f"decode-0@{NODES[1]}")
+    assert head.argv[head.argv.index("--data-parallel-address") + 1] == "10.0.0.0"
+    assert head.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.0.0.1"
+
+
+@pytest.mark.parametrize(
+    "sets, words",
+    [
+        (["decode.data_parallel=6"], "does not fill whole nodes of 4 GPUs"),
+        (["decode.tensor_parallel=8"], "multi-node tensor parallel is not supported"),
+        (["prefill.tensor_parallel=2"], "same tensor parallel size on prefill and decode"),
+        (["prefill.gpus_per_node=8"], "a gb200-nvl72 node has 4 GPUs"),
+        (["prefill.endpoints=40"], "one rack of gb200-nvl72 has 18"),
+        (["prefill.args.block-size=32"], "same block size"),
+        (["prefill.args.data-parallel-size=4"], "set prefill.data_parallel"),
+        (["decode.args.--port=1"], "the launcher owns every port"),
+        (["vllm_args.kv-transfer-config='{\"a\":1}'"], "kv_role per side"),
+        (["prefill.env.CUDA_VISIBLE_DEVICES=0"], "pins GPUs"),
+    ],
+)
+def test_impossible_plans_say_what_to_change(sets, words):
+    with pytest.raises(UserError) as e:
+        make(*sets)
+    assert words in str(e.value)
+
+
+def test_not_enough_nodes():
+    with pytest.raises(UserError, match="needs 4 nodes of 4 GPUs but only 3"):
+        make(nodes=NODES[:3])
+
+
+def test_nodelist_expansion():
+    assert cluster.expand_nodelist("gb200-[01-03,07],login1") == [
+        "gb200-01", "gb200-02", "gb200-03", "gb200-07", "login1",
+    ]  # fmt: skip
+    assert cluster.expand_nodelist("n[9-11]") == ["n9", "n10", "n11"]
+    with pytest.raises(UserError):
+        cluster.expand_nodelist("n[a-b]")
