@@ -1,0 +1,215 @@
+"""Multi-node data parallel: the head and its headless parts, over the DP RPC address.
+
+The head (the part with the API server) listens on --data-parallel-address:
+--data-parallel-rpc-port and becomes ready only when headless parts have registered every
+remote rank (and the host their side-channel listeners advertise), like vLLM's DP
+handshake. The head simulates all engines (their schedulers and metrics, which vLLM's API
+server reports for every engine anyway); a headless part serves its ranks' NIXL side
+channels on its own node and relays reads to the head. If a registered headless part goes
+away the head exits non-zero (vLLM: engine core died); if the head goes away, so does the
+headless part. Wire format: newline-delimited JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+from launcher.sim import vlog
+from launcher.sim.cli import SimConfig
+from launcher.sim.nixl import bind_host
+
+_LIMIT = 1 << 20
+
+# Called with an exit code when the process must stop (a peer died).
+FailFn = Callable[[int], None]
+
+
+def _send(writer: asyncio.StreamWriter, msg: dict[str, Any]) -> None:
+    writer.write(json.dumps(msg).encode() + b"\n")
+
+
+class Head:
+    """The head's side of the DP handshake and the relay of side-channel reads."""
+
+    def __init__(self, cfg: SimConfig, engine_id: str, fail: FailFn) -> None:
+        self.cfg = cfg
+        self.engine_id = engine_id
+        self.fail = fail
+        self.remote_hosts: dict[int, str] = {}
+        self.engines: dict[int, Any] = {}  # rank -> Engine, set once ready
+        self.ready = asyncio.Event()
+        self._server: asyncio.Server | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+        self._expected = set(range(cfg.dp_size)) - set(cfg.local_ranks)
+        self._closing = False
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(
+            self._handle, bind_host(self.cfg.dp_address), self.cfg.dp_rpc_port, limit=_LIMIT)
+        if not self._expected:
+            self.ready.set()
+        else:
+            vlog.info("core_client.py:1010",
+                      f"Waiting for {len(self._expected)} remote DP ranks "
+                      f"{sorted(self._expected)} to connect to "
+                      f"{self.cfg.dp_address}:{self.cfg.dp_rpc_port}")
+
+    def shutdown(self) -> None:
+        self._closing = True
+        for w in self._writers:
+            try:
+                _send(w, {"op": "shutdown"})
+                w.close()
+            except (ConnectionError, RuntimeError):
+                pass
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        ranks: list[int] = []
+        try:
+            line = await asyncio.wait_for(reader.readline(), 30)
+            msg = json.loads(line) if line else {}
+            if msg.get("op") != "register":
+                writer.close()
+                return
+            ranks = [int(r) for r in msg.get("ranks", [])]
+            bad = [r for r in ranks if r not in self._expected or r in self.remote_hosts]
+            if bad or msg.get("dp_size") != self.cfg.dp_size:
+                _send(writer, {"op": "error", "error":
+                               f"ranks {bad or ranks} are not expected by the head "
+                               f"(data parallel size {self.cfg.dp_size})"})
+                await writer.drain()
+                writer.close()
+                return
+            for r in ranks:
+                self.remote_hosts[r] = str(msg.get("host") or "localhost")
+            self._writers.append(writer)
+            vlog.info("core_client.py:1031",
+                      f"DP ranks {ranks} registered from pid {msg.get('pid')} "
+                      f"(side channel host {msg.get('host')})")
+            _send(writer, {"op": "ok", "engine_id": self.engine_id})
+            await writer.drain()
+            if set(self.remote_hosts) >= self._expected:
+                self.ready.set()
+            while True:
+                line = await reader.readline()
+                if not line:
+                    break
+                req = json.loads(line)
+                _send(writer, await self._relay(req))
+                await writer.drain()
+        except (ConnectionError, TimeoutError, json.JSONDecodeError, ValueError):
+            pass
+        if ranks and ranks[0] in self.remote_hosts and not self._closing:
+            vlog.error("core_client.py:716",
+                       f"Engine core proc EngineCore_DP{ranks[0]} died unexpectedly, "
+                       "shutting down client.")
+            self.fail(1)
+
+    async def _relay(self, req: dict[str, Any]) -> dict[str, Any]:
+        await self.ready.wait()
+        engine = self.engines.get(int(req.get("rank", -1)))
+        rid = req.get("id")
+        if engine is None:
+            return {"id": rid, "ok": False, "error": "unknown rank"}
+        if req.get("op") == "read":
+            try:
+                meta = engine.read_held(str(req.get("request_id")), str(req.get("engine_id")))
+            except KeyError as exc:
+                return {"id": rid, "ok": False, "error": str(exc.args[0] if exc.args else exc)}
+            return {"id": rid, "ok": True, **meta}
+        if req.get("op") == "done":
+            return {"id": rid, "ok": engine.release_held(str(req.get("request_id")))}
+        return {"id": rid, "ok": False, "error": "unknown op"}
+
+
+class HeadlessLink:
+    """A headless part's connection to the head; relays side-channel reads."""
+
+    def __init__(self, cfg: SimConfig, fail: FailFn) -> None:
+        self.cfg = cfg
+        self.fail = fail
+        self.engine_id = ""
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._next = 0
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+
+    async def connect(self) -> None:
+        cfg = self.cfg
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + cfg.knobs.headless_wait_s
+        while True:
+            try:
+                self._reader, self._writer = await asyncio.wait_for(
+                    asyncio.open_connection(cfg.dp_address, cfg.dp_rpc_port, limit=_LIMIT), 5)
+                break
+            except (OSError, TimeoutError):
+                if loop.time() > deadline:
+                    raise ConnectionError(
+                        f"could not reach the DP head at {cfg.dp_address}:{cfg.dp_rpc_port} "
+                        f"within {cfg.knobs.headless_wait_s:.0f} s; check "
+                        "--data-parallel-address and --data-parallel-rpc-port") from None
+                await asyncio.sleep(0.2)
+        _send(self._writer, {"op": "register", "ranks": cfg.local_ranks,
+                             "dp_size": cfg.dp_size, "host": cfg.side_channel_host,
+                             "pid": os.getpid()})
+        await self._writer.drain()
+        line = await asyncio.wait_for(self._reader.readline(), 30)
+        msg = json.loads(line) if line else {"op": "error", "error": "head closed"}
+        if msg.get("op") != "ok":
+            raise ConnectionError(f"the DP head refused ranks {cfg.local_ranks}: "
+                                  f"{msg.get('error')}")
+        self.engine_id = str(msg["engine_id"])
+        loop.create_task(self._read_loop())
+
+    async def _read_loop(self) -> None:
+        assert self._reader is not None
+        clean = False
+        try:
+            while True:
+                line = await self._reader.readline()
+                if not line:
+                    break
+                msg = json.loads(line)
+                if msg.get("op") == "shutdown":
+                    clean = True
+                    break
+                fut = self._pending.pop(int(msg.get("id", -1)), None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+        except (ConnectionError, json.JSONDecodeError, ValueError):
+            pass
+        if not clean:
+            vlog.error("core.py:1080", "DP head connection lost; shutting down engine cores.")
+        self.fail(0 if clean else 1)
+
+    async def call(self, msg: dict[str, Any]) -> dict[str, Any]:
+        assert self._writer is not None
+        self._next += 1
+        rid = self._next
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        _send(self._writer, {**msg, "id": rid})
+        await self._writer.drain()
+        try:
+            return await asyncio.wait_for(fut, self.cfg.knobs.connect_timeout_s)
+        finally:
+            self._pending.pop(rid, None)
+
+    def handlers(self, rank: int) -> tuple[Any, Any]:
+        async def read(request_id: str, engine_id: str) -> dict[str, Any]:
+            reply = await self.call({"op": "read", "rank": rank, "request_id": request_id,
+                                     "engine_id": engine_id})
+            if not reply.get("ok"):
+                raise KeyError(str(reply.get("error")))
+            return {k: v for k, v in reply.items() if k not in ("ok", "id")}
+
+        async def done(request_id: str) -> bool:
+            reply = await self.call({"op": "done", "rank": rank, "request_id": request_id})
+            return bool(reply.get("ok"))
+
+        return read, done

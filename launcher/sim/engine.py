@@ -1,0 +1,574 @@
+"""One simulated engine core (a DP rank): a vLLM-v1-like scheduler loop on asyncio.
+
+Each step schedules running requests first (decode: 1 token, unfinished prefill: a chunk),
+then admits waiting requests while the token budget (--max-num-batched-tokens), the
+sequence limit (--max-num-seqs) and free KV blocks allow. A running request that needs a
+block when none is free preempts the newest running request (recompute). The step then
+lasts as long as the speed model says (scaled by SIM_SPEED) and emits one token per
+finished-prefill/decoding request. Requests only wake their HTTP handler every
+--stream-interval tokens, so there is no per-token Python work beyond a counter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+import zlib
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from launcher.sim.cli import SimConfig
+from launcher.sim.metrics import CACHED_SOURCES, EngineStats
+
+# kv fetch stages of a consumer request (vllm:num_requests_kv_fetch_by_stage)
+NO_FETCH, FETCH_WAITING, FETCH_RUNNING, FETCH_DONE = 0, 1, 2, 3
+
+
+class Req:
+    """One request inside an engine; the HTTP handler reads it after ``event`` fires."""
+
+    __slots__ = (
+        "arrival",
+        "blocks",
+        "computed",
+        "counted_prompt",
+        "error",
+        "event",
+        "external",
+        "fail_kv",
+        "finished",
+        "first_token",
+        "generated",
+        "hold_until",
+        "id",
+        "kv_params",
+        "last_token",
+        "max_tokens",
+        "n",
+        "preemptions",
+        "prompt_len",
+        "queued",
+        "remote",
+        "remote_decode",
+        "scheduled",
+        "stage",
+        "stop_after",
+    )
+
+    def __init__(self, req_id: str, prompt_len: int, max_tokens: int,
+                 stop_after: int | None = None, remote: dict[str, Any] | None = None,
+                 remote_decode: bool = False, n: int = 1) -> None:
+        self.id = req_id
+        self.prompt_len = prompt_len
+        self.max_tokens = max_tokens
+        self.stop_after = stop_after  # EOS after this many generated tokens (None: never)
+        self.arrival = time.time()
+        self.queued = self.arrival
+        self.scheduled: float | None = None
+        self.first_token: float | None = None
+        self.last_token: float | None = None
+        self.computed = 0
+        self.generated = 0
+        self.blocks = 0
+        self.preemptions = 0
+        self.remote = remote
+        self.remote_decode = remote_decode
+        self.stage = FETCH_WAITING if remote else NO_FETCH
+        self.external = 0
+        self.finished: str | None = None
+        self.error: str | None = None
+        self.event = asyncio.Event()
+        self.kv_params: dict[str, Any] | None = None
+        self.n = n
+        self.counted_prompt = False
+        self.hold_until = 0.0
+        self.fail_kv = False
+
+
+@dataclass
+class Interval:
+    """Counters since the last stats log line (LoggingStatLogger's interval)."""
+
+    start: float = field(default_factory=time.time)
+    prompt_tokens: int = 0
+    gen_tokens: int = 0
+    preemptions: int = 0
+    xfer_s: list[float] = field(default_factory=list)
+    post_s: list[float] = field(default_factory=list)
+    bytes: list[int] = field(default_factory=list)
+    descs: list[int] = field(default_factory=list)
+    failed: int = 0
+    expired: int = 0
+    last_prompt_tp: float = 0.0
+    last_gen_tp: float = 0.0
+
+
+# A KV pull: (engine, request) -> awaits the transfer; raises KVTransferError on failure.
+PullFn = Callable[["Engine", Req], Awaitable[None]]
+
+
+class KVTransferError(Exception):
+    pass
+
+
+class Engine:
+    def __init__(self, cfg: SimConfig, rank: int, engine_id: str,
+                 side_channel_host: str) -> None:
+        self.cfg = cfg
+        self.k = cfg.knobs
+        self.rank = rank
+        self.engine_id = f"{engine_id}_dp{rank}"
+        self.side_channel_host = side_channel_host
+        self.side_channel_port = cfg.side_channel_port + rank
+        self.block_size = cfg.block_size
+        self.num_blocks = cfg.num_gpu_blocks
+        self.free_blocks = cfg.num_gpu_blocks
+        self.waiting: deque[Req] = deque()
+        self.ready: deque[Req] = deque()  # KV pulled, waiting to be scheduled
+        self.fetching: set[Req] = set()  # blocks allocated, pull in flight
+        self.running: list[Req] = []
+        self.held: dict[str, Req] = {}  # producer: finished, blocks kept for the decode
+        self.stats = EngineStats(max_model_len=cfg.max_model_len)
+        self.interval = Interval()
+        self.wake = asyncio.Event()
+        self.pull: PullFn | None = None
+        self._block_cursor = 0
+        self._task: asyncio.Task[None] | None = None
+        self._last_step_end = time.time()
+        self._ext_window: deque[tuple[int, int]] = deque(maxlen=1000)
+
+    # ----- public API --------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    def add(self, req: Req) -> None:
+        if req.remote:
+            req.fail_kv = _fraction(req.remote.get("remote_request_id", req.id)) < \
+                self.k.kv_fail_fraction
+        self.waiting.append(req)
+        self.wake.set()
+
+    def abort(self, req: Req) -> None:
+        """Client went away: drop the request wherever it is and free its blocks."""
+        if req.finished:
+            return
+        if req in self.fetching:
+            return  # the pull task finishes it
+        try:
+            self.waiting.remove(req)
+        except ValueError:
+            pass
+        try:
+            self.ready.remove(req)
+        except ValueError:
+            pass
+        if req in self.running:
+            self.running.remove(req)
+        self._finish(req, "abort", time.time())
+
+    def load_score(self) -> int:
+        # vLLM's internal DP load balancer: waiting weighs 4x running.
+        return (len(self.waiting) + len(self.ready) + len(self.fetching)) * 4 + \
+            len(self.running)
+
+    def gauges(self) -> dict[str, Any]:
+        capacity = len(self.waiting)
+        deferred = len(self.fetching) + len(self.ready)
+        waiting_start = sum(1 for r in self.waiting if r.stage == FETCH_WAITING)
+        return {
+            "running": len(self.running),
+            "waiting": capacity + deferred,
+            "waiting_by_reason": {"capacity": capacity, "deferred": deferred},
+            "kv_fetch": {"waiting_to_start": waiting_start,
+                         "in_progress": len(self.fetching),
+                         "completed_waiting": len(self.ready)},
+            "sleep": {"awake": 1, "weights_offloaded": 0, "discard_all": 0},
+            "kv_usage": self.kv_usage(),
+        }
+
+    def kv_usage(self) -> float:
+        return 1.0 - self.free_blocks / self.num_blocks if self.num_blocks else 0.0
+
+    def cache_config(self) -> dict[str, str]:
+        c = self.cfg
+        return {
+            "_block_size_resolved": "True", "block_size": str(c.block_size),
+            "cache_dtype": c.kv_cache_dtype, "cache_hit_alignment_tokens": "None",
+            "effective_attention_block_size": "None",
+            "enable_mamba_shared_prefix_checkpoint": "False", "enable_prefix_caching": "True",
+            "engine": str(self.rank), "gpu_memory_utilization": str(c.gpu_memory_utilization),
+            "hash_block_size": "None", "is_attention_free": "False",
+            "kv_cache_dtype_skip_layers": "[]", "kv_cache_layout": "None",
+            "kv_cache_max_concurrency": "None", "kv_cache_memory_bytes": "None",
+            "kv_cache_size_tokens": "None", "kv_offloading_backend": "native",
+            "kv_offloading_size": "None", "kv_sharing_fast_prefill": "False",
+            "mamba_block_size": "None", "mamba_cache_dtype": "auto", "mamba_cache_mode": "align",
+            "mamba_page_size_padded": "None", "mamba_ssm_cache_dtype": c.mamba_ssm_cache_dtype,
+            "num_cpu_blocks": "None", "num_gpu_blocks": str(c.num_gpu_blocks),
+            "num_gpu_blocks_override": str(c.num_gpu_blocks_override),
+            "prefix_cache_retention_interval": "0", "prefix_caching_hash_algo": "sha256",
+            "prefix_match_unit": "None", "replayssm_buffer_len": "16",
+            "simple_cpu_offload_num_blocks": "None", "skip_page_size_padded": "None",
+            "sliding_window": "None", "swa_bounded_replay": "True",
+            "use_kda_recoverssm": "False", "use_replayssm": "False",
+            "user_specified_block_size": str(c.user_block_size),
+        }
+
+    def external_hit_rate(self) -> float | None:
+        """External prefix-cache hit rate over the last 1000 requests (None: not observed)."""
+        if not self._ext_window:
+            return None
+        q = sum(x for x, _ in self._ext_window)
+        h = sum(y for _, y in self._ext_window)
+        return 100.0 * h / q if q else 0.0
+
+    # ----- producer side: blocks held for a decode to read ---------------------------------
+    def read_held(self, request_id: str, engine_id: str) -> dict[str, Any]:
+        """Side-channel read of a held request; raises KeyError if unknown or expired."""
+        if engine_id != self.engine_id:
+            raise KeyError(f"engine id {engine_id} is not {self.engine_id}")
+        req = self.held.get(request_id)
+        if req is None:
+            raise KeyError(f"request {request_id} has no held KV blocks on {self.engine_id}")
+        return {"num_tokens": req.prompt_len, "num_blocks": req.blocks}
+
+    def release_held(self, request_id: str) -> bool:
+        req = self.held.pop(request_id, None)
+        if req is None:
+            self.stats.inc("vllm:nixl_num_notifications_after_expiry")
+            return False
+        self._free(req)
+        self.wake.set()
+        return True
+
+    def _expire_held(self, now: float) -> None:
+        expired = [r for r in self.held.values() if r.hold_until <= now]
+        for req in expired:
+            del self.held[req.id]
+            self._free(req)
+            self.stats.inc("vllm:nixl_num_kv_expired_reqs")
+            self.interval.expired += 1
+
+    # ----- block accounting ----------------------------------------------------------------
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def _alloc(self, req: Req, tokens: int) -> bool:
+        need = self._blocks_for(tokens) - req.blocks
+        if need <= 0:
+            return True
+        if need > self.free_blocks:
+            return False
+        self.free_blocks -= need
+        req.blocks += need
+        return True
+
+    def _free(self, req: Req) -> None:
+        self.free_blocks += req.blocks
+        req.blocks = 0
+
+    def block_ids(self, req: Req) -> list[list[int]]:
+        # Opaque ids of the request's blocks (one KV-cache group); only their count matters.
+        start = self._block_cursor
+        self._block_cursor = (start + req.blocks) % max(1, self.num_blocks)
+        return [[(start + i) % self.num_blocks for i in range(req.blocks)]]
+
+    # ----- the scheduler loop --------------------------------------------------------------
+    async def _loop(self) -> None:
+        speed = self.k.speed
+        while True:
+            now = time.time()
+            if self.held:
+                self._expire_held(now)
+            if not (self.waiting or self.ready or self.running):
+                self.wake.clear()
+                timeout = None
+                if self.held:
+                    timeout = max(0.05, min(r.hold_until for r in self.held.values()) - now)
+                try:
+                    await asyncio.wait_for(self.wake.wait(), timeout)
+                except TimeoutError:
+                    pass
+                self._last_step_end = time.time()
+                continue
+            step_start = time.time()
+            scheduled, prefill_tokens, decode_seqs, ctx = self._schedule(step_start)
+            if not scheduled:
+                # Nothing fits (all blocks held or fetching): wait for a release.
+                self.wake.clear()
+                try:
+                    await asyncio.wait_for(self.wake.wait(), 0.05)
+                except TimeoutError:
+                    pass
+                continue
+            dur_ms = (self.k.step_base_ms + decode_seqs * self.k.decode_per_seq_ms
+                      + ctx / 1000.0 * self.k.decode_per_ktoken_ms
+                      + prefill_tokens * 1000.0 / self.k.prefill_tokens_per_s)
+            delay = step_start + dur_ms / 1000.0 / speed - time.time()
+            await asyncio.sleep(max(0.0, delay))
+            self._complete(scheduled, prefill_tokens + decode_seqs)
+
+    def _schedule(self, now: float) -> tuple[list[tuple[Req, int]], int, int, int]:
+        cfg = self.cfg
+        budget = cfg.max_num_batched_tokens
+        scheduled: list[tuple[Req, int]] = []
+        prefill_tokens = 0
+        decode_seqs = 0
+        ctx = 0
+        preempted = False
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            target = req.prompt_len + req.generated
+            n = min(target - req.computed, budget)
+            while not self._alloc(req, req.computed + n):
+                victim = running.pop()  # newest request is preempted (recompute)
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+            else:
+                scheduled.append((req, n))
+                budget -= n
+                if req.computed >= req.prompt_len:
+                    decode_seqs += 1
+                    ctx += req.computed
+                else:
+                    prefill_tokens += n
+                i += 1
+                continue
+            break
+        if preempted:
+            return scheduled, prefill_tokens, decode_seqs, ctx
+        # KV pulled from a prefill: the last prompt token is computed here (1 token).
+        while self.ready and budget > 0 and len(running) < cfg.max_num_seqs:
+            req = self.ready[0]
+            if not self._alloc(req, req.prompt_len):
+                break
+            self.ready.popleft()
+            req.stage = NO_FETCH
+            req.scheduled = req.scheduled or now
+            n = req.prompt_len - req.computed
+            running.append(req)
+            scheduled.append((req, n))
+            budget -= n
+            prefill_tokens += n
+        waiting = self.waiting
+        while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
+            req = waiting[0]
+            if req.stage == FETCH_WAITING:
+                # Allocate blocks for the whole prompt, then pull it (no compute budget).
+                if not self._alloc(req, req.prompt_len):
+                    break
+                waiting.popleft()
+                self._start_pull(req)
+                continue
+            target = req.prompt_len + req.generated
+            n = min(target - req.computed, budget)
+            if not self._alloc(req, req.computed + n):
+                break
+            waiting.popleft()
+            if req.scheduled is None:
+                req.scheduled = now
+            running.append(req)
+            scheduled.append((req, n))
+            budget -= n
+            prefill_tokens += n
+        return scheduled, prefill_tokens, decode_seqs, ctx
+
+    def _preempt(self, req: Req) -> None:
+        self._free(req)
+        req.computed = 0
+        req.preemptions += 1
+        self.stats.inc("vllm:num_preemptions")
+        self.interval.preemptions += 1
+        self.waiting.appendleft(req)
+
+    def _start_pull(self, req: Req) -> None:
+        req.stage = FETCH_RUNNING
+        self.fetching.add(req)
+        asyncio.get_running_loop().create_task(self._run_pull(req))
+
+    async def _run_pull(self, req: Req) -> None:
+        try:
+            if self.pull is None:
+                raise KVTransferError("no KV connector")
+            await self.pull(self, req)
+        except KVTransferError as exc:
+            self.fetching.discard(req)
+            self.stats.inc("vllm:nixl_num_failed_transfers")
+            self.interval.failed += 1
+            req.error = f"KV transfer failed: {exc}"
+            self._finish(req, "error", time.time())
+            self.wake.set()
+            return
+        self.fetching.discard(req)
+        if req.finished:  # aborted meanwhile
+            self._free(req)
+            return
+        req.external = req.prompt_len - 1
+        req.computed = req.external
+        req.stage = FETCH_DONE
+        self.ready.append(req)
+        self.wake.set()
+
+    def record_transfer(self, xfer_s: float, post_s: float, nbytes: int, descs: int) -> None:
+        st = self.stats.hists
+        st["vllm:nixl_xfer_time_seconds"].observe(xfer_s)
+        st["vllm:nixl_post_time_seconds"].observe(post_s)
+        st["vllm:nixl_bytes_transferred"].observe(nbytes)
+        st["vllm:nixl_num_descriptors"].observe(descs)
+        iv = self.interval
+        iv.xfer_s.append(xfer_s)
+        iv.post_s.append(post_s)
+        iv.bytes.append(nbytes)
+        iv.descs.append(descs)
+
+    def _complete(self, scheduled: list[tuple[Req, int]], total_tokens: int) -> None:
+        now = time.time()
+        stats = self.stats
+        itl = now - self._last_step_end
+        self._last_step_end = now
+        stats.hists["vllm:iteration_tokens_total"].observe(total_tokens)
+        interval = self.interval
+        decoded = 0
+        gen = 0
+        finished = False
+        zero = self.k.zero_tokens
+        stream_interval = self.cfg.stream_interval
+        for req, n in scheduled:
+            if req.finished:
+                continue
+            if req.computed < req.prompt_len:
+                interval.prompt_tokens += min(n, req.prompt_len - req.computed)
+            req.computed += n
+            if req.computed < req.prompt_len + req.generated:
+                continue  # chunked prefill not done yet
+            if req.first_token is None:
+                req.first_token = now
+                self._count_prompt(req, now)
+                if zero:
+                    req.last_token = now
+                    self._finish(req, "stop", now)
+                    finished = True
+                    continue
+            else:
+                decoded += 1
+            req.generated += 1
+            gen += 1
+            req.last_token = now
+            g = req.generated
+            if g >= req.max_tokens:
+                self._finish(req, "length", now)
+                finished = True
+            elif req.stop_after is not None and g >= req.stop_after:
+                self._finish(req, "stop", now)
+                finished = True
+            elif g == 1 or g % stream_interval == 0:
+                req.event.set()
+        if decoded:
+            stats.hists["vllm:inter_token_latency_seconds"].observe(itl, decoded)
+        stats.counters["vllm:generation_tokens"] += gen
+        interval.gen_tokens += gen
+        if finished:
+            self.running = [r for r in self.running if not r.finished]
+
+    def _count_prompt(self, req: Req, now: float) -> None:
+        st = self.stats
+        c = st.counters
+        ext = req.external
+        c["vllm:prompt_tokens"] += req.prompt_len
+        c["vllm:prompt_tokens_by_source|local_compute"] += req.prompt_len - ext
+        c["vllm:prompt_tokens_by_source|external_kv_transfer"] += ext
+        c["vllm:prompt_tokens_cached"] += ext
+        c["vllm:prompt_tokens_cached_by_source|p2p"] += ext
+        c["vllm:prefix_cache_queries"] += req.prompt_len
+        if req.remote is not None:
+            c["vllm:external_prefix_cache_queries"] += req.prompt_len
+            c["vllm:external_prefix_cache_hits"] += ext
+            self._ext_window.append((req.prompt_len, ext))
+        st.hists["vllm:time_to_first_token_seconds"].observe(now - req.arrival)
+
+    def _finish(self, req: Req, reason: str, now: float) -> None:
+        req.finished = reason
+        st = self.stats
+        st.counters[f"vllm:request_success|{reason}"] += 1
+        if reason not in ("abort", "error"):
+            h = st.hists
+            g = req.generated
+            sched = req.scheduled or req.arrival
+            first = req.first_token or now
+            last = req.last_token or now
+            h["vllm:request_prompt_tokens"].observe(req.prompt_len)
+            h["vllm:request_generation_tokens"].observe(g)
+            h["vllm:request_max_num_generation_tokens"].observe(req.max_tokens)
+            h["vllm:request_params_n"].observe(req.n)
+            h["vllm:request_params_max_tokens"].observe(req.max_tokens)
+            h["vllm:e2e_request_latency_seconds"].observe(now - req.arrival)
+            h["vllm:request_queue_time_seconds"].observe(sched - req.queued)
+            h["vllm:request_inference_time_seconds"].observe(last - sched)
+            h["vllm:request_prefill_time_seconds"].observe(first - sched)
+            h["vllm:request_decode_time_seconds"].observe(last - first)
+            tpot = (last - first) / (g - 1) if g > 1 else 0.0
+            h["vllm:request_time_per_output_token_seconds"].observe(tpot)
+            h["vllm:request_num_preemptions"].observe(req.preemptions)
+            h["vllm:request_prefill_kv_computed_tokens"].observe(req.prompt_len - req.external)
+        if req.remote_decode and reason in ("length", "stop"):
+            # Producer: keep the blocks until the decode reads them or the lease runs out.
+            req.kv_params = self._kv_params(req)
+            req.hold_until = now + self.cfg.kv_lease_s
+            self.held[req.id] = req
+        else:
+            self._free(req)
+        req.event.set()
+
+    def _kv_params(self, req: Req) -> dict[str, Any]:
+        return {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_block_ids": self.block_ids(req),
+            "remote_engine_id": self.engine_id,
+            "remote_request_id": req.id,
+            "remote_host": self.side_channel_host,
+            "remote_port": self.side_channel_port,
+            "tp_size": self.cfg.tp_size,
+            "dcp_size": 1,
+            "pp_size": 1,
+            "remote_num_tokens": req.prompt_len,
+            "remote_blocks_expiry_time": None,
+            "remote_registration_generation": 0,
+            "transfer_mode": "pull",
+        }
+
+    # ----- stats log interval --------------------------------------------------------------
+    def take_interval(self) -> tuple[Interval, float]:
+        iv = self.interval
+        now = time.time()
+        self.interval = Interval(start=now)
+        elapsed = max(1e-9, now - iv.start)
+        self.interval.last_prompt_tp = iv.prompt_tokens / elapsed
+        self.interval.last_gen_tp = iv.gen_tokens / elapsed
+        return iv, elapsed
+
+
+def _fraction(key: str) -> float:
+    """A deterministic number in [0, 1) from a string (same on every host and run)."""
+    return (zlib.crc32(key.encode()) & 0xFFFFFFFF) / 2**32
+
+
+def transfer_cost(cfg: SimConfig, num_tokens: int) -> tuple[float, float, int, int]:
+    """(xfer seconds, post seconds, bytes, descriptors) of pulling num_tokens of KV."""
+    k = cfg.knobs
+    nbytes = num_tokens * k.kv_bytes_per_token + k.kv_state_bytes
+    post = k.kv_post_ms / 1000.0
+    xfer = post + nbytes / (k.kv_bandwidth_gbps * 1e9)
+    blocks = max(1, math.ceil(num_tokens / cfg.block_size))
+    descs = blocks * 60  # one descriptor per block and layer (60 layers)
+    return xfer, post, nbytes, descs
+
+
+__all__ = ["CACHED_SOURCES", "Engine", "KVTransferError", "Req", "transfer_cost"]

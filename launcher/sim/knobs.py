@@ -1,0 +1,152 @@
+"""Simulation knobs: the one place where every SIM_* setting is defined.
+
+Each knob is read from the environment variable ``SIM_<NAME>`` and can be overridden by
+the matching ``--sim-<name>`` flag (dashes instead of underscores), so the launcher only has
+to add env vars (or flags) for ``engine: sim``; the vLLM argv stays untouched.
+
+Speed-model defaults are GB200-ish for Qwen3.5-397B-A17B-NVFP4 per DP rank (DEP): they
+reproduce the orders of magnitude in ``shared/fixtures`` (~25k prompt tok/s per prefill
+engine, ~30 ms decode steps at ~80 running, ~160 MB and ~30 ms per KV transfer).
+
+Durations of the speed model are divided by ``SIM_SPEED``; fault timings
+(``SIM_CRASH_AFTER_S``, ``SIM_START_DELAY_S``) are wall-clock seconds and are not scaled.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+def _doc(text: str) -> dict[str, str]:
+    return {"doc": text}
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """All simulation settings; see each field's ``doc`` metadata (printed by ``--sim-help``)."""
+
+    speed: float = field(default=1.0, metadata=_doc(
+        "Time scale of the speed model: >1 runs faster than real time (10 = ten times "
+        "faster). Scales step, prefill and KV-transfer durations, not fault timers."))
+    prefill_tokens_per_s: float = field(default=28000.0, metadata=_doc(
+        "Prompt tokens one DP rank computes per second of GPU time (chunked prefill)."))
+    step_base_ms: float = field(default=12.0, metadata=_doc(
+        "Fixed cost of one engine step in ms (kernel launches, MoE all2all, sampling)."))
+    decode_per_seq_ms: float = field(default=0.04, metadata=_doc(
+        "Extra step time in ms per running sequence in the batch."))
+    decode_per_ktoken_ms: float = field(default=0.008, metadata=_doc(
+        "Extra step time in ms per 1000 context tokens summed over the decode batch "
+        "(attention reads grow with context)."))
+    kv_capacity_tokens: int = field(default=2_883_936, metadata=_doc(
+        "KV-cache capacity per DP rank in tokens, used when --num-gpu-blocks-override is "
+        "not given (num_gpu_blocks = capacity // block size)."))
+    kv_bytes_per_token: int = field(default=15360, metadata=_doc(
+        "KV bytes per prompt token moved by a NIXL transfer (full-attention layers; "
+        "Qwen3.5: 2 x 2 KV heads x 256 dim x 15 layers x 1 byte fp8)."))
+    kv_state_bytes: int = field(default=47_185_920, metadata=_doc(
+        "Constant per-request state bytes moved by a NIXL transfer (GDN/Mamba SSM state)."))
+    kv_bandwidth_gbps: float = field(default=5.0, metadata=_doc(
+        "Effective NIXL read bandwidth per transfer in GB/s (1e9 bytes/s)."))
+    kv_post_ms: float = field(default=2.4, metadata=_doc(
+        "Time to post a NIXL transfer to the backend, in ms (vllm:nixl_post_time_seconds)."))
+    kv_lease_s: float = field(default=30.0, metadata=_doc(
+        "Seconds a prefill holds un-pulled KV blocks before they expire (NIXL "
+        "kv_lease_duration; a value in --kv-transfer-config extra config wins)."))
+    chars_per_token: float = field(default=4.0, metadata=_doc(
+        "Characters per token for text prompts (the sim has no tokenizer)."))
+    crash_after_s: float = field(default=0.0, metadata=_doc(
+        "Fault: the process exits non-zero this many wall-clock seconds after start "
+        "(0 = never)."))
+    hang_before_healthy: bool = field(default=False, metadata=_doc(
+        "Fault: the engine never finishes loading, so the HTTP port never opens and "
+        "/health never answers."))
+    start_delay_s: float = field(default=0.0, metadata=_doc(
+        "Fault: extra wall-clock seconds of 'model loading' before the server opens."))
+    zero_tokens: bool = field(default=False, metadata=_doc(
+        "Fault: every request finishes with zero generated tokens (finish_reason stop)."))
+    wrong_answers: bool = field(default=False, metadata=_doc(
+        "Fault: accuracy collapse, every GSM8K answer is wrong."))
+    kv_fail_fraction: float = field(default=0.0, metadata=_doc(
+        "Fault: fraction (0..1) of KV pulls on a decode that fail (deterministic per "
+        "request id); failed pulls count in vllm:nixl_num_failed_transfers."))
+    answer_key: str = field(default="", metadata=_doc(
+        "Path to a GSM8K-format jsonl ({'question','answer'} ending in '#### N'); the sim "
+        "answers the last 'Question:' of the prompt with '... The answer is N.'."))
+    accuracy: float = field(default=0.9, metadata=_doc(
+        "Fraction of answer-key questions answered correctly (chosen by a hash of the "
+        "question, so it is deterministic)."))
+    connect_timeout_s: float = field(default=5.0, metadata=_doc(
+        "Timeout for side-channel (KV pull) connects and replies, wall-clock seconds."))
+    headless_wait_s: float = field(default=600.0, metadata=_doc(
+        "How long a headless part keeps retrying to reach the head's DP RPC address."))
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def doc(cls, name: str) -> str:
+        for f in fields(cls):
+            if f.name == name:
+                return str(f.metadata.get("doc", ""))
+        raise KeyError(name)
+
+
+def env_name(name: str) -> str:
+    return "SIM_" + name.upper()
+
+
+def flag_name(name: str) -> str:
+    return "--sim-" + name.replace("_", "-")
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _convert(name: str, kind: Any, raw: str) -> Any:
+    try:
+        if kind in (bool, "bool"):
+            low = raw.strip().lower()
+            if low in _TRUE:
+                return True
+            if low in _FALSE:
+                return False
+            raise ValueError(raw)
+        if kind in (int, "int"):
+            return int(float(raw))
+        if kind in (float, "float"):
+            return float(raw)
+        return raw
+    except ValueError:
+        raise ValueError(
+            f"{env_name(name)} / {flag_name(name)} has an invalid value {raw!r}") from None
+
+
+def load(env: dict[str, str] | None = None, flags: dict[str, str] | None = None) -> Knobs:
+    """Knobs from ``env`` (default os.environ) overridden by ``flags`` (name -> raw value)."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    for f in fields(Knobs):
+        raw = env.get(env_name(f.name))
+        if flags and f.name in flags:
+            raw = flags[f.name]
+        if raw is not None:
+            values[f.name] = _convert(f.name, f.type, raw)
+    knobs = Knobs(**values)
+    if knobs.speed <= 0:
+        raise ValueError("SIM_SPEED must be > 0")
+    if not 0.0 <= knobs.kv_fail_fraction <= 1.0:
+        raise ValueError("SIM_KV_FAIL_FRACTION must be between 0 and 1")
+    return knobs
+
+
+def describe() -> str:
+    """Human-readable list of all knobs (for --sim-help)."""
+    lines = []
+    for f in fields(Knobs):
+        lines.append(f"{env_name(f.name)} / {flag_name(f.name)} (default {f.default!r})")
+        lines.append(f"    {f.metadata.get('doc', '')}")
+    return "\n".join(lines)

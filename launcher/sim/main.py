@@ -1,0 +1,183 @@
+"""Process wiring of the simulated ``vllm serve``: start-up, faults, DP, listeners, HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+from launcher.sim import vlog
+from launcher.sim.cli import SimConfig, UsageError, parse
+
+
+async def _serve(cfg: SimConfig, fail: asyncio.Future[int]) -> list[object]:
+    """Bring the part up; returns objects to close at exit. Runs as a task."""
+    from aiohttp import web
+
+    from launcher.sim import nixl, statslog
+    from launcher.sim.answers import Answerer
+    from launcher.sim.dp import Head, HeadlessLink
+    from launcher.sim.engine import Engine
+    from launcher.sim.server import Api
+
+    def stop(code: int) -> None:
+        if not fail.done():
+            fail.set_result(code)
+
+    closers: list[object] = []
+    k = cfg.knobs
+    if k.start_delay_s > 0:
+        vlog.info("loader.py:118", f"Loading model weights (simulated slow start: "
+                                   f"{k.start_delay_s:.1f} s)")
+        await asyncio.sleep(k.start_delay_s)
+    if k.hang_before_healthy:
+        vlog.info("loader.py:118", "Loading model weights ...")
+        await asyncio.Event().wait()  # the fault: never becomes healthy
+
+    if cfg.headless:
+        link = HeadlessLink(cfg, stop)
+        try:
+            await link.connect()
+        except ConnectionError as exc:
+            vlog.error("core.py:1080", str(exc))
+            stop(1)
+            return closers
+        if cfg.kv_connector:
+            for rank in cfg.local_ranks:
+                read, done = link.handlers(rank)
+                closers.append(await nixl.serve_side_channel(
+                    cfg.side_channel_host, cfg.side_channel_port + rank, read, done,
+                    k.connect_timeout_s))
+        vlog.info("core.py:1102", f"Headless engine cores for DP ranks {cfg.local_ranks} are "
+                                  f"running (side channel {cfg.side_channel_host})")
+        return closers
+
+    head = Head(cfg, cfg.engine_id, stop)
+    remote = cfg.dp_start_rank == 0 and cfg.dp_size_local < cfg.dp_size
+    if remote:
+        await head.start()
+        closers.append(head)
+    ranks = list(range(cfg.dp_size)) if remote else cfg.local_ranks
+    await head.ready.wait() if remote else None
+    hosts = {r: cfg.side_channel_host for r in cfg.local_ranks}
+    hosts.update(head.remote_hosts)
+    engines = [Engine(cfg, r, cfg.engine_id, hosts[r]) for r in ranks]
+    head.engines = {e.rank: e for e in engines}
+    if cfg.is_consumer:
+        pull = nixl.make_pull(cfg)
+        for e in engines:
+            e.pull = pull
+    for e in engines:
+        e.start()
+    if cfg.kv_connector:
+        for e in engines:
+            if e.rank in cfg.local_ranks:
+                read, done = nixl.local_handlers(e)
+                closers.append(await nixl.serve_side_channel(
+                    cfg.side_channel_host, e.side_channel_port, read, done,
+                    k.connect_timeout_s))
+    if cfg.aggregate_engine_logging and cfg.stats_logging:
+        vlog.info(statslog.INIT_WHERE, f"{len(engines)} Engines: vllm cache_config_info with "
+                                       f"initialization after num_gpu_blocks is: "
+                                       f"{cfg.num_gpu_blocks}")
+    api = Api(cfg, engines, Answerer(k.answer_key, k.accuracy, k.wrong_answers))
+    runner = web.AppRunner(api.app(), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    closers.append(runner)
+    host = cfg.host or "0.0.0.0"
+    site = web.TCPSite(runner, host, cfg.port, backlog=4096, reuse_address=True)
+    await site.start()
+    if cfg.stats_logging:
+        asyncio.get_running_loop().create_task(statslog.run_stats_logger(
+            engines, cfg.log_stats_interval, cfg.aggregate_engine_logging))
+    elif cfg.api_server_count > 1:
+        for i in range(cfg.api_server_count):
+            vlog.warning(statslog.MULTI_API_WHERE, statslog.MULTI_API_MSG,
+                         proc=f"ApiServer_{i}")
+    vlog.info("api_server.py:2031", f"Starting vLLM API server 0 on http://{host}:{cfg.port}")
+    vlog.info("on.py:62", "Application startup complete.")
+    return closers
+
+
+async def run(cfg: SimConfig) -> int:
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[int] = loop.create_future()
+
+    def stop(code: int) -> None:
+        if not done.done():
+            done.set_result(code)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop, 0)
+    if cfg.knobs.crash_after_s > 0:
+        def crash() -> None:
+            vlog.error("core_client.py:716", "Engine core proc EngineCore_DP0 died "
+                                             "unexpectedly (simulated crash: SIM_CRASH_AFTER_S)")
+            stop(1)
+        loop.call_later(cfg.knobs.crash_after_s, crash)
+
+    task = loop.create_task(_serve(cfg, done))
+    closers: list[object] = []
+
+    def started(t: asyncio.Task[list[object]]) -> None:
+        if t.cancelled():
+            return
+        exc = t.exception()
+        if exc is not None:
+            vlog.error("api_server.py:2100", f"{type(exc).__name__}: {exc}")
+            stop(1)
+        else:
+            closers.extend(t.result())
+
+    task.add_done_callback(started)
+    code = await done
+    if not task.done():
+        task.cancel()
+    from aiohttp import web
+
+    from launcher.sim.dp import Head
+
+    for c in closers:
+        try:
+            if isinstance(c, Head):
+                c.shutdown()
+            elif isinstance(c, web.AppRunner):
+                await asyncio.wait_for(c.cleanup(), 2)
+            elif isinstance(c, asyncio.Server):
+                c.close()
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        cfg = parse(argv)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    vlog.set_process_name(f"EngineCore_DP{cfg.dp_start_rank}" if cfg.headless else "APIServer")
+    vlog.warning("sim.py:1", "This is a SIMULATED engine (launcher.sim), not vLLM: no GPU, no "
+                             "weights; latencies come from a speed model "
+                             f"(SIM_SPEED={cfg.knobs.speed:g}).")
+    vlog.info("utils.py:253", f"vLLM API server version {'0.33.0'} (simulated)")
+    vlog.info("utils.py:254", f"non-default args: model_tag={cfg.model!r}, "
+                              f"data_parallel_size={cfg.dp_size}, "
+                              f"data_parallel_size_local={cfg.dp_size_local}, "
+                              f"data_parallel_start_rank={cfg.dp_start_rank}, "
+                              f"headless={cfg.headless}, kv_role={cfg.kv_role!r}, "
+                              f"block_size={cfg.block_size}, num_gpu_blocks={cfg.num_gpu_blocks}")
+    if cfg.ignored_flags:
+        vlog.warning("sim.py:2", "launcher.sim cannot model these flags and ignores them: "
+                                 + ", ".join(cfg.ignored_flags))
+    try:
+        import uvloop  # type: ignore[import-not-found]
+
+        uvloop.install()
+    except ImportError:
+        pass
+    try:
+        return asyncio.run(run(cfg))
+    except KeyboardInterrupt:
+        return 0

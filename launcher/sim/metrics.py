@@ -1,0 +1,366 @@
+"""vLLM 0.33 /metrics for simulated engines: same families, HELP text, labels and buckets.
+
+State is kept in plain floats and bucket arrays (one bisect per observation, and one
+observation with a count for a whole decode batch), and rendered in prometheus_client's
+text format 0.0.4 layout: single-process mode (``_created`` gauge families, python/process
+collectors first) with one API server, multiprocess mode (no ``_created``, families grouped
+histograms/gauges/counters) with ``--api-server-count`` > 1, as vLLM does.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+# Bucket bounds of vllm/v1/metrics/buckets.py and nixl/stats.py (0.33), as in the fixtures.
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+               7.5, 10.0, 20.0, 40.0, 80.0]
+LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                   60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+ITERATION_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+PARAMS_N_BUCKETS = [1, 2, 5, 10, 20]
+PREEMPTION_BUCKETS = [1, 2, 3, 4, 5, 10, 20]
+NIXL_XFER_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0]
+NIXL_POST_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0,
+                     5.0]
+NIXL_BYTES_BUCKETS = [2048, 8192, 32768, 131072, 524288, 2097152, 8388608, 33554432,
+                      134217728, 536870912, 2147483648, 8589934592]
+NIXL_DESC_BUCKETS = [10, 20, 30, 50, 75, 100, 200, 400, 1000, 2000, 4000, 10000, 20000, 50000]
+
+
+def buckets_1_2_5(max_value: int) -> list[float]:
+    """1, 2, 5, 10, 20, 50, ... up to and including max_value (vLLM's request_tokens)."""
+    out: list[float] = []
+    mantissa = [1, 2, 5]
+    exp = 0
+    while True:
+        for m in mantissa:
+            v = m * 10 ** exp
+            if v > max_value:
+                return out
+            out.append(float(v))
+        exp += 1
+
+
+HELP = {
+    "vllm:nixl_xfer_time_seconds": "Histogram of transfer duration for NIXL KV Cache transfers.",
+    "vllm:nixl_post_time_seconds": "Histogram of transfer post time for NIXL KV Cache transfers.",
+    "vllm:nixl_bytes_transferred": "Histogram of bytes transferred per NIXL KV Cache transfers.",
+    "vllm:nixl_num_descriptors":
+        "Histogram of number of descriptors per NIXL  KV Cache transfers.",
+    "vllm:nixl_num_failed_transfers":
+        "Number of failed NIXL KV Cache transfers, including handshake and notification "
+        "failures. NOTE: KV expiry is tracked separately in vllm:nixl_num_kv_expired_reqs.",
+    "vllm:nixl_num_failed_notifications":
+        "Number of failed NIXL KV Cache notifications. Retained for compatibility; these "
+        "failures are also included in vllm:nixl_num_failed_transfers.",
+    "vllm:nixl_num_kv_expired_reqs":
+        "Number of requests that had their KV expire. NOTE: This metric is tracked on the P "
+        "instance.",
+    "vllm:nixl_num_notifications_after_expiry":
+        "Number of completion notifications for requests that were no longer tracked, usually "
+        "because their KV lease expired. The KV blocks may have been reused before the "
+        "transfer finished. Counted per notification (one per remote rank), not per request.",
+    "vllm:num_requests_running": "Number of requests in model execution batches.",
+    "vllm:num_requests_waiting": "Number of requests waiting to be processed.",
+    "vllm:num_requests_waiting_by_reason":
+        "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for "
+        "scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV "
+        "transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.",
+    "vllm:num_requests_kv_fetch_by_stage":
+        "Number of waiting requests by async KV load stage. Stage labels: 'waiting_to_start' "
+        "= needs an async KV load that has not started; 'in_progress' = load started and not "
+        "yet reported finished; 'completed_waiting' = load finished, request not running yet.",
+    "vllm:engine_sleep_state":
+        "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is "
+        "awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+    "vllm:kv_cache_usage_perc": "KV-cache usage. 1 means 100 percent usage.",
+    "vllm:prefix_cache_queries": "Prefix cache queries, in terms of number of queried tokens.",
+    "vllm:prefix_cache_hits": "Prefix cache hits, in terms of number of cached tokens.",
+    "vllm:external_prefix_cache_queries":
+        "External prefix cache queries from KV connector cross-instance cache sharing, in "
+        "terms of number of queried tokens.",
+    "vllm:external_prefix_cache_hits":
+        "External prefix cache hits from KV connector cross-instance cache sharing, in terms "
+        "of number of cached tokens.",
+    "vllm:mm_cache_queries": "Multi-modal cache queries, in terms of number of queried items.",
+    "vllm:mm_cache_hits": "Multi-modal cache hits, in terms of number of cached items.",
+    "vllm:num_preemptions": "Cumulative number of preemption from the engine.",
+    "vllm:prompt_tokens": "Number of prefill tokens processed.",
+    "vllm:prompt_tokens_by_source": "Number of prompt tokens by source.",
+    "vllm:prompt_tokens_cached": "Number of cached prompt tokens (local + external).",
+    "vllm:prompt_tokens_cached_by_source":
+        "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), "
+        "host (offloaded to DRAM), disk, p2p (transferred from another vLLM instance) or "
+        "external_unspecified. Counted at admission; sums to vllm:prefix_cache_hits + "
+        "vllm:external_prefix_cache_hits.",
+    "vllm:generation_tokens": "Number of generation tokens processed.",
+    "vllm:request_success": "Count of successfully processed requests.",
+    "vllm:admission_rejections":
+        "Number of admission attempts rejected by a queue limit, by reason.",
+    "vllm:request_prompt_tokens": "Number of prefill tokens processed.",
+    "vllm:request_generation_tokens": "Number of generation tokens processed.",
+    "vllm:iteration_tokens_total": "Histogram of number of tokens per engine_step.",
+    "vllm:request_max_num_generation_tokens":
+        "Histogram of maximum number of requested generation tokens.",
+    "vllm:request_params_n": "Histogram of the n request parameter.",
+    "vllm:request_params_max_tokens": "Histogram of the max_tokens request parameter.",
+    "vllm:time_to_first_token_seconds": "Histogram of time to first token in seconds.",
+    "vllm:inter_token_latency_seconds": "Histogram of inter-token latency in seconds.",
+    "vllm:request_time_per_output_token_seconds":
+        "Histogram of time_per_output_token_seconds per request.",
+    "vllm:e2e_request_latency_seconds": "Histogram of e2e request latency in seconds.",
+    "vllm:request_queue_time_seconds": "Histogram of time spent in WAITING phase for request.",
+    "vllm:request_inference_time_seconds":
+        "Histogram of time spent in RUNNING phase for request.",
+    "vllm:request_prefill_time_seconds": "Histogram of time spent in PREFILL phase for request.",
+    "vllm:request_decode_time_seconds": "Histogram of time spent in DECODE phase for request.",
+    "vllm:request_num_preemptions":
+        "Histogram of the number of times a request was preempted.",
+    "vllm:request_prefill_kv_computed_tokens":
+        "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+    "vllm:cache_config_info": "Information of the LLMEngine CacheConfig",
+}
+
+WAITING_REASONS = ("capacity", "deferred")
+KV_FETCH_STAGES = ("waiting_to_start", "in_progress", "completed_waiting")
+SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
+PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+CACHED_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+REJECT_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
+
+
+class Hist:
+    """A histogram child: per-bucket counts (last = +Inf), sum and count."""
+
+    __slots__ = ("bounds", "count", "counts", "sum")
+
+    def __init__(self, bounds: list[float]) -> None:
+        self.bounds = [float(b) for b in bounds]
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float, n: int = 1) -> None:
+        self.counts[bisect_left(self.bounds, value)] += n
+        self.sum += value * n
+        self.count += n
+
+
+# (name, buckets key) of the per-request/iteration histograms in vLLM's registration order.
+_REQUEST_HISTS = (
+    ("vllm:request_prompt_tokens", "tokens"),
+    ("vllm:request_generation_tokens", "tokens"),
+    ("vllm:iteration_tokens_total", "iteration"),
+    ("vllm:request_max_num_generation_tokens", "tokens"),
+    ("vllm:request_params_n", "n"),
+    ("vllm:request_params_max_tokens", "tokens"),
+    ("vllm:time_to_first_token_seconds", "ttft"),
+    ("vllm:inter_token_latency_seconds", "itl"),
+    ("vllm:request_time_per_output_token_seconds", "itl"),
+    ("vllm:e2e_request_latency_seconds", "latency"),
+    ("vllm:request_queue_time_seconds", "latency"),
+    ("vllm:request_inference_time_seconds", "latency"),
+    ("vllm:request_prefill_time_seconds", "latency"),
+    ("vllm:request_decode_time_seconds", "latency"),
+    ("vllm:request_num_preemptions", "preempt"),
+    ("vllm:request_prefill_kv_computed_tokens", "tokens"),
+)
+_NIXL_HISTS = (
+    ("vllm:nixl_xfer_time_seconds", NIXL_XFER_BUCKETS),
+    ("vllm:nixl_post_time_seconds", NIXL_POST_BUCKETS),
+    ("vllm:nixl_bytes_transferred", NIXL_BYTES_BUCKETS),
+    ("vllm:nixl_num_descriptors", NIXL_DESC_BUCKETS),
+)
+_NIXL_COUNTERS = ("vllm:nixl_num_failed_transfers", "vllm:nixl_num_failed_notifications",
+                  "vllm:nixl_num_kv_expired_reqs", "vllm:nixl_num_notifications_after_expiry")
+# Counters with an engine label, in registration order: (name, extra label, its values).
+_COUNTERS: tuple[tuple[str, str | None, tuple[str, ...]], ...] = (
+    ("vllm:prefix_cache_queries", None, ()),
+    ("vllm:prefix_cache_hits", None, ()),
+    ("vllm:external_prefix_cache_queries", None, ()),
+    ("vllm:external_prefix_cache_hits", None, ()),
+    ("vllm:mm_cache_queries", None, ()),
+    ("vllm:mm_cache_hits", None, ()),
+    ("vllm:num_preemptions", None, ()),
+    ("vllm:prompt_tokens", None, ()),
+    ("vllm:prompt_tokens_by_source", "source", PROMPT_SOURCES),
+    ("vllm:prompt_tokens_cached", None, ()),
+    ("vllm:prompt_tokens_cached_by_source", "source", CACHED_SOURCES),
+    ("vllm:generation_tokens", None, ()),
+    ("vllm:request_success", "finished_reason", FINISH_REASONS),
+)
+
+
+@dataclass
+class EngineStats:
+    """Cumulative Prometheus state of one engine (DP rank)."""
+
+    max_model_len: int
+    created: float = field(default_factory=time.time)
+    counters: dict[str, float] = field(default_factory=dict)
+    hists: dict[str, Hist] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        keys = {
+            "tokens": buckets_1_2_5(self.max_model_len), "iteration": ITERATION_BUCKETS,
+            "n": PARAMS_N_BUCKETS, "ttft": TTFT_BUCKETS, "itl": ITL_BUCKETS,
+            "latency": LATENCY_BUCKETS, "preempt": PREEMPTION_BUCKETS,
+        }
+        for name, key in _REQUEST_HISTS:
+            self.hists[name] = Hist(keys[key])
+        for name, bounds in _NIXL_HISTS:
+            self.hists[name] = Hist(bounds)
+        for name in _NIXL_COUNTERS:
+            self.counters[name] = 0.0
+        for name, label, values in _COUNTERS:
+            if label is None:
+                self.counters[name] = 0.0
+            else:
+                for v in values:
+                    self.counters[f"{name}|{v}"] = 0.0
+
+    def inc(self, name: str, n: float = 1.0) -> None:
+        self.counters[name] += n
+
+
+class GaugeSource(Protocol):
+    rank: int
+    stats: EngineStats
+
+    def gauges(self) -> dict[str, Any]: ...
+
+    def cache_config(self) -> dict[str, str]: ...
+
+
+def _fmt(v: float) -> str:
+    from prometheus_client.utils import floatToGoString
+
+    return floatToGoString(v)
+
+
+def _esc(v: str) -> str:
+    return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def _labels(d: dict[str, str]) -> str:
+    return "{" + ",".join(f'{k}="{_esc(d[k])}"' for k in sorted(d)) + "}"
+
+
+class _Family:
+    def __init__(self, name: str, kind: str, help_name: str | None = None) -> None:
+        self.name = name
+        self.kind = kind
+        self.help = HELP[help_name or name]
+        self.lines: list[str] = []
+        self.created: list[str] = []
+
+
+def render(engines: list[GaugeSource], model_name: str, *, nixl: bool, consumer: bool,
+           multiproc: bool) -> str:
+    """The /metrics body for ``engines`` (all engines the API server fronts)."""
+    base = [{"engine": str(e.rank), "model_name": model_name} for e in engines]
+    gauges = [e.gauges() for e in engines]
+    hist_fams: list[_Family] = []
+    gauge_fams: list[_Family] = []
+    counter_fams: list[_Family] = []
+    ordered: list[_Family] = []
+
+    def hist(name: str) -> None:
+        fam = _Family(name, "histogram")
+        for e, lab in zip(engines, base, strict=True):
+            h = e.stats.hists[name]
+            acc = 0
+            for bound, c in zip(h.bounds, h.counts, strict=False):
+                acc += c
+                fam.lines.append(f"{name}_bucket{_labels({**lab, 'le': _fmt(bound)})} "
+                                 f"{_fmt(acc)}")
+            acc += h.counts[-1]
+            fam.lines.append(f"{name}_bucket{_labels({**lab, 'le': '+Inf'})} {_fmt(acc)}")
+            fam.lines.append(f"{name}_count{_labels(lab)} {_fmt(h.count)}")
+            fam.lines.append(f"{name}_sum{_labels(lab)} {_fmt(h.sum)}")
+            fam.created.append(f"{name}_created{_labels(lab)} {_fmt(e.stats.created)}")
+        hist_fams.append(fam)
+        ordered.append(fam)
+
+    def counter(name: str, label: str | None = None, values: tuple[str, ...] = ()) -> None:
+        fam = _Family(name + "_total", "counter", name)
+        fam.help = HELP[name]
+        for v in values or (None,):
+            for e, lab in zip(engines, base, strict=True):
+                full = lab if label is None else {**lab, label: v}
+                key = name if label is None else f"{name}|{v}"
+                fam.lines.append(f"{name}_total{_labels(full)} {_fmt(e.stats.counters[key])}")
+                fam.created.append(f"{name}_created{_labels(full)} {_fmt(e.stats.created)}")
+        counter_fams.append(fam)
+        ordered.append(fam)
+
+    def gauge(name: str, key: str, label: str | None = None,
+              values: tuple[str, ...] = ()) -> None:
+        fam = _Family(name, "gauge")
+        for v in values or (None,):
+            for g, lab in zip(gauges, base, strict=True):
+                full = lab if label is None else {**lab, label: v}
+                val = g[key] if label is None else g[key][v]
+                fam.lines.append(f"{name}{_labels(full)} {_fmt(val)}")
+        gauge_fams.append(fam)
+        ordered.append(fam)
+
+    if nixl:
+        for name, _ in _NIXL_HISTS:
+            hist(name)
+        for name in _NIXL_COUNTERS:
+            counter(name)
+    gauge("vllm:num_requests_running", "running")
+    gauge("vllm:num_requests_waiting", "waiting")
+    gauge("vllm:num_requests_waiting_by_reason", "waiting_by_reason", "reason", WAITING_REASONS)
+    if consumer:
+        gauge("vllm:num_requests_kv_fetch_by_stage", "kv_fetch", "stage", KV_FETCH_STAGES)
+    gauge("vllm:engine_sleep_state", "sleep", "sleep_state", SLEEP_STATES)
+    gauge("vllm:kv_cache_usage_perc", "kv_usage")
+    for name, label, values in _COUNTERS:
+        counter(name, label, values)
+    # admission_rejections has no engine label (one series per reason for the process).
+    rej = _Family("vllm:admission_rejections_total", "counter", "vllm:admission_rejections")
+    created0 = engines[0].stats.created if engines else time.time()
+    for reason in REJECT_REASONS:
+        lab = _labels({"model_name": model_name, "reason": reason})
+        rej.lines.append(f"vllm:admission_rejections_total{lab} 0.0")
+        rej.created.append(f"vllm:admission_rejections_created{lab} {_fmt(created0)}")
+    counter_fams.append(rej)
+    ordered.append(rej)
+    for name, _ in _REQUEST_HISTS:
+        hist(name)
+    info = _Family("vllm:cache_config_info", "gauge")
+    for e in engines:
+        info.lines.append(f"vllm:cache_config_info{_labels(e.cache_config())} 1.0")
+    gauge_fams.append(info)
+    ordered.append(info)
+
+    out: list[str] = []
+
+    def emit(fam: _Family, with_created: bool) -> None:
+        out.append(f"# HELP {fam.name} {fam.help}")
+        out.append(f"# TYPE {fam.name} {fam.kind}")
+        out.extend(fam.lines)
+        if with_created and fam.created:
+            cname = fam.name[:-6] if fam.kind == "counter" else fam.name
+            out.append(f"# HELP {cname}_created {fam.help}")
+            out.append(f"# TYPE {cname}_created gauge")
+            out.extend(fam.created)
+
+    if multiproc:
+        for fam in hist_fams + gauge_fams + counter_fams:
+            emit(fam, False)
+        return "\n".join(out) + "\n"
+    from prometheus_client import REGISTRY, generate_latest
+
+    head = generate_latest(REGISTRY).decode()
+    for fam in ordered:
+        emit(fam, True)
+    return head + "\n".join(out) + "\n"

@@ -1,0 +1,120 @@
+"""Simulated NIXL side channel: a real TCP listener per DP rank, and the decode's pull.
+
+A prefill rank listens on VLLM_NIXL_SIDE_CHANNEL_HOST:(VLLM_NIXL_SIDE_CHANNEL_PORT + rank),
+like vLLM 0.33's per-engine handshake listener. A decode connects to the ``remote_host`` /
+``remote_port`` it was given, asks for the request's blocks (newline-delimited JSON), waits
+the modelled transfer time (bytes / bandwidth, scaled by SIM_SPEED) and notifies the
+prefill, which frees the blocks. A wrong host or port fails the connect, the request fails
+and vllm:nixl_num_failed_transfers rises; every wait is bounded by SIM_CONNECT_TIMEOUT_S.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from launcher.sim.cli import SimConfig
+from launcher.sim.engine import Engine, KVTransferError, Req, transfer_cost
+
+# read(request_id, engine_id) -> {"num_tokens", "num_blocks"}; raises KeyError if unknown.
+ReadFn = Callable[[str, str], Awaitable[dict[str, Any]]]
+DoneFn = Callable[[str], Awaitable[bool]]
+
+_MAX_LINE = 1 << 16
+
+
+def bind_host(host: str) -> str:
+    return "127.0.0.1" if host == "localhost" else host
+
+
+async def serve_side_channel(host: str, port: int, read: ReadFn, done: DoneFn,
+                             io_timeout_s: float) -> asyncio.Server:
+    """Start the listener of one rank; raises OSError if the port is taken."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                line = await asyncio.wait_for(reader.readline(), io_timeout_s * 4)
+                if not line:
+                    break
+                msg = json.loads(line)
+                op = msg.get("op")
+                if op == "read":
+                    try:
+                        meta = await read(str(msg.get("request_id")), str(msg.get("engine_id")))
+                        reply: dict[str, Any] = {"ok": True, **meta}
+                    except KeyError as exc:
+                        reply = {"ok": False, "error": str(exc.args[0] if exc.args else exc)}
+                elif op == "done":
+                    reply = {"ok": await done(str(msg.get("request_id")))}
+                else:
+                    reply = {"ok": False, "error": f"unknown op {op!r}"}
+                writer.write(json.dumps(reply).encode() + b"\n")
+                await writer.drain()
+        except (TimeoutError, ConnectionError, json.JSONDecodeError, ValueError):
+            pass
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(handle, bind_host(host), port, limit=_MAX_LINE)
+
+
+def local_handlers(engine: Engine) -> tuple[ReadFn, DoneFn]:
+    async def read(request_id: str, engine_id: str) -> dict[str, Any]:
+        return engine.read_held(request_id, engine_id)
+
+    async def done(request_id: str) -> bool:
+        return engine.release_held(request_id)
+
+    return read, done
+
+
+def make_pull(cfg: SimConfig) -> Callable[[Engine, Req], Awaitable[None]]:
+    """The consumer's KV pull (assigned to Engine.pull)."""
+    timeout = cfg.knobs.connect_timeout_s
+    speed = cfg.knobs.speed
+
+    async def pull(engine: Engine, req: Req) -> None:
+        params = req.remote or {}
+        host = params.get("remote_host")
+        port = params.get("remote_port")
+        if not host or not isinstance(port, int):
+            raise KVTransferError("kv_transfer_params lack remote_host/remote_port")
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, port, limit=_MAX_LINE), timeout)
+        except (OSError, TimeoutError) as exc:
+            raise KVTransferError(f"handshake with {host}:{port} failed: {exc!r}") from None
+        try:
+            msg = {"op": "read", "request_id": params.get("remote_request_id"),
+                   "engine_id": params.get("remote_engine_id")}
+            writer.write(json.dumps(msg).encode() + b"\n")
+            await writer.drain()
+            line = await asyncio.wait_for(reader.readline(), timeout)
+            if not line:
+                raise KVTransferError(f"{host}:{port} closed the side channel")
+            meta = json.loads(line)
+            if not meta.get("ok"):
+                raise KVTransferError(str(meta.get("error")))
+            xfer, post, nbytes, descs = transfer_cost(cfg, int(meta["num_tokens"]))
+            t0 = time.time()
+            await asyncio.sleep(xfer / speed)
+            if req.fail_kv:
+                # Injected fault: the read fails; the prefill keeps the blocks until the
+                # lease runs out, as with a real failed NIXL read.
+                raise KVTransferError("NIXL transfer failed (injected by SIM_KV_FAIL_FRACTION)")
+            measured = time.time() - t0
+            writer.write(json.dumps({"op": "done", "request_id": msg["request_id"]}).encode()
+                         + b"\n")
+            await writer.drain()
+            await asyncio.wait_for(reader.readline(), timeout)
+            engine.record_transfer(measured, post / speed, nbytes, descs)
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise KVTransferError(f"side channel {host}:{port}: {exc!r}") from None
+        finally:
+            writer.close()
+
+    return pull

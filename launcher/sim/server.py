@@ -1,0 +1,408 @@
+"""vLLM's OpenAI-compatible HTTP API over simulated engines (aiohttp).
+
+/health, /v1/models, /version, /metrics, /v1/completions, /v1/chat/completions (streaming
+SSE with stream_options.include_usage, and non-streaming), /v1/completions/render and
+/v1/chat/completions/render (what vllm-router calls before routing). P/D: a request with
+kv_transfer_params.do_remote_decode on a producer returns its kv_transfer_params; one with
+do_remote_prefill on a consumer pulls the KV over the side channel first. Every response
+carries ``x-simulated-engine: launcher.sim``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from launcher.sim import metrics
+from launcher.sim.answers import Answerer, text_of
+from launcher.sim.cli import SimConfig
+from launcher.sim.engine import Engine, Req
+
+SIM_HEADER = "x-simulated-engine"
+SIM_HEADER_VALUE = "launcher.sim"
+VLLM_VERSION = "0.33.0"
+
+
+def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return web.json_response(body, status=status)
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400, kind: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+
+
+class _Prompt:
+    __slots__ = ("text", "ids", "num_tokens")
+
+    def __init__(self, text: str, ids: list[int] | None, num_tokens: int) -> None:
+        self.text = text
+        self.ids = ids
+        self.num_tokens = num_tokens
+
+
+class Api:
+    def __init__(self, cfg: SimConfig, engines: list[Engine], answerer: Answerer) -> None:
+        self.cfg = cfg
+        self.engines = engines
+        self.answerer = answerer
+        self.created = int(time.time())
+        self._rr = itertools.count()
+
+    # ----- app ---------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.on_response_prepare.append(self._tag)
+        r = app.router
+        r.add_get("/health", self.health)
+        r.add_get("/ping", self.health)
+        r.add_post("/ping", self.health)
+        r.add_get("/version", self.version)
+        r.add_get("/v1/models", self.models)
+        r.add_get("/metrics", self.metrics)
+        r.add_post("/v1/completions", self.completions)
+        r.add_post("/v1/chat/completions", self.chat)
+        r.add_post("/v1/completions/render", self.render_completions)
+        r.add_post("/v1/chat/completions/render", self.render_chat)
+        return app
+
+    async def _tag(self, request: web.Request, response: web.StreamResponse) -> None:
+        response.headers[SIM_HEADER] = SIM_HEADER_VALUE
+        rid = request.headers.get("X-Request-Id")
+        if rid and "X-Request-Id" not in response.headers:
+            response.headers["X-Request-Id"] = rid
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": VLLM_VERSION})
+
+    async def models(self, request: web.Request) -> web.Response:
+        card = {
+            "id": self.cfg.served_model_name, "object": "model", "created": self.created,
+            "owned_by": "vllm", "root": self.cfg.model, "parent": None,
+            "max_model_len": self.cfg.max_model_len,
+            "permission": [{
+                "id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
+                "created": self.created, "allow_create_engine": False,
+                "allow_sampling": True, "allow_logprobs": True,
+                "allow_search_indices": False, "allow_view": True,
+                "allow_fine_tuning": False, "organization": "*", "group": None,
+                "is_blocking": False}],
+        }
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        body = metrics.render(self.engines, self.cfg.served_model_name,
+                              nixl=bool(self.cfg.kv_connector), consumer=self.cfg.is_consumer,
+                              multiproc=self.cfg.api_server_count > 1)
+        return web.Response(body=body.encode(),
+                            headers={"Content-Type": "text/plain; version=0.0.4; "
+                                                     "charset=utf-8"})
+
+    # ----- request parsing -------------------------------------------------------------------
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json(loads=json.loads)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise BadRequest("request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model not in (self.cfg.served_model_name, self.cfg.model):
+            raise BadRequest(f"The model `{model}` does not exist.", 404, "NotFoundError")
+        return body
+
+    def _text_prompt(self, text: str) -> _Prompt:
+        n = max(1, round(len(text) / self.cfg.knobs.chars_per_token))
+        return _Prompt(text, None, n)
+
+    def _completion_prompts(self, body: dict[str, Any]) -> list[_Prompt]:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            return [self._text_prompt(prompt)]
+        if isinstance(prompt, list) and prompt:
+            if all(isinstance(t, int) for t in prompt):
+                return [_Prompt("", prompt, len(prompt))]
+            out = []
+            for p in prompt:
+                if isinstance(p, str):
+                    out.append(self._text_prompt(p))
+                elif isinstance(p, list) and p and all(isinstance(t, int) for t in p):
+                    out.append(_Prompt("", p, len(p)))
+                else:
+                    raise BadRequest("prompt must be a string, a list of strings or token ids")
+            return out
+        raise BadRequest("prompt must be a non-empty string or list of token ids")
+
+    def _chat_prompt(self, body: dict[str, Any]) -> _Prompt:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("messages must be a non-empty list")
+        texts = []
+        for m in messages:
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, list):
+                content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+            texts.append(str(content or ""))
+        text = "\n".join(texts)
+        p = self._text_prompt(text)
+        p.num_tokens += 4 * len(messages)  # chat-template tokens around each message
+        return p
+
+    def _ids(self, p: _Prompt) -> list[int]:
+        # Deterministic pseudo token ids (same text -> same ids on every instance), so the
+        # router's prefix-aware routing sees stable prefixes.
+        if p.ids is not None:
+            return p.ids
+        data = p.text.encode()
+        step = max(1, len(data) // p.num_tokens) if data else 1
+        ids = [data[i] + 256 * (i % 7) for i in range(0, len(data), step)][: p.num_tokens]
+        return ids or [0]
+
+    def _engine(self, request: web.Request) -> Engine:
+        pinned = request.headers.get("X-data-parallel-rank")
+        if pinned is not None:
+            try:
+                rank = int(pinned)
+            except ValueError:
+                raise BadRequest(f"X-data-parallel-rank {pinned!r} is not an integer") from None
+            for e in self.engines:
+                if e.rank == rank:
+                    return e
+            raise BadRequest(f"X-data-parallel-rank {rank} is not a rank of this server "
+                             f"(0..{self.cfg.dp_size - 1})")
+        start = next(self._rr)
+        n = len(self.engines)
+        best = self.engines[start % n]
+        for i in range(1, n):
+            e = self.engines[(start + i) % n]
+            if e.load_score() < best.load_score():
+                best = e
+        return best
+
+    def _make_req(self, body: dict[str, Any], prompt: _Prompt, base_id: str, idx: int,
+                  chat: bool, engine: Engine) -> tuple[Req, list[str] | None]:
+        max_tokens = body.get("max_completion_tokens") if chat else None
+        if max_tokens is None:
+            max_tokens = body.get("max_tokens")
+        if max_tokens is None:
+            max_tokens = 16 if not chat else self.cfg.max_model_len - prompt.num_tokens
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise BadRequest("max_tokens must be an integer >= 1")
+        total = prompt.num_tokens + max_tokens
+        if total > self.cfg.max_model_len:
+            raise BadRequest(
+                f"This model's maximum context length is {self.cfg.max_model_len} tokens. "
+                f"However, you requested {total} tokens ({prompt.num_tokens} in the "
+                f"messages, {max_tokens} in the completion). Please reduce the length of the "
+                "messages or completion.")
+        if engine._blocks_for(prompt.num_tokens + 1) > engine.num_blocks:
+            raise BadRequest(f"prompt of {prompt.num_tokens} tokens does not fit the KV cache "
+                             f"of {engine.num_blocks} blocks of {engine.block_size} tokens")
+        answer = self.answerer.answer_tokens(prompt.text) if prompt.text else None
+        stop_after = None
+        if not body.get("ignore_eos") and answer is not None:
+            stop_after = len(answer)
+        kvp = body.get("kv_transfer_params")
+        remote = None
+        remote_decode = False
+        if isinstance(kvp, dict):
+            if kvp.get("do_remote_decode") and self.cfg.is_producer:
+                remote_decode = True
+            if kvp.get("do_remote_prefill") and self.cfg.is_consumer and \
+                    kvp.get("remote_engine_id"):
+                remote = kvp
+        n = body.get("n", 1)
+        req = Req(f"{base_id}-{idx}-{uuid.uuid4().hex[:8]}", prompt.num_tokens, max_tokens,
+                  stop_after, remote, remote_decode, n if isinstance(n, int) else 1)
+        return req, answer
+
+    # ----- generation ----------------------------------------------------------------------
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        try:
+            body = await self._body(request)
+            prompts = [self._chat_prompt(body)] if chat else self._completion_prompts(body)
+            engine = self._engine(request)
+            base = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+            rid = ("chatcmpl-" if chat else "cmpl-") + base
+            reqs = [self._make_req(body, p, rid, i, chat, engine)
+                    for i, p in enumerate(prompts)]
+            stream = bool(body.get("stream"))
+            if stream and len(reqs) > 1:
+                raise BadRequest("launcher.sim streams one prompt per request")
+        except BadRequest as exc:
+            return _error(exc.status, str(exc), exc.kind)
+        for req, _ in reqs:
+            engine.add(req)
+        if stream:
+            req, answer = reqs[0]
+            return await self._stream(request, body, engine, req, answer, rid, chat, prompts[0])
+        return await self._whole(body, engine, reqs, rid, chat, prompts)
+
+    async def _wait_finished(self, engine: Engine, req: Req) -> None:
+        try:
+            while not req.finished:
+                await req.event.wait()
+                req.event.clear()
+        except BaseException:
+            engine.abort(req)
+            raise
+
+    async def _whole(self, body: dict[str, Any], engine: Engine,
+                     reqs: list[tuple[Req, list[str] | None]], rid: str, chat: bool,
+                     prompts: list[_Prompt]) -> web.Response:
+        for req, _ in reqs:
+            await self._wait_finished(engine, req)
+        for req, _ in reqs:
+            if req.finished == "error":
+                return _error(500, req.error or "internal error", "InternalServerError")
+        created = int(time.time())
+        choices = []
+        for i, (req, answer) in enumerate(reqs):
+            text = text_of(answer, 0, req.generated)
+            if chat:
+                choices.append({
+                    "index": i,
+                    "message": {"role": "assistant", "content": text, "refusal": None,
+                                "annotations": None, "audio": None, "function_call": None,
+                                "tool_calls": [], "reasoning_content": None},
+                    "logprobs": None, "finish_reason": req.finished, "stop_reason": None,
+                })
+            else:
+                choices.append({
+                    "index": i, "text": text, "logprobs": None, "finish_reason": req.finished,
+                    "stop_reason": None, "token_ids": None, "prompt_logprobs": None,
+                    "prompt_token_ids": None,
+                })
+        prompt_tokens = sum(p.num_tokens for p in prompts)
+        completion_tokens = sum(r.generated for r, _ in reqs)
+        out: dict[str, Any] = {
+            "id": rid, "object": "chat.completion" if chat else "text_completion",
+            "created": created, "model": self.cfg.served_model_name, "choices": choices,
+            "service_tier": None, "system_fingerprint": None,
+            "usage": {"prompt_tokens": prompt_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens,
+                      "completion_tokens": completion_tokens, "prompt_tokens_details": None},
+        }
+        if chat:
+            out["prompt_logprobs"] = None
+            out["prompt_token_ids"] = None
+        out["kv_transfer_params"] = reqs[0][0].kv_params
+        return web.json_response(out)
+
+    async def _stream(self, request: web.Request, body: dict[str, Any], engine: Engine,
+                      req: Req, answer: list[str] | None, rid: str, chat: bool,
+                      prompt: _Prompt) -> web.StreamResponse:
+        opts = body.get("stream_options") or {}
+        include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
+                                           "Cache-Control": "no-cache"})
+        created = int(time.time())
+        model = self.cfg.served_model_name
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        usage_null = ', "usage": null' if include_usage else ""
+        head = json.dumps({"id": rid, "object": obj, "created": created, "model": model})[:-1]
+
+        def chunk(text: str | None, finish: str | None, role: bool = False) -> bytes:
+            if chat:
+                delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else \
+                    ({"content": text} if text is not None else {})
+                choice = {"index": 0, "delta": delta, "logprobs": None,
+                          "finish_reason": finish, "stop_reason": None}
+            else:
+                choice = {"index": 0, "text": text or "", "logprobs": None,
+                          "finish_reason": finish, "stop_reason": None}
+            return (f"data: {head}, \"choices\": [{json.dumps(choice)}]{usage_null}}}\n\n"
+                    ).encode()
+
+        try:
+            await resp.prepare(request)
+            if chat:
+                await resp.write(chunk(None, None, role=True))
+            sent = 0
+            while True:
+                await req.event.wait()
+                req.event.clear()
+                g = req.generated
+                fin = req.finished
+                if fin == "error":
+                    err = {"error": {"message": req.error or "internal error",
+                                     "type": "InternalServerError", "param": None,
+                                     "code": 500}}
+                    await resp.write(f"data: {json.dumps(err)}\n\n".encode())
+                    break
+                if g > sent or fin:
+                    await resp.write(chunk(text_of(answer, sent, g), fin if fin else None))
+                    sent = g
+                if fin:
+                    if include_usage:
+                        usage = {"prompt_tokens": prompt.num_tokens,
+                                 "total_tokens": prompt.num_tokens + g,
+                                 "completion_tokens": g}
+                        await resp.write(
+                            f"data: {head}, \"choices\": [], \"usage\": {json.dumps(usage)}}}"
+                            "\n\n".encode())
+                    break
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except BaseException:
+            engine.abort(req)
+            raise
+        return resp
+
+    # ----- render (tokens in <> tokens out) -------------------------------------------------
+    def _sampling(self, body: dict[str, Any], chat: bool) -> dict[str, Any]:
+        keys = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "max_tokens",
+                "min_tokens", "ignore_eos", "presence_penalty", "frequency_penalty",
+                "repetition_penalty", "skip_special_tokens", "logprobs")
+        sp = {k: body[k] for k in keys if k in body}
+        if chat and "max_completion_tokens" in body:
+            sp["max_tokens"] = body["max_completion_tokens"]
+        return sp
+
+    def _render_one(self, body: dict[str, Any], p: _Prompt, rid: str, chat: bool
+                    ) -> dict[str, Any]:
+        return {
+            "request_id": rid, "token_ids": self._ids(p), "assistant_tokens_mask": None,
+            "token_offsets": None, "features": None,
+            "sampling_params": self._sampling(body, chat),
+            "model": self.cfg.served_model_name, "stream": bool(body.get("stream", False)),
+            "stream_options": body.get("stream_options"), "cache_salt": body.get("cache_salt"),
+            "priority": body.get("priority", 0),
+            "kv_transfer_params": body.get("kv_transfer_params"),
+        }
+
+    async def render_completions(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._body(request)
+            prompts = self._completion_prompts(body)
+        except BadRequest as exc:
+            return _error(exc.status, str(exc), exc.kind)
+        base = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        return web.json_response([self._render_one(body, p, f"cmpl-{base}-{i}", False)
+                                  for i, p in enumerate(prompts)])
+
+    async def render_chat(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._body(request)
+            prompt = self._chat_prompt(body)
+        except BadRequest as exc:
+            return _error(exc.status, str(exc), exc.kind)
+        base = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        return web.json_response(self._render_one(body, prompt, f"chatcmpl-{base}", True))
