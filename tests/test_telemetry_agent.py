@@ -1,0 +1,197 @@
+"""The agent as a real process on a local "run": fixture /metrics servers on 127.0.0.1, a vLLM
+log being appended, a dead and a hanging endpoint; then SIGTERM and the reader API."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from launcher.telemetry.store import read_agent_info, read_gaps, read_raw, read_samples
+
+REPO = Path(__file__).resolve().parents[1]
+FIX = Path("/work/shared/fixtures")
+if not FIX.is_dir():
+    FIX = REPO / "shared" / "fixtures"
+pytestmark = pytest.mark.skipif(not FIX.is_dir(), reason="fixtures not mounted")
+
+
+GEN0 = re.compile(r'^(vllm:generation_tokens_total\{engine="0",[^}]*\} ).*$', re.M)
+
+
+class MetricsServer:
+    """Serves a fixture; each request bumps engine 0's generation counter so series change."""
+
+    def __init__(self, text: str, delay: float = 0.0) -> None:
+        self.text = text
+        self.delay = delay
+        self.hits = 0
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                outer.hits += 1
+                if outer.delay:
+                    time.sleep(outer.delay)
+                body = GEN0.sub(lambda m: f"{m.group(1)}{1000 + outer.hits}.0",
+                                outer.text).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                try:
+                    self.wfile.write(body)
+                except OSError:
+                    pass
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}/metrics"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def kill(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def engine(name: str, url: str | None, gpus: list[int]) -> dict:
+    return {"name": name, "kind": "engine", "endpoint": name.split("@")[0], "role": "decode",
+            "node": "n1", "gpus": gpus, "dp_ranks": [0, 1], "headless": url is None,
+            "url": url and url.rsplit("/", 1)[0], "metrics_url": url, "argv": [], "env": {},
+            "env_from_host": [], "log": f"logs/{name}.log"}
+
+
+def test_agent_end_to_end(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    dec = MetricsServer((FIX / "vllm_metrics_v0.33.0_generated_decode_dp2_nixl.prom").read_text())
+    pre = MetricsServer((FIX / "vllm_metrics_v0.33.0_generated_prefill_dp2_nixl.prom").read_text())
+    hang = MetricsServer("vllm:x 1\n", delay=30.0)
+    exporter_port = free_port()
+    plan = {
+        "schema_version": 1, "run_id": "t", "engine": "sim", "mode": "disagg",
+        "telemetry": {"interval_s": 0.3},
+        "nodes": [{"name": "n1", "address": "127.0.0.1", "gpus": 4}],
+        "processes": [
+            engine("decode-0@n1", dec.url, [0, 1]),
+            engine("prefill-0@n1", pre.url, [2]),
+            engine("prefill-1@n1", hang.url, [3]),
+            engine("prefill-2@n2", "http://127.0.0.1:9/metrics", []) | {"node": "n2"},
+            {"name": "agent@n1", "kind": "agent", "node": "n1", "gpus": [], "dp_ranks": [],
+             "metrics_url": f"http://127.0.0.1:{exporter_port}/metrics",
+             "log": "logs/agent@n1.log"},
+        ],
+    }
+    (run / "plan.json").write_text(json.dumps(plan))
+    log_lines = (FIX / "vllm_server_v0.33.0_generated_decode_dp4_nixl.log").read_text() \
+        .splitlines(keepends=True)
+    log = run / "logs" / "decode-0@n1.log"
+    log.write_text("".join(log_lines[:3]) + log_lines[3][:50])  # ends mid-line
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PD_PROCESS": "agent@n1",
+           "PD_RUN_DIR": str(run)}
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "launcher.telemetry.agent", "--run-dir", str(run), "--node", "n1",
+         "--exporter-port", str(exporter_port), "--exporter-addr", "127.0.0.1",
+         "--raw-every", "1"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(2.5)
+        with open(log, "a") as f:  # the rest of the partial line and more
+            f.write(log_lines[3][50:])
+            f.writelines(log_lines[4:8])
+        killed_at = time.time()
+        pre.kill()  # an endpoint dies
+        time.sleep(2.5)
+        assert agent.poll() is None, "the agent keeps running with a dead endpoint"
+        hits_before = dec.hits
+        time.sleep(1.0)
+        assert dec.hits >= hits_before + 2, "the live endpoint is still scraped on the beat"
+        body = urllib.request.urlopen(f"http://127.0.0.1:{exporter_port}/metrics",
+                                      timeout=5).read().decode()
+        assert 'pd_host_mem_total_bytes{node="n1",process=""}' in body
+        assert 'pd_proc_rss_bytes{node="n1",process="agent@n1"}' in body
+        live = read_samples(run, names=["vllm:kv_cache_usage_perc"])  # readable while written
+        assert set(live.process) >= {"decode-0@n1"}
+        agent.send_signal(signal.SIGTERM)
+        out, _ = agent.communicate(timeout=30)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+        dec.kill()
+        hang.kill()
+    assert agent.returncode == 0, out
+    node_dir = run / "telemetry" / "n1"
+    assert not list(node_dir.glob("samples-*.tsv")), "clean stop leaves compacted segments"
+
+    df = read_samples(run)
+    procs = set(df.process)
+    assert {"decode-0@n1", "prefill-0@n1", "agent@n1", ""} <= procs
+    assert "prefill-2@n2" not in procs  # another node's endpoint is not ours
+    # scrape samples: fixture values, per engine, histogram buckets kept
+    kv = df[(df.name == "vllm:kv_cache_usage_perc") & (df.process == "decode-0@n1")]
+    assert dict(zip(kv.engine, kv.value, strict=False)) == {"0": 0.5323073046384119,
+                                                            "1": 0.487344709177123}
+    ttft = df[(df.name == "vllm:time_to_first_token_seconds_bucket") &
+              (df.process == "prefill-0@n1") & (df.engine == "1")]
+    assert ttft.labels.str.contains('"le":"\\+Inf"').any()
+    gen = df[(df.name == "vllm:generation_tokens_total") & (df.process == "decode-0@n1") &
+             (df.engine == "0")].sort_values("ts")
+    assert gen.value.is_monotonic_increasing and len(gen) >= 5  # changes every scrape
+    assert gen.value.iloc[0] > 1000
+    # an unchanged series is stored as its two ends (no keyframe in this short run)
+    flat = df[(df.name == "vllm:kv_cache_usage_perc") & (df.process == "decode-0@n1")]
+    assert len(flat) == 4 and flat.groupby("engine").size().to_dict() == {"0": 2, "1": 2}
+    # the dead endpoint stops, with a gap and a reason; the hanging one times out
+    pre_rows = df[df.process == "prefill-0@n1"]
+    assert pre_rows.ts.max() < killed_at + 1.0
+    gaps = read_gaps(run)
+    g = gaps[gaps.process == "prefill-0@n1"]
+    assert len(g) == 1 and g.iloc[0].source == "scrape"
+    assert "refused" in g.iloc[0].reason or "connect" in g.iloc[0].reason
+    h = gaps[gaps.process == "prefill-1@n1"]
+    assert len(h) == 1 and h.iloc[0].reason.startswith("timeout after")
+    # stats-log samples, partial line completed later, KV Transfer fields attached
+    lg = df[df.name.str.startswith("log:") & (df.process == "decode-0@n1")]
+    xfer = lg[lg.name == "log:kv_num_successful_transfers"]
+    assert sorted(zip(xfer.engine, xfer.value, strict=False)) == [
+        ("0", 208.0), ("1", 200.0), ("2", 216.0), ("3", 192.0)]
+    assert set(lg[lg.name == "log:kv_fetch_in_progress"].engine) == {"0", "1", "2", "3"}
+    # host and per-process samples
+    assert {"host:cpu_util_pct", "host:mem_used_bytes", "proc:cpu_s", "proc:rss_bytes",
+            "proc:threads", "proc:open_fds", "proc:ctx_switches_voluntary"} <= set(df.name)
+    nic = df[df.name == "host:net_recv_bytes"]
+    assert nic.empty or nic.labels.str.contains('"nic"').all()
+    # GPU: real samples, or the recorded "no NVML" notice
+    info = read_agent_info(run)["n1"]
+    if info["gpu"]["available"]:
+        assert (df.name == "gpu:util_pct").any()
+    else:
+        assert any(n.startswith("no NVML") for n in info["notices"])
+    assert info["final"] is True
+    assert {t["process"] for t in info["scrape_targets"]} == {
+        "decode-0@n1", "prefill-0@n1", "prefill-1@n1"}
+    # raw text kept for re-parsing
+    raw = [r for r in read_raw(run, processes=["decode-0@n1"])]
+    assert raw and "vllm:kv_cache_usage_perc" in raw[0][3]
