@@ -1,0 +1,326 @@
+"""Headline figures per sweep point, computed here once; the CLI summary and the dashboard
+both call these functions.
+
+Definitions (anchors-dashboards.md §4; every per-GPU figure names its denominator):
+
+- total tokens/s per GPU          = (input + output tokens) / duration / all GPUs (P + D)
+- output tokens/s per decode GPU  = output tokens / duration / decode GPUs   (disagg only)
+- input tokens/s per prefill GPU  = input tokens / duration / prefill GPUs   (disagg only)
+- output tokens/s per GPU         = output tokens / duration / all GPUs (srt-slurm's figure)
+- tokens/s per user               = 1000 / median TPOT (ms); TPOT excludes the first token
+- TTFT and TPOT p50/p90/p99 (ms), request throughput (req/s)
+
+GPU counts are plan.json's `gpu_count` (docs/contracts.md). In aggregated mode every GPU
+does both phases, so the per-prefill and per-decode figures are None, with the reason in
+`not_applicable`.
+
+    python -m launcher.figures RUN_DIR [--write]   # the table; --write also writes summary.json
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from launcher.bench import load_results, percentile
+from launcher.rundir import RunDir, read_json, write_json
+
+PERCENTILES = (50, 90, 99)
+NOT_AGG = "aggregated mode: every GPU runs prefill and decode, so there is no such split"
+
+
+def gpu_denominators(plan: dict[str, Any]) -> dict[str, int]:
+    """{"gpus_total", "gpus_prefill", "gpus_decode", "gpus_agg"} from plan.json's gpu_count,
+    or summed from the endpoints when an older plan lacks it."""
+    gc = plan.get("gpu_count")
+    if not gc:
+        gc = {"prefill": 0, "decode": 0, "agg": 0}
+        for ep in plan.get("endpoints", []):
+            role = ep.get("role")
+            if role in gc:
+                gc[role] += int(ep.get("gpus", 0))
+        gc["total"] = gc["prefill"] + gc["decode"] + gc["agg"]
+    return {
+        "gpus_total": int(gc.get("total", 0)),
+        "gpus_prefill": int(gc.get("prefill", 0)),
+        "gpus_decode": int(gc.get("decode", 0)),
+        "gpus_agg": int(gc.get("agg", 0)),
+    }
+
+
+def _per(value: float | None, gpus: int) -> float | None:
+    return value / gpus if value is not None and gpus > 0 else None
+
+
+def _stat(result: dict[str, Any], metric: str, p: int) -> tuple[float | None, str | None]:
+    """p-th percentile of ttft/tpot in ms: the file's key, else the per-request arrays of a
+    --save-detailed file, else None with the reason."""
+    key = f"p{p}_{metric}_ms"
+    if result.get(key) is not None:
+        return float(result[key]), None
+    if p == 50 and result.get(f"median_{metric}_ms") is not None:
+        return float(result[f"median_{metric}_ms"]), None
+    values = _per_request(result, metric)
+    if values:
+        return percentile(values, p) * 1000, None
+    return None, f"{key} is not in the result (run with --metric-percentiles 50,90,99)"
+
+
+def _per_request(result: dict[str, Any], metric: str) -> list[float]:
+    ttfts, lats, outs = result.get("ttfts"), result.get("latencies"), result.get("output_lens")
+    errors = result.get("errors") or []
+    if not ttfts:
+        return []
+    ok = [i for i in range(len(ttfts)) if not (i < len(errors) and errors[i])]
+    if metric == "ttft":
+        return [ttfts[i] for i in ok]
+    if metric == "tpot" and lats and outs:
+        return [(lats[i] - ttfts[i]) / (outs[i] - 1) for i in ok if outs[i] > 1]
+    return []
+
+
+def point_figures(result: dict[str, Any], denominators: dict[str, int],
+                  mode: str = "disagg") -> dict[str, Any]:
+    """The headline figures of one sweep point (a `load_results` entry)."""
+    na: dict[str, str] = {}
+    duration = float(result.get("duration") or 0.0)
+    total_in = result.get("total_input_tokens") or 0
+    total_out = result.get("total_output_tokens") or 0
+    if duration > 0:
+        in_tps = total_in / duration
+        out_tps = total_out / duration
+        tot_tps = (total_in + total_out) / duration
+        req_tps = (result.get("completed") or 0) / duration
+    else:
+        in_tps = out_tps = tot_tps = req_tps = None
+        na["throughput"] = "the result has no duration"
+
+    gpus_total = denominators.get("gpus_total", 0)
+    gpus_p = denominators.get("gpus_prefill", 0)
+    gpus_d = denominators.get("gpus_decode", 0)
+    if mode == "agg":
+        den = {"gpus_total": gpus_total}
+        per_decode = per_prefill = None
+        na["output_tokens_per_s_per_decode_gpu"] = NOT_AGG
+        na["input_tokens_per_s_per_prefill_gpu"] = NOT_AGG
+    else:
+        den = {"gpus_total": gpus_total, "gpus_prefill": gpus_p, "gpus_decode": gpus_d}
+        per_decode = _per(out_tps, gpus_d)
+        per_prefill = _per(in_tps, gpus_p)
+        if gpus_d <= 0:
+            na["output_tokens_per_s_per_decode_gpu"] = "the plan has no decode GPUs"
+        if gpus_p <= 0:
+            na["input_tokens_per_s_per_prefill_gpu"] = "the plan has no prefill GPUs"
+    if gpus_total <= 0:
+        na["total_tokens_per_s_per_gpu"] = "the plan has no GPU count"
+
+    fig: dict[str, Any] = {
+        "max_concurrency": result.get("max_concurrency"),
+        "file": result.get("file"),
+        "driver": result.get("driver"),
+        "status": result.get("status"),
+        "failure_reason": result.get("failure_reason"),
+        "window_start": result.get("window_start"),
+        "window_end": result.get("window_end"),
+        "duration_s": duration,
+        "num_prompts": result.get("num_prompts"),
+        "completed": result.get("completed"),
+        "failed": result.get("failed"),
+        "request_throughput": req_tps,
+        "input_throughput": in_tps,
+        "output_throughput": out_tps,
+        "total_token_throughput": tot_tps,
+        "total_tokens_per_s_per_gpu": _per(tot_tps, gpus_total),
+        "output_tokens_per_s_per_decode_gpu": per_decode,
+        "input_tokens_per_s_per_prefill_gpu": per_prefill,
+        "output_tokens_per_s_per_gpu": _per(out_tps, gpus_total),
+    }
+    for metric in ("ttft", "tpot"):
+        for p in PERCENTILES:
+            value, why = _stat(result, metric, p)
+            fig[f"{metric}_p{p}_ms"] = value
+            if why:
+                na[f"{metric}_p{p}_ms"] = why
+    tpot50 = fig["tpot_p50_ms"]
+    if tpot50 and tpot50 > 0 and math.isfinite(tpot50):
+        fig["tokens_per_s_per_user"] = 1000.0 / tpot50
+    else:
+        fig["tokens_per_s_per_user"] = None
+        na["tokens_per_s_per_user"] = "no median TPOT (every request made at most one token)"
+    fig["denominators"] = den
+    fig["not_applicable"] = na
+    return fig
+
+
+def load_accuracy(run_dir: str | Path) -> dict[str, Any] | None:
+    """The newest GSM8K result in `<run_dir>/accuracy/` (launcher.accuracy's file), or None."""
+    best: dict[str, Any] | None = None
+    for path in sorted((Path(run_dir) / "accuracy").glob("*.json")):
+        obj = read_json(path)
+        if not isinstance(obj, dict) or "accuracy" not in obj:
+            continue
+        obj = dict(obj, file=path.name)
+        if best is None or (obj.get("timestamp") or 0) >= (best.get("timestamp") or 0):
+            best = obj
+    return best
+
+
+def summary(run_dir: str | Path) -> dict[str, Any]:
+    """summary.json's content: per point the figures and status; per run accuracy, verdict."""
+    rd = RunDir(Path(run_dir))
+    plan = read_json(rd.plan, default={}) or {}
+    mode = plan.get("mode", "disagg")
+    den = gpu_denominators(plan)
+    engine = plan.get("engine")
+    points = [point_figures(r, den, mode) for r in load_results(rd.path)]
+
+    reasons: list[str] = []
+    notes: list[str] = []
+    if not points:
+        reasons.append("no sweep results in bench/")
+    for p in points:
+        if p["status"] != "ok":
+            reasons.append(f"point max_concurrency={p['max_concurrency']} failed: "
+                           f"{p['failure_reason']}")
+    acc = load_accuracy(rd.path)
+    accuracy = None
+    if acc is None:
+        notes.append("accuracy was not checked")
+    else:
+        accuracy = {k: acc.get(k) for k in ("task", "accuracy", "threshold", "passed",
+                                            "num_questions", "num_shots", "invalid_rate",
+                                            "file")}
+        if not acc.get("passed"):
+            reasons.append(f"GSM8K accuracy {acc.get('accuracy', 0):.3f} is below the "
+                           f"threshold {acc.get('threshold')}")
+    labels = []
+    if engine == "sim":
+        labels.append("simulated")
+    if acc is not None and not acc.get("passed"):
+        labels.append("accuracy-gate-failed")
+    for p in points:
+        p["labels"] = list(labels)
+
+    ok = [p for p in points if p["status"] == "ok" and p["total_tokens_per_s_per_gpu"]]
+    headline = None
+    if ok:
+        best = max(ok, key=lambda p: p["total_tokens_per_s_per_gpu"])
+        headline = {k: best[k] for k in ("max_concurrency", "total_tokens_per_s_per_gpu",
+                                         "output_tokens_per_s_per_decode_gpu",
+                                         "tokens_per_s_per_user", "ttft_p99_ms",
+                                         "tpot_p50_ms")}
+    return {
+        "schema_version": 1,
+        "run_id": plan.get("run_id") or rd.run_id,
+        "recipe": plan.get("recipe"),
+        "engine": engine,
+        "simulated": engine == "sim",
+        "mode": mode,
+        "model": (plan.get("model") or {}).get("served_name"),
+        "denominators": ({"gpus_total": den["gpus_total"]} if mode == "agg" else
+                         {k: den[k] for k in ("gpus_total", "gpus_prefill", "gpus_decode")}),
+        "points": points,
+        "headline": headline,
+        "accuracy": accuracy,
+        "verdict": "failed" if reasons else "passed",
+        "verdict_reasons": reasons,
+        "notes": notes,
+        "generated": time.time(),
+    }
+
+
+def write_summary(run_dir: str | Path) -> dict[str, Any]:
+    """Compute and write `<run_dir>/summary.json` (write-then-rename); return it."""
+    s = summary(run_dir)
+    write_json(RunDir(Path(run_dir)).summary, s)
+    return s
+
+
+def _f(value: Any, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def render_table(s: dict[str, Any], console: Any = None) -> None:
+    """The summary as a rich table on the terminal (rich imported here, not at start-up)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    den = s.get("denominators") or {}
+    den_text = ", ".join(f"{k.removeprefix('gpus_')} {v}" for k, v in den.items())
+    sim = " [bold yellow](SIMULATED)[/]" if s.get("simulated") else ""
+    table = Table(title=f"{s.get('run_id')}{sim} - GPUs: {den_text}", title_justify="left")
+    agg = s.get("mode") == "agg"
+    cols = [("conc", "right"), ("status", "left"), ("tok/s/GPU\n(all)", "right")]
+    if not agg:
+        cols += [("out tok/s/\ndecode GPU", "right"), ("in tok/s/\nprefill GPU", "right")]
+    cols += [("tok/s/user", "right"), ("TTFT ms\np50/p90/p99", "right"),
+             ("TPOT ms\np50/p90/p99", "right"), ("req/s", "right")]
+    for name, justify in cols:
+        table.add_column(name, justify=justify)
+    for p in s.get("points", []):
+        failed = p.get("status") != "ok"
+        status = "[red]FAILED[/]" if failed else "[green]ok[/]"
+        row = [str(p.get("max_concurrency")), status, _f(p["total_tokens_per_s_per_gpu"])]
+        if not agg:
+            row += [_f(p["output_tokens_per_s_per_decode_gpu"]),
+                    _f(p["input_tokens_per_s_per_prefill_gpu"])]
+        row += [_f(p["tokens_per_s_per_user"], 1),
+                "/".join(_f(p[f"ttft_p{q}_ms"]) for q in PERCENTILES),
+                "/".join(_f(p[f"tpot_p{q}_ms"], 1) for q in PERCENTILES),
+                _f(p["request_throughput"], 2)]
+        table.add_row(*row, style="dim" if failed else None)
+    console.print(table)
+    for p in s.get("points", []):
+        if p.get("status") != "ok":
+            console.print(f"[red]point {p.get('max_concurrency')} failed:[/] "
+                          f"{p.get('failure_reason')}")
+    acc = s.get("accuracy")
+    if acc:
+        mark = "[green]passed[/]" if acc.get("passed") else "[red]FAILED[/]"
+        console.print(f"GSM8K {acc.get('num_shots')}-shot strict-match: "
+                      f"{acc.get('accuracy', 0):.3f} on {acc.get('num_questions')} questions "
+                      f"(threshold {acc.get('threshold')}): {mark}")
+    for note in s.get("notes", []):
+        console.print(f"note: {note}")
+    verdict = s.get("verdict")
+    color = "green" if verdict == "passed" else "red"
+    console.print(f"verdict: [bold {color}]{verdict}[/]")
+    for r in s.get("verdict_reasons", []):
+        console.print(f"  - {r}")
+
+
+def summary_table(s: dict[str, Any], width: int = 140) -> str:
+    """The table as plain text (no colour codes), for logs and the orchestrator's output."""
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    render_table(s, Console(file=buf, width=width, color_system=None, force_terminal=False))
+    return buf.getvalue()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m launcher.figures",
+                                 description="Headline figures of a run directory.")
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--write", action="store_true", help="also write summary.json")
+    a = ap.parse_args(argv)
+    if not a.run_dir.is_dir():
+        print(f"error: {a.run_dir} is not a run directory; pass runs/<run-id>.", file=sys.stderr)
+        return 2
+    s = write_summary(a.run_dir) if a.write else summary(a.run_dir)
+    render_table(s)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
