@@ -61,7 +61,8 @@ def prepare(
         names = cluster_mod.expand_nodelist(cluster.dry_run_nodes)
         names += [f"node-{i:03d}" for i in range(len(names) + 1, need + 1)]
     plan = make_plan(recipe, cluster, names)
-    run = rundir.create(runs_root, run_name or recipe.name)
+    # Absolute: every process, srun step and the batch script refer to it from elsewhere.
+    run = rundir.create(runs_root.resolve(), run_name or recipe.name)
     # Slurm nodes are known only inside the allocation, where the plan is made again.
     placeholder = cluster.scheduler == "slurm"
     sbatch = write_run_files(run, plan, placeholder)
@@ -77,6 +78,10 @@ def _sweep_values(spec: str) -> tuple[str, list[str]]:
             f"--sweep {spec!r}: write it as key.path=v1,v2,..., e.g. prefill.endpoints=4,8"
         )
     return key.strip(), items
+
+
+def _value(key: str, text: str):
+    return recipe_mod.parse_override(f"{key}={text}")[1]
 
 
 def prepare_all(
@@ -107,10 +112,10 @@ def prepare_all(
         {
             "study": study,
             "recipe": base,
-            "axes": {k: vals for k, vals in axes},
+            "axes": {k: [_value(k, v) for v in vals] for k, vals in axes},
             "runs": [
-                {"run": p.run.run_id, "values": dict(c)}
-                for p, (c, _) in zip(out, recipes, strict=False)
+                {"run": p.run.run_id, "values": {k: _value(k, v) for k, v in c}}
+                for p, (c, _) in zip(out, recipes, strict=True)
             ],
         },
     )

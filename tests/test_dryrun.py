@@ -1,0 +1,159 @@
+"""`submit --dry-run`: what a user sees, the files it writes, quoting, secrets, goldens."""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher import cluster, plan, recipe, render
+
+SEED = "qwen3.5-397b-gb200-disagg"
+REPO = Path(__file__).resolve().parents[1]
+HOSTILE = ["a b", "it's", 'say "hi"', "$(touch /tmp/pwned)", "`id`", "line1\nline2", "x;y&z|w"]
+
+
+def test_dry_run_prints_plan_and_writes_run_dir(cli, tmp_path):
+    code, out, err = cli("submit", SEED, "--dry-run")
+    assert code == 0, err
+    assert "decode-0@gb200-r01-01" in out and "decode-0@gb200-r01-02" in out
+    assert "dp ranks 4-7 headless" in out
+    assert "KV capacity estimate decode-0 (8 GPUs)" in out
+    run_dir = Path(out.strip().splitlines()[-1].split("Run directory: ")[1].split("  (")[0])
+    assert run_dir.parent == tmp_path / "runs"
+    for f in ("recipe.yaml", "plan.json", "job.sbatch", "commands.sh", "run.json"):
+        assert (run_dir / f).is_file(), f
+    sbatch = (run_dir / "job.sbatch").read_text()
+    assert "#SBATCH --nodes=4" in sbatch and "#SBATCH --segment=4" in sbatch
+    assert "#SBATCH --gpus-per-node=4" in sbatch and "#SBATCH --exclusive" in sbatch
+    assert "#SBATCH --signal=B:USR2@120" in sbatch and "wckey" not in sbatch
+    cmds = (run_dir / "commands.sh").read_text()
+    for setting in (
+        "--async-scheduling", "--mamba-ssm-cache-dtype bfloat16", "--language-model-only",
+        "--max-num-batched-tokens 16384", "--stream-interval 100", "--api-server-count 1",
+        "--gdn-prefill-backend flashinfer", "VLLM_SSM_CONV_STATE_LAYOUT=DS",
+        '"kv_connector":"NixlConnector"', '"kv_role":"kv_producer"', '"kv_role":"kv_consumer"',
+        "vllm-router --host 0.0.0.0", "--vllm-pd-disaggregation", "vllm bench serve",
+        "launcher.telemetry.agent",
+    ):  # fmt: skip
+        assert setting in cmds, setting
+    subprocess.run(["bash", "-n", str(run_dir / "commands.sh")], check=True)
+
+
+def test_json_format_and_runs_dir(cli, tmp_path):
+    code, out, err = cli("submit", SEED, "--dry-run", "--format", "json", "--runs-dir", "elsewhere")
+    assert code == 0, err
+    (doc,) = json.loads(out[out.index("[") :])
+    assert doc["run_dir"].startswith(str(tmp_path / "elsewhere"))
+    assert doc["plan"]["gpu_count"]["total"] == 16
+    assert doc["sbatch"].startswith("#!/bin/bash")
+
+
+def test_set_replans_bigger_topology(cli):
+    code, out, _ = cli("submit", SEED, "--dry-run", "--set", "prefill.endpoints=8")
+    assert code == 0
+    assert "6 nodes x 4 GPUs" in out and "prefill-7@" in out
+
+
+def test_impossible_value_is_one_sentence_exit_2(cli):
+    code, out, err = cli("submit", SEED, "--dry-run", "--set", "decode.data_parallel=6")
+    assert code == 2
+    assert err.startswith("error: decode: data_parallel x tensor_parallel = 6 GPUs")
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_sweep_dry_run_writes_a_study(cli, tmp_path):
+    code, out, err = cli("submit", SEED, "--dry-run", "--sweep", "prefill.endpoints=4,6,8")
+    assert code == 0, err
+    (study,) = (tmp_path / "runs").iterdir()
+    doc = json.loads((study / "study.json").read_text())
+    assert [r["values"] for r in doc["runs"]] == [
+        {"prefill.endpoints": 4}, {"prefill.endpoints": 6}, {"prefill.endpoints": 8},
+    ]  # fmt: skip
+    assert out.count("Run directory:") == 3 and "prefill-7@" in out
+
+
+def _hostile_plan():
+    r = recipe.load(SEED)
+    r.env = {f"HOSTILE_{i}": v for i, v in enumerate(HOSTILE)}
+    r.prefill.args = {f"opt-{i}": v for i, v in enumerate(HOSTILE)}
+    r.slurm.directives = {"comment": HOSTILE[3] + " " + HOSTILE[1]}
+    return plan.make_plan(r, cluster.load("gb200-nvl72"), cluster.expand_nodelist("n[1-4]"))
+
+
+def test_hostile_values_survive_quoting_exactly(tmp_path):
+    p = _hostile_plan()
+    text = render.commands_sh(p, str(tmp_path))
+    engines = [pr for pr in render.processes(p, str(tmp_path)) if pr.name.startswith("prefill-0@")]
+    (proc,) = engines
+    line = shlex.join(render.command_line(p, proc, str(tmp_path)))
+    assert line in text
+    tokens = shlex.split(line)
+    for i, v in enumerate(HOSTILE):
+        assert f"HOSTILE_{i}={v}" in tokens
+        assert tokens[tokens.index(f"--opt-{i}") + 1] == v
+    # The shell itself reads the script back into the same words, and runs nothing.
+    script = tmp_path / "c.sh"
+    script.write_text(text)
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    assert not Path("/tmp/pwned").exists()
+
+
+def test_hostile_sbatch_directive_is_quoted(tmp_path):
+    text = render.sbatch_text(_hostile_plan(), 4, str(tmp_path), sys.executable)
+    (line,) = [x for x in text.splitlines() if x.startswith("#SBATCH --comment=")]
+    assert shlex.split(line.split("=", 1)[1]) == [HOSTILE[3] + " " + HOSTILE[1]]
+
+
+def test_hostile_values_run_exactly_through_bash(tmp_path):
+    """A rendered line, executed by bash, hands the program exactly the words we planned."""
+    p = _hostile_plan()
+    proc = render.Process(
+        name="probe", kind="bench", node="n1", log="logs/probe.log",
+        argv=[sys.executable, "-c", "import sys,json,os;print(json.dumps([sys.argv[1:], os.environ['V']]))", *HOSTILE],
+        env={"V": HOSTILE[5] + HOSTILE[3]},
+    )  # fmt: skip
+    line = shlex.join(
+        render.command_line(p, proc, str(tmp_path))[len(render.srun_prefix(p, proc)) :]
+    )
+    out = subprocess.run(["bash", "-c", line], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == [HOSTILE, HOSTILE[5] + HOSTILE[3]]
+    assert not Path("/tmp/pwned").exists()
+
+
+def test_secrets_travel_by_name_only(tmp_path):
+    env = dict(os.environ, HF_TOKEN="hf_SECRETVALUE123")
+    out = subprocess.run(
+        [sys.executable, "-m", "launcher", "submit", SEED, "--dry-run", "--format", "json"],
+        capture_output=True, text=True, cwd=tmp_path, env=env, check=True,
+    ).stdout  # fmt: skip
+    assert "HF_TOKEN" in out
+    for f in (tmp_path / "runs").rglob("*"):
+        if f.is_file():
+            assert "hf_SECRETVALUE123" not in f.read_text(), f
+    assert "hf_SECRETVALUE123" not in out
+
+
+def test_golden_examples_are_current():
+    sys.path.insert(0, str(REPO / "slurm" / "examples"))
+    import regenerate
+
+    fresh = regenerate.render_all()
+    assert set(fresh) == set(recipe.shipped())
+    for name, files in fresh.items():
+        for f, text in files.items():
+            golden = REPO / "slurm" / "examples" / name / f
+            assert golden.exists(), f"missing {golden}: run python slurm/examples/regenerate.py"
+            assert golden.read_text() == text, (
+                f"{golden} is stale: run python slurm/examples/regenerate.py and review the diff"
+            )
+
+
+@pytest.mark.parametrize("name", sorted(recipe.shipped()))
+def test_every_shipped_recipe_dry_runs(cli, name):
+    code, out, err = cli("submit", name, "--dry-run")
+    assert code == 0, err
+    assert "Run directory:" in out
