@@ -1,0 +1,30 @@
+# Two commands: `make demo` (the embedded default run) and `make test` (the whole suite).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup demo test examples
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+# A local run on simulated engines behind the real vllm-router: plan, start, health-gate,
+# sweep, accuracy gate, summary, teardown. Prints where the run directory is.
+demo: setup
+	$(BIN)/python -m launcher submit local-sim
+
+# Needs root for the system parts: Debian's Slurm (a local multi-node dev cluster) and
+# Chromium (the dashboard's browser test). Both scripts are idempotent.
+test: setup
+	bash slurm/devcluster/up.sh
+	bash tests/browser/setup.sh
+	$(BIN)/python -m pytest
+
+examples: setup
+	$(BIN)/python slurm/examples/regenerate.py
