@@ -281,6 +281,7 @@ class Orchestrator:
             self.check_processes(allowed=lambda x: x is h)
             time.sleep(POLL_S)
         self.check_processes(allowed=lambda x: x is h)
+        h.stopped = True  # a client that ended is done, not a failure of the deployment
         self._write_processes()
         return h.exit_code() or 0
 
