@@ -648,16 +648,33 @@ class GpuSampler(threading.Thread):
         self.join(timeout)
 
 
+def _timing(c: GpuCollector, n: int) -> dict[str, float]:
+    """Wall and CPU ms per fast and per slow sample (all GPUs), averaged over n."""
+    out = {}
+    for slow in (False, True):
+        w, t = time.perf_counter(), time.process_time()
+        for _ in range(n):
+            c.sample(slow=slow)
+            for g in c.gpus:
+                g.last_pcie = 0.0  # time the PCIe calls too
+        out[f"{'slow' if slow else 'fast'}_wall_ms"] = (time.perf_counter() - w) / n * 1e3
+        out[f"{'slow' if slow else 'fast'}_cpu_ms"] = (time.process_time() - t) / n * 1e3
+    return out
+
+
 if __name__ == "__main__":
     if "--probe-risky" in sys.argv:
         print(json.dumps(probe_risky()))
     else:
-        # a quick look: `python -m launcher.telemetry.gpu` prints what NVML reports here
+        # `python -m launcher.telemetry.gpu [--time N]` prints what NVML reports here
         c = GpuCollector(os.uname().nodename)
         info = c.open()
         c.sample(slow=True)
         time.sleep(0.5)
         rows = c.sample(slow=True)
-        print(json.dumps({"info": info, "sample": [(r[4], r[5], r[6]) for r in rows],
-                          "sample_errors": c.sample_errors}, indent=1, default=str))
+        out: dict[str, Any] = {"info": info, "sample": [(r[4], r[5], r[6]) for r in rows],
+                               "sample_errors": c.sample_errors}
+        if "--time" in sys.argv and c.available:
+            out["timing"] = _timing(c, int(sys.argv[sys.argv.index("--time") + 1]))
+        print(json.dumps(out, indent=1, default=str))
         c.close()
