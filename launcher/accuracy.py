@@ -147,7 +147,7 @@ async def _ask(session: Any, url: str, body: dict[str, Any]) -> tuple[str, int, 
 async def evaluate_async(
     base_url: str, model: str, shots: list[dict[str, str]], questions: list[dict[str, str]],
     *, max_tokens: int = 256, concurrency: int = 64, temperature: float = 0.0,
-    request_timeout: float = 600.0,
+    request_timeout: float = 600.0, progress: bool = False,
 ) -> tuple[list[dict[str, Any]], float]:
     import aiohttp
 
@@ -155,6 +155,8 @@ async def evaluate_async(
     prefix = few_shot_prefix(shots)
     sem = asyncio.Semaphore(max(1, concurrency))
     records: list[dict[str, Any]] = [{} for _ in questions]
+    done = [0]
+    every = max(1, len(questions) // 10)  # a progress line per ~10% for the log
 
     async def one(i: int, session: aiohttp.ClientSession) -> None:
         q = questions[i]
@@ -170,6 +172,9 @@ async def evaluate_async(
                       "reference": reference_answer(q["answer"]), "extracted": extracted,
                       "correct": correct, "output": text, "output_tokens": tokens,
                       "latency": latency, "error": error or None}
+        done[0] += 1
+        if progress and (done[0] % every == 0 or done[0] == len(questions)):
+            print(f"answered {done[0]}/{len(questions)}", flush=True)
 
     timeout = aiohttp.ClientTimeout(total=request_timeout)
     connector = aiohttp.TCPConnector(limit=max(1, concurrency))
@@ -183,6 +188,7 @@ def run_gsm8k(
     base_url: str, model: str, data: str | Path, *, train: str | Path | None = None,
     num_questions: int | None = None, num_shots: int = 5, max_tokens: int = 256,
     concurrency: int = 64, threshold: float = 0.88, request_timeout: float = 600.0,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Run the gate in-process and return the result object (the CLI writes it)."""
     rows = load_jsonl(data)
@@ -190,7 +196,7 @@ def run_gsm8k(
     shots, questions, source = prepare(rows, train_rows, num_shots, num_questions)
     records, latency = asyncio.run(evaluate_async(
         base_url, model, shots, questions, max_tokens=max_tokens, concurrency=concurrency,
-        request_timeout=request_timeout))
+        request_timeout=request_timeout, progress=progress))
     n = len(records)
     correct = sum(r["correct"] for r in records)
     invalid = sum(r["extracted"] == INVALID for r in records)
@@ -244,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         res = run_gsm8k(a.base_url, a.model, a.data, train=a.train,
                         num_questions=a.num_questions, num_shots=a.num_shots,
                         max_tokens=a.max_tokens, concurrency=a.concurrency,
-                        threshold=a.threshold, request_timeout=a.request_timeout)
+                        threshold=a.threshold, request_timeout=a.request_timeout,
+                        progress=True)
     except AccuracyError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

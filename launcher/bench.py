@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import functools
 import gc
 import json
 import math
@@ -237,19 +239,20 @@ class Workload:
         return self.prefix_len + self.input_lens[i]
 
 
-_ID_TEXT: list[str] = []
+@functools.cache
+def _id_text() -> list[str]:
+    """Every id of the range as text, twice, so any run of up to a span is one slice."""
+    one = [str(TOKEN_ID_LOW + j) for j in range(TOKEN_ID_SPAN)]
+    return one + one
 
 
 def _id_run(start: int, n: int) -> str:
     """Comma-joined consecutive ids from `start`, wrapping within the id range (C-speed join)."""
-    global _ID_TEXT
-    if not _ID_TEXT:
-        one = [str(TOKEN_ID_LOW + j) for j in range(TOKEN_ID_SPAN)]
-        _ID_TEXT = one + one
+    text = _id_text()
     parts = []
     while n > 0:
         take = min(n, TOKEN_ID_SPAN)
-        parts.append(",".join(_ID_TEXT[start:start + take]))
+        parts.append(",".join(text[start:start + take]))
         n -= take
         start = (start + take) % TOKEN_ID_SPAN
     return ",".join(parts)
@@ -468,7 +471,9 @@ async def _run(
                                      trust_env=False) as session:
         if cfg.ready_check_timeout_sec > 0:
             await _wait_ready(session, cfg, wl)
-        sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
+        # --max-concurrency caps requests in flight (warmups too), as in vLLM.
+        gate: Any = (asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency
+                     else contextlib.nullcontext())
         run_id = uuid.uuid4().hex[:8]
 
         if cfg.num_warmups > 0:
@@ -476,10 +481,7 @@ async def _run(
             prompt0 = wl.prompt_json(0)
 
             async def warm(k: int) -> RequestOutput:
-                if sem is None:
-                    return await send_request(session, cfg.api_url, prompt0, wl.prompt_len(0),
-                                              warm_tail, f"bench-{run_id}-warmup-{k}")
-                async with sem:
+                async with gate:
                     return await send_request(session, cfg.api_url, prompt0, wl.prompt_len(0),
                                               warm_tail, f"bench-{run_id}-warmup-{k}")
 
@@ -492,13 +494,9 @@ async def _run(
             tail = tails.get(n_out)
             if tail is None:
                 tail = tails[n_out] = _payload_tail(cfg, n_out)
-            if sem is None:
+            async with gate:
                 out = await send_request(session, cfg.api_url, wl.prompt_json(i),
                                          wl.prompt_len(i), tail, f"bench-{run_id}-{i}")
-            else:
-                async with sem:
-                    out = await send_request(session, cfg.api_url, wl.prompt_json(i),
-                                             wl.prompt_len(i), tail, f"bench-{run_id}-{i}")
             out.queue_time = out.start_time - arrival
             return out
 
