@@ -140,6 +140,7 @@ class Orchestrator:
         self.handles: list[Handle] = []
         self.procs = render.processes(plan, str(run.path))
         self.cancel_reason: str | None = None
+        self.failed_points: list[str] = []
 
     # --- bookkeeping ---
     def stage(self, name: str) -> None:
@@ -273,6 +274,10 @@ class Orchestrator:
         if r.accuracy.enabled:
             self.stage("accuracy")
             self.accuracy()
+        if self.failed_points:
+            raise RunFailed(
+                f"{len(self.failed_points)} sweep point(s) failed: " + "; ".join(self.failed_points)
+            )
 
     def run_client(self, proc: render.Process) -> int:
         """Run a client process (bench, accuracy) to its end while watching the servers."""
@@ -306,6 +311,7 @@ class Orchestrator:
                 reason=failure, seconds=round(end - start, 2),
             )  # fmt: skip
             if failure:
+                self.failed_points.append(f"{proc.name}: {failure}")
                 say(f"{proc.name}: FAILED: {failure}")
                 if b.on_failure == "stop":
                     raise RunFailed(f"sweep point {proc.name} failed: {failure}")

@@ -1,0 +1,163 @@
+"""The local profile end to end: sim engines, the real vllm-router, agents, sweep, gate.
+
+Every test runs the CLI as a user would and then checks what a user would look at: the exit
+status, run.json, `status`, the logs, the results, and that no process of the run is left.
+"""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from launcher import figures, rundir
+
+RECIPE = "local-sim"
+
+
+def launcher(tmp_path, *args, timeout=240):
+    p = subprocess.run(
+        [sys.executable, "-m", "launcher", *args, "--runs-dir", str(tmp_path / "runs")],
+        capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
+    )  # fmt: skip
+    return p.returncode, p.stdout + p.stderr
+
+
+def the_run(tmp_path) -> Path:
+    (run,) = [p.parent for p in (tmp_path / "runs").glob("*/run.json")]
+    return run
+
+
+def leftovers(run: Path) -> list[str]:
+    """Processes still alive that the launcher started for this run (PD_RUN_DIR)."""
+    left = []
+    for proc in psutil.process_iter(["pid", "name"]):
+        try:
+            if proc.environ().get("PD_RUN_DIR") == str(run):
+                left.append(f"{proc.pid} {proc.environ().get('PD_PROCESS')}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return left
+
+
+def test_demo_runs_end_to_end(tmp_path):
+    code, out = launcher(tmp_path, "submit", RECIPE)
+    assert code == 0, out
+    run = the_run(tmp_path)
+    assert f"run directory: {run}" in out and "SIMULATED" in out
+    state = rundir.RunDir(run).read_state()
+    assert state["state"] == "succeeded" and state["error"] is None
+    plan = json.loads((run / "plan.json").read_text())
+    for proc in plan["processes"]:
+        log = run / proc["log"]
+        assert log.is_file() and log.stat().st_size > 0, f"no log for {proc['name']}"
+    # One result file per point, and re-reading them reproduces the summary.
+    assert sorted(p.name for p in (run / "bench").glob("c*.json")) == [
+        "c00004.json", "c00016.json", "c00064.json",
+    ]  # fmt: skip
+    summary = json.loads((run / "summary.json").read_text())
+    again = figures.summary(run)
+    again.pop("generated"), summary.pop("generated")
+    assert again == summary
+    assert [p["status"] for p in summary["points"]] == ["ok", "ok", "ok"]
+    acc = json.loads((run / "accuracy" / "gsm8k.json").read_text())
+    assert acc["passed"] and acc["accuracy"] >= 0.7
+    # Every node's agent wrote telemetry; no GPU here is recorded, not fatal.
+    from launcher.telemetry import store
+
+    info = store.read_agent_info(run)
+    assert set(info) == {n["name"] for n in plan["nodes"]}
+    df = store.read_samples(run)
+    names = set(df["name"])
+    assert "vllm:kv_cache_usage_perc" in names
+    assert any(n.startswith("log:") for n in names), "no stats-log samples"
+    assert any(n.startswith("host:") for n in names) and any(n.startswith("proc:") for n in names)
+    engines = {p["name"] for p in plan["processes"] if p["kind"] == "engine" and p["url"]}
+    assert engines <= set(df.loc[df["name"] == "vllm:kv_cache_usage_perc", "process"])
+    assert leftovers(run) == []
+    # status and logs work on the finished run
+    code, out = launcher(tmp_path, "status", str(run))
+    assert code == 0 and "state succeeded" in out and "decode-0@local-1" in out
+    code, out = launcher(tmp_path, "logs", str(run), "router", "-n", "5")
+    assert code == 0 and out.strip()
+
+
+def _fail_run(tmp_path, *sets):
+    args = ["submit", RECIPE]
+    for s in sets:
+        args += ["--set", s]
+    t = time.monotonic()
+    code, out = launcher(tmp_path, *args)
+    return code, out, time.monotonic() - t, the_run(tmp_path)
+
+
+def test_decode_crash_fails_fast_and_names_it(tmp_path):
+    code, out, took, run = _fail_run(
+        tmp_path, "benchmark.enabled=false", "accuracy.enabled=false", "hold_s=120",
+        "decode.env.SIM_CRASH_AFTER_S=6",
+    )  # fmt: skip
+    assert code == 1, out
+    assert took < 40, f"took {took:.0f} s to notice a crash"
+    st = rundir.RunDir(run).read_state()
+    assert st["state"] == "failed"
+    assert st["error"].startswith("decode-0@local-") and "exited with status" in st["error"]
+    code, status = launcher(tmp_path, "status", str(run))
+    assert "decode-0@local-" in status and "exited with status" in status
+    assert (run / "logs" / "decode-0@local-1.log").stat().st_size > 0
+    assert leftovers(run) == []
+
+
+def test_prefill_never_healthy_hits_the_health_timeout(tmp_path):
+    code, out, took, run = _fail_run(
+        tmp_path, "prefill.env.SIM_HANG_BEFORE_HEALTHY=1", "health.timeout_s=6",
+    )  # fmt: skip
+    assert code == 1
+    err = rundir.RunDir(run).read_state()["error"]
+    assert "not healthy within 6 s" in err and "prefill-0@local-3" in err
+    assert "last lines of logs/prefill-0@local-3.log" in err
+    assert leftovers(run) == []
+
+
+def test_wrong_answers_fail_the_gate_and_keep_the_sweep(tmp_path):
+    code, out, _, run = _fail_run(tmp_path, "sim.wrong_answers=true")
+    assert code == 1
+    err = rundir.RunDir(run).read_state()["error"]
+    assert "accuracy gate failed: gsm8k scored 0.000" in err
+    assert len(list((run / "bench").glob("c*.json"))) == 3
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["verdict"] == "failed"
+
+
+def test_zero_tokens_marks_points_failed_not_fast(tmp_path):
+    code, out, _, run = _fail_run(tmp_path, "sim.zero_tokens=true", "accuracy.enabled=false")
+    assert code == 1
+    summary = json.loads((run / "summary.json").read_text())
+    assert [p["status"] for p in summary["points"]] == ["failed"] * 3
+    assert "sweep point(s) failed" in rundir.RunDir(run).read_state()["error"]
+
+
+def test_ctrl_c_tears_down_and_records_cancelled(tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher", "submit", RECIPE, "--runs-dir", str(tmp_path / "runs"),
+         "--set", "benchmark.enabled=false", "--set", "accuracy.enabled=false",
+         "--set", "hold_s=120"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    run = None
+    while time.monotonic() < deadline:
+        runs = list((tmp_path / "runs").glob("*/run.json"))
+        if runs and rundir.RunDir(runs[0].parent).read_state().get("serving"):
+            run = runs[0].parent
+            break
+        time.sleep(0.5)
+    assert run, "never reached serving"
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out
+    st = rundir.RunDir(run).read_state()
+    assert st["state"] == "cancelled" and "Ctrl-C" in st["error"]
+    assert leftovers(run) == []
