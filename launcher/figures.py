@@ -318,7 +318,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {a.run_dir} is not a run directory; pass runs/<run-id>.", file=sys.stderr)
         return 2
     s = write_summary(a.run_dir) if a.write else summary(a.run_dir)
-    render_table(s)
+    from rich.console import Console
+
+    # Piped into a file or log there is no terminal width: do not squeeze the table to 80.
+    render_table(s, Console(width=None if sys.stdout.isatty() else 140))
     return 0
 
 

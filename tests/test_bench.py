@@ -464,13 +464,17 @@ def test_both_drivers_load_through_one_reader(tmp_path: Path) -> None:
         json.dumps({"window_start": 1000.0, "window_end": 1120.0}))
     (bench_dir / "vllm-c1024.json").write_text(json.dumps(_real_vllm_file(1024, 3)))
     (bench_dir / "vllm-c1024.pytorch.json").write_text("[]")  # vLLM's side file: not a point
+    # --append-result writes one object per line: the last complete one is the point
+    (bench_dir / "vllm-c64.json").write_text(
+        json.dumps(_real_vllm_file(64, 5)) + "\n" + json.dumps(_real_vllm_file(64, 0)) + "\n")
     with serve_in_thread(ServerConfig()) as (url, _):
         bench.run_point(_cfg(url, run, num_prompts=4, max_concurrency=4,
                              result_filename="builtin-c4.json"))
 
     points = bench.load_results(run)
-    assert [p["max_concurrency"] for p in points] == [4, 256, 1024]
-    builtin, real_ok, real_failed = points
+    assert [p["max_concurrency"] for p in points] == [4, 64, 256, 1024]
+    builtin, appended, real_ok, real_failed = points
+    assert appended["failed"] == 0 and appended["status"] == "ok"
     assert builtin["driver"] == "builtin" and builtin["status"] == "ok"
     assert real_ok["driver"] == "vllm" and real_ok["status"] == "ok"
     assert (real_ok["window_start"], real_ok["window_end"]) == (1000.0, 1120.0)

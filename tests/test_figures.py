@@ -186,3 +186,11 @@ def test_table_shows_denominators_failures_and_verdict(tmp_path: Path) -> None:
 def test_figures_cli_on_a_missing_dir_is_one_sentence(tmp_path: Path, capsys) -> None:
     assert figures.main([str(tmp_path / "nope")]) == 2
     assert "is not a run directory" in capsys.readouterr().err
+
+
+def test_figures_cli_prints_the_table_and_writes_the_summary(tmp_path: Path, capsys) -> None:
+    run = _write_run(tmp_path, accuracy=0.9)
+    assert figures.main([str(run), "--write"]) == 0
+    out = capsys.readouterr().out
+    assert "2,458" in out and "verdict: failed" in out  # c1024 is a failed point
+    assert json.loads((run / "summary.json").read_text())["verdict"] == "failed"
