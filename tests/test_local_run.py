@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
+from helpers import leftovers
 
 from launcher import figures, rundir
 
@@ -29,18 +29,6 @@ def launcher(tmp_path, *args, timeout=240):
 def the_run(tmp_path) -> Path:
     (run,) = [p.parent for p in (tmp_path / "runs").glob("*/run.json")]
     return run
-
-
-def leftovers(run: Path) -> list[str]:
-    """Processes still alive that the launcher started for this run (PD_RUN_DIR)."""
-    left = []
-    for proc in psutil.process_iter(["pid", "name"]):
-        try:
-            if proc.environ().get("PD_RUN_DIR") == str(run):
-                left.append(f"{proc.pid} {proc.environ().get('PD_PROCESS')}")
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return left
 
 
 def test_demo_runs_end_to_end(tmp_path):

@@ -1,0 +1,160 @@
+"""Submitting to a real Slurm (slurm/devcluster/): submitit, srun steps, health, teardown.
+
+These need the dev cluster up (`bash slurm/devcluster/up.sh`, which `make test` runs).
+"""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from helpers import leftovers
+
+from launcher import rundir
+
+pytestmark = pytest.mark.slurm
+RECIPE = "devcluster-sim"
+SERVE_ONLY = ["--set", "benchmark.enabled=false", "--set", "accuracy.enabled=false"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster_up():
+    if shutil.which("sinfo") is None:
+        pytest.fail("Slurm is not installed: run `bash slurm/devcluster/up.sh` (as root)")
+    out = subprocess.run(["sinfo", "-h", "-o", "%D %t"], capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.fail(f"the dev cluster does not answer ({out.stderr.strip()}): run up.sh")
+
+
+def launcher(tmp_path, *args, timeout=300):
+    p = subprocess.run(
+        [sys.executable, "-m", "launcher", *args, "--runs-dir", str(tmp_path / "runs")],
+        capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
+    )  # fmt: skip
+    return p.returncode, p.stdout + p.stderr
+
+
+def submit(tmp_path, *args) -> Path:
+    code, out = launcher(tmp_path, "submit", RECIPE, *args)
+    assert code == 0, out
+    assert re.search(r"submitted job \d+", out), out
+    (run,) = [p.parent for p in (tmp_path / "runs").glob("*/run.json")]
+    return run
+
+
+def wait_for(run: Path, pred, timeout=120, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = rundir.RunDir(run).read_state()
+        if pred(st):
+            return st
+        time.sleep(0.5)
+    raise AssertionError(f"{what} not reached in {timeout} s: {rundir.RunDir(run).read_state()}")
+
+
+def job_gone(job_id: str, timeout=60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = subprocess.run(
+            ["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True
+        ).stdout.strip()
+        if not out:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} still in squeue: {out}")
+
+
+def ended(st):
+    return st.get("state") in rundir.FINAL_STATES
+
+
+def test_serving_through_slurm_then_clean_end(tmp_path):
+    run = submit(tmp_path, *SERVE_ONLY, "--set", "hold_s=20")
+    st = wait_for(run, lambda s: s.get("serving") or ended(s), what="serving")
+    assert st.get("serving"), st
+    plan = json.loads((run / "plan.json").read_text())
+    assert not plan["placeholder_nodes"] and len(plan["nodes"]) == 4
+    decode = [p for p in plan["processes"] if p["endpoint"] == "decode-0"]
+    assert len({p["node"] for p in decode}) == 2, "decode must span two nodes"
+    prefill_nodes = {p["node"] for p in plan["processes"] if p["role"] == "prefill"}
+    assert len(prefill_nodes) == 2 and not prefill_nodes & {p["node"] for p in decode}
+    # A completion through the real router, P/D across "nodes".
+    body = json.dumps({"model": plan["model"]["served_name"], "prompt": "Hello", "max_tokens": 8})
+    req = urllib.request.Request(
+        st["router_url"] + "/v1/completions", data=body.encode(),
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        answer = json.loads(resp.read())
+    assert answer["usage"]["completion_tokens"] == 8
+    st = wait_for(run, ended, timeout=120, what="the end of the run")
+    assert st["state"] == "succeeded", st.get("error")
+    job_gone(st["slurm_job_id"])
+    assert leftovers(run) == []
+    for proc in plan["processes"]:
+        if proc["kind"] in ("engine", "router", "agent"):
+            assert (run / proc["log"]).stat().st_size > 0, proc["name"]
+    # What was submitted is what the dry-run showed.
+    (tmp_path / "dry").mkdir()
+    code, out = launcher(
+        tmp_path / "dry", "submit", RECIPE, *SERVE_ONLY, "--set", "hold_s=20", "--dry-run"
+    )
+    assert code == 0, out
+    (dry,) = [p.parent for p in (tmp_path / "dry" / "runs").glob("*/run.json")]
+    submitted = (run / "job.sbatch").read_text().replace(str(run), "<RUN>")
+    assert submitted == (dry / "job.sbatch").read_text().replace(str(dry), "<RUN>")
+
+
+def test_sweep_and_gate_through_slurm_with_wait(tmp_path):
+    code, out = launcher(tmp_path, "submit", RECIPE, "--wait")
+    assert code == 0, out
+    (run,) = [p.parent for p in (tmp_path / "runs").glob("*/run.json")]
+    summary = json.loads((run / "summary.json").read_text())
+    assert [p["status"] for p in summary["points"]] == ["ok", "ok"]
+    assert summary["verdict"] == "passed"
+    assert leftovers(run) == []
+
+
+def test_decode_crash_fails_run_and_status_names_it(tmp_path):
+    run = submit(
+        tmp_path, *SERVE_ONLY, "--set", "hold_s=120", "--set", "decode.env.SIM_CRASH_AFTER_S=20"
+    )
+    st = wait_for(run, lambda s: s.get("serving") or ended(s), what="serving")
+    serving_at = time.monotonic()
+    st = wait_for(run, ended, timeout=90, what="failure")
+    assert time.monotonic() - serving_at < 40
+    assert st["state"] == "failed"
+    assert re.match(r"decode-0@gb200-\d+ on gb200-\d+ exited with status", st["error"]), st["error"]
+    code, out = launcher(tmp_path, "status", str(run))
+    assert "state failed" in out and "decode-0@gb200-" in out and "exited with status" in out
+    job_gone(st["slurm_job_id"])
+    assert leftovers(run) == []
+    assert (run / "logs").is_dir() and len(list((run / "logs").glob("*.log"))) >= 10
+
+
+def test_prefill_never_healthy_times_out_with_its_log(tmp_path):
+    run = submit(
+        tmp_path, "--set", "prefill.env.SIM_HANG_BEFORE_HEALTHY=1", "--set", "health.timeout_s=8"
+    )
+    st = wait_for(run, ended, timeout=120, what="failure")
+    assert st["state"] == "failed"
+    assert "not healthy within 8 s" in st["error"] and "prefill-0@gb200-" in st["error"]
+    assert "last lines of logs/prefill-0@" in st["error"]
+    job_gone(st["slurm_job_id"])
+    assert leftovers(run) == []
+
+
+def test_cancel_tears_down(tmp_path):
+    run = submit(tmp_path, *SERVE_ONLY, "--set", "hold_s=300")
+    wait_for(run, lambda s: s.get("serving") or ended(s), what="serving")
+    code, out = launcher(tmp_path, "cancel", str(run))
+    assert code == 0, out
+    st = wait_for(run, ended, timeout=90, what="cancelled")
+    assert st["state"] == "cancelled", st
+    job_gone(st["slurm_job_id"])
+    assert leftovers(run) == []
