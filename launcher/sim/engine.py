@@ -279,6 +279,7 @@ class Engine:
     # ----- the scheduler loop --------------------------------------------------------------
     async def _loop(self) -> None:
         speed = self.k.speed
+        busy = False
         while True:
             now = time.time()
             if self.held:
@@ -293,9 +294,13 @@ class Engine:
                 except TimeoutError:
                     pass
                 self._last_step_end = time.time()
+                busy = False
                 continue
-            step_start = time.time()
-            scheduled, prefill_tokens, decode_seqs, ctx = self._schedule(step_start)
+            now = time.time()
+            # Back-to-back steps start when the previous one ended: the scheduler's own CPU
+            # time overlaps the modelled GPU time (as with async scheduling).
+            step_start = self._last_step_end if busy else now
+            scheduled, prefill_tokens, decode_seqs, ctx = self._schedule(now)
             if not scheduled:
                 # Nothing fits (all blocks held or fetching): wait for a release.
                 self.wake.clear()
@@ -303,6 +308,7 @@ class Engine:
                     await asyncio.wait_for(self.wake.wait(), 0.05)
                 except TimeoutError:
                     pass
+                busy = False
                 continue
             dur_ms = (self.k.step_base_ms + decode_seqs * self.k.decode_per_seq_ms
                       + ctx / 1000.0 * self.k.decode_per_ktoken_ms
@@ -310,6 +316,7 @@ class Engine:
             delay = step_start + dur_ms / 1000.0 / speed - time.time()
             await asyncio.sleep(max(0.0, delay))
             self._complete(scheduled, prefill_tokens + decode_seqs)
+            busy = True
 
     def _schedule(self, now: float) -> tuple[list[tuple[Req, int]], int, int, int]:
         cfg = self.cfg
