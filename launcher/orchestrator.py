@@ -241,7 +241,7 @@ class Orchestrator:
                     last_report = now
                     say(f"{what}: waiting for {', '.join(sorted(pending))}")
                 if pending:
-                    time.sleep(1.0)
+                    time.sleep(POLL_S)
 
     # --- stages ---
     def run_all(self) -> None:
