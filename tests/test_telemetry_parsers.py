@@ -281,3 +281,51 @@ def test_tail_partial_lines_rotation_and_truncation(tmp_path: Path) -> None:
     out = [x for line in lines[:6] for x in p.feed(line)]
     assert log_one(out, "log:kv_num_successful_transfers", "2") == [216.0]
     tail.close()
+
+
+# --- the scraper's fused change-point path -----------------------------------------------------
+
+def test_scrape_rows_reproduce_every_scrape_by_interpolation() -> None:
+    """Rows from `TargetState.ingest` obey the store's rule: per series, linear interpolation
+    between stored rows gives back every sampled value (buckets at their own cadence)."""
+    import random
+
+    import numpy as np
+
+    from launcher.telemetry.scrape import Target, TargetState
+
+    rng = random.Random(3)
+    st = TargetState(Target("decode-0@n1", "u"), "n1", keyframe_s=20.0, bucket_every_s=3.0)
+    keys = [f'vllm:g{i}{{engine="{i % 2}",model_name="m"}}' for i in range(6)]
+    keys += [f'vllm:h_bucket{{engine="0",le="{b}",model_name="m"}}' for b in ("1.0", "+Inf")]
+    vals = {k: 0.0 for k in keys}
+    truth: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
+    rows: list[str] = []
+    bucket_times = []
+    for i in range(120):
+        ts = 1000.0 + i
+        for k in keys:
+            if rng.random() < (0.5 if i % 7 else 0.0):
+                vals[k] += rng.randint(1, 3)
+        text = "# HELP x\n" + "".join(f"{k} {vals[k]!r}\n" for k in keys) + \
+            'vllm:g0_created{engine="0",model_name="m"} 17.0\n'
+        if i == 0 or ts >= st.next_buckets or ts >= st.next_keyframe:
+            bucket_times.append(ts)
+        rows += st.ingest(ts, text)
+        for k in keys:
+            name, engine, labels = st.parser.key(k)
+            truth.setdefault((name, engine, labels), []).append((ts, vals[k]))
+    rows += st.pending()
+    stored: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
+    for r in rows:
+        ts, node, proc, engine, name, labels, value = r.rstrip("\n").split("\t")
+        assert (node, proc) == ("n1", "decode-0@n1")
+        stored.setdefault((name, engine, labels), []).append((float(ts), float(value)))
+    assert not [k for k in stored if k[0].endswith("_created")]
+    for key, samples in truth.items():
+        if key[0].endswith("_bucket"):
+            samples = [s for s in samples if s[0] in bucket_times]
+        xs, ys = zip(*sorted(stored[key]), strict=True)
+        tx, ty = zip(*samples, strict=True)
+        assert np.allclose(np.interp(tx, xs, ys), ty), key
+    assert len(rows) < len(truth) * 120  # it saved rows

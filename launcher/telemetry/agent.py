@@ -99,7 +99,8 @@ class Agent:
     def __init__(self, run_dir: Path, node: str, interval: float | None = None, *,
                  exporter_port: int | None = None, exporter_addr: str = "0.0.0.0",  # noqa: S104
                  scrape_timeout: float | None = None, raw_every_s: float = 60.0,
-                 keyframe_s: float = 60.0, gpu: bool = True) -> None:
+                 keyframe_s: float = 60.0, bucket_every_s: float | None = None,
+                 gpu: bool = True) -> None:
         self.run_dir = Path(run_dir)
         self.node = node
         self.plan = load_plan(self.run_dir)
@@ -115,8 +116,11 @@ class Agent:
             self.notices.append("no plan.json: collecting host and GPU only")
         elif not self.setup["names"]:
             self.notices.append(f"node {node!r} has no processes in plan.json")
+        self.bucket_every_s = (bucket_every_s if bucket_every_s is not None
+                               else max(self.interval, 5.0))
         self.scraper = Scraper(node, self.setup["targets"], timeout=self.scrape_timeout,
-                               raw_every_s=raw_every_s, keyframe_s=keyframe_s)
+                               raw_every_s=raw_every_s, keyframe_s=keyframe_s,
+                               bucket_every_s=self.bucket_every_s)
         self.tails = {name: (LogTail(path), StatsLogParser())
                       for name, path in self.setup["logs"].items()}
         self.exporter = None
@@ -186,7 +190,7 @@ class Agent:
         info = {
             "node": self.node, "pid": os.getpid(), "started": self.started,
             "updated": self._last_info, "final": final, "interval_s": self.interval,
-            "scrape_timeout_s": self.scrape_timeout,
+            "scrape_timeout_s": self.scrape_timeout, "bucket_every_s": self.bucket_every_s,
             "notices": self.notices + list(self.gpu_info.get("notices", [])) + log_notices,
             "gpu": self.gpu_info,
             "gpu_sample_errors": (self.gpu_sampler.collector.sample_errors
@@ -272,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--raw-every", type=float, default=60.0,
                     help="keep a raw /metrics copy every this many seconds (0: never)")
     ap.add_argument("--keyframe", type=float, default=60.0)
+    ap.add_argument("--bucket-every", type=float, default=None,
+                    help="seconds between histogram bucket samples (default max(interval, 5))")
     ap.add_argument("--no-gpu", action="store_true")
     ap.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     a = ap.parse_args(argv)
@@ -281,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     agent = Agent(a.run_dir, a.node, a.interval, exporter_port=a.exporter_port,
                   exporter_addr=a.exporter_addr, scrape_timeout=a.scrape_timeout,
-                  raw_every_s=a.raw_every, keyframe_s=a.keyframe, gpu=not a.no_gpu)
+                  raw_every_s=a.raw_every, keyframe_s=a.keyframe,
+                  bucket_every_s=a.bucket_every, gpu=not a.no_gpu)
     for n in agent.notices + list(agent.gpu_info.get("notices", [])):
         print(f"agent@{a.node}: {n}", flush=True)
     print(f"agent@{a.node}: {len(agent.setup['targets'])} scrape target(s), "

@@ -7,7 +7,11 @@ is regular (one sample per line, `name{labels} value`, labels sorted, no timesta
 - each line is split once at its last space into a *series key* and a value string;
 - the key is parsed (name, `engine` label, other labels as canonical JSON, 0.33 renames) once
   and cached, since the same keys come back every scrape;
-- with a `ChangeFilter`, unchanged value strings are dropped before any float conversion.
+- unchanged value strings are dropped before any float conversion (the store's change-point
+  rule, fused into the same pass);
+- histogram `_bucket` series are taken every `bucket_every_s` (default 5 s) while `_sum`,
+  `_count`, counters and gauges are taken every scrape: buckets are ~80% of the lines and
+  quantiles are read over windows of tens of seconds, while means (`_sum/_count`) keep 1 s.
 
 Rules (contracts.md, vllm-internals §3): `<family>_created` companion gauges are dropped;
 `le` buckets are kept as a label (verbatim, e.g. `"+Inf"`); `engine` leaves the labels and fills
@@ -25,8 +29,6 @@ import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-
-from launcher.telemetry.store import ChangeFilter
 
 # old name -> 0.33 name (vllm-internals §3.4); suffixes `_total/_bucket/_sum/_count` follow.
 RENAMES: dict[str, str] = {
@@ -111,19 +113,24 @@ class MetricsParser:
     def items(self, text: str) -> list[tuple[str, str]]:
         """(series key, value string) of every kept sample line."""
         out = []
+        append = out.append
         keys = self._keys
+        get = keys.get
         for line in text.split("\n"):
             if not line or line[0] == "#":
                 continue
-            kv = split_line(line)
-            if kv is None:
-                continue
-            k = kv[0]
-            parsed = keys.get(k, 0)
+            k, _, v = line.rpartition(" ")
+            parsed = get(k, 0)  # hot path: a key seen before, no timestamp
             if parsed == 0:
-                parsed = self.key(k)
+                kv = split_line(line)
+                if kv is None:
+                    continue
+                k, v = kv
+                parsed = get(k, 0)
+                if parsed == 0:
+                    parsed = self.key(k)
             if parsed is not None:
-                out.append(kv)
+                append((k, v))
         return out
 
     def parse(self, text: str) -> list[Sample]:
@@ -164,13 +171,36 @@ class Target:
     url: str  # full /metrics URL
 
 
+_SPECIAL = frozenset(("+Inf", "-Inf", "Inf", "NaN", "nan", "inf", "-inf"))
+
+
+def value_text(v: str) -> str | None:
+    """The value string as stored: verbatim when it is a plain float literal (no reformatting
+    cost), normalised otherwise; None if it is not a number."""
+    try:
+        f = float(v)
+    except ValueError:
+        return None
+    if ("_" not in v and v[-1].isdigit()) or v in _SPECIAL:
+        return v
+    return repr(f)
+
+
 @dataclass
 class TargetState:
+    """One endpoint's scrape state: parsed-key cache plus the change-point filter, fused into
+    one pass over the lines (the generic `store.ChangeFilter` rule, same rows, less work)."""
+
     target: Target
     node: str
+    keyframe_s: float = 60.0
+    bucket_every_s: float = 0.0
     parser: MetricsParser = field(default_factory=MetricsParser)
-    changes: ChangeFilter = field(default_factory=ChangeFilter)
-    prefix: dict[str, str] = field(default_factory=dict)  # series key -> row middle
+    # series key -> [value str | None, ts str of that observation, written?, row middle,
+    # is a bucket?, value as stored]; None for a dropped key (e.g. `_created`)
+    series: dict[str, list | None] = field(default_factory=dict)
+    next_keyframe: float = 0.0
+    next_buckets: float = 0.0
     failing: bool = False
     failures: int = 0
     last_ok: float = 0.0
@@ -178,38 +208,91 @@ class TargetState:
     last_error: str = ""
     scrapes: int = 0
 
-    def row_middle(self, key: str) -> str:
-        try:
-            return self.prefix[key]
-        except KeyError:
-            name, engine, labels = self.parser.key(key)  # type: ignore[misc]
-            mid = self.prefix[key] = (f"\t{self.node}\t{self.target.process}\t{engine}\t"
-                                      f"{name}\t{labels}\t")
-            return mid
+    def _new(self, line: str) -> tuple[str, str, list | None] | None:
+        kv = split_line(line)
+        if kv is None:
+            return None
+        k, v = kv
+        st = self.series.get(k, 0)
+        if st == 0:
+            parsed = self.parser.key(k)
+            if parsed is None:
+                st = None
+            else:
+                name, engine, labels = parsed
+                st = [None, "", True, f"\t{self.node}\t{self.target.process}\t{engine}\t"
+                                      f"{name}\t{labels}\t", name.endswith("_bucket"), ""]
+            self.series[k] = st
+        return k, v, st
+
+    def ingest(self, ts: float, text: str) -> list[str]:
+        """Store-ready text rows (store.format_row layout) for one scrape's changes."""
+        out: list[str] = []
+        append = out.append
+        get = self.series.get
+        ts_s = f"{ts:.3f}"
+        keyframe = ts >= self.next_keyframe
+        if keyframe:
+            self.next_keyframe = ts + self.keyframe_s
+        buckets = keyframe or ts >= self.next_buckets
+        if buckets:
+            self.next_buckets = ts + self.bucket_every_s
+        for line in text.split("\n"):
+            if not line or line[0] == "#":
+                continue
+            k, _, v = line.rpartition(" ")
+            st = get(k, 0)
+            if st == 0:  # first sight of this key (or a line with a timestamp)
+                new = self._new(line)
+                if new is None:
+                    continue
+                k, v, st = new
+            if st is None or (st[4] and not buckets):
+                continue
+            if st[0] == v and not keyframe:
+                st[1] = ts_s
+                st[2] = False
+                continue
+            # inline value_text(): this loop is the agent's hot path
+            try:
+                f = float(v)
+            except ValueError:
+                continue
+            vt = v if (v[-1].isdigit() and "_" not in v) or v in _SPECIAL else repr(f)
+            if not st[2] and st[0] != v:  # hold point: the end of the unchanged run
+                append(f"{st[1]}{st[3]}{st[5]}\n")
+            st[0] = v
+            st[1] = ts_s
+            st[2] = True
+            st[5] = vt
+            append(f"{ts_s}{st[3]}{vt}\n")
+        return out
+
+    def pending(self, *, reset: bool = True) -> list[str]:
+        """Unwritten last observations (before a gap, at shutdown); `reset` makes the next
+        scrape a keyframe, so series restart cleanly after a gap."""
+        out = []
+        for st in self.series.values():
+            if st is None:
+                continue
+            if not st[2] and st[0] is not None:
+                out.append(f"{st[1]}{st[3]}{st[5]}\n")
+            st[2] = True
+            if reset:
+                st[0] = None
+        if reset:
+            self.next_keyframe = 0.0
+            self.next_buckets = 0.0
+        return out
 
 
 def rows_from_text(state: TargetState, ts: float, text: str) -> list[str]:
-    """Store-ready text rows for the changed samples of one scrape (store.format_row layout)."""
-    items = state.parser.items(text)
-    out = []
-    for t, key, val in state.changes.step(ts, items):
-        try:
-            v = float(val)
-        except ValueError:
-            continue
-        out.append(f"{t:.3f}{state.row_middle(key)}{v!r}\n")
-    return out
+    """Store-ready text rows for the changed samples of one scrape."""
+    return state.ingest(ts, text)
 
 
 def pending_rows(state: TargetState) -> list[str]:
-    out = []
-    for t, key, val in state.changes.pending():
-        try:
-            v = float(val)
-        except ValueError:
-            continue
-        out.append(f"{t:.3f}{state.row_middle(key)}{v!r}\n")
-    return out
+    return state.pending()
 
 
 def describe_error(e: BaseException, timeout: float) -> str:
@@ -231,11 +314,12 @@ class Scraper:
     endpoint costs at most `timeout` of wall time and never delays the others."""
 
     def __init__(self, node: str, targets: list[Target], *, timeout: float = 2.0,
-                 raw_every_s: float = 60.0, keyframe_s: float = 60.0) -> None:
+                 raw_every_s: float = 60.0, keyframe_s: float = 60.0,
+                 bucket_every_s: float = 5.0) -> None:
         self.node = node
         self.timeout = timeout
         self.raw_every_s = raw_every_s
-        self.states = [TargetState(t, node, changes=ChangeFilter(keyframe_s)) for t in targets]
+        self.states = [TargetState(t, node, keyframe_s, bucket_every_s) for t in targets]
         self._session = None
 
     async def _ensure_session(self):
@@ -251,10 +335,10 @@ class Scraper:
     async def _fetch(self, url: str) -> str:
         session = await self._ensure_session()
         async with session.get(url) as resp:
-            body = await resp.text()
             if resp.status != 200:
                 raise RuntimeError(f"HTTP {resp.status}")
-            return body
+            # read + decode ourselves: resp.text() guesses the charset (costly on 400 KB)
+            return (await resp.read()).decode("utf-8", "replace")
 
     async def scrape_once(self, writer, ts: float | None = None) -> dict[str, str | None]:
         """Scrape all targets; write rows, raw text and gap records through `writer`
