@@ -1,0 +1,68 @@
+"""The dashboard's entry point.
+
+    streamlit run dashboard/app.py -- --runs RUNS_DIR
+    python -m launcher dashboard [RUNS_DIR]          # the CLI calls dashboard.serve()
+
+RUNS_DIR holds run directories (or is one). Also read from $PD_DASHBOARD_RUNS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+# `streamlit run dashboard/app.py` puts dashboard/ (not the repo root) on sys.path.
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+import streamlit as st  # noqa: E402
+
+from dashboard import ui  # noqa: E402
+
+
+def parse_runs_arg(argv: list[str]) -> str | None:
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--runs", default=None)
+    known, _ = ap.parse_known_args(argv)
+    return known.runs
+
+
+def main() -> None:
+    st.set_page_config(page_title="P/D vLLM runs", page_icon="🚀", layout="wide")
+    if "runs_dir" not in st.session_state:
+        st.session_state["runs_dir"] = (parse_runs_arg(sys.argv[1:])
+                                        or os.environ.get(ui.RUNS_ENV) or "runs")
+    infos = ui.run_infos()
+    ids = [i.run_id for i in infos]
+    # The run comes from the URL (?run=...) first, so a page can be shared by its link.
+    wanted = st.query_params.get("run")
+    if wanted in ids:
+        st.session_state["run"] = wanted
+    elif ids and st.session_state.get("run") not in ids:
+        st.session_state["run"] = ids[0]
+
+    def picked() -> None:
+        st.query_params["run"] = st.session_state["run"]
+
+    with st.sidebar:
+        st.markdown(f"**Runs directory**  \n`{ui.runs_dir()}`")
+        if ids:
+            labels = {i.run_id: f"{'🧪 ' if i.simulated else ''}{i.run_id} "
+                                f"({ui.STATE_BADGE.get(i.state, i.state).split(' ')[-1]})"
+                      for i in infos}
+            st.selectbox("Run", ids, key="run", format_func=lambda r: labels.get(r, r),
+                         on_change=picked)
+        else:
+            st.caption("No runs yet.")
+    if st.session_state.get("run"):
+        st.query_params["run"] = st.session_state["run"]
+    pages = [st.Page(path, title=title, icon=icon, url_path=url, default=(url == "runs"))
+             for path, title, icon, url in ui.PAGES]
+    st.navigation(pages, position="sidebar", expanded=True).run()
+
+
+if __name__ == "__main__":
+    main()

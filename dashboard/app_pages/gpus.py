@@ -1,0 +1,116 @@
+"""GPUs and hosts: NVML series per GPU, psutil series per host and process, telemetry gaps."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import charts, derive, load, ui
+
+info = ui.header("GPUs and hosts")
+if info is None:
+    st.stop()
+
+PREFERRED = ("power", "util", "sm_clock", "temp", "memory")
+
+
+def unit_of(name: str) -> str:
+    for suffix, unit in (("_pct", "%"), ("percent", "%"), ("_w", "W"), ("_mhz", "MHz"),
+                         ("_c", "°C"), ("_bytes_total", "bytes/s"), ("_bytes", "bytes"),
+                         ("_total", "per s"), ("_mj", "mJ")):
+        if name.endswith(suffix):
+            return unit
+    return ""
+
+
+@st.cache_data(max_entries=16, show_spinner="Binning…")
+def binned(path: str, tel_fp: str, plan_fp: str, family: str, name: str,
+           step: float) -> pd.DataFrame:
+    ss = ui.series_for(path, tel_fp, family, plan_fp)
+    sel = ss.select(name)
+    if sel.empty:
+        return pd.DataFrame()
+    t0, t1 = ss.t_range
+    bins = derive.Bins.over(t0, t1, 240)
+    kind = "counter" if name.endswith("_total") else "gauge"
+    m = (derive.counter_bins(ss, sel.index, bins) if kind == "counter"
+         else derive.gauge_bins(ss, sel.index, bins, step))
+    keys = sel[["node", "process", "labels", "role"]].reset_index(drop=True)
+    labels = [derive.parse_labels(s) for s in keys["labels"]]
+    keys["series"] = [f"{n} · GPU {d['index']}" if "index" in d else
+                      (f"{n} · {d['nic']}" if "nic" in d else (f"{n} · {p}" if p else n))
+                      for n, p, d in zip(keys["node"], keys["process"], labels, strict=True)]
+    keys["role"] = [r if p else "free" for r, p in zip(keys["role"], keys["process"], strict=True)]
+    out = derive.long_frame(m, keys[["series", "node", "role"]], bins)
+    out.attrs["bin_s"] = bins.width
+    return out
+
+
+def family_section(family: str, what: str, plan_fp: str, step: float) -> None:
+    ss = ui.series(info, family)
+    if len(ss) == 0:
+        st.info(f"No {what} samples (`{family}*`) in this run's telemetry." +
+                (" The agent notes below say why." if family == "gpu:" else ""))
+        return
+    names = sorted(ss.meta["name"].unique())
+    default = next((i for p in PREFERRED for i, n in enumerate(names) if p in n), 0)
+    name = st.selectbox(f"{what} metric", names, index=default, key=f"metric_{family}")
+    df = binned(str(info.path), load.telemetry_fingerprint(info.path), plan_fp, family, name,
+                step)
+    if df.empty:
+        st.info(f"{name} has no samples.")
+        return
+    bin_s = df.attrs.get("bin_s", 60.0)
+    unit = unit_of(name)
+    if df["value"].max() == df["value"].min():
+        st.info(f"{name} is constant at {df['value'].iloc[0]:,.4g} {unit} for the whole run.")
+        return
+    n_series = df["series"].nunique()
+    if family == "gpu:" or n_series > 12:
+        lo, hi = float(df["value"].min()), float(df["value"].max())
+        ui.altair(charts.heatmap(df, title=f"{name} per {'GPU' if family == 'gpu:' else 'series'}"
+                                 f" ({unit or 'value'}), {bin_s:g} s bins", y="series",
+                                 color_title=unit or name, color_format=",.0f",
+                                 domain=(lo, hi), bin_s=bin_s))
+        by_role = df.groupby(["role", "t"], as_index=False)["value"].mean().rename(
+            columns={"role": "group"})
+        ui.altair(charts.line(by_role, title=f"{name}: mean per role", y_title=unit or name,
+                              color_title="role", windows=ui.windows_frame(info)))
+    else:
+        ui.altair(charts.line(df.rename(columns={"series": "group"}), title=name,
+                              y_title=unit or name, color_title="series",
+                              windows=ui.windows_frame(info)))
+
+
+def body() -> None:
+    if ui.no_telemetry(info, "GPU or host telemetry"):
+        return
+    plan = ui.plan(info) or {}
+    step = float((plan.get("telemetry") or {}).get("interval_s") or 1.0)
+    plan_fp = load.fingerprint(info.path / "plan.json")
+    tab_gpu, tab_host, tab_proc, tab_gaps = st.tabs(["GPUs (NVML)", "Hosts", "Processes",
+                                                     "Gaps and agent notes"])
+    with tab_gpu:
+        family_section("gpu:", "GPU", plan_fp, step)
+    with tab_host:
+        family_section("host:", "Host", plan_fp, step)
+    with tab_proc:
+        family_section("proc:", "Process", plan_fp, step)
+    with tab_gaps:
+        gaps = load.read_gaps(info.path)
+        if gaps is None or len(gaps) == 0:
+            st.success("No telemetry gaps recorded: every source answered every interval.")
+        else:
+            g = gaps.copy()
+            g["start"] = [ui.fmt_time(t) for t in g["start"]]
+            g["end"] = [ui.fmt_time(t) if t == t else "still open" for t in g["end"]]
+            st.dataframe(g, hide_index=True, width="stretch")
+        agents = load.read_agent_info(info.path) or {}
+        notes = [(n, x) for n, a in sorted(agents.items()) for x in (a.get("notices") or [])]
+        if notes:
+            st.markdown("**Agent notices**")
+            st.dataframe(pd.DataFrame(notes, columns=["node", "notice"]), hide_index=True,
+                         width="stretch")
+
+
+ui.live(info, body)

@@ -1,0 +1,156 @@
+"""KV cache: usage per endpoint and engine over time, capacity, waiting by reason,
+preemptions, prompt tokens by source, and NIXL transfers."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from dashboard import charts, derive, load, ui
+
+info = ui.header("KV cache")
+if info is None:
+    st.stop()
+
+
+@st.cache_data(max_entries=16, show_spinner="Binning KV series…")
+def page_data(path: str, tel_fp: str, plan_fp: str, t0: float, t1: float,
+              step: float) -> dict:
+    # The SeriesSet comes from the shared resource cache; this caches the binned frames.
+    ss = ui.series_for(path, tel_fp, "kv", plan_fp)
+    return derive.kv_page_data(ss, t0, t1, step)
+
+
+def body() -> None:
+    if ui.no_telemetry(info, "KV-cache telemetry"):
+        return
+    ss = ui.series(info, "kv")
+    if len(ss) == 0:
+        st.info("Telemetry exists but holds no vLLM /metrics samples: the agents wrote GPU "
+                "and host samples only (scrape targets unreachable?). See the gaps on the "
+                "GPUs and hosts page and the agent logs.")
+        return
+    plan = ui.plan(info) or {}
+    step = float((plan.get("telemetry") or {}).get("interval_s") or 1.0)
+    t0, t1 = ss.t_range
+    wins = ui.windows_frame(info)
+    choices = {"whole run": (t0, t1)}
+    for p in ui.bench(info):
+        w = derive.window_of(p)
+        if w:
+            choices[f"sweep point {w.label}"] = (w.start, w.end)
+    pick = st.selectbox("Time range", list(choices), key="kv_range")
+    a, b = choices[pick]
+    data = page_data(str(info.path), load.telemetry_fingerprint(info.path),
+                     load.fingerprint(info.path / "plan.json"), a, b, step)
+    bin_s = data["bin_s"]
+    wins = wins if pick == "whole run" else None
+    st.caption(f"{len(ss):,} vLLM series · drawn in {bin_s:g} s bins (bin means of gauges, "
+               "rates of counters) · shaded: the sweep points' measured windows.")
+
+    st.subheader("KV cache usage")
+    if "kv_spread" in data:
+        ui.altair(charts.spread(data["kv_spread"], title="KV cache usage per endpoint: "
+                                "min–max band across engines, line = mean (red: 90 %)",
+                                y_title="KV cache usage (fraction of blocks)", windows=wins))
+        heat = data["kv_heat"]
+        role = st.radio("Engines", ["decode", "prefill", "all"], horizontal=True,
+                        key="kv_heat_role")
+        h = heat if role == "all" else heat[heat["role"] == role]
+        if h.empty:
+            st.info(f"No {role} engines report KV usage.")
+        else:
+            ui.altair(charts.heatmap(h, title=f"KV cache usage per engine ({role}), "
+                                     f"{bin_s:g} s bins", y="engine_key",
+                                     color_title="KV usage", bin_s=bin_s))
+    else:
+        st.info("No vllm:kv_cache_usage_perc samples (older vLLM names are mapped by the "
+                "scraper; none were found).")
+    cap = data.get("capacity")
+    if cap is not None and not cap.empty:
+        per_ep = cap.groupby(["endpoint", "role"], as_index=False).agg(
+            engines=("engine", "count"), blocks_per_engine=("num_gpu_blocks", "median"),
+            block_size=("block_size", "median"), capacity_tokens=("capacity_tokens", "sum"))
+        st.markdown("**KV capacity** (from `vllm:cache_config_info`: num_gpu_blocks × "
+                    "block_size, summed over the endpoint's engines)")
+        st.dataframe(per_ep, hide_index=True, width="stretch", column_config={
+            "capacity_tokens": st.column_config.NumberColumn("capacity (tokens)",
+                                                             format="%,d"),
+            "blocks_per_engine": st.column_config.NumberColumn("GPU blocks per engine",
+                                                               format="%,d")})
+    else:
+        st.caption("KV capacity unknown: vllm:cache_config_info was not scraped.")
+
+    st.subheader("Scheduler: waiting, running, preemptions")
+    c1, c2 = st.columns(2)
+    with c1:
+        if "waiting" in data:
+            ui.altair(charts.line(data["waiting"], title="Requests waiting, by role and "
+                                  "reason (capacity = no KV room; deferred = e.g. KV transfer)",
+                                  y_title="requests", color_title="role · reason",
+                                  windows=wins))
+        else:
+            st.info("No waiting-request gauges.")
+    with c2:
+        if "running" in data:
+            ui.altair(charts.line(data["running"], title="Requests running per endpoint",
+                                  y_title="requests", color_title="endpoint", windows=wins))
+    c3, c4 = st.columns(2)
+    with c3:
+        if "preempt" in data:
+            total = data.get("preempt_total", 0.0)
+            if total > 0:
+                ui.altair(charts.line(data["preempt"], title=f"Preemptions per second "
+                                      f"({total:,.0f} in this range)", y_title="preemptions/s",
+                                      color_title="endpoint", windows=wins))
+            else:
+                st.success("No preemptions in this range (vllm:num_preemptions_total constant)"
+                           ": KV capacity never forced a request out.")
+    with c4:
+        if "kv_fetch" in data:
+            ui.altair(charts.line(data["kv_fetch"], title="Decode requests waiting on KV "
+                                  "loads, by stage", y_title="requests", color_title="stage",
+                                  windows=wins, stacked=True))
+        else:
+            st.caption("No vllm:num_requests_kv_fetch_by_stage (KV consumer metric) samples.")
+    if "sources" in data:
+        ui.altair(charts.line(data["sources"], title="Prompt tokens by source (computed / "
+                              "prefix-cache hit / received by KV transfer)",
+                              y_title="tokens/s", color_title="role · source", windows=wins,
+                              stacked=True))
+
+    st.subheader("NIXL KV transfer (decode side)")
+    if not any(k in data for k in ("nixl_time_ms", "nixl_bytes", "nixl_rate")):
+        st.info("No NIXL metrics: this run has no KV transfer (aggregated mode) or the "
+                "decode endpoints were not scraped.")
+        return
+    n1, n2 = st.columns(2)
+    with n1:
+        if "nixl_time_ms" in data:
+            ui.altair(charts.line(data["nixl_time_ms"], title="Mean NIXL transfer time "
+                                  "(Δsum/Δcount per bin)", y_title="ms per transfer",
+                                  color_title="endpoint", windows=wins))
+    with n2:
+        if "nixl_bytes" in data:
+            ui.altair(charts.line(data["nixl_bytes"], title="NIXL bytes transferred",
+                                  y_title="GB/s", color_title="endpoint", windows=wins))
+    n3, n4 = st.columns(2)
+    with n3:
+        if "nixl_rate" in data:
+            ui.altair(charts.line(data["nixl_rate"], title="NIXL transfers per second",
+                                  y_title="transfers/s", color_title="endpoint", windows=wins))
+    with n4:
+        fails = data.get("nixl_fail")
+        totals = {k.split(":", 1)[1]: v for k, v in data.items() if k.startswith("total:")}
+        if fails is not None and sum(totals.values()) > 0:
+            ui.altair(charts.line(fails, title="NIXL failures per bin: transport failures vs "
+                                  "KV lease expiry", y_title=f"count per {bin_s:g} s",
+                                  color_title="kind", windows=wins))
+        else:
+            st.success("No failed NIXL transfers and no expired KV leases in this range.")
+    st.caption("NIXL pools all TP ranks' transfers before observing them: counts are "
+               "rank-level (≈ requests × ranks) and the time is per rank-level transfer "
+               "(vLLM #41230). Transport failures and KV-lease expiry are different problems "
+               "(vLLM #55854): expiry means decode pulled too late.")
+
+
+ui.live(info, body)

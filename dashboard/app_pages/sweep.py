@@ -1,0 +1,101 @@
+"""Sweep: throughput per GPU vs tokens/s per user (Pareto) across points and runs, and
+TTFT/TPOT percentiles vs concurrency."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import charts, derive, ui
+
+info = ui.header("Sweep")
+if info is None:
+    st.stop()
+
+Y_CHOICES = {
+    "total_tokens_per_s_per_gpu": "Total tok/s per GPU (÷ all GPUs)",
+    "output_tokens_per_s_per_decode_gpu": "Output tok/s per decode GPU (÷ decode GPUs)",
+    "input_tokens_per_s_per_prefill_gpu": "Input tok/s per prefill GPU (÷ prefill GPUs)",
+}
+
+
+def run_points(run) -> pd.DataFrame:
+    t = ui.points(run)
+    if t.empty:
+        return t
+    t = t.copy()
+    t["run"] = run.run_id + (" (SIM)" if run.simulated else "")
+    v = {x.point: x.title.split(":")[0] for x in ui.verdicts(run)}
+    t["verdict"] = t["point"].map(v).fillna("—")
+    return t
+
+
+def body() -> None:
+    others = [i for i in ui.run_infos() if i.run_id != info.run_id and i.points > 0]
+    c1, c2 = st.columns([3, 2])
+    compare = c1.multiselect(
+        "Compare with runs (e.g. the same recipe with 4..8 prefill endpoints)",
+        [i.run_id for i in others], key="sweep_compare",
+        help="Each run is drawn in its own colour with its own Pareto frontier.")
+    y = c2.selectbox("Throughput measure", list(Y_CHOICES), format_func=Y_CHOICES.get,
+                     key="sweep_y")
+    runs = [info] + [i for i in others if i.run_id in compare]
+    table = pd.concat([run_points(r) for r in runs], ignore_index=True) if runs else None
+    if table is None or table.empty:
+        st.info("No sweep results in bench/ yet: the sweep has not started, or the run ended "
+                "before its first point finished.")
+        return
+    ok = table[table["status"] == "ok"]
+    failed = table[table["status"] != "ok"]
+    if not failed.empty:
+        st.warning("Failed points (left out of the charts): " + "; ".join(
+            f"{r.run} {r.point}: {r.failure_reason or 'no completed requests'}"
+            for r in failed.itertuples()))
+    if ok.empty:
+        st.info("Every sweep point failed, so there is nothing to draw.")
+        return
+    front = pd.concat([derive.pareto_frontier(g, "tokens_per_s_per_user", y).assign(run=r)
+                       for r, g in ok.groupby("run")], ignore_index=True)
+    ui.altair(charts.pareto(ok, front, y=y, y_title=Y_CHOICES[y]))
+    st.caption("x = 1000 ÷ median TPOT (ms), the interactivity one user sees; y names its "
+               "denominator. Points are labelled with the max concurrency of the point.")
+
+    lat = []
+    for m in ("ttft", "tpot"):
+        for q in ("p50", "p90", "p99"):
+            col = f"{m}_{q}_s"
+            if col in ok:
+                lat.append(ok[["run", "concurrency"]].assign(
+                    metric=m.upper(), stat=q, value=ok[col] * 1000.0))
+    lat_df = pd.concat(lat, ignore_index=True).dropna(subset=["value"]) if lat else None
+    l1, l2 = st.columns(2)
+    for col, metric in ((l1, "TTFT"), (l2, "TPOT")):
+        d = lat_df[lat_df["metric"] == metric] if lat_df is not None else pd.DataFrame()
+        with col:
+            if d.empty:
+                st.info(f"No {metric} percentiles in the bench files.")
+            else:
+                ui.altair(charts.latency_vs_concurrency(
+                    d, metric=metric, title=f"{metric} p50/p90/p99 vs concurrency"))
+
+    show = table[["run", "point", "status", "total_tokens_per_s_per_gpu",
+                  "output_tokens_per_s_per_decode_gpu", "input_tokens_per_s_per_prefill_gpu",
+                  "tokens_per_s_per_user", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s",
+                  "tpot_p99_s", "request_rate", "completed", "verdict"]]
+    st.dataframe(show, hide_index=True, width="stretch", column_config={
+        "total_tokens_per_s_per_gpu": st.column_config.NumberColumn("tok/s/GPU (all)",
+                                                                    format="%.0f"),
+        "output_tokens_per_s_per_decode_gpu": st.column_config.NumberColumn(
+            "out tok/s/decode GPU", format="%.0f"),
+        "input_tokens_per_s_per_prefill_gpu": st.column_config.NumberColumn(
+            "in tok/s/prefill GPU", format="%.0f"),
+        "tokens_per_s_per_user": st.column_config.NumberColumn("tok/s/user", format="%.1f"),
+        "ttft_p50_s": st.column_config.NumberColumn("TTFT p50 (s)", format="%.3f"),
+        "ttft_p99_s": st.column_config.NumberColumn("TTFT p99 (s)", format="%.3f"),
+        "tpot_p50_s": st.column_config.NumberColumn("TPOT p50 (s)", format="%.4f"),
+        "tpot_p99_s": st.column_config.NumberColumn("TPOT p99 (s)", format="%.4f"),
+        "request_rate": st.column_config.NumberColumn("req/s", format="%.2f"),
+    })
+
+
+ui.live(info, body)

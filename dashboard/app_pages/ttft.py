@@ -1,0 +1,88 @@
+"""TTFT breakdown per sweep point, and the bottleneck verdict with its evidence."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import charts, derive, diagnose, ui
+
+info = ui.header("TTFT breakdown")
+if info is None:
+    st.stop()
+
+
+def body() -> None:
+    table = ui.points(info)
+    if table.empty:
+        st.info("No sweep results in bench/ yet, so there is no client TTFT to split.")
+        return
+    ok = table[table["status"] == "ok"]
+    parts_cols = [f"{c}_s" for c in derive.TTFT_COMPONENTS]
+    has_parts = not ok.empty and ok[parts_cols[:-1]].notna().any().any()
+    if ok.empty:
+        st.info("Every sweep point failed; there is no TTFT to split.")
+    elif not has_parts:
+        if not info.has_telemetry:
+            st.info("No telemetry in this run: only the client TTFT is known, so it cannot "
+                    "be split into engine-side parts.")
+        else:
+            st.info("The telemetry has no vLLM latency histograms inside the sweep points' "
+                    "windows (queue, prefill, NIXL): the scrape missed them.")
+    else:
+        rows = []
+        for r in ok.itertuples():
+            for k, c in enumerate(derive.TTFT_COMPONENTS):
+                v = getattr(r, f"{c}_s")
+                if pd.notna(v):
+                    rows.append({"point": r.point, "part": derive.COMPONENT_TITLES[c],
+                                 "seconds": max(float(v), 0.0), "order": k,
+                                 "share": float(v) / r.ttft_mean_s if r.ttft_mean_s else None})
+        ui.altair(charts.ttft_breakdown(pd.DataFrame(rows), ok[["point", "ttft_mean_s"]]))
+        show = ok[["point", "ttft_mean_s", *parts_cols, "decode_engine_ttft_s",
+                   "kv_transfer_p99_s"]].copy()
+        ms_cfg = {c: st.column_config.NumberColumn(
+            (derive.COMPONENT_TITLES.get(c[:-2], c) + " (ms)"), format="%.0f")
+            for c in parts_cols}
+        for c in show.columns[1:]:
+            show[c] = show[c] * 1000.0
+        st.dataframe(show, hide_index=True, width="stretch", column_config={
+            "ttft_mean_s": st.column_config.NumberColumn("client TTFT mean (ms)",
+                                                         format="%.0f"),
+            "decode_engine_ttft_s": st.column_config.NumberColumn(
+                "decode-engine TTFT mean (ms)", format="%.0f"),
+            "kv_transfer_p99_s": st.column_config.NumberColumn("NIXL transfer p99 (ms)",
+                                                               format="%.0f"),
+            **ms_cfg})
+    with st.expander("How the split is made, and its caveats", expanded=not has_parts):
+        for c in derive.TTFT_CAVEATS:
+            st.markdown(f"- {c}")
+
+    st.subheader("Diagnosis per sweep point")
+    th = diagnose.Thresholds()
+    verdicts = diagnose.diagnose(table.to_dict("records"), th)
+    for v in verdicts:
+        icon = {"healthy": "✅", "failed": "❌", "unknown": "❔"}.get(v.kind, "⚠️")
+        with st.container(border=True):
+            st.markdown(f"{icon} **{v.point}** — **{v.title}**")
+            for e in v.evidence:
+                st.markdown(f"- {e}")
+            if v.also:
+                st.caption("Also: " + "; ".join(v.also))
+    with st.expander("Rules and thresholds"):
+        st.markdown(
+            f"- **decode KV capacity**: decode KV usage max ≥ {th.kv_full:.0%} and (preemptions"
+            f" > 0 or ≥ {th.waiting_capacity:g} request waiting for capacity on average)\n"
+            f"- **prefill-bound**: prefill queue ≥ {th.share:.0%} of client TTFT, "
+            f"≥ {th.min_part_s * 1000:.0f} ms and ≥ half the prefill compute time\n"
+            f"- **KV transfer**: NIXL transfer time ≥ {th.share:.0%} of client TTFT and "
+            f"≥ {th.min_part_s * 1000:.0f} ms, or any failed NIXL transfer\n"
+            f"- **client/router**: the remainder ≥ {th.remainder_share:.0%} of client TTFT and "
+            f"≥ {th.min_remainder_s * 1000:.0f} ms, or ≥ {th.failed_share:.0%} requests failed\n"
+            f"- **decode compute**: mean TPOT ≥ {th.tpot_growth:g}× the run's best point while "
+            f"KV < {th.kv_full:.0%} and no preemptions\n"
+            "- the strongest rule wins (KV capacity first, then the largest share of TTFT); "
+            "the others are listed under *Also*.")
+
+
+ui.live(info, body)

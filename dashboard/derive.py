@@ -1,0 +1,625 @@
+"""Derived metrics: per sweep point (window) and per time bin. Pure pandas/numpy, no Streamlit.
+
+The store keeps *change points* (launcher/telemetry/store.py): a series is written when it
+changes, at the last sample of an unchanged run, and at keyframes. Linear interpolation
+between consecutive rows of a series gives back every sampled value, so everything here
+works on interpolated values, never on "the rows in a bin" (which would over-weight busy
+periods):
+
+- the value of a series at t: linear interpolation, NaN before its first row, after its
+  last row + `HOLD_S`, and inside a gap longer than `HOLD_S` (agent down);
+- counter increase over [a, b]: v(b) - v(a); a negative step is a restart (counted as v(b));
+- histogram means over a window: Σ Δsum / Σ Δcount (interval means, not cumulative);
+- quantiles over a window: summed bucket deltas, interpolated like Prometheus'
+  histogram_quantile;
+- ratios whose denominator is 0 are NaN (shown as "no data"), never inf.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+# A series with no row for this long is "no data", not "unchanged": the store writes a
+# keyframe every 60 s while its source is alive.
+HOLD_S = 75.0
+
+TTFT_COMPONENTS = ("prefill_queue", "prefill_compute", "kv_transfer", "decode_admission",
+                   "remainder")
+COMPONENT_TITLES = {
+    "prefill_queue": "Prefill queue",
+    "prefill_compute": "Prefill compute",
+    "kv_transfer": "KV transfer (NIXL)",
+    "decode_admission": "Decode admission",
+    "remainder": "Remainder (router, first decode step, client)",
+}
+TTFT_CAVEATS = (
+    "Client TTFT (from the bench client) is the truth; the parts are engine-side means over "
+    "the point's measured window, i.e. averages over different request populations, and "
+    "they do not add up exactly (vLLM #22454, #29474).",
+    "Prefill queue and compute: vllm:request_queue_time_seconds and "
+    "vllm:request_prefill_time_seconds on the prefill endpoints.",
+    "KV transfer: vllm:nixl_xfer_time_seconds on the decode endpoints. NIXL pools the "
+    "transfers of all TP ranks (count ≈ requests × ranks), so this is the mean rank-level "
+    "transfer time, not a per-request time (vLLM #41230).",
+    "Decode admission: vllm:request_queue_time_seconds on the decode endpoints (waiting for "
+    "KV room or a batch slot). Whether it also covers the wait for the remote KV is not "
+    "verified, so it may overlap with KV transfer.",
+    "Remainder = client mean TTFT − the four parts: router hops, the first decode step, "
+    "client overhead and any overlap error. A negative remainder means the parts overlap.",
+)
+
+
+# --- plan helpers --------------------------------------------------------------------------
+
+
+def role_of_name(process: str) -> str:
+    base = process.split("@", 1)[0]
+    for role in ("prefill", "decode", "agg"):
+        if base.startswith(role + "-"):
+            return role
+    if base in ("router", "bench", "accuracy"):
+        return base
+    if base.startswith("agent"):
+        return "agent"
+    return "other"
+
+
+def process_roles(plan: dict | None) -> dict[str, tuple[str, str]]:
+    """process name -> (endpoint, role); names the plan lacks fall back to the naming rule."""
+    out: dict[str, tuple[str, str]] = {}
+    for p in (plan or {}).get("processes", []) or []:
+        name = p.get("name")
+        if not name:
+            continue
+        ep = p.get("endpoint") or name.split("@", 1)[0]
+        out[name] = (ep, p.get("role") or role_of_name(name))
+    return out
+
+
+def gpu_count(plan: dict | None, role: str) -> int:
+    return int(((plan or {}).get("gpu_count") or {}).get(role) or 0)
+
+
+def parse_labels(s: str) -> dict:
+    if not s:
+        return {}
+    try:
+        d = json.loads(s)
+    except json.JSONDecodeError:
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+# --- the series set ------------------------------------------------------------------------
+
+
+class SeriesSet:
+    """Telemetry rows regrouped per series: `meta` (one row per series, with endpoint and
+    role from the plan) plus each series' (ts, value) arrays, for interpolation."""
+
+    def __init__(self, df: pd.DataFrame, plan: dict | None) -> None:
+        if df.empty:
+            self.meta = pd.DataFrame(columns=["process", "engine", "name", "labels", "node",
+                                              "endpoint", "role", "engine_key"])
+            self.ts = np.empty(0)
+            self.val = np.empty(0)
+            self.off = np.zeros(1, dtype=np.int64)
+            return
+        if "series" not in df.columns:
+            df = df.assign(series=df.groupby(["process", "engine", "name", "labels"],
+                                             observed=True, sort=False).ngroup())
+            df = df.sort_values(["series", "ts"], kind="stable")
+        sid = df["series"].to_numpy()
+        self.ts = df["ts"].to_numpy(dtype="float64")
+        self.val = df["value"].to_numpy(dtype="float64")
+        n = int(sid.max()) + 1 if len(sid) else 0
+        self.off = np.searchsorted(sid, np.arange(n + 1)).astype(np.int64)
+        first = self.off[:-1]
+        meta = pd.DataFrame({c: df[c].to_numpy()[first].astype(str)
+                             for c in ("process", "engine", "name", "labels", "node")})
+        roles = process_roles(plan)
+        meta["endpoint"] = [roles.get(p, (p.split("@", 1)[0], ""))[0] for p in meta["process"]]
+        meta["role"] = [roles.get(p, ("", role_of_name(p)))[1] for p in meta["process"]]
+        meta["engine_key"] = meta["endpoint"] + "/e" + meta["engine"]
+        self.meta = meta
+
+    def __len__(self) -> int:
+        return len(self.meta)
+
+    @property
+    def t_range(self) -> tuple[float, float]:
+        if len(self.ts) == 0:
+            return (math.nan, math.nan)
+        return float(self.ts.min()), float(self.ts.max())
+
+    def select(self, name: str | tuple[str, ...], role: str | None = None,
+               **labels: str) -> pd.DataFrame:
+        m = self.meta
+        names = (name,) if isinstance(name, str) else name
+        sel = m[m["name"].isin(names)]
+        if role is not None:
+            sel = sel[sel["role"] == role]
+        for k, v in labels.items():
+            sel = sel[[parse_labels(s).get(k) == v for s in sel["labels"]]]
+        return sel
+
+    def label_values(self, ids: pd.Index, key: str) -> list[str]:
+        return [str(parse_labels(s).get(key, "")) for s in self.meta.loc[ids, "labels"]]
+
+    def values_at(self, ids, grid: np.ndarray) -> np.ndarray:
+        """[len(ids), len(grid)] interpolated values, NaN where the series has no data."""
+        grid = np.asarray(grid, dtype="float64")
+        out = np.full((len(ids), len(grid)), np.nan)
+        for k, i in enumerate(ids):
+            a, b = self.off[i], self.off[i + 1]
+            t, v = self.ts[a:b], self.val[a:b]
+            if len(t) == 0:
+                continue
+            row = np.interp(grid, t, v)
+            bad = (grid < t[0]) | (grid > t[-1] + HOLD_S)
+            if len(t) > 1:
+                j = np.clip(np.searchsorted(t, grid, side="right"), 1, len(t) - 1)
+                bad |= (t[j] - t[j - 1] > HOLD_S) & (grid > t[j - 1] + HOLD_S) & (grid < t[j])
+            row[bad] = np.nan
+            out[k] = row
+        return out
+
+    def increase(self, ids, a: float, b: float) -> np.ndarray:
+        """Counter increase over [a, b] per series (0 for a series without data there)."""
+        res = np.zeros(len(ids))
+        for k, i in enumerate(ids):
+            lo, hi = self.off[i], self.off[i + 1]
+            t, v = self.ts[lo:hi], self.val[lo:hi]
+            if len(t) == 0 or t[0] > b or t[-1] < a:
+                continue
+            va = np.interp(max(a, t[0]), t, v)
+            vb = np.interp(min(b, t[-1]), t, v)
+            # Restarts inside the window: add each drop back (the counter began again at 0).
+            inside = (t > a) & (t <= b)
+            steps = np.diff(v[inside]) if inside.sum() > 1 else np.empty(0)
+            drops = -steps[steps < 0].sum() if len(steps) else 0.0
+            res[k] = max(vb - va + drops, 0.0)
+        return res
+
+    def rows_in(self, ids, a: float, b: float) -> np.ndarray:
+        """Every stored value of `ids` inside [a, b] (for exact maxima: changes are rows)."""
+        parts = []
+        for i in ids:
+            lo, hi = self.off[i], self.off[i + 1]
+            t = self.ts[lo:hi]
+            j0, j1 = np.searchsorted(t, a), np.searchsorted(t, b, side="right")
+            parts.append(self.val[lo + j0:lo + j1])
+        return np.concatenate(parts) if parts else np.empty(0)
+
+
+# --- windows -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Window:
+    label: str
+    start: float
+    end: float
+    concurrency: float | None
+
+
+def point_label(p: dict) -> str:
+    c = p.get("max_concurrency")
+    if isinstance(c, (int, float)):
+        return f"c={int(c)}"
+    r = p.get("request_rate")
+    return f"rate={r}" if r is not None else str(p.get("file", "?"))
+
+
+def window_of(p: dict) -> Window | None:
+    ws, we = p.get("window_start"), p.get("window_end")
+    if isinstance(ws, (int, float)) and isinstance(we, (int, float)) and we > ws:
+        c = p.get("max_concurrency")
+        return Window(point_label(p), float(ws), float(we),
+                      float(c) if isinstance(c, (int, float)) else None)
+    return None
+
+
+def hist_quantile(les: list[str], counts: np.ndarray, q: float) -> float:
+    """Prometheus-style quantile from cumulative bucket counts keyed by `le` strings."""
+    if len(les) == 0:
+        return float("nan")
+    bounds = np.array([math.inf if s in ("+Inf", "inf", "Inf") else float(s) for s in les])
+    order = np.argsort(bounds)
+    bounds, cum = bounds[order], np.asarray(counts, dtype="float64")[order]
+    total = cum[-1]
+    if not total > 0:
+        return float("nan")
+    rank = q * total
+    i = min(int(np.searchsorted(cum, rank, side="left")), len(bounds) - 1)
+    if math.isinf(bounds[i]):
+        return float(bounds[i - 1]) if i > 0 else float("nan")  # last finite bound
+    lo_le = bounds[i - 1] if i > 0 else 0.0
+    lo_c = cum[i - 1] if i > 0 else 0.0
+    width = cum[i] - lo_c
+    if width <= 0:
+        return float(bounds[i])
+    return float(lo_le + (bounds[i] - lo_le) * (rank - lo_c) / width)
+
+
+# --- headline figures ----------------------------------------------------------------------
+
+
+def _num(x: Any) -> float:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else float("nan")
+
+
+def headline(point: dict, plan: dict | None) -> dict[str, float]:
+    """Headline figures of one point from `launcher.figures` (the one place they are
+    computed; named denominators), as floats with NaN for "not applicable"."""
+    from launcher import figures
+
+    plan = plan or {}
+    fig = figures.point_figures(point, figures.gpu_denominators(plan),
+                                plan.get("mode", "disagg"))
+    out = {k: _num(fig.get(k)) for k in HEADLINE_TITLES}
+    for m in ("ttft", "tpot"):
+        for q in (50, 90, 99):
+            out[f"{m}_p{q}_s"] = _num(fig.get(f"{m}_p{q}_ms")) / 1000.0
+    out["request_rate"] = _num(fig.get("request_throughput"))
+    out["total_tok_s"] = _num(fig.get("total_token_throughput"))
+    out["output_tok_s"] = _num(fig.get("output_throughput"))
+    out["input_tok_s"] = _num(fig.get("input_throughput"))
+    return out
+
+
+HEADLINE_TITLES = {
+    "total_tokens_per_s_per_gpu": "Total tok/s per GPU (input+output ÷ all GPUs)",
+    "output_tokens_per_s_per_decode_gpu": "Output tok/s per decode GPU",
+    "input_tokens_per_s_per_prefill_gpu": "Input tok/s per prefill GPU",
+    "tokens_per_s_per_user": "tok/s per user (1000 ÷ median TPOT ms)",
+}
+
+
+# --- per sweep point -----------------------------------------------------------------------
+
+EVIDENCE_COLUMNS = (
+    "prefill_queue_s", "prefill_compute_s", "kv_transfer_s", "decode_admission_s",
+    "decode_engine_ttft_s", "kv_transfer_p99_s", "transfers",
+    "decode_kv_max", "decode_kv_mean", "prefill_kv_max",
+    "decode_waiting_capacity", "decode_waiting_deferred", "prefill_waiting",
+    "decode_running", "preemptions", "nixl_failed", "kv_expired",
+)
+
+
+def point_table(points: list[dict], plan: dict | None, ss: SeriesSet | None,
+                step_s: float = 1.0) -> pd.DataFrame:
+    """One row per sweep point: client figures, headline figures, TTFT parts and the
+    engine-side evidence the diagnosis reads. Without telemetry those columns are NaN."""
+    rows = []
+    for p in points:
+        status = p.get("status") or "ok"
+        if status == "ok" and not (_num(p.get("completed")) > 0):
+            status = "failed"
+        r: dict[str, Any] = {
+            "point": point_label(p),
+            "concurrency": _num(p.get("max_concurrency")),
+            "status": status,
+            "failure_reason": p.get("failure_reason"),
+            "completed": _num(p.get("completed")),
+            "failed": _num(p.get("failed")),
+            "window_start": _num(p.get("window_start")),
+            "window_end": _num(p.get("window_end")),
+        }
+        for m in ("ttft", "tpot", "itl", "e2el"):
+            r[f"{m}_mean_s"] = _num(p.get(f"mean_{m}_ms")) / 1000.0
+        r.update(headline(p, plan))
+        r.update(window_evidence(window_of(p), ss, step_s))
+        rows.append(r)
+    table = pd.DataFrame(rows)
+    if table.empty:
+        return table
+    parts = table[[f"{c}_s" for c in TTFT_COMPONENTS[:-1]]].sum(axis=1, min_count=1)
+    table["remainder_s"] = table["ttft_mean_s"] - parts
+    return table
+
+
+def window_evidence(w: Window | None, ss: SeriesSet | None, step_s: float) -> dict[str, float]:
+    """Engine-side numbers over one point's window (NaN where the series are absent)."""
+    out = {c: float("nan") for c in EVIDENCE_COLUMNS}
+    if w is None or ss is None or len(ss) == 0:
+        return out
+    a, b = w.start, w.end
+    grid = np.arange(a, b + 1e-9, max(step_s, (b - a) / 2000))
+
+    def hist_mean(base: str, role: str) -> float:
+        s = ss.select(base + "_sum", role).index
+        c = ss.select(base + "_count", role).index
+        if len(s) == 0 or len(c) == 0:
+            return float("nan")
+        cnt = ss.increase(c, a, b).sum()
+        return float(ss.increase(s, a, b).sum() / cnt) if cnt > 0 else float("nan")
+
+    def total(name: str, role: str) -> float:
+        ids = ss.select(name, role).index
+        return float(ss.increase(ids, a, b).sum()) if len(ids) else float("nan")
+
+    def gauge(name: str, role: str, stat: str, **labels: str) -> float:
+        ids = ss.select(name, role, **labels).index
+        if len(ids) == 0:
+            return float("nan")
+        if stat == "max":  # exact: every change is a stored row
+            vals = ss.rows_in(ids, a, b)
+            m = ss.values_at(ids, grid)
+            cands = np.concatenate([vals, m[~np.isnan(m)]])
+            return float(cands.max()) if len(cands) else float("nan")
+        m = ss.values_at(ids, grid)
+        if np.isnan(m).all():
+            return float("nan")
+        if stat == "mean_one":
+            return float(np.nanmean(m))
+        return float(np.nanmean(np.nansum(m, axis=0)))  # mean over time of the sum
+
+    out["prefill_queue_s"] = hist_mean("vllm:request_queue_time_seconds", "prefill")
+    out["prefill_compute_s"] = hist_mean("vllm:request_prefill_time_seconds", "prefill")
+    out["kv_transfer_s"] = hist_mean("vllm:nixl_xfer_time_seconds", "decode")
+    out["decode_admission_s"] = hist_mean("vllm:request_queue_time_seconds", "decode")
+    out["decode_engine_ttft_s"] = hist_mean("vllm:time_to_first_token_seconds", "decode")
+    out["transfers"] = total("vllm:nixl_xfer_time_seconds_count", "decode")
+    out["decode_kv_max"] = gauge("vllm:kv_cache_usage_perc", "decode", "max")
+    out["decode_kv_mean"] = gauge("vllm:kv_cache_usage_perc", "decode", "mean_one")
+    out["prefill_kv_max"] = gauge("vllm:kv_cache_usage_perc", "prefill", "max")
+    out["decode_waiting_capacity"] = gauge("vllm:num_requests_waiting_by_reason", "decode",
+                                           "mean_sum", reason="capacity")
+    out["decode_waiting_deferred"] = gauge("vllm:num_requests_waiting_by_reason", "decode",
+                                           "mean_sum", reason="deferred")
+    out["prefill_waiting"] = gauge("vllm:num_requests_waiting", "prefill", "mean_sum")
+    out["decode_running"] = gauge("vllm:num_requests_running", "decode", "mean_sum")
+    out["preemptions"] = total("vllm:num_preemptions_total", "decode")
+    out["nixl_failed"] = total("vllm:nixl_num_failed_transfers_total", "decode")
+    out["kv_expired"] = total("vllm:nixl_num_kv_expired_reqs_total", "prefill")
+    ids = ss.select("vllm:nixl_xfer_time_seconds_bucket", "decode").index
+    if len(ids):
+        les = ss.label_values(ids, "le")
+        inc = ss.increase(ids, a, b)
+        per_le = pd.Series(inc).groupby(np.array(les)).sum()
+        out["kv_transfer_p99_s"] = hist_quantile(list(per_le.index), per_le.to_numpy(), 0.99)
+    return out
+
+
+# --- time series for drawing ---------------------------------------------------------------
+
+
+def bin_width(t0: float, t1: float, max_bins: int) -> float:
+    """A round bin width (1 s, 2 s, 5 s, 10 s, ...) giving at most `max_bins` bins."""
+    span = max(t1 - t0, 1.0)
+    for w in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600):
+        if span / w <= max_bins:
+            return float(w)
+    return float(math.ceil(span / max_bins))
+
+
+@dataclass(frozen=True)
+class Bins:
+    t0: float
+    width: float
+    n: int
+
+    @classmethod
+    def over(cls, t0: float, t1: float, max_bins: int = 240) -> Bins:
+        w = bin_width(t0, t1, max_bins)
+        t0 = math.floor(t0 / w) * w
+        return cls(t0, w, max(1, int(math.ceil((t1 - t0) / w))))
+
+    @property
+    def edges(self) -> np.ndarray:
+        return self.t0 + self.width * np.arange(self.n + 1)
+
+    def sub_grid(self, step_s: float) -> tuple[np.ndarray, int]:
+        """k evenly spaced points inside each bin (bin means of a gauge)."""
+        k = int(max(1, min(8, round(self.width / max(step_s, 1e-3)))))
+        offs = (np.arange(k) + 0.5) / k * self.width
+        grid = (self.edges[:-1, None] + offs[None, :]).ravel()
+        return grid, k
+
+    def times(self) -> pd.DatetimeIndex:
+        return pd.to_datetime(self.edges[:-1], unit="s", utc=True)
+
+
+def gauge_bins(ss: SeriesSet, ids, bins: Bins, step_s: float = 1.0) -> np.ndarray:
+    """[len(ids), bins.n] bin means of gauges (interpolated, so quiet periods count)."""
+    grid, k = bins.sub_grid(step_s)
+    m = ss.values_at(ids, grid).reshape(len(ids), bins.n, k)
+    with np.errstate(all="ignore"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return np.nanmean(m, axis=2)
+
+
+def counter_bins(ss: SeriesSet, ids, bins: Bins) -> np.ndarray:
+    """[len(ids), bins.n] rates per second of counters (increase per bin ÷ width)."""
+    v = ss.values_at(ids, bins.edges)
+    d = np.diff(v, axis=1)
+    d[d < 0] = np.nan  # a restart: no rate for that bin rather than a negative spike
+    return d / bins.width
+
+
+def long_frame(matrix: np.ndarray, keys: pd.DataFrame, bins: Bins,
+               value: str = "value") -> pd.DataFrame:
+    """Matrix rows x bins -> tidy rows (key columns, t, value), NaN dropped (for altair)."""
+    if matrix.size == 0:
+        return pd.DataFrame(columns=[*keys.columns, "t", value])
+    n_rows, n_bins = matrix.shape
+    df = keys.loc[keys.index.repeat(n_bins)].reset_index(drop=True)
+    df["t"] = np.tile(bins.times().to_numpy(), n_rows)
+    df[value] = matrix.ravel()
+    return df.dropna(subset=[value])
+
+
+def group_sum(matrix: np.ndarray, groups: list[str]) -> tuple[np.ndarray, list[str]]:
+    """Sum matrix rows by group label (NaN when every member is NaN)."""
+    labels = sorted(set(groups))
+    out = np.full((len(labels), matrix.shape[1] if matrix.ndim == 2 else 0), np.nan)
+    g = np.array(groups)
+    for i, lab in enumerate(labels):
+        rows = matrix[g == lab]
+        valid = ~np.isnan(rows).all(axis=0)
+        out[i, valid] = np.nansum(rows[:, valid], axis=0)
+    return out, labels
+
+
+def grouped_series(ss: SeriesSet, meta: pd.DataFrame, by: Callable[[pd.Series], str] | str,
+                   bins: Bins, kind: str, step_s: float = 1.0,
+                   how: str = "sum") -> pd.DataFrame:
+    """Tidy (group, t, value): series of `meta` binned (gauge means or counter rates) and
+    combined per group (sum, or mean/max/min across members for spreads)."""
+    if meta.empty:
+        return pd.DataFrame(columns=["group", "t", "value"])
+    ids = meta.index
+    m = gauge_bins(ss, ids, bins, step_s) if kind == "gauge" else counter_bins(ss, ids, bins)
+    groups = ([by(r) for _, r in meta.iterrows()] if callable(by)
+              else meta[by].astype(str).tolist())
+    if how == "sum":
+        agg, labels = group_sum(m, groups)
+    else:
+        labels = sorted(set(groups))
+        g = np.array(groups)
+        fn = {"mean": np.nanmean, "max": np.nanmax, "min": np.nanmin}[how]
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            agg = np.vstack([fn(m[g == lab], axis=0) for lab in labels])
+    return long_frame(agg, pd.DataFrame({"group": labels}), bins)
+
+
+def hist_mean_bins(ss: SeriesSet, base: str, role: str | None, by: str, bins: Bins,
+                   ) -> pd.DataFrame:
+    """Per group and bin: Δsum/Δcount (e.g. mean NIXL transfer time per 30 s)."""
+    s = ss.select(base + "_sum", role)
+    c = ss.select(base + "_count", role)
+    if s.empty or c.empty:
+        return pd.DataFrame(columns=["group", "t", "value"])
+    ms, ls = group_sum(counter_bins(ss, s.index, bins), s[by].astype(str).tolist())
+    mc, lc = group_sum(counter_bins(ss, c.index, bins), c[by].astype(str).tolist())
+    common = [lab for lab in ls if lab in lc]
+    num = ms[[ls.index(lab) for lab in common]]
+    den = mc[[lc.index(lab) for lab in common]]
+    with np.errstate(all="ignore"):
+        val = np.where(den > 0, num / den, np.nan)
+    return long_frame(val, pd.DataFrame({"group": common}), bins)
+
+
+# --- frontier ------------------------------------------------------------------------------
+
+
+def pareto_frontier(df: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
+    """Points not beaten on both larger x and larger y (maximise x, maximise y).
+
+    O(n log n): sort by x descending, keep a running maximum of y.
+    """
+    d = df.dropna(subset=[x, y]).sort_values([x, y], ascending=[False, False])
+    keep, best = [], -math.inf
+    for idx, yv in zip(d.index, d[y].to_numpy(), strict=True):
+        if yv > best:
+            keep.append(idx)
+            best = yv
+    return d.loc[keep].sort_values(x)
+
+
+# --- capacity ------------------------------------------------------------------------------
+
+
+def kv_capacity(ss: SeriesSet) -> pd.DataFrame:
+    """Per engine: num_gpu_blocks, block_size and KV capacity in tokens, from the labels of
+    vllm:cache_config_info (empty when the info metric was not scraped)."""
+    sel = ss.select("vllm:cache_config_info")
+    cols = ["endpoint", "role", "engine", "num_gpu_blocks", "block_size", "capacity_tokens"]
+    if sel.empty:
+        return pd.DataFrame(columns=cols)
+    labs = [parse_labels(s) for s in sel["labels"]]
+    out = pd.DataFrame({
+        "endpoint": sel["endpoint"].to_numpy(), "role": sel["role"].to_numpy(),
+        "engine": sel["engine"].to_numpy(),
+        "num_gpu_blocks": pd.to_numeric([d.get("num_gpu_blocks") for d in labs],
+                                        errors="coerce"),
+        "block_size": pd.to_numeric([d.get("block_size") for d in labs], errors="coerce"),
+    })
+    out["capacity_tokens"] = out["num_gpu_blocks"] * out["block_size"]
+    return out.drop_duplicates(subset=["endpoint", "engine"]).reset_index(drop=True)[cols]
+
+
+# --- page data: KV cache -------------------------------------------------------------------
+
+
+def kv_page_data(ss: SeriesSet, t0: float, t1: float, step_s: float = 1.0,
+                 max_bins: int = 240) -> dict[str, Any]:
+    """Everything the KV page draws, binned for drawing (≤ max_bins per series)."""
+    bins = Bins.over(t0, t1, max_bins)
+    out: dict[str, Any] = {"bin_s": bins.width}
+
+    kv = ss.select("vllm:kv_cache_usage_perc")
+    if not kv.empty:
+        m = gauge_bins(ss, kv.index, bins, step_s)
+        keys = kv[["engine_key", "endpoint", "role"]].reset_index(drop=True)
+        out["kv_heat"] = long_frame(m, keys, bins)
+        spreads = []
+        for how in ("min", "mean", "max"):
+            g = grouped_series(ss, kv, "endpoint", bins, "gauge", step_s, how=how)
+            spreads.append(g.rename(columns={"value": how}).set_index(["group", "t"]))
+        out["kv_spread"] = pd.concat(spreads, axis=1).reset_index()
+    out["capacity"] = kv_capacity(ss)
+
+    def role_label(r: pd.Series, key: str) -> str:
+        return f"{r['role']} · {parse_labels(r['labels']).get(key, '?')}"
+
+    w = ss.select("vllm:num_requests_waiting_by_reason")
+    if not w.empty:
+        out["waiting"] = grouped_series(ss, w, lambda r: role_label(r, "reason"), bins,
+                                        "gauge", step_s)
+    else:
+        w = ss.select("vllm:num_requests_waiting")
+        if not w.empty:
+            out["waiting"] = grouped_series(ss, w, lambda r: f"{r['role']} · all", bins,
+                                            "gauge", step_s)
+    run = ss.select("vllm:num_requests_running")
+    if not run.empty:
+        out["running"] = grouped_series(ss, run, "endpoint", bins, "gauge", step_s)
+    pre = ss.select("vllm:num_preemptions_total")
+    if not pre.empty:
+        out["preempt"] = grouped_series(ss, pre, "endpoint", bins, "counter")
+        out["preempt_total"] = float(ss.increase(pre.index, t0, t1).sum())
+    src = ss.select("vllm:prompt_tokens_by_source_total")
+    if not src.empty:
+        out["sources"] = grouped_series(ss, src, lambda r: role_label(r, "source"), bins,
+                                        "counter")
+    fetch = ss.select("vllm:num_requests_kv_fetch_by_stage")
+    if not fetch.empty:
+        out["kv_fetch"] = grouped_series(
+            ss, fetch, lambda r: parse_labels(r["labels"]).get("stage", "?"), bins, "gauge",
+            step_s)
+    x = hist_mean_bins(ss, "vllm:nixl_xfer_time_seconds", None, "endpoint", bins)
+    if not x.empty:
+        out["nixl_time_ms"] = x.assign(value=x["value"] * 1000.0)
+    nb = ss.select("vllm:nixl_bytes_transferred_sum")
+    if not nb.empty:
+        b = grouped_series(ss, nb, "endpoint", bins, "counter")
+        out["nixl_bytes"] = b.assign(value=b["value"] / 1e9)  # GB/s
+    nc = ss.select("vllm:nixl_xfer_time_seconds_count")
+    if not nc.empty:
+        out["nixl_rate"] = grouped_series(ss, nc, "endpoint", bins, "counter")
+    fails = []
+    for name, lab in (("vllm:nixl_num_failed_transfers_total", "failed transfers"),
+                      ("vllm:nixl_num_kv_expired_reqs_total", "KV expired (lease)")):
+        f = ss.select(name)
+        if not f.empty:
+            g = grouped_series(ss, f, lambda r, lab=lab: lab, bins, "counter")
+            fails.append(g.assign(value=g["value"] * bins.width))  # count per bin
+            out[f"total:{lab}"] = float(ss.increase(f.index, t0, t1).sum())
+    if fails:
+        out["nixl_fail"] = pd.concat(fails, ignore_index=True)
+    return out

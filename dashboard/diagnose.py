@@ -1,0 +1,192 @@
+"""Bottleneck verdicts per sweep point, with the numbers that triggered them.
+
+Pure: takes the rows of `derive.point_table` (dicts) and returns verdicts. No Streamlit, no
+I/O, so the rules are unit-tested on synthetic runs. The rules follow the decision table
+in notes/anchors-dashboards.md §4; every threshold is in `Thresholds` and printed in the
+evidence so a reader can disagree with it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+HEALTHY = "healthy"
+FAILED = "failed"
+UNKNOWN = "unknown"
+PREFILL = "prefill-bound"
+KV_CAPACITY = "decode-kv-capacity"
+KV_TRANSFER = "kv-transfer"
+DECODE_COMPUTE = "decode-compute"
+CLIENT = "client-router"
+
+TITLES = {
+    HEALTHY: "healthy",
+    FAILED: "failed point",
+    UNKNOWN: "no engine telemetry",
+    PREFILL: "prefill-bound: add prefill endpoints",
+    KV_CAPACITY: "decode KV capacity: add decode GPUs or lower concurrency",
+    KV_TRANSFER: "KV transfer: check the NIXL/UCX path (NVLink/IB), descriptor counts",
+    DECODE_COMPUTE: "decode compute: decode batch-bound (a trade-off; read it on the Pareto)",
+    CLIENT: "client/router: time is spent outside the engines",
+}
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    kv_full: float = 0.90            # decode KV usage (fraction) that counts as full
+    waiting_capacity: float = 1.0    # mean requests waiting for KV room on decode
+    share: float = 0.25              # a TTFT part this large a share of client TTFT matters
+    min_part_s: float = 0.10         # ... and at least this long (s): ignore tiny TTFTs
+    remainder_share: float = 0.50    # unexplained share of TTFT that points at client/router
+    min_remainder_s: float = 0.20
+    tpot_growth: float = 1.5         # TPOT vs the run's best point: decode slowed by batching
+    failed_share: float = 0.01       # failed requests / all requests at a point
+
+
+@dataclass
+class Verdict:
+    point: str
+    concurrency: float
+    kind: str
+    title: str
+    evidence: list[str] = field(default_factory=list)
+    also: list[str] = field(default_factory=list)   # other rules that fired, weaker
+
+
+def _f(row: dict, key: str) -> float:
+    v = row.get(key)
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    return float("nan")
+
+
+def _ok(x: float) -> bool:
+    return not math.isnan(x)
+
+
+def _s(x: float) -> str:
+    return f"{x * 1000:.0f} ms" if abs(x) < 10 else f"{x:.1f} s"
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.0f}%"
+
+
+def diagnose(rows: Iterable[dict[str, Any]], th: Thresholds | None = None) -> list[Verdict]:
+    th = th or Thresholds()
+    rows = list(rows)
+    tpots = [_f(r, "tpot_mean_s") for r in rows if r.get("status") == "ok"]
+    tpots = [t for t in tpots if _ok(t) and t > 0]
+    tpot_ref = min(tpots) if tpots else float("nan")
+    return [diagnose_point(r, th, tpot_ref) for r in rows]
+
+
+def diagnose_point(row: dict[str, Any], th: Thresholds, tpot_ref: float) -> Verdict:
+    point, conc = str(row.get("point", "?")), _f(row, "concurrency")
+    if row.get("status") != "ok":
+        reason = row.get("failure_reason") or "the bench client reported no completed requests"
+        return Verdict(point, conc, FAILED, TITLES[FAILED], [f"status {row.get('status')}: "
+                                                             f"{reason}"])
+    ttft = _f(row, "ttft_mean_s")
+    pq, pc = _f(row, "prefill_queue_s"), _f(row, "prefill_compute_s")
+    kvt, da = _f(row, "kv_transfer_s"), _f(row, "decode_admission_s")
+    rem = _f(row, "remainder_s")
+    kv_max, wcap = _f(row, "decode_kv_max"), _f(row, "decode_waiting_capacity")
+    pre, wdef = _f(row, "preemptions"), _f(row, "decode_waiting_deferred")
+    fails, tpot = _f(row, "nixl_failed"), _f(row, "tpot_mean_s")
+    completed, failed = _f(row, "completed"), _f(row, "failed")
+
+    def share(x: float) -> float:
+        return x / ttft if _ok(x) and _ok(ttft) and ttft > 0 else float("nan")
+
+    def big(x: float) -> bool:
+        return _ok(x) and x >= th.min_part_s and share(x) >= th.share
+
+    found: list[tuple[float, str, list[str]]] = []  # (strength, kind, evidence)
+    base = f"client TTFT mean {_s(ttft)}" if _ok(ttft) else "client TTFT unknown"
+
+    # Decode KV capacity: full cache plus requests held back for room (or preempted).
+    if _ok(kv_max) and kv_max >= th.kv_full and (
+            (_ok(pre) and pre > 0) or (_ok(wcap) and wcap >= th.waiting_capacity)):
+        ev = [f"decode KV usage max {_pct(kv_max)} (≥ {_pct(th.kv_full)})"]
+        if _ok(wcap):
+            ev.append(f"requests waiting for capacity on decode: {wcap:.1f} mean "
+                      f"(≥ {th.waiting_capacity:g} counts)")
+        if _ok(pre):
+            ev.append(f"decode preemptions in the window: {pre:.0f}")
+        if _ok(da):
+            ev.append(f"decode admission {_s(da)} = {_pct(share(da))} of {base}")
+        if _ok(tpot) and _ok(tpot_ref):
+            ev.append(f"TPOT mean {_s(tpot)} vs best point {_s(tpot_ref)}")
+        # Preemptions hurt TTFT and TPOT at once: rank above any single TTFT share.
+        strength = 1.0 + (share(da) if _ok(share(da)) else 0.0)
+        found.append((strength, KV_CAPACITY, ev))
+
+    if big(pq) and (not _ok(pc) or pq >= 0.5 * pc):
+        ev = [f"prefill queue {_s(pq)} = {_pct(share(pq))} of {base} "
+              f"(≥ {_pct(th.share)} and ≥ {_s(th.min_part_s)})"]
+        if _ok(pc):
+            ev.append(f"prefill compute {_s(pc)} per request")
+        pw = _f(row, "prefill_waiting")
+        if _ok(pw):
+            ev.append(f"requests waiting on prefill endpoints: {pw:.1f} mean")
+        found.append((share(pq), PREFILL, ev))
+
+    kv_reason = big(kvt) or (_ok(fails) and fails > 0)
+    if kv_reason:
+        ev = []
+        if _ok(kvt):
+            ev.append(f"NIXL transfer mean {_s(kvt)} = {_pct(share(kvt))} of {base}")
+        p99 = _f(row, "kv_transfer_p99_s")
+        if _ok(p99):
+            ev.append(f"NIXL transfer p99 {_s(p99)}")
+        if _ok(wdef):
+            ev.append(f"requests deferred on decode (waiting for KV): {wdef:.1f} mean")
+        if _ok(fails) and fails > 0:
+            ev.append(f"failed NIXL transfers in the window: {fails:.0f}")
+        strength = share(kvt) if _ok(share(kvt)) else 0.5
+        found.append((strength, KV_TRANSFER, ev))
+
+    parts_known = any(_ok(x) for x in (pq, pc, kvt, da))
+    if parts_known and _ok(rem) and rem >= th.min_remainder_s and share(rem) >= \
+            th.remainder_share:
+        found.append((share(rem), CLIENT, [
+            f"{_s(rem)} = {_pct(share(rem))} of {base} is not explained by prefill queue, "
+            f"prefill compute, KV transfer or decode admission (≥ {_pct(th.remainder_share)})"]))
+    if _ok(failed) and _ok(completed) and completed + failed > 0 and \
+            failed / (completed + failed) >= th.failed_share:
+        found.append((0.9, CLIENT, [f"{failed:.0f} of {completed + failed:.0f} requests failed "
+                                    f"(≥ {_pct(th.failed_share)})"]))
+
+    if _ok(tpot) and _ok(tpot_ref) and tpot >= th.tpot_growth * tpot_ref and \
+            not (_ok(kv_max) and kv_max >= th.kv_full) and not (_ok(pre) and pre > 0):
+        ev = [f"TPOT mean {_s(tpot)} = {tpot / tpot_ref:.1f}× the run's best {_s(tpot_ref)} "
+              f"(≥ {th.tpot_growth:g}×)"]
+        if _ok(kv_max):
+            ev.append(f"decode KV usage max {_pct(kv_max)} (< {_pct(th.kv_full)}), "
+                      f"no preemptions")
+        dr = _f(row, "decode_running")
+        if _ok(dr):
+            ev.append(f"requests running on decode: {dr:.0f} mean")
+        found.append((0.1, DECODE_COMPUTE, ev))
+
+    if not found:
+        if not parts_known and not _ok(kv_max):
+            return Verdict(point, conc, UNKNOWN, TITLES[UNKNOWN],
+                           ["no vLLM metrics in this point's window; only client figures"])
+        ev = [base]
+        for name, x in (("prefill queue", pq), ("prefill compute", pc), ("KV transfer", kvt),
+                        ("decode admission", da)):
+            if _ok(x):
+                ev.append(f"{name} {_s(x)}")
+        if _ok(kv_max):
+            ev.append(f"decode KV usage max {_pct(kv_max)}")
+        return Verdict(point, conc, HEALTHY, TITLES[HEALTHY], ev)
+
+    found.sort(key=lambda f: f[0], reverse=True)
+    _, kind, ev = found[0]
+    also = [TITLES[k] for _, k, _ in found[1:] if k != kind]
+    return Verdict(point, conc, kind, TITLES[kind], ev, also)

@@ -1,0 +1,409 @@
+"""Reading run directories: pure functions, no Streamlit (the app wraps them in caches).
+
+Everything here tolerates missing, empty or half-written files: a run directory is read
+while its writers are still running, and a dashboard that raises on a torn file is useless.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from launcher.rundir import FINAL_STATES, RunDir, read_json, read_jsonl
+
+if TYPE_CHECKING:  # pandas is imported lazily: `import dashboard` stays cheap
+    import pandas as pd
+
+# The vLLM series the KV and TTFT pages need (0.33 names; the store maps older ones).
+KV_NAMES = (
+    "vllm:kv_cache_usage_perc",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:num_requests_waiting_by_reason",
+    "vllm:num_requests_kv_fetch_by_stage",
+    "vllm:num_preemptions_total",
+    "vllm:prompt_tokens_by_source_total",
+    "vllm:generation_tokens_total",
+    "vllm:nixl_xfer_time_seconds_sum",
+    "vllm:nixl_xfer_time_seconds_count",
+    "vllm:nixl_bytes_transferred_sum",
+    "vllm:nixl_bytes_transferred_count",
+    "vllm:nixl_num_failed_transfers_total",
+    "vllm:nixl_num_kv_expired_reqs_total",
+    "vllm:cache_config_info",
+)
+TTFT_NAMES = (
+    "vllm:request_queue_time_seconds_sum",
+    "vllm:request_queue_time_seconds_count",
+    "vllm:request_prefill_time_seconds_sum",
+    "vllm:request_prefill_time_seconds_count",
+    "vllm:time_to_first_token_seconds_sum",
+    "vllm:time_to_first_token_seconds_count",
+    "vllm:nixl_xfer_time_seconds_sum",
+    "vllm:nixl_xfer_time_seconds_count",
+    "vllm:nixl_xfer_time_seconds_bucket",
+    "vllm:kv_cache_usage_perc",
+    "vllm:num_requests_waiting",
+    "vllm:num_requests_waiting_by_reason",
+    "vllm:num_requests_running",
+    "vllm:num_preemptions_total",
+    "vllm:nixl_num_failed_transfers_total",
+    "vllm:nixl_num_kv_expired_reqs_total",
+)
+FAMILIES = {"kv": KV_NAMES, "ttft": TTFT_NAMES}
+
+
+@dataclass
+class RunInfo:
+    """What the runs page lists and every page's header shows."""
+
+    run_id: str
+    path: Path
+    state: str
+    stage: str | None
+    recipe: str | None
+    engine: str | None
+    mode: str | None
+    topology: str
+    gpus: int | None
+    started: float | None
+    ended: float | None
+    error: str | None
+    points: int
+    has_telemetry: bool
+    slurm_job_id: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def simulated(self) -> bool:
+        return self.engine == "sim"
+
+    @property
+    def live(self) -> bool:
+        return self.state in ("planned", "submitted", "running")
+
+
+# --- fingerprints --------------------------------------------------------------------------
+
+
+def fingerprint(*paths: Path) -> str:
+    """Hash of every file's name, size and mtime under `paths`: changes iff a file changed.
+
+    Cheap (one stat per file, no reads), so pages can call it on every rerun and let the
+    cache decide whether anything has to be read again.
+    """
+    h = hashlib.blake2b(digest_size=12)
+    for root in paths:
+        if root.is_file():
+            st = root.stat()
+            h.update(f"{root}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+            continue
+        stack = [str(root)]
+        while stack:
+            d = stack.pop()
+            try:
+                entries = sorted(os.scandir(d), key=lambda e: e.name)
+            except (FileNotFoundError, NotADirectoryError, PermissionError):
+                continue
+            for e in entries:
+                if e.name.startswith(".") and e.name.endswith(".tmp"):
+                    continue  # write-then-rename temporaries come and go
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+                else:
+                    try:
+                        st = e.stat()
+                    except FileNotFoundError:
+                        continue
+                    h.update(f"{e.path}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+# --- runs ----------------------------------------------------------------------------------
+
+
+def is_run_dir(path: Path) -> bool:
+    return any((path / n).exists() for n in ("plan.json", "run.json", "events.jsonl"))
+
+
+def list_run_dirs(runs_dir: Path) -> list[Path]:
+    """Run directories under `runs_dir`, newest first; `runs_dir` may itself be one run."""
+    runs_dir = Path(runs_dir)
+    if is_run_dir(runs_dir):
+        return [runs_dir]
+    try:
+        subdirs = [p for p in runs_dir.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    except FileNotFoundError:
+        return []
+
+    def key(p: Path) -> float:
+        try:
+            return p.stat().st_mtime
+        except FileNotFoundError:
+            return 0.0
+
+    # Run ids start with a timestamp, so name order is start order; mtime breaks ties.
+    return sorted(subdirs, key=lambda p: (p.name, key(p)), reverse=True)
+
+
+def topology_text(plan: dict | None) -> str:
+    """'1 decode DEP8 + 4 prefill DEP2 (24 GPUs)': the shape people talk about."""
+    if not plan or not plan.get("endpoints"):
+        return "—"
+    groups: dict[tuple[str, str], int] = {}
+    for ep in plan["endpoints"]:
+        dp, tp = int(ep.get("dp_size", 1)), int(ep.get("tp_size", 1))
+        ep_flag = ep.get("expert_parallel")
+        shape = f"{'DEP' if ep_flag else 'DP'}{dp}" if dp > 1 else f"TP{tp}"
+        if dp > 1 and tp > 1:
+            shape += f"xTP{tp}"
+        k = (ep.get("role", "?"), shape)
+        groups[k] = groups.get(k, 0) + 1
+    order = {"decode": 0, "prefill": 1, "agg": 2}
+    parts = [f"{n} {role} {shape}" for (role, shape), n in
+             sorted(groups.items(), key=lambda kv: order.get(kv[0][0], 9))]
+    total = (plan.get("gpu_count") or {}).get("total")
+    return " + ".join(parts) + (f" ({total} GPUs)" if total else "")
+
+
+def run_info(path: Path) -> RunInfo:
+    rd = RunDir(Path(path))
+    plan = read_json_safe(rd.plan)
+    state = read_json_safe(rd.state_file) or {}
+    notes: list[str] = []
+    if plan is None and rd.plan.exists():
+        notes.append("plan.json is unreadable (half-written or corrupt).")
+    bench_files = sorted(rd.bench.glob("*.json")) if rd.bench.is_dir() else []
+    tel = rd.telemetry()
+    has_tel = tel.is_dir() and any(tel.iterdir())
+    st_name = state.get("state") or ("empty" if not any(Path(path).iterdir()) else "unknown")
+    return RunInfo(
+        run_id=rd.run_id,
+        path=rd.path,
+        state=st_name,
+        stage=state.get("stage"),
+        recipe=(plan or {}).get("recipe") or state.get("recipe"),
+        engine=(plan or {}).get("engine"),
+        mode=(plan or {}).get("mode"),
+        topology=topology_text(plan),
+        gpus=((plan or {}).get("gpu_count") or {}).get("total"),
+        started=state.get("started"),
+        ended=state.get("ended"),
+        error=state.get("error"),
+        points=len(bench_files),
+        has_telemetry=has_tel,
+        slurm_job_id=state.get("slurm_job_id"),
+        notes=notes,
+    )
+
+
+def read_json_safe(path: Path) -> Any:
+    """JSON or None: a missing, empty or torn file is 'not there yet', not an error."""
+    try:
+        return read_json(path)
+    except (json.JSONDecodeError, UnicodeDecodeError, IsADirectoryError, PermissionError):
+        return None
+
+
+def is_final(state: str) -> bool:
+    return state in FINAL_STATES
+
+
+def read_events(path: Path) -> list[dict]:
+    return read_jsonl(RunDir(Path(path)).events_file)
+
+
+def read_accuracy(path: Path) -> dict | None:
+    acc_dir = RunDir(Path(path)).accuracy
+    for name in ("gsm8k.json", *sorted(p.name for p in acc_dir.glob("*.json"))):
+        doc = read_json_safe(acc_dir / name)
+        if isinstance(doc, dict):
+            return doc
+    return None
+
+
+def read_summary(path: Path) -> dict | None:
+    doc = read_json_safe(RunDir(Path(path)).summary)
+    return doc if isinstance(doc, dict) else None
+
+
+# --- bench results -------------------------------------------------------------------------
+
+
+def load_bench(path: Path) -> list[dict]:
+    """Sweep points in vLLM bench-serve schema, ordered by concurrency.
+
+    `launcher.bench.load_results` is the one reader of bench/ (both drivers, windows,
+    status).
+    """
+    from launcher.bench import load_results
+
+    rows = list(load_results(Path(path)))
+
+    def conc(r: dict) -> float:
+        c = r.get("max_concurrency")
+        return float(c) if isinstance(c, (int, float)) else float("inf")
+
+    return sorted(rows, key=lambda r: (conc(r), r.get("window_start") or 0))
+
+
+# --- logs ----------------------------------------------------------------------------------
+
+_ERR = re.compile(rb"\b(ERROR|CRITICAL|FATAL|Traceback|Exception|exited with)\b|\bError:")
+_WARN = re.compile(rb"\b(WARNING|WARN)\b")
+
+
+def list_logs(path: Path) -> list[Path]:
+    return sorted(RunDir(Path(path)).logs.glob("*.log"))
+
+
+def tail(path: Path, max_lines: int = 200, max_bytes: int = 512 * 1024) -> list[str]:
+    """The last lines of a file without reading all of it (logs of a 2-hour run are big)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except FileNotFoundError:
+        return []
+    lines = data.splitlines()
+    if size > max_bytes and lines:
+        lines = lines[1:]  # the first one is probably cut
+    return [ln.decode("utf-8", "replace") for ln in lines[-max_lines:]]
+
+
+def scan_log(path: Path, max_hits: int = 200) -> dict:
+    """Counts of error and warning lines plus the last `max_hits` of each (whole file)."""
+    errors: list[str] = []
+    warnings: list[str] = []
+    n_err = n_warn = n_lines = 0
+    try:
+        with open(path, "rb") as f:
+            for raw in f:
+                n_lines += 1
+                if _ERR.search(raw):
+                    n_err += 1
+                    errors.append(raw.rstrip().decode("utf-8", "replace"))
+                    if len(errors) > max_hits:
+                        del errors[0]
+                elif _WARN.search(raw):
+                    n_warn += 1
+                    warnings.append(raw.rstrip().decode("utf-8", "replace"))
+                    if len(warnings) > max_hits:
+                        del warnings[0]
+    except FileNotFoundError:
+        pass
+    return {"lines": n_lines, "errors": n_err, "warnings": n_warn,
+            "error_lines": errors, "warning_lines": warnings}
+
+
+# --- telemetry -----------------------------------------------------------------------------
+
+
+def telemetry_available() -> bool:
+    try:
+        import launcher.telemetry.store  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def telemetry_fingerprint(path: Path) -> str:
+    return fingerprint(RunDir(Path(path)).telemetry())
+
+
+def read_telemetry(path: Path, names: tuple[str, ...] | None = None,
+                   prefix: str | None = None) -> pd.DataFrame:
+    """Samples from the store as a compact frame: categorical keys, float64 ts/value.
+
+    Adds `series` (an int id per (process, engine, name, labels)) so derivations can group
+    on one integer column instead of four strings.
+    """
+    import pandas as pd
+
+    empty = pd.DataFrame({c: pd.Series(dtype=t) for c, t in (
+        ("ts", "float64"), ("node", "category"), ("process", "category"),
+        ("engine", "category"), ("name", "category"), ("labels", "category"),
+        ("value", "float64"), ("series", "int64"))})
+    tel = RunDir(Path(path)).telemetry()
+    if not tel.is_dir() or not telemetry_available():
+        return empty
+    from launcher.telemetry import store
+
+    kwargs: dict[str, Any] = {}
+    if names is not None:
+        kwargs["names"] = list(names)
+    if prefix is not None:
+        kwargs["name_prefix"] = prefix
+    df = store.read_samples(Path(path), **kwargs)
+    if df is None or len(df) == 0:
+        return empty
+    return compact(df)
+
+
+def compact(df: pd.DataFrame) -> pd.DataFrame:
+    """Categorical keys, a `series` id per (process, engine, name, labels), sorted by
+    (series, ts). Vectorised (factorize + lexsort): this runs on millions of rows."""
+    import numpy as np
+    import pandas as pd
+
+    keys = ("process", "engine", "name", "labels")
+    cols: dict[str, tuple[np.ndarray, Any]] = {}
+    combined = np.zeros(len(df), dtype=np.int64)
+    for c in ("node", *keys):
+        col = df[c] if c in df.columns else pd.Series([""] * len(df))
+        code, uniq = pd.factorize(col.to_numpy(dtype=object), use_na_sentinel=False)
+        cols[c] = (code, uniq)
+        if c != "node":
+            combined = combined * max(len(uniq), 1) + code
+    series, _ = pd.factorize(combined, sort=True)
+    ts = pd.to_numeric(df["ts"], errors="coerce").to_numpy(dtype="float64")
+    value = pd.to_numeric(df["value"], errors="coerce").to_numpy(dtype="float64")
+    # The store returns rows sorted by ts, so a stable sort on the series id is enough.
+    if len(ts) > 1 and not (np.diff(ts) >= 0).all():
+        order = np.lexsort((ts, series))
+    else:
+        order = np.argsort(series, kind="stable")
+    res = {"ts": ts[order]}
+    for c, (code, uniq) in cols.items():
+        res[c] = pd.Categorical.from_codes(code[order], categories=pd.Index(uniq, dtype=object))
+    res["value"] = value[order]
+    res["series"] = series[order].astype(np.int64)
+    return pd.DataFrame(res)
+
+
+def read_gaps(path: Path) -> Any:
+    if not telemetry_available():
+        return None
+    from launcher.telemetry import store
+
+    fn = getattr(store, "read_gaps", None)
+    try:
+        return fn(Path(path)) if fn else None
+    except (OSError, ValueError):
+        return None
+
+
+def read_agent_info(path: Path) -> Any:
+    if not telemetry_available():
+        return None
+    from launcher.telemetry import store
+
+    fn = getattr(store, "read_agent_info", None)
+    try:
+        return fn(Path(path)) if fn else None
+    except (OSError, ValueError):
+        return None
+
+
+def telemetry_files(path: Path) -> list[Path]:
+    tel = RunDir(Path(path)).telemetry()
+    return [Path(p) for p in glob.glob(str(tel / "**" / "*"), recursive=True)
+            if os.path.isfile(p)]

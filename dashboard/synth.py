@@ -1,0 +1,693 @@
+"""Synthetic run directories for the dashboard's tests and benchmark.
+
+Each scenario writes a complete run directory the way the launcher does (plan.json, run.json,
+events.jsonl, bench/, accuracy/, logs/) and its telemetry through the store's public writer
+(`launcher.telemetry.store.SampleWriter`), with the store's change-point encoding applied
+the way the agent applies it, so readers see what a real run leaves behind.
+
+The numbers come from a small queueing model per sweep point (Little's law for queue
+lengths, histogram sums = count × mean), so engine-side metrics agree with the client
+figures and each bottleneck has the signature of notes/anchors-dashboards.md §4:
+
+    healthy       every TTFT part small, KV < 80 %
+    prefill       prefill queue time grows with concurrency, prefill waiting > 0
+    kv_capacity   decode KV ≥ 95 %, requests waiting for capacity, preemptions, TPOT up
+    kv_transfer   NIXL transfer time dominates TTFT, requests deferred on decode
+
+    python -m dashboard.synth OUT_DIR [--scenario all|healthy|...|large] [--duration S]
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from launcher.rundir import RunDir, write_json
+
+ISL, OSL = 8192, 1024
+MODEL = "Qwen/Qwen3.5-397B-A17B-NVFP4"
+GPUS_PER_NODE = 4
+KEYFRAME_S = 60.0
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+NIXL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
+BLOCK_SIZE = 16
+
+
+@dataclass
+class Topology:
+    n_prefill: int = 2
+    prefill_dp: int = 2
+    n_decode: int = 1
+    decode_dp: int = 4
+    gpus_per_node: int = GPUS_PER_NODE
+
+    @property
+    def total_gpus(self) -> int:
+        return self.n_prefill * self.prefill_dp + self.n_decode * self.decode_dp
+
+
+@dataclass
+class Scenario:
+    name: str
+    signature: str = "healthy"        # healthy | prefill | kv_capacity | kv_transfer
+    topology: Topology = field(default_factory=Topology)
+    concurrencies: tuple[int, ...] = (8, 16, 32, 64)
+    duration_s: float = 480.0         # whole telemetry span
+    interval_s: float = 1.0
+    engine: str = "sim"
+    state: str = "succeeded"
+    fail_at_point: int | None = None  # index of the point that fails (the run then fails)
+    seed: int = 0
+
+
+# --- plan ----------------------------------------------------------------------------------
+
+
+def make_plan(run_id: str, sc: Scenario) -> dict:
+    """A plan.json (schema 1, docs/contracts.md) for the topology: decode endpoints first,
+    each on whole nodes; prefill endpoints packed onto the remaining nodes."""
+    topo = sc.topology
+    gpn = topo.gpus_per_node
+    nodes: list[dict] = []
+    endpoints: list[dict] = []
+    processes: list[dict] = []
+    free: list[tuple[str, int]] = []  # (node, gpu) not yet used
+    port = 8100
+
+    def new_node() -> str:
+        name = f"node{len(nodes) + 1:02d}"
+        nodes.append({"name": name, "address": f"10.0.0.{len(nodes) + 1}", "gpus": gpn})
+        free.extend((name, g) for g in range(gpn))
+        return name
+
+    def take(n: int) -> list[tuple[str, int]]:
+        while len(free) < n:
+            new_node()
+        got = free[:n]
+        del free[:n]
+        return got
+
+    for role, count, dp in (("decode", topo.n_decode, topo.decode_dp),
+                            ("prefill", topo.n_prefill, topo.prefill_dp)):
+        for i in range(count):
+            name = f"{role}-{i}"
+            if role == "decode" and free:
+                free.clear()  # decode endpoints start on a fresh node
+            gpus = take(dp)
+            ep_nodes = list(dict.fromkeys(n for n, _ in gpus))
+            http = port
+            port += 10
+            head = ep_nodes[0]
+            url = f"http://{_addr(nodes, head)}:{http}"
+            endpoints.append({
+                "name": name, "role": role, "dp_size": dp, "tp_size": 1,
+                "expert_parallel": True, "gpus": dp, "nodes": ep_nodes, "url": url,
+                "http_port": http, "dp_rpc_port": http + 1, "nixl_port_base": http + 2})
+            rank = 0
+            for node in ep_nodes:
+                g = [gi for n, gi in gpus if n == node]
+                processes.append({
+                    "name": f"{name}@{node}", "kind": "engine", "endpoint": name, "role": role,
+                    "node": node, "gpus": g, "dp_ranks": list(range(rank, rank + len(g))),
+                    "headless": node != head, "url": url if node == head else None,
+                    "metrics_url": f"{url}/metrics" if node == head else None,
+                    "argv": ["python", "-m", "launcher.sim", "serve", MODEL],
+                    "env": {"CUDA_VISIBLE_DEVICES": ",".join(map(str, g))},
+                    "env_from_host": [], "log": f"logs/{name}@{node}.log"})
+                rank += len(g)
+    first = nodes[0]["name"]
+    router_url = f"http://{nodes[0]['address']}:8000"
+    processes.append({"name": "router", "kind": "router", "endpoint": None, "role": None,
+                      "node": first, "gpus": [], "dp_ranks": [], "headless": False,
+                      "url": router_url, "metrics_url": f"{router_url}/metrics",
+                      "argv": ["vllm-router"], "env": {}, "env_from_host": [],
+                      "log": "logs/router.log"})
+    for n in nodes:
+        processes.append({"name": f"agent@{n['name']}", "kind": "agent", "endpoint": None,
+                          "role": None, "node": n["name"], "gpus": [], "dp_ranks": [],
+                          "headless": False, "url": None, "metrics_url": None,
+                          "argv": ["python", "-m", "launcher.telemetry.agent"], "env": {},
+                          "env_from_host": [], "log": f"logs/agent@{n['name']}.log"})
+    processes.append({"name": "bench", "kind": "bench", "endpoint": None, "role": None,
+                      "node": first, "gpus": [], "dp_ranks": [], "headless": False,
+                      "url": None, "metrics_url": None, "argv": ["python", "-m",
+                                                                 "launcher.bench"],
+                      "env": {}, "env_from_host": [], "log": "logs/bench.log"})
+    pre = topo.n_prefill * topo.prefill_dp
+    dec = topo.n_decode * topo.decode_dp
+    return {
+        "schema_version": 1, "run_id": run_id, "recipe": f"synthetic-{sc.signature}",
+        "cluster": "synthetic", "engine": sc.engine, "mode": "disagg",
+        "model": {"path": MODEL, "served_name": "qwen3.5"},
+        "telemetry": {"interval_s": sc.interval_s},
+        "nodes": nodes, "endpoints": endpoints, "processes": processes,
+        "router": {"url": router_url, "metrics_url": f"{router_url}/metrics"},
+        "gpu_count": {"prefill": pre, "decode": dec, "agg": 0, "total": pre + dec},
+    }
+
+
+def _addr(nodes: list[dict], name: str) -> str:
+    return next(n["address"] for n in nodes if n["name"] == name)
+
+
+# --- the per-point model -------------------------------------------------------------------
+
+
+@dataclass
+class PointModel:
+    conc: int
+    prefill_queue: float
+    prefill_compute: float
+    kv_transfer: float
+    decode_admission: float
+    remainder: float
+    tpot: float
+    decode_kv: float
+    prefill_kv: float
+    preempt_rate: float       # preemptions/s across decode
+    nixl_fail_rate: float
+
+    @property
+    def ttft(self) -> float:
+        return (self.prefill_queue + self.prefill_compute + self.kv_transfer
+                + self.decode_admission + self.remainder)
+
+    @property
+    def req_rate(self) -> float:
+        return self.conc / (self.ttft + self.tpot * (OSL - 1))
+
+
+def point_model(sig: str, conc: int, conc_max: int) -> PointModel:
+    x = conc / conc_max  # 0..1 load
+    m = PointModel(conc=conc, prefill_queue=0.01 + 0.03 * x, prefill_compute=0.30,
+                   kv_transfer=0.03, decode_admission=0.005, remainder=0.02,
+                   tpot=0.018 + 0.006 * x, decode_kv=0.15 + 0.55 * x, prefill_kv=0.10 + 0.1 * x,
+                   preempt_rate=0.0, nixl_fail_rate=0.0)
+    if sig == "prefill":
+        m.prefill_queue = 0.02 + 3.5 * x ** 2
+        m.prefill_kv = 0.2 + 0.5 * x
+    elif sig == "kv_capacity":
+        m.decode_kv = min(0.995, 0.35 + 0.7 * x)
+        if x > 0.4:
+            m.decode_admission = 0.01 + 4.0 * (x - 0.4) ** 1.5
+            m.preempt_rate = 3.0 * (x - 0.4)
+        m.tpot = 0.018 + 0.03 * x ** 2
+    elif sig == "kv_transfer":
+        m.kv_transfer = 0.03 + 1.6 * x ** 2
+        m.prefill_kv = 0.2 + 0.5 * x  # blocks wait longer to be pulled
+        m.nixl_fail_rate = 0.05 * x
+    return m
+
+
+# --- telemetry generation ------------------------------------------------------------------
+
+
+@dataclass
+class Timeline:
+    ts: np.ndarray              # sample times
+    point: np.ndarray           # index of the sweep point per sample, -1 idle
+    windows: list[tuple[float, float]]
+
+
+def timeline(sc: Scenario, t0: float) -> Timeline:
+    n = int(sc.duration_s / sc.interval_s)
+    ts = t0 + np.arange(n) * sc.interval_s
+    k = len(sc.concurrencies)
+    lead, gap = min(30.0, sc.duration_s * 0.05), min(10.0, sc.duration_s * 0.02)
+    span = (sc.duration_s - lead - 10.0 - gap * k) / k
+    point = np.full(n, -1, dtype=np.int64)
+    windows = []
+    for i in range(k):
+        a = t0 + lead + i * (span + gap)
+        b = a + span
+        windows.append((a, b))
+        point[(ts >= a) & (ts < b)] = i
+        if sc.fail_at_point is not None and i >= sc.fail_at_point:
+            break
+    return Timeline(ts, point, windows)
+
+
+def _change_mask(m: np.ndarray, keyframe_every: int) -> np.ndarray:
+    """The store's change-point rule, vectorised over series: changes, hold points before a
+    change, keyframes, and the last sample (written at close)."""
+    changed = np.ones(m.shape, dtype=bool)
+    changed[:, 1:] = m[:, 1:] != m[:, :-1]
+    hold = np.zeros(m.shape, dtype=bool)
+    hold[:, :-1] = changed[:, 1:] & ~changed[:, :-1]
+    key = np.zeros(m.shape[1], dtype=bool)
+    key[::keyframe_every] = True
+    key[-1] = True
+    return changed | hold | key[None, :]
+
+
+class NodeRows:
+    """Collects series matrices of one node and writes them as store rows."""
+
+    def __init__(self, node: str, tl: Timeline, keyframe_every: int) -> None:
+        self.node = node
+        self.tl = tl
+        self.keyframe_every = keyframe_every
+        self.prefixes: list[str] = []
+        self.blocks: list[tuple[int, np.ndarray]] = []  # (first prefix index, matrix)
+
+    def add(self, process: str, engines: list[str], name: str, labels: dict | None,
+            matrix: np.ndarray) -> None:
+        """`matrix` is [len(engines), len(ts)]."""
+        lab = json.dumps(labels or {}, sort_keys=True, separators=(",", ":"))
+        first = len(self.prefixes)
+        for e in engines:
+            self.prefixes.append(f"{self.node}\t{process}\t{e}\t{name}\t{lab}")
+        self.blocks.append((first, np.atleast_2d(matrix)))
+
+    def write(self, node_dir: Path) -> int:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from launcher.telemetry.store import SampleWriter
+
+        ts_str = pa.array([f"{t:.3f}" for t in self.tl.ts])
+        prefixes = pa.array(self.prefixes)
+        writer = SampleWriter(node_dir)
+        n_rows = 0
+        try:
+            for first, m in self.blocks:
+                mask = _change_mask(m, self.keyframe_every)
+                si, ti = np.nonzero(mask)
+                if len(si) == 0:
+                    continue
+                # Rows in time order within the block (a real agent appends as it goes).
+                order = np.argsort(ti, kind="stable")
+                si, ti = si[order], ti[order]
+                vals = m[si, ti]
+                for a in range(0, len(si), 1_000_000):
+                    sl = slice(a, a + 1_000_000)
+                    cols = [ts_str.take(pa.array(ti[sl])),
+                            prefixes.take(pa.array(si[sl] + first)),
+                            pc.binary_join_element_wise(
+                                pc.cast(pa.array(vals[sl]), pa.string()), "\n", "")]
+                    joined = pc.binary_join_element_wise(*cols, "\t")
+                    writer.write_lines([_concat(joined)])
+                    writer.flush()
+                    n_rows += len(vals[sl])
+        finally:
+            writer.close()
+        return n_rows
+
+
+def _concat(arr) -> str:
+    """All strings of an arrow string array as one str (its data buffer, no per-row work)."""
+    import pyarrow as pa
+
+    arr = arr.cast(pa.large_string()) if arr.type != pa.large_string() else arr
+    offs = np.frombuffer(arr.buffers()[1], dtype=np.int64)
+    lo, hi = offs[arr.offset], offs[arr.offset + len(arr)]
+    return arr.buffers()[2].to_pybytes()[lo:hi].decode()
+
+
+def _noise(rng: np.random.Generator, shape: tuple[int, ...], sigma: float) -> np.ndarray:
+    return np.exp(rng.normal(0.0, sigma, shape) - sigma * sigma / 2)
+
+
+def _bucket_fracs(bounds: tuple[float, ...], means: np.ndarray) -> np.ndarray:
+    """Cumulative share of observations ≤ each bound for a gamma(k=2) latency of each mean:
+    [len(means), len(bounds)+1] (+Inf last)."""
+    b = np.asarray(bounds)[None, :]
+    mu = np.maximum(means[:, None], 1e-6)
+    z = 2.0 * b / mu  # gamma(k=2, theta=mu/2): CDF = 1 - e^-z (1 + z)
+    cdf = 1.0 - np.exp(-z) * (1.0 + z)
+    return np.concatenate([cdf, np.ones((len(means), 1))], axis=1)
+
+
+def engine_telemetry(sc: Scenario, plan: dict, tl: Timeline, models: list[PointModel],
+                     rng: np.random.Generator, rows: dict[str, NodeRows]) -> None:
+    """vLLM /metrics series of every engine, on the endpoint's head node (one scrape per API
+    server holds all its DP engines, labelled `engine`)."""
+    n_t = len(tl.ts)
+    dt = sc.interval_s
+    active = tl.point >= 0
+    pidx = np.where(active, tl.point, 0)
+
+    def per_point(attr: str) -> np.ndarray:
+        v = np.array([getattr(m, attr) for m in models] or [0.0])
+        return np.where(active, v[pidx], 0.0)
+
+    req = per_point("req_rate")
+    n_pre = sum(e["dp_size"] for e in plan["endpoints"] if e["role"] == "prefill")
+    n_dec = sum(e["dp_size"] for e in plan["endpoints"] if e["role"] == "decode")
+    for ep in plan["endpoints"]:
+        role, dp = ep["role"], ep["dp_size"]
+        head = ep["nodes"][0]
+        proc = f"{ep['name']}@{head}"
+        engines = [str(i) for i in range(dp)]
+        share = 1.0 / (n_pre if role == "prefill" else n_dec)
+        # Per-engine skew: DP balance is never perfect.
+        skew = 1.0 + 0.08 * rng.standard_normal((dp, 1))
+        r = req[None, :] * share * skew * _noise(rng, (dp, n_t), 0.15)  # requests/s
+
+        def counter(rate: np.ndarray, integer: bool = True) -> np.ndarray:
+            c = np.cumsum(rate * dt, axis=1)
+            return np.floor(c) if integer else np.round(c, 4)
+
+        nr = rows[head]
+        add = nr.add
+        count = counter(r)
+        inc = np.diff(count, axis=1, prepend=0.0)
+
+        def hist(base: str, mean_t: np.ndarray, buckets: tuple[float, ...] | None,
+                 nr: NodeRows = nr, proc: str = proc, engines: list[str] = engines,
+                 count: np.ndarray = count, inc: np.ndarray = inc, dp: int = dp) -> None:
+            mt = mean_t[None, :] * _noise(rng, (dp, n_t), 0.1)
+            nr.add(proc, engines, base + "_count", None, count)
+            nr.add(proc, engines, base + "_sum", None,
+                   np.round(np.cumsum(inc * mt, axis=1), 4))
+            if buckets:
+                fr = _bucket_fracs(buckets, mean_t)
+                for j, le in enumerate((*[str(float(b)) for b in buckets], "+Inf")):
+                    # Rounded, capped by the count: bucket counts never exceed +Inf's.
+                    nr.add(proc, engines, base + "_bucket", {"le": le},
+                           np.minimum(np.round(np.cumsum(inc * fr[None, :, j], axis=1)), count))
+
+        if role == "prefill":
+            q, c = per_point("prefill_queue"), per_point("prefill_compute")
+            hist("vllm:request_queue_time_seconds", q, None)
+            hist("vllm:request_prefill_time_seconds", c, None)
+            hist("vllm:time_to_first_token_seconds", q + c, TTFT_BUCKETS)
+            kv = per_point("prefill_kv")
+            waiting = r * q[None, :]
+            running = r * c[None, :]
+            add(proc, engines, "vllm:prompt_tokens_by_source_total",
+                {"source": "local_compute"}, counter(r * ISL))
+            add(proc, engines, "vllm:prompt_tokens_by_source_total",
+                {"source": "local_cache_hit"}, counter(r * ISL * 0.02))
+            add(proc, engines, "vllm:generation_tokens_total", None, count)
+            add(proc, engines, "vllm:nixl_num_kv_expired_reqs_total", None,
+                np.zeros((dp, n_t)))
+            wc = waiting
+            wd = np.zeros_like(waiting)
+            pre = np.zeros((dp, n_t))
+        else:
+            a, x = per_point("decode_admission"), per_point("kv_transfer")
+            hist("vllm:request_queue_time_seconds", a, None)
+            hist("vllm:time_to_first_token_seconds", a + x + per_point("tpot"), TTFT_BUCKETS)
+            hist("vllm:nixl_xfer_time_seconds", x, NIXL_BUCKETS)
+            kv_bytes = counter(r * ISL * 34_000.0, integer=False)  # ~34 KB KV+state per token
+            add(proc, engines, "vllm:nixl_bytes_transferred_count", None, count)
+            add(proc, engines, "vllm:nixl_bytes_transferred_sum", None, kv_bytes)
+            add(proc, engines, "vllm:nixl_num_failed_transfers_total", None,
+                counter(per_point("nixl_fail_rate")[None, :] * share * np.ones((dp, 1))))
+            kv = per_point("decode_kv")
+            running = r * (per_point("tpot") * (OSL - 1))[None, :]
+            wc = r * a[None, :]
+            wd = r * x[None, :]
+            waiting = wc + wd
+            add(proc, engines, "vllm:num_requests_kv_fetch_by_stage",
+                {"stage": "waiting_to_start"}, np.round(wd * 0.3))
+            add(proc, engines, "vllm:num_requests_kv_fetch_by_stage",
+                {"stage": "in_progress"}, np.round(wd * 0.6))
+            add(proc, engines, "vllm:num_requests_kv_fetch_by_stage",
+                {"stage": "completed_waiting"}, np.round(wd * 0.1))
+            add(proc, engines, "vllm:prompt_tokens_by_source_total",
+                {"source": "external_kv_transfer"}, counter(r * ISL))
+            add(proc, engines, "vllm:prompt_tokens_by_source_total",
+                {"source": "local_compute"}, counter(r))
+            add(proc, engines, "vllm:generation_tokens_total", None, counter(r * OSL))
+            pre = per_point("preempt_rate")[None, :] * share * _noise(rng, (dp, n_t), 0.3)
+        add(proc, engines, "vllm:num_preemptions_total", None, counter(pre))
+        kvm = np.clip(kv[None, :] * (skew ** 0.5) + 0.01 * rng.standard_normal((dp, n_t)),
+                      0.0, 0.999)
+        kvm[:, ~active] = np.clip(kvm[:, ~active] * 0.05, 0, 1)
+        add(proc, engines, "vllm:kv_cache_usage_perc", None, np.round(kvm, 4))
+        add(proc, engines, "vllm:num_requests_running", None, np.round(running))
+        add(proc, engines, "vllm:num_requests_waiting", None, np.round(waiting))
+        add(proc, engines, "vllm:num_requests_waiting_by_reason", {"reason": "capacity"},
+            np.round(wc))
+        add(proc, engines, "vllm:num_requests_waiting_by_reason", {"reason": "deferred"},
+            np.round(wd))
+        blocks = 180_000 if role == "decode" else 60_000
+        for e in engines:
+            add(proc, [e], "vllm:cache_config_info",
+                {"block_size": str(BLOCK_SIZE), "cache_dtype": "fp8", "enable_prefix_caching":
+                 "False", "gpu_memory_utilization": "0.9", "num_gpu_blocks": str(blocks)},
+                np.ones((1, n_t)))
+
+
+def gpu_host_telemetry(sc: Scenario, plan: dict, tl: Timeline, models: list[PointModel],
+                       rng: np.random.Generator, rows: dict[str, NodeRows]) -> None:
+    """NVML-style per-GPU series (process = the process pinned to the GPU) and host series."""
+    n_t = len(tl.ts)
+    active = tl.point >= 0
+    load = np.where(active, 0.5 + 0.5 * np.where(active, tl.point, 0) /
+                    max(1, len(sc.concurrencies) - 1), 0.02)
+    pinned = {}
+    for p in plan["processes"]:
+        for g in p.get("gpus") or []:
+            pinned[(p["node"], g)] = p["name"]
+    for node in plan["nodes"]:
+        nr = rows[node["name"]]
+        for g in range(node["gpus"]):
+            proc = pinned.get((node["name"], g), "")
+            lab = {"index": str(g), "uuid": f"GPU-{node['name']}-{g:02d}"}
+            u = np.clip(load * 100 * _noise(rng, (n_t,), 0.05), 0, 100)
+            nr.add(proc, [""], "gpu:utilization_pct", lab, np.round(u[None, :]))
+            power = 180 + 900 * load * _noise(rng, (n_t,), 0.04)
+            nr.add(proc, [""], "gpu:power_w", lab, np.round(power[None, :], 1))
+            nr.add(proc, [""], "gpu:sm_clock_mhz", lab,
+                   np.where(power > 1000, 1700, 1965)[None, :].astype(float))
+            nr.add(proc, [""], "gpu:temperature_c", lab,
+                   np.round(35 + 40 * load + rng.normal(0, 0.5, n_t))[None, :])
+            nr.add(proc, [""], "gpu:memory_used_bytes", lab,
+                   np.full((1, n_t), 170e9 if proc else 1e9))
+        cpu = np.clip(5 + 30 * load * _noise(rng, (n_t,), 0.1), 0, 100)
+        nr.add("", [""], "host:cpu_percent", None, np.round(cpu[None, :], 1))
+        nr.add("", [""], "host:memory_used_bytes", None,
+               np.round(200e9 + 5e9 * load[None, :], -6))
+        for d in ("rx", "tx"):
+            nr.add("", [""], f"host:net_{d}_bytes_total", {"nic": "ib0"},
+                   np.cumsum(1e8 * load * _noise(rng, (n_t,), 0.2))[None, :].round())
+
+
+# --- files other than telemetry ------------------------------------------------------------
+
+
+def bench_result(sc: Scenario, m: PointModel, window: tuple[float, float],
+                 failed: bool) -> dict:
+    """One bench file: vLLM bench-serve keys and units plus the launcher's window/status."""
+    a, b = window
+    dur = b - a
+    completed = 0 if failed else int(m.req_rate * dur)
+    res: dict[str, Any] = {
+        "date": time.strftime("%Y%m%d-%H%M%S", time.gmtime(a)), "endpoint_type": "openai",
+        "backend": "openai", "label": None, "model_id": MODEL, "tokenizer_id": MODEL,
+        "num_prompts": max(completed, m.conc * 10), "request_rate": "inf", "burstiness": 1.0,
+        "max_concurrency": m.conc, "duration": dur, "completed": completed,
+        "failed": m.conc * 10 if failed else 0,
+        "total_input_tokens": completed * ISL, "total_output_tokens": completed * OSL,
+        "request_throughput": completed / dur, "request_goodput": None,
+        "output_throughput": completed * OSL / dur,
+        "total_token_throughput": completed * (ISL + OSL) / dur,
+        "window_start": a, "window_end": b, "driver": "builtin",
+        "status": "failed" if failed else "ok",
+        "failure_reason": ("every request failed: decode-0 stopped answering (HTTP 503)"
+                           if failed else None),
+    }
+    for key, mean in (("ttft", m.ttft), ("tpot", m.tpot), ("itl", m.tpot),
+                      ("e2el", m.ttft + m.tpot * (OSL - 1))):
+        if failed:
+            mean = 0.0
+        ms = mean * 1000.0
+        res[f"mean_{key}_ms"] = ms
+        res[f"median_{key}_ms"] = ms * 0.92
+        res[f"std_{key}_ms"] = ms * 0.3
+        res[f"p90_{key}_ms"] = ms * 1.5
+        res[f"p99_{key}_ms"] = ms * (2.4 if key == "ttft" else 1.3)
+    return res
+
+
+LOG_TS = "%m-%d %H:%M:%S"
+
+
+def write_logs(rd: RunDir, sc: Scenario, plan: dict, tl: Timeline,
+               models: list[PointModel], failed_at: float | None) -> None:
+    rd.logs.mkdir(parents=True, exist_ok=True)
+    t0 = float(tl.ts[0])
+    for p in plan["processes"]:
+        lines = []
+        pid = 1000 + len(p["name"])
+        stamp = time.strftime(LOG_TS, time.localtime(t0))
+        lines.append(f"(APIServer pid={pid}) INFO {stamp} [api_server.py:100] "
+                     f"started {p['name']} on {p['node']}")
+        if p["kind"] == "engine" and not p["headless"]:
+            for k, (a, _b) in enumerate(tl.windows[: len(models)]):
+                s = time.strftime(LOG_TS, time.localtime(a + 5))
+                kvp = (models[k].decode_kv if p["role"] == "decode" else models[k].prefill_kv)
+                lines.append(f"(APIServer pid={pid}) INFO {s} [loggers.py:335] Engine 000: "
+                             f"Avg prompt throughput: 0.0 tokens/s, Avg generation throughput:"
+                             f" 100.0 tokens/s, Running: {models[k].conc} reqs, Waiting: 0 "
+                             f"reqs, GPU KV cache usage: {kvp * 100:.1f}%")
+            lines.append(f"(APIServer pid={pid}) WARNING {stamp} [config.py:500] "
+                         "max_num_batched_tokens is below the prompt length; chunked prefill on")
+        if failed_at is not None and p["name"].startswith("decode-0@"):
+            s = time.strftime(LOG_TS, time.localtime(failed_at))
+            lines += [f"(EngineCore_DP0 pid={pid}) ERROR {s} [core.py:700] EngineCore "
+                      "encountered a fatal error.",
+                      "Traceback (most recent call last):",
+                      '  File "vllm/v1/engine/core.py", line 701, in run_engine_core',
+                      "RuntimeError: CUDA error: an illegal memory access was encountered"]
+        (rd.logs / f"{p['name']}.log").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+# --- scenarios -----------------------------------------------------------------------------
+
+
+def write_run(root: Path, sc: Scenario, *, t0: float | None = None,
+              run_id: str | None = None) -> Path:
+    """Write one synthetic run directory under `root`; returns its path."""
+    t0 = float(t0 if t0 is not None else 1_764_400_000.0)
+    run_id = run_id or f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime(t0))}-{sc.name}"
+    rd = RunDir(Path(root) / run_id)
+    rd.path.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(sc.seed)
+    plan = make_plan(run_id, sc)
+    write_json(rd.plan, plan)
+    tl = timeline(sc, t0)
+    cmax = max(sc.concurrencies)
+    models = [point_model(sc.signature, c, cmax) for c in sc.concurrencies]
+    n_points = len(models) if sc.fail_at_point is None else sc.fail_at_point + 1
+    models = models[:n_points]
+    failed_at = tl.windows[sc.fail_at_point][0] + 20 if sc.fail_at_point is not None else None
+
+    # bench/
+    rd.bench.mkdir(parents=True, exist_ok=True)
+    for k, m in enumerate(models):
+        fail = sc.fail_at_point is not None and k == sc.fail_at_point
+        write_json(rd.bench / f"c{m.conc}.json", bench_result(sc, m, tl.windows[k], fail))
+
+    # telemetry/
+    keyframe_every = max(1, int(KEYFRAME_S / sc.interval_s))
+    end = len(tl.ts) if failed_at is None else int(np.searchsorted(tl.ts, failed_at + 30))
+    tl_w = Timeline(tl.ts[:end], tl.point[:end], tl.windows)
+    rows = {n["name"]: NodeRows(n["name"], tl_w, keyframe_every) for n in plan["nodes"]}
+    engine_telemetry(sc, plan, tl_w, models, rng, rows)
+    gpu_host_telemetry(sc, plan, tl_w, models, rng, rows)
+    from launcher.telemetry.store import write_agent_info
+
+    for node, nr in rows.items():
+        nd = rd.telemetry(node)
+        nr.write(nd)
+        write_agent_info(nd, {"node": node, "synthetic": True, "interval_s": sc.interval_s,
+                              "notices": ["synthetic telemetry written by dashboard.synth"]})
+
+    # events, state, accuracy, logs
+    t_end = float(tl_w.ts[-1])
+    stages = [("agents", t0 - 120), ("endpoints", t0 - 110), ("health", t0 - 60),
+              ("router", t0 - 20), ("warmup", t0 - 10), ("sweep", t0)]
+    if failed_at is None:
+        stages += [("accuracy", t_end - 5), ("report", t_end - 2), ("teardown", t_end - 1)]
+    with open(rd.events_file, "w", encoding="utf-8") as f:
+        f.write(json.dumps({"ts": t0 - 130, "event": "run_started"}) + "\n")
+        for st, ts in stages:
+            f.write(json.dumps({"ts": ts, "event": "stage", "stage": st}) + "\n")
+        for k, m in enumerate(models):
+            a, b = tl.windows[k]
+            f.write(json.dumps({"ts": a, "event": "point_started", "stage": "sweep",
+                                "max_concurrency": m.conc}) + "\n")
+            f.write(json.dumps({"ts": b, "event": "point_finished", "stage": "sweep",
+                                "max_concurrency": m.conc}) + "\n")
+        if failed_at is not None:
+            f.write(json.dumps({"ts": failed_at, "event": "process_exited",
+                                "process": f"decode-0@{plan['endpoints'][0]['nodes'][0]}",
+                                "returncode": 1}) + "\n")
+            f.write(json.dumps({"ts": failed_at + 5, "event": "run_failed",
+                                "stage": "sweep"}) + "\n")
+        else:
+            f.write(json.dumps({"ts": t_end, "event": "run_finished"}) + "\n")
+    state: dict[str, Any] = {"state": "succeeded", "stage": "teardown", "started": t0 - 130,
+                             "ended": t_end, "error": None, "slurm_job_id": "4242",
+                             "recipe": plan["recipe"], "updated": t_end}
+    if failed_at is not None:
+        state.update(state="failed", stage="sweep", ended=failed_at + 5,
+                     error=f"decode-0@{plan['endpoints'][0]['nodes'][0]} exited with code 1 "
+                           "during the sweep (CUDA error: an illegal memory access)")
+    elif sc.state != "succeeded":
+        state.update(state=sc.state, ended=None)
+    write_json(rd.state_file, state)
+    if failed_at is None:
+        write_json(rd.accuracy / "gsm8k.json", {
+            "task": "gsm8k", "accuracy": 0.893, "threshold": 0.88, "passed": True,
+            "num_questions": 1319, "num_shots": 5, "invalid_rate": 0.002,
+            "timestamp": t_end})
+    write_logs(rd, sc, plan, tl, models, failed_at)
+    return rd.path
+
+
+def healthy(root: Path, **kw: Any) -> Path:
+    return write_run(root, Scenario("healthy", "healthy", **kw))
+
+
+def prefill_bound(root: Path, **kw: Any) -> Path:
+    return write_run(root, Scenario("prefill-bound", "prefill", **kw))
+
+
+def kv_capacity_bound(root: Path, **kw: Any) -> Path:
+    return write_run(root, Scenario("kv-capacity-bound", "kv_capacity", **kw))
+
+
+def kv_transfer_bound(root: Path, **kw: Any) -> Path:
+    return write_run(root, Scenario("kv-transfer-bound", "kv_transfer", **kw))
+
+
+def failed(root: Path, **kw: Any) -> Path:
+    return write_run(root, Scenario("failed", "healthy", fail_at_point=2, **kw))
+
+
+def empty(root: Path, name: str = "20251129-000000-empty") -> Path:
+    """A run directory with nothing in it (a submission that died before writing)."""
+    p = Path(root) / name
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+LARGE_TOPOLOGY = Topology(n_prefill=20, prefill_dp=2, n_decode=2, decode_dp=16)
+
+
+def large(root: Path, duration_s: float = 7200.0, **kw: Any) -> Path:
+    """72 GPUs on 18 nodes: 2 decode DEP16 (4 nodes each) + 20 prefill DEP2 (2 per node),
+    72 engines, 1 s sampling; 8 sweep points 64..5120 over `duration_s`."""
+    sc = Scenario("large72", "kv_capacity", topology=LARGE_TOPOLOGY,
+                  concurrencies=(64, 128, 256, 512, 1024, 2048, 4096, 5120),
+                  duration_s=duration_s, **kw)
+    return write_run(root, sc)
+
+
+SCENARIOS = {"healthy": healthy, "prefill": prefill_bound, "kv_capacity": kv_capacity_bound,
+             "kv_transfer": kv_transfer_bound, "failed": failed, "empty": empty,
+             "large": large}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m dashboard.synth",
+                                 description="Write synthetic run directories.")
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--scenario", default="all", choices=["all", *SCENARIOS])
+    ap.add_argument("--duration", type=float, default=None,
+                    help="telemetry span in seconds (large: default 7200)")
+    a = ap.parse_args(argv)
+    names = [n for n in SCENARIOS if n != "large"] if a.scenario == "all" else [a.scenario]
+    for n in names:
+        t = time.perf_counter()
+        kw = {"duration_s": a.duration} if a.duration and n not in ("empty",) else {}
+        p = SCENARIOS[n](a.out, **kw)
+        print(f"{n}: {p} ({time.perf_counter() - t:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,241 @@
+"""Streamlit glue shared by the pages: the runs directory, the selected run, cached loaders
+keyed by file fingerprints, the page header (simulation label, state, why a page is empty)
+and live refresh."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import derive, load
+
+RUNS_ENV = "PD_DASHBOARD_RUNS"
+LIVE_EVERY_S = 5
+STATE_BADGE = {"succeeded": "🟢 succeeded", "failed": "🔴 failed", "cancelled": "⚪ cancelled",
+               "running": "🔵 running", "submitted": "🟡 submitted", "planned": "🟡 planned",
+               "empty": "⚫ empty", "unknown": "⚫ unknown"}
+PAGES = (
+    ("app_pages/runs.py", "Runs", "📋", "runs"),
+    ("app_pages/overview.py", "Overview", "🗺️", "overview"),
+    ("app_pages/sweep.py", "Sweep", "📈", "sweep"),
+    ("app_pages/kv_cache.py", "KV cache", "🧠", "kv"),
+    ("app_pages/ttft.py", "TTFT breakdown", "⏱️", "ttft"),
+    ("app_pages/gpus.py", "GPUs and hosts", "🖥️", "gpus"),
+    ("app_pages/logs.py", "Logs", "📜", "logs"),
+)
+
+
+# --- runs dir and selection ----------------------------------------------------------------
+
+
+def runs_dir() -> Path:
+    return Path(st.session_state.get("runs_dir") or os.environ.get(RUNS_ENV) or "runs")
+
+
+@st.cache_data(ttl=3, show_spinner=False, max_entries=8)
+def _run_infos(runs: str, listing: tuple[tuple[str, int], ...]) -> list[load.RunInfo]:
+    return [load.run_info(Path(p)) for p, _ in listing]
+
+
+def run_infos() -> list[load.RunInfo]:
+    """Every run under the runs dir; re-read when a run's top-level files change."""
+    paths = load.list_run_dirs(runs_dir())
+    listing = []
+    for p in paths:
+        try:
+            m = max((f.stat().st_mtime_ns for f in p.iterdir()), default=0)
+        except FileNotFoundError:
+            m = 0
+        listing.append((str(p), m))
+    return _run_infos(str(runs_dir()), tuple(listing))
+
+
+def selected_run() -> load.RunInfo | None:
+    run_id = st.session_state.get("run")
+    for info in run_infos():
+        if info.run_id == run_id:
+            return info
+    return None
+
+
+# --- cached loaders ------------------------------------------------------------------------
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def plan_of(path: str, fp: str) -> dict | None:
+    return load.read_json_safe(Path(path) / "plan.json")
+
+
+def plan(info: load.RunInfo) -> dict | None:
+    p = info.path / "plan.json"
+    return plan_of(str(info.path), load.fingerprint(p) if p.exists() else "")
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def _bench(path: str, fp: str) -> list[dict]:
+    return load.load_bench(Path(path))
+
+
+def bench(info: load.RunInfo) -> list[dict]:
+    return _bench(str(info.path), load.fingerprint(info.path / "bench"))
+
+
+# One SeriesSet per (run, telemetry fingerprint, name family); cache_resource: shared,
+# not copied per rerun (read-only by convention), a few runs at a time.
+@st.cache_resource(max_entries=6, show_spinner=False)
+def series_for(path: str, fp: str, family: str, plan_fp: str) -> derive.SeriesSet:
+    p = Path(path)
+    pl = load.read_json_safe(p / "plan.json")
+    if family in load.FAMILIES:
+        df = load.read_telemetry(p, names=load.FAMILIES[family])
+    else:
+        df = load.read_telemetry(p, prefix=family)
+    return derive.SeriesSet(df, pl)
+
+
+def series(info: load.RunInfo, family: str) -> derive.SeriesSet:
+    """Telemetry of one name family: "kv" (the KV page), "ttft" (per-point evidence),
+    or a name prefix ("gpu:", "host:", "proc:"). Re-read only when a telemetry file changed;
+    each page reads only the names it draws (a 2-hour 72-GPU run has ~16 M rows)."""
+    return series_for(str(info.path), load.telemetry_fingerprint(info.path), family,
+                   load.fingerprint(info.path / "plan.json"))
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def _points(path: str, bench_fp: str, tel_fp: str) -> pd.DataFrame:
+    p = Path(path)
+    pl = load.read_json_safe(p / "plan.json")
+    info = load.run_info(p)
+    ss = series_for(path, tel_fp, "ttft", load.fingerprint(p / "plan.json"))
+    step = float(((pl or {}).get("telemetry") or {}).get("interval_s") or 1.0)
+    return derive.point_table(_bench(path, bench_fp), pl, ss if info.has_telemetry else None,
+                              step_s=step)
+
+
+def points(info: load.RunInfo) -> pd.DataFrame:
+    """The per-point table (client + headline + TTFT parts + evidence)."""
+    return _points(str(info.path), load.fingerprint(info.path / "bench"),
+                   load.telemetry_fingerprint(info.path))
+
+
+def verdicts(info: load.RunInfo) -> list:
+    from dashboard import diagnose
+
+    table = points(info)
+    return diagnose.diagnose(table.to_dict("records")) if not table.empty else []
+
+
+def windows_frame(info: load.RunInfo) -> pd.DataFrame:
+    rows = []
+    for p in bench(info):
+        w = derive.window_of(p)
+        if w:
+            rows.append({"label": w.label, "start": pd.to_datetime(w.start, unit="s", utc=True),
+                         "end": pd.to_datetime(w.end, unit="s", utc=True)})
+    return pd.DataFrame(rows)
+
+
+# --- header and explanations ---------------------------------------------------------------
+
+
+def fmt_time(ts: float | None) -> str:
+    if not ts:
+        return "—"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return "—"
+    h, rem = divmod(int(seconds), 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h {m:02d}m" if h else f"{m}m {s:02d}s"
+
+
+def header(title: str, *, need_run: bool = True) -> load.RunInfo | None:
+    """Page title, the run's identity and state, the SIMULATION label, and a sentence on
+    what is missing. Returns the run, or None when there is nothing to show."""
+    info = selected_run()
+    if info is not None and info.simulated:
+        st.title(f"{title} · SIMULATION")
+    else:
+        st.title(title)
+    if not need_run:
+        return info
+    if info is None:
+        if not run_infos():
+            st.info(f"No run directories under `{runs_dir()}`. Start one with "
+                    "`python -m launcher submit RECIPE`, or point the dashboard at another "
+                    "directory: `python -m launcher dashboard RUNS_DIR`.")
+        else:
+            st.info("Pick a run in the sidebar.")
+        return None
+    badge = STATE_BADGE.get(info.state, info.state)
+    bits = [f"**{info.run_id}**", badge]
+    if info.stage and info.state not in ("succeeded",):
+        bits.append(f"stage: {info.stage}")
+    if info.recipe:
+        bits.append(f"recipe: {info.recipe}")
+    bits.append(info.topology)
+    st.caption(" · ".join(bits))
+    if info.simulated:
+        st.warning("**SIMULATION** — the engines in this run are the launcher's simulator "
+                   "(plan.json engine = \"sim\"). Its speed is a model, not a GB200 "
+                   "measurement; use it to check the pipeline, not to compare hardware.",
+                   icon="🧪")
+    if info.state == "empty":
+        st.info("This run directory is empty: nothing was written yet. Either the submission "
+                "died before planning, or the launcher is still creating it.")
+    elif info.state == "failed":
+        st.error(f"This run failed during stage **{info.stage or '?'}**: "
+                 f"{info.error or 'no error message was recorded'}. "
+                 "What it recorded before failing is shown below; see the Logs page.")
+    elif info.state == "cancelled":
+        st.warning("This run was cancelled; the data stops where it was cancelled.")
+    elif info.live:
+        st.info(f"Live run (state {info.state}): this page refreshes every {LIVE_EVERY_S} s.",
+                icon="🔄")
+    for note in info.notes:
+        st.warning(note)
+    return info
+
+
+def live(info: load.RunInfo, body: Callable[[], None]) -> None:
+    """Run `body` once, or as a fragment that reruns itself while the run is live."""
+    if info.live:
+        st.fragment(body, run_every=LIVE_EVERY_S)()
+    else:
+        body()
+
+
+def no_telemetry(info: load.RunInfo, what: str) -> bool:
+    """Explain (and return True) when the run has no telemetry to draw."""
+    if info.has_telemetry:
+        return False
+    if info.state == "empty":
+        return True
+    st.info(f"No telemetry in this run, so there is no {what} to show: `telemetry/` is "
+            "missing or empty (the node agents never started or never wrote a sample). "
+            "Client-side figures are on the Sweep page.")
+    return True
+
+
+def num(x: Any, fmt: str = ",.0f", unit: str = "") -> str:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return "—"
+    if not math.isfinite(v):
+        return "—"
+    return f"{v:{fmt}}{unit}"
+
+
+def altair(chart: Any) -> None:
+    st.altair_chart(chart, width="stretch")

@@ -1,0 +1,148 @@
+"""Loaders and derived metrics on data written through the real telemetry store."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dashboard import derive, load
+from launcher.telemetry.store import ChangeFilter, SampleWriter
+
+PLAN = {"processes": [{"name": "decode-0@n1", "endpoint": "decode-0", "role": "decode",
+                       "node": "n1"}],
+        "gpu_count": {"prefill": 0, "decode": 4, "agg": 0, "total": 4}}
+
+
+def write_series(run: Path, t: np.ndarray, series: dict[tuple[str, str], np.ndarray]) -> None:
+    """Dense per-second series -> the store, through the agent's change-point filter."""
+    f = ChangeFilter()
+    w = SampleWriter(run / "telemetry" / "n1")
+    for k, ts in enumerate(t):
+        items = [((name, labels), float(v[k])) for (name, labels), v in series.items()]
+        for ts_w, (name, labels), value in f.step(float(ts), items):
+            w.write([(ts_w, "n1", "decode-0@n1", "0", name, labels, value)])
+    for ts_w, (name, labels), value in f.pending():
+        w.write([(ts_w, "n1", "decode-0@n1", "0", name, labels, value)])
+    w.close()
+
+
+@pytest.fixture
+def run(tmp_path) -> tuple[Path, np.ndarray, dict]:
+    t = 1_000_000.0 + np.arange(600.0)
+    rng = np.random.default_rng(1)
+    # A gauge that is flat for long stretches (few rows stored) and then moves.
+    kv = np.where(t < t[0] + 200, 0.25, 0.25 + 0.5 * (t - t[0] - 200) / 400)
+    kv = np.round(kv, 3)
+    # A counter that restarts at t0+400 (the engine was restarted).
+    inc = rng.integers(0, 5, len(t)).astype(float)
+    c = np.cumsum(inc)
+    c[400:] = np.cumsum(inc[400:])
+    dense = {("vllm:kv_cache_usage_perc", "{}"): kv, ("vllm:generation_tokens_total", "{}"): c}
+    write_series(tmp_path, t, dense)
+    return tmp_path, t, {"kv": kv, "c": c, "inc": inc}
+
+
+def test_change_points_interpolate_back_to_every_sample(run):
+    path, t, d = run
+    df = load.read_telemetry(path)
+    assert len(df) < 2 * len(t)  # the flat stretch is stored as a few rows, not 200
+    ss = derive.SeriesSet(df, PLAN)
+    kv = ss.select("vllm:kv_cache_usage_perc", "decode").index
+    assert list(ss.meta.loc[kv, "endpoint"]) == ["decode-0"]
+    got = ss.values_at(kv, t)[0]
+    np.testing.assert_allclose(got, d["kv"], atol=1e-9)
+    # Before the first row and after the last row + HOLD_S: no data, not a made-up value.
+    out = ss.values_at(kv, np.array([t[0] - 10, t[-1] + derive.HOLD_S + 5]))[0]
+    assert np.isnan(out).all()
+
+
+def test_counter_increase_counts_across_a_restart(run):
+    path, t, d = run
+    ss = derive.SeriesSet(load.read_telemetry(path), PLAN)
+    ids = ss.select("vllm:generation_tokens_total").index
+    # Over a window without the restart: exact.
+    assert ss.increase(ids, t[10], t[300])[0] == pytest.approx(d["inc"][11:301].sum())
+    # Across the restart: the drop is added back, never negative.
+    total = ss.increase(ids, t[300], t[500])[0]
+    assert total == pytest.approx(d["inc"][301:501].sum(), abs=5)
+
+
+def test_binned_gauge_means_and_counter_rates(run):
+    path, t, d = run
+    ss = derive.SeriesSet(load.read_telemetry(path), PLAN)
+    bins = derive.Bins.over(t[0], t[-1], 60)
+    assert bins.n <= 60 and bins.width == 10
+    kv = ss.select("vllm:kv_cache_usage_perc").index
+    m = derive.gauge_bins(ss, kv, bins)[0]
+    i = int((t[0] + 100 - bins.t0) // bins.width)
+    assert m[i] == pytest.approx(0.25)  # a flat stretch averages to its value
+    rates = derive.counter_bins(ss, ss.select("vllm:generation_tokens_total").index, bins)[0]
+    k = int((t[100] - bins.t0) // bins.width)
+    lo = int(bins.edges[k] - t[0])
+    assert rates[k] == pytest.approx(d["inc"][lo + 1:lo + 11].sum() / 10, rel=1e-6)
+
+
+def test_gap_in_the_store_is_no_data(tmp_path):
+    w = SampleWriter(tmp_path / "telemetry" / "n1")
+    w.write([(1000.0, "n1", "decode-0@n1", "0", "vllm:num_requests_running", "{}", 5.0),
+             (1010.0, "n1", "decode-0@n1", "0", "vllm:num_requests_running", "{}", 5.0),
+             (1300.0, "n1", "decode-0@n1", "0", "vllm:num_requests_running", "{}", 7.0)])
+    w.close()
+    ss = derive.SeriesSet(load.read_telemetry(tmp_path), PLAN)
+    v = ss.values_at([0], np.array([1005.0, 1150.0, 1300.0]))[0]
+    assert v[0] == 5.0 and math.isnan(v[1]) and v[2] == 7.0
+
+
+def test_hist_quantile_interpolates_like_prometheus():
+    les = ["1.0", "2.0", "4.0", "+Inf"]
+    cum = np.array([10.0, 30.0, 40.0, 40.0])
+    assert derive.hist_quantile(les, cum, 0.5) == pytest.approx(1.5)
+    assert derive.hist_quantile(les, cum, 0.375) == pytest.approx(1.0 + 5 / 20)
+    assert derive.hist_quantile(les, cum, 0.05) == pytest.approx(0.2)  # 0 + 1 × 2/10
+    # All mass above the last finite bound: that bound, as Prometheus does.
+    assert derive.hist_quantile(les, np.array([0, 0, 0, 5.0]), 0.99) == 4.0
+    assert math.isnan(derive.hist_quantile(les, np.zeros(4), 0.5))
+
+
+def test_pareto_frontier_keeps_unbeaten_points():
+    df = pd.DataFrame({"x": [10, 20, 30, 40, 25, 5], "y": [100, 90, 60, 20, 50, 80]})
+    f = derive.pareto_frontier(df, "x", "y")
+    assert list(zip(f["x"], f["y"], strict=True)) == [(10, 100), (20, 90), (30, 60), (40, 20)]
+
+
+def test_fingerprint_changes_only_when_files_change(tmp_path):
+    (tmp_path / "a.log").write_text("one\n")
+    fp = load.fingerprint(tmp_path)
+    assert load.fingerprint(tmp_path) == fp
+    time.sleep(0.01)
+    with open(tmp_path / "a.log", "a") as f:
+        f.write("two\n")
+    assert load.fingerprint(tmp_path) != fp
+
+
+def test_tail_reads_the_end_of_a_big_log(tmp_path):
+    p = tmp_path / "x.log"
+    p.write_text("".join(f"line {i}\n" for i in range(200_000)))
+    assert load.tail(p, 3, max_bytes=4096) == ["line 199997", "line 199998", "line 199999"]
+
+
+def test_torn_plan_is_explained_not_raised(tmp_path):
+    run = tmp_path / "20250101-000000-x"
+    run.mkdir()
+    (run / "plan.json").write_text('{"schema_version": 1, "endpo')
+    info = load.run_info(run)
+    assert info.topology == "—" and info.notes
+    assert load.list_run_dirs(tmp_path) == [run]
+
+
+def test_topology_text_names_the_shape():
+    plan = {"endpoints": [{"role": "decode", "dp_size": 8, "tp_size": 1,
+                           "expert_parallel": True}] +
+            [{"role": "prefill", "dp_size": 2, "tp_size": 1, "expert_parallel": True}] * 4,
+            "gpu_count": {"total": 16}}
+    assert load.topology_text(plan) == "1 decode DEP8 + 4 prefill DEP2 (16 GPUs)"
