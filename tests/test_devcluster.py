@@ -54,7 +54,9 @@ def cluster() -> list[str]:
         pytest.fail(f"{hint} (sinfo: {e})", pytrace=False)
     if p.returncode != 0 or not p.stdout.strip():
         pytest.fail(f"{hint} (sinfo: {p.stderr.strip() or 'no nodes'})", pytrace=False)
-    usable = [ln.split()[0] for ln in p.stdout.splitlines() if ln.split()[1] in ("idle", "mix", "alloc")]
+    usable = [
+        ln.split()[0] for ln in p.stdout.splitlines() if ln.split()[1] in ("idle", "mix", "alloc")
+    ]
     if len(usable) < 2:
         pytest.fail(f"{hint} (fewer than 2 usable nodes: {p.stdout.strip()})", pytrace=False)
     os.environ.update({k: v for k, v in _env().items() if k == "SLURM_CONF"})
@@ -64,7 +66,9 @@ def cluster() -> list[str]:
 def sbatch(script: str, tmp_path: Path, *args: str) -> str:
     path = tmp_path / f"job-{uuid.uuid4().hex[:8]}.sbatch"
     path.write_text(script)
-    out = sh("sbatch", "--parsable", f"--partition={PARTITION}", f"--chdir={tmp_path}", *args, str(path))
+    out = sh(
+        "sbatch", "--parsable", f"--partition={PARTITION}", f"--chdir={tmp_path}", *args, str(path)
+    )
     return out.strip().split(";")[0]
 
 
@@ -195,7 +199,9 @@ def test_srun_client_kill_and_step_cancel(tmp_path):
                 start_new_session=True,
             )  # fmt: skip
             procs[sig_name] = (p, marker)
-            wait_for(lambda m=marker: any(_argv0(x) == m for x in live_pids(m)), 20, "the step task")
+            wait_for(
+                lambda m=marker: any(_argv0(x) == m for x in live_pids(m)), 20, "the step task"
+            )
         p, marker = procs["TERM"]
         os.killpg(p.pid, signal.SIGTERM)
         wait_for(lambda: not any(_argv0(x) == marker for x in live_pids(marker)), 10,
@@ -245,8 +251,18 @@ def _submitit_payload(delay: float) -> dict:
     code = "import os, sys; print(os.environ['SLURMD_NODENAME'], os.environ['CUDA_VISIBLE_DEVICES'], sys.prefix)"
     procs = [
         subprocess.Popen(
-            ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={n}", sys.executable, "-c", code],
-            stdout=subprocess.PIPE, text=True,
+            [
+                "srun",
+                "--overlap",
+                "--nodes=1",
+                "--ntasks=1",
+                f"--nodelist={n}",
+                sys.executable,
+                "-c",
+                code,
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
         )  # fmt: skip
         for n in nodes
     ]

@@ -10,7 +10,7 @@
 set -euo pipefail
 
 DIR=${DEVCLUSTER_DIR:-/var/tmp/pd-devcluster}
-HOSTS_TAG="# pd-devcluster"
+HOSTS_TAG="# pd-devcluster $DIR"
 PURGE=0
 STOP_MUNGE=0
 for a in "$@"; do
@@ -94,11 +94,9 @@ if [ "$PURGE" = 1 ]; then
     if [ -L /etc/slurm/slurm.conf ] && [ "$(readlink /etc/slurm/slurm.conf)" = "$CONF" ]; then
         rm -f /etc/slurm/slurm.conf
     fi
-    if grep -qF "$HOSTS_TAG" /etc/hosts 2>/dev/null; then
-        # In place, not mv: /etc/hosts may be a bind mount.
-        others=$(grep -vF "$HOSTS_TAG" /etc/hosts || true)
-        printf '%s\n' "$others" >/etc/hosts
-    fi
+    # In place, not mv: /etc/hosts may be a bind mount.
+    others=$(awk -v t=" $HOSTS_TAG" 'substr($0, length($0) - length(t) + 1) != t' /etc/hosts)
+    [ "$others" = "$(cat /etc/hosts)" ] || printf '%s\n' "$others" >/etc/hosts
     case "$DIR" in /|"") ;; *) rm -rf "$DIR" ;; esac
     echo "devcluster: down, purged $DIR"
 else

@@ -24,7 +24,7 @@ SLURMD_PORT=${DEVCLUSTER_SLURMD_PORT:-17001}
 TIMEOUT=${DEVCLUSTER_TIMEOUT:-60}
 PARTITION=dev
 PREFIX=gb200-
-HOSTS_TAG="# pd-devcluster"
+HOSTS_TAG="# pd-devcluster $DIR"
 
 die() { echo "devcluster: error: $*" >&2; exit 1; }
 log() { echo "devcluster: $*" >&2; }
@@ -40,12 +40,14 @@ for p in munge slurmctld slurmd slurm-client; do
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     log "installing ${need_pkgs[*]} (apt-get)"
+    mkdir -p "$DIR/log"
+    apt_log="$DIR/log/apt.log"
     export DEBIAN_FRONTEND=noninteractive
     # A machine where `apt-get update` never ran has no package lists: update first, always
     # (cheap, and stale lists give 404s on security updates).
-    apt-get update -qq >/dev/null || die "apt-get update failed"
-    apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null \
-        || die "apt-get install ${need_pkgs[*]} failed"
+    apt-get update -qq >"$apt_log" 2>&1 || { tail -n 20 "$apt_log" >&2; die "apt-get update failed"; }
+    apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >>"$apt_log" 2>&1 \
+        || { tail -n 20 "$apt_log" >&2; die "apt-get install ${need_pkgs[*]} failed (log: $apt_log)"; }
 fi
 
 # ---------------------------------------------------------------- layout and config
@@ -160,7 +162,7 @@ fi
 hosts_line="127.0.0.1 ${NODE_NAMES[*]} $HOSTS_TAG"
 if ! grep -qxF "$hosts_line" /etc/hosts; then
     # Rewrite in place (not mv): /etc/hosts is often a bind mount in containers.
-    others=$(grep -vF "$HOSTS_TAG" /etc/hosts || true)
+    others=$(awk -v t=" $HOSTS_TAG" 'substr($0, length($0) - length(t) + 1) != t' /etc/hosts)
     printf '%s\n%s\n' "$others" "$hosts_line" >/etc/hosts
 fi
 
@@ -201,14 +203,27 @@ tail_logs() {
     done
 }
 
-if [ "$changed" = 1 ] && pid_alive "$ctld_pidfile" slurmctld; then
+any_daemon_alive() {
+    local f n
+    pid_alive "$ctld_pidfile" slurmctld && return 0
+    for f in "$DIR"/run/slurmd.*.pid; do
+        [ -f "$f" ] || continue
+        n=${f##*/slurmd.}; n=${n%.pid}
+        pid_alive "$f" slurmd "$n" && return 0
+    done
+    return 1
+}
+if [ "$changed" = 1 ] && any_daemon_alive; then
     # New node list or limits: slurmd and slurmctld must re-read it together.
     log "configuration changed: restarting the daemons"
     scontrol shutdown >/dev/null 2>&1 || true
-    for _ in $(seq 100); do
-        pid_alive "$ctld_pidfile" slurmctld || break
-        sleep 0.1
-    done
+    for _ in $(seq 100); do any_daemon_alive || break; sleep 0.1; done
+    if any_daemon_alive; then
+        for f in "$ctld_pidfile" "$DIR"/run/slurmd.*.pid; do
+            [ -f "$f" ] && pid_alive "$f" slurm && kill -9 "$(cat "$f")" 2>/dev/null || true
+        done
+        sleep 0.2
+    fi
 fi
 # slurmds of nodes no longer configured (DEVCLUSTER_NODES lowered).
 for f in "$DIR"/run/slurmd.*.pid; do
