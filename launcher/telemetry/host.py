@@ -7,8 +7,8 @@ host: cpu_util_pct, cpu_user_s, cpu_system_s, cpu_iowait_s, cpu_steal_s (cumulat
       swap_used_bytes, net_sent_bytes / net_recv_bytes / net_packets_sent / net_packets_recv /
       net_errin / net_errout / net_dropin / net_dropout (counters, label nic),
       ib_xmit_bytes / ib_rcv_bytes (counters, labels device, port; from /sys/class/infiniband)
-proc: (process = the PD_PROCESS name; all PIDs carrying it are summed: API server, engine
-      cores, workers) num_pids, cpu_s (user+system, cumulative), cpu_pct (over the interval),
+proc: (process = the PD_PROCESS name; all PIDs carrying it, and their descendants whose
+      environment does not show it, are summed: API server, engine cores, workers) num_pids, cpu_s (user+system, cumulative), cpu_pct (over the interval),
       max_pid_cpu_pct (the hottest single PID: a busy-polling engine core shows here), rss_bytes,
       threads, open_fds, ctx_switches_voluntary, ctx_switches_involuntary (cumulative)
 """
@@ -55,6 +55,7 @@ class HostCollector:
     def _scan(self, now: float) -> None:
         ps = self.psutil
         seen = set()
+        orphans: list[tuple[tuple[int, float], Any]] = []
         for p in ps.process_iter(["pid", "create_time"]):
             try:
                 key = (p.info["pid"], p.info["create_time"])
@@ -69,11 +70,37 @@ class HostCollector:
                 self._rejected.add(key)
                 continue
             name = env.get(ENV_PROCESS)
-            if not name or (self.run_dir and env.get(ENV_RUN_DIR) and
-                            os.path.realpath(env[ENV_RUN_DIR]) != self.run_dir):
-                self._rejected.add(key)  # not ours (or another run's)
+            if not name:
+                orphans.append((key, p))  # maybe a child that cleared/overwrote its env
+                continue
+            if (self.run_dir and env.get(ENV_RUN_DIR) and
+                    os.path.realpath(env[ENV_RUN_DIR]) != self.run_dir):
+                self._rejected.add(key)  # another run's process
                 continue
             self._procs[key] = (name, p)
+        # A child without PD_PROCESS in /proc/<pid>/environ belongs to its nearest launcher-
+        # started ancestor: e.g. vllm-router's Rust process renames itself ("vllm::router"),
+        # which overwrites the memory /proc shows as its environment.
+        by_pid = {k[0]: name for k, (name, _) in self._procs.items()}
+        for key, p in orphans:
+            name = None
+            try:
+                q = p
+                for _ in range(8):
+                    ppid = q.ppid()
+                    if ppid in by_pid:
+                        name = by_pid[ppid]
+                        break
+                    if ppid <= 1:
+                        break
+                    q = ps.Process(ppid)
+            except (ps.NoSuchProcess, ps.AccessDenied, ps.ZombieProcess, OSError):
+                name = None
+            if name is None:
+                self._rejected.add(key)
+            else:
+                self._procs[key] = (name, p)
+                by_pid[key[0]] = name
         for key in list(self._procs):
             if key not in seen:
                 self._procs.pop(key, None)

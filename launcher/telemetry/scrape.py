@@ -297,15 +297,26 @@ def pending_rows(state: TargetState) -> list[str]:
 
 def describe_error(e: BaseException, timeout: float) -> str:
     """One short reason for a failed scrape (what a gap record says)."""
+    import errno
+
     if isinstance(e, asyncio.TimeoutError | TimeoutError):
         return f"timeout after {timeout:g} s"
+    # aiohttp wraps the OSError of the connect call (os_error); plain sockets raise it
+    os_err = getattr(e, "os_error", None) or (e if isinstance(e, OSError) else None) \
+        or e.__cause__
+    code = getattr(os_err, "errno", None)
+    if code == errno.ECONNREFUSED or isinstance(os_err, ConnectionRefusedError):
+        return "connection refused"
+    if code == errno.EHOSTUNREACH:
+        return "host unreachable"
+    if code == errno.ECONNRESET or isinstance(e, ConnectionResetError):
+        return "connection reset"
     name = type(e).__name__
     text = str(e).strip()
-    if "Connect" in name or isinstance(e, ConnectionError | OSError):
-        low = text.lower()
-        if "refused" in low:
-            return "connection refused"
+    if "Connect" in name or isinstance(e, OSError):
         return f"cannot connect: {text or name}"
+    if "ServerDisconnected" in name or "PayloadError" in name:
+        return f"endpoint closed the connection ({name})"
     return f"{name}: {text}" if text else name
 
 
@@ -354,13 +365,15 @@ class Scraper:
             if isinstance(res, BaseException):
                 reason = describe_error(res, self.timeout)
                 state.failures += 1
-                state.last_error = reason
                 status[proc] = reason
                 if not state.failing:
                     state.failing = True
                     writer.write_lines(pending_rows(state))  # close the series before the gap
+                if state.failures == 1 or reason != state.last_error:
+                    # one record per new reason (e.g. reset, then refused), not per failure
                     writer.gap(ts=ts, node=self.node, process=proc, source="scrape",
                                target=state.target.url, reason=reason)
+                state.last_error = reason
                 continue
             status[proc] = None
             if state.failing:
@@ -378,8 +391,13 @@ class Scraper:
         return status
 
     def flush_pending(self, writer) -> None:
+        """At stop: unwritten change points, and the failure count of gaps still open."""
         for state in self.states:
             writer.write_lines(pending_rows(state))
+            if state.failing:
+                writer.gap(ts=time.time(), node=self.node, process=state.target.process,
+                           source="scrape", target=state.target.url, reason=state.last_error,
+                           state="still_open", failures=state.failures)
 
     async def close(self) -> None:
         if self._session is not None:

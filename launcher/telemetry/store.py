@@ -25,6 +25,11 @@ observation only when
 3. a keyframe is due (every `KEYFRAME_S`, and the first observation after a start or a gap), or
 4. the writer closes or the source goes away (its pending hold points are written).
 
+The scraper applies the same rule with one refinement: histogram `_bucket` series are taken
+every `bucket_every_s` (agent default max(interval, 5 s)) while `_sum`, `_count`, counters and
+gauges are taken every scrape (buckets are ~80% of a vLLM scrape; quantiles are read over
+windows, means keep full resolution). GPU and host series go through `ChangeFilter` as is.
+
 Consequence for readers: linear interpolation between two consecutive rows of one series gives
 back every sampled value exactly (constant runs are stored as their two ends). Counter rates
 from consecutive rows are exact averages over their interval; the value of any series at time t
@@ -227,8 +232,9 @@ class SampleWriter:
 
     def gap(self, *, ts: float, node: str, process: str, source: str, target: str,
             reason: str, state: str = "open", failures: int | None = None) -> None:
-        """Record a gap opening (`state="open"`) or closing (`"closed"`, with how many
-        attempts failed in between) for one source."""
+        """Record a gap opening (`state="open"`; again when the reason changes), closing
+        (`"closed"`, with how many attempts failed) or still open at agent stop
+        (`"still_open"`, with the count so far) for one source."""
         row = {"ts": round(ts, 3), "node": node, "process": process, "source": source,
                "target": target, "state": state, "reason": reason}
         if failures is not None:
@@ -529,8 +535,9 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 def read_gaps(run_dir: Path, *, nodes: Iterable[str] | None = None) -> pd.DataFrame:
     """Gaps as intervals: columns node, process, source ("scrape" | "log" | "gpu" | ...),
-    target (URL, file, GPU), start, end (NaN while still open), reason (the first failure's
-    reason), failures (how many failed attempts were folded into it)."""
+    target (URL, file, GPU), start, end (NaN while still open), reason (the distinct reasons
+    in order, "; "-joined, e.g. "connection reset; connection refused"), failures (how many
+    failed attempts it spans)."""
     import pandas as pd
 
     out = []
@@ -545,8 +552,16 @@ def read_gaps(run_dir: Path, *, nodes: Iterable[str] | None = None) -> pd.DataFr
                     g["end"] = r["ts"]
                     g["failures"] = max(g["failures"], int(r.get("failures") or 0))
                     out.append(g)
+            elif r.get("state") == "still_open":  # written at agent stop: the count so far
+                if key in open_:
+                    open_[key]["failures"] = max(open_[key]["failures"],
+                                                 int(r.get("failures") or 0))
             elif key in open_:
-                open_[key]["failures"] += 1
+                g = open_[key]
+                g["failures"] += 1
+                reason = r.get("reason", "")
+                if reason and reason not in g["reason"].split("; "):
+                    g["reason"] += "; " + reason
             else:
                 open_[key] = {"node": key[0], "process": key[1], "source": key[2],
                               "target": key[3], "start": r["ts"], "end": float("nan"),
