@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import statistics
 import threading
 import time
@@ -19,6 +18,7 @@ import pytest
 
 from launcher.sim.knobs import Knobs
 from launcher.sim.procs import sample, scrape, start_sim
+from launcher.telemetry import statslog
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -34,7 +34,7 @@ def sim(tmp_path_factory):
     p = start_sim(tmp_path_factory.mktemp("cap"), "agg-0", "m", "--block-size", "16",
                   "--num-gpu-blocks-override", "1100", "--max-num-batched-tokens", str(BATCH),
                   "--api-server-count", "1", SIM_SPEED=str(SPEED), SIM_STEP_BASE_MS=str(STEP_MS),
-                  VLLM_LOG_STATS_INTERVAL="1")
+                  VLLM_LOG_STATS_INTERVAL="0.5")
     try:
         p.wait_healthy(20)
         yield p
@@ -73,20 +73,20 @@ def _expected_prefill_s() -> float:
 def test_light_load_ttft_is_the_chunked_prefill_time(sim):
     async def run() -> list[float]:
         async with aiohttp.ClientSession() as s:
-            return [(await _ttft(s, sim.url, PROMPT, 4))[0] for _ in range(3)]
+            return [(await _ttft(s, sim.url, PROMPT, 4))[0] for _ in range(5)]
 
     ttfts = asyncio.run(run())
     expected = _expected_prefill_s()  # 4 chunks: ~0.17 s at SIM_SPEED 4
     unchunked = (STEP_MS + PROMPT * 1000 / Knobs().prefill_tokens_per_s) / 1000 / SPEED
     med = statistics.median(ttfts)
-    assert expected * 0.9 <= med <= expected * 1.3 + 0.03, (ttfts, expected)
+    assert expected * 0.9 <= med <= expected * 1.5 + 0.03, (ttfts, expected)
     assert med > unchunked * 1.4  # chunking by --max-num-batched-tokens shows
     text = scrape(sim.url)
     assert sample(text, "vllm:kv_cache_usage_perc") == 0.0
     # the server-side TTFT histogram agrees with the client
     n = sample(text, "vllm:time_to_first_token_seconds_count")
     mean = sample(text, "vllm:time_to_first_token_seconds_sum") / n
-    assert expected * 0.9 <= mean <= expected * 1.3 + 0.03
+    assert expected * 0.9 <= mean <= expected * 1.5 + 0.03, (mean, expected)
 
 
 def test_beyond_capacity_requests_wait_and_ttft_rises(sim):
@@ -122,9 +122,11 @@ def test_beyond_capacity_requests_wait_and_ttft_rises(sim):
     assert statistics.median(ttfts) > 2 * light
     text = scrape(sim.url)
     assert sample(text, "vllm:request_queue_time_seconds_sum") > 1.0
-    time.sleep(1.1)
-    log = sim.log_text()
-    assert "GPU KV cache usage: 9" in log and re.search(r"Waiting: [1-9]\d* reqs", log)
+    time.sleep(0.6)
+    lines = [s for s in statslog.parse_log_text(sim.log_text())]
+    usage = [s.value for s in lines if s.name == "log:kv_cache_usage_pct"]
+    waiting = [s.value for s in lines if s.name == "log:waiting_reqs"]
+    assert max(usage) >= 80 and max(waiting) >= 1, (usage, waiting)
 
 
 def test_full_cache_during_decode_preempts(sim):

@@ -55,6 +55,7 @@ class SimConfig:
     mamba_ssm_cache_dtype: str
     disable_log_stats: bool
     aggregate_engine_logging: bool
+    request_id_headers: bool
     side_channel_host: str
     side_channel_port: int
     log_stats_interval: float
@@ -127,6 +128,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--disable-log-requests", action="store_true", default=None)
     p.add_argument("--disable-log-stats", action="store_true")
     p.add_argument("--aggregate-engine-logging", action="store_true")
+    p.add_argument("--enable-request-id-headers", action="store_true")
     p.add_argument("--sim-help", action="store_true", help="list the SIM_* knobs and exit")
     for name in knobs_mod.Knobs.names():
         p.add_argument(knobs_mod.flag_name(name), dest="sim_" + name, default=None)
@@ -227,6 +229,7 @@ def parse(argv: list[str], env: dict[str, str] | None = None) -> SimConfig:
         mamba_ssm_cache_dtype=ns.mamba_ssm_cache_dtype,
         disable_log_stats=ns.disable_log_stats,
         aggregate_engine_logging=ns.aggregate_engine_logging,
+        request_id_headers=ns.enable_request_id_headers,
         side_channel_host=env.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost"),
         side_channel_port=base_port,
         log_stats_interval=float(env.get("VLLM_LOG_STATS_INTERVAL", "10")),

@@ -155,8 +155,6 @@ class Engine:
         """Client went away: drop the request wherever it is and free its blocks."""
         if req.finished:
             return
-        if req in self.fetching:
-            return  # the pull task finishes it
         try:
             self.waiting.remove(req)
         except ValueError:
@@ -245,7 +243,12 @@ class Engine:
         return True
 
     def _expire_held(self, now: float) -> None:
-        expired = [r for r in self.held.values() if r.hold_until <= now]
+        # held is in insertion order and every lease is equally long: oldest first.
+        expired = []
+        for req in self.held.values():
+            if req.hold_until > now:
+                break
+            expired.append(req)
         for req in expired:
             del self.held[req.id]
             self._free(req)
@@ -288,7 +291,7 @@ class Engine:
                 self.wake.clear()
                 timeout = None
                 if self.held:
-                    timeout = max(0.05, min(r.hold_until for r in self.held.values()) - now)
+                    timeout = max(0.05, next(iter(self.held.values())).hold_until - now)
                 try:
                     await asyncio.wait_for(self.wake.wait(), timeout)
                 except TimeoutError:
@@ -409,8 +412,9 @@ class Engine:
             self.fetching.discard(req)
             self.stats.inc("vllm:nixl_num_failed_transfers")
             self.interval.failed += 1
-            req.error = f"KV transfer failed: {exc}"
-            self._finish(req, "error", time.time())
+            if not req.finished:  # not aborted meanwhile
+                req.error = f"KV transfer failed: {exc}"
+                self._finish(req, "error", time.time())
             self.wake.set()
             return
         self.fetching.discard(req)

@@ -77,7 +77,8 @@ class Api:
     async def _tag(self, request: web.Request, response: web.StreamResponse) -> None:
         response.headers[SIM_HEADER] = SIM_HEADER_VALUE
         rid = request.headers.get("X-Request-Id")
-        if rid and "X-Request-Id" not in response.headers:
+        # vLLM echoes the id only with --enable-request-id-headers
+        if rid and self.cfg.request_id_headers and "X-Request-Id" not in response.headers:
             response.headers["X-Request-Id"] = rid
 
     async def health(self, request: web.Request) -> web.Response:
@@ -361,6 +362,8 @@ class Api:
                     break
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
+        except ConnectionError:
+            engine.abort(req)  # the client went away
         except BaseException:
             engine.abort(req)
             raise

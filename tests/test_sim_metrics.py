@@ -1,0 +1,130 @@
+"""/metrics and stats-log modes beyond the single-API-server case, and KV lease expiry."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from launcher.sim.procs import free_ports, http_json, kv_config, sample, scrape, start_sim
+from launcher.telemetry import statslog
+
+FIXTURES = Path("/work/shared/fixtures")
+if not FIXTURES.is_dir():
+    FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _families(text: str) -> list[tuple[str, str, str]]:
+    return [(f.name, f.type, f.documentation) for f in text_string_to_metric_families(text)]
+
+
+def test_multi_api_server_mode_like_vllm(tmp_path):
+    # DP 2 without --api-server-count: vLLM runs 2 API servers -> prometheus multiprocess
+    # mode for /metrics, and one warning per API server instead of stats lines.
+    p = start_sim(tmp_path, "decode-0", "m", "--data-parallel-size", "2",
+                  "--kv-transfer-config", kv_config("kv_consumer"), "--max-model-len", "32768",
+                  VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_ports(2)), VLLM_LOG_STATS_INTERVAL="0.5",
+                  SIM_SPEED="20")
+    try:
+        p.wait_healthy(10)
+        assert http_json(p.url + "/v1/completions", {"prompt": "hi " * 50,
+                                                     "max_tokens": 4})[0] == 200
+        fixture = (FIXTURES / "vllm_metrics_v0.33.0_generated_decode_dp2_nixl_multiproc.prom"
+                   ).read_text()
+        text = scrape(p.url)
+        assert _families(text) == _families(fixture)  # same families in the same order
+        assert "_created" not in text and "python_gc" not in text
+        time.sleep(1.2)
+        log = p.log_text()
+        warnings = [statslog.parse_prefix(line) for line in log.splitlines()
+                    if statslog.STATS_DISABLED_RE.search(line)]
+        assert [w.proc for w in warnings if w] == ["ApiServer_0", "ApiServer_1"]
+        assert "Avg prompt throughput" not in log
+    finally:
+        p.stop()
+
+
+def test_aggregated_engine_logging(tmp_path):
+    p = start_sim(tmp_path, "agg-0", "m", "--data-parallel-size", "2", "--api-server-count",
+                  "1", "--aggregate-engine-logging", "--num-gpu-blocks-override", "2731",
+                  VLLM_LOG_STATS_INTERVAL="0.5", SIM_SPEED="20")
+    try:
+        p.wait_healthy(10)
+        for _ in range(4):
+            assert http_json(p.url + "/v1/completions", {"prompt": "hi " * 50,
+                                                         "max_tokens": 8})[0] == 200
+        time.sleep(1.2)
+        samples = statslog.parse_log_text(p.log_text())
+        names = {s.name for s in samples}
+        assert "log:num_gpu_blocks" in names and "log:generation_throughput_tok_s" in names
+        assert all(s.labels == {"aggregated_engines": "2"} for s in samples)
+        assert [s.value for s in samples if s.name == "log:num_gpu_blocks"] == [2731.0]
+    finally:
+        p.stop()
+
+
+def test_unread_kv_expires_on_the_prefill_and_late_pull_fails(tmp_path):
+    cfg = kv_config("kv_producer").replace('"backends"', '"kv_lease_duration": 1, "backends"')
+    prefill = start_sim(tmp_path, "prefill-0", "m", "--kv-transfer-config", cfg,
+                        "--api-server-count", "1", SIM_SPEED="20",
+                        VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_ports(1)),
+                        VLLM_LOG_STATS_INTERVAL="0.5")
+    decode = start_sim(tmp_path, "decode-0", "m", "--kv-transfer-config",
+                       kv_config("kv_consumer"), SIM_SPEED="20",
+                       VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_ports(1)))
+    try:
+        prefill.wait_healthy(10)
+        decode.wait_healthy(10)
+        status, p = http_json(prefill.url + "/v1/completions", {
+            "prompt": "x " * 400, "max_tokens": 1, "kv_transfer_params": {
+                "do_remote_decode": True}})
+        assert status == 200
+        assert sample(scrape(prefill.url), "vllm:kv_cache_usage_perc") > 0  # held for D
+        time.sleep(1.6)
+        text = scrape(prefill.url)
+        assert sample(text, "vllm:kv_cache_usage_perc") == 0.0
+        assert sample(text, "vllm:nixl_num_kv_expired_reqs_total") == 1
+        assert "Num KV expired reqs=1" in prefill.log_text()
+        status, body = http_json(decode.url + "/v1/completions", {
+            "prompt": "x " * 400, "max_tokens": 3,
+            "kv_transfer_params": p["kv_transfer_params"]}, timeout=15)
+        assert status == 500 and "no held KV blocks" in body["error"]["message"]
+        assert sample(scrape(decode.url), "vllm:nixl_num_failed_transfers_total") == 1
+    finally:
+        prefill.stop()
+        decode.stop()
+
+
+def test_client_disconnect_aborts_and_frees_blocks(tmp_path):
+    p = start_sim(tmp_path, "agg-0", "m", "--enable-request-id-headers", SIM_SPEED="1")
+    try:
+        p.wait_healthy(10)
+
+        async def go() -> str:
+            async with aiohttp.ClientSession() as s:
+                async with s.post(p.url + "/v1/completions", headers={"X-Request-Id": "abc"},
+                                  json={"prompt": "hi " * 100, "max_tokens": 5000,
+                                        "stream": True, "ignore_eos": True}) as r:
+                    assert r.headers["x-simulated-engine"] == "launcher.sim"
+                    assert r.headers["X-Request-Id"] == "abc"
+                    first = await r.content.readline()
+                    return first.decode()
+
+        assert asyncio.run(go()).startswith("data: ")
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            text = scrape(p.url)
+            if sample(text, "vllm:request_success_total", finished_reason="abort") == 1:
+                break
+            time.sleep(0.1)
+        assert sample(text, "vllm:request_success_total", finished_reason="abort") == 1
+        assert sample(text, "vllm:num_requests_running") == 0
+        assert sample(text, "vllm:kv_cache_usage_perc") == 0.0
+    finally:
+        p.stop()
