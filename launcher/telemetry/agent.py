@@ -22,6 +22,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from launcher.telemetry.scrape import Scraper, Target
 from launcher.telemetry.statslog import LogTail, StatsLogParser
@@ -77,13 +78,18 @@ def local_setup(plan: dict | None, node: str, run_dir: Path) -> dict[str, Any]:
     logs: dict[str, Path] = {}
     gpus: dict[int, str] = {}
     names: set[str] = set()
+    ports: dict[int, str] = {}
     if plan is None:
-        return {"targets": targets, "logs": logs, "gpus": gpus, "names": None}
+        return {"targets": targets, "logs": logs, "gpus": gpus, "names": None, "ports": ports}
     for p in plan.get("processes", []):
         if p.get("node") != node:
             continue
         names.add(p["name"])
         kind = p.get("kind")
+        if kind in ("engine", "router") and p.get("url"):
+            port = urlsplit(p["url"]).port
+            if port:
+                ports[port] = p["name"]
         if kind == "engine":
             if p.get("metrics_url"):
                 targets.append(Target(p["name"], p["metrics_url"]))
@@ -92,7 +98,7 @@ def local_setup(plan: dict | None, node: str, run_dir: Path) -> dict[str, Any]:
                 gpus[int(g)] = p["name"]
         elif kind == "router" and p.get("metrics_url"):
             targets.append(Target(p["name"], p["metrics_url"]))
-    return {"targets": targets, "logs": logs, "gpus": gpus, "names": names}
+    return {"targets": targets, "logs": logs, "gpus": gpus, "names": names, "ports": ports}
 
 
 class Agent:
@@ -135,7 +141,8 @@ class Agent:
                 self.notices.append(self.exporter_error)
         from launcher.telemetry.host import HostCollector
 
-        self.host = HostCollector(node, run_dir=str(self.run_dir))
+        self.host = HostCollector(node, run_dir=str(self.run_dir),
+                                  port_owners=self.setup["ports"])
         self.host_sink = FilteredSink(self.writer, node, keyframe_s, self.exporter)
         self.gpu_sink = FilteredSink(self.writer, node, keyframe_s, self.exporter)
         self.gpu_info: dict[str, Any] = {"available": False, "notices": ["GPU collection off"]}
@@ -157,6 +164,7 @@ class Agent:
 
     # --- one beat ------------------------------------------------------------------------
     def _host_rows(self, ts: float) -> None:
+        self.host.up = {p for p, err in self.last_status.items() if err is None}
         rows = self.host.sample(ts)
         allowed = self.setup["names"]
         if allowed:

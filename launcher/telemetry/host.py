@@ -29,7 +29,8 @@ class HostCollector:
     before (rescanned every `rescan_s`), so a steady state costs a few syscalls per PID."""
 
     def __init__(self, node: str, *, run_dir: str | None = None, rescan_s: float = 5.0,
-                 nics: list[str] | None = None, ib_root: str = "/sys/class/infiniband") -> None:
+                 nics: list[str] | None = None, ib_root: str = "/sys/class/infiniband",
+                 port_owners: dict[int, str] | None = None, port_scan_s: float = 10.0) -> None:
         import psutil
 
         self.psutil = psutil
@@ -41,6 +42,12 @@ class HostCollector:
         self._procs: dict[tuple[int, float], tuple[str, Any]] = {}  # (pid, ctime) -> name, Proc
         self._rejected: set[tuple[int, float]] = set()
         self._last_scan = 0.0
+        # listening port -> plan process: the fallback for a process whose environment is
+        # unreadable (vllm-router renames itself, which blanks /proc/<pid>/environ)
+        self.port_owners = dict(port_owners or {})
+        self.port_scan_s = port_scan_s
+        self._last_port_scan = 0.0
+        self.up: set[str] | None = None  # processes known to serve (set by the agent)
         self._prev_cpu: dict[tuple[int, float], tuple[float, float]] = {}
         self.info: dict[str, Any] = {"nics": [], "ib_ports": [], "notices": []}
         psutil.cpu_percent(None)  # prime the interval-based CPU %
@@ -101,12 +108,40 @@ class HostCollector:
             else:
                 self._procs[key] = (name, p)
                 by_pid[key[0]] = name
+        self._scan_ports(now, orphans)
         for key in list(self._procs):
             if key not in seen:
                 self._procs.pop(key, None)
                 self._prev_cpu.pop(key, None)
         self._rejected &= seen
         self._last_scan = now
+
+    def _scan_ports(self, now: float, orphans: list) -> None:
+        found = {name for name, _ in self._procs.values()}
+        # only names that answer on their port (when the agent says so): one scan finds them
+        missing = {port: name for port, name in self.port_owners.items()
+                   if name not in found and (self.up is None or name in self.up)}
+        if not missing or now - self._last_port_scan < self.port_scan_s:
+            return
+        self._last_port_scan = now
+        ps = self.psutil
+        try:
+            conns = ps.net_connections(kind="tcp")
+        except (ps.AccessDenied, OSError):
+            return
+        for c in conns:
+            if c.status != ps.CONN_LISTEN or not c.pid or not c.laddr:
+                continue
+            name = missing.get(c.laddr.port)
+            if name is None:
+                continue
+            try:
+                p = ps.Process(c.pid)
+                key = (c.pid, p.create_time())
+            except (ps.NoSuchProcess, ps.AccessDenied):
+                continue
+            self._rejected.discard(key)
+            self._procs[key] = (name, p)
 
     def processes(self) -> dict[str, list[int]]:
         """{process name: [pids]} currently attributed."""
