@@ -143,6 +143,13 @@ def load(env: dict[str, str] | None = None, flags: dict[str, str] | None = None)
     return knobs
 
 
+def unknown_env(env: dict[str, str] | None = None) -> list[str]:
+    """SIM_* variables that are not knobs (typos in a recipe's sim: section)."""
+    env = os.environ if env is None else env
+    known = {env_name(n) for n in Knobs.names()}
+    return sorted(k for k in env if k.startswith("SIM_") and k not in known)
+
+
 def describe() -> str:
     """Human-readable list of all knobs (for --sim-help)."""
     lines = []

@@ -6,7 +6,7 @@ import asyncio
 import signal
 import sys
 
-from launcher.sim import vlog
+from launcher.sim import knobs, vlog
 from launcher.sim.cli import SimConfig, UsageError, parse
 
 
@@ -168,6 +168,10 @@ def main(argv: list[str] | None = None) -> int:
                               f"data_parallel_start_rank={cfg.dp_start_rank}, "
                               f"headless={cfg.headless}, kv_role={cfg.kv_role!r}, "
                               f"block_size={cfg.block_size}, num_gpu_blocks={cfg.num_gpu_blocks}")
+    unknown = knobs.unknown_env()
+    if unknown:
+        vlog.warning("sim.py:3", "unknown simulation knobs (ignored): " + ", ".join(unknown)
+                     + "; see python -m launcher.sim serve X --sim-help")
     if cfg.ignored_flags:
         vlog.warning("sim.py:2", "launcher.sim cannot model these flags and ignores them: "
                                  + ", ".join(cfg.ignored_flags))
