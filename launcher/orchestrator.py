@@ -175,6 +175,10 @@ class Orchestrator:
 
     def check_processes(self, allowed: Callable[[Handle], bool] = lambda h: False) -> None:
         """Fail the run if a process that should be running has exited."""
+        if self.cancel_reason is None and self.run.cancel_request.exists():
+            who = rundir.read_json(self.run.cancel_request, {}) or {}
+            self.cancel_reason = f"cancelled by `launcher cancel` ({who.get('by', 'unknown')})"
+            say(self.cancel_reason + "; tearing down")
         if self.cancel_reason:
             raise Cancelled(self.cancel_reason)
         for h in self.handles:

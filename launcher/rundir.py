@@ -111,6 +111,11 @@ class RunDir:
         return self.path / "summary.json"
 
     @property
+    def cancel_request(self) -> Path:
+        """Written by `launcher cancel`; the orchestrator polls for it and tears down."""
+        return self.path / "cancel.request"
+
+    @property
     def logs(self) -> Path:
         return self.path / "logs"
 

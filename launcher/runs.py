@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -158,36 +159,39 @@ def show_logs(run_path: Path, process: str | None, follow: bool, lines: int) -> 
 
 
 def cancel(run_path: Path, grace_s: float = 60.0) -> int:
+    """Ask the orchestrator to tear down (a file it polls: works on any node, no signals
+    to route through Slurm); if it does not end in time, scancel or SIGTERM it."""
     run = rundir.RunDir(run_path)
     st = run.read_state()
     if st.get("state") in rundir.FINAL_STATES:
         print(f"run {run.run_id} already ended: {st['state']}")
         return 0
+    by = f"{os.environ.get('USER', 'someone')}@{socket.gethostname()}"
+    rundir.write_json(run.cancel_request, {"by": by, "ts": time.time()})
     job = st.get("slurm_job_id")
+    pending = job and "PENDING" in (slurm_state(str(job)) or "")
+    deadline = time.monotonic() + (0 if pending or st.get("state") == "planned" else grace_s)
+    while time.monotonic() < deadline:
+        if run.read_state().get("state") in rundir.FINAL_STATES:
+            print(f"cancelled {run.run_id}: it tore down and recorded why")
+            return 0
+        time.sleep(0.5)
     if job:
-        # The orchestrator alone first, so it tears down and records why; then the job.
-        subprocess.run(["scancel", "--batch", "--signal=TERM", str(job)], capture_output=True)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
-            s = slurm_state(str(job)) or ""
-            if not any(x in s for x in ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING")):
-                break
-            if "PENDING" in s:
-                break
-            time.sleep(1)
-        subprocess.run(["scancel", str(job)], capture_output=True)
-        print(f"cancelled slurm job {job} ({run.run_id})")
+        subprocess.run(["scancel", str(job)], capture_output=True, timeout=30)
+        run.update_state(state="cancelled", error=f"cancelled by {by} (scancel)", ended=time.time())
+        print(f"cancelled slurm job {job} ({run.run_id}) with scancel")
         return 0
     pid = st.get("orchestrator_pid")
     if pid:
         try:
             os.kill(int(pid), signal.SIGTERM)
+            print(f"sent SIGTERM to the orchestrator of {run.run_id} (pid {pid})")
+            return 0
         except ProcessLookupError:
-            print(f"run {run.run_id}: its orchestrator (pid {pid}) is gone")
-            return 1
-        print(f"sent SIGTERM to the orchestrator of {run.run_id} (pid {pid})")
-        return 0
-    raise UserError(f"run {run.run_id} has neither a Slurm job nor a running orchestrator")
+            pass
+    run.update_state(state="cancelled", error=f"cancelled by {by}; no orchestrator was running")
+    print(f"run {run.run_id}: no orchestrator was running; marked cancelled")
+    return 0
 
 
 def follow(run_path: Path, poll_s: float = 2.0) -> int:
