@@ -4,6 +4,9 @@
 
 1. Parse rate of our /metrics path vs prometheus_client's text parser on a DP-8-sized payload
    (the decode DP-2 fixture with engine "1" cloned to engines 2..7, as in notes/perf-facts.md).
+3. The reader: one node's store after `--reader-minutes` of 4 DP-8 endpoints at 1 Hz (the same
+   mutation model, written through the agent's scrape path and compacted): rows and bytes
+   stored, and read_samples time for one metric, one histogram family, and everything.
 2. The agent's CPU time per second of wall time while it scrapes N endpoints serving that
    payload at 1 Hz (the servers run in another process and mutate values every request: all
    gauges, counters, sums and counts, and a fifth of the histogram buckets change each scrape,
@@ -173,11 +176,69 @@ def bench_agent(text: str, seconds: float, endpoints: int) -> None:
           f"text for {info['ticks']} ticks")
 
 
+def bench_reader(text: str, minutes: float, endpoints: int) -> None:
+    from launcher.telemetry.scrape import Target, TargetState
+    from launcher.telemetry.store import SampleWriter, read_samples
+
+    rng = random.Random(2)
+    lines = text.splitlines()
+
+    def mutate() -> str:
+        out = []
+        for line in lines:
+            if line.startswith("#") or not line:
+                out.append(line)
+                continue
+            key, _, val = line.rpartition(" ")
+            if rng.random() < (0.2 if "_bucket{" in key else 0.8):
+                val = repr(float(val) + rng.randint(1, 9))
+            out.append(key + " " + val)
+        lines[:] = out
+        return "\n".join(out) + "\n"
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-reader-"))
+    node_dir = tmp / "telemetry" / "n1"
+    w = SampleWriter(node_dir, rotate_bytes=8 << 20)
+    states = [TargetState(Target(f"decode-{i}@n1", ""), "n1", 60.0, 5.0)
+              for i in range(endpoints)]
+    t0 = 1.8e9
+    ticks = int(minutes * 60)
+    for k in range(ticks):
+        payload = mutate()  # the same payload for every endpoint: the cost is per row anyway
+        for st in states:
+            w.write_lines(st.ingest(t0 + k, payload))
+        w.flush()
+    for st in states:
+        w.write_lines(st.pending())
+    w.close()
+    size = sum(f.stat().st_size for f in node_dir.glob("samples-*.parquet"))
+
+    def timed(**kw) -> tuple[float, int]:  # noqa: ANN003
+        t = time.perf_counter()
+        df = read_samples(tmp, **kw)
+        return time.perf_counter() - t, len(df)
+
+    all_t, all_n = timed()
+    one_t, one_n = timed(names=["vllm:kv_cache_usage_perc"])
+    fam_t, fam_n = timed(name_prefix="vllm:time_to_first_token_seconds")
+    win_t, win_n = timed(name_prefix="vllm:", start=t0 + ticks / 2, end=t0 + ticks / 2 + 60)
+    raw_rows = ticks * endpoints * sum(1 for x in lines if x and not x.startswith("#")
+                                       and "_created" not in x)
+    print(f"reader: one node, {endpoints} DP-8 endpoints, {minutes:g} min at 1 Hz: "
+          f"{all_n:,} rows stored of {raw_rows:,} scraped samples "
+          f"({raw_rows / max(all_n, 1):.1f}x fewer), {size / 2**20:.1f} MiB parquet")
+    print(f"  read everything              : {all_t:6.2f} s ({all_n / all_t / 1e6:.1f} M rows/s)")
+    print(f"  read one metric (kv usage)   : {one_t:6.3f} s ({one_n:,} rows)")
+    print(f"  read one histogram family    : {fam_t:6.3f} s ({fam_n:,} rows)")
+    print(f"  read vllm:* in a 60 s window : {win_t:6.3f} s ({win_n:,} rows, with state at start)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--endpoints", type=int, default=4)
     ap.add_argument("--skip-agent", action="store_true")
+    ap.add_argument("--reader-minutes", type=float, default=10.0, help="0: skip the reader")
     a = ap.parse_args()
     random.seed(0)
     text = dp8_payload()
@@ -185,6 +246,8 @@ def main() -> None:
     bench_parse(text)
     if not a.skip_agent:
         bench_agent(text, a.seconds, a.endpoints)
+    if a.reader_minutes > 0:
+        bench_reader(text, a.reader_minutes, a.endpoints)
 
 
 if __name__ == "__main__":
