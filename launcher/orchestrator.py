@@ -102,6 +102,41 @@ def plan_here(run: rundir.RunDir) -> Plan:
     return plan
 
 
+def busy_ports(plan: Plan) -> list[str]:
+    """Planned ports already taken on this host, for the nodes that are this host (local
+    and dev-cluster runs: a run still up, or another program, would make ours fail late)."""
+    here = {"127.0.0.1", "localhost", socket.gethostname()}
+    try:
+        here.add(socket.gethostbyname(socket.gethostname()))
+    except OSError:
+        pass
+    local = {n for n in plan.nodes if plan.address(n) in here or plan.address(n).startswith("127.")}
+    wanted: list[tuple[int, str]] = []
+    if plan.nodes[0] in local:
+        wanted += [(plan.router_port, "router http"), (plan.router_metrics_port, "router metrics")]
+    wanted += [(p, f"agent@{n} exporter") for n, p in plan.exporter_ports.items() if n in local]
+    for ep in plan.endpoints:
+        for part in ep.parts:
+            if part.node not in local:
+                continue
+            if part.head:
+                wanted.append((ep.http_port, f"{ep.name} http"))
+            if ep.role != "agg":
+                wanted += [
+                    (ep.nixl_port_base + r, f"{ep.name} nixl rank {r}") for r in part.dp_ranks
+                ]
+        if ep.multi_node and ep.head.node in local:
+            wanted.append((ep.dp_rpc_port, f"{ep.name} dp rpc"))
+    busy = []
+    for port, what in sorted(set(wanted)):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((plan.cluster.bind_host, port))
+            except OSError:
+                busy.append(f"{port} ({what})")
+    return busy
+
+
 # --- HTTP checks -------------------------------------------------------------------------------
 
 
@@ -404,6 +439,17 @@ def run(run_dir: Path) -> int:
         run.update_state(state="failed", error=str(e), ended=time.time())
         run.event("failed", error=str(e))
         raise
+    busy = busy_ports(plan)
+    if busy:
+        error = (
+            f"ports in use on this host: {', '.join(busy[:6])}"
+            + (f" and {len(busy) - 6} more" if len(busy) > 6 else "")
+            + ": is another run still up? (python -m launcher runs), or change the cluster "
+            "profile's port_base"
+        )
+        run.update_state(state="failed", error=error, ended=time.time())
+        run.event("failed", error=error)
+        raise UserError(error)
     orch = Orchestrator(run, plan, make_backend(plan, run.path))
     _install_signals(orch)
     if plan.recipe.engine == "sim":

@@ -149,3 +149,23 @@ def test_ctrl_c_tears_down_and_records_cancelled(tmp_path):
     st = rundir.RunDir(run).read_state()
     assert st["state"] == "cancelled" and "Ctrl-C" in st["error"]
     assert leftovers(run) == []
+
+
+def test_a_busy_port_is_named_before_anything_starts(tmp_path):
+    import socket
+
+    from launcher import cluster, plan, recipe
+
+    p = plan.make_plan(
+        recipe.load(RECIPE), cluster.load("local"), ["local-1", "local-2", "local-3"]
+    )
+    port = p.endpoints[0].http_port
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        code, out = launcher(tmp_path, "submit", RECIPE)
+    assert code == 2, out
+    assert f"{port} (decode-0 http)" in out and "another run still up" in out
+    run = the_run(tmp_path)
+    assert rundir.RunDir(run).read_state()["state"] == "failed"
+    assert not (run / "logs").exists()
