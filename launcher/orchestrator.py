@@ -130,6 +130,8 @@ def busy_ports(plan: Plan) -> list[str]:
     busy = []
     for port, what in sorted(set(wanted)):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            # Servers set SO_REUSEADDR too: a recent run's TIME_WAIT connections are no clash.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((plan.cluster.bind_host, port))
             except OSError:

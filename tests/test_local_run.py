@@ -161,6 +161,7 @@ def test_a_busy_port_is_named_before_anything_starts(tmp_path):
     )
     port = p.endpoints[0].http_port
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))
         s.listen()
         code, out = launcher(tmp_path, "submit", RECIPE)
