@@ -31,7 +31,8 @@ def parse_runs_arg(argv: list[str]) -> str | None:
 
 
 def main() -> None:
-    st.set_page_config(page_title="P/D vLLM runs", page_icon="🚀", layout="wide")
+    st.set_page_config(page_title="P/D vLLM runs", page_icon=":material/monitoring:",
+                       layout="wide")
     if "runs_dir" not in st.session_state:
         st.session_state["runs_dir"] = (parse_runs_arg(sys.argv[1:])
                                         or os.environ.get(ui.RUNS_ENV) or "runs")
@@ -50,9 +51,8 @@ def main() -> None:
     with st.sidebar:
         st.markdown(f"**Runs directory**  \n`{ui.runs_dir()}`")
         if ids:
-            labels = {i.run_id: f"{'🧪 ' if i.simulated else ''}{i.run_id} "
-                                f"({ui.STATE_BADGE.get(i.state, i.state).split(' ')[-1]})"
-                      for i in infos}
+            labels = {i.run_id: f"{i.run_id} ({ui.STATE_BADGE.get(i.state, i.state)}"
+                                f"{', SIM' if i.simulated else ''})" for i in infos}
             st.selectbox("Run", ids, key="run", format_func=lambda r: labels.get(r, r),
                          on_change=picked)
         else:

@@ -25,9 +25,10 @@ def windows_layer(windows: pd.DataFrame) -> alt.Chart | None:
     if windows is None or windows.empty:
         return None
     base = alt.Chart(windows)
-    rect = base.mark_rect(opacity=0.08, color="#4c78a8").encode(x="start:T", x2="end:T")
+    x = alt.X("start:T", axis=TIME_AXIS)  # same title as the data layer: one axis title
+    rect = base.mark_rect(opacity=0.08, color="#4c78a8").encode(x=x, x2="end:T")
     text = base.mark_text(align="left", dx=3, dy=-2, baseline="top", fontSize=10,
-                          color="#555").encode(x="start:T", y=alt.value(2), text="label:N")
+                          color="#555").encode(x=x, y=alt.value(2), text="label:N")
     return rect + text
 
 
@@ -37,7 +38,7 @@ def with_windows(chart: alt.Chart, windows: pd.DataFrame | None) -> alt.Chart | 
 
 
 def line(df: pd.DataFrame, *, title: str, y_title: str, color: str = "group",
-         color_title: str = "", y_format: str | None = None, height: int = 220,
+         color_title: str = "", y_format: str | None = None, height: int = 300,
          windows: pd.DataFrame | None = None, stacked: bool = False) -> alt.Chart:
     axis = alt.Axis(title=y_title, format=y_format) if y_format else alt.Axis(title=y_title)
     mark = alt.Chart(df).mark_area(opacity=0.8) if stacked else alt.Chart(df).mark_line(
@@ -54,20 +55,23 @@ def line(df: pd.DataFrame, *, title: str, y_title: str, color: str = "group",
 
 
 def spread(df: pd.DataFrame, *, title: str, y_title: str, y_format: str = ".0%",
-           windows: pd.DataFrame | None = None, height: int = 220) -> alt.Chart:
+           windows: pd.DataFrame | None = None, height: int = 320,
+           color_title: str = "endpoint") -> alt.Chart:
     """min..max band plus mean line per group (df columns group, t, min, mean, max)."""
     base = alt.Chart(df)
     band = base.mark_area(opacity=0.25).encode(
         x=_time_x(), y=alt.Y("min:Q", axis=alt.Axis(title=y_title, format=y_format),
                              scale=alt.Scale(domain=[0, 1])),
-        y2="max:Q", color=alt.Color("group:N", title="endpoint"))
+        y2="max:Q", color=alt.Color("group:N", title=color_title,
+                                    legend=alt.Legend(orient="bottom", columns=6,
+                                                      labelLimit=240)))
     mean = base.mark_line(strokeWidth=1.5).encode(
         x=_time_x(), y="mean:Q", color="group:N",
         tooltip=[alt.Tooltip("t:T", format="%H:%M:%S"), "group:N",
                  alt.Tooltip("min:Q", format=".1%"), alt.Tooltip("mean:Q", format=".1%"),
                  alt.Tooltip("max:Q", format=".1%")])
     full = alt.Chart(pd.DataFrame({"y": [0.9]})).mark_rule(
-        color="#e45756", strokeDash=[4, 3]).encode(y="y:Q")
+        color="#e45756", strokeDash=[4, 3]).encode(y=alt.datum(0.9))
     return with_windows(band + mean + full, windows).properties(title=title, height=height)
 
 
@@ -88,7 +92,7 @@ def heatmap(df: pd.DataFrame, *, title: str, y: str, color_title: str,
                         legend=alt.Legend(format=color_format)),
         tooltip=[alt.Tooltip("t:T", format="%H:%M:%S"), f"{y}:N",
                  alt.Tooltip("value:Q", format=color_format)],
-    ).properties(title=title, height=height or max(120, min(8 * n_rows, 600)))
+    ).properties(title=title, height=height or max(200, min(110 + 10 * n_rows, 900)))
 
 
 def topology(df: pd.DataFrame) -> alt.Chart:
@@ -97,12 +101,16 @@ def topology(df: pd.DataFrame) -> alt.Chart:
     base = alt.Chart(df).encode(
         x=alt.X("gpu:O", title="GPU index", axis=alt.Axis(labelAngle=0)),
         y=alt.Y("node:N", title=None, sort=None))
+    # Only the roles present: a legend longer than the chart is clipped by Streamlit.
+    roles = [r for r in ROLE_COLORS.domain if r in set(df.get("role", []))]
+    colors = [c for r, c in zip(ROLE_COLORS.domain, ROLE_COLORS.range, strict=True)
+              if r in roles]
     rect = base.mark_rect(stroke="white", strokeWidth=2).encode(
-        color=alt.Color("role:N", scale=ROLE_COLORS, title="role"),
+        color=alt.Color("role:N", scale=alt.Scale(domain=roles, range=colors), title="role"),
         tooltip=["node:N", "gpu:O", "endpoint:N", "process:N", "ranks:N", "role:N"])
     text = base.mark_text(fontSize=10, color="white").encode(text="short:N")
     return (rect + text).properties(title="Topology: nodes → GPUs → endpoints",
-                                    height=max(80, 26 * n_nodes))
+                                    height=max(200, 110 + 30 * n_nodes))
 
 
 def timeline(df: pd.DataFrame) -> alt.Chart:
@@ -114,7 +122,7 @@ def timeline(df: pd.DataFrame) -> alt.Chart:
         tooltip=["stage:N", alt.Tooltip("start:T", format="%H:%M:%S"),
                  alt.Tooltip("end:T", format="%H:%M:%S"),
                  alt.Tooltip("seconds:Q", format=",.0f", title="seconds")],
-    ).properties(title="Stage timeline", height=max(80, 24 * len(df)))
+    ).properties(title="Stage timeline", height=max(200, 110 + 28 * len(df)))
 
 
 def pareto(df: pd.DataFrame, frontier: pd.DataFrame, *, y: str, y_title: str) -> alt.Chart:
@@ -135,7 +143,7 @@ def pareto(df: pd.DataFrame, frontier: pd.DataFrame, *, y: str, y_title: str) ->
     front = alt.Chart(frontier).mark_line(strokeDash=[5, 3], strokeWidth=1.5).encode(
         x="tokens_per_s_per_user:Q", y=f"{y}:Q", color="run:N")
     return (front + pts + labels).properties(
-        title=f"{y_title} vs tok/s per user (dashed: Pareto frontier per run)", height=380)
+        title=f"{y_title} vs tok/s per user (dashed: Pareto frontier per run)", height=440)
 
 
 def latency_vs_concurrency(df: pd.DataFrame, *, metric: str, title: str) -> alt.Chart:
@@ -148,7 +156,7 @@ def latency_vs_concurrency(df: pd.DataFrame, *, metric: str, title: str) -> alt.
                                                    labelLimit=400)),
         strokeDash=alt.StrokeDash("stat:N", title="percentile"),
         tooltip=["run:N", "concurrency:Q", "stat:N", alt.Tooltip("value:Q", format=",.1f")],
-    ).properties(title=title, height=280)
+    ).properties(title=title, height=340)
 
 
 def ttft_breakdown(parts: pd.DataFrame, client: pd.DataFrame) -> alt.Chart:
@@ -167,4 +175,4 @@ def ttft_breakdown(parts: pd.DataFrame, client: pd.DataFrame) -> alt.Chart:
                                         title="client mean TTFT (s)")])
     return (bars + tick).properties(
         title="Client TTFT split per sweep point (black tick: client mean TTFT)",
-        height=max(120, 34 * parts["point"].nunique()))
+        height=max(240, 160 + 34 * parts["point"].nunique()))

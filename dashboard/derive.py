@@ -567,9 +567,12 @@ def kv_page_data(ss: SeriesSet, t0: float, t1: float, step_s: float = 1.0,
         m = gauge_bins(ss, kv.index, bins, step_s)
         keys = kv[["engine_key", "endpoint", "role"]].reset_index(drop=True)
         out["kv_heat"] = long_frame(m, keys, bins)
+        # Per endpoint when there are few; per role on big runs (the heatmap has the detail).
+        by = "endpoint" if kv["endpoint"].nunique() <= 6 else "role"
+        out["kv_spread_by"] = by
         spreads = []
         for how in ("min", "mean", "max"):
-            g = grouped_series(ss, kv, "endpoint", bins, "gauge", step_s, how=how)
+            g = grouped_series(ss, kv, by, bins, "gauge", step_s, how=how)
             spreads.append(g.rename(columns={"value": how}).set_index(["group", "t"]))
         out["kv_spread"] = pd.concat(spreads, axis=1).reset_index()
     out["capacity"] = kv_capacity(ss)
@@ -586,12 +589,14 @@ def kv_page_data(ss: SeriesSet, t0: float, t1: float, step_s: float = 1.0,
         if not w.empty:
             out["waiting"] = grouped_series(ss, w, lambda r: f"{r['role']} · all", bins,
                                             "gauge", step_s)
+    ep_by = "endpoint" if ss.meta["endpoint"].nunique() <= 6 else "role"
+    out["group_by"] = ep_by
     run = ss.select("vllm:num_requests_running")
     if not run.empty:
-        out["running"] = grouped_series(ss, run, "endpoint", bins, "gauge", step_s)
+        out["running"] = grouped_series(ss, run, ep_by, bins, "gauge", step_s)
     pre = ss.select("vllm:num_preemptions_total")
     if not pre.empty:
-        out["preempt"] = grouped_series(ss, pre, "endpoint", bins, "counter")
+        out["preempt"] = grouped_series(ss, pre, ep_by, bins, "counter")
         out["preempt_total"] = float(ss.increase(pre.index, t0, t1).sum())
     src = ss.select("vllm:prompt_tokens_by_source_total")
     if not src.empty:

@@ -18,17 +18,19 @@ from dashboard import derive, load
 
 RUNS_ENV = "PD_DASHBOARD_RUNS"
 LIVE_EVERY_S = 5
-STATE_BADGE = {"succeeded": "🟢 succeeded", "failed": "🔴 failed", "cancelled": "⚪ cancelled",
-               "running": "🔵 running", "submitted": "🟡 submitted", "planned": "🟡 planned",
-               "empty": "⚫ empty", "unknown": "⚫ unknown"}
-PAGES = (
-    ("app_pages/runs.py", "Runs", "📋", "runs"),
-    ("app_pages/overview.py", "Overview", "🗺️", "overview"),
-    ("app_pages/sweep.py", "Sweep", "📈", "sweep"),
-    ("app_pages/kv_cache.py", "KV cache", "🧠", "kv"),
-    ("app_pages/ttft.py", "TTFT breakdown", "⏱️", "ttft"),
-    ("app_pages/gpus.py", "GPUs and hosts", "🖥️", "gpus"),
-    ("app_pages/logs.py", "Logs", "📜", "logs"),
+STATE_BADGE = {"succeeded": "succeeded", "failed": "FAILED", "cancelled": "cancelled",
+               "running": "running", "submitted": "submitted", "planned": "planned",
+               "empty": "empty", "unknown": "unknown"}
+STATE_COLOR = {"succeeded": "green", "failed": "red", "cancelled": "gray", "running": "blue",
+               "submitted": "orange", "planned": "orange", "empty": "gray", "unknown": "gray"}
+PAGES = (  # (file, title, icon, url path); Material icons ship with Streamlit's font
+    ("app_pages/runs.py", "Runs", ":material/list:", "runs"),
+    ("app_pages/overview.py", "Overview", ":material/hub:", "overview"),
+    ("app_pages/sweep.py", "Sweep", ":material/show_chart:", "sweep"),
+    ("app_pages/kv_cache.py", "KV cache", ":material/memory:", "kv"),
+    ("app_pages/ttft.py", "TTFT breakdown", ":material/timer:", "ttft"),
+    ("app_pages/gpus.py", "GPUs and hosts", ":material/developer_board:", "gpus"),
+    ("app_pages/logs.py", "Logs", ":material/article:", "logs"),
 )
 
 
@@ -178,7 +180,7 @@ def header(title: str, *, need_run: bool = True) -> load.RunInfo | None:
             st.info("Pick a run in the sidebar.")
         return None
     badge = STATE_BADGE.get(info.state, info.state)
-    bits = [f"**{info.run_id}**", badge]
+    bits = [f"**{info.run_id}**", f":{STATE_COLOR.get(info.state, 'gray')}[**{badge}**]"]
     if info.stage and info.state not in ("succeeded",):
         bits.append(f"stage: {info.stage}")
     if info.recipe:
@@ -189,7 +191,7 @@ def header(title: str, *, need_run: bool = True) -> load.RunInfo | None:
         st.warning("**SIMULATION** — the engines in this run are the launcher's simulator "
                    "(plan.json engine = \"sim\"). Its speed is a model, not a GB200 "
                    "measurement; use it to check the pipeline, not to compare hardware.",
-                   icon="🧪")
+                   icon=":material/science:")
     if info.state == "empty":
         st.info("This run directory is empty: nothing was written yet. Either the submission "
                 "died before planning, or the launcher is still creating it.")
@@ -201,7 +203,7 @@ def header(title: str, *, need_run: bool = True) -> load.RunInfo | None:
         st.warning("This run was cancelled; the data stops where it was cancelled.")
     elif info.live:
         st.info(f"Live run (state {info.state}): this page refreshes every {LIVE_EVERY_S} s.",
-                icon="🔄")
+                icon=":material/autorenew:")
     for note in info.notes:
         st.warning(note)
     return info

@@ -20,6 +20,18 @@ def page_data(path: str, tel_fp: str, plan_fp: str, t0: float, t1: float,
     return derive.kv_page_data(ss, t0, t1, step)
 
 
+def flat_note(df, what: str, unit: str) -> bool:
+    """Say "constant" in words instead of drawing a flat line (srt-slurm's rule)."""
+    if df is None or df.empty:
+        st.caption(f"{what}: no samples in this range.")
+        return True
+    lo, hi = float(df["value"].min()), float(df["value"].max())
+    if hi - lo < 1e-12:
+        st.caption(f"{what}: constant {lo:,.4g} {unit} for the whole range.")
+        return True
+    return False
+
+
 def body() -> None:
     if ui.no_telemetry(info, "KV-cache telemetry"):
         return
@@ -49,9 +61,10 @@ def body() -> None:
 
     st.subheader("KV cache usage")
     if "kv_spread" in data:
-        ui.altair(charts.spread(data["kv_spread"], title="KV cache usage per endpoint: "
+        by = data.get("kv_spread_by", "endpoint")
+        ui.altair(charts.spread(data["kv_spread"], title=f"KV cache usage per {by}: "
                                 "min–max band across engines, line = mean (red: 90 %)",
-                                y_title="KV cache usage (fraction of blocks)", windows=wins))
+                                y_title="KV cache usage", windows=wins, color_title=by))
         heat = data["kv_heat"]
         role = st.radio("Engines", ["decode", "prefill", "all"], horizontal=True,
                         key="kv_heat_role")
@@ -82,35 +95,40 @@ def body() -> None:
 
     st.subheader("Scheduler: waiting, running, preemptions")
     c1, c2 = st.columns(2)
+    by = data.get("group_by", "endpoint")
     with c1:
         if "waiting" in data:
-            ui.altair(charts.line(data["waiting"], title="Requests waiting, by role and "
-                                  "reason (capacity = no KV room; deferred = e.g. KV transfer)",
-                                  y_title="requests", color_title="role · reason",
-                                  windows=wins))
+            if not flat_note(data["waiting"], "Requests waiting", "requests"):
+                ui.altair(charts.line(data["waiting"], title="Requests waiting, by role and "
+                                      "reason", y_title="requests", color_title="role · reason",
+                                      windows=wins))
+                st.caption("capacity = no KV room or batch slot; deferred = held back, e.g. "
+                           "for a KV transfer")
         else:
             st.info("No waiting-request gauges.")
     with c2:
-        if "running" in data:
-            ui.altair(charts.line(data["running"], title="Requests running per endpoint",
-                                  y_title="requests", color_title="endpoint", windows=wins))
+        if "running" in data and not flat_note(data["running"], "Requests running",
+                                                "requests"):
+            ui.altair(charts.line(data["running"], title=f"Requests running per {by}",
+                                  y_title="requests", color_title=by, windows=wins))
     c3, c4 = st.columns(2)
     with c3:
         if "preempt" in data:
             total = data.get("preempt_total", 0.0)
             if total > 0:
-                ui.altair(charts.line(data["preempt"], title=f"Preemptions per second "
-                                      f"({total:,.0f} in this range)", y_title="preemptions/s",
-                                      color_title="endpoint", windows=wins))
+                ui.altair(charts.line(data["preempt"], title=f"Preemptions per second per "
+                                      f"{by} ({total:,.0f} in this range)",
+                                      y_title="preemptions/s", color_title=by, windows=wins))
             else:
                 st.success("No preemptions in this range (vllm:num_preemptions_total constant)"
                            ": KV capacity never forced a request out.")
     with c4:
-        if "kv_fetch" in data:
+        if "kv_fetch" in data and not flat_note(data["kv_fetch"], "Decode requests waiting "
+                                                 "on KV loads", "requests"):
             ui.altair(charts.line(data["kv_fetch"], title="Decode requests waiting on KV "
                                   "loads, by stage", y_title="requests", color_title="stage",
                                   windows=wins, stacked=True))
-        else:
+        elif "kv_fetch" not in data:
             st.caption("No vllm:num_requests_kv_fetch_by_stage (KV consumer metric) samples.")
     if "sources" in data:
         ui.altair(charts.line(data["sources"], title="Prompt tokens by source (computed / "

@@ -61,14 +61,26 @@ def body() -> None:
     st.subheader("Diagnosis per sweep point")
     th = diagnose.Thresholds()
     verdicts = diagnose.diagnose(table.to_dict("records"), th)
+    healthy = [v for v in verdicts if v.kind == diagnose.HEALTHY]
     for v in verdicts:
-        icon = {"healthy": "✅", "failed": "❌", "unknown": "❔"}.get(v.kind, "⚠️")
+        if v.kind == diagnose.HEALTHY:
+            continue
+        icon = {"failed": ":red[:material/cancel:]",
+                "unknown": ":gray[:material/help:]"}.get(v.kind, ":orange[:material/warning:]")
         with st.container(border=True):
             st.markdown(f"{icon} **{v.point}** — **{v.title}**")
             for e in v.evidence:
                 st.markdown(f"- {e}")
             if v.also:
                 st.caption("Also: " + "; ".join(v.also))
+    if healthy:
+        st.markdown(":green[:material/check_circle:] **healthy**: " +
+                    ", ".join(v.point for v in healthy) +
+                    " — no TTFT part is both ≥ "
+                    f"{th.share:.0%} of client TTFT and ≥ {th.min_part_s * 1000:.0f} ms, "
+                    "decode KV is not short, TPOT did not grow.")
+        st.dataframe(pd.DataFrame([{"point": v.point, "evidence": "; ".join(v.evidence)}
+                                   for v in healthy]), hide_index=True, width="stretch")
     with st.expander("Rules and thresholds"):
         st.markdown(
             f"- **decode KV capacity**: decode KV usage max ≥ {th.kv_full:.0%} and (preemptions"
