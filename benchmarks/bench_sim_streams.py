@@ -49,15 +49,18 @@ async def _stream(session: aiohttp.ClientSession, url: str, max_tokens: int,
 
 
 def _modelled_step_s(k: Knobs, n: int, mean_ctx: float) -> float:
+    """Decode step duration of the speed model (launcher.sim.engine) for n sequences."""
     return (k.step_base_ms + n * k.decode_per_seq_ms
             + n * mean_ctx / 1000 * k.decode_per_ktoken_ms) / 1000 / k.speed
 
 
-async def _level(url: str, proc: psutil.Process, n: int, window: float) -> dict[str, float]:
-    k = Knobs()
+async def _level(url: str, proc: psutil.Process, n: int, window: float,
+                 speed: float) -> dict[str, float]:
+    k = Knobs(speed=speed)
     # long enough outputs to outlast ramp-up and the window at this batch size
     step = _modelled_step_s(k, n, PROMPT + 500)
     max_tokens = int((window + 20 + n / 200) / step) + 50
+    base_gen = sample(scrape(url), "vllm:generation_tokens_total")  # earlier levels' tokens
     first = asyncio.Event()
     counter = [0]
     conn = aiohttp.TCPConnector(limit=0)
@@ -83,13 +86,13 @@ async def _level(url: str, proc: psutil.Process, n: int, window: float) -> dict[
         max(1.0, delta("vllm:inter_token_latency_seconds_count"))
     gen0 = sample(t0_text, "vllm:generation_tokens_total")
     gen1 = sample(t1_text, "vllm:generation_tokens_total")
-    mean_ctx = PROMPT + (gen0 + gen1) / 2 / n
+    mean_ctx = PROMPT + ((gen0 + gen1) / 2 - base_gen) / n
     cpu = (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / (t1 - t0)
     running = sample(t1_text, "vllm:num_requests_running")
     return {"n": n, "running": running, "itl_ms": itl * 1000,
             "model_ms": _modelled_step_s(k, n, mean_ctx) * 1000,
             "overhead": itl / _modelled_step_s(k, n, mean_ctx), "cpu": cpu,
-            "tok_s": (gen1 - gen0) / (t1 - t0)}
+            "tok_s": (gen1 - gen0) / (t1 - t0), "rss_mb": proc.memory_info().rss / 2**20}
 
 
 async def _wait_idle(url: str, limit_s: float = 60) -> None:
@@ -106,28 +109,32 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--levels", default="250,500,1000,2000,4000")
     ap.add_argument("--window", type=float, default=8.0)
+    ap.add_argument("--stream-interval", type=int, default=100)
+    ap.add_argument("--speed", type=float, default=1.0, help="SIM_SPEED of the sim")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        sim = start_sim(Path(tmp), "bench", "m", "--stream-interval", "100",
+        sim = start_sim(Path(tmp), "bench", "m", "--stream-interval", str(args.stream_interval),
                         "--max-num-seqs", str(max(levels)), "--api-server-count", "1",
-                        "--max-model-len", "1000000", SIM_SPEED="1")
+                        "--max-model-len", "1000000", SIM_SPEED=str(args.speed))
         try:
             sim.wait_healthy(30)
             proc = psutil.Process(sim.proc.pid)
+            print(f"SIM_SPEED {args.speed:g}, --stream-interval {args.stream_interval}")
             print(f"{'streams':>8} {'running':>8} {'ITL ms':>8} {'model ms':>9} "
-                  f"{'overhead':>9} {'sim CPU':>8} {'tok/s':>9}")
+                  f"{'overhead':>9} {'sim CPU':>8} {'tok/s':>9} {'RSS MB':>7}")
             best = 0
             for n in levels:
-                r = asyncio.run(_level(sim.url, proc, n, args.window))
+                r = asyncio.run(_level(sim.url, proc, n, args.window, args.speed))
                 print(f"{r['n']:>8} {r['running']:>8.0f} {r['itl_ms']:>8.1f} "
                       f"{r['model_ms']:>9.1f} {r['overhead']:>9.3f} {r['cpu']:>7.0%} "
-                      f"{r['tok_s']:>9.0f}", flush=True)
+                      f"{r['tok_s']:>9.0f} {r['rss_mb']:>7.0f}", flush=True)
                 if r["overhead"] < THRESHOLD and r["running"] >= n:
                     best = max(best, n)
                 asyncio.run(_wait_idle(sim.url))
-            print(f"\nsustained concurrent streams per sim process at --stream-interval 100 "
-                  f"(overhead < {THRESHOLD:.2f}x the speed model): {best}")
+            print(f"\nsustained concurrent streams per sim process at --stream-interval "
+                  f"{args.stream_interval}, SIM_SPEED {args.speed:g} (overhead < "
+                  f"{THRESHOLD:.2f}x the speed model): {best}")
         finally:
             sim.stop()
     return 0

@@ -23,6 +23,7 @@ from typing import Any
 from launcher.sim.cli import SimConfig
 from launcher.sim.metrics import CACHED_SOURCES, EngineStats
 
+_MAX_DEBT_S = 0.005
 # kv fetch stages of a consumer request (vllm:num_requests_kv_fetch_by_stage)
 NO_FETCH, FETCH_WAITING, FETCH_RUNNING, FETCH_DONE = 0, 1, 2, 3
 
@@ -138,6 +139,8 @@ class Engine:
         self._block_cursor = 0
         self._task: asyncio.Task[None] | None = None
         self._last_step_end = time.time()
+        self._virtual_end = self._last_step_end
+        self._last_dur = 0.0
         self._ext_window: deque[tuple[int, int]] = deque(maxlen=1000)
 
     # ----- public API --------------------------------------------------------------------
@@ -300,9 +303,14 @@ class Engine:
                 busy = False
                 continue
             now = time.time()
-            # Back-to-back steps start when the previous one ended: the scheduler's own CPU
-            # time overlaps the modelled GPU time (as with async scheduling).
-            step_start = self._last_step_end if busy else now
+            # Back-to-back steps follow a virtual clock: a step starts when the previous one
+            # was due to end, so the scheduler's own CPU time overlaps the modelled GPU time
+            # (as with async scheduling) and timer overshoot (~1 ms) is caught up on the next
+            # step. A backlog beyond half a step means the sim is CPU-bound: restart.
+            if busy and now - self._virtual_end < max(_MAX_DEBT_S, self._last_dur / 2):
+                step_start = self._virtual_end
+            else:
+                step_start = now
             scheduled, prefill_tokens, decode_seqs, ctx = self._schedule(now)
             if not scheduled:
                 # Nothing fits (all blocks held or fetching): wait for a release.
@@ -316,8 +324,9 @@ class Engine:
             dur_ms = (self.k.step_base_ms + decode_seqs * self.k.decode_per_seq_ms
                       + ctx / 1000.0 * self.k.decode_per_ktoken_ms
                       + prefill_tokens * 1000.0 / self.k.prefill_tokens_per_s)
-            delay = step_start + dur_ms / 1000.0 / speed - time.time()
-            await asyncio.sleep(max(0.0, delay))
+            self._last_dur = dur_ms / 1000.0 / speed
+            self._virtual_end = step_start + self._last_dur
+            await asyncio.sleep(max(0.0, self._virtual_end - time.time()))
             self._complete(scheduled, prefill_tokens + decode_seqs)
             busy = True
 
