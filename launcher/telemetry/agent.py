@@ -217,7 +217,7 @@ class Agent:
             "cpu_s": time.process_time(),
             "rows": {"host_in": self.host_sink.rows_in, "host_out": self.host_sink.rows_out,
                      "gpu_in": self.gpu_sink.rows_in, "gpu_out": self.gpu_sink.rows_out,
-                     "log": self.log_rows},
+                     "log": self.log_rows, "text_bytes": self.writer.bytes_written},
         }
         write_agent_info(self.node_dir, info)
 
