@@ -33,8 +33,20 @@ def test_multi_api_server_mode_like_vllm(tmp_path):
                   SIM_SPEED="20")
     try:
         p.wait_healthy(10)
-        assert http_json(p.url + "/v1/completions", {"prompt": "hi " * 50,
-                                                     "max_tokens": 4})[0] == 200
+
+        async def burst() -> list[int]:
+            async with aiohttp.ClientSession() as s:
+                async def one() -> int:
+                    async with s.post(p.url + "/v1/completions",
+                                      json={"prompt": "hi " * 50, "max_tokens": 16}) as r:
+                        await r.read()
+                        return r.status
+                return await asyncio.gather(*(one() for _ in range(8)))
+
+        assert asyncio.run(burst()) == [200] * 8
+        text = scrape(p.url)
+        for engine in ("0", "1"):  # the internal load balancer spreads over DP ranks
+            assert sample(text, "vllm:request_success_total", engine=engine) >= 2
         fixture = (FIXTURES / "vllm_metrics_v0.33.0_generated_decode_dp2_nixl_multiproc.prom"
                    ).read_text()
         text = scrape(p.url)

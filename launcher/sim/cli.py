@@ -28,6 +28,7 @@ _UNMODELLED = (
 class SimConfig:
     model: str
     served_model_name: str
+    served_model_names: list[str]
     host: str | None
     port: int
     dp_size: int
@@ -202,6 +203,7 @@ def parse(argv: list[str], env: dict[str, str] | None = None) -> SimConfig:
     return SimConfig(
         model=model,
         served_model_name=served,
+        served_model_names=list(ns.served_model_name or [model]),
         host=ns.host,
         port=ns.port,
         dp_size=dp,

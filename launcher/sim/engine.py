@@ -103,6 +103,7 @@ class Interval:
     descs: list[int] = field(default_factory=list)
     failed: int = 0
     expired: int = 0
+    notifs_after_expiry: int = 0
     last_prompt_tp: float = 0.0
     last_gen_tp: float = 0.0
 
@@ -240,6 +241,7 @@ class Engine:
         req = self.held.pop(request_id, None)
         if req is None:
             self.stats.inc("vllm:nixl_num_notifications_after_expiry")
+            self.interval.notifs_after_expiry += 1
             return False
         self._free(req)
         self.wake.set()

@@ -119,7 +119,7 @@ class Api:
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
         model = body.get("model")
-        if model is not None and model not in (self.cfg.served_model_name, self.cfg.model):
+        if model is not None and model not in self.cfg.served_model_names:
             raise BadRequest(f"The model `{model}` does not exist.", 404, "NotFoundError")
         return body
 
@@ -312,6 +312,8 @@ class Api:
                       prompt: _Prompt) -> web.StreamResponse:
         opts = body.get("stream_options") or {}
         include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
+        continuous = include_usage and bool(opts.get("continuous_usage_stats"))
+        plen = prompt.num_tokens
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
                                            "Cache-Control": "no-cache"})
         created = int(time.time())
@@ -321,6 +323,11 @@ class Api:
         head = json.dumps({"id": rid, "object": obj, "created": created, "model": model})[:-1]
 
         def chunk(text: str | None, finish: str | None, role: bool = False) -> bytes:
+            usage = usage_null
+            if continuous:
+                g = req.generated
+                usage = (f', "usage": {{"prompt_tokens": {plen}, "total_tokens": {plen + g}, '
+                         f'"completion_tokens": {g}}}')
             if chat:
                 delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else \
                     ({"content": text} if text is not None else {})
@@ -329,7 +336,7 @@ class Api:
             else:
                 choice = {"index": 0, "text": text or "", "logprobs": None,
                           "finish_reason": finish, "stop_reason": None}
-            return (f"data: {head}, \"choices\": [{json.dumps(choice)}]{usage_null}}}\n\n"
+            return (f"data: {head}, \"choices\": [{json.dumps(choice)}]{usage}}}\n\n"
                     ).encode()
 
         try:

@@ -36,7 +36,7 @@ def _pct(values: list[float], q: float) -> float:
 def kv_message(iv: Interval) -> str | None:
     """'KV Transfer metrics: ...' for an interval, or None when nothing happened."""
     n = len(iv.xfer_s)
-    if not n and not iv.failed and not iv.expired:
+    if not n and not iv.failed and not iv.expired and not iv.notifs_after_expiry:
         return None
     if n:
         total_mb = sum(iv.bytes) / 2**20
@@ -57,7 +57,7 @@ def kv_message(iv: Interval) -> str | None:
                              "P90 post time (ms)", "Avg MB per transfer", "Throughput (MB/s)",
                              "Avg number of descriptors")]
     fields += [("Num failed transfers", iv.failed), ("Num KV expired reqs", iv.expired),
-               ("Num notifs after expiry", 0)]
+               ("Num notifs after expiry", iv.notifs_after_expiry)]
     return "KV Transfer metrics: " + ", ".join(f"{k}={v}" for k, v in fields)
 
 
@@ -120,6 +120,7 @@ def log_interval(engines: Sequence[Engine], aggregate: bool) -> None:
             merged.descs += iv.descs
             merged.failed += iv.failed
             merged.expired += iv.expired
+            merged.notifs_after_expiry += iv.notifs_after_expiry
         kv = kv_message(merged) if engines[0].cfg.kv_connector else None
         if kv:
             vlog.info(KV_WHERE, kv)
