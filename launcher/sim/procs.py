@@ -38,7 +38,9 @@ def free_ports(n: int = 1) -> int:
     """First of ``n`` consecutive free loopback ports (not handed out before here)."""
     rng = random.Random(os.getpid() ^ time.monotonic_ns())
     for _ in range(2000):
-        base = rng.randrange(20000, 60000 - n)
+        # below Linux's ephemeral range (32768+) and above the launcher's port plans
+        # (port_base 21000-24000 + a few hundred), so concurrent runs do not collide
+        base = rng.randrange(26000, 32700 - n)
         ports = range(base, base + n)
         if any(p in _used for p in ports):
             continue
