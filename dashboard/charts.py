@@ -13,7 +13,8 @@ PART_COLORS = alt.Scale(
     domain=["Prefill queue", "Prefill compute", "KV transfer (NIXL)", "Decode admission",
             "Remainder (router, first decode step, client)"],
     range=["#e45756", "#4c78a8", "#f58518", "#b279a2", "#bab0ac"])
-TIME_AXIS = alt.Axis(title="time", format="%H:%M", labelAngle=0)
+# No fixed format: vega's multi-scale time labels suit 1-minute demo runs and 2-hour sweeps.
+TIME_AXIS = alt.Axis(title="time", labelAngle=0)
 
 
 def _time_x() -> alt.X:
@@ -92,7 +93,7 @@ def heatmap(df: pd.DataFrame, *, title: str, y: str, color_title: str,
                         legend=alt.Legend(format=color_format)),
         tooltip=[alt.Tooltip("t:T", format="%H:%M:%S"), f"{y}:N",
                  alt.Tooltip("value:Q", format=color_format)],
-    ).properties(title=title, height=height or max(200, min(110 + 10 * n_rows, 900)))
+    ).properties(title=title, height=height or alt.Step(10 if n_rows > 24 else 18))
 
 
 def topology(df: pd.DataFrame) -> alt.Chart:
@@ -109,8 +110,10 @@ def topology(df: pd.DataFrame) -> alt.Chart:
         color=alt.Color("role:N", scale=alt.Scale(domain=roles, range=colors), title="role"),
         tooltip=["node:N", "gpu:O", "endpoint:N", "process:N", "ranks:N", "role:N"])
     text = base.mark_text(fontSize=10, color="white").encode(text="short:N")
+    # Step sizing: Streamlit keeps a fixed height for the whole chart (axes, legend
+    # included), which squeezes the bands; a step per row cannot be squeezed.
     return (rect + text).properties(title="Topology: nodes → GPUs → endpoints",
-                                    height=max(200, 110 + 30 * n_nodes))
+                                    height=alt.Step(26 if n_nodes <= 18 else 14))
 
 
 def timeline(df: pd.DataFrame) -> alt.Chart:
@@ -122,7 +125,7 @@ def timeline(df: pd.DataFrame) -> alt.Chart:
         tooltip=["stage:N", alt.Tooltip("start:T", format="%H:%M:%S"),
                  alt.Tooltip("end:T", format="%H:%M:%S"),
                  alt.Tooltip("seconds:Q", format=",.0f", title="seconds")],
-    ).properties(title="Stage timeline", height=max(200, 110 + 28 * len(df)))
+    ).properties(title="Stage timeline", height=alt.Step(24))
 
 
 def pareto(df: pd.DataFrame, frontier: pd.DataFrame, *, y: str, y_title: str) -> alt.Chart:
@@ -175,4 +178,4 @@ def ttft_breakdown(parts: pd.DataFrame, client: pd.DataFrame) -> alt.Chart:
                                         title="client mean TTFT (s)")])
     return (bars + tick).properties(
         title="Client TTFT split per sweep point (black tick: client mean TTFT)",
-        height=max(240, 160 + 34 * parts["point"].nunique()))
+        height=alt.Step(32))

@@ -617,6 +617,12 @@ def kv_page_data(ss: SeriesSet, t0: float, t1: float, step_s: float = 1.0,
     nc = ss.select("vllm:nixl_xfer_time_seconds_count")
     if not nc.empty:
         out["nixl_rate"] = grouped_series(ss, nc, "endpoint", bins, "counter")
+    for key in ("nixl_bytes", "nixl_rate"):
+        # Pull mode fills these on decode only: leave out endpoints that never moved.
+        if key in out:
+            f = out[key]
+            moving = f.groupby("group")["value"].transform(lambda v: v.abs().max() > 0)
+            out[key] = f[moving]
     fails = []
     for name, lab in (("vllm:nixl_num_failed_transfers_total", "failed transfers"),
                       ("vllm:nixl_num_kv_expired_reqs_total", "KV expired (lease)")):

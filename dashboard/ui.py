@@ -89,17 +89,21 @@ def bench(info: load.RunInfo) -> list[dict]:
     return _bench(str(info.path), load.fingerprint(info.path / "bench"))
 
 
-# One SeriesSet per (run, telemetry fingerprint, name family); cache_resource: shared,
-# not copied per rerun (read-only by convention), a few runs at a time.
-@st.cache_resource(max_entries=6, show_spinner=False)
-def series_for(path: str, fp: str, family: str, plan_fp: str) -> derive.SeriesSet:
-    p = Path(path)
-    pl = load.read_json_safe(p / "plan.json")
+@st.cache_resource(max_entries=12, show_spinner=False)
+def _reader(path: str, family: str) -> load.TelemetryReader:
+    # One incremental reader per (run, family): a live run's refresh reads only new rows.
     if family in load.FAMILIES:
-        df = load.read_telemetry(p, names=load.FAMILIES[family])
-    else:
-        df = load.read_telemetry(p, prefix=family)
-    return derive.SeriesSet(df, pl)
+        return load.TelemetryReader(Path(path), names=load.FAMILIES[family])
+    return load.TelemetryReader(Path(path), prefix=family)
+
+
+# One SeriesSet per (run, telemetry fingerprint, name family); cache_resource: shared,
+# not copied per rerun (read-only by convention), a few runs at a time. An unchanged
+# fingerprint never touches the files.
+@st.cache_resource(max_entries=6, show_spinner="Reading telemetry…")
+def series_for(path: str, fp: str, family: str, plan_fp: str) -> derive.SeriesSet:
+    pl = load.read_json_safe(Path(path) / "plan.json")
+    return derive.SeriesSet(_reader(path, family).read(), pl)
 
 
 def series(info: load.RunInfo, family: str) -> derive.SeriesSet:

@@ -146,3 +146,31 @@ def test_topology_text_names_the_shape():
             [{"role": "prefill", "dp_size": 2, "tp_size": 1, "expert_parallel": True}] * 4,
             "gpu_count": {"total": 16}}
     assert load.topology_text(plan) == "1 decode DEP8 + 4 prefill DEP2 (16 GPUs)"
+
+
+def test_incremental_reader_matches_a_full_read(tmp_path):
+    """A live run: rows keep arriving; the reader re-reads only the recent part and ends
+    up with exactly what a full read gives."""
+    w = SampleWriter(tmp_path / "telemetry" / "n1", rotate_bytes=2000)
+    reader = load.TelemetryReader(tmp_path, names=("vllm:num_requests_running",))
+
+    def rows(a: int, b: int) -> list[tuple]:
+        return [(1000.0 + t, "n1", "decode-0@n1", e, "vllm:num_requests_running", "{}",
+                 float(t % 7)) for t in range(a, b) for e in ("0", "1")]
+
+    w.write(rows(0, 400))
+    w.flush()
+    first = reader.read()
+    assert len(first) == 800
+    w.write(rows(400, 700))
+    w.flush()
+    again = reader.read()
+    full = load.read_telemetry(tmp_path, names=("vllm:num_requests_running",))
+    w.close()
+    assert reader.reads == 2
+    cols = ["ts", "process", "engine", "value"]
+    pd.testing.assert_frame_equal(
+        again[cols].astype({"process": str, "engine": str}).reset_index(drop=True),
+        full[cols].astype({"process": str, "engine": str}).reset_index(drop=True))
+    ss = derive.SeriesSet(again, PLAN)
+    assert len(ss) == 2 and ss.t_range == (1000.0, 1699.0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 import streamlit as st
 
@@ -11,7 +13,13 @@ info = ui.header("GPUs and hosts")
 if info is None:
     st.stop()
 
-PREFERRED = ("power", "util", "sm_clock", "temp", "memory")
+PREFERRED = ("power", "util", "sm_clock", "temp", "memory", "running", "cpu")
+# Cumulative psutil/NVML fields drawn as rates (per second), like Prometheus counters.
+COUNTER = re.compile(r"(_total$|_s$|^host:net_|ctx_switches|energy)")
+
+
+def is_counter(name: str) -> bool:
+    return bool(COUNTER.search(name)) and not name.endswith(("_pct", "_tok_s", "_mb_s"))
 
 
 def unit_of(name: str) -> str:
@@ -32,14 +40,21 @@ def binned(path: str, tel_fp: str, plan_fp: str, family: str, name: str,
         return pd.DataFrame()
     t0, t1 = ss.t_range
     bins = derive.Bins.over(t0, t1, 240)
-    kind = "counter" if name.endswith("_total") else "gauge"
+    kind = "counter" if is_counter(name) else "gauge"
     m = (derive.counter_bins(ss, sel.index, bins) if kind == "counter"
          else derive.gauge_bins(ss, sel.index, bins, step))
-    keys = sel[["node", "process", "labels", "role"]].reset_index(drop=True)
+    keys = sel[["node", "process", "engine", "labels", "role"]].reset_index(drop=True)
     labels = [derive.parse_labels(s) for s in keys["labels"]]
-    keys["series"] = [f"{n} · GPU {d['index']}" if "index" in d else
-                      (f"{n} · {d['nic']}" if "nic" in d else (f"{n} · {p}" if p else n))
-                      for n, p, d in zip(keys["node"], keys["process"], labels, strict=True)]
+
+    def label(n: str, p: str, e: str, d: dict) -> str:
+        if "index" in d:
+            return f"{n} · GPU {d['index']}"
+        extra = " · ".join(f"{v}" for k, v in sorted(d.items()) if k != "uuid")
+        head = f"{n} · {p}" if p else n
+        return " · ".join(x for x in (head, f"e{e}" if e else "", extra) if x)
+
+    keys["series"] = [label(n, p, e, d) for n, p, e, d in
+                      zip(keys["node"], keys["process"], keys["engine"], labels, strict=True)]
     keys["role"] = [r if p else "free" for r, p in zip(keys["role"], keys["process"], strict=True)]
     out = derive.long_frame(m, keys[["series", "node", "role"]], bins)
     out.attrs["bin_s"] = bins.width
@@ -62,6 +77,9 @@ def family_section(family: str, what: str, plan_fp: str, step: float) -> None:
         return
     bin_s = df.attrs.get("bin_s", 60.0)
     unit = unit_of(name)
+    if is_counter(name):
+        unit = f"{unit}/s" if unit and not unit.endswith("/s") else (unit or "per s")
+        st.caption(f"{name} is cumulative: drawn as its rate per second.")
     if df["value"].max() == df["value"].min():
         st.info(f"{name} is constant at {df['value'].iloc[0]:,.4g} {unit} for the whole run.")
         return
@@ -88,14 +106,19 @@ def body() -> None:
     plan = ui.plan(info) or {}
     step = float((plan.get("telemetry") or {}).get("interval_s") or 1.0)
     plan_fp = load.fingerprint(info.path / "plan.json")
-    tab_gpu, tab_host, tab_proc, tab_gaps = st.tabs(["GPUs (NVML)", "Hosts", "Processes",
-                                                     "Gaps and agent notes"])
+    tab_gpu, tab_host, tab_proc, tab_log, tab_gaps = st.tabs(
+        ["GPUs (NVML)", "Hosts", "Processes", "vLLM stats log", "Gaps and agent notes"])
     with tab_gpu:
         family_section("gpu:", "GPU", plan_fp, step)
     with tab_host:
         family_section("host:", "Host", plan_fp, step)
     with tab_proc:
         family_section("proc:", "Process", plan_fp, step)
+    with tab_log:
+        st.caption("Parsed from the engines' periodic stats lines (`Engine NNN: ...`, "
+                   "`KV Transfer metrics: ...`): the fallback when /metrics was not scraped. "
+                   "NIXL figures are pooled across TP ranks.")
+        family_section("log:", "Stats-log", plan_fp, step)
     with tab_gaps:
         gaps = load.read_gaps(info.path)
         if gaps is None or len(gaps) == 0:
