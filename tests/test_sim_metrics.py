@@ -140,3 +140,58 @@ def test_client_disconnect_aborts_and_frees_blocks(tmp_path):
         assert sample(text, "vllm:kv_cache_usage_perc") == 0.0
     finally:
         p.stop()
+
+
+def test_slow_kv_transfer_shows_as_deferred_fetch_and_in_decode_ttft(tmp_path):
+    # 0.2 GB/s: a ~48 MB pull (SSM state + KV) takes ~0.24 s of a decode's TTFT.
+    env = {"SIM_SPEED": "1", "SIM_KV_BANDWIDTH_GBPS": "0.2"}
+    prefill = start_sim(tmp_path, "prefill-0", "m", "--kv-transfer-config",
+                        kv_config("kv_producer"), VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_ports(1)),
+                        **env)
+    decode = start_sim(tmp_path, "decode-0", "m", "--kv-transfer-config",
+                       kv_config("kv_consumer"), "--api-server-count", "1",
+                       VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_ports(1)), **env)
+    try:
+        prefill.wait_healthy(10)
+        decode.wait_healthy(10)
+        prompt = "tokens " * 200
+        params = []
+        for _ in range(4):
+            status, p = http_json(prefill.url + "/v1/completions", {
+                "prompt": prompt, "max_tokens": 1,
+                "kv_transfer_params": {"do_remote_decode": True}})
+            assert status == 200
+            params.append(p["kv_transfer_params"])
+
+        seen = {"in_progress": 0.0, "deferred": 0.0}
+
+        async def run() -> None:
+            async with aiohttp.ClientSession() as s:
+                async def one(kvp: dict) -> None:
+                    async with s.post(decode.url + "/v1/completions", json={
+                            "prompt": prompt, "max_tokens": 4, "kv_transfer_params": kvp}) as r:
+                        assert r.status == 200
+                        await r.read()
+
+                async def watch() -> None:
+                    for _ in range(8):
+                        await asyncio.sleep(0.05)
+                        text = await (await s.get(decode.url + "/metrics")).text()
+                        seen["in_progress"] = max(seen["in_progress"], sample(
+                            text, "vllm:num_requests_kv_fetch_by_stage", stage="in_progress"))
+                        seen["deferred"] = max(seen["deferred"], sample(
+                            text, "vllm:num_requests_waiting_by_reason", reason="deferred"))
+
+                await asyncio.gather(watch(), *(one(k) for k in params))
+
+        asyncio.run(run())
+        assert seen["in_progress"] >= 1 and seen["deferred"] >= 1, seen
+        text = scrape(decode.url)
+        xfer = sample(text, "vllm:nixl_xfer_time_seconds_sum") / 4
+        assert 0.2 <= xfer <= 0.4  # ~48 MB at 0.2 GB/s
+        ttft = sample(text, "vllm:time_to_first_token_seconds_sum") / 4
+        assert ttft >= xfer  # the decode's TTFT includes the KV pull
+        assert sample(scrape(prefill.url), "vllm:kv_cache_usage_perc") == 0.0
+    finally:
+        prefill.stop()
+        decode.stop()
