@@ -3,9 +3,14 @@
 Start it with the argv of ``vllm serve`` and only the executable swapped::
 
     python -m launcher.sim serve MODEL [vllm serve flags] [--sim-* flags]
+    python -m launcher.sim serve MODEL --sim-help      # the SIM_* knobs and their docs
 
-Simulation knobs are SIM_* env vars (see ``launcher.sim.knobs``). Nothing heavy is
-imported here, so the launcher CLI stays light.
+Simulation knobs are SIM_* env vars or --sim-* flags, defined in ``launcher.sim.knobs``.
+Modules: ``cli`` (argv -> SimConfig), ``engine`` (per-DP-rank scheduler and speed model),
+``server`` (OpenAI-compatible HTTP API), ``nixl`` (side channel and KV pull), ``dp``
+(multi-node head/headless), ``metrics`` (/metrics), ``statslog`` (periodic log lines),
+``answers`` (GSM8K answer key), ``procs`` (start sims as processes: tests, benchmarks).
+Nothing heavy is imported here, so the launcher CLI stays light.
 """
 
 SIM_HEADER = "x-simulated-engine"

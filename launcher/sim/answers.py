@@ -17,7 +17,6 @@ _FILLER = ["the", "model", "is", "a", "simulated", "engine", "and", "this", "tex
 FILLER_TOKENS = [" " + w for w in _FILLER]
 
 _WS = re.compile(r"\s+")
-_NUM = re.compile(r"-?[\d,]*\.?\d+")
 
 
 def normalize(question: str) -> str:
@@ -78,7 +77,9 @@ class Answerer:
             return None
         question = last_question(prompt)
         if question is None or question not in self.key:
-            return None
+            question = normalize(prompt)  # a chat message that is just the question
+            if question not in self.key:
+                return None
         final = self.key[question]
         correct = not self.wrong_answers and _unit(question) < self.accuracy
         number = final if correct else _wrong(final, question)

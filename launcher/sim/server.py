@@ -18,13 +18,11 @@ from typing import Any
 
 from aiohttp import web
 
-from launcher.sim import metrics
+from launcher.sim import SIM_HEADER, SIM_HEADER_VALUE, metrics
 from launcher.sim.answers import Answerer, text_of
 from launcher.sim.cli import SimConfig
 from launcher.sim.engine import Engine, Req
 
-SIM_HEADER = "x-simulated-engine"
-SIM_HEADER_VALUE = "launcher.sim"
 VLLM_VERSION = "0.33.0"
 
 
