@@ -444,6 +444,8 @@ class Engine:
         st["vllm:nixl_post_time_seconds"].observe(post_s)
         st["vllm:nixl_bytes_transferred"].observe(nbytes)
         st["vllm:nixl_num_descriptors"].observe(descs)
+        if not self.cfg.stats_logging:
+            return  # nobody takes the interval: do not let its lists grow
         iv = self.interval
         iv.xfer_s.append(xfer_s)
         iv.post_s.append(post_s)
