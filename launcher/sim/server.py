@@ -266,8 +266,13 @@ class Api:
     async def _whole(self, body: dict[str, Any], engine: Engine,
                      reqs: list[tuple[Req, list[str] | None]], rid: str, chat: bool,
                      prompts: list[_Prompt]) -> web.Response:
-        for req, _ in reqs:
-            await self._wait_finished(engine, req)
+        try:
+            for req, _ in reqs:
+                await self._wait_finished(engine, req)
+        except BaseException:
+            for req, _ in reqs:  # the client went away: drop the whole batch
+                engine.abort(req)
+            raise
         for req, _ in reqs:
             if req.finished == "error":
                 return _error(500, req.error or "internal error", "InternalServerError")
