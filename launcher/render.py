@@ -17,8 +17,9 @@ PLAN_SCHEMA_VERSION = 1
 ENGINE_EXE = {"vllm": ["vllm"], "sim": ["python", "-m", "launcher.sim"]}
 BENCH_EXE = {"vllm": ["vllm", "bench", "serve"], "builtin": ["python", "-m", "launcher.bench"]}
 KV_CONNECTOR_FLAG = {"nixl": "nixl", "mooncake": "mooncake", "moriio": "moriio"}
-# The stats-log parser needs plain text; Slurm logs are not a TTY but a forced colour is.
-ENGINE_BASE_ENV = {"VLLM_LOGGING_COLOR": "0"}
+# The stats-log parser needs plain text (a forced colour would break it), and CUDA must
+# number GPUs as NVML does, so CUDA_VISIBLE_DEVICES and the telemetry mean the same GPU.
+ENGINE_BASE_ENV = {"VLLM_LOGGING_COLOR": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 @dataclass(frozen=True)
@@ -396,7 +397,7 @@ def srun_prefix(plan: Plan, proc: Process) -> list[str]:
         "srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={proc.node}",
         f"--job-name={proc.name}", "--kill-on-bad-exit=1",
     ]  # fmt: skip
-    if proc.gpus:
+    if proc.gpus or proc.kind == "agent":  # with device cgroups a step sees only what it asks for
         argv.append(f"--gpus-per-node={plan.cluster.gpus_per_node}")
     c = plan.recipe.container
     if proc.container and c and plan.cluster.container == "pyxis":
