@@ -169,7 +169,7 @@ def header(title: str, *, need_run: bool = True) -> load.RunInfo | None:
     """Page title, the run's identity and state, the SIMULATION label, and a sentence on
     what is missing. Returns the run, or None when there is nothing to show."""
     info = selected_run()
-    if info is not None and info.simulated:
+    if need_run and info is not None and info.simulated:  # the runs list mixes runs
         st.title(f"{title} · SIMULATION")
     else:
         st.title(title)
