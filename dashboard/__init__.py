@@ -30,26 +30,27 @@ def serve_args(runs_dir: str | Path, host: str = "127.0.0.1", port: int = 8501) 
             "--", "--runs", str(Path(runs_dir).resolve())]
 
 
+def _env(runs_dir: str | Path) -> dict[str, str]:
+    return dict(os.environ, STREAMLIT_BROWSER_GATHER_USAGE_STATS="false",
+                PD_DASHBOARD_RUNS=str(Path(runs_dir).resolve()))
+
+
 def start(runs_dir: str | Path, host: str = "127.0.0.1", port: int = 8501,
           **popen_kw) -> subprocess.Popen:
-    """Start the dashboard in the background; the caller owns the process."""
-    env = dict(os.environ, STREAMLIT_BROWSER_GATHER_USAGE_STATS="false",
-               PD_DASHBOARD_RUNS=str(Path(runs_dir).resolve()))
-    return subprocess.Popen(serve_args(runs_dir, host, port), env=env, **popen_kw)
+    """Start the dashboard in the background; the caller owns (and stops) the process."""
+    return subprocess.Popen(serve_args(runs_dir, host, port), env=_env(runs_dir), **popen_kw)
 
 
 def serve(runs_dir: str | Path, host: str = "127.0.0.1", port: int = 8501) -> int:
-    """Run the dashboard in the foreground until Ctrl-C; prints the URL. Returns the exit
-    status (0 after Ctrl-C)."""
+    """Print the URL, then become the Streamlit server (exec): Ctrl-C and SIGTERM reach the
+    server itself and no orphan is left behind. Returns only if the exec fails."""
     print(f"Dashboard on {url(host, port)}  (runs: {Path(runs_dir).resolve()}; Ctrl-C stops)",
           flush=True)
-    proc = start(runs_dir, host, port)
+    argv = serve_args(runs_dir, host, port)
     try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        return 0
+        os.execve(argv[0], argv, _env(runs_dir))
+    except OSError as e:
+        print(f"error: could not start Streamlit ({e}); is it installed in {sys.prefix}?",
+              file=sys.stderr)
+        return 1
+    return 0  # not reached: execve replaced this process

@@ -145,3 +145,13 @@ def test_live_run_says_it_refreshes(tmp_path, monkeypatch):
     at = open_page(tmp_path, run.name, "app_pages/kv_cache.py", monkeypatch)
     assert any("refreshes every" in i.value for i in at.info)
     assert at.get("vega_lite_chart")
+
+
+def test_serve_binds_localhost_by_default(tmp_path):
+    import dashboard
+
+    argv = dashboard.serve_args(tmp_path)
+    assert argv[argv.index("--server.address") + 1] == "127.0.0.1"
+    assert argv[argv.index("--server.port") + 1] == "8501"
+    assert argv[-2:] == ["--runs", str(tmp_path.resolve())]
+    assert dashboard.url("0.0.0.0", 9000) == "http://127.0.0.1:9000"
