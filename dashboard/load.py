@@ -221,12 +221,13 @@ def read_events(path: Path) -> list[dict]:
 
 
 def read_accuracy(path: Path) -> dict | None:
-    acc_dir = RunDir(Path(path)).accuracy
-    for name in ("gsm8k.json", *sorted(p.name for p in acc_dir.glob("*.json"))):
-        doc = read_json_safe(acc_dir / name)
-        if isinstance(doc, dict):
-            return doc
-    return None
+    """The newest GSM8K result (`launcher.figures.load_accuracy`, the one reader)."""
+    from launcher.figures import load_accuracy
+
+    try:
+        return load_accuracy(Path(path))
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+        return None
 
 
 def read_summary(path: Path) -> dict | None:

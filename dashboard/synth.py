@@ -454,21 +454,24 @@ def gpu_host_telemetry(sc: Scenario, plan: dict, tl: Timeline, models: list[Poin
             proc = pinned.get((node["name"], g), "")
             lab = {"index": str(g), "uuid": f"GPU-{node['name']}-{g:02d}"}
             u = np.clip(load * 100 * _noise(rng, (n_t,), 0.05), 0, 100)
-            nr.add(proc, [""], "gpu:utilization_pct", lab, np.round(u[None, :]))
+            nr.add(proc, [""], "gpu:util_pct", lab, np.round(u[None, :]))
             power = 180 + 900 * load * _noise(rng, (n_t,), 0.04)
             nr.add(proc, [""], "gpu:power_w", lab, np.round(power[None, :], 1))
             nr.add(proc, [""], "gpu:sm_clock_mhz", lab,
                    np.where(power > 1000, 1700, 1965)[None, :].astype(float))
-            nr.add(proc, [""], "gpu:temperature_c", lab,
+            nr.add(proc, [""], "gpu:temp_c", lab,
                    np.round(35 + 40 * load + rng.normal(0, 0.5, n_t))[None, :])
-            nr.add(proc, [""], "gpu:memory_used_bytes", lab,
+            nr.add(proc, [""], "gpu:mem_used_bytes", lab,
                    np.full((1, n_t), 170e9 if proc else 1e9))
+            # Energy since driver load (mJ), a counter: the page draws its rate (≈ power).
+            nr.add(proc, [""], "gpu:energy_mj", lab,
+                   np.round(5e9 + np.cumsum(power * 1000.0 * sc.interval_s))[None, :])
         cpu = np.clip(5 + 30 * load * _noise(rng, (n_t,), 0.1), 0, 100)
-        nr.add("", [""], "host:cpu_percent", None, np.round(cpu[None, :], 1))
-        nr.add("", [""], "host:memory_used_bytes", None,
+        nr.add("", [""], "host:cpu_util_pct", None, np.round(cpu[None, :], 1))
+        nr.add("", [""], "host:mem_used_bytes", None,
                np.round(200e9 + 5e9 * load[None, :], -6))
-        for d in ("rx", "tx"):
-            nr.add("", [""], f"host:net_{d}_bytes_total", {"nic": "ib0"},
+        for d in ("recv", "sent"):
+            nr.add("", [""], f"host:net_{d}_bytes", {"nic": "ib0"},
                    np.cumsum(1e8 * load * _noise(rng, (n_t,), 0.2))[None, :].round())
 
 

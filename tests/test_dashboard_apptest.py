@@ -155,3 +155,20 @@ def test_serve_binds_localhost_by_default(tmp_path):
     assert argv[argv.index("--server.port") + 1] == "8501"
     assert argv[-2:] == ["--runs", str(tmp_path.resolve())]
     assert dashboard.url("0.0.0.0", 9000) == "http://127.0.0.1:9000"
+
+
+def test_sweep_compares_runs_on_one_pareto(runs, monkeypatch):
+    at = open_page(runs["healthy"].parent, runs["healthy"].name, "app_pages/sweep.py",
+                   monkeypatch)
+    at.multiselect(key="sweep_compare").select(runs["large"].name).run()
+    assert not at.exception
+    pareto = at.get("vega_lite_chart")[0]
+    assert "Pareto frontier" in json.loads(pareto.proto.spec)["title"]
+    import pyarrow as pa
+
+    runs_drawn = set()
+    for d in pareto.proto.datasets:
+        t = pa.ipc.open_stream(d.data.data).read_all()
+        if "run" in t.column_names:
+            runs_drawn |= set(t.column("run").to_pylist())
+    assert {f"{runs['healthy'].name} (SIM)", f"{runs['large'].name} (SIM)"} <= runs_drawn

@@ -15,17 +15,20 @@ if info is None:
 
 PREFERRED = ("power", "util", "sm_clock", "temp", "memory", "running", "cpu")
 # Cumulative psutil/NVML fields drawn as rates (per second), like Prometheus counters.
-COUNTER = re.compile(r"(_total$|_s$|^host:net_|ctx_switches|energy)")
+COUNTER = re.compile(r"(_total$|_s$|^host:net_|ctx_switches|energy_mj$|nvlink_[rt]x_bytes$|"
+                     r"violation_\w+_ns$)")
 
 
 def is_counter(name: str) -> bool:
-    return bool(COUNTER.search(name)) and not name.endswith(("_pct", "_tok_s", "_mb_s"))
+    return bool(COUNTER.search(name)) and not name.endswith(
+        ("_pct", "_tok_s", "_mb_s", "_mib_s", "_kib_s"))
 
 
 def unit_of(name: str) -> str:
     for suffix, unit in (("_pct", "%"), ("percent", "%"), ("_w", "W"), ("_mhz", "MHz"),
-                         ("_c", "°C"), ("_bytes_total", "bytes/s"), ("_bytes", "bytes"),
-                         ("_total", "per s"), ("_mj", "mJ")):
+                         ("_c", "°C"), ("_bytes_total", "bytes"), ("_bytes", "bytes"),
+                         ("_mib_s", "MiB/s"), ("_kib_s", "KiB/s"), ("_ns", "ns"),
+                         ("_total", ""), ("_mj", "mJ"), ("_s", "s")):
         if name.endswith(suffix):
             return unit
     return ""
