@@ -21,6 +21,7 @@ KV_CAPACITY = "decode-kv-capacity"
 KV_TRANSFER = "kv-transfer"
 DECODE_COMPUTE = "decode-compute"
 CLIENT = "client-router"
+IMBALANCE = "dp-imbalance"
 
 TITLES = {
     HEALTHY: "healthy",
@@ -31,6 +32,7 @@ TITLES = {
     KV_TRANSFER: "KV transfer: check the NIXL/UCX path (NVLink/IB), descriptor counts",
     DECODE_COMPUTE: "decode compute: decode batch-bound (a trade-off; read it on the Pareto)",
     CLIENT: "client/router: time is spent outside the engines",
+    IMBALANCE: "DP imbalance: one decode engine is much fuller than the rest (routing)",
 }
 
 
@@ -43,6 +45,7 @@ class Thresholds:
     remainder_share: float = 0.50    # unexplained share of TTFT that points at client/router
     min_remainder_s: float = 0.20
     tpot_growth: float = 1.5         # TPOT vs the run's best point: decode slowed by batching
+    imbalance_gap: float = 0.35      # hottest decode engine's KV minus the mean KV (fraction)
     failed_share: float = 0.01       # failed requests / all requests at a point
 
 
@@ -172,6 +175,12 @@ def diagnose_point(row: dict[str, Any], th: Thresholds, tpot_ref: float) -> Verd
         if _ok(dr):
             ev.append(f"requests running on decode: {dr:.0f} mean")
         found.append((0.1, DECODE_COMPUTE, ev))
+
+    kv_mean = _f(row, "decode_kv_mean")
+    if _ok(kv_max) and _ok(kv_mean) and kv_max - kv_mean >= th.imbalance_gap:
+        found.append((0.15, IMBALANCE, [
+            f"decode KV usage: hottest engine {_pct(kv_max)} vs mean {_pct(kv_mean)} "
+            f"(gap ≥ {_pct(th.imbalance_gap)})"]))
 
     if not found:
         if not parts_known and not _ok(kv_max):

@@ -172,3 +172,23 @@ def test_sweep_compares_runs_on_one_pareto(runs, monkeypatch):
         if "run" in t.column_names:
             runs_drawn |= set(t.column("run").to_pylist())
     assert {f"{runs['healthy'].name} (SIM)", f"{runs['large'].name} (SIM)"} <= runs_drawn
+
+
+def test_run_that_died_before_the_sweep(tmp_path, monkeypatch):
+    """Plan, logs and some telemetry but no bench results and no accuracy: every page says
+    what is missing instead of drawing empty axes."""
+    import shutil
+
+    run = synth.healthy(tmp_path)
+    shutil.rmtree(run / "bench")
+    shutil.rmtree(run / "accuracy")
+    state = json.loads((run / "run.json").read_text())
+    state.update(state="failed", stage="health", error="prefill-1 never became healthy")
+    (run / "run.json").write_text(json.dumps(state))
+    for page in PAGES:
+        at = open_page(tmp_path, run.name, page, monkeypatch)
+        assert not at.exception, (page, [e.value for e in at.exception])
+        if page == "app_pages/sweep.py":
+            assert any("No sweep results" in i.value for i in at.info)
+        if page == "app_pages/ttft.py":
+            assert any("no client TTFT" in i.value for i in at.info)

@@ -112,3 +112,12 @@ def test_thresholds_are_adjustable():
     assert diagnose.diagnose([r])[0].kind != diagnose.PREFILL
     th = diagnose.Thresholds(share=0.15, remainder_share=0.9)
     assert diagnose.diagnose([r], th)[0].kind == diagnose.PREFILL
+
+
+def test_one_hot_decode_engine_is_imbalance():
+    v = diagnose.diagnose([row(decode_kv_max=0.85, decode_kv_mean=0.40, remainder_s=0.1)])[0]
+    assert v.kind == diagnose.IMBALANCE
+    assert "85%" in v.evidence[0] and "40%" in v.evidence[0]
+    # Balanced engines at the same peak: no imbalance.
+    v = diagnose.diagnose([row(decode_kv_max=0.85, decode_kv_mean=0.80, remainder_s=0.1)])[0]
+    assert v.kind == diagnose.HEALTHY

@@ -93,6 +93,8 @@ def body() -> None:
             f"≥ {th.min_remainder_s * 1000:.0f} ms, or ≥ {th.failed_share:.0%} requests failed\n"
             f"- **decode compute**: mean TPOT ≥ {th.tpot_growth:g}× the run's best point while "
             f"KV < {th.kv_full:.0%} and no preemptions\n"
+            f"- **DP imbalance**: the hottest decode engine's KV usage exceeds the mean by "
+            f"≥ {th.imbalance_gap:.0%} (weakest rule: listed under *Also* when others fire)\n"
             "- the strongest rule wins (KV capacity first, then the largest share of TTFT); "
             "the others are listed under *Also*.")
 
