@@ -41,9 +41,9 @@ def body() -> None:
         ui.altair(charts.ttft_breakdown(pd.DataFrame(rows), ok[["point", "ttft_mean_s"]]))
         show = ok[["point", "ttft_mean_s", *parts_cols, "decode_engine_ttft_s",
                    "kv_transfer_p99_s"]].copy()
-        ms_cfg = {c: st.column_config.NumberColumn(
-            (derive.COMPONENT_TITLES.get(c[:-2], c) + " (ms)"), format="%.0f")
-            for c in parts_cols}
+        short = {**derive.COMPONENT_TITLES, "remainder": "Remainder"}  # table width
+        ms_cfg = {c: st.column_config.NumberColumn(short.get(c[:-2], c) + " (ms)",
+                                                   format="%.0f") for c in parts_cols}
         for c in show.columns[1:]:
             show[c] = show[c] * 1000.0
         st.dataframe(show, hide_index=True, width="stretch", column_config={
