@@ -28,9 +28,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-FIX = Path("/work/shared/fixtures")
-if not FIX.is_dir():
-    FIX = REPO / "shared" / "fixtures"
+FIX = next(
+    p for p in (REPO.parent / "shared" / "fixtures", Path("/work/shared/fixtures")) if p.is_dir()
+)
 DECODE = FIX / "vllm_metrics_v0.33.0_generated_decode_dp2_nixl.prom"
 
 

@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 
 import aiohttp
 import pytest
+from helpers import FIXTURES
 from prometheus_client.parser import text_string_to_metric_families
 
 from launcher.sim.procs import free_ports, http_json, kv_config, sample, scrape, start_sim
 from launcher.telemetry import statslog
-
-FIXTURES = Path("/work/shared/fixtures")
-if not FIXTURES.is_dir():
-    FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 
 pytestmark = pytest.mark.timeout(60)
 

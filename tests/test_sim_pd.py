@@ -18,6 +18,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from helpers import FIXTURES
 from prometheus_client.parser import text_string_to_metric_families
 
 from launcher.sim.procs import (
@@ -33,9 +34,6 @@ from launcher.sim.procs import (
 )
 from launcher.telemetry import statslog
 
-FIXTURES = Path("/work/shared/fixtures")
-if not FIXTURES.is_dir():
-    FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 MODEL = "nvidia/Qwen3.5-397B-A17B-NVFP4"
 ROUTER = shutil.which("vllm-router") or str(Path(sys.executable).parent / "vllm-router")
 # max-model-len of the fixtures: the request_tokens buckets (1-2-5 up to it) must match

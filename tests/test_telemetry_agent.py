@@ -16,15 +16,12 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import pytest
+from helpers import FIXTURES
 
 from launcher.telemetry.store import read_agent_info, read_gaps, read_raw, read_samples
 
 REPO = Path(__file__).resolve().parents[1]
-FIX = Path("/work/shared/fixtures")
-if not FIX.is_dir():
-    FIX = REPO / "shared" / "fixtures"
-pytestmark = pytest.mark.skipif(not FIX.is_dir(), reason="fixtures not mounted")
+FIX = FIXTURES
 
 
 GEN0 = re.compile(r'^(vllm:generation_tokens_total\{engine="0",[^}]*\} ).*$', re.M)

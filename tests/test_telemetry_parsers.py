@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+from helpers import FIXTURES
 
 from launcher.telemetry.scrape import (
     RENAMES,
@@ -26,9 +27,7 @@ from launcher.telemetry.statslog import (
     parse_stats_body,
 )
 
-FIX = Path("/work/shared/fixtures")
-if not FIX.is_dir():  # the repo's shared/ checkout, wherever it is mounted
-    FIX = Path(__file__).resolve().parents[1] / "shared" / "fixtures"
+FIX = FIXTURES
 DECODE = FIX / "vllm_metrics_v0.33.0_generated_decode_dp2_nixl.prom"
 MULTI = FIX / "vllm_metrics_v0.33.0_generated_decode_dp2_nixl_multiproc.prom"
 PREFILL = FIX / "vllm_metrics_v0.33.0_generated_prefill_dp2_nixl.prom"
