@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.rundir import FINAL_STATES, RunDir, read_json, read_jsonl
+from launcher.rundir import tail as rundir_tail
 
 if TYPE_CHECKING:  # pandas is imported lazily: `import dashboard` stays cheap
     import pandas as pd
@@ -265,20 +266,8 @@ def list_logs(path: Path) -> list[Path]:
     return sorted(RunDir(Path(path)).logs.glob("*.log"))
 
 
-def tail(path: Path, max_lines: int = 200, max_bytes: int = 512 * 1024) -> list[str]:
-    """The last lines of a file without reading all of it (logs of a 2-hour run are big)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            data = f.read()
-    except FileNotFoundError:
-        return []
-    lines = data.splitlines()
-    if size > max_bytes and lines:
-        lines = lines[1:]  # the first one is probably cut
-    return [ln.decode("utf-8", "replace") for ln in lines[-max_lines:]]
+def tail(path: Path, max_lines: int = 200) -> list[str]:
+    return rundir_tail(path, max_lines, max_bytes=512 * 1024)
 
 
 def scan_log(path: Path, max_hits: int = 200) -> dict:

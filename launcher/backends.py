@@ -133,17 +133,3 @@ def make_backend(plan: Plan, run_dir: Path) -> Backend:
     return (
         SrunBackend(plan, run_dir) if plan.cluster.scheduler == "slurm" else Backend(plan, run_dir)
     )
-
-
-def tail(path: Path, lines: int = 20, max_bytes: int = 64 * 1024) -> list[str]:
-    """The last lines of a log, read from the end (logs can be gigabytes)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            data = f.read()
-    except FileNotFoundError:
-        return []
-    text = data.decode("utf-8", errors="replace")
-    return text.splitlines()[-lines:]

@@ -26,10 +26,11 @@ from pathlib import Path
 from launcher import cluster as cluster_mod
 from launcher import recipe as recipe_mod
 from launcher import render, rundir
-from launcher.backends import Backend, Handle, make_backend, tail
+from launcher.backends import Backend, Handle, make_backend
 from launcher.errors import UserError
 from launcher.plan import Plan, make_plan
 from launcher.prepare import write_run_files
+from launcher.rundir import tail
 
 POLL_S = 0.25
 

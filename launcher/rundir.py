@@ -73,6 +73,22 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
+def tail(path: Path, lines: int = 20, max_bytes: int = 256 * 1024) -> list[str]:
+    """The last lines of a log without reading all of it (logs of long runs are big)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except FileNotFoundError:
+        return []
+    out = data.splitlines()
+    if size > max_bytes and out:
+        out = out[1:]  # the first one is probably cut
+    return [x.decode("utf-8", "replace") for x in out[-lines:]]
+
+
 @dataclass(frozen=True)
 class RunDir:
     path: Path

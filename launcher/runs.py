@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from launcher import rundir
-from launcher.backends import tail
 from launcher.errors import UserError
+from launcher.rundir import tail
 
 
 def all_runs(runs_dir: Path) -> list[Path]:

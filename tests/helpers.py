@@ -1,5 +1,7 @@
 """Helpers shared by the end-to-end tests."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -28,3 +30,12 @@ def fixtures_dir() -> Path:
 
 
 FIXTURES = fixtures_dir()
+
+
+def launcher(tmp_path: Path, *args: str, timeout: float = 300) -> tuple[int, str]:
+    """`python -m launcher ARGS --runs-dir TMP/runs` as a user runs it: (exit code, output)."""
+    p = subprocess.run(
+        [sys.executable, "-m", "launcher", *args, "--runs-dir", str(tmp_path / "runs")],
+        capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
+    )  # fmt: skip
+    return p.returncode, p.stdout + p.stderr

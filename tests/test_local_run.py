@@ -11,19 +11,11 @@ import sys
 import time
 from pathlib import Path
 
-from helpers import leftovers
+from helpers import launcher, leftovers
 
 from launcher import figures, rundir
 
 RECIPE = "local-sim"
-
-
-def launcher(tmp_path, *args, timeout=240):
-    p = subprocess.run(
-        [sys.executable, "-m", "launcher", *args, "--runs-dir", str(tmp_path / "runs")],
-        capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
-    )  # fmt: skip
-    return p.returncode, p.stdout + p.stderr
 
 
 def the_run(tmp_path) -> Path:

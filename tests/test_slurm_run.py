@@ -7,13 +7,12 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import leftovers
+from helpers import launcher, leftovers
 
 from launcher import rundir
 
@@ -29,14 +28,6 @@ def cluster_up():
     out = subprocess.run(["sinfo", "-h", "-o", "%D %t"], capture_output=True, text=True)
     if out.returncode != 0:
         pytest.fail(f"the dev cluster does not answer ({out.stderr.strip()}): run up.sh")
-
-
-def launcher(tmp_path, *args, timeout=300):
-    p = subprocess.run(
-        [sys.executable, "-m", "launcher", *args, "--runs-dir", str(tmp_path / "runs")],
-        capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
-    )  # fmt: skip
-    return p.returncode, p.stdout + p.stderr
 
 
 def submit(tmp_path, *args) -> Path:

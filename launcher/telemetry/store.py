@@ -48,6 +48,8 @@ from collections.abc import Hashable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
+from launcher.rundir import read_jsonl
+
 if TYPE_CHECKING:  # heavy imports stay lazy: the agent's hot path never needs them
     import pandas as pd
 
@@ -563,22 +565,6 @@ def list_series(run_dir: Path, *, nodes: Iterable[str] | None = None) -> pd.Data
     return g.agg(rows=("value", "size"), first=("ts", "min"), last=("ts", "max")).reset_index()
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    rows = []
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if not line.endswith("\n"):
-                    break  # torn last line
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
-    except FileNotFoundError:
-        pass
-    return rows
-
-
 def read_gaps(run_dir: Path, *, nodes: Iterable[str] | None = None) -> pd.DataFrame:
     """Gaps as intervals: columns node, process, source ("scrape" | "log" | "gpu" | ...),
     target (URL, file, GPU), start, end (NaN while still open), reason (the distinct reasons
@@ -589,7 +575,7 @@ def read_gaps(run_dir: Path, *, nodes: Iterable[str] | None = None) -> pd.DataFr
     out = []
     for nd in node_dirs(run_dir, nodes):
         open_: dict[tuple, dict] = {}
-        for r in _read_jsonl(nd / GAPS):
+        for r in read_jsonl(nd / GAPS):
             key = (r.get("node", nd.name), r.get("process", ""), r.get("source", ""),
                    r.get("target", ""))
             if r.get("state") == "closed":
