@@ -149,3 +149,29 @@ def test_cancel_tears_down(tmp_path):
     assert st["state"] == "cancelled", st
     job_gone(st["slurm_job_id"])
     assert leftovers(run) == []
+
+
+def test_a_study_submits_one_job_per_value(tmp_path):
+    code, out = launcher(
+        tmp_path, "submit", RECIPE, *SERVE_ONLY, "--sweep", "prefill.endpoints=2,4", "--wait"
+    )
+    assert code == 0, out
+    (study,) = (tmp_path / "runs").iterdir()
+    doc = json.loads((study / "study.json").read_text())
+    assert [r["values"] for r in doc["runs"]] == [
+        {"prefill.endpoints": 2},
+        {"prefill.endpoints": 4},
+    ]
+    jobs = set()
+    for r in doc["runs"]:
+        run = study / r["run"]
+        st = rundir.RunDir(run).read_state()
+        assert st["state"] == "succeeded", st.get("error")
+        jobs.add(st["slurm_job_id"])
+        plan = json.loads((run / "plan.json").read_text())
+        n = r["values"]["prefill.endpoints"]
+        assert sum(1 for e in plan["endpoints"] if e["role"] == "prefill") == n
+        assert leftovers(run) == []
+    assert len(jobs) == 2
+    code, out = launcher(tmp_path, "runs")
+    assert code == 0 and out.count("succeeded") == 2
