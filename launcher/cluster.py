@@ -53,6 +53,12 @@ def load(ref: str) -> Cluster:
         raise UserError(_format_error(e, str(path))) from None
 
 
+def profile_nodes(cluster: Cluster, count: int) -> list[str]:
+    """Node names for a plan made outside an allocation: the profile's list, extended."""
+    names = expand_nodelist(cluster.dry_run_nodes)
+    return names + [f"node-{i:03d}" for i in range(len(names) + 1, count + 1)]
+
+
 _GROUP = re.compile(r"^(?P<prefix>[^\[\],]*)\[(?P<ranges>[^\]]+)\](?P<suffix>[^\[\],]*)$")
 
 

@@ -28,7 +28,7 @@ from launcher import recipe as recipe_mod
 from launcher import render, rundir
 from launcher.backends import Backend, Handle, make_backend
 from launcher.errors import UserError
-from launcher.plan import Plan, make_plan
+from launcher.plan import Plan, make_plan, nodes_needed
 from launcher.prepare import write_run_files
 from launcher.rundir import tail
 
@@ -78,9 +78,7 @@ def resolve(nodes: list[str]) -> dict[str, str]:
 
 def plan_here(run: rundir.RunDir) -> Plan:
     """Plan again on the real nodes (same pure function as the dry-run) and record it."""
-    recipe = recipe_mod.validate(
-        recipe_mod._yaml().safe_load(run.recipe.read_text()), str(run.recipe)
-    )
+    recipe = recipe_mod.load(str(run.recipe))
     cluster = cluster_mod.load(recipe.cluster)
     if cluster.scheduler == "slurm":
         nodes = allocation_nodes()
@@ -91,15 +89,11 @@ def plan_here(run: rundir.RunDir) -> Plan:
             )
         plan = make_plan(recipe, cluster, nodes, resolve(nodes))
     else:
-        names = cluster_mod.expand_nodelist(cluster.dry_run_nodes)
-        from launcher.plan import nodes_needed
-
-        names += [f"node-{i:03d}" for i in range(len(names) + 1, nodes_needed(recipe, cluster) + 1)]
-        plan = make_plan(recipe, cluster, names)
-    sbatch = run.sbatch.read_text() if run.sbatch.exists() else None
-    write_run_files(run, plan, placeholder_nodes=False)
-    if sbatch is not None:  # keep what was really submitted
-        rundir.write_atomic(run.sbatch, sbatch)
+        plan = make_plan(
+            recipe, cluster, cluster_mod.profile_nodes(cluster, nodes_needed(recipe, cluster))
+        )
+    # job.sbatch stays as it was submitted; the rest now names the real nodes.
+    write_run_files(run, plan, placeholder_nodes=False, with_sbatch=False)
     return plan
 
 

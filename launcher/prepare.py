@@ -27,7 +27,9 @@ class Prepared:
     study: str | None = None
 
 
-def write_run_files(run: rundir.RunDir, plan: Plan, placeholder_nodes: bool) -> str | None:
+def write_run_files(
+    run: rundir.RunDir, plan: Plan, placeholder_nodes: bool, with_sbatch: bool = True
+) -> str | None:
     """recipe.yaml, plan.json, commands.sh and (Slurm profiles) job.sbatch. Returns the sbatch."""
     run_dir = str(run.path)
     rundir.write_atomic(run.recipe, recipe_mod.dump(plan.recipe))
@@ -38,7 +40,7 @@ def write_run_files(run: rundir.RunDir, plan: Plan, placeholder_nodes: bool) -> 
     rundir.write_atomic(run.commands, render.commands_sh(plan, run_dir))
     run.commands.chmod(0o755)
     sbatch = None
-    if plan.cluster.scheduler == "slurm":
+    if with_sbatch and plan.cluster.scheduler == "slurm":
         sbatch = render.sbatch_text(plan, len(plan.nodes), str(run.slurm), sys.executable)
         rundir.write_atomic(run.sbatch, sbatch)
     return sbatch
@@ -58,8 +60,7 @@ def prepare(
         if len(names) < need:
             raise UserError(f"--nodelist names {len(names)} nodes but the plan needs {need}")
     else:
-        names = cluster_mod.expand_nodelist(cluster.dry_run_nodes)
-        names += [f"node-{i:03d}" for i in range(len(names) + 1, need + 1)]
+        names = cluster_mod.profile_nodes(cluster, need)
     plan = make_plan(recipe, cluster, names)
     # Absolute: every process, srun step and the batch script refer to it from elsewhere.
     run = rundir.create(runs_root.resolve(), run_name or recipe.name)
