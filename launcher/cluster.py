@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, ValidationError
 
 from launcher.errors import UserError
-from launcher.recipe import Strict, _format_error, _yaml
+from launcher.recipe import Strict, format_error, yaml_module
 
 CLUSTERS_DIR = Path(__file__).parent / "clusters"
 
@@ -46,11 +46,11 @@ def load(ref: str) -> Cluster:
                 f"no cluster profile {ref!r}: give a YAML path or one of: {', '.join(found)}"
             )
         path = found[ref]
-    data = _yaml().safe_load(path.read_text(encoding="utf-8"))
+    data = yaml_module().safe_load(path.read_text(encoding="utf-8"))
     try:
         return Cluster.model_validate(data)
     except ValidationError as e:
-        raise UserError(_format_error(e, str(path))) from None
+        raise UserError(format_error(e, str(path))) from None
 
 
 def profile_nodes(cluster: Cluster, count: int) -> list[str]:

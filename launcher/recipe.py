@@ -298,7 +298,7 @@ def resolve_path(ref: str) -> Path:
     raise UserError(f"no recipe named {ref!r}: give a YAML path or one of: {names}")
 
 
-def _yaml():
+def yaml_module():
     import yaml
 
     return yaml
@@ -309,7 +309,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not sep or not key.strip():
         raise UserError(f"--set {text!r}: write it as key.path=value, e.g. prefill.endpoints=8")
     try:
-        value = _yaml().safe_load(raw) if raw.strip() else ""
+        value = yaml_module().safe_load(raw) if raw.strip() else ""
     except Exception as e:  # yaml's errors are many classes; any means "not a value"
         raise UserError(f"--set {text!r}: {raw!r} is not a YAML value ({e})") from None
     return key.strip().split("."), value
@@ -331,33 +331,39 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
-def _format_error(e: ValidationError, source: str) -> str:
+def format_error(e: ValidationError, source: str, overrides: list[str] | None = None) -> str:
+    """One line per problem, naming the file (or the --set that brought the value) and key."""
+    set_keys = [o.partition("=")[0].strip() for o in overrides or []]
     lines = []
     for err in e.errors():
         loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        came = [
+            k for k in set_keys if loc == k or loc.startswith(k + ".") or k.startswith(loc + ".")
+        ]
+        where = f"{source} with --set {came[-1]}" if came else source
         if err["type"] == "extra_forbidden":
-            lines.append(f"{source}: unknown key {loc!r}")
+            lines.append(f"{where}: unknown key {loc!r}")
         elif err["type"] == "missing":
-            lines.append(f"{source}: missing required key {loc!r}")
+            lines.append(f"{where}: missing required key {loc!r}")
         else:
             got = err.get("input")
             shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
             msg = err["msg"].removeprefix("Value error, ")
-            lines.append(f"{source}: {loc}: {msg}{shown}")
+            lines.append(f"{where}: {loc}: {msg}{shown}")
     return "\n".join(lines)
 
 
 def load(ref: str, overrides: list[str] | None = None) -> Recipe:
     path = resolve_path(ref)
     try:
-        data = _yaml().safe_load(path.read_text(encoding="utf-8"))
+        data = yaml_module().safe_load(path.read_text(encoding="utf-8"))
     except Exception as e:
         raise UserError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: a recipe is a YAML mapping of keys to values")
     _resolve_relative(data, path.parent)
     data = apply_overrides(data, overrides or [])
-    return validate(data, str(path))
+    return validate(data, str(path), overrides)
 
 
 def _resolve_relative(data: dict, base: Path) -> None:
@@ -369,13 +375,13 @@ def _resolve_relative(data: dict, base: Path) -> None:
             acc["data"] = str((base / p).resolve())
 
 
-def validate(data: dict, source: str) -> Recipe:
+def validate(data: dict, source: str, overrides: list[str] | None = None) -> Recipe:
     try:
         return Recipe.model_validate(data)
     except ValidationError as e:
-        raise UserError(_format_error(e, source)) from None
+        raise UserError(format_error(e, source, overrides)) from None
 
 
 def dump(recipe: Recipe) -> str:
     """The fully resolved recipe, as written to the run directory."""
-    return _yaml().safe_dump(recipe.model_dump(mode="json"), sort_keys=False)
+    return yaml_module().safe_dump(recipe.model_dump(mode="json"), sort_keys=False)

@@ -48,7 +48,8 @@ def test_unknown_key_names_key_and_file(tmp_path):
 
 def test_nested_unknown_key_from_override():
     msg = _err(SEED, "decode.data_paralel=4")
-    assert "unknown key 'decode.data_paralel'" in msg and SEED in msg
+    assert "with --set decode.data_paralel: unknown key 'decode.data_paralel'" in msg
+    assert SEED in msg
 
 
 def test_wrong_type_and_bad_value():
