@@ -266,8 +266,8 @@ def list_logs(path: Path) -> list[Path]:
     return sorted(RunDir(Path(path)).logs.glob("*.log"))
 
 
-def tail(path: Path, max_lines: int = 200) -> list[str]:
-    return rundir_tail(path, max_lines, max_bytes=512 * 1024)
+def tail(path: Path, max_lines: int = 200, max_bytes: int = 512 * 1024) -> list[str]:
+    return rundir_tail(path, max_lines, max_bytes=max_bytes)
 
 
 def scan_log(path: Path, max_hits: int = 200) -> dict:

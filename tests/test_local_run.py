@@ -57,6 +57,9 @@ def test_demo_runs_end_to_end(tmp_path):
     assert any(n.startswith("host:") for n in names) and any(n.startswith("proc:") for n in names)
     engines = {p["name"] for p in plan["processes"] if p["kind"] == "engine" and p["url"]}
     assert engines <= set(df.loc[df["name"] == "vllm:kv_cache_usage_perc", "process"])
+    assert engines <= set(df.loc[df["name"].str.startswith("log:"), "process"])
+    for node, node_info in info.items():  # no GPU here: said once per node, not fatal
+        assert any("no NVML" in n for n in node_info["notices"]), node
     assert leftovers(run) == []
     # status and logs work on the finished run
     code, out = launcher(tmp_path, "status", str(run))
