@@ -64,6 +64,8 @@ _GROUP = re.compile(r"^(?P<prefix>[^\[\],]*)\[(?P<ranges>[^\]]+)\](?P<suffix>[^\
 
 def expand_nodelist(text: str) -> list[str]:
     """`gb200-[01-03,07],login1` -> names, keeping zero padding (one bracket group per name)."""
+    if text.count("[") != text.count("]"):
+        raise UserError(f"cannot read node list {text!r}: unbalanced brackets")
     names: list[str] = []
     for item in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)?", text.strip()):
         item = item.strip()

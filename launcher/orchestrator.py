@@ -280,8 +280,19 @@ class Orchestrator:
                     time.sleep(POLL_S)
 
     # --- stages ---
+    def preflight(self) -> None:
+        """What would fail late, checked before anything starts."""
+        a = self.plan.recipe.accuracy
+        if a.enabled and (not a.data or not Path(a.data).is_file()):
+            raise RunFailed(
+                f"accuracy.data: {a.data or '(not set)'} is not a file on "
+                f"{socket.gethostname()}: give a local GSM8K jsonl (compute nodes may have no "
+                "internet), or set accuracy.enabled=false"
+            )
+
     def run_all(self) -> None:
         r = self.plan.recipe
+        self.preflight()
         agents = [p for p in self.procs if p.kind == "agent"]
         engines = [p for p in self.procs if p.kind == "engine"]
         router = next(p for p in self.procs if p.kind == "router")
@@ -364,11 +375,6 @@ class Orchestrator:
 
     def accuracy(self) -> None:
         a = self.plan.recipe.accuracy
-        if not a.data or not Path(a.data).is_file():
-            raise RunFailed(
-                f"accuracy.data: {a.data or '(not set)'} is not a file on {socket.gethostname()}: "
-                "give a local GSM8K jsonl (compute nodes may have no internet)"
-            )
         proc = next(p for p in self.procs if p.kind == "accuracy")
         code = self.run_client(proc)
         result = rundir.read_json(self.run.accuracy / f"{a.task}.json")

@@ -357,8 +357,11 @@ def load(ref: str, overrides: list[str] | None = None) -> Recipe:
     path = resolve_path(ref)
     try:
         data = yaml_module().safe_load(path.read_text(encoding="utf-8"))
-    except Exception as e:
-        raise UserError(f"{path}: not valid YAML: {e}") from None
+    except Exception as e:  # yaml's errors are many classes; all mean "fix the file"
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UserError(f"{path}: not valid YAML{at}: {what}") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: a recipe is a YAML mapping of keys to values")
     _resolve_relative(data, path.parent)

@@ -165,3 +165,12 @@ def test_a_busy_port_is_named_before_anything_starts(tmp_path):
     run = the_run(tmp_path)
     assert rundir.RunDir(run).read_state()["state"] == "failed"
     assert not (run / "logs").exists()
+
+
+def test_missing_accuracy_data_fails_before_anything_starts(tmp_path):
+    code, out = launcher(tmp_path, "submit", RECIPE, "--set", "accuracy.data=/no/such/gsm8k.jsonl")
+    assert code == 1, out
+    run = the_run(tmp_path)
+    err = rundir.RunDir(run).read_state()["error"]
+    assert err.startswith("accuracy.data: /no/such/gsm8k.jsonl is not a file")
+    assert not (run / "bench").exists() and not (run / "logs").exists()

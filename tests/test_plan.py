@@ -134,3 +134,5 @@ def test_nodelist_expansion():
     assert cluster.expand_nodelist("n[9-11]") == ["n9", "n10", "n11"]
     with pytest.raises(UserError):
         cluster.expand_nodelist("n[a-b]")
+    with pytest.raises(UserError, match="unbalanced"):
+        cluster.expand_nodelist("x[1-")

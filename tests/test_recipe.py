@@ -103,3 +103,10 @@ def test_time_limit_minutes():
     assert recipe.Slurm(time_limit="04:00:00").minutes == 240
     assert recipe.Slurm(time_limit="1-00:30").minutes == 1470
     assert recipe.Slurm(time_limit="90").minutes == 90
+
+
+def test_invalid_yaml_is_one_line(tmp_path):
+    f = tmp_path / "r.yaml"
+    f.write_text("name: x\ncluster: local\n  model: [\n")
+    msg = _err(str(f))
+    assert msg.startswith(f"{f}: not valid YAML at line 3") and "\n" not in msg
