@@ -8,9 +8,14 @@ the full-attention layers plus one fixed-size GDN/SSM state.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
 
 from launcher.plan import Endpoint, Plan, engine_args
+from launcher.recipe import ModelFacts
 
 GIB = 1024**3
 RESERVE_GIB = 8.0  # activations, CUDA graphs, NCCL/NIXL buffers: a typical GB200 figure
@@ -30,6 +35,7 @@ class Capacity:
     tokens_per_request: int
     max_concurrency: int
     assumptions: str
+    facts_from: str
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -45,8 +51,67 @@ def _ssm_bytes(args: dict, config_dtype: str) -> int:
     return DTYPE_BYTES.get(dtype) or DTYPE_BYTES.get(config_dtype.lower(), 4)
 
 
-def estimate(plan: Plan, ep: Endpoint) -> Capacity | None:
-    facts = plan.recipe.model.facts
+def config_facts(model_path: str) -> dict:
+    """Architecture facts from a local checkpoint's config.json ({} when there is none).
+    Multimodal checkpoints keep the language model's numbers under text_config."""
+    path = Path(model_path).expanduser() / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    t = data.get("text_config") or data
+    layers = t.get("num_hidden_layers")
+    types = t.get("layer_types")
+    facts: dict = {}
+    if isinstance(types, list) and types:
+        facts["full_attention_layers"] = sum(1 for x in types if x == "full_attention")
+        facts["gdn_layers"] = sum(1 for x in types if x == "linear_attention")
+    elif layers and t.get("full_attention_interval"):
+        facts["full_attention_layers"] = layers // t["full_attention_interval"]
+        facts["gdn_layers"] = layers - facts["full_attention_layers"]
+    elif layers:
+        facts["full_attention_layers"] = layers
+    if t.get("num_key_value_heads"):
+        facts["num_kv_heads"] = t["num_key_value_heads"]
+    head_dim = t.get("head_dim") or (
+        t["hidden_size"] // t["num_attention_heads"]
+        if t.get("hidden_size") and t.get("num_attention_heads")
+        else None
+    )
+    if head_dim:
+        facts["head_dim"] = head_dim
+    for ours, theirs in (
+        ("gdn_value_heads", "linear_num_value_heads"),
+        ("gdn_key_heads", "linear_num_key_heads"),
+        ("gdn_key_head_dim", "linear_key_head_dim"),
+        ("gdn_value_head_dim", "linear_value_head_dim"),
+        ("conv_kernel", "linear_conv_kernel_dim"),
+        ("ssm_state_dtype", "mamba_ssm_dtype"),
+    ):
+        if t.get(theirs) is not None:
+            facts[ours] = t[theirs]
+    if facts.get("gdn_layers"):
+        facts["hybrid"] = True
+    return facts
+
+
+def model_facts(plan: Plan) -> tuple[ModelFacts | None, str]:
+    """The checkpoint's config.json wins where it speaks; the recipe fills in the rest
+    (parameter counts and weight bits are not in config.json)."""
+    recipe_facts = plan.recipe.model.facts
+    found = config_facts(plan.recipe.model.path)
+    if not found:
+        return recipe_facts, "recipe"
+    merged = {**(recipe_facts.model_dump() if recipe_facts else {}), **found}
+    try:
+        return ModelFacts.model_validate(merged), f"{plan.recipe.model.path}/config.json + recipe"
+    except ValidationError:
+        return recipe_facts, "recipe (config.json lacks what the estimate needs)"
+
+
+def estimate(
+    plan: Plan, ep: Endpoint, facts: ModelFacts | None = None, source: str = "recipe"
+) -> Capacity | None:
     if facts is None:
         return None
     pool = ep.pool
@@ -93,14 +158,16 @@ def estimate(plan: Plan, ep: Endpoint) -> Capacity | None:
             f"gpu-memory-utilization {util:g}, {RESERVE_GIB:g} GiB/GPU reserve, "
             f"KV {_kv_bytes(args)} B/elem, SSM state {ssm} B/elem, ISL+OSL {tokens} tokens"
         ),
+        facts_from=source,
     )
 
 
 def estimates(plan: Plan) -> list[Capacity]:
+    facts, source = model_facts(plan)
     out = []
     for ep in plan.endpoints:
         if ep.role in ("decode", "agg"):
-            cap = estimate(plan, ep)
+            cap = estimate(plan, ep, facts, source)
             if cap:
                 out.append(cap)
     return out

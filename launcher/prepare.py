@@ -29,13 +29,15 @@ class Prepared:
 
 def write_run_files(
     run: rundir.RunDir, plan: Plan, placeholder_nodes: bool, with_sbatch: bool = True
-) -> str | None:
-    """recipe.yaml, plan.json, commands.sh and (Slurm profiles) job.sbatch. Returns the sbatch."""
+) -> tuple[str | None, list[Capacity]]:
+    """recipe.yaml, plan.json, commands.sh and (Slurm profiles) job.sbatch.
+    Returns the sbatch text and the KV-capacity estimates written into plan.json."""
     run_dir = str(run.path)
     rundir.write_atomic(run.recipe, recipe_mod.dump(plan.recipe))
     doc = render.plan_json(plan, run.run_id, run_dir)
     doc["placeholder_nodes"] = placeholder_nodes
-    doc["capacity"] = [c.to_json() for c in estimates(plan)]
+    capacity = estimates(plan)
+    doc["capacity"] = [c.to_json() for c in capacity]
     rundir.write_json(run.plan, doc)
     rundir.write_atomic(run.commands, render.commands_sh(plan, run_dir))
     run.commands.chmod(0o755)
@@ -43,7 +45,7 @@ def write_run_files(
     if with_sbatch and plan.cluster.scheduler == "slurm":
         sbatch = render.sbatch_text(plan, len(plan.nodes), str(run.slurm), sys.executable)
         rundir.write_atomic(run.sbatch, sbatch)
-    return sbatch
+    return sbatch, capacity
 
 
 def prepare(
@@ -66,9 +68,9 @@ def prepare(
     run = rundir.create(runs_root.resolve(), run_name or recipe.name)
     # Slurm nodes are known only inside the allocation, where the plan is made again.
     placeholder = cluster.scheduler == "slurm"
-    sbatch = write_run_files(run, plan, placeholder)
+    sbatch, capacity = write_run_files(run, plan, placeholder)
     run.update_state(state="planned", stage=None, created=time.time(), study=study)
-    return Prepared(run, plan, need, estimates(plan), sbatch, placeholder, study)
+    return Prepared(run, plan, need, capacity, sbatch, placeholder, study)
 
 
 def _sweep_values(spec: str) -> tuple[str, list[str]]:
@@ -199,7 +201,8 @@ def render_text(prepared: Prepared) -> str:
             f"{cap.weights_gib_per_gpu} GiB/GPU, cache {cap.cache_gib_per_gpu} GiB/GPU, "
             f"{cap.kv_bytes_per_token / 1024:.1f} KiB KV/token + "
             f"{cap.state_bytes_per_request / 2**20:.1f} MiB state/request -> about "
-            f"{cap.max_concurrency:,} concurrent requests ({cap.assumptions})"
+            f"{cap.max_concurrency:,} concurrent requests ({cap.assumptions}; facts from "
+            f"{cap.facts_from})"
         )
     files = ["recipe.yaml", "plan.json", "commands.sh"] + (
         ["job.sbatch"] if prepared.sbatch else []
