@@ -406,6 +406,9 @@ class Orchestrator:
         order = {"bench": 0, "accuracy": 0, "router": 1, "engine": 2, "agent": 3}
         for kind_rank in sorted(set(order.values())):
             group = [h for h in self.handles if order[h.proc.kind] == kind_rank]
+            if kind_rank == order["agent"] and any(h.exit_code() is None for h in group):
+                # One more sample after the servers are gone, so the end is on record too.
+                time.sleep(min(self.plan.recipe.telemetry.interval_s * 1.5, 5.0))
             self.backend.stop(group, grace_s=15.0)
         for h in self.handles:
             self.run.event("process_stopped", process=h.proc.name, exit_code=h.exit_code())

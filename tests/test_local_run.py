@@ -91,6 +91,14 @@ def test_decode_crash_fails_fast_and_names_it(tmp_path):
     assert "decode-0@local-" in status and "exited with status" in status
     assert (run / "logs" / "decode-0@local-1.log").stat().st_size > 0
     assert leftovers(run) == []
+    # The node's agent saw the dead endpoint as a gap with a reason and kept going.
+    from launcher.telemetry import store
+
+    gaps = store.read_gaps(run)
+    dead = gaps[(gaps["process"] == "decode-0@local-1") & (gaps["source"] == "scrape")]
+    assert len(dead) and dead["reason"].str.contains("refused|reset").all(), gaps
+    agent = rundir.RunDir(run).read_state()["processes"]["agent@local-1"]
+    assert agent["exit_code"] == 0 and agent["stopped"]
 
 
 def test_prefill_never_healthy_hits_the_health_timeout(tmp_path):
