@@ -19,7 +19,7 @@ from launcher.plan import Plan
 from launcher.render import Process, command_line
 
 
-def child_env(extra_names: list[str] | None = None) -> dict[str, str]:
+def child_env() -> dict[str, str]:
     """The orchestrator's environment with its own interpreter's bin first on PATH, so
     `python -m launcher...` and `vllm-router` resolve to the launcher's installation."""
     env = dict(os.environ)
@@ -53,16 +53,13 @@ class Backend:
         self.run_dir = run_dir
         self.env = child_env()
 
-    def argv(self, proc: Process) -> list[str]:
-        return command_line(self.plan, proc, str(self.run_dir))
-
     def start(self, proc: Process) -> Handle:
         log_path = self.run_dir / proc.log
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(log_path, "ab")
         try:
             popen = subprocess.Popen(
-                self.argv(proc),
+                command_line(self.plan, proc),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

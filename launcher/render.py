@@ -71,7 +71,7 @@ def _kv_connector_flag(plan: Plan) -> str:
     return "nixl"
 
 
-def _base_env(plan: Plan, name: str, run_dir: str) -> dict[str, str]:
+def _base_env(name: str, run_dir: str) -> dict[str, str]:
     return {"PD_PROCESS": name, "PD_RUN_DIR": run_dir}
 
 
@@ -127,7 +127,7 @@ def engine_processes(plan: Plan, ep: Endpoint, run_dir: str) -> list[Process]:
             env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(ep.nixl_port_base)
         if r.engine == "sim":
             env.update(sim_env(plan))
-        env.update(_base_env(plan, name, run_dir))
+        env.update(_base_env(name, run_dir))
         url = plan.endpoint_url(ep) if part.head else None
         procs.append(
             Process(
@@ -178,7 +178,7 @@ def router_process(plan: Plan, run_dir: str) -> Process:
         kind="router",
         node=node,
         argv=argv,
-        env=_base_env(plan, "router", run_dir),
+        env=_base_env("router", run_dir),
         log="logs/router.log",
         url=plan.router_url,
         metrics_url=plan.url(node, plan.router_metrics_port) + "/metrics",
@@ -202,7 +202,7 @@ def agent_processes(plan: Plan, run_dir: str) -> list[Process]:
                 kind="agent",
                 node=node,
                 argv=argv,
-                env=_base_env(plan, name, run_dir),
+                env=_base_env(name, run_dir),
                 log=f"logs/{name}.log",
                 url=plan.url(node, plan.exporter_ports[node]),
                 metrics_url=plan.url(node, plan.exporter_ports[node]) + "/metrics",
@@ -251,7 +251,7 @@ def bench_processes(plan: Plan, run_dir: str) -> list[Process]:
                 kind="bench",
                 node=plan.nodes[0],
                 argv=argv,
-                env=_base_env(plan, name, run_dir),
+                env=_base_env(name, run_dir),
                 log=f"logs/{name}.log",
                 env_from_host=list(r.env_from_host),
                 container=b.driver == "vllm" and r.container is not None,
@@ -281,7 +281,7 @@ def accuracy_process(plan: Plan, run_dir: str) -> Process | None:
         kind="accuracy",
         node=plan.nodes[0],
         argv=argv,
-        env=_base_env(plan, "accuracy", run_dir),
+        env=_base_env("accuracy", run_dir),
         log="logs/accuracy.log",
     )
 
@@ -411,7 +411,7 @@ def srun_prefix(plan: Plan, proc: Process) -> list[str]:
     return argv
 
 
-def command_line(plan: Plan, proc: Process, run_dir: str) -> list[str]:
+def command_line(plan: Plan, proc: Process) -> list[str]:
     """The full command that starts `proc`: [srun ...] env K=V ... argv."""
     env = ["env", *[f"{k}={v}" for k, v in proc.env.items()]]
     prefix = srun_prefix(plan, proc) if plan.cluster.scheduler == "slurm" else []
@@ -436,7 +436,7 @@ def commands_sh(plan: Plan, run_dir: str) -> str:
                 f"#   passes through from your environment: {' '.join(proc.env_from_host)}"
             )
         lines.append(
-            shlex.join(command_line(plan, proc, run_dir))
+            shlex.join(command_line(plan, proc))
             + f" > {shlex.quote(run_dir + '/' + proc.log)} 2>&1 &"
         )
         lines.append("")

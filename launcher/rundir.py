@@ -17,21 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Run states, in the order a healthy run passes through them.
-STATES = ("planned", "submitted", "running", "succeeded", "failed", "cancelled")
+# run.json "state": planned -> submitted (Slurm) -> running -> one of these. The stages a
+# running run passes through are the orchestrator's (launcher/orchestrator.py).
 FINAL_STATES = ("succeeded", "failed", "cancelled")
-STAGES = (
-    "plan",
-    "agents",
-    "endpoints",
-    "health",
-    "router",
-    "sweep",
-    "hold",
-    "accuracy",
-    "teardown",
-    "report",
-)
 
 
 def write_atomic(path: Path, text: str) -> None:
