@@ -24,6 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # synthetic runs are test support
 
 
 def main() -> int:
@@ -33,7 +34,7 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=7200.0)
     a = ap.parse_args()
 
-    from dashboard import synth
+    import synth
 
     root = a.runs or Path(tempfile.mkdtemp(prefix="bench-dashboard-"))
     existing = sorted(root.glob("*-large72")) if root.exists() else []

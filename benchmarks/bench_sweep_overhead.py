@@ -7,8 +7,8 @@ measured window counts as overhead: client start-up, the warmups, result writing
 
     .venv/bin/python benchmarks/bench_sweep_overhead.py [--points 4,16,64] [--mode cli]
 
---mode cli runs each point as its own `python -m launcher.bench` process (what the
-orchestrator runs); --mode inproc calls `launcher.bench.run_point` (the client's own
+--mode cli runs each point as its own `python -m launcher.clients.bench` process (what the
+orchestrator runs); --mode inproc calls `launcher.clients.bench.run_point` (the client's own
 overhead only). Aim: ratio < 1.15.
 """
 
@@ -24,7 +24,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from launcher import bench
+from launcher.clients import bench
+from launcher.run import results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,7 +75,7 @@ def run_sweep(url: str, out: Path, points: list[int], a: argparse.Namespace) -> 
             metric_percentiles="50,90,99", save_result=True, result_dir=str(out / "bench"),
             result_filename=f"c{c:05d}.json")
         if a.mode == "cli":
-            subprocess.run([sys.executable, "-m", "launcher.bench", *cfg.argv()], cwd=ROOT,
+            subprocess.run([sys.executable, "-m", "launcher.clients.bench", *cfg.argv()], cwd=ROOT,
                            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         else:
             bench.run_point(cfg)
@@ -98,19 +99,19 @@ def main() -> int:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             wall = run_sweep(url, Path(tmp), points, a)
-            results = bench.load_results(tmp)
+            points_read = results.load_results(tmp)
     finally:
         proc.terminate()
         proc.wait(10)
-    windows = sum(r["window_end"] - r["window_start"] for r in results)
-    for r in results:
+    windows = sum(r["window_end"] - r["window_start"] for r in points_read)
+    for r in points_read:
         print(f"  c={r['max_concurrency']:<5} window {r['window_end'] - r['window_start']:6.2f} s"
               f"  {r['status']:6}  {r['output_throughput']:9.0f} out tok/s"
               f"  median TTFT {r['median_ttft_ms']:7.1f} ms")
     ratio = wall / windows if windows > 0 else float("inf")
     print(f"sweep ({a.server} server, {a.mode}): wall {wall:.2f} s / measured windows "
           f"{windows:.2f} s = {ratio:.3f}  (aim < 1.15)")
-    return 0 if all(r["status"] == "ok" for r in results) else 1
+    return 0 if all(r["status"] == "ok" for r in points_read) else 1
 
 
 if __name__ == "__main__":

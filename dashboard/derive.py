@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from launcher.run.plandoc import PlanDoc
+
 # A series with no row for this long is "no data", not "unchanged": the store writes a
 # keyframe every 60 s while its source is alive.
 HOLD_S = 75.0
@@ -71,20 +73,17 @@ def role_of_name(process: str) -> str:
     return "other"
 
 
-def process_roles(plan: dict | None) -> dict[str, tuple[str, str]]:
+def process_roles(plan: PlanDoc | None) -> dict[str, tuple[str, str]]:
     """process name -> (endpoint, role); names the plan lacks fall back to the naming rule."""
     out: dict[str, tuple[str, str]] = {}
-    for p in (plan or {}).get("processes", []) or []:
-        name = p.get("name")
-        if not name:
-            continue
-        ep = p.get("endpoint") or name.split("@", 1)[0]
-        out[name] = (ep, p.get("role") or role_of_name(name))
+    for p in plan.processes if plan else []:
+        ep = p.endpoint or p.name.split("@", 1)[0]
+        out[p.name] = (ep, str(p.role) if p.role else role_of_name(p.name))
     return out
 
 
-def gpu_count(plan: dict | None, role: str) -> int:
-    return int(((plan or {}).get("gpu_count") or {}).get(role) or 0)
+def gpu_count(plan: PlanDoc | None, role: str) -> int:
+    return plan.gpus(role) if plan else 0
 
 
 def parse_labels(s: str) -> dict:
@@ -104,7 +103,7 @@ class SeriesSet:
     """Telemetry rows regrouped per series: `meta` (one row per series, with endpoint and
     role from the plan) plus each series' (ts, value) arrays, for interpolation."""
 
-    def __init__(self, df: pd.DataFrame, plan: dict | None) -> None:
+    def __init__(self, df: pd.DataFrame, plan: PlanDoc | None) -> None:
         if df.empty:
             self.meta = pd.DataFrame(columns=["process", "engine", "name", "labels", "node",
                                               "endpoint", "role", "engine_key"])
@@ -256,14 +255,13 @@ def _num(x: Any) -> float:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else float("nan")
 
 
-def headline(point: dict, plan: dict | None) -> dict[str, float]:
-    """Headline figures of one point from `launcher.figures` (the one place they are
+def headline(point: dict, plan: PlanDoc | None) -> dict[str, float]:
+    """Headline figures of one point from `launcher.run.figures` (the one place they are
     computed; named denominators), as floats with NaN for "not applicable"."""
-    from launcher import figures
+    from launcher.run import figures
 
-    plan = plan or {}
     fig = figures.point_figures(point, figures.gpu_denominators(plan),
-                                plan.get("mode", "disagg"))
+                                plan.mode if plan else "disagg")
     out = {k: _num(fig.get(k)) for k in HEADLINE_TITLES}
     for m in ("ttft", "tpot"):
         for q in (50, 90, 99):
@@ -294,7 +292,7 @@ EVIDENCE_COLUMNS = (
 )
 
 
-def point_table(points: list[dict], plan: dict | None, ss: SeriesSet | None,
+def point_table(points: list[dict], plan: PlanDoc | None, ss: SeriesSet | None,
                 step_s: float = 1.0) -> pd.DataFrame:
     """One row per sweep point: client figures, headline figures, TTFT parts and the
     engine-side evidence the diagnosis reads. Without telemetry those columns are NaN."""

@@ -16,8 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.rundir import FINAL_STATES, RunDir, read_json, read_jsonl
-from launcher.rundir import tail as rundir_tail
+from launcher.run import listing
+from launcher.run.plandoc import PlanDoc, PlanError, read_plan
+from launcher.run.rundir import RunDir, read_json, read_jsonl
+from launcher.run.rundir import tail as rundir_tail
+from launcher.run.vocab import FINAL_STATES, State
 
 if TYPE_CHECKING:  # pandas is imported lazily: `import dashboard` stays cheap
     import pandas as pd
@@ -81,6 +84,9 @@ class RunInfo:
     has_telemetry: bool
     slurm_job_id: str | None = None
     notes: list[str] = field(default_factory=list)
+    study: str | None = None  # the study directory's name, for a run of a --sweep study
+    has_plan: bool = True
+    progress: dict = field(default_factory=dict)
 
     @property
     def simulated(self) -> bool:
@@ -88,7 +94,7 @@ class RunInfo:
 
     @property
     def live(self) -> bool:
-        return self.state in ("planned", "submitted", "running")
+        return self.state in (State.PLANNED, State.SUBMITTED, State.RUNNING)
 
 
 # --- fingerprints --------------------------------------------------------------------------
@@ -130,87 +136,65 @@ def fingerprint(*paths: Path) -> str:
 # --- runs ----------------------------------------------------------------------------------
 
 
-def is_run_dir(path: Path) -> bool:
-    return any((path / n).exists() for n in ("plan.json", "run.json", "events.jsonl"))
-
-
 def list_run_dirs(runs_dir: Path) -> list[Path]:
-    """Run directories under `runs_dir`, newest first; `runs_dir` may itself be one run."""
-    runs_dir = Path(runs_dir)
-    if is_run_dir(runs_dir):
-        return [runs_dir]
+    """Run directories under `runs_dir`, newest first, studies' runs included (the CLI's
+    `launcher runs` lists the same, through launcher.run.listing)."""
+    return [r.path for r in listing.all_runs(Path(runs_dir))]
+
+
+def studies(runs_dir: Path) -> list[listing.Study]:
+    return [e for e in listing.entries(Path(runs_dir)) if isinstance(e, listing.Study)]
+
+
+def read_plan_safe(path: Path) -> tuple[PlanDoc | None, str | None]:
+    """The run's plan, or None and why (a bad plan.json costs its own panels, not the page)."""
     try:
-        subdirs = [p for p in runs_dir.iterdir() if p.is_dir() and not p.name.startswith(".")]
-    except FileNotFoundError:
-        return []
-
-    def key(p: Path) -> float:
-        try:
-            return p.stat().st_mtime
-        except FileNotFoundError:
-            return 0.0
-
-    # Run ids start with a timestamp, so name order is start order; mtime breaks ties.
-    return sorted(subdirs, key=lambda p: (p.name, key(p)), reverse=True)
-
-
-def topology_text(plan: dict | None) -> str:
-    """'1 decode DEP8 + 4 prefill DEP2 (24 GPUs)': the shape people talk about."""
-    if not plan or not plan.get("endpoints"):
-        return "—"
-    groups: dict[tuple[str, str], int] = {}
-    for ep in plan["endpoints"]:
-        dp, tp = int(ep.get("dp_size", 1)), int(ep.get("tp_size", 1))
-        ep_flag = ep.get("expert_parallel")
-        shape = f"{'DEP' if ep_flag else 'DP'}{dp}" if dp > 1 else f"TP{tp}"
-        if dp > 1 and tp > 1:
-            shape += f"xTP{tp}"
-        k = (ep.get("role", "?"), shape)
-        groups[k] = groups.get(k, 0) + 1
-    order = {"decode": 0, "prefill": 1, "agg": 2}
-    parts = [f"{n} {role} {shape}" for (role, shape), n in
-             sorted(groups.items(), key=lambda kv: order.get(kv[0][0], 9))]
-    total = (plan.get("gpu_count") or {}).get("total")
-    return " + ".join(parts) + (f" ({total} GPUs)" if total else "")
+        return read_plan(Path(path)), None
+    except PlanError as e:
+        return None, str(e)
 
 
 def run_info(path: Path) -> RunInfo:
     rd = RunDir(Path(path))
-    plan = read_json_safe(rd.plan)
-    state = read_json_safe(rd.state_file) or {}
+    plan, why = read_plan_safe(rd.path)
+    st = rd.status()
+    rec = st.record
     notes: list[str] = []
     if plan is None and rd.plan.exists():
-        notes.append("plan.json is unreadable (half-written or corrupt).")
+        notes.append(f"{why}.")
     bench_files = sorted(rd.bench.glob("*.json")) if rd.bench.is_dir() else []
     tel = rd.telemetry()
-    has_tel = tel.is_dir() and any(tel.iterdir())
-    st_name = state.get("state") or ("empty" if not any(Path(path).iterdir()) else "unknown")
+    try:
+        has_tel = tel.is_dir() and any(tel.iterdir())
+    except OSError:
+        has_tel = False
+    study = listing.study_of(rd)
     return RunInfo(
         run_id=rd.run_id,
         path=rd.path,
-        state=st_name,
-        stage=state.get("stage"),
-        recipe=(plan or {}).get("recipe") or state.get("recipe"),
-        engine=(plan or {}).get("engine"),
-        mode=(plan or {}).get("mode"),
-        topology=topology_text(plan),
-        gpus=((plan or {}).get("gpu_count") or {}).get("total"),
-        started=state.get("started"),
-        ended=state.get("ended"),
-        error=state.get("error"),
-        points=len(bench_files),
+        state=st.state,
+        stage=st.stage,
+        recipe=plan.recipe if plan else None,
+        engine=plan.engine if plan else None,
+        mode=plan.mode if plan else None,
+        topology=plan.topology() if plan else "—",
+        gpus=plan.gpus() if plan else None,
+        started=rec.started if rec else None,
+        ended=rec.ended if rec else None,
+        error=st.error,
+        points=len([f for f in bench_files if not f.name.endswith(".window.json")]),
         has_telemetry=has_tel,
-        slurm_job_id=state.get("slurm_job_id"),
+        slurm_job_id=st.slurm_job_id,
         notes=notes,
+        study=study.name if study else None,
+        progress=dict(rec.progress) if rec else {},
+        has_plan=plan is not None,
     )
 
 
 def read_json_safe(path: Path) -> Any:
     """JSON or None: a missing, empty or torn file is 'not there yet', not an error."""
-    try:
-        return read_json(path)
-    except (json.JSONDecodeError, UnicodeDecodeError, IsADirectoryError, PermissionError):
-        return None
+    return read_json(path)
 
 
 def is_final(state: str) -> bool:
@@ -222,8 +206,8 @@ def read_events(path: Path) -> list[dict]:
 
 
 def read_accuracy(path: Path) -> dict | None:
-    """The newest GSM8K result (`launcher.figures.load_accuracy`, the one reader)."""
-    from launcher.figures import load_accuracy
+    """The newest GSM8K result (`launcher.run.figures.load_accuracy`, the one reader)."""
+    from launcher.run.figures import load_accuracy
 
     try:
         return load_accuracy(Path(path))
@@ -242,10 +226,10 @@ def read_summary(path: Path) -> dict | None:
 def load_bench(path: Path) -> list[dict]:
     """Sweep points in vLLM bench-serve schema, ordered by concurrency.
 
-    `launcher.bench.load_results` is the one reader of bench/ (both drivers, windows,
+    `launcher.run.results.load_results` is the one reader of bench/ (both drivers, windows,
     status).
     """
-    from launcher.bench import load_results
+    from launcher.run.results import load_results
 
     rows = list(load_results(Path(path)))
 

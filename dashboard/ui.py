@@ -15,6 +15,8 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import derive, load
+from launcher.run.plandoc import PlanDoc
+from launcher.run.rundir import RunDir
 
 RUNS_ENV = "PD_DASHBOARD_RUNS"
 LIVE_EVERY_S = 5
@@ -71,12 +73,12 @@ def selected_run() -> load.RunInfo | None:
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
-def plan_of(path: str, fp: str) -> dict | None:
-    return load.read_json_safe(Path(path) / "plan.json")
+def plan_of(path: str, fp: str) -> PlanDoc | None:
+    return load.read_plan_safe(Path(path))[0]
 
 
-def plan(info: load.RunInfo) -> dict | None:
-    p = info.path / "plan.json"
+def plan(info: load.RunInfo) -> PlanDoc | None:
+    p = RunDir(info.path).plan
     return plan_of(str(info.path), load.fingerprint(p) if p.exists() else "")
 
 
@@ -102,8 +104,7 @@ def _reader(path: str, family: str) -> load.TelemetryReader:
 # fingerprint never touches the files.
 @st.cache_resource(max_entries=6, show_spinner="Reading telemetry…")
 def series_for(path: str, fp: str, family: str, plan_fp: str) -> derive.SeriesSet:
-    pl = load.read_json_safe(Path(path) / "plan.json")
-    return derive.SeriesSet(_reader(path, family).read(), pl)
+    return derive.SeriesSet(_reader(path, family).read(), load.read_plan_safe(Path(path))[0])
 
 
 def series(info: load.RunInfo, family: str) -> derive.SeriesSet:
@@ -111,16 +112,16 @@ def series(info: load.RunInfo, family: str) -> derive.SeriesSet:
     or a name prefix ("gpu:", "host:", "proc:"). Re-read only when a telemetry file changed;
     each page reads only the names it draws (a 2-hour 72-GPU run has ~16 M rows)."""
     return series_for(str(info.path), load.telemetry_fingerprint(info.path), family,
-                   load.fingerprint(info.path / "plan.json"))
+                      load.fingerprint(RunDir(info.path).plan))
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
 def _points(path: str, bench_fp: str, tel_fp: str) -> pd.DataFrame:
     p = Path(path)
-    pl = load.read_json_safe(p / "plan.json")
+    pl = load.read_plan_safe(p)[0]
     info = load.run_info(p)
-    ss = series_for(path, tel_fp, "ttft", load.fingerprint(p / "plan.json"))
-    step = float(((pl or {}).get("telemetry") or {}).get("interval_s") or 1.0)
+    ss = series_for(path, tel_fp, "ttft", load.fingerprint(RunDir(p).plan))
+    step = pl.telemetry_interval_s if pl else 1.0
     return derive.point_table(_bench(path, bench_fp), pl, ss if info.has_telemetry else None,
                               step_s=step)
 
@@ -196,10 +197,10 @@ def header(title: str, *, need_run: bool = True) -> load.RunInfo | None:
                    "(plan.json engine = \"sim\"). Its speed is a model, not a GB200 "
                    "measurement; use it to check the pipeline, not to compare hardware.",
                    icon=":material/science:")
-    if info.state == "empty":
-        st.info("This run directory is empty: nothing was written yet. Either the submission "
-                "died before planning, or the launcher is still creating it.")
-    elif info.state == "failed":
+    if not info.has_plan and not info.notes:
+        st.info("This run directory is empty of a plan: no plan.json was written yet. Either "
+                "the submission died before planning, or the launcher is still creating it.")
+    if info.state == "failed":
         st.error(f"This run failed during stage **{info.stage or '?'}**: "
                  f"{info.error or 'no error message was recorded'}. "
                  "What it recorded before failing is shown below; see the Logs page.")

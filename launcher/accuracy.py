@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     except AccuracyError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from launcher.rundir import write_json
+    from launcher.run.rundir import write_json
 
     write_json(a.output, res)
     verdict = "passed" if res["passed"] else "FAILED"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from launcher.plan import Endpoint, Plan, engine_args
-from launcher.recipe import ModelFacts
+from launcher.planning.plan import Endpoint, Plan, engine_args
+from launcher.spec.recipe import ModelFacts
 
 GIB = 1024**3
 RESERVE_GIB = 8.0  # activations, CUDA graphs, NCCL/NIXL buffers: a typical GB200 figure

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_recipes(args) -> int:
-    from launcher import recipe as rmod
+    from launcher.spec import recipe as rmod
 
     for name, path in rmod.shipped().items():
         r = rmod.load(str(path))
@@ -107,44 +107,50 @@ def cmd_recipes(args) -> int:
 
 
 def cmd_submit(args) -> int:
-    from launcher import prepare
+    from launcher.control import prepare
 
     runs = prepare.prepare_all(
         args.recipe, args.overrides, args.sweep, args.runs_dir, nodelist=args.nodelist
     )
+    from launcher import text
+
     if args.format == "json":
-        print(json.dumps([prepare.describe(r) for r in runs], indent=2))
+        print(json.dumps([text.plan_json(r) for r in runs], indent=2))
     else:
         for r in runs:
-            print(prepare.render_text(r))
+            print(text.plan_text(r))
     if args.dry_run:
         return 0
-    from launcher import submit
+    from launcher.control import submit
 
     return submit.submit_all(runs, wait=args.wait)
 
 
 def cmd_run(args) -> int:
-    from launcher import orchestrator
+    from launcher.control import orchestrator
 
     return orchestrator.run(args.run_dir.resolve())
 
 
-def _find_run(runs_dir: Path, ref: str | None) -> Path:
-    from launcher import runs as runs_mod
+def _find_run(runs_dir: Path, ref: str | None):
+    from launcher.control import runs as runs_mod
 
     return runs_mod.find(runs_dir, ref)
 
 
 def cmd_status(args) -> int:
-    from launcher import runs as runs_mod
+    from launcher import text
+    from launcher.control import runs as runs_mod
 
-    print(runs_mod.status_text(_find_run(args.runs_dir, args.run)))
+    run = _find_run(args.runs_dir, args.run)
+    st = runs_mod.reconcile(run)
+    slurm = runs_mod.slurm_state(st.slurm_job_id) if st.slurm_job_id else None
+    print(text.status_text(run, st, slurm))
     return 0
 
 
 def cmd_logs(args) -> int:
-    from launcher import runs as runs_mod
+    from launcher.control import runs as runs_mod
 
     return runs_mod.show_logs(
         _find_run(args.runs_dir, args.run), args.process, args.follow, args.lines
@@ -152,15 +158,19 @@ def cmd_logs(args) -> int:
 
 
 def cmd_cancel(args) -> int:
-    from launcher import runs as runs_mod
+    from launcher.control import runs as runs_mod
 
     return runs_mod.cancel(_find_run(args.runs_dir, args.run))
 
 
 def cmd_runs(args) -> int:
-    from launcher import runs as runs_mod
+    from launcher import text
+    from launcher.control import runs as runs_mod
+    from launcher.run import listing
 
-    print(runs_mod.list_text(args.runs_dir))
+    entries = listing.entries(args.runs_dir)
+    statuses = {str(r.path): runs_mod.reconcile(r) for r in listing.all_runs(args.runs_dir)}
+    print(text.runs_text(entries, statuses, args.runs_dir))
     return 0
 
 

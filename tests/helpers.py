@@ -39,3 +39,29 @@ def launcher(tmp_path: Path, *args: str, timeout: float = 300) -> tuple[int, str
         capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
     )  # fmt: skip
     return p.returncode, p.stdout + p.stderr
+
+
+def plan_doc(prefill: int = 4, *, decode_dp: int = 8, prefill_dp: int = 2, agg: int = 0,
+             agg_dp: int = 8, engine: str = "vllm", nodes: list[str] | None = None,
+             run_id: str = "r1"):
+    """A PlanDoc made by the real planner and renderer on the GB200 profile: `prefill`
+    endpoints of DEP`prefill_dp` and one DEP`decode_dp` decode, or `agg` endpoints."""
+    from launcher.planning import plan, render
+    from launcher.spec import cluster, recipe
+
+    mode = "agg" if agg else "disagg"
+    data = {
+        "name": "qwen35", "cluster": "gb200-nvl72", "engine": engine, "mode": mode,
+        "model": {"path": "/models/q", "served_name": "qwen3.5"},
+    }  # fmt: skip
+    if agg:
+        data["agg"] = {"endpoints": agg, "data_parallel": agg_dp, "expert_parallel": True}
+    else:
+        data["prefill"] = {"endpoints": prefill, "data_parallel": prefill_dp,
+                           "expert_parallel": True}
+        data["decode"] = {"endpoints": 1, "data_parallel": decode_dp, "expert_parallel": True}
+    r = recipe.validate(data, "test")
+    c = cluster.load("gb200-nvl72")
+    names = nodes or cluster.profile_nodes(c, plan.nodes_needed(r, c))
+    p = plan.make_plan(r, c, names)
+    return render.plan_doc(p, run_id, f"/runs/{run_id}", placeholder_nodes=False)

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher import bench
+from launcher.clients import bench
+from launcher.run import results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -301,10 +302,10 @@ def test_workload_lengths_follow_vllm_random_dataset() -> None:
 
 
 def test_percentile_is_numpy_linear() -> None:
-    assert bench.percentile([1.0, 2.0, 3.0, 4.0], 90) == pytest.approx(3.7)
-    assert bench.percentile([5.0], 99) == 5.0
-    assert bench.percentile([], 50) == 0.0
-    assert bench.percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert results.percentile([1.0, 2.0, 3.0, 4.0], 90) == pytest.approx(3.7)
+    assert results.percentile([5.0], 99) == 5.0
+    assert results.percentile([], 50) == 0.0
+    assert results.percentile([3.0, 1.0, 2.0], 50) == 2.0
 
 
 def test_point_end_to_end_file_schema_and_window(tmp_path: Path) -> None:
@@ -339,7 +340,7 @@ def test_point_end_to_end_file_schema_and_window(tmp_path: Path) -> None:
     assert res["mean_ttft_ms"] == pytest.approx(1000 * sum(res["ttfts"]) / 12)
     # TPOT excludes the first token: (latency - ttft) / (tokens - 1)
     tpots = [(lat - t) / 19 for lat, t in zip(res["latencies"], res["ttfts"], strict=True)]
-    assert res["median_tpot_ms"] == pytest.approx(1000 * bench.percentile(tpots, 50))
+    assert res["median_tpot_ms"] == pytest.approx(1000 * results.percentile(tpots, 50))
     # the window is the measured part only: every warmup request arrived before it
     warm = [r for r in log.requests if "warmup" in r["id"]]
     measured = [r for r in log.requests if "warmup" not in r["id"]]
@@ -411,7 +412,7 @@ def test_cli_takes_the_vllm_argv_and_writes_the_file(tmp_path: Path) -> None:
                      "--percentile-metrics", "--metric-percentiles", "--save-result",
                      "--result-dir", "--ignore-eos", "--label", "--num-warmups"):
             assert flag in argv
-        proc = subprocess.run([sys.executable, "-m", "launcher.bench", *argv], cwd=ROOT,
+        proc = subprocess.run([sys.executable, "-m", "launcher.clients.bench", *argv], cwd=ROOT,
                               capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "Serving Benchmark Result" in proc.stdout and "Median TTFT (ms):" in proc.stdout
@@ -424,7 +425,7 @@ def test_cli_takes_the_vllm_argv_and_writes_the_file(tmp_path: Path) -> None:
 
 
 def test_cli_without_a_server_exits_non_zero_with_one_sentence(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "launcher.bench", "--model", "m",
+    proc = subprocess.run([sys.executable, "-m", "launcher.clients.bench", "--model", "m",
                            "--base-url", "http://127.0.0.1:9", "--ready-check-timeout-sec", "1",
                            "--num-prompts", "2"], cwd=ROOT, capture_output=True, text=True,
                           timeout=60, check=False)
@@ -471,7 +472,7 @@ def test_both_drivers_load_through_one_reader(tmp_path: Path) -> None:
         bench.run_point(_cfg(url, run, num_prompts=4, max_concurrency=4,
                              result_filename="builtin-c4.json"))
 
-    points = bench.load_results(run)
+    points = results.load_results(run)
     assert [p["max_concurrency"] for p in points] == [4, 64, 256, 1024]
     builtin, appended, real_ok, real_failed = points
     assert appended["failed"] == 0 and appended["status"] == "ok"
@@ -485,7 +486,7 @@ def test_both_drivers_load_through_one_reader(tmp_path: Path) -> None:
         for k in ("completed", "total_output_tokens", "median_ttft_ms", "p99_tpot_ms",
                   "window_start", "status", "driver", "file"):
             assert k in p
-    assert bench.load_results(tmp_path / "no-such-run") == []
+    assert results.load_results(tmp_path / "no-such-run") == []
 
 
 def test_point_against_the_simulated_vllm(tmp_path: Path) -> None:
@@ -510,9 +511,9 @@ def test_zero_token_fault_of_the_sim_fails_the_point(tmp_path: Path) -> None:
     with sim_server({"SIM_ZERO_TOKENS": "1"}) as url:
         res = bench.run_point(_cfg(url, tmp_path, num_prompts=8, result_filename="z.json"))
     assert res["status"] == "failed" and "zero output tokens" in res["failure_reason"]
-    failure = bench.point_failure(tmp_path / "bench" / "z.json", 0)
+    failure = results.point_failure(tmp_path / "bench" / "z.json", 0)
     assert failure is not None and "zero output tokens" in failure
-    assert "no result file" in bench.point_failure(tmp_path / "bench" / "none.json", 2)
+    assert "no result file" in results.point_failure(tmp_path / "bench" / "none.json", 2)
 
 
 def test_a_thousand_concurrent_streams_from_one_process(tmp_path: Path) -> None:

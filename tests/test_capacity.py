@@ -2,7 +2,9 @@
 
 import json
 
-from launcher import capacity, cluster, plan, recipe
+from launcher import capacity
+from launcher.planning import plan
+from launcher.spec import cluster, recipe
 
 SEED = "qwen3.5-397b-gb200-disagg"
 NODES = cluster.expand_nodelist("n[1-6]")

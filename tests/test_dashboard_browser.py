@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 import dashboard
-from dashboard import synth, ui
+import synth
+
+from dashboard import ui
 
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = pytest.mark.browser

@@ -1,5 +1,5 @@
 """The dashboard on a run the local demo really produced (sim engines, the real router,
-agents, bench client): every page renders, the headline figure is the one launcher.figures
+agents, bench client): every page renders, the headline figure is the one launcher.run.figures
 computes, and the top point's bottleneck is the decode KV limit the demo recipe sets."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from dashboard import derive, diagnose, load, ui  # noqa: E402
-from launcher import figures  # noqa: E402
+from launcher.run import figures  # noqa: E402
 
 APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
 
@@ -52,7 +52,7 @@ def test_every_page_renders_on_the_demo_run(demo, page, monkeypatch):
 
 
 def test_demo_top_point_is_decode_kv_bound(demo):
-    plan = load.read_json_safe(demo / "plan.json")
+    plan, _ = load.read_plan_safe(demo)
     ss = derive.SeriesSet(load.read_telemetry(demo, names=load.TTFT_NAMES), plan)
     table = derive.point_table(load.load_bench(demo), plan, ss)
     assert table["prefill_compute_s"].notna().all() and table["kv_transfer_s"].notna().all()

@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import plan_doc
 
 from dashboard import derive, load
 from launcher.telemetry.store import ChangeFilter, SampleWriter
 
-PLAN = {"processes": [{"name": "decode-0@n1", "endpoint": "decode-0", "role": "decode",
-                       "node": "n1"}],
-        "gpu_count": {"prefill": 0, "decode": 4, "agg": 0, "total": 4}}
+# decode-0 DEP4 on node n1 (one prefill DP1 on n2), as the planner makes it.
+PLAN = plan_doc(1, decode_dp=4, prefill_dp=1, nodes=["n1", "n2"])
 
 
 def write_series(run: Path, t: np.ndarray, series: dict[tuple[str, str], np.ndarray]) -> None:
@@ -140,12 +140,13 @@ def test_torn_plan_is_explained_not_raised(tmp_path):
     assert load.list_run_dirs(tmp_path) == [run]
 
 
-def test_topology_text_names_the_shape():
-    plan = {"endpoints": [{"role": "decode", "dp_size": 8, "tp_size": 1,
-                           "expert_parallel": True}] +
-            [{"role": "prefill", "dp_size": 2, "tp_size": 1, "expert_parallel": True}] * 4,
-            "gpu_count": {"total": 16}}
-    assert load.topology_text(plan) == "1 decode DEP8 + 4 prefill DEP2 (16 GPUs)"
+def test_topology_text_names_the_shape(tmp_path):
+    from launcher.control import prepare
+    from launcher.run.plandoc import read_plan
+    from launcher.spec import recipe
+
+    p = prepare.prepare(recipe.load("qwen3.5-397b-gb200-disagg"), tmp_path)
+    assert read_plan(p.run.plan).topology() == "1 decode DEP8 + 4 prefill DEP2 (16 GPUs)"
 
 
 def test_incremental_reader_matches_a_full_read(tmp_path):

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from dashboard import derive, diagnose, load, synth
+import synth
+
+from dashboard import derive, diagnose, load
 
 
 def verdicts_of(run: Path) -> list[diagnose.Verdict]:
-    plan = load.read_json_safe(run / "plan.json")
+    plan, _ = load.read_plan_safe(run)
     ss = derive.SeriesSet(load.read_telemetry(run, names=load.TTFT_NAMES), plan)
     table = derive.point_table(load.load_bench(run), plan, ss)
     return diagnose.diagnose(table.to_dict("records"))

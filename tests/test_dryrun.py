@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher import cluster, plan, recipe, render
+from launcher.planning import plan, render
+from launcher.spec import cluster, recipe
 
 SEED = "qwen3.5-397b-gb200-disagg"
 REPO = Path(__file__).resolve().parents[1]
@@ -24,7 +25,7 @@ def test_dry_run_prints_plan_and_writes_run_dir(cli, tmp_path):
     assert "KV capacity estimate decode-0 (8 GPUs)" in out
     run_dir = Path(out.strip().splitlines()[-1].split("Run directory: ")[1].split("  (")[0])
     assert run_dir.parent == tmp_path / "runs"
-    for f in ("recipe.yaml", "plan.json", "job.sbatch", "commands.sh", "run.json"):
+    for f in ("recipe.yaml", "plan.json", "job.sbatch", "commands.sh", "submission.json"):
         assert (run_dir / f).is_file(), f
     sbatch = (run_dir / "job.sbatch").read_text()
     assert "#SBATCH --nodes=4" in sbatch and "#SBATCH --segment=4" in sbatch

@@ -12,28 +12,21 @@ prefill endpoints, and 24 is the seed's upper end (8 prefill endpoints). Both ar
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
+from helpers import plan_doc
 
-from launcher import figures
-from launcher.bench import load_results
+from launcher.run import figures
+from launcher.run.results import load_results
+from launcher.run.rundir import RunDir, RunRecord
+from launcher.run.vocab import State
 
 
-def _plan(n_prefill: int, *, mode: str = "disagg", engine: str = "vllm",
-          with_gpu_count: bool = True) -> dict:
-    endpoints = [{"name": f"prefill-{i}", "role": "prefill", "dp_size": 2, "tp_size": 1,
-                  "expert_parallel": True, "gpus": 2} for i in range(n_prefill)]
-    endpoints.append({"name": "decode-0", "role": "decode", "dp_size": 8, "tp_size": 1,
-                      "expert_parallel": True, "gpus": 8})
-    plan = {"schema_version": 1, "run_id": "r1", "recipe": "qwen35", "cluster": "gb200-nvl72",
-            "engine": engine, "mode": mode,
-            "model": {"path": "/models/q", "served_name": "qwen3.5"}, "endpoints": endpoints}
-    if with_gpu_count:
-        plan["gpu_count"] = {"prefill": 2 * n_prefill, "decode": 8, "agg": 0,
-                             "total": 2 * n_prefill + 8}
-    return plan
+def _plan(n_prefill: int, *, engine: str = "vllm"):
+    return plan_doc(n_prefill, engine=engine)
 
 
 def _point(conc: int = 256, **kw) -> dict:
@@ -79,7 +72,6 @@ def test_headline_figures_for_4_prefill_dep2_plus_dep8_decode_16_gpus() -> None:
     den = figures.gpu_denominators(plan)
     assert den["gpus_total"] == 16 and den["gpus_prefill"] == 8 and den["gpus_decode"] == 8
     # without gpu_count (older plan) the same numbers come from the endpoints
-    assert figures.gpu_denominators(_plan(4, with_gpu_count=False)) == den
     f = figures.point_figures(_point(), den)
     assert f["total_tokens_per_s_per_gpu"] == pytest.approx(58982.4 / 16)  # 3,686.4
     assert f["input_tokens_per_s_per_prefill_gpu"] == pytest.approx(52428.8 / 8)  # 6,553.6
@@ -87,8 +79,7 @@ def test_headline_figures_for_4_prefill_dep2_plus_dep8_decode_16_gpus() -> None:
 
 
 def test_aggregated_mode_has_no_prefill_or_decode_split() -> None:
-    plan = _plan(0, mode="agg")
-    plan["gpu_count"] = {"prefill": 0, "decode": 0, "agg": 8, "total": 8}
+    plan = plan_doc(agg=1)
     f = figures.point_figures(_point(), figures.gpu_denominators(plan), mode="agg")
     assert f["denominators"] == {"gpus_total": 8}
     assert f["total_tokens_per_s_per_gpu"] == pytest.approx(58982.4 / 8)
@@ -117,10 +108,14 @@ def test_missing_percentiles_come_from_detailed_arrays_or_say_why() -> None:
     assert f["tokens_per_s_per_user"] == pytest.approx(1000 / 300)
 
 
-def _write_run(tmp_path: Path, *, accuracy: float | None, engine: str = "sim") -> Path:
+def _write_run(tmp_path: Path, *, accuracy: float | None, engine: str = "sim",
+               state: State = State.SUCCEEDED) -> Path:
     run = tmp_path / "runs" / "20261129-120000-qwen35"
     (run / "bench").mkdir(parents=True)
-    (run / "plan.json").write_text(json.dumps(_plan(8, engine=engine)))
+    RunDir(run).write_record(RunRecord(state=state, started=1.0, ended=2.0))
+    doc = dataclasses.replace(_plan(8, engine=engine), processes=[
+        p for p in _plan(8, engine=engine).processes if p.kind != "bench"])  # points as below
+    (run / "plan.json").write_text(json.dumps(doc.to_json()))
     (run / "bench" / "c64.json").write_text(json.dumps(_point(64, duration=200.0)))
     (run / "bench" / "c256.json").write_text(json.dumps(_point(256)))
     zero = _point(1024, total_output_tokens=0, status="failed",
@@ -189,7 +184,7 @@ def test_figures_cli_on_a_missing_dir_is_one_sentence(tmp_path: Path, capsys) ->
 
 
 def test_figures_cli_prints_the_table_and_writes_the_summary(tmp_path: Path, capsys) -> None:
-    run = _write_run(tmp_path, accuracy=0.9)
+    run = _write_run(tmp_path, accuracy=0.9, state=State.FAILED)  # c1024 failed: so did the run
     assert figures.main([str(run), "--write"]) == 0
     out = capsys.readouterr().out
     assert "2,458" in out and "verdict: failed" in out  # c1024 is a failed point

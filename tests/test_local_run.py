@@ -13,13 +13,13 @@ from pathlib import Path
 
 from helpers import launcher, leftovers
 
-from launcher import figures, rundir
+from launcher.run import figures, rundir
 
 RECIPE = "local-sim"
 
 
 def the_run(tmp_path) -> Path:
-    (run,) = [p.parent for p in (tmp_path / "runs").glob("*/run.json")]
+    (run,) = [p.parent for p in (tmp_path / "runs").glob("*/plan.json")]
     return run
 
 
@@ -28,8 +28,8 @@ def test_demo_runs_end_to_end(tmp_path):
     assert code == 0, out
     run = the_run(tmp_path)
     assert f"run directory: {run}" in out and "SIMULATED" in out
-    state = rundir.RunDir(run).read_state()
-    assert state["state"] == "succeeded" and state["error"] is None
+    st = rundir.RunDir(run).status()
+    assert st.state == "succeeded" and st.error is None
     plan = json.loads((run / "plan.json").read_text())
     for proc in plan["processes"]:
         log = run / proc["log"]
@@ -84,9 +84,9 @@ def test_decode_crash_fails_fast_and_names_it(tmp_path):
     )  # fmt: skip
     assert code == 1, out
     assert took < 40, f"took {took:.0f} s to notice a crash"
-    st = rundir.RunDir(run).read_state()
-    assert st["state"] == "failed"
-    assert st["error"].startswith("decode-0@local-") and "exited with status" in st["error"]
+    st = rundir.RunDir(run).status()
+    assert st.state == "failed"
+    assert st.error.startswith("decode-0@local-") and "exited with status" in st.error
     code, status = launcher(tmp_path, "status", str(run))
     assert "decode-0@local-" in status and "exited with status" in status
     assert (run / "logs" / "decode-0@local-1.log").stat().st_size > 0
@@ -97,8 +97,8 @@ def test_decode_crash_fails_fast_and_names_it(tmp_path):
     gaps = store.read_gaps(run)
     dead = gaps[(gaps["process"] == "decode-0@local-1") & (gaps["source"] == "scrape")]
     assert len(dead) and dead["reason"].str.contains("refused|reset").all(), gaps
-    agent = rundir.RunDir(run).read_state()["processes"]["agent@local-1"]
-    assert agent["exit_code"] == 0 and agent["stopped"]
+    agent = rundir.RunDir(run).read_record().processes["agent@local-1"]
+    assert agent.exit_code == 0 and agent.stopped
 
 
 def test_prefill_never_healthy_hits_the_health_timeout(tmp_path):
@@ -106,7 +106,7 @@ def test_prefill_never_healthy_hits_the_health_timeout(tmp_path):
         tmp_path, "prefill.env.SIM_HANG_BEFORE_HEALTHY=1", "health.timeout_s=6",
     )  # fmt: skip
     assert code == 1
-    err = rundir.RunDir(run).read_state()["error"]
+    err = rundir.RunDir(run).status().error
     assert "not healthy within 6 s" in err and "prefill-0@local-3" in err
     assert "last lines of logs/prefill-0@local-3.log" in err
     assert leftovers(run) == []
@@ -115,7 +115,7 @@ def test_prefill_never_healthy_hits_the_health_timeout(tmp_path):
 def test_wrong_answers_fail_the_gate_and_keep_the_sweep(tmp_path):
     code, out, _, run = _fail_run(tmp_path, "sim.wrong_answers=true")
     assert code == 1
-    err = rundir.RunDir(run).read_state()["error"]
+    err = rundir.RunDir(run).status().error
     assert "accuracy gate failed: gsm8k scored 0.000" in err
     assert len(list((run / "bench").glob("c*.json"))) == 3
     summary = json.loads((run / "summary.json").read_text())
@@ -127,7 +127,7 @@ def test_zero_tokens_marks_points_failed_not_fast(tmp_path):
     assert code == 1
     summary = json.loads((run / "summary.json").read_text())
     assert [p["status"] for p in summary["points"]] == ["failed"] * 3
-    assert "sweep point(s) failed" in rundir.RunDir(run).read_state()["error"]
+    assert "sweep point(s) failed" in rundir.RunDir(run).status().error
 
 
 def test_ctrl_c_tears_down_and_records_cancelled(tmp_path):
@@ -141,7 +141,8 @@ def test_ctrl_c_tears_down_and_records_cancelled(tmp_path):
     run = None
     while time.monotonic() < deadline:
         runs = list((tmp_path / "runs").glob("*/run.json"))
-        if runs and rundir.RunDir(runs[0].parent).read_state().get("serving"):
+        rec = rundir.RunDir(runs[0].parent).read_record() if runs else None
+        if rec and rec.serving:
             run = runs[0].parent
             break
         time.sleep(0.5)
@@ -149,15 +150,16 @@ def test_ctrl_c_tears_down_and_records_cancelled(tmp_path):
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 1, out
-    st = rundir.RunDir(run).read_state()
-    assert st["state"] == "cancelled" and "Ctrl-C" in st["error"]
+    st = rundir.RunDir(run).status()
+    assert st.state == "cancelled" and "Ctrl-C" in st.error
     assert leftovers(run) == []
 
 
 def test_a_busy_port_is_named_before_anything_starts(tmp_path):
     import socket
 
-    from launcher import cluster, plan, recipe
+    from launcher.planning import plan
+    from launcher.spec import cluster, recipe
 
     p = plan.make_plan(
         recipe.load(RECIPE), cluster.load("local"), ["local-1", "local-2", "local-3"]
@@ -171,7 +173,7 @@ def test_a_busy_port_is_named_before_anything_starts(tmp_path):
     assert code == 2, out
     assert f"{port} (decode-0 http)" in out and "another run still up" in out
     run = the_run(tmp_path)
-    assert rundir.RunDir(run).read_state()["state"] == "failed"
+    assert rundir.RunDir(run).status().state == "failed"
     assert not (run / "logs").exists()
 
 
@@ -179,6 +181,6 @@ def test_missing_accuracy_data_fails_before_anything_starts(tmp_path):
     code, out = launcher(tmp_path, "submit", RECIPE, "--set", "accuracy.data=/no/such/gsm8k.jsonl")
     assert code == 1, out
     run = the_run(tmp_path)
-    err = rundir.RunDir(run).read_state()["error"]
+    err = rundir.RunDir(run).status().error
     assert err.startswith("accuracy.data: /no/such/gsm8k.jsonl is not a file")
     assert not (run / "bench").exists() and not (run / "logs").exists()

@@ -2,8 +2,9 @@
 
 import pytest
 
-from launcher import cluster, plan, recipe, render
 from launcher.errors import UserError
+from launcher.planning import plan, render
+from launcher.spec import cluster, recipe
 
 SEED = "qwen3.5-397b-gb200-disagg"
 GB200 = cluster.load("gb200-nvl72")

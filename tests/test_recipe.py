@@ -2,8 +2,8 @@
 
 import pytest
 
-from launcher import recipe
 from launcher.errors import UserError
+from launcher.spec import recipe
 
 SEED = "qwen3.5-397b-gb200-disagg"
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import launcher, leftovers
 
-from launcher import rundir
+from launcher.run import rundir
 
 pytestmark = pytest.mark.slurm
 RECIPE = "devcluster-sim"
@@ -34,18 +34,18 @@ def submit(tmp_path, *args) -> Path:
     code, out = launcher(tmp_path, "submit", RECIPE, *args)
     assert code == 0, out
     assert re.search(r"submitted job \d+", out), out
-    (run,) = [p.parent for p in (tmp_path / "runs").glob("*/run.json")]
+    (run,) = [p.parent for p in (tmp_path / "runs").glob("*/plan.json")]
     return run
 
 
 def wait_for(run: Path, pred, timeout=120, what="condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        st = rundir.RunDir(run).read_state()
+        st = rundir.RunDir(run).status()
         if pred(st):
             return st
         time.sleep(0.5)
-    raise AssertionError(f"{what} not reached in {timeout} s: {rundir.RunDir(run).read_state()}")
+    raise AssertionError(f"{what} not reached in {timeout} s: {rundir.RunDir(run).status()}")
 
 
 def job_gone(job_id: str, timeout=60) -> None:
@@ -61,13 +61,17 @@ def job_gone(job_id: str, timeout=60) -> None:
 
 
 def ended(st):
-    return st.get("state") in rundir.FINAL_STATES
+    return st.final
+
+
+def serving(st):
+    return bool(st.record and st.record.serving) or st.final
 
 
 def test_serving_through_slurm_then_clean_end(tmp_path):
     run = submit(tmp_path, *SERVE_ONLY, "--set", "hold_s=20")
-    st = wait_for(run, lambda s: s.get("serving") or ended(s), what="serving")
-    assert st.get("serving"), st
+    st = wait_for(run, serving, what="serving")
+    assert st.record.serving, st
     plan = json.loads((run / "plan.json").read_text())
     assert not plan["placeholder_nodes"] and len(plan["nodes"]) == 4
     decode = [p for p in plan["processes"] if p["endpoint"] == "decode-0"]
@@ -77,15 +81,15 @@ def test_serving_through_slurm_then_clean_end(tmp_path):
     # A completion through the real router, P/D across "nodes".
     body = json.dumps({"model": plan["model"]["served_name"], "prompt": "Hello", "max_tokens": 8})
     req = urllib.request.Request(
-        st["router_url"] + "/v1/completions", data=body.encode(),
+        st.record.router_url + "/v1/completions", data=body.encode(),
         headers={"Content-Type": "application/json"},
     )  # fmt: skip
     with urllib.request.urlopen(req, timeout=30) as resp:
         answer = json.loads(resp.read())
     assert answer["usage"]["completion_tokens"] == 8
     st = wait_for(run, ended, timeout=120, what="the end of the run")
-    assert st["state"] == "succeeded", st.get("error")
-    job_gone(st["slurm_job_id"])
+    assert st.state == "succeeded", st.error
+    job_gone(st.slurm_job_id)
     assert leftovers(run) == []
     for proc in plan["processes"]:
         if proc["kind"] in ("engine", "router", "agent"):
@@ -96,7 +100,7 @@ def test_serving_through_slurm_then_clean_end(tmp_path):
         tmp_path / "dry", "submit", RECIPE, *SERVE_ONLY, "--set", "hold_s=20", "--dry-run"
     )
     assert code == 0, out
-    (dry,) = [p.parent for p in (tmp_path / "dry" / "runs").glob("*/run.json")]
+    (dry,) = [p.parent for p in (tmp_path / "dry" / "runs").glob("*/plan.json")]
     submitted = (run / "job.sbatch").read_text().replace(str(run), "<RUN>")
     assert submitted == (dry / "job.sbatch").read_text().replace(str(dry), "<RUN>")
 
@@ -104,7 +108,7 @@ def test_serving_through_slurm_then_clean_end(tmp_path):
 def test_sweep_and_gate_through_slurm_with_wait(tmp_path):
     code, out = launcher(tmp_path, "submit", RECIPE, "--wait")
     assert code == 0, out
-    (run,) = [p.parent for p in (tmp_path / "runs").glob("*/run.json")]
+    (run,) = [p.parent for p in (tmp_path / "runs").glob("*/plan.json")]
     summary = json.loads((run / "summary.json").read_text())
     assert [p["status"] for p in summary["points"]] == ["ok", "ok"]
     assert summary["verdict"] == "passed"
@@ -115,15 +119,15 @@ def test_decode_crash_fails_run_and_status_names_it(tmp_path):
     run = submit(
         tmp_path, *SERVE_ONLY, "--set", "hold_s=120", "--set", "decode.env.SIM_CRASH_AFTER_S=20"
     )
-    st = wait_for(run, lambda s: s.get("serving") or ended(s), what="serving")
+    st = wait_for(run, serving, what="serving")
     serving_at = time.monotonic()
     st = wait_for(run, ended, timeout=90, what="failure")
     assert time.monotonic() - serving_at < 40
-    assert st["state"] == "failed"
-    assert re.match(r"decode-0@gb200-\d+ on gb200-\d+ exited with status", st["error"]), st["error"]
+    assert st.state == "failed"
+    assert re.match(r"decode-0@gb200-\d+ on gb200-\d+ exited with status", st.error), st.error
     code, out = launcher(tmp_path, "status", str(run))
     assert "state failed" in out and "decode-0@gb200-" in out and "exited with status" in out
-    job_gone(st["slurm_job_id"])
+    job_gone(st.slurm_job_id)
     assert leftovers(run) == []
     assert (run / "logs").is_dir() and len(list((run / "logs").glob("*.log"))) >= 10
 
@@ -133,21 +137,21 @@ def test_prefill_never_healthy_times_out_with_its_log(tmp_path):
         tmp_path, "--set", "prefill.env.SIM_HANG_BEFORE_HEALTHY=1", "--set", "health.timeout_s=8"
     )
     st = wait_for(run, ended, timeout=120, what="failure")
-    assert st["state"] == "failed"
-    assert "not healthy within 8 s" in st["error"] and "prefill-0@gb200-" in st["error"]
-    assert "last lines of logs/prefill-0@" in st["error"]
-    job_gone(st["slurm_job_id"])
+    assert st.state == "failed"
+    assert "not healthy within 8 s" in st.error and "prefill-0@gb200-" in st.error
+    assert "last lines of logs/prefill-0@" in st.error
+    job_gone(st.slurm_job_id)
     assert leftovers(run) == []
 
 
 def test_cancel_tears_down(tmp_path):
     run = submit(tmp_path, *SERVE_ONLY, "--set", "hold_s=300")
-    wait_for(run, lambda s: s.get("serving") or ended(s), what="serving")
+    wait_for(run, serving, what="serving")
     code, out = launcher(tmp_path, "cancel", str(run))
     assert code == 0, out
     st = wait_for(run, ended, timeout=90, what="cancelled")
-    assert st["state"] == "cancelled", st
-    job_gone(st["slurm_job_id"])
+    assert st.state == "cancelled", st
+    job_gone(st.slurm_job_id)
     assert leftovers(run) == []
 
 
@@ -165,9 +169,9 @@ def test_a_study_submits_one_job_per_value(tmp_path):
     jobs = set()
     for r in doc["runs"]:
         run = study / r["run"]
-        st = rundir.RunDir(run).read_state()
-        assert st["state"] == "succeeded", st.get("error")
-        jobs.add(st["slurm_job_id"])
+        st = rundir.RunDir(run).status()
+        assert st.state == "succeeded", st.error
+        jobs.add(st.slurm_job_id)
         plan = json.loads((run / "plan.json").read_text())
         n = r["values"]["prefill.endpoints"]
         assert sum(1 for e in plan["endpoints"] if e["role"] == "prefill") == n

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from helpers import FIXTURES
 
+from launcher.run.plandoc import NodeDoc, PlanDoc, Process
+from launcher.run.vocab import Kind, Role
 from launcher.telemetry.store import read_agent_info, read_gaps, read_raw, read_samples
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,11 +75,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def engine(name: str, url: str | None, gpus: list[int]) -> dict:
-    return {"name": name, "kind": "engine", "endpoint": name.split("@")[0], "role": "decode",
-            "node": "n1", "gpus": gpus, "dp_ranks": [0, 1], "headless": url is None,
-            "url": url and url.rsplit("/", 1)[0], "metrics_url": url, "argv": [], "env": {},
-            "env_from_host": [], "log": f"logs/{name}.log"}
+def engine(name: str, url: str | None, gpus: list[int], node: str = "n1") -> Process:
+    return Process(name=name, kind=Kind.ENGINE, endpoint=name.split("@")[0], role=Role.DECODE,
+                   node=node, gpus=gpus, dp_ranks=[0, 1], headless=url is None,
+                   url=url and url.rsplit("/", 1)[0], metrics_url=url, argv=[], env={},
+                   log=f"logs/{name}.log")
 
 
 def test_agent_end_to_end(tmp_path: Path) -> None:
@@ -87,21 +89,23 @@ def test_agent_end_to_end(tmp_path: Path) -> None:
     pre = MetricsServer((FIX / "vllm_metrics_v0.33.0_generated_prefill_dp2_nixl.prom").read_text())
     hang = MetricsServer("vllm:x 1\n", delay=30.0)
     exporter_port = free_port()
-    plan = {
-        "schema_version": 1, "run_id": "t", "engine": "sim", "mode": "disagg",
-        "telemetry": {"interval_s": 0.3},
-        "nodes": [{"name": "n1", "address": "127.0.0.1", "gpus": 4}],
-        "processes": [
+    plan = PlanDoc(
+        run_id="t", recipe="t", cluster="local", engine="sim", mode="disagg", model_path="m",
+        served_name="m", telemetry_interval_s=0.3,
+        nodes=[NodeDoc("n1", "127.0.0.1", 4)], endpoints=[],
+        processes=[
             engine("decode-0@n1", dec.url, [0, 1]),
             engine("prefill-0@n1", pre.url, [2]),
             engine("prefill-1@n1", hang.url, [3]),
-            engine("prefill-2@n2", "http://127.0.0.1:9/metrics", []) | {"node": "n2"},
-            {"name": "agent@n1", "kind": "agent", "node": "n1", "gpus": [], "dp_ranks": [],
-             "metrics_url": f"http://127.0.0.1:{exporter_port}/metrics",
-             "log": "logs/agent@n1.log"},
+            engine("prefill-2@n2", "http://127.0.0.1:9/metrics", [], node="n2"),
+            Process(name="agent@n1", kind=Kind.AGENT, node="n1", argv=[], env={},
+                    metrics_url=f"http://127.0.0.1:{exporter_port}/metrics",
+                    log="logs/agent@n1.log"),
         ],
-    }
-    (run / "plan.json").write_text(json.dumps(plan))
+        router_url="http://127.0.0.1:9", router_metrics_url="http://127.0.0.1:9/metrics",
+        gpu_count={"total": 4},
+    )
+    (run / "plan.json").write_text(json.dumps(plan.to_json()))
     log_lines = (FIX / "vllm_server_v0.33.0_generated_decode_dp4_nixl.log").read_text() \
         .splitlines(keepends=True)
     log = run / "logs" / "decode-0@n1.log"

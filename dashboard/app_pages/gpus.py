@@ -8,6 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, derive, load, ui
+from launcher.run.rundir import RunDir
 
 info = ui.header("GPUs and hosts")
 if info is None:
@@ -106,9 +107,9 @@ def family_section(family: str, what: str, plan_fp: str, step: float) -> None:
 def body() -> None:
     if ui.no_telemetry(info, "GPU or host telemetry"):
         return
-    plan = ui.plan(info) or {}
-    step = float((plan.get("telemetry") or {}).get("interval_s") or 1.0)
-    plan_fp = load.fingerprint(info.path / "plan.json")
+    plan = ui.plan(info)
+    step = plan.telemetry_interval_s if plan else 1.0
+    plan_fp = load.fingerprint(RunDir(info.path).plan)
     tab_gpu, tab_host, tab_proc, tab_log, tab_gaps = st.tabs(
         ["GPUs (NVML)", "Hosts", "Processes", "vLLM stats log", "Gaps and agent notes"])
     with tab_gpu:

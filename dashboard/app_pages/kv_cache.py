@@ -6,6 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import charts, derive, load, ui
+from launcher.run.rundir import RunDir
 
 info = ui.header("KV cache")
 if info is None:
@@ -41,8 +42,8 @@ def body() -> None:
                 "and host samples only (scrape targets unreachable?). See the gaps on the "
                 "GPUs and hosts page and the agent logs.")
         return
-    plan = ui.plan(info) or {}
-    step = float((plan.get("telemetry") or {}).get("interval_s") or 1.0)
+    plan = ui.plan(info)
+    step = plan.telemetry_interval_s if plan else 1.0
     t0, t1 = ss.t_range
     wins = ui.windows_frame(info)
     choices = {"whole run": (t0, t1)}
@@ -53,7 +54,7 @@ def body() -> None:
     pick = st.selectbox("Time range", list(choices), key="kv_range")
     a, b = choices[pick]
     data = page_data(str(info.path), load.telemetry_fingerprint(info.path),
-                     load.fingerprint(info.path / "plan.json"), a, b, step)
+                     load.fingerprint(RunDir(info.path).plan), a, b, step)
     bin_s = data["bin_s"]
     wins = wins if pick == "whole run" else None
     st.caption(f"{len(ss):,} vLLM series · drawn in {bin_s:g} s bins (bin means of gauges, "

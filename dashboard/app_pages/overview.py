@@ -8,6 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, derive, load, ui
+from launcher.run.plandoc import PlanDoc
 
 info = ui.header("Run overview")
 if info is None:
@@ -56,15 +57,14 @@ def body() -> None:
     with left:
         ui.altair(charts.topology(topology_frame(plan)))
     with right:
-        gc = plan.get("gpu_count") or {}
-        st.markdown(f"**{info.topology}**  \nmodel `{(plan.get('model') or {}).get('path')}` · "
-                    f"mode {plan.get('mode')} · engine {plan.get('engine')}  \n"
-                    f"GPUs: prefill {gc.get('prefill', 0)}, decode {gc.get('decode', 0)}, "
-                    f"agg {gc.get('agg', 0)}, total {gc.get('total', 0)}")
-        eps = pd.DataFrame([{"endpoint": e["name"], "role": e["role"],
-                             "DP×TP": f"{e.get('dp_size')}×{e.get('tp_size')}",
-                             "GPUs": e.get("gpus"), "nodes": ", ".join(e.get("nodes", [])),
-                             "url": e.get("url")} for e in plan.get("endpoints", [])])
+        st.markdown(f"**{info.topology}**  \nmodel `{plan.model_path}` · "
+                    f"mode {plan.mode} · engine {plan.engine}  \n"
+                    f"GPUs: prefill {plan.gpus('prefill')}, decode {plan.gpus('decode')}, "
+                    f"agg {plan.gpus('agg')}, total {plan.gpus()}")
+        eps = pd.DataFrame([{"endpoint": e.name, "role": str(e.role),
+                             "DP×TP": f"{e.dp_size}×{e.tp_size}",
+                             "GPUs": e.gpus, "nodes": ", ".join(e.nodes),
+                             "url": e.url} for e in plan.endpoints])
         st.dataframe(eps, hide_index=True, width="stretch", height=260)
 
     events = load.read_events(info.path)
@@ -87,21 +87,20 @@ def body() -> None:
             st.dataframe(ev.drop(columns=["ts"]), hide_index=True, width="stretch")
 
 
-def topology_frame(plan: dict) -> pd.DataFrame:
+def topology_frame(plan: PlanDoc) -> pd.DataFrame:
     pinned = {}
-    for p in plan.get("processes", []):
-        for k, g in enumerate(p.get("gpus") or []):
-            ranks = p.get("dp_ranks") or []
-            pinned[(p["node"], g)] = (p, ranks[k] if k < len(ranks) else None)
+    for p in plan.processes:
+        for k, g in enumerate(p.gpus):
+            pinned[(p.node, g)] = (p, p.dp_ranks[k] if k < len(p.dp_ranks) else None)
     rows = []
-    for n in plan.get("nodes", []):
-        for g in range(int(n.get("gpus", 0))):
-            p, rank = pinned.get((n["name"], g), (None, None))
-            ep = (p or {}).get("endpoint") or ""
-            rows.append({"node": n["name"], "gpu": g, "endpoint": ep or "free",
-                         "process": (p or {}).get("name", ""),
+    for n in plan.nodes:
+        for g in range(n.gpus):
+            p, rank = pinned.get((n.name, g), (None, None))
+            ep = (p.endpoint if p else None) or ""
+            rows.append({"node": n.name, "gpu": g, "endpoint": ep or "free",
+                         "process": p.name if p else "",
                          "ranks": "" if rank is None else f"DP rank {rank}",
-                         "role": (p or {}).get("role") or "free",
+                         "role": str(p.role) if p and p.role else "free",
                          "short": (ep.replace("prefill-", "P").replace("decode-", "D")
                                    .replace("agg-", "A") + (f"·{rank}" if rank is not None
                                                              else "")) if ep else ""})

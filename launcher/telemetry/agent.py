@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import sys
@@ -24,6 +23,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from launcher.run.plandoc import PlanDoc, PlanError, read_plan
+from launcher.run.vocab import Kind
 from launcher.telemetry.scrape import Scraper, Target
 from launcher.telemetry.statslog import LogTail, StatsLogParser
 from launcher.telemetry.store import ChangeFilter, SampleWriter, write_agent_info
@@ -65,14 +66,15 @@ class FilteredSink:
             self.writer.write(_key_rows(self.node, self.filter.pending()))
 
 
-def load_plan(run_dir: Path) -> dict | None:
+def load_plan(run_dir: Path) -> tuple[PlanDoc | None, str | None]:
+    """The plan, or None and why (the agent then collects host and GPU only)."""
     try:
-        return json.loads((run_dir / "plan.json").read_text(encoding="utf-8"))
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
+        return read_plan(run_dir), None
+    except PlanError as e:
+        return None, str(e)
 
 
-def local_setup(plan: dict | None, node: str, run_dir: Path) -> dict[str, Any]:
+def local_setup(plan: PlanDoc | None, node: str, run_dir: Path) -> dict[str, Any]:
     """What this node's agent watches: scrape targets, log files, GPU -> process."""
     targets: list[Target] = []
     logs: dict[str, Path] = {}
@@ -81,23 +83,20 @@ def local_setup(plan: dict | None, node: str, run_dir: Path) -> dict[str, Any]:
     ports: dict[int, str] = {}
     if plan is None:
         return {"targets": targets, "logs": logs, "gpus": gpus, "names": None, "ports": ports}
-    for p in plan.get("processes", []):
-        if p.get("node") != node:
-            continue
-        names.add(p["name"])
-        kind = p.get("kind")
-        if kind in ("engine", "router") and p.get("url"):
-            port = urlsplit(p["url"]).port
+    for p in plan.processes_on(node):
+        names.add(p.name)
+        if p.kind in (Kind.ENGINE, Kind.ROUTER) and p.url:
+            port = urlsplit(p.url).port
             if port:
-                ports[port] = p["name"]
-        if kind == "engine":
-            if p.get("metrics_url"):
-                targets.append(Target(p["name"], p["metrics_url"]))
-            logs[p["name"]] = run_dir / (p.get("log") or f"logs/{p['name']}.log")
-            for g in p.get("gpus") or []:
-                gpus[int(g)] = p["name"]
-        elif kind == "router" and p.get("metrics_url"):
-            targets.append(Target(p["name"], p["metrics_url"]))
+                ports[port] = p.name
+        if p.kind == Kind.ENGINE:
+            if p.metrics_url:
+                targets.append(Target(p.name, p.metrics_url))
+            logs[p.name] = run_dir / p.log
+            for g in p.gpus:
+                gpus[int(g)] = p.name
+        elif p.kind == Kind.ROUTER and p.metrics_url:
+            targets.append(Target(p.name, p.metrics_url))
     return {"targets": targets, "logs": logs, "gpus": gpus, "names": names, "ports": ports}
 
 
@@ -109,8 +108,8 @@ class Agent:
                  gpu: bool = True) -> None:
         self.run_dir = Path(run_dir)
         self.node = node
-        self.plan = load_plan(self.run_dir)
-        plan_interval = ((self.plan or {}).get("telemetry") or {}).get("interval_s")
+        self.plan, plan_error = load_plan(self.run_dir)
+        plan_interval = self.plan.telemetry_interval_s if self.plan else None
         self.interval = float(interval or plan_interval or 1.0)
         # a scrape may use most of an interval, never more: the beat is kept
         self.scrape_timeout = scrape_timeout or max(0.2, min(2.0, 0.8 * self.interval))
@@ -119,7 +118,7 @@ class Agent:
         self.setup = local_setup(self.plan, node, self.run_dir)
         self.notices: list[str] = []
         if self.plan is None:
-            self.notices.append("no plan.json: collecting host and GPU only")
+            self.notices.append(f"{plan_error}: collecting host and GPU only")
         elif not self.setup["names"]:
             self.notices.append(f"node {node!r} has no processes in plan.json")
         self.bucket_every_s = (bucket_every_s if bucket_every_s is not None

@@ -48,7 +48,7 @@ from collections.abc import Hashable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
-from launcher.rundir import read_jsonl
+from launcher.run.rundir import read_jsonl
 
 if TYPE_CHECKING:  # heavy imports stay lazy: the agent's hot path never needs them
     import pandas as pd

@@ -26,13 +26,15 @@ def normalise(text: str, run_dir: Path) -> str:
 
 def render_all() -> dict[str, dict[str, str]]:
     """{recipe name: {file name: normalised text}} for every shipped recipe."""
-    from launcher import prepare, recipe
+    from launcher import text
+    from launcher.control import prepare
+    from launcher.spec import recipe
 
     out: dict[str, dict[str, str]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, path in recipe.shipped().items():
             p = prepare.prepare(recipe.load(str(path)), Path(tmp))
-            files = {"dry-run.txt": prepare.render_text(p) + "\n"}
+            files = {"dry-run.txt": text.plan_text(p) + "\n"}
             for f in FILES:
                 src = p.run.path / f
                 if src.exists():

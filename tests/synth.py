@@ -14,7 +14,7 @@ figures and each bottleneck has the signature of notes/anchors-dashboards.md §4
     kv_capacity   decode KV ≥ 95 %, requests waiting for capacity, preemptions, TPOT up
     kv_transfer   NIXL transfer time dominates TTFT, requests deferred on decode
 
-    python -m dashboard.synth OUT_DIR [--scenario all|healthy|...|large] [--duration S]
+    python tests/synth.py OUT_DIR [--scenario all|healthy|...|large] [--duration S]
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from launcher.rundir import RunDir, write_json
+from launcher.run.rundir import ProcessRecord, RunDir, RunRecord, Submission, write_json
+from launcher.run.vocab import Kind, Stage, State
 
 ISL, OSL = 8192, 1024
 MODEL = "Qwen/Qwen3.5-397B-A17B-NVFP4"
@@ -70,90 +71,36 @@ class Scenario:
 
 
 def make_plan(run_id: str, sc: Scenario) -> dict:
-    """A plan.json (schema 1, docs/contracts.md) for the topology: decode endpoints first,
-    each on whole nodes; prefill endpoints packed onto the remaining nodes."""
+    """plan.json for the topology, made by the real planner and renderer (decode DEP on whole
+    nodes, prefill packed onto its own nodes), on a synthetic 4-GPU cluster profile."""
+    from launcher.planning import plan as plan_mod
+    from launcher.planning import render
+    from launcher.spec.cluster import Cluster
+    from launcher.spec.recipe import Recipe
+
     topo = sc.topology
     gpn = topo.gpus_per_node
-    nodes: list[dict] = []
-    endpoints: list[dict] = []
-    processes: list[dict] = []
-    free: list[tuple[str, int]] = []  # (node, gpu) not yet used
-    port = 8100
-
-    def new_node() -> str:
-        name = f"node{len(nodes) + 1:02d}"
-        nodes.append({"name": name, "address": f"10.0.0.{len(nodes) + 1}", "gpus": gpn})
-        free.extend((name, g) for g in range(gpn))
-        return name
-
-    def take(n: int) -> list[tuple[str, int]]:
-        while len(free) < n:
-            new_node()
-        got = free[:n]
-        del free[:n]
-        return got
-
-    for role, count, dp in (("decode", topo.n_decode, topo.decode_dp),
-                            ("prefill", topo.n_prefill, topo.prefill_dp)):
-        for i in range(count):
-            name = f"{role}-{i}"
-            if role == "decode" and free:
-                free.clear()  # decode endpoints start on a fresh node
-            gpus = take(dp)
-            ep_nodes = list(dict.fromkeys(n for n, _ in gpus))
-            http = port
-            port += 10
-            head = ep_nodes[0]
-            url = f"http://{_addr(nodes, head)}:{http}"
-            endpoints.append({
-                "name": name, "role": role, "dp_size": dp, "tp_size": 1,
-                "expert_parallel": True, "gpus": dp, "nodes": ep_nodes, "url": url,
-                "http_port": http, "dp_rpc_port": http + 1, "nixl_port_base": http + 2})
-            rank = 0
-            for node in ep_nodes:
-                g = [gi for n, gi in gpus if n == node]
-                processes.append({
-                    "name": f"{name}@{node}", "kind": "engine", "endpoint": name, "role": role,
-                    "node": node, "gpus": g, "dp_ranks": list(range(rank, rank + len(g))),
-                    "headless": node != head, "url": url if node == head else None,
-                    "metrics_url": f"{url}/metrics" if node == head else None,
-                    "argv": ["python", "-m", "launcher.sim", "serve", MODEL],
-                    "env": {"CUDA_VISIBLE_DEVICES": ",".join(map(str, g))},
-                    "env_from_host": [], "log": f"logs/{name}@{node}.log"})
-                rank += len(g)
-    first = nodes[0]["name"]
-    router_url = f"http://{nodes[0]['address']}:8000"
-    processes.append({"name": "router", "kind": "router", "endpoint": None, "role": None,
-                      "node": first, "gpus": [], "dp_ranks": [], "headless": False,
-                      "url": router_url, "metrics_url": f"{router_url}/metrics",
-                      "argv": ["vllm-router"], "env": {}, "env_from_host": [],
-                      "log": "logs/router.log"})
-    for n in nodes:
-        processes.append({"name": f"agent@{n['name']}", "kind": "agent", "endpoint": None,
-                          "role": None, "node": n["name"], "gpus": [], "dp_ranks": [],
-                          "headless": False, "url": None, "metrics_url": None,
-                          "argv": ["python", "-m", "launcher.telemetry.agent"], "env": {},
-                          "env_from_host": [], "log": f"logs/agent@{n['name']}.log"})
-    processes.append({"name": "bench", "kind": "bench", "endpoint": None, "role": None,
-                      "node": first, "gpus": [], "dp_ranks": [], "headless": False,
-                      "url": None, "metrics_url": None, "argv": ["python", "-m",
-                                                                 "launcher.bench"],
-                      "env": {}, "env_from_host": [], "log": "logs/bench.log"})
-    pre = topo.n_prefill * topo.prefill_dp
-    dec = topo.n_decode * topo.decode_dp
-    return {
-        "schema_version": 1, "run_id": run_id, "recipe": f"synthetic-{sc.signature}",
-        "cluster": "synthetic", "engine": sc.engine, "mode": "disagg",
+    recipe = Recipe.model_validate({
+        "name": f"synthetic-{sc.signature}",
+        "cluster": "synthetic",
+        "engine": sc.engine,
         "model": {"path": MODEL, "served_name": "qwen3.5"},
+        "prefill": {"endpoints": topo.n_prefill, "data_parallel": topo.prefill_dp,
+                    "expert_parallel": True},
+        "decode": {"endpoints": topo.n_decode, "data_parallel": topo.decode_dp,
+                   "expert_parallel": True},
+        "benchmark": {"concurrency": list(sc.concurrencies), "input_len": ISL,
+                      "output_len": OSL},
         "telemetry": {"interval_s": sc.interval_s},
-        "nodes": nodes, "endpoints": endpoints, "processes": processes,
-        "router": {"url": router_url, "metrics_url": f"{router_url}/metrics"},
-        "gpu_count": {"prefill": pre, "decode": dec, "agg": 0, "total": pre + dec},
-    }
-
-
-def _addr(nodes: list[dict], name: str) -> str:
-    return next(n["address"] for n in nodes if n["name"] == name)
+    })
+    cluster = Cluster(name="synthetic", scheduler="slurm", gpus_per_node=gpn,
+                      gpu_memory_gib=184, port_base=8000, dry_run_nodes="node[01-99]")
+    need = plan_mod.nodes_needed(recipe, cluster)
+    nodes = [f"node{i:02d}" for i in range(1, need + 1)]
+    addresses = {n: f"10.0.0.{i}" for i, n in enumerate(nodes, 1)}
+    p = plan_mod.make_plan(recipe, cluster, nodes, addresses)
+    run_dir = f"/synthetic/{run_id}"
+    return render.plan_doc(p, run_id, run_dir, placeholder_nodes=False).to_json()
 
 
 # --- the per-point model -------------------------------------------------------------------
@@ -569,7 +516,7 @@ def write_run(root: Path, sc: Scenario, *, t0: float | None = None,
     rd.bench.mkdir(parents=True, exist_ok=True)
     for k, m in enumerate(models):
         fail = sc.fail_at_point is not None and k == sc.fail_at_point
-        write_json(rd.bench / f"c{m.conc}.json", bench_result(sc, m, tl.windows[k], fail))
+        write_json(rd.bench_result(m.conc), bench_result(sc, m, tl.windows[k], fail))
 
     # telemetry/
     keyframe_every = max(1, int(KEYFRAME_S / sc.interval_s))
@@ -610,16 +557,23 @@ def write_run(root: Path, sc: Scenario, *, t0: float | None = None,
                                 "stage": "sweep"}) + "\n")
         else:
             f.write(json.dumps({"ts": t_end, "event": "run_finished"}) + "\n")
-    state: dict[str, Any] = {"state": "succeeded", "stage": "teardown", "started": t0 - 130,
-                             "ended": t_end, "error": None, "slurm_job_id": "4242",
-                             "recipe": plan["recipe"], "updated": t_end}
+    record = RunRecord(state=State.SUCCEEDED, stage=None, started=t0 - 130, ended=t_end,
+                       slurm_job_id="4242")
     if failed_at is not None:
-        state.update(state="failed", stage="sweep", ended=failed_at + 5,
-                     error=f"decode-0@{plan['endpoints'][0]['nodes'][0]} exited with code 1 "
-                           "during the sweep (CUDA error: an illegal memory access)")
+        culprit = f"decode-0@{plan['endpoints'][0]['nodes'][0]}"
+        record.state, record.ended, record.culprit = State.FAILED, failed_at + 5, culprit
+        record.error = (f"{culprit} exited with code 1 during the sweep (CUDA error: an "
+                        "illegal memory access)")
     elif sc.state != "succeeded":
-        state.update(state=sc.state, ended=None)
-    write_json(rd.state_file, state)
+        record.state, record.ended, record.stage = State(sc.state), None, Stage.SWEEP
+    record.processes = {
+        p["name"]: ProcessRecord(node=p["node"], kind=Kind(p["kind"]), started=t0 - 120,
+                                 exit_code=None if record.state == State.RUNNING else 0,
+                                 stopped=record.state != State.RUNNING, log=p["log"])
+        for p in plan["processes"] if p["kind"] != Kind.BENCH
+    }
+    rd.write_record(record)
+    rd.write_submission(Submission(created=t0 - 140, slurm_job_id="4242", submitted=t0 - 135))
     if failed_at is None:
         write_json(rd.accuracy / "gsm8k.json", {
             "task": "gsm8k", "accuracy": 0.893, "threshold": 0.88, "passed": True,
@@ -650,9 +604,10 @@ def failed(root: Path, **kw: Any) -> Path:
 
 
 def empty(root: Path, name: str = "20251129-000000-empty") -> Path:
-    """A run directory with nothing in it (a submission that died before writing)."""
+    """A run directory with only its recipe (a submission that died before planning)."""
     p = Path(root) / name
     p.mkdir(parents=True, exist_ok=True)
+    (p / "recipe.yaml").write_text("name: empty\n", encoding="utf-8")
     return p
 
 

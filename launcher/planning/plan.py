@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from launcher.cluster import Cluster
 from launcher.errors import UserError
-from launcher.recipe import Pool, Recipe
+from launcher.run.vocab import Role
+from launcher.spec.cluster import Cluster
+from launcher.spec.recipe import Pool, Recipe
 
 # Flags and env the launcher derives itself; a user setting them would break the rendezvous.
 OWNED_FLAGS = {
@@ -64,7 +65,7 @@ class Part:
 @dataclass(frozen=True)
 class Endpoint:
     name: str
-    role: str  # prefill | decode | agg
+    role: Role
     pool: Pool
     parts: tuple[Part, ...]
     http_port: int
@@ -109,7 +110,7 @@ class Plan:
         return self.url(self.nodes[0], self.router_port)
 
     def gpu_count(self) -> dict[str, int]:
-        counts = {"prefill": 0, "decode": 0, "agg": 0}
+        counts = {str(r): 0 for r in Role}
         for ep in self.endpoints:
             counts[ep.role] += ep.pool.gpus
         counts["total"] = sum(counts.values())
@@ -123,7 +124,7 @@ def _arg_key(key: str) -> str:
 def check_owned(recipe: Recipe) -> None:
     """Reject user args/env that the launcher derives, naming the field to use instead."""
     sources = [("vllm_args", recipe.vllm_args)] + [
-        (f"{role}.args", getattr(recipe, role).args) for role in ("prefill", "decode", "agg")
+        (f"{role}.args", getattr(recipe, role).args) for role in Role
     ]
     for where, args in sources:
         for key in args:
@@ -133,7 +134,7 @@ def check_owned(recipe: Recipe) -> None:
                 why = OWNED_FLAGS[base].replace("<pool>", where.split(".")[0])
                 raise UserError(f"{where}: remove {key!r}: {why}")
     envs = [("env", recipe.env)] + [
-        (f"{role}.env", getattr(recipe, role).env) for role in ("prefill", "decode", "agg")
+        (f"{role}.env", getattr(recipe, role).env) for role in Role
     ]
     for where, env in envs:
         for key in env:
@@ -191,7 +192,7 @@ def _check_fit(recipe: Recipe, cluster: Cluster) -> None:
             )
 
 
-def place(recipe: Recipe, cluster: Cluster) -> list[tuple[str, Pool, list[tuple[int, list[int]]]]]:
+def place(recipe: Recipe, cluster: Cluster) -> list[tuple[Role, Pool, list[tuple[int, list[int]]]]]:
     """Endpoints onto node slots: [(role, pool, [(node_index, gpu indices), ...]), ...].
 
     Multi-node endpoints take whole nodes; smaller ones are packed first-fit onto nodes of
@@ -199,7 +200,7 @@ def place(recipe: Recipe, cluster: Cluster) -> list[tuple[str, Pool, list[tuple[
     """
     gpn = cluster.gpus_per_node
     free: list[list[int]] = []  # free GPU indices per node slot
-    role_of: list[str] = []
+    role_of: list[Role] = []
     placed = []
     for role, pool in recipe.pools():
         use = pool.gpus_per_node or gpn
@@ -258,7 +259,7 @@ def make_plan(
         addresses = {n: ("127.0.0.1" if local else n) for n in nodes}
     base = cluster.port_base
     next_port = base + ENDPOINT_SLOT
-    counters = {"prefill": 0, "decode": 0, "agg": 0}
+    counters = dict.fromkeys(Role, 0)
     endpoints = []
     for role, pool, parts in place(recipe, cluster):
         name = f"{role}-{counters[role]}"

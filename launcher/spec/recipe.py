@@ -22,8 +22,9 @@ from pydantic import (
 )
 
 from launcher.errors import UserError
+from launcher.run.vocab import Role
 
-RECIPES_DIR = Path(__file__).parent / "recipes"
+RECIPES_DIR = Path(__file__).parents[1] / "recipes"
 
 # Values of these env names are secrets: they travel by name (env_from_host), never by value.
 SECRET_NAME = re.compile(
@@ -265,16 +266,16 @@ class Recipe(Strict):
             raise ValueError("sim knobs are only for engine: sim")
         return self
 
-    def pools(self) -> list[tuple[str, Pool]]:
+    def pools(self) -> list[tuple[Role, Pool]]:
         """(role, pool) for the pools that have endpoints, decode first (it spans nodes)."""
         return [
             (r, getattr(self, r))
-            for r in ("decode", "prefill", "agg")
+            for r in (Role.DECODE, Role.PREFILL, Role.AGG)
             if getattr(self, r).endpoints
         ]
 
 
-POOLS = ("prefill", "decode", "agg")
+POOLS = tuple(str(r) for r in Role)
 
 
 # --- loading -------------------------------------------------------------------------------

@@ -9,39 +9,22 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
-from launcher.plan import Endpoint, Plan, engine_args
+from launcher.planning.plan import Endpoint, Plan, engine_args
+from launcher.run import rundir
+from launcher.run.plandoc import EndpointDoc, NodeDoc, PlanDoc, Process
+from launcher.run.vocab import Kind, Role
 
-PLAN_SCHEMA_VERSION = 1
 ENGINE_EXE = {"vllm": ["vllm"], "sim": ["python", "-m", "launcher.sim"]}
-BENCH_EXE = {"vllm": ["vllm", "bench", "serve"], "builtin": ["python", "-m", "launcher.bench"]}
+BENCH_EXE = {
+    "vllm": ["vllm", "bench", "serve"],
+    "builtin": ["python", "-m", "launcher.clients.bench"],
+}
 KV_CONNECTOR_FLAG = {"nixl": "nixl", "mooncake": "mooncake", "moriio": "moriio"}
 # The stats-log parser needs plain text (a forced colour would break it), and CUDA must
 # number GPUs as NVML does, so CUDA_VISIBLE_DEVICES and the telemetry mean the same GPU.
 ENGINE_BASE_ENV = {"VLLM_LOGGING_COLOR": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-
-
-@dataclass(frozen=True)
-class Process:
-    name: str
-    kind: str  # engine | router | agent | bench | accuracy
-    node: str
-    argv: list[str]
-    env: dict[str, str]
-    log: str  # relative to the run directory
-    endpoint: str | None = None
-    role: str | None = None
-    gpus: list[int] = field(default_factory=list)
-    dp_ranks: list[int] = field(default_factory=list)
-    headless: bool = False
-    url: str | None = None
-    metrics_url: str | None = None
-    env_from_host: list[str] = field(default_factory=list)
-    container: bool = False  # runs inside the recipe's container image (pyxis)
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 def flags(args: dict) -> list[str]:
@@ -57,9 +40,9 @@ def flags(args: dict) -> list[str]:
     return out
 
 
-def kv_transfer_config(plan: Plan, role: str) -> str:
+def kv_transfer_config(plan: Plan, role: Role) -> str:
     cfg = dict(plan.recipe.kv_connector)
-    cfg["kv_role"] = "kv_producer" if role == "prefill" else "kv_consumer"
+    cfg["kv_role"] = "kv_producer" if role == Role.PREFILL else "kv_consumer"
     return json.dumps(cfg, separators=(",", ":"), sort_keys=True)
 
 
@@ -113,7 +96,7 @@ def engine_processes(plan: Plan, ep: Endpoint, run_dir: str) -> list[Process]:
             argv += ["--api-server-count", str(pool.api_servers)]
         else:
             argv += ["--headless", "--data-parallel-start-rank", str(part.dp_ranks[0])]
-        if ep.role in ("prefill", "decode"):
+        if ep.role.disaggregated:
             argv += ["--kv-transfer-config", kv_transfer_config(plan, ep.role)]
         argv += flags(engine_args(r, pool))
 
@@ -122,7 +105,7 @@ def engine_processes(plan: Plan, ep: Endpoint, run_dir: str) -> list[Process]:
         env.update(r.env)
         env.update(pool.env)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in part.gpus)
-        if ep.role in ("prefill", "decode"):
+        if ep.role.disaggregated:
             env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = plan.address(part.node)
             env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(ep.nixl_port_base)
         if r.engine == "sim":
@@ -132,7 +115,7 @@ def engine_processes(plan: Plan, ep: Endpoint, run_dir: str) -> list[Process]:
         procs.append(
             Process(
                 name=name,
-                kind="engine",
+                kind=Kind.ENGINE,
                 node=part.node,
                 argv=argv,
                 env=env,
@@ -158,10 +141,10 @@ def router_process(plan: Plan, run_dir: str) -> Process:
     if r.mode == "disagg":
         argv.append("--vllm-pd-disaggregation")
         for ep in plan.endpoints:
-            if ep.role == "prefill":
+            if ep.role == Role.PREFILL:
                 argv += ["--prefill", plan.endpoint_url(ep)]
         for ep in plan.endpoints:
-            if ep.role == "decode":
+            if ep.role == Role.DECODE:
                 argv += ["--decode", plan.endpoint_url(ep)]
         argv += ["--kv-connector", _kv_connector_flag(plan)]
     else:
@@ -175,7 +158,7 @@ def router_process(plan: Plan, run_dir: str) -> Process:
     node = plan.nodes[0]
     return Process(
         name="router",
-        kind="router",
+        kind=Kind.ROUTER,
         node=node,
         argv=argv,
         env=_base_env("router", run_dir),
@@ -199,7 +182,7 @@ def agent_processes(plan: Plan, run_dir: str) -> list[Process]:
         procs.append(
             Process(
                 name=name,
-                kind="agent",
+                kind=Kind.AGENT,
                 node=node,
                 argv=argv,
                 env=_base_env(name, run_dir),
@@ -211,17 +194,15 @@ def agent_processes(plan: Plan, run_dir: str) -> list[Process]:
     return procs
 
 
-def bench_filename(concurrency: int) -> str:
-    return f"c{concurrency:05d}.json"
-
-
 def bench_processes(plan: Plan, run_dir: str) -> list[Process]:
     """One client run per concurrency point, against the router, from the first node."""
     r = plan.recipe
     b = r.benchmark
+    run = rundir.RunDir(Path(run_dir))
     procs = []
     for c in b.concurrency:
         name = f"bench-c{c}"
+        result = run.bench_result(c)
         argv = [
             *BENCH_EXE[b.driver],
             "--backend", "openai",
@@ -242,19 +223,20 @@ def bench_processes(plan: Plan, run_dir: str) -> list[Process]:
             "--metric-percentiles", "50,90,99",
             "--seed", "0",
             "--save-result",
-            "--result-dir", f"{run_dir}/bench",
-            "--result-filename", bench_filename(c),
+            "--result-dir", str(result.parent),
+            "--result-filename", result.name,
         ]  # fmt: skip
         procs.append(
             Process(
                 name=name,
-                kind="bench",
+                kind=Kind.BENCH,
                 node=plan.nodes[0],
                 argv=argv,
                 env=_base_env(name, run_dir),
                 log=f"logs/{name}.log",
                 env_from_host=list(r.env_from_host),
                 container=b.driver == "vllm" and r.container is not None,
+                result=str(result.relative_to(run.path)),
             )
         )
     return procs
@@ -264,6 +246,7 @@ def accuracy_process(plan: Plan, run_dir: str) -> Process | None:
     a = plan.recipe.accuracy
     if not a.enabled:
         return None
+    result = rundir.RunDir(Path(run_dir)).accuracy_result(a.task)
     argv = [
         "python", "-m", "launcher.accuracy",
         "--base-url", plan.router_url,
@@ -274,15 +257,16 @@ def accuracy_process(plan: Plan, run_dir: str) -> Process | None:
         "--max-tokens", str(a.max_tokens),
         "--concurrency", str(a.concurrency),
         "--threshold", f"{a.threshold:g}",
-        "--output", f"{run_dir}/accuracy/{a.task}.json",
+        "--output", str(result),
     ]  # fmt: skip
     return Process(
         name="accuracy",
-        kind="accuracy",
+        kind=Kind.ACCURACY,
         node=plan.nodes[0],
         argv=argv,
         env=_base_env("accuracy", run_dir),
         log="logs/accuracy.log",
+        result=str(result.relative_to(run_dir)),
     )
 
 
@@ -302,44 +286,40 @@ def processes(plan: Plan, run_dir: str) -> list[Process]:
     return out
 
 
-def plan_json(plan: Plan, run_id: str, run_dir: str) -> dict:
+def plan_doc(plan: Plan, run_id: str, run_dir: str, placeholder_nodes: bool) -> PlanDoc:
     r = plan.recipe
-    return {
-        "schema_version": PLAN_SCHEMA_VERSION,
-        "run_id": run_id,
-        "recipe": r.name,
-        "cluster": plan.cluster.name,
-        "engine": r.engine,
-        "mode": r.mode,
-        "model": {"path": r.model.path, "served_name": r.model.name},
-        "telemetry": {"interval_s": r.telemetry.interval_s},
-        "nodes": [
-            {"name": n, "address": plan.address(n), "gpus": plan.cluster.gpus_per_node}
-            for n in plan.nodes
-        ],
-        "endpoints": [
-            {
-                "name": ep.name,
-                "role": ep.role,
-                "dp_size": ep.pool.data_parallel,
-                "tp_size": ep.pool.tensor_parallel,
-                "expert_parallel": ep.pool.expert_parallel,
-                "gpus": ep.pool.gpus,
-                "nodes": [p.node for p in ep.parts],
-                "url": plan.endpoint_url(ep),
-                "http_port": ep.http_port,
-                "dp_rpc_port": ep.dp_rpc_port,
-                "nixl_port_base": ep.nixl_port_base,
-            }
+    return PlanDoc(
+        run_id=run_id,
+        recipe=r.name,
+        cluster=plan.cluster.name,
+        engine=r.engine,
+        mode=r.mode,
+        model_path=r.model.path,
+        served_name=r.model.name,
+        telemetry_interval_s=r.telemetry.interval_s,
+        nodes=[NodeDoc(n, plan.address(n), plan.cluster.gpus_per_node) for n in plan.nodes],
+        endpoints=[
+            EndpointDoc(
+                name=ep.name,
+                role=ep.role,
+                dp_size=ep.pool.data_parallel,
+                tp_size=ep.pool.tensor_parallel,
+                expert_parallel=ep.pool.expert_parallel,
+                gpus=ep.pool.gpus,
+                nodes=[p.node for p in ep.parts],
+                url=plan.endpoint_url(ep),
+                http_port=ep.http_port,
+                dp_rpc_port=ep.dp_rpc_port,
+                nixl_port_base=ep.nixl_port_base,
+            )
             for ep in plan.endpoints
         ],
-        "processes": [p.to_json() for p in processes(plan, run_dir)],
-        "router": {
-            "url": plan.router_url,
-            "metrics_url": plan.url(plan.nodes[0], plan.router_metrics_port) + "/metrics",
-        },
-        "gpu_count": plan.gpu_count(),
-    }
+        processes=processes(plan, run_dir),
+        router_url=plan.router_url,
+        router_metrics_url=plan.url(plan.nodes[0], plan.router_metrics_port) + "/metrics",
+        gpu_count=plan.gpu_count(),
+        placeholder_nodes=placeholder_nodes,
+    )
 
 
 # --- Slurm ----------------------------------------------------------------------------------

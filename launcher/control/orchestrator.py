@@ -23,14 +23,18 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from launcher import cluster as cluster_mod
-from launcher import recipe as recipe_mod
-from launcher import render, rundir
-from launcher.backends import Backend, Handle, make_backend
+from launcher.control.backends import Backend, Handle, make_backend
+from launcher.control.prepare import write_run_files
 from launcher.errors import UserError
-from launcher.plan import Plan, make_plan, nodes_needed
-from launcher.prepare import write_run_files
-from launcher.rundir import tail
+from launcher.planning import render
+from launcher.planning.plan import Plan, make_plan, nodes_needed
+from launcher.run import rundir
+from launcher.run.plandoc import Process
+from launcher.run.results import point_failure
+from launcher.run.rundir import ProcessRecord, RunRecord, tail
+from launcher.run.vocab import TEARDOWN_ORDER, Kind, Stage, State
+from launcher.spec import cluster as cluster_mod
+from launcher.spec import recipe as recipe_mod
 
 POLL_S = 0.25
 
@@ -165,8 +169,9 @@ def api_ready(url: str, model: str) -> tuple[bool, str]:
 
 
 class Orchestrator:
-    def __init__(self, run: rundir.RunDir, plan: Plan, backend: Backend):
+    def __init__(self, run: rundir.RunDir, plan: Plan, backend: Backend, record: RunRecord):
         self.run = run
+        self.record = record
         self.plan = plan
         self.backend = backend
         self.handles: list[Handle] = []
@@ -175,12 +180,16 @@ class Orchestrator:
         self.failed_points: list[str] = []
 
     # --- bookkeeping ---
-    def stage(self, name: str) -> None:
-        self.run.update_state(stage=name)
+    def save(self) -> None:
+        self.run.write_record(self.record)
+
+    def stage(self, name: Stage) -> None:
+        self.record.stage = name
+        self.save()
         self.run.event("stage", stage=name)
         say(f"stage {name}")
 
-    def start(self, proc: render.Process) -> Handle:
+    def start(self, proc: Process) -> Handle:
         missing = [n for n in proc.env_from_host if n not in os.environ]
         if missing:
             self.run.event("warning", process=proc.name, message=f"not set here: {missing}")
@@ -191,25 +200,19 @@ class Orchestrator:
         return h
 
     def _write_processes(self) -> None:
-        state = {
-            h.proc.name: {
-                "node": h.proc.node,
-                "kind": h.proc.kind,
-                "pid": h.pid,
-                "started": h.started,
-                "exit_code": h.exit_code(),
-                "stopped": h.stopped,
-                "log": h.proc.log,
-            }
+        self.record.processes = {
+            h.proc.name: ProcessRecord(
+                node=h.proc.node, kind=h.proc.kind, pid=h.pid, started=h.started,
+                exit_code=h.exit_code(), stopped=h.stopped, log=h.proc.log,
+            )  # fmt: skip
             for h in self.handles
         }
-        self.run.update_state(processes=state)
+        self.save()
 
     def check_processes(self, allowed: Callable[[Handle], bool] = lambda h: False) -> None:
         """Fail the run if a process that should be running has exited."""
-        if self.cancel_reason is None and self.run.cancel_request.exists():
-            who = rundir.read_json(self.run.cancel_request, {}) or {}
-            self.cancel_reason = f"cancelled by `launcher cancel` ({who.get('by', 'unknown')})"
+        if self.cancel_reason is None and (req := self.run.read_cancel()) is not None:
+            self.cancel_reason = f"cancelled by `launcher cancel` ({req.by})"
             say(self.cancel_reason + "; tearing down")
         if self.cancel_reason:
             raise Cancelled(self.cancel_reason)
@@ -217,7 +220,7 @@ class Orchestrator:
             code = h.exit_code()
             if code is None or h.stopped or allowed(h):
                 continue
-            if h.proc.kind == "agent":
+            if h.proc.kind == Kind.AGENT:
                 # Telemetry is best effort: losing an agent must not lose the benchmark.
                 h.stopped = True
                 self.run.event("warning", process=h.proc.name, message=f"agent exited {code}")
@@ -236,7 +239,7 @@ class Orchestrator:
             )
 
     def wait_ready(
-        self, targets: list[tuple[render.Process, str]], timeout_s: float, what: str
+        self, targets: list[tuple[Process, str]], timeout_s: float, what: str
     ) -> None:
         """Poll every target until ready, failing fast on a dead process or the timeout."""
         model = self.plan.recipe.model.name
@@ -293,40 +296,41 @@ class Orchestrator:
     def run_all(self) -> None:
         r = self.plan.recipe
         self.preflight()
-        agents = [p for p in self.procs if p.kind == "agent"]
-        engines = [p for p in self.procs if p.kind == "engine"]
-        router = next(p for p in self.procs if p.kind == "router")
+        agents = [p for p in self.procs if p.kind == Kind.AGENT]
+        engines = [p for p in self.procs if p.kind == Kind.ENGINE]
+        router = next(p for p in self.procs if p.kind == Kind.ROUTER)
         if agents:
-            self.stage("agents")
+            self.stage(Stage.AGENTS)
             for p in agents:
                 self.start(p)
-        self.stage("endpoints")
+        self.stage(Stage.ENDPOINTS)
         for p in engines:
             self.start(p)
-        self.stage("health")
+        self.stage(Stage.HEALTH)
         t0 = time.monotonic()
         self.wait_ready([(p, p.url) for p in engines if p.url], r.health.timeout_s, "endpoints")
         self.run.event("endpoints_healthy", seconds=round(time.monotonic() - t0, 2))
-        self.stage("router")
+        self.stage(Stage.ROUTER)
         self.start(router)
         self.wait_ready([(router, router.url)], r.health.router_timeout_s, "router")
-        self.run.update_state(serving=True, router_url=router.url)
+        self.record.serving, self.record.router_url = True, router.url
+        self.save()
         self.run.event("serving", url=router.url)
         say(f"serving at {router.url}")
         if r.benchmark.enabled:
-            self.stage("sweep")
+            self.stage(Stage.SWEEP)
             self.sweep()
         if r.hold_s:
             self.hold(r.hold_s)
         if r.accuracy.enabled:
-            self.stage("accuracy")
+            self.stage(Stage.ACCURACY)
             self.accuracy()
         if self.failed_points:
             raise RunFailed(
                 f"{len(self.failed_points)} sweep point(s) failed: " + "; ".join(self.failed_points)
             )
 
-    def run_client(self, proc: render.Process) -> int:
+    def run_client(self, proc: Process) -> int:
         """Run a client process (bench, accuracy) to its end while watching the servers."""
         h = self.start(proc)
         while h.exit_code() is None:
@@ -338,15 +342,13 @@ class Orchestrator:
         return h.exit_code() or 0
 
     def sweep(self) -> None:
-        from launcher import bench
-
         b = self.plan.recipe.benchmark
-        for proc in [p for p in self.procs if p.kind == "bench"]:
+        for proc in [p for p in self.procs if p.kind == Kind.BENCH]:
             start = time.time()
             code = self.run_client(proc)
             end = time.time()
-            result_file = self.run.bench / proc.argv[proc.argv.index("--result-filename") + 1]
-            failure = bench.point_failure(result_file, code)
+            result_file = self.run.path / proc.result
+            failure = point_failure(result_file, code)
             if b.driver == "vllm" and result_file.exists():
                 # vllm bench serve records no window; the client's lifetime bounds it.
                 rundir.write_json(
@@ -366,7 +368,7 @@ class Orchestrator:
                 say(f"{proc.name}: done in {end - start:.1f} s")
 
     def hold(self, seconds: float) -> None:
-        self.stage("hold")
+        self.stage(Stage.HOLD)
         say(f"holding the deployment up for {seconds:g} s (hold_s)")
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
@@ -375,13 +377,14 @@ class Orchestrator:
 
     def accuracy(self) -> None:
         a = self.plan.recipe.accuracy
-        proc = next(p for p in self.procs if p.kind == "accuracy")
+        proc = next(p for p in self.procs if p.kind == Kind.ACCURACY)
         code = self.run_client(proc)
-        result = rundir.read_json(self.run.accuracy / f"{a.task}.json")
+        result = rundir.read_json(self.run.path / proc.result)
         if code != 0 or not result:
             raise RunFailed(f"accuracy client exited with status {code}; see {proc.log}")
         score = result.get("accuracy")
-        self.run.update_state(accuracy=score, accuracy_passed=result.get("passed"))
+        self.record.accuracy, self.record.accuracy_passed = score, result.get("passed")
+        self.save()
         self.run.event("accuracy", score=score, threshold=a.threshold, passed=result.get("passed"))
         say(f"accuracy {a.task}: {score:.3f} (threshold {a.threshold:g})")
         if not result.get("passed"):
@@ -390,11 +393,11 @@ class Orchestrator:
                 f"{a.threshold:g} (the sweep's results are kept and labelled)"
             )
 
-    def report(self) -> None:
+    def report(self, state: State, error: str | None) -> None:
         try:
-            from launcher import figures
+            from launcher.run import figures
 
-            summary = figures.summary(self.run.path)
+            summary = figures.summary(self.run.path, state, error)
             rundir.write_json(self.run.summary, summary)
             print(figures.summary_table(summary), flush=True)
         except Exception as e:  # a report problem must not hide the run's own outcome
@@ -402,11 +405,10 @@ class Orchestrator:
             say(f"warning: could not write the summary: {e!r}")
 
     def teardown(self) -> None:
-        self.stage("teardown")
-        order = {"bench": 0, "accuracy": 0, "router": 1, "engine": 2, "agent": 3}
-        for kind_rank in sorted(set(order.values())):
-            group = [h for h in self.handles if order[h.proc.kind] == kind_rank]
-            if kind_rank == order["agent"] and any(h.exit_code() is None for h in group):
+        self.stage(Stage.TEARDOWN)
+        for kinds in TEARDOWN_ORDER:
+            group = [h for h in self.handles if h.proc.kind in kinds]
+            if Kind.AGENT in kinds and any(h.exit_code() is None for h in group):
                 # One more sample after the servers are gone, so the end is on record too.
                 time.sleep(min(self.plan.recipe.telemetry.interval_s * 1.5, 5.0))
             self.backend.stop(group, grace_s=15.0)
@@ -435,15 +437,21 @@ def run(run_dir: Path) -> int:
     run = rundir.RunDir(Path(run_dir))
     if not run.recipe.exists():
         raise UserError(f"{run_dir} is not a prepared run directory (no recipe.yaml)")
-    run.update_state(
-        state="running", stage="plan", started=time.time(), host=socket.gethostname(),
+    record = RunRecord(
+        state=State.RUNNING, stage=Stage.PLAN, started=time.time(), host=socket.gethostname(),
         orchestrator_pid=os.getpid(), slurm_job_id=os.environ.get("SLURM_JOB_ID"),
     )  # fmt: skip
+    run.write_record(record)
+
+    def fail_early(error: str) -> None:
+        record.state, record.error, record.ended = State.FAILED, error, time.time()
+        run.write_record(record)
+        run.event("failed", error=error)
+
     try:
         plan = plan_here(run)
     except UserError as e:
-        run.update_state(state="failed", error=str(e), ended=time.time())
-        run.event("failed", error=str(e))
+        fail_early(str(e))
         raise
     busy = busy_ports(plan)
     if busy:
@@ -453,42 +461,45 @@ def run(run_dir: Path) -> int:
             + ": is another run still up? (python -m launcher runs), or change the cluster "
             "profile's port_base"
         )
-        run.update_state(state="failed", error=error, ended=time.time())
-        run.event("failed", error=error)
+        fail_early(error)
         raise UserError(error)
-    orch = Orchestrator(run, plan, make_backend(plan, run.path))
+    orch = Orchestrator(run, plan, make_backend(plan, run.path), record)
     _install_signals(orch)
     if plan.recipe.engine == "sim":
         say("engine: SIMULATED (launcher.sim): no model runs, timings come from the speed model")
-    state, error = "succeeded", None
+    state, error = State.SUCCEEDED, None
     try:
         orch.run_all()
     except RunFailed as e:
-        state, error = "failed", str(e)
+        state, error = State.FAILED, str(e)
     except Cancelled as e:
-        state, error = "cancelled", str(e)
+        state, error = State.CANCELLED, str(e)
     except Exception as e:  # an orchestrator bug still tears down and says so
-        state, error = "failed", f"orchestrator error: {e!r}"
+        state, error = State.FAILED, f"orchestrator error: {e!r}"
         import traceback
 
         traceback.print_exc()
     finally:
+        if state != State.SUCCEEDED:
+            record.failed_stage = record.stage
         # A second signal during teardown must not abort the teardown itself.
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_IGN)
         orch.teardown()
-        if state != "cancelled" or orch.plan.recipe.benchmark.enabled:
-            orch.stage("report")
-            orch.report()
+        if state != State.CANCELLED or orch.plan.recipe.benchmark.enabled:
+            orch.stage(Stage.REPORT)
+            orch.report(state, error)
     if error:
         say(f"run {state}: {error}")
         run.event(state, error=error)
     else:
         run.event("succeeded")
         say("run succeeded")
-    run.update_state(state=state, error=error, ended=time.time(), stage=None, serving=False)
+    record.state, record.error, record.ended = state, error, time.time()
+    record.stage, record.serving = None, False
+    run.write_record(record)
     say(f"run directory: {run.path}")
-    return 0 if state == "succeeded" else 1
+    return 0 if state == State.SUCCEEDED else 1
 
 
 def run_in_allocation(run_dir: str) -> int:

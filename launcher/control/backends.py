@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher.plan import Plan
-from launcher.render import Process, command_line
+from launcher.planning.plan import Plan
+from launcher.planning.render import Process, command_line
 
 
 def child_env() -> dict[str, str]:

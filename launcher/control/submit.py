@@ -5,9 +5,10 @@ from __future__ import annotations
 import shutil
 import time
 
-from launcher import render, rundir
+from launcher.control.prepare import Prepared
 from launcher.errors import UserError
-from launcher.prepare import Prepared
+from launcher.planning import render
+from launcher.run import rundir
 
 
 def submit_slurm(p: Prepared) -> str:
@@ -19,7 +20,7 @@ def submit_slurm(p: Prepared) -> str:
         )
     import submitit
 
-    from launcher import orchestrator
+    from launcher.control import orchestrator
 
     # No requeue on timeout: a serving benchmark restarted from scratch would mislead.
     executor = submitit.SlurmExecutor(folder=str(p.run.slurm), max_num_timeout=0, python=None)
@@ -27,23 +28,37 @@ def submit_slurm(p: Prepared) -> str:
     try:
         job = executor.submit(orchestrator.run_in_allocation, str(p.run.path))
     except Exception as e:  # sbatch's refusal comes back as a generic error: show its words
-        p.run.update_state(state="failed", error=f"sbatch refused the job: {e}")
-        raise UserError(f"sbatch refused the job: {e}") from None
+        sub = p.run.read_submission()
+        sub.error = f"sbatch refused the job: {e}"
+        p.run.write_submission(sub)
+        raise UserError(sub.error) from None
     submitted = p.run.slurm / f"{job.job_id}_submission.sh"
     if submitted.exists():  # what Slurm really got, byte for byte
         rundir.write_atomic(p.run.sbatch, submitted.read_text())
-    p.run.update_state(state="submitted", slurm_job_id=job.job_id, submitted=time.time())
-    p.run.event("submitted", slurm_job_id=job.job_id)
+    sub = p.run.read_submission()
+    sub.slurm_job_id, sub.submitted, sub.by = job.job_id, time.time(), _who()
+    p.run.write_submission(sub)
     return job.job_id
 
 
+def _who() -> str:
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
 def submit_all(runs: list[Prepared], wait: bool = False) -> int:
-    from launcher import runs as runs_mod
+    from launcher.control import runs as runs_mod
 
     code = 0
     for p in runs:
         if p.plan.cluster.scheduler == "local":
-            from launcher import orchestrator
+            from launcher.control import orchestrator
 
             print(f"running {p.run.run_id} here (local profile)", flush=True)
             code = max(code, orchestrator.run(p.run.path))
@@ -56,5 +71,5 @@ def submit_all(runs: list[Prepared], wait: bool = False) -> int:
     if wait:
         for p in runs:
             if p.plan.cluster.scheduler == "slurm":
-                code = max(code, runs_mod.follow(p.run.path))
+                code = max(code, runs_mod.follow(p.run))
     return code

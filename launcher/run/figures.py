@@ -14,7 +14,7 @@ GPU counts are plan.json's `gpu_count` (docs/contracts.md). In aggregated mode e
 does both phases, so the per-prefill and per-decode figures are None, with the reason in
 `not_applicable`.
 
-    python -m launcher.figures RUN_DIR [--write]   # the table; --write also writes summary.json
+    python -m launcher.run.figures RUN_DIR [--write]   # the table; --write also writes summary.json
 """
 
 from __future__ import annotations
@@ -25,30 +25,25 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.bench import load_results, percentile
-from launcher.rundir import RunDir, read_json, write_json
+from launcher.run.plandoc import PlanDoc, PlanError, read_plan
+from launcher.run.results import load_results, percentile
+from launcher.run.rundir import RunDir, concurrency_of, read_json, write_json
+from launcher.run.vocab import Kind, State
 
 PERCENTILES = (50, 90, 99)
+# What summary.json keeps of the accuracy gate's file.
+ACCURACY_KEYS = (
+    "task", "accuracy", "threshold", "passed", "metric", "strict_match", "flexible_extract",
+    "num_questions", "num_requests", "num_shots", "chat", "invalid_rate", "comparable",
+    "failure_reason", "file",
+)
 NOT_AGG = "aggregated mode: every GPU runs prefill and decode, so there is no such split"
 
 
-def gpu_denominators(plan: dict[str, Any]) -> dict[str, int]:
-    """{"gpus_total", "gpus_prefill", "gpus_decode", "gpus_agg"} from plan.json's gpu_count,
-    or summed from the endpoints when an older plan lacks it."""
-    gc = plan.get("gpu_count")
-    if not gc:
-        gc = {"prefill": 0, "decode": 0, "agg": 0}
-        for ep in plan.get("endpoints", []):
-            role = ep.get("role")
-            if role in gc:
-                gc[role] += int(ep.get("gpus", 0))
-        gc["total"] = gc["prefill"] + gc["decode"] + gc["agg"]
-    return {
-        "gpus_total": int(gc.get("total", 0)),
-        "gpus_prefill": int(gc.get("prefill", 0)),
-        "gpus_decode": int(gc.get("decode", 0)),
-        "gpus_agg": int(gc.get("agg", 0)),
-    }
+def gpu_denominators(plan: PlanDoc | None) -> dict[str, int]:
+    """{"gpus_total", "gpus_prefill", "gpus_decode", "gpus_agg"} from plan.json's gpu_count
+    (all 0 without a plan: per-GPU figures are then None, never divided by a guess)."""
+    return {f"gpus_{k}": plan.gpus(k) if plan else 0 for k in ("total", "prefill", "decode", "agg")}
 
 
 def _per(value: float | None, gpus: int) -> float | None:
@@ -168,33 +163,61 @@ def load_accuracy(run_dir: str | Path) -> dict[str, Any] | None:
     return best
 
 
-def summary(run_dir: str | Path) -> dict[str, Any]:
-    """summary.json's content: per point the figures and status; per run accuracy, verdict."""
+def summary(
+    run_dir: str | Path, state: State | None = None, error: str | None = None
+) -> dict[str, Any]:
+    """summary.json's content: per point the figures and status; per run accuracy, verdict.
+
+    The verdict follows the run: "passed" only when the run succeeded, every planned point
+    has an ok result and the accuracy gate (when planned) ran and passed; otherwise
+    "failed" / "cancelled" (the run's own end), "partial" (points missing or failed) or
+    "incomplete" (the gate never ran). `state`/`error` default to what the run directory says.
+    """
     rd = RunDir(Path(run_dir))
-    plan = read_json(rd.plan, default={}) or {}
-    mode = plan.get("mode", "disagg")
+    if state is None:
+        st = rd.status()
+        state, error = st.state, st.error
+    try:
+        plan: PlanDoc | None = read_plan(rd.plan)
+    except PlanError:
+        plan = None
+    mode = plan.mode if plan else "disagg"
     den = gpu_denominators(plan)
-    engine = plan.get("engine")
+    engine = plan.engine if plan else None
     points = [point_figures(r, den, mode) for r in load_results(rd.path)]
 
     reasons: list[str] = []
     notes: list[str] = []
-    if not points:
+    if state in (State.FAILED, State.CANCELLED):
+        reasons.append(f"the run {state}: {(error or 'no reason recorded').splitlines()[0]}")
+    elif state is not None and state.live:
+        reasons.append(f"the run is still {state}")
+    planned = sorted(
+        concurrency_of(p.result) for p in (plan.of_kind(Kind.BENCH) if plan else []) if p.result
+    )
+    have = {p["max_concurrency"] for p in points}
+    missing = [c for c in planned if c not in have]
+    if missing:
+        reasons.append(f"no result for concurrency {', '.join(map(str, missing))}")
+    elif not points:
         reasons.append("no sweep results in bench/")
     for p in points:
         if p["status"] != "ok":
             reasons.append(f"point max_concurrency={p['max_concurrency']} failed: "
                            f"{p['failure_reason']}")
     acc = load_accuracy(rd.path)
+    gate_planned = bool(plan and plan.of_kind(Kind.ACCURACY))
     accuracy = None
     if acc is None:
-        notes.append("accuracy was not checked")
+        if gate_planned:
+            reasons.append("the accuracy gate did not run")
+        else:
+            notes.append("accuracy was not checked (accuracy.enabled is false)")
     else:
-        accuracy = {k: acc.get(k) for k in ("task", "accuracy", "threshold", "passed",
-                                            "num_questions", "num_shots", "invalid_rate",
-                                            "file")}
+        accuracy = {k: acc.get(k) for k in ACCURACY_KEYS if k in acc}
         if not acc.get("passed"):
-            reasons.append(f"GSM8K accuracy {acc.get('accuracy', 0):.3f} is below the "
+            reasons.append(acc.get("failure_reason") or
+                           f"GSM8K accuracy {acc.get('accuracy') or 0:.3f} is below the "
                            f"threshold {acc.get('threshold')}")
     labels = []
     if engine == "sim":
@@ -212,29 +235,44 @@ def summary(run_dir: str | Path) -> dict[str, Any]:
                                          "output_tokens_per_s_per_decode_gpu",
                                          "tokens_per_s_per_user", "ttft_p99_ms",
                                          "tpot_p50_ms")}
+    gate_failed = acc is not None and not acc.get("passed")
+    if state == State.CANCELLED:
+        verdict = "cancelled"
+    elif state == State.FAILED or gate_failed:
+        verdict = "failed"
+    elif missing or not points or any(p["status"] != "ok" for p in points):
+        verdict = "partial"
+    elif (gate_planned and acc is None) or (state is not None and state.live):
+        verdict = "incomplete"
+    else:
+        verdict = "passed"
     return {
-        "schema_version": 1,
-        "run_id": plan.get("run_id") or rd.run_id,
-        "recipe": plan.get("recipe"),
+        "schema_version": 2,
+        "run_id": plan.run_id if plan else rd.run_id,
+        "recipe": plan.recipe if plan else None,
         "engine": engine,
         "simulated": engine == "sim",
         "mode": mode,
-        "model": (plan.get("model") or {}).get("served_name"),
+        "model": plan.served_name if plan else None,
+        "state": str(state) if state else None,
         "denominators": ({"gpus_total": den["gpus_total"]} if mode == "agg" else
                          {k: den[k] for k in ("gpus_total", "gpus_prefill", "gpus_decode")}),
         "points": points,
+        "planned_concurrency": planned,
         "headline": headline,
         "accuracy": accuracy,
-        "verdict": "failed" if reasons else "passed",
+        "verdict": verdict,
         "verdict_reasons": reasons,
         "notes": notes,
         "generated": time.time(),
     }
 
 
-def write_summary(run_dir: str | Path) -> dict[str, Any]:
+def write_summary(
+    run_dir: str | Path, state: State | None = None, error: str | None = None
+) -> dict[str, Any]:
     """Compute and write `<run_dir>/summary.json` (write-then-rename); return it."""
-    s = summary(run_dir)
+    s = summary(run_dir, state, error)
     write_json(RunDir(Path(run_dir)).summary, s)
     return s
 
@@ -309,7 +347,7 @@ def summary_table(s: dict[str, Any], width: int = 140) -> str:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m launcher.figures",
+    ap = argparse.ArgumentParser(prog="python -m launcher.run.figures",
                                  description="Headline figures of a run directory.")
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--write", action="store_true", help="also write summary.json")

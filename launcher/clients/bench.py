@@ -1,13 +1,13 @@
 """The built-in benchmark client, a stand-in for `vllm bench serve` with the same flags and file.
 
-    python -m launcher.bench --backend openai --base-url http://router:8000 --model M \
+    python -m launcher.clients.bench --backend openai --base-url http://router:8000 --model M \
         --dataset-name random --random-input-len 8192 --random-output-len 1024 \
         --random-range-ratio 0.8 --num-prompts 640 --max-concurrency 64 --num-warmups 64 \
         --ignore-eos --temperature 0 --percentile-metrics ttft,tpot,itl,e2el \
         --metric-percentiles 50,90,99 --save-result --result-dir bench --result-filename c64.json
 
 The renderer emits one argv and swaps only the executable between `vllm bench serve` and
-`python -m launcher.bench`, so every flag here is spelled as vLLM 0.33 spells it.
+`python -m launcher.clients.bench`, so every flag here is spelled as vLLM 0.33 spells it.
 
 What differs from vLLM, on purpose:
 - prompts are token ids (random ids from a fixed range, like vLLM's random dataset draws
@@ -19,9 +19,8 @@ What differs from vLLM, on purpose:
 - the file adds `window_start`/`window_end` (unix s of the measured window, warmups excluded),
   `driver` ("builtin"), `status` ("ok" | "failed") and `failure_reason`.
 
-Readers: `load_results(run_dir)` loads the files of both drivers (real `vllm bench serve` files
-get status derived and their window from `bench/<name>.window.json`, written by the
-orchestrator). Start-up stays light: stdlib and aiohttp only.
+The reader of result files is `launcher.run.results`. Start-up stays light: stdlib and
+aiohttp only.
 """
 
 from __future__ import annotations
@@ -42,6 +41,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from launcher.run.results import percentile, point_status
+
 # Prompt token ids come from [TOKEN_ID_LOW, TOKEN_ID_LOW + TOKEN_ID_SPAN): above the special
 # and byte tokens most vocabularies put first, below every vocabulary size in use (>= 32000).
 TOKEN_ID_LOW = 1000
@@ -57,8 +58,6 @@ ALLOWED_PERCENTILE_METRICS = (
 DETAILED_KEYS = (
     "input_lens", "output_lens", "start_times", "ttfts", "itls", "generated_texts", "errors",
 )
-# Sidecar the orchestrator writes next to a real `vllm bench serve` file.
-WINDOW_SUFFIX = ".window.json"
 
 
 class BenchError(Exception):
@@ -140,7 +139,7 @@ def _fmt_number(value: Any) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m launcher.bench",
+        prog="python -m launcher.clients.bench",
         description="Built-in benchmark client; flags and result file as `vllm bench serve`.",
     )
     p.add_argument("--backend", default="openai", choices=["openai", "vllm"])
@@ -408,17 +407,6 @@ def _std(xs: list[float]) -> float:
     return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
 
 
-def percentile(xs: list[float], p: float) -> float:
-    """numpy.percentile's default (linear) method; 0 for an empty list, as vLLM reports."""
-    if not xs:
-        return 0.0
-    s = sorted(xs)
-    pos = (len(s) - 1) * p / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
 def _p_word(p: float) -> str:
     return str(int(p)) if int(p) == p else str(p)
 
@@ -652,23 +640,6 @@ def _peaks(ok: list[RequestOutput]) -> tuple[float, int]:
     return float(max(buckets)), peak
 
 
-def point_status(
-    completed: Any, failed: Any, total_output_tokens: Any, num_prompts: Any, first_error: str = "",
-) -> tuple[str, str | None]:
-    """ok, or failed with the reason: any failed request, zero tokens, or too few completed."""
-    completed = completed or 0
-    failed = failed or 0
-    reasons = []
-    if failed:
-        err = f" (first error: {first_error.splitlines()[0][:160]})" if first_error else ""
-        reasons.append(f"{failed} request(s) failed{err}")
-    if not total_output_tokens:
-        reasons.append("zero output tokens generated")
-    if num_prompts is not None and completed < num_prompts:
-        reasons.append(f"completed {completed} of {num_prompts} requests")
-    return ("failed", "; ".join(reasons)) if reasons else ("ok", None)
-
-
 def result_filename(cfg: BenchConfig, date: str) -> str:
     """vLLM's default: {label or backend}-{rate}qps[-concurrency{N}]-{model basename}-{date}."""
     if cfg.result_filename:
@@ -694,7 +665,7 @@ async def run_point_async(cfg: BenchConfig) -> dict[str, Any]:
     res = build_result(cfg, outputs, duration, window_start, window_end, metrics, percentiles)
     if cfg.save_result:
         path = result_path(cfg, res["date"])
-        from launcher.rundir import write_json
+        from launcher.run.rundir import write_json
 
         write_json(path, res)
         res_path = str(path)
@@ -748,98 +719,6 @@ def main(argv: list[str] | None = None) -> int:
     print_result(res)
     # The point's status is in the file (as with vLLM, failed requests do not fail the process).
     return 0
-
-
-# --- reader --------------------------------------------------------------------------------
-
-
-def _load_one(path: Path) -> dict[str, Any] | None:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError:
-        return None
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError:
-        # --append-result writes newline-separated objects: the last complete one wins.
-        obj = None
-        for line in text.splitlines():
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-    return obj if isinstance(obj, dict) else None
-
-
-def _window_sidecar(path: Path) -> dict[str, Any]:
-    for side in (path.with_name(path.stem + WINDOW_SUFFIX),
-                 path.with_name(path.name + WINDOW_SUFFIX)):
-        obj = _load_one(side)
-        if obj:
-            return obj
-    return {}
-
-
-def load_result(path: str | Path) -> dict[str, Any] | None:
-    """One result file of either driver, normalized (see `load_results`); None when the file
-    is missing or is not a benchmark result."""
-    path = Path(path)
-    res = _load_one(path)
-    if res is None or "completed" not in res:
-        return None
-    res = dict(res)
-    res["file"] = path.name
-    res.setdefault("driver", "vllm")
-    side = _window_sidecar(path)
-    for k in ("window_start", "window_end"):
-        if res.get(k) is None:
-            res[k] = side.get(k)
-    if res.get("status") not in ("ok", "failed"):
-        errs = [e for e in res.get("errors") or [] if e]
-        res["status"], res["failure_reason"] = point_status(
-            res.get("completed"), res.get("failed"), res.get("total_output_tokens"),
-            res.get("num_prompts"), first_error=errs[0] if errs else "")
-    res.setdefault("failure_reason", None)
-    return res
-
-
-def point_failure(result_file: str | Path, exit_code: int | None = 0) -> str | None:
-    """Why a sweep point failed, or None when it is ok: for the orchestrator, after the client
-    (either driver) exited with `exit_code`."""
-    res = load_result(result_file)
-    if res is None:
-        return (f"no result file {Path(result_file).name} "
-                f"(the client exited with status {exit_code}; see its log)")
-    if res["status"] != "ok":
-        return res["failure_reason"] or "failed"
-    if exit_code:
-        return f"the client exited with status {exit_code} after writing its result"
-    return None
-
-
-def load_results(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Every sweep point in `<run_dir>/bench/`, from either driver, sorted by max_concurrency.
-
-    Each dict is the file's content plus `file` (its name) and, always present, `driver`
-    ("builtin" | "vllm"), `status`, `failure_reason`, `window_start`, `window_end` (None when
-    unknown). A real `vllm bench serve` file gets its status derived (failed requests, zero
-    output tokens, fewer completed than num_prompts) and its window from the sidecar
-    `<name>.window.json`."""
-    bench = Path(run_dir) / "bench"
-    points = []
-    for path in sorted(bench.glob("*.json")):
-        if path.name.endswith(WINDOW_SUFFIX) or path.name.endswith(".pytorch.json"):
-            continue
-        res = load_result(path)
-        if res is not None:
-            points.append(res)
-
-    def key(r: dict[str, Any]) -> tuple:
-        c = r.get("max_concurrency")
-        return (c is None, c if isinstance(c, (int, float)) else 0, str(r.get("date", "")),
-                r["file"])
-
-    return sorted(points, key=key)
 
 
 if __name__ == "__main__":

@@ -9,9 +9,9 @@ from typing import Literal
 from pydantic import Field, ValidationError
 
 from launcher.errors import UserError
-from launcher.recipe import Strict, format_error, yaml_module
+from launcher.spec.recipe import Strict, format_error, yaml_module
 
-CLUSTERS_DIR = Path(__file__).parent / "clusters"
+CLUSTERS_DIR = Path(__file__).parents[1] / "clusters"
 
 
 class Cluster(Strict):

@@ -1,0 +1,1 @@
+"""Clients that talk to the router: the benchmark client and the accuracy gate."""

@@ -1,0 +1,1 @@
+"""Control (effects): prepare, submit, the orchestrator, process backends, preflight, runs."""

@@ -1,0 +1,126 @@
+"""Recipe -> plan -> rendered run directory: the step shared by --dry-run and submit."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.capacity import Capacity, estimates
+from launcher.errors import UserError
+from launcher.planning import render
+from launcher.planning.plan import Plan, make_plan, nodes_needed
+from launcher.run import rundir
+from launcher.spec import cluster as cluster_mod
+from launcher.spec import recipe as recipe_mod
+
+
+@dataclass
+class Prepared:
+    run: rundir.RunDir
+    plan: Plan
+    nodes: int
+    capacity: list[Capacity]
+    sbatch: str | None
+    placeholder_nodes: bool
+    study: str | None = None
+
+
+def write_run_files(
+    run: rundir.RunDir, plan: Plan, placeholder_nodes: bool, with_sbatch: bool = True
+) -> tuple[str | None, list[Capacity]]:
+    """recipe.yaml, plan.json, commands.sh and (Slurm profiles) job.sbatch.
+    Returns the sbatch text and the KV-capacity estimates written into plan.json."""
+    run_dir = str(run.path)
+    rundir.write_atomic(run.recipe, recipe_mod.dump(plan.recipe))
+    capacity = estimates(plan)
+    doc = render.plan_doc(plan, run.run_id, run_dir, placeholder_nodes)
+    doc = dataclasses.replace(doc, capacity=[c.to_json() for c in capacity])
+    rundir.write_json(run.plan, doc.to_json())
+    rundir.write_atomic(run.commands, render.commands_sh(plan, run_dir))
+    run.commands.chmod(0o755)
+    sbatch = None
+    if with_sbatch and plan.cluster.scheduler == "slurm":
+        sbatch = render.sbatch_text(plan, len(plan.nodes), str(run.slurm), sys.executable)
+        rundir.write_atomic(run.sbatch, sbatch)
+    return sbatch, capacity
+
+
+def prepare(
+    recipe: recipe_mod.Recipe,
+    runs_root: Path,
+    nodelist: str | None = None,
+    study: str | None = None,
+    run_name: str | None = None,
+) -> Prepared:
+    cluster = cluster_mod.load(recipe.cluster)
+    need = nodes_needed(recipe, cluster)
+    if nodelist:
+        names = cluster_mod.expand_nodelist(nodelist)
+        if len(names) < need:
+            raise UserError(f"--nodelist names {len(names)} nodes but the plan needs {need}")
+    else:
+        names = cluster_mod.profile_nodes(cluster, need)
+    plan = make_plan(recipe, cluster, names)
+    # Absolute: every process, srun step and the batch script refer to it from elsewhere.
+    run = rundir.create(runs_root.resolve(), run_name or recipe.name)
+    # Slurm nodes are known only inside the allocation, where the plan is made again.
+    placeholder = cluster.scheduler == "slurm"
+    sbatch, capacity = write_run_files(run, plan, placeholder)
+    run.write_submission(rundir.Submission(created=time.time(), study=study))
+    return Prepared(run, plan, need, capacity, sbatch, placeholder, study)
+
+
+def _sweep_values(spec: str) -> tuple[str, list[str]]:
+    key, sep, values = spec.partition("=")
+    items = [v.strip() for v in values.split(",") if v.strip()]
+    if not sep or not key.strip() or not items:
+        raise UserError(
+            f"--sweep {spec!r}: write it as key.path=v1,v2,..., e.g. prefill.endpoints=4,8"
+        )
+    return key.strip(), items
+
+
+def _value(key: str, text: str):
+    return recipe_mod.parse_override(f"{key}={text}")[1]
+
+
+def prepare_all(
+    ref: str,
+    overrides: list[str],
+    sweeps: list[str],
+    runs_root: Path,
+    nodelist: str | None = None,
+) -> list[Prepared]:
+    """One run, or one run per combination of --sweep values, grouped in a study folder."""
+    if not sweeps:
+        return [prepare(recipe_mod.load(ref, overrides), runs_root, nodelist)]
+    axes = [_sweep_values(s) for s in sweeps]
+    combos = list(itertools.product(*[[(k, v) for v in vals] for k, vals in axes]))
+    recipes = []
+    for combo in combos:
+        sets = [f"{k}={v}" for k, v in combo]
+        recipes.append((combo, recipe_mod.load(ref, overrides + sets)))  # validate all first
+    base = recipes[0][1].name
+    study_dir = rundir.create(runs_root, f"{base}-study").path
+    study = study_dir.name
+    out = []
+    for combo, recipe in recipes:
+        label = "_".join(f"{k.split('.')[-1]}{v}" for k, v in combo)
+        out.append(prepare(recipe, study_dir, nodelist, study=study, run_name=f"{base}_{label}"))
+    rundir.write_json(
+        study_dir / rundir.STUDY,
+        {
+            "study": study,
+            "recipe": base,
+            "axes": {k: [_value(k, v) for v in vals] for k, vals in axes},
+            "runs": [
+                {"run": p.run.run_id, "values": {k: _value(k, v) for k, v in c}}
+                for p, (c, _) in zip(out, recipes, strict=True)
+            ],
+        },
+    )
+    return out

@@ -1,0 +1,223 @@
+"""Looking at runs from outside: find, reconcile with Slurm, logs, cancel, follow.
+
+A run's files say what its orchestrator last wrote. When the orchestrator died without
+recording its end (killed, node lost, out of memory), Slurm's record (or, on the local
+profile, its vanished pid) is the truth: `reconcile` writes that down once in
+reconciled.json, so the CLI and the dashboard show the same ended run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from launcher.errors import UserError
+from launcher.run import listing
+from launcher.run.rundir import CancelRecord, Reconciled, RunDir, RunStatus, tail
+from launcher.run.vocab import State
+
+# Slurm job states in which the batch step may still be alive.
+SLURM_LIVE = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUE",
+              "RESIZING", "SIGNALING", "STAGE_OUT")  # fmt: skip
+
+
+def find(runs_dir: Path, ref: str | None) -> RunDir:
+    """A run by path, by (a prefix of) its id, or the newest."""
+    if ref:
+        p = Path(ref)
+        if RunDir(p).exists():
+            return RunDir(p)
+        runs = listing.all_runs(runs_dir)
+        exact = [r for r in runs if r.run_id == ref]
+        matches = exact or [r for r in runs if r.run_id.startswith(ref)]
+        if len(matches) == 1:
+            return matches[0]
+        if len(matches) > 1:
+            names = ", ".join(m.run_id for m in matches[:5])
+            raise UserError(f"{ref!r} matches several runs ({names}): give more of the name")
+        raise UserError(f"no run {ref!r} under {runs_dir} (see: python -m launcher runs)")
+    runs = listing.all_runs(runs_dir)
+    if not runs:
+        raise UserError(f"no runs under {runs_dir}: submit a recipe first")
+    return runs[0]
+
+
+def slurm_state(job_id: str | None) -> str | None:
+    """The job's state from squeue, then scontrol (no accounting database needed)."""
+    if not job_id:
+        return None
+    try:
+        out = subprocess.run(
+            ["squeue", "--noheader", f"--jobs={job_id}", "--format=%T"],
+            capture_output=True, text=True, timeout=10,
+        ).stdout.strip()  # fmt: skip
+        if out:
+            return out.splitlines()[0]
+        out = subprocess.run(
+            ["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=10
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None  # no Slurm here, or it did not answer: nothing to reconcile with
+    for word in out.split():
+        if word.startswith("JobState="):
+            return word.split("=", 1)[1]
+    return "GONE"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"launcher" in cmd or b"submitit" in cmd
+
+
+def batch_output(run: RunDir, job: str | None) -> list[str]:
+    """The last lines of the batch step's own output (where a dying orchestrator speaks)."""
+    if not job:
+        return []
+    lines: list[str] = []
+    for f in sorted(run.slurm.glob(f"{job}_*_log.out")):
+        lines += tail(f, 15)
+    return lines
+
+
+def reconcile(run: RunDir) -> RunStatus:
+    """The run's status, corrected (and recorded) when its orchestrator is gone."""
+    st = run.status()
+    if st.final or st.state == State.PLANNED:
+        return st
+    rec = st.record
+    if st.slurm_job_id:
+        s = slurm_state(st.slurm_job_id)
+        if s is None or any(x in s for x in SLURM_LIVE):
+            return st
+        state = State.CANCELLED if s.startswith("CANCELLED") else State.FAILED
+        if s.startswith("NODE_FAIL"):
+            why = "a node of the job failed (Slurm: NODE_FAIL)"
+        elif s.startswith("TIMEOUT"):
+            why = "the job hit its time limit before the orchestrator could record its end"
+        else:
+            why = f"Slurm says the job is {s}"
+        error = f"the orchestrator ended without recording it: {why}"
+        out = batch_output(run, st.slurm_job_id)
+        if out:
+            error += "; last lines of the batch step:\n" + "\n".join(f"  | {x}" for x in out)
+        source = "slurm"
+    elif rec and rec.orchestrator_pid and rec.host == socket.gethostname():
+        if _pid_alive(rec.orchestrator_pid):
+            return st
+        state = State.FAILED
+        error = (
+            f"the orchestrator (pid {rec.orchestrator_pid} on {rec.host}) is gone without "
+            f"recording its end (killed?); stage was {rec.stage or '-'}"
+        )
+        source = "pid"
+    else:
+        return st
+    try:
+        run.write_reconciled(Reconciled(state, error, time.time(), source))
+    except OSError:
+        pass  # a read-only run directory: still show the truth
+    return run.status() if run.reconciled_file.exists() else _with(st, state, error)
+
+
+def _with(st: RunStatus, state: State, error: str) -> RunStatus:
+    st.state, st.error, st.stage = state, error, None
+    return st
+
+
+def show_logs(run: RunDir, process: str | None, follow: bool, lines: int) -> int:
+    files = sorted(run.logs.glob("*.log")) if run.logs.is_dir() else []
+    if not process:
+        if not files:
+            print(f"no logs yet in {run.logs}")
+        for f in files:
+            print(f"{f.stem:32} {f.stat().st_size:>10} bytes  {f}")
+        return 0
+    path = run.log(process)
+    if not path.exists():
+        close = [f.stem for f in files if process in f.stem]
+        hint = f"; did you mean {', '.join(close)}" if close else ""
+        raise UserError(f"no log for process {process!r} in {run.logs}{hint}")
+    for line in tail(path, lines):
+        print(line)
+    if follow:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            try:
+                while True:
+                    chunk = f.read()
+                    if chunk:
+                        sys.stdout.write(chunk.decode("utf-8", "replace"))
+                        sys.stdout.flush()
+                    else:
+                        time.sleep(0.5)
+            except KeyboardInterrupt:
+                pass
+    return 0
+
+
+def cancel(run: RunDir, grace_s: float = 45.0) -> int:
+    """Ask the orchestrator to tear down (a file it polls: works on any node, no signal to
+    route through Slurm); if it does not end in time, scancel or SIGTERM it."""
+    st = reconcile(run)
+    if st.final:
+        print(f"run {run.run_id} already ended: {st.state}")
+        return 0
+    by = f"{os.environ.get('USER', 'someone')}@{socket.gethostname()}"
+    req = CancelRecord(by=by, ts=time.time())
+    if st.state == State.PLANNED:
+        req.outcome = "marked"
+        run.write_cancel(req)
+        print(f"run {run.run_id} was never submitted; marked cancelled")
+        return 0
+    run.write_cancel(req)
+    job = st.slurm_job_id
+    pending = job and "PENDING" in (slurm_state(job) or "")
+    deadline = time.monotonic() + (0 if pending else grace_s)
+    while time.monotonic() < deadline:
+        if reconcile(run).final:
+            print(f"cancelled {run.run_id}: it tore down and recorded why")
+            return 0
+        time.sleep(0.5)
+    if job:
+        subprocess.run(["scancel", str(job)], capture_output=True, timeout=30)
+        req.outcome = "scancel"
+        run.write_cancel(req)
+        print(f"cancelled slurm job {job} ({run.run_id}) with scancel")
+        return 0
+    pid = st.record.orchestrator_pid if st.record else None
+    if pid and _pid_alive(int(pid)):
+        os.kill(int(pid), signal.SIGTERM)
+        req.outcome = "signalled"
+        run.write_cancel(req)
+        print(f"sent SIGTERM to the orchestrator of {run.run_id} (pid {pid})")
+        return 0
+    req.outcome = "marked"
+    run.write_cancel(req)
+    print(f"run {run.run_id}: no orchestrator was running; marked cancelled")
+    return 0
+
+
+def follow(run: RunDir, poll_s: float = 2.0) -> int:
+    """Show events until the run ends; 0 only if it succeeded."""
+    from launcher import text
+
+    seen = 0
+    while True:
+        events = run.events()
+        for e in events[seen:]:
+            print(text.event_line(e))
+        seen = len(events)
+        st = reconcile(run)
+        if st.final:
+            if st.state != State.SUCCEEDED:
+                print(text.status_text(run, st))
+            return 0 if st.state == State.SUCCEEDED else 1
+        time.sleep(poll_s)

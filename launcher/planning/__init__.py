@@ -1,0 +1,1 @@
+"""Planning (pure): placement, ports, rendering of every process and the sbatch text, capacity."""

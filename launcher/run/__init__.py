@@ -1,0 +1,1 @@
+"""The run-directory contract: its vocabulary, file names and typed readers/writers."""

@@ -1,0 +1,209 @@
+"""plan.json: what a run starts where. Written by the planner (launcher.control.prepare), read
+through `read_plan` by the orchestrator, the telemetry agents, the summary and the dashboard.
+
+`Process` is both what the renderer produces and what readers get back, so the file and
+the code cannot drift apart. A plan of another schema version is refused with a sentence.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from launcher.run.vocab import Kind, Role
+
+SCHEMA_VERSION = 2
+
+
+class PlanError(Exception):
+    """plan.json is missing, torn, of another version or malformed: one sentence."""
+
+
+@dataclass(frozen=True)
+class Process:
+    """One process of a run: where it runs, its exact argv and env, where it logs."""
+
+    name: str
+    kind: Kind
+    node: str
+    argv: list[str]
+    env: dict[str, str]
+    log: str  # relative to the run directory
+    endpoint: str | None = None
+    role: Role | None = None
+    gpus: list[int] = field(default_factory=list)
+    dp_ranks: list[int] = field(default_factory=list)
+    headless: bool = False
+    url: str | None = None
+    metrics_url: str | None = None
+    env_from_host: list[str] = field(default_factory=list)
+    container: bool = False  # runs inside the recipe's container image
+    result: str | None = None  # the file a client writes, relative to the run directory
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> Process:
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        kw["kind"] = Kind(d["kind"])
+        kw["role"] = Role(d["role"]) if d.get("role") else None
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class EndpointDoc:
+    name: str
+    role: Role
+    dp_size: int
+    tp_size: int
+    expert_parallel: bool
+    gpus: int
+    nodes: list[str]
+    url: str
+    http_port: int
+    dp_rpc_port: int
+    nixl_port_base: int
+
+    @property
+    def shape(self) -> str:
+        """'DEP8', 'DP2xTP2', 'TP4': the shape people talk about."""
+        if self.dp_size > 1:
+            s = f"{'DEP' if self.expert_parallel else 'DP'}{self.dp_size}"
+            return s + (f"xTP{self.tp_size}" if self.tp_size > 1 else "")
+        return f"TP{self.tp_size}"
+
+
+@dataclass(frozen=True)
+class NodeDoc:
+    name: str
+    address: str
+    gpus: int
+
+
+@dataclass(frozen=True)
+class PlanDoc:
+    run_id: str
+    recipe: str
+    cluster: str
+    engine: str
+    mode: str
+    model_path: str
+    served_name: str
+    telemetry_interval_s: float
+    nodes: list[NodeDoc]
+    endpoints: list[EndpointDoc]
+    processes: list[Process]
+    router_url: str
+    router_metrics_url: str
+    gpu_count: dict[str, int]
+    placeholder_nodes: bool = False
+    capacity: list[dict] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)  # sections added by later stages
+
+    @property
+    def simulated(self) -> bool:
+        return self.engine == "sim"
+
+    def gpus(self, role: str = "total") -> int:
+        return int(self.gpu_count.get(role, 0))
+
+    def processes_on(self, node: str) -> list[Process]:
+        return [p for p in self.processes if p.node == node]
+
+    def of_kind(self, kind: Kind) -> list[Process]:
+        return [p for p in self.processes if p.kind == kind]
+
+    def process(self, name: str) -> Process | None:
+        return next((p for p in self.processes if p.name == name), None)
+
+    def topology(self) -> str:
+        """'1 decode DEP8 + 4 prefill DEP2 (16 GPUs)'."""
+        groups: dict[tuple[Role, str], int] = {}
+        for ep in self.endpoints:
+            groups[(ep.role, ep.shape)] = groups.get((ep.role, ep.shape), 0) + 1
+        order = {Role.DECODE: 0, Role.PREFILL: 1, Role.AGG: 2}
+        parts = [
+            f"{n} {role} {shape}"
+            for (role, shape), n in sorted(groups.items(), key=lambda kv: order[kv[0][0]])
+        ]
+        total = self.gpus()
+        return " + ".join(parts) + (f" ({total} GPUs)" if total else "") if parts else "—"
+
+    def to_json(self) -> dict:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "run_id": self.run_id,
+            "recipe": self.recipe,
+            "cluster": self.cluster,
+            "engine": self.engine,
+            "mode": self.mode,
+            "model": {"path": self.model_path, "served_name": self.served_name},
+            "telemetry": {"interval_s": self.telemetry_interval_s},
+            "nodes": [asdict(n) for n in self.nodes],
+            "endpoints": [asdict(e) for e in self.endpoints],
+            "processes": [p.to_json() for p in self.processes],
+            "router": {"url": self.router_url, "metrics_url": self.router_metrics_url},
+            "gpu_count": dict(self.gpu_count),
+            "placeholder_nodes": self.placeholder_nodes,
+            "capacity": list(self.capacity),
+            **self.extra,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> PlanDoc:
+        version = d.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise PlanError(
+                f"plan.json has schema_version {version!r}; this launcher reads version "
+                f"{SCHEMA_VERSION}: open it with the launcher version that wrote it"
+            )
+        core = {
+            "schema_version", "run_id", "recipe", "cluster", "engine", "mode", "model",
+            "telemetry", "nodes", "endpoints", "processes", "router", "gpu_count",
+            "placeholder_nodes", "capacity",
+        }  # fmt: skip
+        try:
+            return cls(
+                run_id=d["run_id"],
+                recipe=d["recipe"],
+                cluster=d["cluster"],
+                engine=d["engine"],
+                mode=d["mode"],
+                model_path=d["model"]["path"],
+                served_name=d["model"]["served_name"],
+                telemetry_interval_s=float(d["telemetry"]["interval_s"]),
+                nodes=[NodeDoc(**n) for n in d["nodes"]],
+                endpoints=[EndpointDoc(**{**e, "role": Role(e["role"])}) for e in d["endpoints"]],
+                processes=[Process.from_json(p) for p in d["processes"]],
+                router_url=d["router"]["url"],
+                router_metrics_url=d["router"]["metrics_url"],
+                gpu_count={k: int(v) for k, v in d["gpu_count"].items()},
+                placeholder_nodes=bool(d.get("placeholder_nodes", False)),
+                capacity=list(d.get("capacity") or []),
+                extra={k: v for k, v in d.items() if k not in core},
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise PlanError(f"plan.json is malformed ({type(e).__name__}: {e})") from None
+
+
+def read_plan(path: Path) -> PlanDoc:
+    """The plan at `path` (a plan.json or a run directory); PlanError with one sentence."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "plan.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PlanError(f"{path} does not exist") from None
+    except (OSError, ValueError) as e:
+        raise PlanError(f"{path} is unreadable ({type(e).__name__}: {e})") from None
+    if not isinstance(data, dict):
+        raise PlanError(f"{path} is not a JSON object")
+    try:
+        return PlanDoc.from_json(data)
+    except PlanError as e:
+        raise PlanError(f"{path}: {e}") from None

@@ -1,0 +1,388 @@
+"""The run directory: the only interface between launcher, telemetry and dashboard.
+
+Safe on NFS/Lustre: every file has one writer and is either append-only or replaced whole by
+write-then-rename, so readers see an old or a new file, never half of one.
+
+    runs/<run-id>/                      writer
+      recipe.yaml  plan.json            the planner (submit time; again inside the allocation)
+      commands.sh  job.sbatch           the planner
+      submission.json                   prepare + submit (login node, before the job exists)
+      run.json  events.jsonl            the orchestrator (inside the allocation)
+      cancel.json                       `launcher cancel`
+      reconciled.json                   `launcher status/runs/cancel`, when the orchestrator
+                                        died without recording its end
+      summary.json                      the orchestrator's report stage (or `launcher report`)
+      logs/<process>.log                each process (its stdout/stderr)
+      telemetry/<node>/                 that node's agent (layout: launcher.telemetry.store)
+      bench/c<NNNNN>.json               the benchmark client of that sweep point
+      accuracy/gsm8k.json               the accuracy gate
+      slurm/                            submitit (pickles, the batch step's own output)
+
+A study (`submit --sweep`) is a directory holding `study.json` and one run directory per
+configuration. `launcher.run.listing` is the one way to list runs and studies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from launcher.run.vocab import FINAL_STATES, Kind, Stage, State
+
+RECIPE = "recipe.yaml"
+PLAN = "plan.json"
+SBATCH = "job.sbatch"
+COMMANDS = "commands.sh"
+SUBMISSION = "submission.json"
+RUN = "run.json"
+EVENTS = "events.jsonl"
+CANCEL = "cancel.json"
+RECONCILED = "reconciled.json"
+SUMMARY = "summary.json"
+STUDY = "study.json"
+LOGS = "logs"
+TELEMETRY = "telemetry"
+BENCH = "bench"
+ACCURACY = "accuracy"
+SLURM = "slurm"
+REPORT = "report.html"
+
+
+# --- file primitives ----------------------------------------------------------------------
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace `path` whole: readers see the old or the new file, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+
+
+def write_json(path: Path, obj: Any) -> None:
+    write_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def read_json(path: Path, default: Any = None) -> Any:
+    """The JSON at `path`, or `default` when it is missing, torn, corrupt or unreadable (a run
+    directory is read while its writers run; a reader must never fail on that)."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return default
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Every complete line; a torn last line (writer killed mid-write) is skipped."""
+    rows = []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not line.endswith("\n"):
+                    break
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(row, dict):
+                    rows.append(row)
+    except OSError:
+        pass
+    return rows
+
+
+def tail(path: Path, lines: int = 20, max_bytes: int = 256 * 1024) -> list[str]:
+    """The last lines of a log without reading all of it (logs of long runs are big)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError:
+        return []
+    out = data.splitlines()
+    if size > max_bytes and out:
+        out = out[1:]  # the first one is probably cut
+    return [x.decode("utf-8", "replace") for x in out[-lines:]]
+
+
+def _pick(cls, d: Any) -> dict:
+    """The keys of `d` that are fields of dataclass `cls` (older/newer files read fine)."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in (d or {}).items() if k in names} if isinstance(d, dict) else {}
+
+
+# --- records --------------------------------------------------------------------------------
+
+
+@dataclass
+class ProcessRecord:
+    """One started process as the orchestrator last saw it."""
+
+    node: str
+    kind: Kind
+    pid: int | None = None
+    started: float | None = None
+    exit_code: int | None = None
+    stopped: bool = False  # stopped on purpose (teardown, a client that finished)
+    log: str = ""
+
+    @property
+    def status(self) -> str:
+        if self.exit_code is None:
+            return "running"
+        return "stopped" if self.stopped else f"exit {self.exit_code}"
+
+
+@dataclass
+class RunRecord:
+    """run.json: written by the orchestrator only, replaced whole on every change."""
+
+    state: State = State.RUNNING
+    stage: Stage | None = None
+    started: float | None = None
+    ended: float | None = None
+    updated: float | None = None
+    host: str | None = None
+    orchestrator_pid: int | None = None
+    slurm_job_id: str | None = None
+    error: str | None = None
+    culprit: str | None = None  # the process or node the error names
+    failed_stage: Stage | None = None  # where it failed or was cancelled
+    serving: bool = False
+    router_url: str | None = None
+    processes: dict[str, ProcessRecord] = field(default_factory=dict)
+    progress: dict[str, Any] = field(default_factory=dict)  # sweep point i of N, loading
+    accuracy: float | None = None
+    accuracy_passed: bool | None = None
+    notes: list[str] = field(default_factory=list)  # what bookkeeping could not do
+
+    @classmethod
+    def from_json(cls, d: Any) -> RunRecord:
+        kw = _pick(cls, d)
+        kw["state"] = State(kw.get("state") or State.RUNNING)
+        for key in ("stage", "failed_stage"):
+            kw[key] = Stage(kw[key]) if kw.get(key) in set(Stage) else None
+        kw["processes"] = {
+            name: ProcessRecord(**{**_pick(ProcessRecord, p), "kind": Kind(p.get("kind"))})
+            for name, p in (kw.get("processes") or {}).items()
+            if isinstance(p, dict) and p.get("kind") in set(Kind)
+        }
+        return cls(**kw)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Submission:
+    """submission.json: how the run was asked for (prepare, then submit; login node)."""
+
+    created: float | None = None
+    study: str | None = None
+    by: str | None = None
+    slurm_job_id: str | None = None
+    submitted: float | None = None
+    error: str | None = None  # sbatch refused it
+
+
+@dataclass
+class CancelRecord:
+    """cancel.json: `launcher cancel` asked for teardown (the orchestrator polls for it)."""
+
+    by: str
+    ts: float
+    outcome: str = "requested"  # requested | scancel | signalled | marked (nothing was running)
+
+
+@dataclass
+class Reconciled:
+    """reconciled.json: the run's end as found from outside, when the orchestrator died
+    without recording it (Slurm's record, or a local orchestrator pid that is gone)."""
+
+    state: State
+    error: str
+    ts: float
+    source: str  # "slurm" | "pid"
+
+
+@dataclass
+class RunStatus:
+    """What a run is now, merged from its files: the one answer every reader shows."""
+
+    state: State
+    stage: Stage | None
+    error: str | None
+    record: RunRecord | None
+    submission: Submission
+    cancel: CancelRecord | None
+    reconciled: Reconciled | None
+    slurm_job_id: str | None
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL_STATES
+
+
+# --- the directory ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+    # file names, one place
+    recipe = property(lambda self: self.path / RECIPE)
+    plan = property(lambda self: self.path / PLAN)
+    sbatch = property(lambda self: self.path / SBATCH)
+    commands = property(lambda self: self.path / COMMANDS)
+    submission_file = property(lambda self: self.path / SUBMISSION)
+    state_file = property(lambda self: self.path / RUN)
+    events_file = property(lambda self: self.path / EVENTS)
+    cancel_file = property(lambda self: self.path / CANCEL)
+    reconciled_file = property(lambda self: self.path / RECONCILED)
+    summary = property(lambda self: self.path / SUMMARY)
+    report = property(lambda self: self.path / REPORT)
+    logs = property(lambda self: self.path / LOGS)
+    bench = property(lambda self: self.path / BENCH)
+    accuracy = property(lambda self: self.path / ACCURACY)
+    slurm = property(lambda self: self.path / SLURM)
+
+    def telemetry(self, node: str | None = None) -> Path:
+        base = self.path / TELEMETRY
+        return base / node if node else base
+
+    def log(self, process: str) -> Path:
+        return self.logs / f"{process}.log"
+
+    def exists(self) -> bool:
+        return any((self.path / n).exists() for n in (PLAN, RUN, RECIPE, EVENTS))
+
+    # run.json (orchestrator)
+    def read_record(self) -> RunRecord | None:
+        d = read_json(self.state_file)
+        return RunRecord.from_json(d) if isinstance(d, dict) else None
+
+    def write_record(self, record: RunRecord) -> None:
+        record.updated = time.time()
+        write_json(self.state_file, record.to_json())
+
+    # submission.json (prepare, submit)
+    def read_submission(self) -> Submission:
+        return Submission(**_pick(Submission, read_json(self.submission_file)))
+
+    def write_submission(self, sub: Submission) -> None:
+        write_json(self.submission_file, asdict(sub))
+
+    # cancel.json (cancel)
+    def read_cancel(self) -> CancelRecord | None:
+        d = read_json(self.cancel_file)
+        return CancelRecord(**_pick(CancelRecord, d)) if isinstance(d, dict) and "by" in d else None
+
+    def write_cancel(self, rec: CancelRecord) -> None:
+        write_json(self.cancel_file, asdict(rec))
+
+    # reconciled.json (status/runs/cancel)
+    def read_reconciled(self) -> Reconciled | None:
+        d = read_json(self.reconciled_file)
+        if not isinstance(d, dict) or d.get("state") not in set(State):
+            return None
+        return Reconciled(**{**_pick(Reconciled, d), "state": State(d["state"])})
+
+    def write_reconciled(self, rec: Reconciled) -> None:
+        write_json(self.reconciled_file, asdict(rec))
+
+    # events.jsonl (orchestrator)
+    def event(self, kind: str, **fields_: Any) -> None:
+        """Append one line: stage changes and notable events."""
+        self.events_file.parent.mkdir(parents=True, exist_ok=True)
+        row = {"ts": round(time.time(), 3), "event": kind, **fields_}
+        with open(self.events_file, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def events(self) -> list[dict]:
+        return read_jsonl(self.events_file)
+
+    # results
+    def bench_result(self, concurrency: int) -> Path:
+        return self.bench / f"c{concurrency:05d}.json"
+
+    def accuracy_result(self, task: str = "gsm8k") -> Path:
+        return self.accuracy / f"{task}.json"
+
+    def status(self) -> RunStatus:
+        """The run's state from its files alone (no Slurm call: see control.runs)."""
+        record = self.read_record()
+        sub = self.read_submission()
+        cancel = self.read_cancel()
+        rec = self.read_reconciled()
+        job = (record.slurm_job_id if record else None) or sub.slurm_job_id
+        if record is not None and record.state in FINAL_STATES:
+            state, error = record.state, record.error
+        elif rec is not None:
+            state, error = rec.state, rec.error
+        elif record is not None:
+            state, error = record.state, record.error
+        elif cancel is not None and cancel.outcome != "requested":
+            state, error = State.CANCELLED, f"cancelled by {cancel.by} before it started"
+        elif sub.error:
+            state, error = State.FAILED, sub.error
+        elif sub.slurm_job_id:
+            state, error = State.SUBMITTED, None
+        else:
+            state, error = State.PLANNED, None
+        return RunStatus(
+            state=state,
+            stage=(record.stage if state == State.RUNNING else record.failed_stage)
+            if record
+            else None,
+            error=error,
+            record=record,
+            submission=sub,
+            cancel=cancel,
+            reconciled=rec,
+            slurm_job_id=job,
+        )
+
+
+def concurrency_of(result: str | Path) -> int:
+    """The sweep point of a result file named by `RunDir.bench_result`."""
+    return int(Path(result).stem.lstrip("c"))
+
+
+def new_run_id(recipe_name: str, now: float | None = None) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    return f"{stamp}-{recipe_name}"
+
+
+def create(runs_root: Path, name: str) -> RunDir:
+    """A fresh directory; a second one in the same second gets a suffix, never a clash."""
+    runs_root.mkdir(parents=True, exist_ok=True)
+    base = new_run_id(name)
+    for i in range(1000):
+        path = runs_root / (base if i == 0 else f"{base}.{i}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return RunDir(path)
+    raise OSError(f"could not create a run directory under {runs_root}: 1000 names taken")

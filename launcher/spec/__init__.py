@@ -1,0 +1,1 @@
+"""What the user asks for: recipes and cluster profiles."""

@@ -1,0 +1,208 @@
+"""What the CLI prints: the plan table, a run's status, the runs list, event lines.
+
+Pure functions of what they are given (no Slurm calls, no writes), so `status` and the
+dashboard can show the same words.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from launcher.planning import render
+from launcher.run import listing, rundir
+from launcher.run.plandoc import PlanError, read_plan
+from launcher.run.rundir import RunDir, RunStatus
+from launcher.run.vocab import Kind
+
+if TYPE_CHECKING:
+    from launcher.control.prepare import Prepared
+
+
+def _ranges(xs: list[int]) -> str:
+    if not xs:
+        return "-"
+    return f"{xs[0]}" if len(xs) == 1 else f"{xs[0]}-{xs[-1]}"
+
+
+def process_rows(prepared: Prepared) -> list[tuple[str, str, str, str]]:
+    """(node, gpus, process, ports) rows in node order, as the plan table shows them."""
+    plan = prepared.plan
+    eps = {ep.name: ep for ep in plan.endpoints}
+    rows = []
+    for proc in render.processes(plan, str(prepared.run.path)):
+        if proc.kind == Kind.ENGINE:
+            ep = eps[proc.endpoint]
+            ranks = proc.dp_ranks
+            nixl = [ep.nixl_port_base + r for r in ranks]
+            parts = [] if proc.headless else [f"http {ep.http_port}"]
+            if ep.multi_node:
+                parts.append(f"dp-rpc {ep.dp_rpc_port}")
+            if ep.role.disaggregated:
+                parts.append(f"nixl {_ranges(nixl)}")
+            parts.append(f"dp ranks {_ranges(ranks)}" + (" headless" if proc.headless else ""))
+            ports = ", ".join(parts)
+        elif proc.kind == Kind.ROUTER:
+            ports = f"http {plan.router_port}, metrics {plan.router_metrics_port}"
+        elif proc.kind == Kind.AGENT:
+            ports = f"exporter {plan.exporter_ports[proc.node]}"
+        else:
+            continue
+        gpus = ",".join(map(str, proc.gpus)) if proc.gpus else "-"
+        rows.append((proc.node, gpus, proc.name, ports))
+    order = {n: i for i, n in enumerate(plan.nodes)}
+    rows.sort(key=lambda r: (order[r[0]], r[1] == "-"))
+    return rows
+
+
+def plan_text(prepared: Prepared) -> str:
+    """What `submit` (and `--dry-run`) prints: the plan table, the sweep, the estimate."""
+    plan, r = prepared.plan, prepared.plan.recipe
+    c = plan.gpu_count()
+    lines = [
+        f"Recipe {r.name} on {plan.cluster.name}: {prepared.nodes} nodes x "
+        f"{plan.cluster.gpus_per_node} GPUs, engine {r.engine}"
+        + (" (SIMULATED: no GPU work)" if r.engine == "sim" else "")
+        + f", mode {r.mode}, {c['total']} GPUs in use "
+        f"(prefill {c['prefill']}, decode {c['decode']}, agg {c['agg']})",
+    ]
+    if prepared.placeholder_nodes:
+        lines.append(
+            "Node names are placeholders: the real ones are planned inside the allocation."
+        )
+    rows = [("NODE", "GPUS", "PROCESS", "PORTS")] + process_rows(prepared)
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    for row in rows:
+        lines.append(
+            "  ".join(x.ljust(w) for x, w in zip(row[:3], widths, strict=False)) + "  " + row[3]
+        )
+    b = r.benchmark
+    if b.enabled:
+        lines.append(
+            f"Sweep: concurrency {', '.join(map(str, b.concurrency))} at ISL/OSL "
+            f"{b.input_len}/{b.output_len} (range ratio {b.range_ratio:g}), driver {b.driver}"
+        )
+    if r.accuracy.enabled:
+        lines.append(
+            f"Accuracy gate: {r.accuracy.task} {r.accuracy.num_shots}-shot, "
+            f"{r.accuracy.num_questions} questions, pass at >= {r.accuracy.threshold:g}"
+        )
+    for cap in prepared.capacity:
+        lines.append(
+            f"KV capacity estimate {cap.endpoint} ({cap.gpus} GPUs): weights "
+            f"{cap.weights_gib_per_gpu} GiB/GPU, cache {cap.cache_gib_per_gpu} GiB/GPU, "
+            f"{cap.kv_bytes_per_token / 1024:.1f} KiB KV/token + "
+            f"{cap.state_bytes_per_request / 2**20:.1f} MiB state/request -> about "
+            f"{cap.max_concurrency:,} concurrent requests ({cap.assumptions}; facts from "
+            f"{cap.facts_from})"
+        )
+    files = [rundir.RECIPE, rundir.PLAN, rundir.COMMANDS] + (
+        [rundir.SBATCH] if prepared.sbatch else []
+    )
+    lines.append(f"Run directory: {prepared.run.path}  ({', '.join(files)})")
+    return "\n".join(lines)
+
+
+def plan_json(prepared: Prepared) -> dict:
+    """`submit --format json`: the same as plan_text, for programs."""
+    return {
+        "run_dir": str(prepared.run.path),
+        "study": prepared.study,
+        "nodes": prepared.nodes,
+        "placeholder_nodes": prepared.placeholder_nodes,
+        "plan": rundir.read_json(prepared.run.plan),
+        "sbatch": prepared.sbatch,
+        "capacity": [c.to_json() for c in prepared.capacity],
+    }
+
+
+# --- runs --------------------------------------------------------------------------------
+
+
+def age(ts: float | None, now: float | None = None) -> str:
+    if not ts:
+        return "-"
+    s = int((now or time.time()) - ts)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def event_line(e: dict) -> str:
+    detail = e.get("stage") or e.get("process") or e.get("error") or ""
+    when = time.strftime("%H:%M:%S", time.localtime(e.get("ts") or 0))
+    return f"[{when}] {e.get('event', '?')} {detail}".rstrip()
+
+
+def status_text(run: RunDir, st: RunStatus, slurm: str | None = None) -> str:
+    lines = [f"run {run.run_id}  ({run.path})"]
+    try:
+        plan = read_plan(run.plan)
+        sim = " [SIMULATED engines]" if plan.simulated else ""
+    except PlanError as e:
+        plan, sim = None, ""
+        if run.plan.exists():
+            lines.append(f"note: {e}")
+    rec = st.record
+    started = rec.started if rec else None
+    lines.append(
+        f"state {st.state}  stage {st.stage or '-'}  started {age(started)} ago{sim}"
+    )
+    if st.slurm_job_id:
+        lines.append(f"slurm job {st.slurm_job_id}" + (f": {slurm}" if slurm else ""))
+    if rec and rec.serving and rec.router_url and not st.final:
+        lines.append(f"serving at {rec.router_url}")
+    progress = progress_text(rec.progress if rec else {})
+    if progress and not st.final:
+        lines.append(progress)
+    if st.error:
+        lines.append("error: " + st.error)
+    for note in rec.notes if rec else []:
+        lines.append("note: " + note)
+    if rec and rec.processes:
+        lines.append(f"{'PROCESS':28} {'NODE':16} {'STATE':10} LOG")
+        for name, p in rec.processes.items():
+            lines.append(f"{name:28} {p.node:16} {p.status:10} {p.log}")
+    return "\n".join(lines)
+
+
+def progress_text(progress: dict) -> str:
+    """'sweep point 2 of 5 (c=128), about 6m00s left' and engine loading fractions."""
+    parts = []
+    sweep = progress.get("sweep") if isinstance(progress, dict) else None
+    if isinstance(sweep, dict) and sweep.get("total"):
+        s = f"sweep point {sweep.get('index', 0)} of {sweep['total']}"
+        if sweep.get("concurrency"):
+            s += f" (c={sweep['concurrency']})"
+        left = sweep.get("seconds_left")
+        if isinstance(left, int | float) and left >= 0:
+            s += f", about {int(left) // 60}m{int(left) % 60:02d}s left"
+        parts.append(s)
+    loading = progress.get("loading") if isinstance(progress, dict) else None
+    if isinstance(loading, dict) and loading:
+        parts.append("loading " + ", ".join(
+            f"{name} {frac:.0%}" for name, frac in sorted(loading.items())
+            if isinstance(frac, int | float)
+        ))
+    return "; ".join(parts)
+
+
+def runs_text(entries: list[listing.Entry], statuses: dict[str, RunStatus], root) -> str:
+    """The runs list: runs, and studies with their runs indented under them."""
+    if not entries:
+        return f"no runs under {root}"
+    lines = [f"{'RUN':60} {'STATE':10} {'STAGE':10} {'AGE':>8}  ERROR"]
+
+    def row(run: RunDir, indent: str) -> str:
+        st = statuses[str(run.path)]
+        err = st.error.splitlines()[0][:60] if st.error else ""
+        created = st.submission.created or (st.record.started if st.record else None)
+        name = indent + run.run_id
+        return (f"{name:60} {st.state:10} {st.stage or '-':10} {age(created):>8}  {err}")
+
+    for e in entries:
+        if isinstance(e, listing.Study):
+            axes = ", ".join(f"{k}={','.join(map(str, v))}" for k, v in e.axes.items())
+            lines.append(f"{e.name}/  (study: {len(e.runs)} runs over {axes or '?'})")
+            lines += [row(r, "  ") for r in e.runs]
+        else:
+            lines.append(row(e, ""))
+    return "\n".join(lines)
