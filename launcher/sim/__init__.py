@@ -6,7 +6,9 @@ Start it with the argv of ``vllm serve`` and only the executable swapped::
     python -m launcher.sim serve MODEL --sim-help      # the SIM_* knobs and their docs
 
 Simulation knobs are SIM_* env vars or --sim-* flags, defined in ``launcher.sim.knobs``.
-Modules: ``cli`` (argv -> SimConfig), ``engine`` (per-DP-rank scheduler and speed model),
+Modules: ``cli`` (argv -> SimConfig), ``argv`` (a parser as strict as vLLM 0.33's, from the
+flag table ``vllm_flags``), ``loading`` (vLLM's checkpoint-loading lines), ``ucx`` (UCX's
+protocol table with UCX_PROTO_INFO=y), ``engine`` (per-DP-rank scheduler and speed model),
 ``server`` (OpenAI-compatible HTTP API), ``nixl`` (side channel and KV pull), ``dp``
 (multi-node head/headless), ``metrics`` (/metrics), ``statslog`` (periodic log lines),
 ``answers`` (GSM8K answer key), ``procs`` (start sims as processes: tests, benchmarks).

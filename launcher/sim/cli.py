@@ -1,27 +1,38 @@
 """Parse the exact argv of ``vllm serve`` (only the executable swapped) into a SimConfig.
 
-``python -m launcher.sim serve MODEL [vllm flags] [--sim-* flags]``. Flags the simulator
-cannot model are accepted (with or without a value) and listed once at start-up.
+``python -m launcher.sim serve MODEL [vllm flags] [--sim-* flags]``. The argv goes through a
+parser as strict as vLLM 0.33's own (``launcher.sim.argv``, table in
+``launcher.sim.vllm_flags``): an unknown flag or a value outside a flag's choices is vLLM's
+argparse error, exit status 2. Flags vLLM accepts but the simulator does not model are
+accepted and listed once at start-up.
+
+Differences between vLLM 0.32 and 0.33 (0.33 is the target) are listed in
+``launcher.sim.vllm_flags``' header (both tables made from the real parsers).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.sim import argv as argv_mod
 from launcher.sim import knobs as knobs_mod
+from launcher.sim import vllm_flags
 
-# Flags we parse but whose effect the simulator does not model (listed at start-up when given).
-_UNMODELLED = (
-    "enable_expert_parallel", "all2all_backend", "async_scheduling", "language_model_only",
-    "gdn_prefill_backend", "trust_remote_code", "enforce_eager", "disable_log_requests",
-    "data_parallel_backend", "data_parallel_hybrid_lb", "data_parallel_external_lb",
-    "attention_backend", "moe_backend", "enable_eplb", "enable_prefix_caching",
-)
+# Destinations of vLLM flags the simulator models; any other flag given is listed at start-up.
+_MODELLED = {
+    "model_tag", "model", "host", "port", "served_model_name", "data_parallel_size",
+    "data_parallel_size_local", "data_parallel_address", "data_parallel_rpc_port",
+    "data_parallel_start_rank", "headless", "tensor_parallel_size", "api_server_count",
+    "kv_transfer_config", "block_size", "num_gpu_blocks_override", "max_num_seqs",
+    "max_num_batched_tokens", "max_model_len", "stream_interval", "gpu_memory_utilization",
+    "kv_cache_dtype", "mamba_ssm_cache_dtype", "disable_log_stats", "aggregate_engine_logging",
+    "enable_request_id_headers", "enable_scale_out", "tokens_only", "config", "help",
+}
+_FIRST_OPTION = {rec["dest"]: rec["options"][0] for rec in vllm_flags.FLAGS}
 
 
 @dataclass
@@ -61,7 +72,9 @@ class SimConfig:
     side_channel_port: int
     log_stats_interval: float
     knobs: knobs_mod.Knobs
+    scale_out: bool = False
     ignored_flags: list[str] = field(default_factory=list)
+    argv_warnings: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def local_ranks(self) -> list[int]:
@@ -85,75 +98,32 @@ class UsageError(Exception):
     """A user-fixable problem with the argv; the message names what to fix."""
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m launcher.sim serve", add_help=True,
-                                allow_abbrev=False)
-    p.add_argument("model_tag", nargs="?", default=None)
-    p.add_argument("--model", default=None)
-    p.add_argument("--host", default=None)
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", nargs="+", default=None)
-    p.add_argument("--data-parallel-size", "-dp", type=int, default=1)
-    p.add_argument("--data-parallel-size-local", "-dpl", type=int, default=None)
-    p.add_argument("--data-parallel-address", "-dpa", default=None)
-    p.add_argument("--data-parallel-rpc-port", "-dpp", type=int, default=29550)
-    p.add_argument("--data-parallel-start-rank", "-dpr", type=int, default=0)
-    p.add_argument("--data-parallel-backend", "-dpb", default=None)
-    p.add_argument("--data-parallel-hybrid-lb", "-dph", action="store_true", default=None)
-    p.add_argument("--data-parallel-external-lb", "-dpe", action="store_true", default=None)
-    p.add_argument("--headless", action="store_true")
-    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
-    p.add_argument("--enable-expert-parallel", "-ep", action="store_true", default=None)
-    p.add_argument("--enable-eplb", action="store_true", default=None)
-    p.add_argument("--all2all-backend", default=None)
-    p.add_argument("--kv-transfer-config", default=None)
-    p.add_argument("--block-size", type=int, default=None)
-    p.add_argument("--num-gpu-blocks-override", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=1024)
-    p.add_argument("--max-num-batched-tokens", type=int, default=16384)
-    p.add_argument("--max-model-len", type=int, default=262144)
-    p.add_argument("--stream-interval", type=int, default=1)
-    p.add_argument("--api-server-count", "-asc", type=int, default=None)
-    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                   default=None)
-    p.add_argument("--mamba-ssm-cache-dtype", default="auto")
-    p.add_argument("--language-model-only", action="store_true", default=None)
-    p.add_argument("--gdn-prefill-backend", default=None)
-    p.add_argument("--attention-backend", default=None)
-    p.add_argument("--moe-backend", default=None)
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--trust-remote-code", action="store_true", default=None)
-    p.add_argument("--kv-cache-dtype", default="auto")
-    p.add_argument("--enforce-eager", action="store_true", default=None)
-    p.add_argument("--disable-log-requests", action="store_true", default=None)
-    p.add_argument("--disable-log-stats", action="store_true")
-    p.add_argument("--aggregate-engine-logging", action="store_true")
-    p.add_argument("--enable-request-id-headers", action="store_true")
+def _sim_flags(p: argparse.ArgumentParser) -> None:
+    """The simulator's own flags, next to vLLM's on the serve parser."""
     p.add_argument("--sim-help", action="store_true", help="list the SIM_* knobs and exit")
     for name in knobs_mod.Knobs.names():
-        p.add_argument(knobs_mod.flag_name(name), dest="sim_" + name, default=None)
-    return p
-
-
-def _unknown_flags(rest: list[str]) -> list[str]:
-    """Names of unknown flags (values that follow them are not flags)."""
-    return [tok.split("=", 1)[0] for tok in rest if tok.startswith("-") and tok != "-"]
+        p.add_argument(knobs_mod.flag_name(name), dest="sim_" + name, default=None,
+                       help=knobs_mod.Knobs.doc(name))
 
 
 def parse(argv: list[str], env: dict[str, str] | None = None) -> SimConfig:
+    """SimConfig from ``serve MODEL [flags]``.
+
+    Raises ``argv.VllmArgError`` (vLLM's argparse error, exit 2), ``argv.VllmStartupError``
+    (an exception vLLM raises while reading the argv, exit 1) or UsageError (a problem the
+    simulator reports itself).
+    """
     env = dict(os.environ) if env is None else env
-    if not argv or argv[0] != "serve":
+    warnings: list[tuple[str, str]] = []
+    ns, given = argv_mod.parse(list(argv), lambda where, msg: warnings.append((where, msg)),
+                               extra=_sim_flags)
+    if ns.subparser != "serve":
         raise UsageError("usage: python -m launcher.sim serve MODEL [vllm serve flags]; "
-                         "the first argument must be 'serve'")
-    parser = _parser()
-    ns, rest = parser.parse_known_args(argv[1:])
+                         "launcher.sim simulates only `vllm serve`")
     if ns.sim_help:
         print(knobs_mod.describe())
         raise SystemExit(0)
     model = ns.model_tag or ns.model
-    if not model:
-        raise UsageError("no model given: pass it as 'serve MODEL' like vllm serve")
     sim_flags = {n: getattr(ns, "sim_" + n) for n in knobs_mod.Knobs.names()
                  if getattr(ns, "sim_" + n) is not None}
     try:
@@ -161,56 +131,50 @@ def parse(argv: list[str], env: dict[str, str] | None = None) -> SimConfig:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
-    kv: dict[str, Any] = {}
-    if ns.kv_transfer_config:
-        try:
-            kv = json.loads(ns.kv_transfer_config)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"--kv-transfer-config is not valid JSON: {exc}") from None
-        if not isinstance(kv, dict):
-            raise UsageError("--kv-transfer-config must be a JSON object")
-        if kv.get("kv_connector") and not kv.get("kv_role"):
-            raise UsageError("--kv-transfer-config sets kv_connector but no kv_role; "
-                             "add \"kv_role\": \"kv_producer\" or \"kv_consumer\"")
+    _validate_like_vllm(ns)
+    kv: dict[str, Any] = dict(ns.kv_transfer_config or {})
     extra = kv.get("kv_connector_extra_config") or {}
     lease = float(extra.get("kv_lease_duration", knobs.kv_lease_s))
 
     dp = ns.data_parallel_size
     dpl = ns.data_parallel_size_local if ns.data_parallel_size_local is not None else dp
+    start = ns.data_parallel_start_rank or 0
     if ns.headless and ns.api_server_count not in (None, 0):
         raise UsageError("--headless cannot be combined with --api-server-count > 0")
-    if dp < 1 or dpl < 1 or ns.data_parallel_start_rank + dpl > dp:
+    if dp < 1 or dpl < 1 or start + dpl > dp:
         raise UsageError(
-            f"data parallel ranks {ns.data_parallel_start_rank}.."
-            f"{ns.data_parallel_start_rank + dpl - 1} do not fit --data-parallel-size {dp}")
+            f"data parallel ranks {start}..{start + dpl - 1} do not fit "
+            f"--data-parallel-size {dp}")
+    external_lb = ns.data_parallel_external_lb or ns.data_parallel_rank is not None
     if ns.headless:
         api_count = 0
     elif ns.api_server_count is not None:
         api_count = ns.api_server_count
-    elif ns.data_parallel_start_rank and not ns.headless:
-        api_count = dpl  # hybrid LB: one API server per local rank
+    elif external_lb or ns.data_parallel_multi_port_external_lb:
+        api_count = 1
+    elif ns.data_parallel_hybrid_lb or ns.data_parallel_start_rank is not None:
+        api_count = dpl  # hybrid LB: one API server per local rank (vLLM's default)
     else:
         api_count = dp
     block_size = ns.block_size or 16
     num_blocks = ns.num_gpu_blocks_override or max(1, knobs.kv_capacity_tokens // block_size)
 
-    served = ns.served_model_name[0] if ns.served_model_name else model
-    ignored = [
-        "--" + name.replace("_", "-") for name in _UNMODELLED
-        if getattr(ns, name, None) not in (None, False)
-    ] + _unknown_flags(rest)
+    served_names = [n for n in (ns.served_model_name or []) if n] or [model]
+    ignored = [_FIRST_OPTION.get(dest, opt) for dest, opt in given.items()
+               if dest not in _MODELLED and not dest.startswith("sim_")]
     base_port = int(env.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600"))
+    max_model_len = ns.max_model_len if ns.max_model_len and ns.max_model_len > 0 else 262144
     return SimConfig(
         model=model,
-        served_model_name=served,
-        served_model_names=list(ns.served_model_name or [model]),
+        served_model_name=served_names[0],
+        served_model_names=served_names,
         host=ns.host,
         port=ns.port,
         dp_size=dp,
         dp_size_local=dpl,
-        dp_start_rank=ns.data_parallel_start_rank,
+        dp_start_rank=start,
         dp_address=ns.data_parallel_address or "127.0.0.1",
-        dp_rpc_port=ns.data_parallel_rpc_port,
+        dp_rpc_port=ns.data_parallel_rpc_port or 29550,
         headless=ns.headless,
         tp_size=ns.tensor_parallel_size,
         api_server_count=api_count,
@@ -222,19 +186,50 @@ def parse(argv: list[str], env: dict[str, str] | None = None) -> SimConfig:
         user_block_size=ns.block_size is not None,
         num_gpu_blocks=num_blocks,
         num_gpu_blocks_override=ns.num_gpu_blocks_override,
-        max_num_seqs=ns.max_num_seqs,
-        max_num_batched_tokens=ns.max_num_batched_tokens,
-        max_model_len=ns.max_model_len,
+        max_num_seqs=ns.max_num_seqs or 1024,
+        max_num_batched_tokens=ns.max_num_batched_tokens or 16384,
+        max_model_len=max_model_len,
         stream_interval=max(1, ns.stream_interval),
-        gpu_memory_utilization=ns.gpu_memory_utilization,
+        gpu_memory_utilization=(ns.gpu_memory_utilization
+                                if "gpu_memory_utilization" in given else 0.9),
         kv_cache_dtype=ns.kv_cache_dtype,
         mamba_ssm_cache_dtype=ns.mamba_ssm_cache_dtype,
         disable_log_stats=ns.disable_log_stats,
         aggregate_engine_logging=ns.aggregate_engine_logging,
-        request_id_headers=ns.enable_request_id_headers,
+        request_id_headers=bool(ns.enable_request_id_headers),
         side_channel_host=env.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost"),
         side_channel_port=base_port,
         log_stats_interval=float(env.get("VLLM_LOG_STATS_INTERVAL", "10")),
         knobs=knobs,
+        scale_out=bool(ns.enable_scale_out or ns.tokens_only),
         ignored_flags=ignored,
+        argv_warnings=warnings,
     )
+
+
+def _validate_like_vllm(ns: argparse.Namespace) -> None:
+    """The checks vLLM 0.33 runs on the parsed argv before loading anything
+    (``validate_parsed_serve_args`` in vllm/entrypoints/common/cli_args.py, and the LB-mode
+    check of ``vllm serve``); vLLM raises these, so they exit 1."""
+    err = argv_mod.VllmStartupError
+    if ns.enable_auto_tool_choice and not ns.tool_call_parser:
+        raise err("TypeError", "Error: --enable-auto-tool-choice requires --tool-call-parser")
+    if ns.enable_log_outputs and not ns.enable_log_requests:
+        raise err("TypeError", "Error: --enable-log-outputs requires --enable-log-requests")
+    if ns.sse_keep_alive_interval < 0:
+        raise err("ValueError", "Error: --sse-keep-alive-interval must be a non-negative "
+                                "integer (0 disables keep-alive comments).")
+    if ns.enable_per_request_metrics and ns.disable_log_stats:
+        raise err("ValueError", "Error: --enable-per-request-metrics requires engine "
+                                "statistics logging; remove --disable-log-stats to enable "
+                                "per-request metrics.")
+    external = ns.data_parallel_external_lb or ns.data_parallel_rank is not None
+    if ns.data_parallel_hybrid_lb or ns.data_parallel_multi_port_external_lb:
+        hybrid, multi = ns.data_parallel_hybrid_lb, ns.data_parallel_multi_port_external_lb
+    else:
+        hybrid, multi = ns.data_parallel_start_rank is not None, False
+    if sum([bool(multi), bool(external), bool(hybrid)]) > 1:
+        raise err("ValueError", "Cannot use more than one data parallel load balancing mode. "
+                                "Choose one of: --data-parallel-multi-port-external-lb, "
+                                "--data-parallel-external-lb (or --data-parallel-rank), "
+                                "--data-parallel-hybrid-lb (or --data-parallel-start-rank).")

@@ -63,7 +63,17 @@ class Knobs:
         "Fault: the engine never finishes loading, so the HTTP port never opens and "
         "/health never answers."))
     start_delay_s: float = field(default=0.0, metadata=_doc(
-        "Fault: extra wall-clock seconds of 'model loading' before the server opens."))
+        "Fault: extra wall-clock seconds of 'model loading' before the server opens; vLLM's "
+        "checkpoint progress lines are spread over it (see launcher.sim.loading)."))
+    checkpoint_shards: int = field(default=8, metadata=_doc(
+        "Number of safetensors shards of the simulated checkpoint: the 'Loading safetensors "
+        "checkpoint shards: ... i/N' progress lines count to it."))
+    model_weights_gib: float = field(default=27.46, metadata=_doc(
+        "GiB of weights per GPU reported by 'Model loading took X GiB memory ...'."))
+    ucx_transport: str = field(default="cuda_ipc", metadata=_doc(
+        "UCX transport the decode's KV reads use, printed in UCX's protocol table when the "
+        "engine runs with UCX_PROTO_INFO=y (first KV transfer). 'tcp' imitates a silent TCP "
+        "fall-back; 'tl/device' (e.g. 'rc_mlx5/mlx5_0:1') sets the device too."))
     zero_tokens: bool = field(default=False, metadata=_doc(
         "Fault: every request finishes with zero generated tokens (finish_reason stop)."))
     wrong_answers: bool = field(default=False, metadata=_doc(
@@ -138,6 +148,8 @@ def load(env: dict[str, str] | None = None, flags: dict[str, str] | None = None)
     knobs = Knobs(**values)
     if knobs.speed <= 0:
         raise ValueError("SIM_SPEED must be > 0")
+    if knobs.checkpoint_shards < 1:
+        raise ValueError("SIM_CHECKPOINT_SHARDS must be >= 1")
     if not 0.0 <= knobs.kv_fail_fraction <= 1.0:
         raise ValueError("SIM_KV_FAIL_FRACTION must be between 0 and 1")
     return knobs

@@ -6,7 +6,8 @@ import asyncio
 import signal
 import sys
 
-from launcher.sim import knobs, vlog
+from launcher.sim import knobs, loading, vlog
+from launcher.sim.argv import VllmArgError, VllmStartupError
 from launcher.sim.cli import SimConfig, UsageError, parse
 
 
@@ -26,13 +27,9 @@ async def _serve(cfg: SimConfig, fail: asyncio.Future[int]) -> list[object]:
 
     closers: list[object] = []
     k = cfg.knobs
-    if k.start_delay_s > 0:
-        vlog.info("loader.py:118", f"Loading model weights (simulated slow start: "
-                                   f"{k.start_delay_s:.1f} s)")
-        await asyncio.sleep(k.start_delay_s)
-    if k.hang_before_healthy:
-        vlog.info("loader.py:118", "Loading model weights ...")
-        await asyncio.Event().wait()  # the fault: never becomes healthy
+    # vLLM's checkpoint-loading lines, spread over SIM_START_DELAY_S (never ends with the
+    # SIM_HANG_BEFORE_HEALTHY fault).
+    await loading.load_weights(cfg)
 
     if cfg.headless:
         link = HeadlessLink(cfg, stop)
@@ -81,6 +78,10 @@ async def _serve(cfg: SimConfig, fail: asyncio.Future[int]) -> list[object]:
                                        f"initialization after num_gpu_blocks is: "
                                        f"{cfg.num_gpu_blocks}")
     api = Api(cfg, engines, Answerer(k.answer_key, k.accuracy, k.wrong_answers))
+    if not cfg.scale_out:
+        from launcher.sim.server import SCALE_OUT_DISABLED, SCALE_OUT_WHERE
+
+        vlog.info(SCALE_OUT_WHERE, SCALE_OUT_DISABLED)
     runner = web.AppRunner(api.app(), handler_cancellation=True, access_log=None)
     await runner.setup()
     closers.append(runner)
@@ -154,6 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         cfg = parse(argv)
+    except VllmArgError as exc:  # argparse's own text, as vLLM prints it
+        sys.stderr.write(exc.text)
+        return exc.code
+    except VllmStartupError as exc:  # vLLM raises these (a traceback, exit 1)
+        print(str(exc), file=sys.stderr)
+        return 1
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -168,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
                               f"data_parallel_start_rank={cfg.dp_start_rank}, "
                               f"headless={cfg.headless}, kv_role={cfg.kv_role!r}, "
                               f"block_size={cfg.block_size}, num_gpu_blocks={cfg.num_gpu_blocks}")
+    for where, msg in cfg.argv_warnings:
+        vlog.warning(where, msg)
     unknown = knobs.unknown_env()
     if unknown:
         vlog.warning("sim.py:3", "unknown simulation knobs (ignored): " + ", ".join(unknown)

@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from launcher.sim import ucx
 from launcher.sim.cli import SimConfig
 from launcher.sim.engine import Engine, KVTransferError, Req, transfer_cost
 
@@ -111,6 +112,11 @@ def make_pull(cfg: SimConfig) -> Callable[[Engine, Req], Awaitable[None]]:
                          + b"\n")
             await writer.drain()
             await asyncio.wait_for(reader.readline(), timeout)
+            # UCX_PROTO_INFO=y: UCX names the transport at the first read of each engine
+            gpu = (engine.rank - cfg.dp_start_rank) % max(1, cfg.dp_size_local)
+            ucx.report_once(engine, cfg.knobs.ucx_transport, gpu, gpu,
+                            intra_node=host in ("127.0.0.1", "localhost", "::1",
+                                                cfg.side_channel_host))
             engine.record_transfer(measured, post / speed, nbytes, descs)
         except (OSError, TimeoutError, ValueError) as exc:
             raise KVTransferError(f"side channel {host}:{port}: {exc!r}") from None

@@ -2,7 +2,9 @@
 
 /health, /v1/models, /version, /metrics, /v1/completions, /v1/chat/completions (streaming
 SSE with stream_options.include_usage, and non-streaming), /v1/completions/render and
-/v1/chat/completions/render (what vllm-router calls before routing). P/D: a request with
+/v1/chat/completions/render (what vllm-router calls before routing; like vLLM 0.33 they
+answer 403 unless the server runs with --enable-scale-out or --tokens-only, see
+``SCALE_OUT_PATHS``). P/D: a request with
 kv_transfer_params.do_remote_decode on a producer returns its kv_transfer_params; one with
 do_remote_prefill on a consumer pulls the KV over the side channel first. Every response
 carries ``x-simulated-engine: launcher.sim``.
@@ -24,6 +26,21 @@ from launcher.sim.cli import SimConfig
 from launcher.sim.engine import Engine, Req
 
 VLLM_VERSION = "0.33.0"
+
+# vLLM 0.33 (vllm/entrypoints/scale_out/factories.py, register_scale_out_api_routers): without
+# --enable-scale-out (or --tokens-only) every scale-out route answers 403 with this body,
+# serialised by Starlette's JSONResponse (compact separators), and the server logs the
+# message once at start-up.
+SCALE_OUT_DISABLED = ("Scale-out endpoints are disabled. Restart vllm serve with "
+                      "--enable-scale-out to enable them.")
+SCALE_OUT_WHERE = "factories.py:105"
+SCALE_OUT_PATHS = ("/v1/chat/completions/render", "/v1/messages/render",
+                   "/v1/completions/render", "/v1/responses/render",
+                   "/v1/chat/completions/derender", "/v1/completions/derender",
+                   "/inference/v1/generate", "/inference/v1/abort_requests")
+SCALE_OUT_403 = json.dumps(
+    {"error": {"message": SCALE_OUT_DISABLED, "type": "PermissionDeniedError", "param": None,
+               "code": 403}}, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
@@ -68,9 +85,16 @@ class Api:
         r.add_get("/metrics", self.metrics)
         r.add_post("/v1/completions", self.completions)
         r.add_post("/v1/chat/completions", self.chat)
-        r.add_post("/v1/completions/render", self.render_completions)
-        r.add_post("/v1/chat/completions/render", self.render_chat)
+        if self.cfg.scale_out:
+            r.add_post("/v1/completions/render", self.render_completions)
+            r.add_post("/v1/chat/completions/render", self.render_chat)
+        else:
+            for path in SCALE_OUT_PATHS:
+                r.add_post(path, self.scale_out_disabled)
         return app
+
+    async def scale_out_disabled(self, request: web.Request) -> web.Response:
+        return web.Response(status=403, body=SCALE_OUT_403, content_type="application/json")
 
     async def _tag(self, request: web.Request, response: web.StreamResponse) -> None:
         response.headers[SIM_HEADER] = SIM_HEADER_VALUE
