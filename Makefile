@@ -19,11 +19,15 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(BIN)/python -m launcher submit local-sim
 
-# Needs root for the system parts: Debian's Slurm (a local multi-node dev cluster) and
-# Chromium (the dashboard's browser test). Both scripts are idempotent.
+# Needs root for the system parts: Debian's Slurm (a local multi-node dev cluster with a
+# sandbox standing in for pyxis), Chromium (the dashboard's browser tests), Prometheus (it
+# scrapes a job's targets) and lm-evaluation-harness (the accuracy gate is checked against
+# it). Every script is idempotent.
 test: setup
 	bash slurm/devcluster/up.sh
 	bash tests/browser/setup.sh
+	bash tests/prometheus/setup.sh
+	bash tests/lmeval/setup.sh
 	$(BIN)/python -m pytest
 
 examples: setup

@@ -22,11 +22,13 @@ def url(host: str = "127.0.0.1", port: int = 8501) -> str:
 
 def serve_args(runs_dir: str | Path, host: str = "127.0.0.1", port: int = 8501) -> list[str]:
     """The argv that runs the dashboard on `runs_dir` (no browser, no usage stats, no file
-    watcher: it serves run directories, it does not develop itself)."""
+    watcher, no developer toolbar: it serves run directories, it does not develop itself)."""
     return [sys.executable, "-m", "streamlit", "run", str(APP),
             "--server.address", host, "--server.port", str(port),
             "--server.headless", "true", "--browser.gatherUsageStats", "false",
             "--server.fileWatcherType", "none", "--server.runOnSave", "false",
+            # Users see the app, not Streamlit's developer toolbar (Deploy, rerun, settings).
+            "--client.toolbarMode", "viewer",
             "--", "--runs", str(Path(runs_dir).resolve())]
 
 

@@ -38,12 +38,16 @@ def main() -> None:
                                         or os.environ.get(ui.RUNS_ENV) or "runs")
     infos = ui.run_infos()
     ids = [i.run_id for i in infos]
-    # The run comes from the URL (?run=...) first, so a page can be shared by its link.
+    # The run comes from the URL (?run=...) first, so a page can be shared by its link;
+    # likewise the study (?study=...).
     wanted = st.query_params.get("run")
     if wanted in ids:
         st.session_state["run"] = wanted
     elif ids and st.session_state.get("run") not in ids:
         st.session_state["run"] = ids[0]
+    wanted_study = st.query_params.get("study")
+    if wanted_study and wanted_study in {s.name for s in ui.studies()}:
+        st.session_state["study"] = wanted_study
 
     def picked() -> None:
         st.query_params["run"] = st.session_state["run"]
@@ -51,12 +55,24 @@ def main() -> None:
     with st.sidebar:
         st.markdown(f"**Runs directory**  \n`{ui.runs_dir()}`")
         if ids:
-            labels = {i.run_id: f"{i.run_id} ({ui.STATE_BADGE.get(i.state, i.state)}"
-                                f"{', SIM' if i.simulated else ''})" for i in infos}
-            st.selectbox("Run", ids, key="run", format_func=lambda r: labels.get(r, r),
-                         on_change=picked)
+            by_id = {i.run_id: i for i in infos}
+            st.selectbox("Run", ids, key="run", on_change=picked,
+                         help="The run the Overview, Sweep, KV cache, TTFT, GPUs and Logs "
+                              "pages show. Studies are listed on the Runs page.")
+            cur = by_id.get(st.session_state.get("run"))
+            if cur is not None:
+                bits = [f":{ui.STATE_COLOR.get(cur.state, 'gray')}"
+                        f"[{ui.STATE_BADGE.get(cur.state, cur.state)}]"]
+                if cur.simulated:
+                    bits.append("SIMULATION")
+                if cur.study:
+                    bits.append(f"study `{cur.study}`")
+                st.caption(" · ".join(bits))
         else:
             st.caption("No runs yet.")
+        st.radio("Time axis", ui.TIME_AXES, key="time_axis",
+                 help="Wall clock: this host's time zone, the times of the logs and of "
+                      "events.jsonl. Or seconds since the job started (run.json).")
     if st.session_state.get("run"):
         st.query_params["run"] = st.session_state["run"]
     pages = [st.Page(path, title=title, icon=icon, url_path=url, default=(url == "runs"))

@@ -632,3 +632,166 @@ def kv_page_data(ss: SeriesSet, t0: float, t1: float, step_s: float = 1.0,
     if fails:
         out["nixl_fail"] = pd.concat(fails, ignore_index=True)
     return out
+
+
+# --- capacity: predicted (plan.json) vs observed (telemetry) -------------------------------
+
+# plan.json's `capacity` entries change shape while the estimator evolves: every field is
+# looked up under each of its known names, the first that holds a number wins.
+PREDICTED_KEYS: dict[str, tuple[str, ...]] = {
+    "endpoint": ("endpoint", "name"),
+    "per_endpoint": ("endpoint_at_mean_length", "max_concurrency", "endpoint_max_concurrency",
+                     "max_concurrency_per_endpoint", "concurrency"),
+    "per_endpoint_at_max_length": ("endpoint_at_max_length",),
+    "per_rank": ("per_rank_at_mean_length", "max_concurrency_per_rank",
+                 "max_concurrency_per_dp_rank", "per_rank", "per_dp_rank"),
+    "per_rank_at_max_length": ("per_rank_at_max_length",),
+    "tokens_per_request": ("tokens_per_request", "lengths.mean_total", "mean_total"),
+    "blocks_per_rank": ("num_gpu_blocks", "blocks_per_rank"),
+    "block_size": ("block_size",),
+    "dp": ("dp", "dp_size"),
+}
+FULL_KV = 0.95  # KV usage that counts as "the cache was full" at the top sweep point
+
+
+def _lookup(d: dict, key: str) -> Any:
+    cur: Any = d
+    for part in key.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
+def predicted_capacity(capacity: list[dict] | None, plan: PlanDoc | None = None,
+                       ) -> list[dict[str, Any]]:
+    """One dict per plan.json capacity entry: endpoint, per_endpoint, per_rank (÷ DP when
+    only the endpoint figure is there), at max length, tokens_per_request, blocks_per_rank,
+    block_size and assumptions (list of str). Fields the entry lacks are absent."""
+    dp_of = {e.name: e.dp_size for e in plan.endpoints} if plan else {}
+    out = []
+    for c in capacity or []:
+        if not isinstance(c, dict):
+            continue
+        row: dict[str, Any] = {}
+        for field, names in PREDICTED_KEYS.items():
+            for n in names:
+                v = _lookup(c, n)
+                if field == "endpoint" and isinstance(v, str) and v:
+                    row[field] = v
+                    break
+                if field != "endpoint" and isinstance(v, (int, float)) and \
+                        not isinstance(v, bool) and math.isfinite(v):
+                    row[field] = float(v)
+                    break
+        if "endpoint" not in row:
+            continue
+        dp = row.get("dp") or dp_of.get(row["endpoint"])
+        if "per_rank" not in row and "per_endpoint" in row and dp:
+            row["per_rank"] = row["per_endpoint"] / dp
+            row["per_rank_derived"] = True
+        if "per_endpoint" not in row and "per_rank" in row and dp:
+            row["per_endpoint"] = row["per_rank"] * dp
+        a = c.get("assumptions")
+        if isinstance(a, str) and a:
+            row["assumptions"] = [a]
+        elif isinstance(a, (list, tuple)):
+            row["assumptions"] = [str(x) for x in a if x]
+        if c.get("facts_from"):
+            row.setdefault("assumptions", []).append(f"facts from {c['facts_from']}")
+        out.append(row)
+    return out
+
+
+def top_window(points: list[dict]) -> Window | None:
+    """The measured window of the highest-concurrency ok sweep point."""
+    best = None
+    for p in points:
+        w = window_of(p)
+        if w is None or (p.get("status") or "ok") != "ok":
+            continue
+        if best is None or (w.concurrency or 0) >= (best.concurrency or 0):
+            best = w
+    return best
+
+
+def observed_capacity(ss: SeriesSet, window: Window | None) -> pd.DataFrame:
+    """Per decode/agg endpoint: vLLM's own num_gpu_blocks × block_size (cache_config_info,
+    else the stats log's num_gpu_blocks line) and, at the top sweep point, the requests
+    running when KV usage peaked — the stats log's `GPU KV cache usage` and `Running` (else
+    /metrics). At ≥ FULL_KV usage that count is what the cache held; below, it is scaled by
+    1 ÷ usage (an extrapolation, said so in `how`)."""
+    cols = ["endpoint", "role", "engines", "blocks_per_rank", "block_size", "kv_tokens_per_rank",
+            "kv_peak", "running_at_peak", "per_rank", "per_endpoint", "how", "source"]
+    cap = kv_capacity(ss)
+    rows: dict[str, dict[str, Any]] = {}
+    for ep, g in cap[cap["role"].isin(["decode", "agg"])].groupby("endpoint"):
+        rows[ep] = {"endpoint": ep, "role": g["role"].iloc[0], "engines": len(g),
+                    "blocks_per_rank": float(g["num_gpu_blocks"].median()),
+                    "block_size": float(g["block_size"].median()),
+                    "kv_tokens_per_rank": float(g["capacity_tokens"].median())}
+    lb = ss.select("log:num_gpu_blocks")
+    for ep, g in lb[lb["role"].isin(["decode", "agg"])].groupby("endpoint"):
+        if ep not in rows or not math.isfinite(rows[ep].get("blocks_per_rank", math.nan)):
+            vals = [ss.val[ss.off[i + 1] - 1] for i in g.index if ss.off[i + 1] > ss.off[i]]
+            if vals:
+                rows.setdefault(ep, {"endpoint": ep, "role": g["role"].iloc[0]})
+                rows[ep]["blocks_per_rank"] = float(np.median(vals))
+    if window is not None:
+        for usage_name, run_name, scale, source in (
+                ("log:kv_cache_usage_pct", "log:running_reqs", 0.01, "stats log"),
+                ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", 1.0, "/metrics")):
+            u = ss.select(usage_name)
+            u = u[u["role"].isin(["decode", "agg"])]
+            r = ss.select(run_name)
+            if u.empty or r.empty:
+                continue
+            r_ids = {(p, e): i for i, p, e in zip(r.index, r["process"], r["engine"],
+                                                  strict=True)}
+            per_ep: dict[str, list[tuple[float, float]]] = {}
+            for i, proc, eng, ep in zip(u.index, u["process"], u["engine"], u["endpoint"],
+                                        strict=True):
+                ri = r_ids.get((proc, eng))
+                if ri is None:
+                    continue
+                lo, hi = ss.off[i], ss.off[i + 1]
+                t, v = ss.ts[lo:hi], ss.val[lo:hi]
+                inside = (t >= window.start) & (t <= window.end)
+                if not inside.any():
+                    continue
+                k = int(np.argmax(np.where(inside, v, -np.inf)))
+                peak = float(v[k]) * scale
+                running = float(ss.values_at([ri], np.array([t[k]]))[0, 0])
+                if math.isfinite(running) and peak > 0:
+                    per_ep.setdefault(ep, []).append((peak, running))
+            if not per_ep:
+                continue
+            for ep, pairs in per_ep.items():
+                row = rows.setdefault(ep, {"endpoint": ep, "role": str(
+                    u.loc[u["endpoint"] == ep, "role"].iloc[0])})
+                peaks = np.array([p for p, _ in pairs])
+                runs = np.array([x for _, x in pairs])
+                # a full cache holds what runs; a fuller one would hold running ÷ usage
+                per_rank = np.where(peaks >= FULL_KV, runs, runs / np.maximum(peaks, 1e-9))
+                n_full = int((peaks >= FULL_KV).sum())
+                at = f"c={window.concurrency:.0f}"
+                if n_full == len(peaks):
+                    how = (f"KV full (≥ {FULL_KV:.0%}) on every DP rank at {at}: the "
+                           "requests running then")
+                elif n_full == 0:
+                    how = (f"extrapolated: running ÷ KV usage (peak {peaks.max():.0%} at "
+                           f"{at})")
+                else:
+                    how = (f"KV full (≥ {FULL_KV:.0%}) on {n_full} of {len(peaks)} DP ranks "
+                           f"at {at} (the requests running then); running ÷ KV usage on the "
+                           "others")
+                row.update({
+                    "engines": row.get("engines") or len(pairs),
+                    "kv_peak": float(peaks.max()), "running_at_peak": float(np.median(runs)),
+                    "per_rank": float(np.median(per_rank)),
+                    "per_endpoint": float(per_rank.sum()),
+                    "how": how,
+                    "source": source})
+            break  # the stats log wins when it has the numbers
+    df = pd.DataFrame(list(rows.values()), columns=cols)
+    return df.sort_values("endpoint").reset_index(drop=True)

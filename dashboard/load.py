@@ -42,6 +42,10 @@ KV_NAMES = (
     "vllm:nixl_num_failed_transfers_total",
     "vllm:nixl_num_kv_expired_reqs_total",
     "vllm:cache_config_info",
+    # the stats log's view (statslog.LOG_FIELDS): observed capacity at the top sweep point
+    "log:kv_cache_usage_pct",
+    "log:running_reqs",
+    "log:num_gpu_blocks",
 )
 TTFT_NAMES = (
     "vllm:request_queue_time_seconds_sum",
@@ -190,6 +194,35 @@ def run_info(path: Path) -> RunInfo:
         progress=dict(rec.progress) if rec else {},
         has_plan=plan is not None,
     )
+
+
+def progress_view(progress: dict | None, now: float) -> dict:
+    """What a person reads of run.json's `progress` (the orchestrator's `sweep` and
+    `loading`), at `now`: sweep point i of N, how long it has run, the time left counted
+    down from the estimate made when the point started, and each engine's loading fraction.
+    Keys are absent when the record does not say."""
+    out: dict[str, Any] = {}
+    p = progress if isinstance(progress, dict) else {}
+    sw = p.get("sweep")
+    if isinstance(sw, dict) and isinstance(sw.get("total"), int) and sw["total"] > 0:
+        idx = sw.get("index") if isinstance(sw.get("index"), int) else 0
+        started = sw.get("started")
+        running = (now - float(started)) if isinstance(started, (int, float)) else None
+        left = sw.get("seconds_left")
+        left_now = None
+        if isinstance(left, (int, float)):
+            left_now = max(float(left) - (running or 0.0), 0.0)
+        out["sweep"] = {"index": idx, "total": sw["total"], "concurrency": sw.get("concurrency"),
+                        "running_s": running, "left_s": left_now,
+                        "estimated": isinstance(left, (int, float)),
+                        "fraction": max(0.0, min(1.0, (idx - 1) / sw["total"]))}
+    lo = p.get("loading")
+    if isinstance(lo, dict) and lo:
+        rows = sorted((str(k), float(v)) for k, v in lo.items()
+                      if isinstance(v, (int, float)) and not isinstance(v, bool))
+        out["loading"] = rows
+        out["loaded"] = sum(1 for _, f in rows if f >= 1.0)
+    return out
 
 
 def read_json_safe(path: Path) -> Any:

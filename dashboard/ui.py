@@ -14,7 +14,8 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import derive, load
+from dashboard import charts, derive, load
+from launcher.run import listing
 from launcher.run.plandoc import PlanDoc
 from launcher.run.rundir import RunDir
 
@@ -27,6 +28,7 @@ STATE_COLOR = {"succeeded": "green", "failed": "red", "cancelled": "gray", "runn
                "submitted": "orange", "planned": "orange", "empty": "gray", "unknown": "gray"}
 PAGES = (  # (file, title, icon, url path); Material icons ship with Streamlit's font
     ("app_pages/runs.py", "Runs", ":material/list:", "runs"),
+    ("app_pages/study.py", "Study", ":material/compare_arrows:", "study"),
     ("app_pages/overview.py", "Overview", ":material/hub:", "overview"),
     ("app_pages/sweep.py", "Sweep", ":material/show_chart:", "sweep"),
     ("app_pages/kv_cache.py", "KV cache", ":material/memory:", "kv"),
@@ -59,6 +61,23 @@ def run_infos() -> list[load.RunInfo]:
             m = 0
         listing.append((str(p), m))
     return _run_infos(str(runs_dir()), tuple(listing))
+
+
+def studies() -> list[listing.Study]:
+    """Every study under the runs dir (launcher.run.listing: what `launcher runs` shows)."""
+    return load.studies(runs_dir())
+
+
+def selected_study() -> listing.Study | None:
+    """The study of ?study=..., else the selected run's study, else the newest study."""
+    all_ = studies()
+    want = st.session_state.get("study")
+    info = selected_run()
+    for name in (want, info.study if info else None):
+        for s in all_:
+            if name and s.name == name:
+                return s
+    return all_[0] if all_ else None
 
 
 def selected_run() -> load.RunInfo | None:
@@ -158,6 +177,23 @@ def fmt_time(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
+TIME_AXES = (charts.WALL, charts.ELAPSED)
+
+
+def clock(info: load.RunInfo | None) -> charts.Clock:
+    """How this session draws time (the sidebar's "Time axis"): wall clock in this host's
+    zone (the zone of the logs' and events' times), or seconds since the job started."""
+    if st.session_state.get("time_axis") == charts.ELAPSED and info is not None:
+        origin = info.started
+        if not origin:
+            ts = [e.get("ts") for e in load.read_events(info.path)]
+            ts = [t for t in ts if isinstance(t, (int, float))]
+            origin = min(ts) if ts else None
+        if origin:
+            return charts.Clock(origin=float(origin))
+    return charts.WALL_CLOCK
+
+
 def fmt_duration(seconds: float | None) -> str:
     if seconds is None or not math.isfinite(seconds) or seconds < 0:
         return "—"
@@ -207,19 +243,93 @@ def header(title: str, *, need_run: bool = True) -> load.RunInfo | None:
     elif info.state == "cancelled":
         st.warning("This run was cancelled; the data stops where it was cancelled.")
     elif info.live:
-        st.info(f"Live run (state {info.state}): this page refreshes every {LIVE_EVERY_S} s.",
-                icon=":material/autorenew:")
+        st.info(f"Live run: this page refreshes every {LIVE_EVERY_S} s (state, stage and "
+                "progress just below).", icon=":material/autorenew:")
     for note in info.notes:
         st.warning(note)
     return info
 
 
-def live(info: load.RunInfo, body: Callable[[], None]) -> None:
-    """Run `body` once, or as a fragment that reruns itself while the run is live."""
-    if info.live:
-        st.fragment(body, run_every=LIVE_EVERY_S)()
-    else:
-        body()
+def progress_line(info: load.RunInfo) -> str:
+    """'sweep point 2 of 5 (c=128), about 4m10s left; engines loaded 3 of 4'."""
+    pv = load.progress_view(info.progress, time.time())
+    parts = []
+    sw = pv.get("sweep")
+    if sw:
+        s = f"sweep point {sw['index']} of {sw['total']}"
+        if sw.get("concurrency"):
+            s += f" (c={sw['concurrency']})"
+        if sw.get("left_s") is not None:
+            s += f", about {fmt_duration(sw['left_s'])} left"
+        parts.append(s)
+    if pv.get("loading") and pv["loaded"] < len(pv["loading"]):
+        parts.append(f"engines loaded {pv['loaded']} of {len(pv['loading'])}")
+    return "; ".join(parts)
+
+
+def progress_panel(info: load.RunInfo) -> None:
+    """A live run's progress: sweep point i of N with the time left, and per engine how far
+    vLLM is through loading its weights (its own 'Loading safetensors checkpoint shards'
+    lines, read by the orchestrator into run.json)."""
+    if not info.live:
+        return
+    pv = load.progress_view(info.progress, time.time())
+    sw = pv.get("sweep")
+    loading = pv.get("loading") or []
+    if not sw and not loading:
+        if info.stage:
+            st.caption(f"Stage **{info.stage}**: no sweep or loading progress recorded yet.")
+        return
+    with st.container(border=True):
+        st.markdown("**Progress**")
+        if sw:
+            text = f"Sweep point {sw['index']} of {sw['total']}"
+            if sw.get("concurrency"):
+                text += f" (max concurrency {sw['concurrency']})"
+            if sw.get("running_s") is not None:
+                text += f" · this point running for {fmt_duration(sw['running_s'])}"
+            if sw.get("left_s") is not None:
+                text += f" · about {fmt_duration(sw['left_s'])} left in the sweep"
+            elif not sw.get("estimated"):
+                text += " · time left: estimated once the first point is done"
+            st.progress(sw["fraction"], text=text)
+        if loading:
+            done = pv.get("loaded", 0)
+            if done == len(loading) and sw:
+                st.caption(f"All {len(loading)} engines finished loading their weights.")
+            else:
+                st.markdown(f"Model loading (from vLLM's log lines): {done} of "
+                            f"{len(loading)} engines done")
+                cols = st.columns(min(3, len(loading)))
+                for k, (name, frac) in enumerate(loading):
+                    cols[k % len(cols)].progress(min(max(frac, 0.0), 1.0),
+                                                 text=f"{name}: {frac:.0%}")
+
+
+def live(info: load.RunInfo, body: Callable[[load.RunInfo], None],
+         panel: bool = False) -> None:
+    """Run `body(info)` once, or, while the run is live, as a fragment that reruns itself
+    every LIVE_EVERY_S with the run re-read (state, stage, progress), under a line saying
+    how far it is (`panel`: the body draws the full progress panel itself). When the run
+    ends, the whole page is drawn once more, as a finished run."""
+    if not info.live:
+        body(info)
+        return
+
+    def refresh() -> None:
+        fresh = selected_run()
+        if fresh is None or fresh.run_id != info.run_id:
+            fresh = info
+        if not fresh.live:
+            st.rerun()
+        if not panel:
+            line = progress_line(fresh)
+            st.caption(f"Live: {fresh.state}"
+                       f"{', stage ' + fresh.stage if fresh.stage else ''}"
+                       f"{' · ' + line if line else ''}")
+        body(fresh)
+
+    st.fragment(refresh, run_every=LIVE_EVERY_S)()
 
 
 def no_telemetry(info: load.RunInfo, what: str) -> bool:
@@ -246,3 +356,63 @@ def num(x: Any, fmt: str = ",.0f", unit: str = "") -> str:
 
 def altair(chart: Any) -> None:
     st.altair_chart(chart, width="stretch")
+
+
+ROW_PX, HEADER_PX, MAX_FIT_ROWS = 35, 38, 30
+
+
+def table(df: pd.DataFrame, **kw: Any) -> None:
+    """A dataframe exactly as tall as its rows (no empty filler rows, no inner scrolling up
+    to MAX_FIT_ROWS rows)."""
+    n = len(df)
+    height = HEADER_PX + ROW_PX * max(n, 1) if n <= MAX_FIT_ROWS else "auto"
+    st.dataframe(df, hide_index=True, width="stretch", height=height, **kw)
+
+
+def text_table(df: pd.DataFrame) -> None:
+    """A table whose cells wrap (evidence, errors, assumptions): nothing is cut off."""
+    if len(df):
+        st.table(df.reset_index(drop=True), hide_index=True)
+
+
+def verdict_list(items: list[tuple[str, str, list[str]]]) -> None:
+    """Verdicts as full-width lines: **point** · verdict, then its evidence; nothing is cut
+    off or squeezed into a narrow column."""
+    lines = []
+    for point, title, evidence in items:
+        lines.append(f"- **{point}** · {title}" + (":" if evidence else ""))
+        lines += [f"    - {e}" for e in evidence]
+    if lines:
+        st.markdown("\n".join(lines))
+
+
+def report_panel(path: Path, what: str) -> None:
+    """The static HTML report (`python -m launcher report`): download it, or write it."""
+    from launcher.run.rundir import REPORT
+
+    report = Path(path) / REPORT
+    with st.container(border=True):
+        st.markdown(f"**Report to share** — one self-contained HTML file of this {what} "
+                    "(summary table, Pareto chart, verdicts, identity; opens without a server)")
+        c1, c2 = st.columns([1, 3])
+        if report.is_file():
+            c1.download_button("Download report.html", report.read_bytes(),
+                               file_name=f"{Path(path).name}-report.html", mime="text/html",
+                               key=f"dl_report_{what}", icon=":material/download:")
+            c2.caption(f"`{report}` · written {fmt_time(report.stat().st_mtime)} · "
+                       f"rewrite it with `python -m launcher report {path}`")
+            again = c2.button("Rewrite it now", key=f"rewrite_report_{what}")
+        else:
+            c2.caption(f"Not written yet: `python -m launcher report {path}` writes `{report}`.")
+            again = c1.button("Write report.html", key=f"write_report_{what}",
+                              icon=":material/description:")
+        if again:
+            from launcher import report as report_mod
+
+            with st.spinner("Writing the report…"):
+                try:
+                    report_mod.write_report(Path(path))
+                except Exception as e:  # noqa: BLE001 - say it, keep the page
+                    st.error(f"Could not write the report: {type(e).__name__}: {e}")
+                    return
+            st.rerun()

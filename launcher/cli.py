@@ -36,9 +36,25 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--format", choices=("text", "json"), default="text")
     s.add_argument("--wait", action="store_true", help="follow a Slurm job until it ends")
     s.add_argument(
+        "--check", action="store_true",
+        help="ask the scheduler (sbatch --test-only) whether it takes the job; submit nothing",
+    )  # fmt: skip
+    s.add_argument(
         "--nodelist", help="plan the dry-run on these node names (default: the profile's)"
     )
     s.set_defaults(func=cmd_submit)
+
+    s = sub.add_parser("env", help="the compute nodes' environment (shared compute_env mode)")
+    s.add_argument("action", choices=("prepare", "show"))
+    s.add_argument("--cluster", required=True, help="a cluster profile name or YAML path")
+    s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS)
+    s.set_defaults(func=cmd_env)
+
+    s = sub.add_parser("stage-model", help="fetch a hub model once into the profile's HF cache")
+    s.add_argument("model", help="org/name on the Hugging Face hub")
+    s.add_argument("--cluster", required=True, help="a cluster profile name or YAML path")
+    s.add_argument("--revision", default=None)
+    s.set_defaults(func=cmd_stage_model)
 
     s = sub.add_parser("run", help="run a prepared run directory here (inside an allocation)")
     s.add_argument("run_dir", type=Path)
@@ -65,6 +81,30 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("runs", help="list runs")
     s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS)
     s.set_defaults(func=cmd_runs)
+
+    s = sub.add_parser("report", help="write one self-contained HTML report of a run or a study")
+    s.add_argument(
+        "run", nargs="?",
+        help="run or study: a path, a (prefix of a) run id, or a study name (default: newest)",
+    )  # fmt: skip
+    s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS)
+    s.set_defaults(func=cmd_report)
+
+    s = sub.add_parser(
+        "recommend", help="the prefill:decode ratio and top concurrency to run next, from one run"
+    )
+    s.add_argument("run", nargs="?", help="run directory or id (default: the newest)")
+    s.add_argument("--target-tok-s-user", type=float, default=None, metavar="X")
+    s.add_argument("--format", choices=("text", "json"), default="text")
+    s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS)
+    s.set_defaults(func=cmd_recommend)
+
+    s = sub.add_parser(
+        "prometheus-config", add_help=False,
+        help="print a Prometheus scrape config that finds every job (file-based discovery)",
+    )  # fmt: skip
+    s.add_argument("args", nargs=argparse.REMAINDER, help="see prometheus-config --help")
+    s.set_defaults(func=cmd_prometheus_config)
 
     s = sub.add_parser("dashboard", help="open the Streamlit dashboard on a runs directory")
     s.add_argument("runs_dir", nargs="?", type=Path, default=DEFAULT_RUNS)
@@ -123,7 +163,34 @@ def cmd_submit(args) -> int:
         return 0
     from launcher.control import submit
 
-    return submit.submit_all(runs, wait=args.wait)
+    return submit.submit_all(runs, wait=args.wait, check=args.check)
+
+
+def cmd_env(args) -> int:
+    from launcher.control import compute_env
+    from launcher.spec import cluster as cluster_mod
+
+    c = cluster_mod.load(args.cluster)
+    rt = compute_env.runtime(c, args.runs_dir)
+    if args.action == "prepare":
+        rt = compute_env.prepare(c, args.runs_dir)
+    print(f"{c.name}: launcher programs run {compute_env.describe(rt)}")
+    why = compute_env.check_ready(rt)
+    if why:
+        print(f"not ready: {why}")
+        return 1
+    return 0
+
+
+def cmd_stage_model(args) -> int:
+    from launcher.control import staging
+    from launcher.spec import cluster as cluster_mod
+
+    c = cluster_mod.load(args.cluster)
+    if not c.models.hf_home:
+        raise UserError(f"cluster profile {c.name} names no models.hf_home to stage into")
+    return staging.main([args.model, "--hf-home", c.models.hf_home] +
+                        (["--revision", args.revision] if args.revision else []))
 
 
 def cmd_run(args) -> int:
@@ -172,6 +239,38 @@ def cmd_runs(args) -> int:
     statuses = {str(r.path): runs_mod.reconcile(r) for r in listing.all_runs(args.runs_dir)}
     print(text.runs_text(entries, statuses, args.runs_dir))
     return 0
+
+
+def cmd_report(args) -> int:
+    """Writes <run or study>/report.html and prints its path."""
+    from launcher import report
+    from launcher.run import listing
+
+    ref = args.run
+    if ref and listing.is_study(Path(ref)):
+        path = Path(ref)
+    elif ref and listing.is_study(args.runs_dir / ref):
+        path = args.runs_dir / ref
+    else:
+        path = _find_run(args.runs_dir, ref).path
+    print(report.write_report(path))
+    return 0
+
+
+def cmd_recommend(args) -> int:
+    from dashboard import recommend
+
+    run = _find_run(args.runs_dir, args.run)
+    argv = [str(run.path), "--format", args.format]
+    if args.target_tok_s_user is not None:
+        argv += ["--target-tok-s-user", str(args.target_tok_s_user)]
+    return recommend.main(argv)
+
+
+def cmd_prometheus_config(args) -> int:
+    from launcher.telemetry import promsd
+
+    return promsd.main(args.args)
 
 
 def cmd_dashboard(args) -> int:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from launcher.planning import render
+from launcher.control import compute_env, staging
+from launcher.planning import capacity, render
 from launcher.run import listing, rundir
 from launcher.run.plandoc import PlanError, read_plan
 from launcher.run.rundir import RunDir, RunStatus
@@ -84,18 +85,31 @@ def plan_text(prepared: Prepared) -> str:
         )
     if r.accuracy.enabled:
         lines.append(
-            f"Accuracy gate: {r.accuracy.task} {r.accuracy.num_shots}-shot, "
-            f"{r.accuracy.num_questions} questions, pass at >= {r.accuracy.threshold:g}"
+            f"Accuracy gate: {r.accuracy.task} {r.accuracy.num_shots}-shot "
+            f"{r.accuracy.metric} as lm-eval scores it, "
+            f"{r.accuracy.num_questions or 'all'} questions"
+            + ("" if r.accuracy.train else " (examples from the test file: NOT comparable "
+               "with lm-eval; set accuracy.train)")
+            + f", pass at >= {r.accuracy.threshold:g}"
         )
     for cap in prepared.capacity:
+        lines.append(cap.describe())
+    warning = capacity.sweep_warning(plan, prepared.capacity)
+    if warning:
+        lines.append(f"warning: {warning}")
+    rt = plan.runtime
+    lines.append(f"Launcher programs on the compute nodes: {compute_env.describe(rt)}")
+    if r.container is not None:
+        k = plan.cluster.containers
+        pin = "" if "@sha256:" in r.container.image or r.container.image.startswith(("/", "{")) else (
+            " (not pinned by digest: a moved tag changes what runs; use repo@sha256:...)")
         lines.append(
-            f"KV capacity estimate {cap.endpoint} ({cap.gpus} GPUs): weights "
-            f"{cap.weights_gib_per_gpu} GiB/GPU, cache {cap.cache_gib_per_gpu} GiB/GPU, "
-            f"{cap.kv_bytes_per_token / 1024:.1f} KiB KV/token + "
-            f"{cap.state_bytes_per_request / 2**20:.1f} MiB state/request -> about "
-            f"{cap.max_concurrency:,} concurrent requests ({cap.assumptions}; facts from "
-            f"{cap.facts_from})"
+            f"Engines and clients run in {r.container.image}{pin} ({k.runtime}), seeing only "
+            f"the image and " + ", ".join(d for _, d, _ in render.container_mounts(plan))
         )
+    refuse, note = staging.check(r, plan.cluster)
+    if refuse or note:
+        lines.append(f"Model: {refuse or note}")
     files = [rundir.RECIPE, rundir.PLAN, rundir.COMMANDS] + (
         [rundir.SBATCH] if prepared.sbatch else []
     )
@@ -173,6 +187,8 @@ def progress_text(progress: dict) -> str:
         if sweep.get("concurrency"):
             s += f" (c={sweep['concurrency']})"
         left = sweep.get("seconds_left")
+        if isinstance(left, int | float) and isinstance(sweep.get("started"), int | float):
+            left = max(0.0, left - (time.time() - sweep["started"]))  # counts down
         if isinstance(left, int | float) and left >= 0:
             s += f", about {int(left) // 60}m{int(left) % 60:02d}s left"
         parts.append(s)

@@ -53,6 +53,7 @@ def plan_doc(prefill: int = 4, *, decode_dp: int = 8, prefill_dp: int = 2, agg: 
     data = {
         "name": "qwen35", "cluster": "gb200-nvl72", "engine": engine, "mode": mode,
         "model": {"path": "/models/q", "served_name": "qwen3.5"},
+        "container": {"image": "vllm/vllm-openai@sha256:" + "0" * 64},
     }  # fmt: skip
     if agg:
         data["agg"] = {"endpoints": agg, "data_parallel": agg_dp, "expert_parallel": True}

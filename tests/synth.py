@@ -38,6 +38,11 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 NIXL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
 BLOCK_SIZE = 16
+# Decode KV blocks per DP rank the synthetic engines report: about what the healthy model's
+# usage implies (~16 requests of ISL+OSL at ~70 % at the top point); the plan's prediction
+# is a little lower, as an estimate should be.
+DECODE_BLOCKS = 13_000
+PREDICTED_BLOCKS = 12_800
 
 
 @dataclass
@@ -65,6 +70,8 @@ class Scenario:
     state: str = "succeeded"
     fail_at_point: int | None = None  # index of the point that fails (the run then fails)
     seed: int = 0
+    tpot_scale: float = 1.0           # decode speed of this configuration (studies)
+    recipe: str | None = None         # recipe name (default synthetic-<signature>)
 
 
 # --- plan ----------------------------------------------------------------------------------
@@ -81,7 +88,7 @@ def make_plan(run_id: str, sc: Scenario) -> dict:
     topo = sc.topology
     gpn = topo.gpus_per_node
     recipe = Recipe.model_validate({
-        "name": f"synthetic-{sc.signature}",
+        "name": sc.recipe or f"synthetic-{sc.signature}",
         "cluster": "synthetic",
         "engine": sc.engine,
         "model": {"path": MODEL, "served_name": "qwen3.5"},
@@ -100,7 +107,31 @@ def make_plan(run_id: str, sc: Scenario) -> dict:
     addresses = {n: f"10.0.0.{i}" for i, n in enumerate(nodes, 1)}
     p = plan_mod.make_plan(recipe, cluster, nodes, addresses)
     run_dir = f"/synthetic/{run_id}"
-    return render.plan_doc(p, run_id, run_dir, placeholder_nodes=False).to_json()
+    doc = render.plan_doc(p, run_id, run_dir, placeholder_nodes=False).to_json()
+    doc["capacity"] = predicted_capacity(doc)
+    return doc
+
+
+def predicted_capacity(plan: dict) -> list[dict]:
+    """A KV-capacity estimate per decode endpoint in the shape the planner writes into
+    plan.json (launcher.planning.kv_cache.KvCapacity.to_json's keys), for blocks a bit
+    below what the synthetic engines report (an estimate errs on the safe side)."""
+    out = []
+    for ep in plan["endpoints"]:
+        if ep["role"] != "decode":
+            continue
+        blocks = PREDICTED_BLOCKS
+        per_rank = blocks * BLOCK_SIZE // (ISL + OSL)
+        out.append({
+            "name": ep["name"], "tp": ep["tp_size"], "dp": ep["dp_size"],
+            "block_size": BLOCK_SIZE, "num_gpu_blocks": blocks,
+            "lengths": {"mean_total": ISL + OSL, "max_total": ISL + OSL},
+            "per_rank_at_mean_length": per_rank, "per_rank_at_max_length": per_rank,
+            "endpoint_at_mean_length": per_rank * ep["dp_size"],
+            "endpoint_at_max_length": per_rank * ep["dp_size"],
+            "assumptions": ["synthetic: 8 GiB/GPU for activations and CUDA graphs",
+                            "every request reaches ISL + OSL tokens"]})
+    return out
 
 
 # --- the per-point model -------------------------------------------------------------------
@@ -376,7 +407,7 @@ def engine_telemetry(sc: Scenario, plan: dict, tl: Timeline, models: list[PointM
             np.round(wc))
         add(proc, engines, "vllm:num_requests_waiting_by_reason", {"reason": "deferred"},
             np.round(wd))
-        blocks = 180_000 if role == "decode" else 60_000
+        blocks = DECODE_BLOCKS if role == "decode" else 60_000
         for e in engines:
             add(proc, [e], "vllm:cache_config_info",
                 {"block_size": str(BLOCK_SIZE), "cache_dtype": "fp8", "enable_prefix_caching":
@@ -508,6 +539,8 @@ def write_run(root: Path, sc: Scenario, *, t0: float | None = None,
     tl = timeline(sc, t0)
     cmax = max(sc.concurrencies)
     models = [point_model(sc.signature, c, cmax) for c in sc.concurrencies]
+    for m in models:
+        m.tpot *= sc.tpot_scale
     n_points = len(models) if sc.fail_at_point is None else sc.fail_at_point + 1
     models = models[:n_points]
     failed_at = tl.windows[sc.fail_at_point][0] + 20 if sc.fail_at_point is not None else None
@@ -623,9 +656,142 @@ def large(root: Path, duration_s: float = 7200.0, **kw: Any) -> Path:
     return write_run(root, sc)
 
 
+STUDY_PREFILL = (1, 2, 3)
+
+
+def study(root: Path, prefill_endpoints: tuple[int, ...] = STUDY_PREFILL,
+          duration_s: float = 300.0, name: str | None = None, **kw: Any) -> Path:
+    """A `--sweep prefill.endpoints=1,2,3` study: a directory with study.json and one run
+    per configuration, each planned by the real planner (1 decode DEP4 + N prefill DEP2).
+    Fewer prefill endpoints make prefill the bottleneck and leave decode less batched
+    (faster TPOT); more make decode the slower side. Returns the study directory."""
+    t0 = 1_764_500_000.0
+    name = name or f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime(t0))}-synthetic-study"
+    sdir = Path(root) / name
+    sdir.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for k, n in enumerate(prefill_endpoints):
+        sig = "prefill" if n == min(prefill_endpoints) and len(prefill_endpoints) > 1 else \
+            "healthy"
+        sc = Scenario(f"study-p{n}", sig, topology=Topology(n_prefill=n), duration_s=duration_s,
+                      tpot_scale=0.8 + 0.15 * k, seed=k, recipe="synthetic-study", **kw)
+        start = t0 + k * (duration_s + 240.0)
+        run_id = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime(start))}-synthetic-study-p{n}"
+        path = write_run(sdir, sc, t0=start, run_id=run_id)
+        runs.append({"run": path.name, "values": {"prefill.endpoints": n}})
+    write_json(sdir / "study.json", {"study": name, "recipe": "synthetic-study",
+                                     "axes": {"prefill.endpoints": list(prefill_endpoints)},
+                                     "runs": runs})
+    return sdir
+
+
+def live(root: Path, index: int = 1, total: int = 4, **kw: Any) -> Path:
+    """A healthy run that is still sweeping: run.json says running, stage sweep, with the
+    orchestrator's progress (sweep point `index` of `total`, engines loaded). Advance it
+    with `set_progress`."""
+    path = healthy(root, **kw)
+    rd = RunDir(path)
+    rec = rd.read_record()
+    rec.state, rec.stage, rec.ended = State.RUNNING, Stage.SWEEP, None
+    for p in rec.processes.values():
+        p.exit_code, p.stopped = None, False
+    rd.write_record(rec)
+    set_progress(path, index, total)
+    return path
+
+
+def set_progress(path: Path, index: int, total: int = 4, seconds_left: float | None = None,
+                 loading: dict[str, float] | None = None) -> None:
+    """Write run.json's progress the way the orchestrator does (RunDir.write_record)."""
+    rd = RunDir(Path(path))
+    rec = rd.read_record()
+    conc = (8, 16, 32, 64, 128, 256, 512, 1024)
+    if seconds_left is None and index > 1:
+        seconds_left = 60.0 * (total - index + 1)
+    rec.progress["sweep"] = {"index": index, "total": total,
+                             "concurrency": conc[min(index - 1, len(conc) - 1)],
+                             "started": time.time(), "seconds_left": seconds_left}
+    if loading is not None:
+        rec.progress["loading"] = loading
+    else:
+        plan = json.loads(rd.plan.read_text())
+        rec.progress.setdefault("loading", {p["name"]: 1.0 for p in plan["processes"]
+                                            if p["kind"] == "engine"})
+    rd.write_record(rec)
+
+
+_DEMO: list[Path] = []  # the local demo run of this test session (it takes ~30 s)
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_base(span: int = 200) -> int:
+    """A port block nobody on this host listens on (other people's runs use theirs)."""
+    import random
+
+    rng = random.Random()
+    for _ in range(100):
+        base = rng.randrange(30000, 60000 - span, 100)
+        if all(_port_free(p) for p in range(base, base + span)):
+            return base
+    raise RuntimeError("no free block of 200 ports between 30000 and 60000")
+
+
+def local_demo(tmp_root: Path) -> Path:
+    """The local demo exactly as a user runs it (`python -m launcher submit local-sim`: sim
+    engines, the real router, agents, bench client, GSM8K gate), once per test session, on
+    the local profile with a free port block. Returns the run directory."""
+    import subprocess
+    import sys
+
+    if _DEMO and _DEMO[0].is_dir():
+        return _DEMO[0]
+    tmp = Path(tmp_root)
+    tmp.mkdir(parents=True, exist_ok=True)
+    profile = Path(__file__).resolve().parents[1] / "launcher" / "clusters" / "local.yaml"
+    text = profile.read_text()
+    base = free_port_base()
+    text = "\n".join(f"port_base: {base}" if line.startswith("port_base:") else line
+                     for line in text.splitlines()) + "\n"
+    (tmp / "local-demo.yaml").write_text(text)
+    p = subprocess.run([sys.executable, "-m", "launcher", "submit", "local-sim",
+                        "--set", f"cluster={tmp / 'local-demo.yaml'}",
+                        "--runs-dir", str(tmp / "runs")],
+                       capture_output=True, text=True, timeout=300, cwd=tmp)
+    if p.returncode != 0:
+        raise RuntimeError(f"the local demo failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    (run,) = [r.parent for r in (tmp / "runs").glob("*/run.json")]
+    _DEMO[:] = [run]
+    return run
+
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's (tests/browser/setup.sh); never `playwright install`
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def screenshot_dir(basetemp: Path) -> Path:
+    """Where the browser tests write their screenshots: $PD_SCREENSHOTS, else
+    <pytest basetemp>/screenshots. Printed, so a person can look at them."""
+    import os
+
+    d = Path(os.environ.get("PD_SCREENSHOTS") or Path(basetemp) / "screenshots")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
 SCENARIOS = {"healthy": healthy, "prefill": prefill_bound, "kv_capacity": kv_capacity_bound,
              "kv_transfer": kv_transfer_bound, "failed": failed, "empty": empty,
-             "large": large}
+             "large": large, "study": study}
 
 
 def main(argv: list[str] | None = None) -> int:

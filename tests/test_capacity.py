@@ -1,62 +1,68 @@
-"""KV-capacity estimate: hand-computed bytes, and facts read from a checkpoint's config.json."""
+"""The plan's KV-capacity estimate: the seed's numbers (docs/kv-capacity.md, worked example
+a), the checkpoint's config.json over the recipe's facts, and the simulator given the same
+capacity."""
 
 import json
 
-from launcher import capacity
-from launcher.planning import plan
+from launcher.planning import capacity, plan, render
 from launcher.spec import cluster, recipe
 
 SEED = "qwen3.5-397b-gb200-disagg"
 NODES = cluster.expand_nodelist("n[1-6]")
 
 
-def decode_estimate(*sets):
-    p = plan.make_plan(recipe.load(SEED, list(sets)), cluster.load("gb200-nvl72"), NODES)
-    (cap,) = capacity.estimates(p)
-    return cap
+def seed_plan(*sets):
+    return plan.make_plan(recipe.load(SEED, list(sets)), cluster.load("gb200-nvl72"), NODES)
 
 
-def test_seed_estimate_by_hand():
-    cap = decode_estimate()
-    # Full attention: 2 (K,V) x 2 KV heads x 256 dim x 15 layers x 2 bytes (bf16 KV).
-    assert cap.kv_bytes_per_token == 2 * 2 * 256 * 15 * 2
-    # GDN: 45 layers x 32 value heads x 128 x 128 x 2 bytes (bf16 SSM cache), plus conv
-    # state 45 x (2 x 16 x 128 + 32 x 128) channels x 3 x 2 bytes.
-    assert cap.state_bytes_per_request == 45 * 32 * 128 * 128 * 2 + 45 * (4096 + 4096) * 3 * 2
-    # Weights per GPU with EP over 8: dense 10e9 x 4.5/8 B replicated + experts / 8.
-    weights = (10e9 * 0.5625 + 387e9 * 0.5625 / 8) / 2**30
-    assert abs(cap.weights_gib_per_gpu - round(weights, 1)) < 0.05
-    per_request = cap.kv_bytes_per_token * (8192 + 1024) + cap.state_bytes_per_request
-    cache = 184 * 0.9 - weights - capacity.RESERVE_GIB
-    assert cap.max_concurrency == int(cache * 2**30 // per_request) * 8
-    assert cap.facts_from == "recipe"
+def test_seed_decode_estimate_matches_the_worked_example():
+    (cap,) = capacity.estimates(seed_plan())
+    # FP8 KV (the recipe's assumption), bf16 SSM state: a 2,176-token block, 3,717 blocks
+    # per rank, 480 requests per rank for the sweep's mix, 337 at the longest length.
+    assert (cap.block_size, cap.num_gpu_blocks) == (2176, 3717)
+    assert (cap.endpoint_at_mean_length, cap.endpoint_at_max_length) == (3840, 2696)
+    assert round(cap.vllm_log_max_concurrency, 2) == 28.59
 
 
-def test_fp8_kv_and_more_memory_raise_capacity():
-    base = decode_estimate().max_concurrency
-    assert decode_estimate("vllm_args.kv-cache-dtype=fp8").max_concurrency > base
-    assert decode_estimate("decode.args.gpu-memory-utilization=0.95").max_concurrency > base
+def test_flags_move_the_estimate_the_way_vllm_would():
+    (base,) = capacity.estimates(seed_plan())
+    (fp32,) = capacity.estimates(seed_plan("vllm_args.mamba-ssm-cache-dtype=float32"))
+    (more,) = capacity.estimates(seed_plan("decode.args.gpu-memory-utilization=0.95"))
+    assert fp32.endpoint_at_mean_length == 2696 < base.endpoint_at_mean_length
+    assert more.endpoint_at_mean_length > base.endpoint_at_mean_length
 
 
 def test_config_json_wins_over_recipe_facts(tmp_path):
     types = (["linear_attention"] * 3 + ["full_attention"]) * 15
     (tmp_path / "config.json").write_text(json.dumps({
-        "model_type": "qwen3_5_moe",
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
         "text_config": {
             "num_hidden_layers": 60, "layer_types": types, "num_key_value_heads": 2,
-            "head_dim": 256, "linear_num_value_heads": 64, "linear_num_key_heads": 16,
+            "head_dim": 256, "linear_num_value_heads": 32, "linear_num_key_heads": 16,
             "linear_key_head_dim": 128, "linear_value_head_dim": 128,
             "linear_conv_kernel_dim": 4, "mamba_ssm_dtype": "float32",
+            "max_position_embeddings": 262144,
         },
     }))  # fmt: skip
-    cap = decode_estimate(f"model.path={tmp_path}")
-    assert cap.facts_from == f"{tmp_path}/config.json + recipe"
-    # 64 value heads from config.json, not the recipe's 32: twice the SSM state.
-    assert cap.state_bytes_per_request == 45 * 64 * 128 * 128 * 2 + 45 * (4096 + 8192) * 3 * 2
-    assert cap.max_concurrency < decode_estimate().max_concurrency
+    (cap,) = capacity.estimates(seed_plan(f"model.path={tmp_path}"))
+    assert any(str(tmp_path) in s for s in cap.sources.values())
+    # 32 value heads in this config.json (the recipe says 64): half the GDN state, so a
+    # smaller page and a different block than the seed's.
+    assert cap.block_size != 2176
 
 
 def test_no_facts_no_estimate():
-    r = recipe.load("local-sim")
-    p = plan.make_plan(r, cluster.load("local"), ["a", "b", "c"])
-    assert capacity.estimates(p) == []
+    assert capacity.estimates(plan.make_plan(
+        recipe.load("local-sim"), cluster.load("local"), ["a", "b", "c"])) == []
+
+
+def test_the_simulator_gets_the_estimated_capacity():
+    p = seed_plan("engine=sim")
+    (cap,) = capacity.estimates(p)
+    decode = next(ep for ep in p.endpoints if ep.name == "decode-0")
+    env = render.sim_env(p, decode)
+    from launcher.planning.kv_cache import simulator_kv_blocks
+
+    block, blocks = simulator_kv_blocks(cap)
+    assert env["SIM_DEFAULT_BLOCK_SIZE"] == str(block) == "2176"
+    assert env["SIM_KV_CAPACITY_TOKENS"] == str(block * blocks)

@@ -10,14 +10,15 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("streamlit")
-from streamlit.testing.v1 import AppTest  # noqa: E402
-
 import synth  # noqa: E402
+from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from dashboard import ui  # noqa: E402
 
 APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
 PAGES = [p for p, *_ in ui.PAGES]
+# Pages about all runs or a study, not the selected run.
+NOT_RUN_PAGES = ("app_pages/runs.py", "app_pages/study.py")
 # The 72-GPU topology at a shorter span keeps CI fast; the benchmark uses the full 2 hours.
 LARGE_S = 900.0
 
@@ -57,13 +58,14 @@ def test_every_page_renders(runs, kind, page, monkeypatch):
     at = open_page(run.parent, run.name, page, monkeypatch)
     assert not at.exception, f"{page} on {kind}: " + "\n".join(e.value for e in at.exception)
     body = texts(at)
-    if page != "app_pages/runs.py":
-        assert run.name in body  # the selected run is the one from the URL
-    if kind in ("healthy", "failed", "large") and page != "app_pages/runs.py":
+    if page in NOT_RUN_PAGES:
+        return
+    assert run.name in body  # the selected run is the one from the URL
+    if kind in ("healthy", "failed", "large"):
         assert "SIMULATION" in body
-    if kind == "failed" and page != "app_pages/runs.py":
+    if kind == "failed":
         assert any("failed during stage" in e.value for e in at.error)
-    if kind == "empty" and page != "app_pages/runs.py":
+    if kind == "empty":
         assert any("empty" in e.value for e in at.info)
         assert not at.get("vega_lite_chart")
 
@@ -187,7 +189,7 @@ def test_run_that_died_before_the_sweep(tmp_path, monkeypatch):
     state = json.loads((run / "run.json").read_text())
     state.update(state="failed", stage="health", error="prefill-1 never became healthy")
     (run / "run.json").write_text(json.dumps(state))
-    for page in PAGES:
+    for page in [p for p in PAGES if p not in NOT_RUN_PAGES]:
         at = open_page(tmp_path, run.name, page, monkeypatch)
         assert not at.exception, (page, [e.value for e in at.exception])
         if page == "app_pages/sweep.py":

@@ -1,53 +1,78 @@
 """The dashboard as a person sees it: a real Streamlit server on 127.0.0.1 and Debian's
 headless Chromium (tests/browser/setup.sh installs it; never `playwright install`).
 
-Visits every page of a run, saves full-page screenshots (paths printed) and checks what is on
-the page: titles, the SIMULATION label, drawn charts (canvas/svg inside the vega element)
-on the KV and TTFT pages, and no exception boxes."""
+Visits every page of the local demo run (`launcher submit local-sim`, really run), of a
+synthetic 3-configuration study and of synthetic healthy, failed, live and 72-GPU runs;
+saves full-page screenshots (the directory is printed: $PD_SCREENSHOTS or pytest's
+basetemp/screenshots) and checks what is on the page: titles, the SIMULATION label, drawn
+charts, no exception box, no developer toolbar, no empty filler rows in tables, and every
+axis's tick labels (no bare fraction, no label repeated, time axes in the server's zone
+whatever the browser's zone is). The server runs in Asia/Kolkata, the browser in
+America/New_York: a time axis must show the server's wall clock, as the logs do.
+"""
 
 from __future__ import annotations
 
 import os
-import socket
+import re
+import shutil
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-
-import dashboard
 import synth
 
-from dashboard import ui
+import dashboard
+from dashboard import studies, ui
+from launcher.run import figures, listing
 
-CHROMIUM = "/usr/bin/chromium"
 pytestmark = pytest.mark.browser
+SERVER_TZ, BROWSER_TZ = "Asia/Kolkata", "America/New_York"
 
 
 @pytest.fixture(scope="module", autouse=True)
 def chromium_installed():
     # A missing browser fails these tests (like a missing dev cluster): a skip would pass
     # CI without ever looking at the pages.
-    if not os.path.exists(CHROMIUM):
+    if not os.path.exists(synth.CHROMIUM):
         pytest.fail("needs Debian's chromium: run `bash tests/browser/setup.sh` (as root)")
+
+
 CHART = '[data-testid="stVegaLiteChart"]'
 DRAWN = f"{CHART} canvas, {CHART} svg.marks"
-# (url path, title on the page, minimum charts drawn, text that must be there). Tables are
-# drawn on a canvas (glide grid), so the checked text is titles, metrics, captions, tabs.
+# (url path, title on the page, minimum charts drawn, text that must be there) for the
+# demo run. Tables are drawn on a canvas (glide grid), so the checked text is titles,
+# metrics, captions, tabs and static tables.
 PAGES = [
-    ("", "Runs", 0, ["SIMULATION", "Simulated", "Failed"]),
-    ("overview", "Run overview", 2, ["Total tok/s per GPU", "GSM8K accuracy",
-                                     "Bottleneck per sweep point"]),
+    ("", "Runs", 0, ["SIMULATION", "Simulated", "Failed", "Studies"]),
+    ("overview", "Run overview", 2, ["tok/s per GPU, best", "GSM8K accuracy",
+                                     "Bottleneck per sweep point", "Report to share"]),
     ("sweep", "Sweep", 3, ["x = 1000 ÷ median TPOT", "Throughput measure"]),
     ("kv", "KV cache", 6, ["KV cache usage", "NIXL KV transfer (decode side)",
-                           "KV capacity"]),
-    ("ttft", "TTFT breakdown", 1, ["Diagnosis per sweep point", "healthy"]),
-    ("gpus", "GPUs and hosts", 2, ["GPUs (NVML)", "GPU metric"]),
+                           "KV capacity: predicted vs observed"]),
+    ("ttft", "TTFT breakdown", 1, ["Diagnosis per sweep point"]),
+    ("gpus", "GPUs and hosts", 0, ["GPUs (NVML)", "Hosts"]),
     ("logs", "Logs", 0, ["Processes with logs", "Tail"]),
 ]
+RUN_PAGES = [p for p in PAGES if p[0]]
+AXES_JS = """() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg.marks')]
+  .map(s => [...s.querySelectorAll('g.role-axis')].map(ax => ({
+    title: [...ax.querySelectorAll('.role-axis-title text')].map(t => t.textContent).join(' '),
+    labels: [...ax.querySelectorAll('.role-axis-label text')]
+      .filter(t => t.getAttribute('opacity') !== '0' && getComputedStyle(t).opacity !== '0')
+      .map(t => t.textContent)})))"""
+TABLES_JS = """() => [...document.querySelectorAll('[data-testid="stDataFrame"]')]
+  .map(d => { const g = d.querySelector('[role="grid"][aria-rowcount]');
+              return g ? {h: d.getBoundingClientRect().height,
+                          rows: +g.getAttribute('aria-rowcount')} : null })
+  .filter(x => x)"""
 
 
 def free_port() -> int:
+    import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -56,38 +81,49 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    runs = {"healthy": synth.healthy(root), "failed": synth.failed(root),
-            "large": synth.large(root, duration_s=1800.0)}
+    demo_src = synth.local_demo(tmp_path_factory.getbasetemp() / "local-demo")
+    demo = root / demo_src.name
+    shutil.copytree(demo_src, demo)
+    runs = {"demo": demo, "healthy": synth.healthy(root), "failed": synth.failed(root),
+            "large": synth.large(root, duration_s=1800.0), "study": synth.study(root),
+            "live": synth.live(root / "live-runs", index=1, total=4)}
+    # the live run sits in a runs dir of its own: a second server below serves it
     port = free_port()
     log = open(root / "streamlit.log", "wb")
-    proc = dashboard.start(root, host="127.0.0.1", port=port, stdout=log,
-                           stderr=subprocess_stdout())
+    env_tz = os.environ.get("TZ")
+    os.environ["TZ"] = SERVER_TZ  # the server's zone (the cluster's, the logs')
+    try:
+        proc = dashboard.start(root, host="127.0.0.1", port=port, stdout=log,
+                               stderr=subprocess.STDOUT)
+    finally:
+        if env_tz is None:
+            os.environ.pop("TZ", None)
+        else:
+            os.environ["TZ"] = env_tz
     base = dashboard.url("127.0.0.1", port)
+    wait_healthy(base, proc, root / "streamlit.log")
+    yield base, runs
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # a stuck server must not hang the suite
+        proc.kill()
+    log.close()
+
+
+def wait_healthy(base: str, proc: subprocess.Popen, log: Path) -> None:
     deadline = time.time() + 60
     while True:
         try:
             with urllib.request.urlopen(f"{base}/_stcore/health", timeout=2) as r:
                 if r.read().strip() == b"ok":
-                    break
+                    return
         except OSError:
             pass
         if proc.poll() is not None or time.time() > deadline:
             proc.kill()
-            pytest.fail(f"streamlit did not start: {(root / 'streamlit.log').read_text()}")
+            pytest.fail(f"streamlit did not start: {log.read_text()}")
         time.sleep(0.3)
-    yield base, runs
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except Exception:  # noqa: BLE001 - a stuck server must not hang the suite
-        proc.kill()
-    log.close()
-
-
-def subprocess_stdout():
-    import subprocess
-
-    return subprocess.STDOUT
 
 
 @pytest.fixture(scope="module")
@@ -95,80 +131,258 @@ def browser():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run"])
+        b = p.chromium.launch(executable_path=synth.CHROMIUM, args=synth.CHROMIUM_ARGS,
+                              env={**os.environ, "TZ": BROWSER_TZ})
         yield b
         b.close()
 
 
-def visit(browser, url: str, title: str, min_charts: int, shot: Path) -> tuple[str, int]:
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    d = synth.screenshot_dir(tmp_path_factory.getbasetemp())
+    print(f"screenshots in {d}")
+    return d
+
+
+def settle(page, title: str, min_charts: int) -> None:
+    page.get_by_role("heading", name=title).first.wait_for(timeout=90_000)
+    if min_charts:
+        page.wait_for_function(
+            f"document.querySelectorAll('{DRAWN}').length >= {min_charts}", timeout=120_000)
+    # Let the script finish: the status widget shows while Streamlit is running it.
+    page.wait_for_function(
+        "!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=120_000)
+    page.wait_for_timeout(800)  # vega finishes painting
+
+
+def check_axes(axes: list[list[dict]], where: str) -> int:
+    """Every axis: no bare fraction ('.500', ':30'), no label twice in a row, and time axes
+    in whole seconds or minutes. Returns how many time axes were seen."""
+    n_time = 0
+    for chart in axes:
+        for ax in chart:
+            labels = [x for x in ax["labels"] if x]
+            for lab in labels:
+                assert not re.fullmatch(r"[.:]\d+", lab), f"{where}: bare fraction {lab!r}"
+            repeats = [a for a, b in zip(labels, labels[1:], strict=False) if a == b]
+            assert not repeats, f"{where}: {ax['title']!r} repeats {repeats} in {labels}"
+            if ax["title"].startswith("time ("):
+                n_time += 1
+                for lab in labels:
+                    assert re.fullmatch(r"(\w{3} \d\d )?\d\d:\d\d(:\d\d)?|\w{3} \d\d", lab), \
+                        f"{where}: time label {lab!r}"
+            if ax["title"] == "seconds since job start":
+                n_time += 1
+                assert all(re.fullmatch(r"-?[\d,]+", lab) for lab in labels), labels
+    return n_time
+
+
+def visit(browser, url: str, title: str, min_charts: int, shot: Path) -> dict:
     page = browser.new_page(viewport={"width": 1440, "height": 1000})
     try:
         page.goto(url, wait_until="domcontentloaded", timeout=60_000)
-        page.get_by_role("heading", name=title).first.wait_for(timeout=90_000)
-        if min_charts:
-            page.wait_for_function(
-                f"document.querySelectorAll('{DRAWN}').length >= {min_charts}",
-                timeout=120_000)
-        # Let the script finish: the status widget shows while Streamlit is running it.
-        page.wait_for_function(
-            "!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=120_000)
-        page.wait_for_timeout(800)  # vega finishes painting
+        settle(page, title, min_charts)
         # Streamlit scrolls inside its main block, so "full page" is the viewport: grow the
         # viewport to the content's height to capture the whole page.
         h = page.evaluate("document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
-        page.set_viewport_size({"width": 1440, "height": min(max(int(h), 1000), 12000)})
+        page.set_viewport_size({"width": 1440, "height": min(max(int(h), 1000), 14000)})
         page.wait_for_timeout(800)
         page.screenshot(path=str(shot), full_page=True)
         print(f"screenshot: {shot}")
-        assert page.locator('[data-testid="stException"]').count() == 0, \
-            page.locator('[data-testid="stException"]').first.inner_text()
-        return page.inner_text("body"), page.locator(DRAWN).count()
+        exc = page.locator('[data-testid="stException"]')
+        assert exc.count() == 0, exc.first.inner_text()
+        assert page.locator('[data-testid="stAppDeployButton"]').count() == 0
+        assert page.get_by_text("Deploy", exact=True).count() == 0  # no developer toolbar
+        for t in page.evaluate(TABLES_JS):  # as tall as their rows: no empty filler rows
+            assert t["h"] <= ui.HEADER_PX + ui.ROW_PX * max(t["rows"] - 1, 1) + 4, (url, t)
+        axes = page.evaluate(AXES_JS)
+        n_time = check_axes(axes, url)
+        return {"text": page.inner_text("body"), "drawn": page.locator(DRAWN).count(),
+                "axes": axes, "time_axes": n_time}
     finally:
         page.close()
 
 
 @pytest.mark.parametrize("path, title, min_charts, wanted", PAGES,
                          ids=[p[0] or "runs" for p in PAGES])
-def test_page_of_the_demo_run(server, browser, tmp_path_factory, path, title, min_charts,
-                              wanted):
+def test_every_page_of_the_demo_run(server, browser, shots, path, title, min_charts,
+                                    wanted):
+    base, runs = server
+    run = runs["demo"]
+    got = visit(browser, f"{base}/{path}?run={run.name}", title, min_charts,
+                shots / f"demo-{path or 'runs'}.png")
+    assert got["drawn"] >= min_charts
+    for w in wanted:
+        assert w in got["text"], f"{w!r} missing on {path or 'runs'}"
+    if path:
+        assert run.name in got["text"] and "SIMULATION" in got["text"]
+    if path in ("overview", "kv"):
+        assert got["time_axes"] >= 1
+
+
+def test_time_axes_show_the_servers_wall_clock(server, browser, shots):
+    """Server in IST, browser in New York: the stage timeline of the synthetic run (events
+    from 07:04:30 to 07:14:40 UTC) reads 12:34..12:45, as fmt_time and the logs do."""
     base, runs = server
     run = runs["healthy"]
-    shots = tmp_path_factory.getbasetemp() / "screenshots"
-    shots.mkdir(exist_ok=True)
-    text, drawn = visit(browser, f"{base}/{path}?run={run.name}", title, min_charts,
-                        shots / f"healthy-{path or 'runs'}.png")
-    assert drawn >= min_charts
-    for w in wanted:
-        assert w in text, f"{w!r} missing on {path or 'runs'}"
-    if path:
-        assert run.name in text and "SIMULATION" in text
+    got = visit(browser, f"{base}/overview?run={run.name}", "Run overview", 2,
+                shots / "healthy-overview.png")
+    axes = [ax for chart in got["axes"] for ax in chart if ax["title"].startswith("time (")]
+    assert axes and axes[0]["title"] == "time (IST, UTC+05:30)"
+    for lab in axes[0]["labels"]:
+        assert "12:30" <= lab <= "12:50", axes[0]["labels"]
+    got = visit(browser, f"{base}/kv?run={run.name}", "KV cache", 6, shots / "healthy-kv.png")
+    assert got["time_axes"] >= 6
 
 
-def test_kv_and_ttft_pages_of_the_72_gpu_run(server, browser, tmp_path_factory):
+def test_seconds_since_job_start(server, browser, shots):
+    base, runs = server
+    run = runs["healthy"]
+    page = browser.new_page(viewport={"width": 1440, "height": 1200})
+    try:
+        page.goto(f"{base}/kv?run={run.name}", timeout=60_000)
+        settle(page, "KV cache", 6)
+        page.get_by_text("seconds since job start", exact=True).click()
+        page.wait_for_function(
+            "[...document.querySelectorAll('.role-axis-title text')].some("
+            "t => t.textContent === 'seconds since job start')", timeout=60_000)
+        settle(page, "KV cache", 6)
+        axes = page.evaluate(AXES_JS)
+        page.screenshot(path=str(shots / "healthy-kv-elapsed.png"), full_page=True)
+    finally:
+        page.close()
+    assert check_axes(axes, "kv elapsed") >= 6
+    titles = {ax["title"] for chart in axes for ax in chart}
+    assert "seconds since job start" in titles and not any(t.startswith("time (")
+                                                           for t in titles)
+
+
+def test_the_study_page(server, browser, shots):
+    """3 configurations: 3 curves on the Pareto chart, the best configuration named."""
+    base, runs = server
+    study = next(e for e in listing.entries(runs["study"].parent)
+                 if isinstance(e, listing.Study))
+    got = visit(browser, f"{base}/study?study={study.name}", "Study", 2,
+                shots / "study-study.png")
+    page_text = got["text"]
+    best = ("", -1.0)
+    for label, path in studies.configs(study):
+        for p in figures.summary(path)["points"]:
+            if p["status"] == "ok" and p["total_tokens_per_s_per_gpu"] > best[1]:
+                best = (label, p["total_tokens_per_s_per_gpu"])
+    assert f"Best configuration: {best[0]}" in page_text
+    assert "Best configuration per interactivity band" in page_text
+    assert "Verdict per sweep point" in page_text and "prefill-bound" in page_text
+    assert "P:D recommendation" in page_text
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    try:
+        page.goto(f"{base}/study?study={study.name}", timeout=60_000)
+        settle(page, "Study", 2)
+        # one path per configuration in the curves layer (layer 0), each its own colour
+        curves = page.evaluate(f"""() => [...document.querySelector('{CHART} svg.marks')
+            .querySelectorAll('g.mark-line.role-mark.layer_0_marks path')]
+            .map(p => p.getAttribute('stroke'))""")
+        legend = page.evaluate(f"""() => [...document.querySelector('{CHART} svg.marks')
+            .querySelectorAll('.role-legend-label text')].map(t => t.textContent)""")
+    finally:
+        page.close()
+    assert len(curves) == 3 and len(set(curves)) == 3, curves
+    assert {"prefill.endpoints=1", "prefill.endpoints=2", "prefill.endpoints=3"} <= set(legend)
+
+
+@pytest.mark.parametrize("path, title, min_charts, wanted", RUN_PAGES,
+                         ids=[p[0] for p in RUN_PAGES])
+def test_every_page_of_a_study_run(server, browser, shots, path, title, min_charts, wanted):
+    base, runs = server
+    study = next(e for e in listing.entries(runs["study"].parent)
+                 if isinstance(e, listing.Study))
+    run = sorted(study.runs, key=lambda r: r.run_id)[1]  # prefill.endpoints=2
+    got = visit(browser, f"{base}/{path}?run={run.run_id}", title, min_charts,
+                shots / f"study-p2-{path}.png")
+    assert run.run_id in got["text"]
+    if path in ("overview", "sweep"):
+        assert f"This run is one configuration of study {study.name}" in got["text"]
+
+
+def test_runs_page_lists_the_study_as_one_item(server, browser, shots):
+    base, runs = server
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    try:
+        page.goto(f"{base}/", timeout=60_000)
+        settle(page, "Runs", 0)
+        page.screenshot(path=str(shots / "runs-list.png"), full_page=True)
+        # the table is a canvas; its accessible copy is a grid of cells
+        cells = page.evaluate("""() => [...document.querySelectorAll(
+            '[data-testid="stDataFrame"] [role="gridcell"]')].map(c => c.innerText.trim())""")
+    finally:
+        page.close()
+    study_name = runs["study"].name
+    assert f"▾ {study_name}" in cells, cells[:40]
+
+
+def test_live_run_shows_sweep_progress_that_advances(tmp_path_factory, browser, shots,
+                                                     server):
+    base, runs = server
+    live = runs["live"]
+    synth.set_progress(live, 1, 4, loading={"decode-0@node01": 0.4, "prefill-0@node02": 1.0,
+                                            "prefill-1@node02": 0.0})
+    port = free_port()
+    log_path = live.parent / "streamlit.log"
+    with open(log_path, "wb") as log:
+        proc = dashboard.start(live.parent, host="127.0.0.1", port=port, stdout=log,
+                               stderr=subprocess.STDOUT)
+        try:
+            url = dashboard.url("127.0.0.1", port)
+            wait_healthy(url, proc, log_path)
+            page = browser.new_page(viewport={"width": 1440, "height": 1400})
+            try:
+                page.goto(f"{url}/overview?run={live.name}", timeout=60_000)
+                settle(page, "Run overview", 1)
+                bar = page.get_by_text(re.compile(r"^Sweep point 1 of 4"))
+                bar.wait_for(timeout=30_000)
+                assert page.get_by_text("decode-0@node01: 40%").count() == 1
+                page.screenshot(path=str(shots / "live-overview-1.png"), full_page=True)
+                # the orchestrator moves on: point 2 of 4, engines loaded
+                synth.set_progress(live, 2, 4, seconds_left=300,
+                                   loading={"decode-0@node01": 1.0, "prefill-0@node02": 1.0,
+                                            "prefill-1@node02": 1.0})
+                page.get_by_text(re.compile(r"^Sweep point 2 of 4")).wait_for(timeout=30_000)
+                text = page.inner_text("body")
+                assert re.search(r"about \dm \d\ds left in the sweep", text), text
+                assert "All 3 engines finished loading" in text
+                page.screenshot(path=str(shots / "live-overview-2.png"), full_page=True)
+                values = page.evaluate("""() => [...document.querySelectorAll(
+                    '[data-testid="stProgress"] [role="progressbar"]')]
+                    .map(p => +p.getAttribute('aria-valuenow'))""")
+                assert values and values[0] == 25, values  # 1 of 4 points done
+            finally:
+                page.close()
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def test_kv_and_ttft_pages_of_the_72_gpu_run(server, browser, shots):
     base, runs = server
     run = runs["large"]
-    shots = tmp_path_factory.getbasetemp() / "screenshots"
-    shots.mkdir(exist_ok=True)
-    text, drawn = visit(browser, f"{base}/kv?run={run.name}", "KV cache", 7,
-                        shots / "large-kv.png")
-    assert "decode-1/e15" not in text  # engine labels live in the chart, not as page text
-    assert "KV capacity" in text and drawn >= 7
-    text, _ = visit(browser, f"{base}/ttft?run={run.name}", "TTFT breakdown", 1,
-                    shots / "large-ttft.png")
-    assert "decode KV capacity" in text
+    got = visit(browser, f"{base}/kv?run={run.name}", "KV cache", 7, shots / "large-kv.png")
+    assert "decode-1/e15" not in got["text"]  # engine labels live in the chart
+    assert "KV capacity" in got["text"] and got["drawn"] >= 7
+    got = visit(browser, f"{base}/ttft?run={run.name}", "TTFT breakdown", 1,
+                shots / "large-ttft.png")
+    assert "decode KV capacity" in got["text"]
 
 
-def test_failed_run_shows_the_error(server, browser, tmp_path_factory):
+def test_failed_run_shows_the_error(server, browser, shots):
     base, runs = server
     run = runs["failed"]
-    shots = tmp_path_factory.getbasetemp() / "screenshots"
-    shots.mkdir(exist_ok=True)
-    text, _ = visit(browser, f"{base}/overview?run={run.name}", "Run overview", 1,
-                    shots / "failed-overview.png")
-    assert "This run failed during stage" in text
-    assert "illegal memory access" in text
+    got = visit(browser, f"{base}/overview?run={run.name}", "Run overview", 1,
+                shots / "failed-overview.png")
+    assert "This run failed during stage" in got["text"]
+    assert "illegal memory access" in got["text"]
 
 
 def test_pages_listed_in_navigation(server, browser):
@@ -181,6 +395,14 @@ def test_pages_listed_in_navigation(server, browser):
         listed = nav.inner_text()
         for _, title, _, _ in ui.PAGES:
             assert title in listed
-        assert len(ui.PAGES) == len(PAGES)  # every page is visited above
+        assert len(ui.PAGES) == len(PAGES) + 1  # every page is visited (the study's above)
     finally:
         page.close()
+
+
+def test_screenshots_were_written(shots):
+    names = sorted(p.name for p in shots.glob("*.png"))
+    print("screenshots:\n" + "\n".join(f"  {shots / n}" for n in names))
+    for want in ("demo-overview.png", "demo-kv.png", "study-study.png", "live-overview-2.png",
+                 "study-p2-overview.png", "runs-list.png"):
+        assert want in names

@@ -4,13 +4,12 @@ computes, and the top point's bottleneck is the decode KV limit the demo recipe 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("streamlit")
+import synth  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from dashboard import derive, diagnose, load, ui  # noqa: E402
@@ -21,22 +20,12 @@ APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("demo")
-    # The local profile with its own port block, so this can run next to other demo runs.
-    profile = (Path(__file__).resolve().parents[1] / "launcher" / "clusters" / "local.yaml")
-    text = profile.read_text().replace("port_base: 24000", "port_base: 31000")
-    assert "port_base: 31000" in text
-    (tmp / "local-dash.yaml").write_text(text)
-    p = subprocess.run([sys.executable, "-m", "launcher", "submit", "local-sim",
-                        "--set", f"cluster={tmp / 'local-dash.yaml'}",
-                        "--runs-dir", str(tmp / "runs")],
-                       capture_output=True, text=True, timeout=300, cwd=tmp)
-    assert p.returncode == 0, p.stdout + p.stderr
-    (run,) = [r.parent for r in (tmp / "runs").glob("*/run.json")]
-    return run
+    # One local demo per test session (tests/synth.py), on a free port block, so this runs
+    # next to other demo runs; test_report.py and the browser tests read the same run.
+    return synth.local_demo(tmp_path_factory.getbasetemp() / "local-demo")
 
 
-@pytest.mark.parametrize("page", [p for p, *_ in ui.PAGES])
+@pytest.mark.parametrize("page", [p for p, *_ in ui.PAGES if p != "app_pages/study.py"])
 def test_every_page_renders_on_the_demo_run(demo, page, monkeypatch):
     monkeypatch.setenv(ui.RUNS_ENV, str(demo.parent))
     at = AppTest.from_file(APP, default_timeout=120)

@@ -7,7 +7,6 @@ import math
 from pathlib import Path
 
 import pytest
-
 import synth
 
 from dashboard import derive, diagnose, load

@@ -116,7 +116,7 @@ def test_wrong_answers_fail_the_gate_and_keep_the_sweep(tmp_path):
     code, out, _, run = _fail_run(tmp_path, "sim.wrong_answers=true")
     assert code == 1
     err = rundir.RunDir(run).status().error
-    assert "accuracy gate failed: gsm8k scored 0.000" in err
+    assert "accuracy gate failed: gsm8k strict-match scored 0.000" in err
     assert len(list((run / "bench").glob("c*.json"))) == 3
     summary = json.loads((run / "summary.json").read_text())
     assert summary["verdict"] == "failed"
@@ -174,7 +174,7 @@ def test_a_busy_port_is_named_before_anything_starts(tmp_path):
     assert f"{port} (decode-0 http)" in out and "another run still up" in out
     run = the_run(tmp_path)
     assert rundir.RunDir(run).status().state == "failed"
-    assert not (run / "logs").exists()
+    assert not list((run / "logs").glob("*@*.log")), "a process started"
 
 
 def test_missing_accuracy_data_fails_before_anything_starts(tmp_path):
@@ -182,5 +182,6 @@ def test_missing_accuracy_data_fails_before_anything_starts(tmp_path):
     assert code == 1, out
     run = the_run(tmp_path)
     err = rundir.RunDir(run).status().error
-    assert err.startswith("accuracy.data: /no/such/gsm8k.jsonl is not a file")
-    assert not (run / "bench").exists() and not (run / "logs").exists()
+    assert err.startswith("preflight: /no/such/gsm8k.jsonl is not readable on local-1 for ")
+    assert "accuracy (GSM8K test file)" in err and len(err.splitlines()) == 1
+    assert not (run / "bench").exists() and not list((run / "logs").glob("*@*.log"))

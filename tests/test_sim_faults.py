@@ -114,7 +114,7 @@ def test_filler_text_without_answer_key(tmp_path):
         status, body = http_json(p.url + "/v1/completions",
                                  {"prompt": "Question: 2+2?\nAnswer:", "max_tokens": 12})
         assert status == 200 and body["choices"][0]["finish_reason"] == "length"
-        assert "The answer is" not in body["choices"][0]["text"]
+        assert "####" not in body["choices"][0]["text"]
     finally:
         p.stop()
 

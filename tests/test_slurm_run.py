@@ -160,7 +160,7 @@ def test_a_study_submits_one_job_per_value(tmp_path):
         tmp_path, "submit", RECIPE, *SERVE_ONLY, "--sweep", "prefill.endpoints=2,4", "--wait"
     )
     assert code == 0, out
-    (study,) = (tmp_path / "runs").iterdir()
+    (study,) = [p.parent for p in (tmp_path / "runs").glob("*/study.json")]
     doc = json.loads((study / "study.json").read_text())
     assert [r["values"] for r in doc["runs"]] == [
         {"prefill.endpoints": 2},

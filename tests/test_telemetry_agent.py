@@ -131,8 +131,8 @@ def test_agent_end_to_end(tmp_path: Path) -> None:
         assert dec.hits >= hits_before + 2, "the live endpoint is still scraped on the beat"
         body = urllib.request.urlopen(f"http://127.0.0.1:{exporter_port}/metrics",
                                       timeout=5).read().decode()
-        assert 'pd_host_mem_total_bytes{node="n1",process=""}' in body
-        assert 'pd_proc_rss_bytes{node="n1",process="agent@n1"}' in body
+        assert "\npd_host_memory_total_bytes " in body  # node: a target label (promsd)
+        assert 'pd_proc_resident_memory_bytes{process="agent@n1"}' in body
         live = read_samples(run, names=["vllm:kv_cache_usage_perc"])  # readable while written
         assert set(live.process) >= {"decode-0@n1"}
         agent.send_signal(signal.SIGTERM)

@@ -93,18 +93,19 @@ def family_section(family: str, what: str, plan_fp: str, step: float) -> None:
         ui.altair(charts.heatmap(df, title=f"{name} per {'GPU' if family == 'gpu:' else 'series'}"
                                  f" ({unit or 'value'}), {bin_s:g} s bins", y="series",
                                  color_title=unit or name, color_format=",.0f",
-                                 domain=(lo, hi), bin_s=bin_s))
+                                 domain=(lo, hi), bin_s=bin_s, clock=ui.clock(info)))
         by_role = df.groupby(["role", "t"], as_index=False)["value"].mean().rename(
             columns={"role": "group"})
         ui.altair(charts.line(by_role, title=f"{name}: mean per role", y_title=unit or name,
-                              color_title="role", windows=ui.windows_frame(info)))
+                              color_title="role", windows=ui.windows_frame(info),
+                              clock=ui.clock(info)))
     else:
         ui.altair(charts.line(df.rename(columns={"series": "group"}), title=name,
                               y_title=unit or name, color_title="series",
-                              windows=ui.windows_frame(info)))
+                              windows=ui.windows_frame(info), clock=ui.clock(info)))
 
 
-def body() -> None:
+def body(info) -> None:  # the run as re-read at each live refresh
     if ui.no_telemetry(info, "GPU or host telemetry"):
         return
     plan = ui.plan(info)
@@ -131,13 +132,12 @@ def body() -> None:
             g = gaps.copy()
             g["start"] = [ui.fmt_time(t) for t in g["start"]]
             g["end"] = [ui.fmt_time(t) if t == t else "still open" for t in g["end"]]
-            st.dataframe(g, hide_index=True, width="stretch")
+            ui.table(g)
         agents = load.read_agent_info(info.path) or {}
         notes = [(n, x) for n, a in sorted(agents.items()) for x in (a.get("notices") or [])]
         if notes:
             st.markdown("**Agent notices**")
-            st.dataframe(pd.DataFrame(notes, columns=["node", "notice"]), hide_index=True,
-                         width="stretch")
+            ui.text_table(pd.DataFrame(notes, columns=["node", "notice"]))
 
 
 ui.live(info, body)

@@ -3,6 +3,7 @@ preemptions, prompt tokens by source, and NIXL transfers."""
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from dashboard import charts, derive, load, ui
@@ -33,7 +34,79 @@ def flat_note(df, what: str, unit: str) -> bool:
     return False
 
 
-def body() -> None:
+def capacity_section(info, ss: derive.SeriesSet, cap) -> None:
+    """Predicted (plan.json's capacity estimate) vs observed (vLLM's num_gpu_blocks and the
+    requests running when KV usage peaked at the top sweep point) KV capacity."""
+    st.subheader("KV capacity: predicted vs observed")
+    plan = ui.plan(info)
+    pred = derive.predicted_capacity(plan.capacity if plan else [], plan)
+    obs = derive.observed_capacity(ss, derive.top_window(ui.bench(info)))
+    endpoints = sorted({p["endpoint"] for p in pred} | set(obs["endpoint"]))
+    if not endpoints:
+        st.info("Neither a prediction (plan.json `capacity` is empty) nor an observation "
+                "(no vllm:cache_config_info, no KV usage at the top sweep point) to show.")
+        return
+    by_pred = {p["endpoint"]: p for p in pred}
+    by_obs = {r["endpoint"]: r for r in obs.to_dict("records")}
+
+    def n(v, fmt=",.0f") -> str | None:
+        return None if v is None or v != v else format(v, fmt)
+
+    quantities = (  # (row title, value per endpoint from its predicted p and observed o)
+        ("concurrent requests, predicted (plan.json)", lambda p, o: n(p.get("per_endpoint"))),
+        ("concurrent requests, observed (top sweep point)",
+         lambda p, o: n(o.get("per_endpoint"))),
+        ("per DP rank, predicted", lambda p, o: n(p.get("per_rank"), ",.1f")),
+        ("per DP rank, observed", lambda p, o: n(o.get("per_rank"), ",.1f")),
+        ("predicted if every request reaches its max length",
+         lambda p, o: n(p.get("per_endpoint_at_max_length"))),
+        ("tokens per request the prediction assumes",
+         lambda p, o: n(p.get("tokens_per_request"))),
+        ("KV blocks per DP rank, predicted", lambda p, o: n(p.get("blocks_per_rank"))),
+        ("KV blocks per DP rank, vLLM (num_gpu_blocks)",
+         lambda p, o: n(o.get("blocks_per_rank"))),
+        ("block size (tokens)", lambda p, o: n(o.get("block_size") or p.get("block_size"))),
+        ("KV tokens per DP rank, vLLM", lambda p, o: n(o.get("kv_tokens_per_rank"))),
+        ("KV usage peak at the top sweep point", lambda p, o: n(o.get("kv_peak"), ".0%")),
+    )
+    rows, bars = [], []
+    for title, fn in quantities:
+        vals = {ep: fn(by_pred.get(ep, {}), by_obs.get(ep, {})) for ep in endpoints}
+        if any(v is not None for v in vals.values()):
+            rows.append({"": title, **{ep: v or "—" for ep, v in vals.items()}})
+    for ep in endpoints:
+        for src, v in (("predicted (plan.json)", by_pred.get(ep, {}).get("per_endpoint")),
+                       ("observed (top sweep point)", by_obs.get(ep, {}).get("per_endpoint"))):
+            if v is not None and v == v:
+                bars.append({"endpoint": ep, "source": src, "value": float(v)})
+    ui.text_table(pd.DataFrame(rows))
+    if bars and len({b["source"] for b in bars}) > 1:
+        ui.altair(charts.capacity_bars(pd.DataFrame(bars)))
+    notes = []
+    if not pred:
+        notes.append("No prediction: plan.json's `capacity` list is empty (the planner had "
+                     "no model facts to estimate from, e.g. a simulated model).")
+    for p in pred:
+        if p.get("per_rank_derived"):
+            notes.append(f"{p['endpoint']}: predicted per DP rank = the endpoint figure ÷ DP.")
+        for a in p.get("assumptions", []):
+            notes.append(f"{p['endpoint']} prediction assumes: {a}")
+    for o in obs.to_dict("records"):
+        if isinstance(o.get("how"), str):
+            notes.append(f"{o['endpoint']} observed ({o['source']}): {o['how']}; "
+                         f"{o['running_at_peak']:.0f} requests running per DP rank "
+                         "(median) at the peak.")
+    if obs.empty or obs["blocks_per_rank"].isna().all():
+        notes.append("vLLM's num_gpu_blocks unknown: vllm:cache_config_info was not scraped "
+                     "and no stats-log line gave it.")
+    else:
+        notes.append("vLLM blocks per rank: num_gpu_blocks of vllm:cache_config_info (the "
+                     "engine's own allocation); KV tokens = blocks × block size.")
+    for n in notes:
+        st.markdown(f"- {n}")
+
+
+def body(info) -> None:  # the run as re-read at each live refresh
     if ui.no_telemetry(info, "KV-cache telemetry"):
         return
     ss = ui.series(info, "kv")
@@ -57,7 +130,9 @@ def body() -> None:
                      load.fingerprint(RunDir(info.path).plan), a, b, step)
     bin_s = data["bin_s"]
     wins = wins if pick == "whole run" else None
-    st.caption(f"{len(ss):,} vLLM series · drawn in {bin_s:g} s bins (bin means of gauges, "
+    clk = ui.clock(info)
+    n_vllm = int(ss.meta["name"].str.startswith("vllm:").sum())
+    st.caption(f"{n_vllm:,} vLLM series · drawn in {bin_s:g} s bins (bin means of gauges, "
                "rates of counters) · shaded: the sweep points' measured windows.")
 
     st.subheader("KV cache usage")
@@ -65,7 +140,7 @@ def body() -> None:
         by = data.get("kv_spread_by", "endpoint")
         ui.altair(charts.spread(data["kv_spread"], title=f"KV cache usage per {by}: "
                                 "min–max band across engines, line = mean (red: 90 %)",
-                                y_title="KV cache usage", windows=wins, color_title=by))
+                                y_title="KV cache usage", windows=wins, color_title=by, clock=clk))
         heat = data["kv_heat"]
         role = st.radio("Engines", ["decode", "prefill", "all"], horizontal=True,
                         key="kv_heat_role")
@@ -75,24 +150,11 @@ def body() -> None:
         else:
             ui.altair(charts.heatmap(h, title=f"KV cache usage per engine ({role}), "
                                      f"{bin_s:g} s bins", y="engine_key",
-                                     color_title="KV usage", bin_s=bin_s))
+                                     color_title="KV usage", bin_s=bin_s, clock=clk))
     else:
         st.info("No vllm:kv_cache_usage_perc samples (older vLLM names are mapped by the "
                 "scraper; none were found).")
-    cap = data.get("capacity")
-    if cap is not None and not cap.empty:
-        per_ep = cap.groupby(["endpoint", "role"], as_index=False).agg(
-            engines=("engine", "count"), blocks_per_engine=("num_gpu_blocks", "median"),
-            block_size=("block_size", "median"), capacity_tokens=("capacity_tokens", "sum"))
-        st.markdown("**KV capacity** (from `vllm:cache_config_info`: num_gpu_blocks × "
-                    "block_size, summed over the endpoint's engines)")
-        st.dataframe(per_ep, hide_index=True, width="stretch", column_config={
-            "capacity_tokens": st.column_config.NumberColumn("capacity (tokens)",
-                                                             format="%,d"),
-            "blocks_per_engine": st.column_config.NumberColumn("GPU blocks per engine",
-                                                               format="%,d")})
-    else:
-        st.caption("KV capacity unknown: vllm:cache_config_info was not scraped.")
+    capacity_section(info, ss, data.get("capacity"))
 
     st.subheader("Scheduler: waiting, running, preemptions")
     c1, c2 = st.columns(2)
@@ -102,7 +164,7 @@ def body() -> None:
             if not flat_note(data["waiting"], "Requests waiting", "requests"):
                 ui.altair(charts.line(data["waiting"], title="Requests waiting, by role and "
                                       "reason", y_title="requests", color_title="role · reason",
-                                      windows=wins))
+                                      windows=wins, clock=clk))
                 st.caption("capacity = no KV room or batch slot; deferred = held back, e.g. "
                            "for a KV transfer")
         else:
@@ -111,7 +173,7 @@ def body() -> None:
         if "running" in data and not flat_note(data["running"], "Requests running",
                                                 "requests"):
             ui.altair(charts.line(data["running"], title=f"Requests running per {by}",
-                                  y_title="requests", color_title=by, windows=wins))
+                                  y_title="requests", color_title=by, windows=wins, clock=clk))
     c3, c4 = st.columns(2)
     with c3:
         if "preempt" in data:
@@ -119,7 +181,7 @@ def body() -> None:
             if total > 0:
                 ui.altair(charts.line(data["preempt"], title=f"Preemptions per second per "
                                       f"{by} ({total:,.0f} in this range)",
-                                      y_title="preemptions/s", color_title=by, windows=wins))
+                                      y_title="preemptions/s", color_title=by, windows=wins, clock=clk))
             else:
                 st.success("No preemptions in this range (vllm:num_preemptions_total constant)"
                            ": KV capacity never forced a request out.")
@@ -128,14 +190,14 @@ def body() -> None:
                                                  "on KV loads", "requests"):
             ui.altair(charts.line(data["kv_fetch"], title="Decode requests waiting on KV "
                                   "loads, by stage", y_title="requests", color_title="stage",
-                                  windows=wins, stacked=True))
+                                  windows=wins, stacked=True, clock=clk))
         elif "kv_fetch" not in data:
             st.caption("No vllm:num_requests_kv_fetch_by_stage (KV consumer metric) samples.")
     if "sources" in data:
         ui.altair(charts.line(data["sources"], title="Prompt tokens by source (computed / "
                               "prefix-cache hit / received by KV transfer)",
                               y_title="tokens/s", color_title="role · source", windows=wins,
-                              stacked=True))
+                              stacked=True, clock=clk))
 
     st.subheader("NIXL KV transfer (decode side)")
     if not any(k in data for k in ("nixl_time_ms", "nixl_bytes", "nixl_rate")):
@@ -147,23 +209,23 @@ def body() -> None:
         if "nixl_time_ms" in data:
             ui.altair(charts.line(data["nixl_time_ms"], title="Mean NIXL transfer time "
                                   "(Δsum/Δcount per bin)", y_title="ms per transfer",
-                                  color_title="endpoint", windows=wins))
+                                  color_title="endpoint", windows=wins, clock=clk))
     with n2:
         if "nixl_bytes" in data:
             ui.altair(charts.line(data["nixl_bytes"], title="NIXL bytes transferred",
-                                  y_title="GB/s", color_title="endpoint", windows=wins))
+                                  y_title="GB/s", color_title="endpoint", windows=wins, clock=clk))
     n3, n4 = st.columns(2)
     with n3:
         if "nixl_rate" in data:
             ui.altair(charts.line(data["nixl_rate"], title="NIXL transfers per second",
-                                  y_title="transfers/s", color_title="endpoint", windows=wins))
+                                  y_title="transfers/s", color_title="endpoint", windows=wins, clock=clk))
     with n4:
         fails = data.get("nixl_fail")
         totals = {k.split(":", 1)[1]: v for k, v in data.items() if k.startswith("total:")}
         if fails is not None and sum(totals.values()) > 0:
             ui.altair(charts.line(fails, title="NIXL failures per bin: transport failures vs "
                                   "KV lease expiry", y_title=f"count per {bin_s:g} s",
-                                  color_title="kind", windows=wins))
+                                  color_title="kind", windows=wins, clock=clk))
         else:
             st.success("No failed NIXL transfers and no expired KV leases in this range.")
     st.caption("NIXL pools all TP ranks' transfers before observing them: counts are "

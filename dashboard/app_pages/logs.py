@@ -20,7 +20,7 @@ def scan(path: str, size: int, mtime: int) -> dict:
     return load.scan_log(Path(path))
 
 
-def body() -> None:
+def body(info) -> None:  # the run as re-read at each live refresh
     logs = load.list_logs(info.path)
     if not logs:
         st.info("No logs/ in this run yet: no process has been started."
@@ -41,7 +41,7 @@ def body() -> None:
     c1.metric("Processes with logs", len(rows))
     c2.metric("Error lines", int(df["errors"].sum()))
     c3.metric("Warning lines", int(df["warnings"].sum()))
-    st.dataframe(df, hide_index=True, width="stretch")
+    ui.table(df)
     procs = list(df["process"])
     pick = st.selectbox("Process", procs, key="log_process")
     s = scans[pick]

@@ -15,7 +15,8 @@ if info is None:
     st.stop()
 
 
-def body() -> None:
+def body(info) -> None:  # the run as re-read at each live refresh
+    ui.progress_panel(info)
     plan = ui.plan(info)
     if plan is None:
         st.info("No plan.json: the launcher never planned this run, so there is no topology "
@@ -29,15 +30,16 @@ def body() -> None:
     cols = st.columns(5)
     if not ok.empty and ok["total_tokens_per_s_per_gpu"].notna().any():
         best = ok.loc[ok["total_tokens_per_s_per_gpu"].idxmax()]
-        cols[0].metric("Total tok/s per GPU (best point)",
-                       ui.num(best["total_tokens_per_s_per_gpu"]),
+        cols[0].metric("tok/s per GPU, best", ui.num(best["total_tokens_per_s_per_gpu"]),
                        help=derive.HEADLINE_TITLES["total_tokens_per_s_per_gpu"] +
-                       f"; denominator: {derive.gpu_count(plan, 'total')} GPUs")
-        cols[1].metric("Output tok/s per decode GPU", ui.num(
+                       f"; denominator: {derive.gpu_count(plan, 'total')} GPUs; the best "
+                       "sweep point by this measure")
+        cols[1].metric("out tok/s per decode GPU", ui.num(
             best["output_tokens_per_s_per_decode_gpu"]),
-            help=f"denominator: {derive.gpu_count(plan, 'decode')} decode GPUs")
-        cols[2].metric("tok/s per user at that point", ui.num(best["tokens_per_s_per_user"],
-                                                              ",.1f"))
+            help=f"Output tokens/s ÷ {derive.gpu_count(plan, 'decode')} decode GPUs, at the "
+                 "same point")
+        cols[2].metric("tok/s per user", ui.num(best["tokens_per_s_per_user"], ",.1f"),
+                       help="1000 ÷ median TPOT (ms) at the same point")
         cols[3].metric("at concurrency", ui.num(best["concurrency"]))
     else:
         cols[0].metric("Total tok/s per GPU", "—")
@@ -61,30 +63,47 @@ def body() -> None:
                     f"mode {plan.mode} · engine {plan.engine}  \n"
                     f"GPUs: prefill {plan.gpus('prefill')}, decode {plan.gpus('decode')}, "
                     f"agg {plan.gpus('agg')}, total {plan.gpus()}")
-        eps = pd.DataFrame([{"endpoint": e.name, "role": str(e.role),
-                             "DP×TP": f"{e.dp_size}×{e.tp_size}",
-                             "GPUs": e.gpus, "nodes": ", ".join(e.nodes),
-                             "url": e.url} for e in plan.endpoints])
-        st.dataframe(eps, hide_index=True, width="stretch", height=260)
+    # the endpoints, full width: URLs and node lists stay readable
+    eps = pd.DataFrame([{"endpoint": e.name, "role": str(e.role), "shape": e.shape,
+                         "GPUs": e.gpus, "nodes": ", ".join(e.nodes), "url": e.url}
+                        for e in plan.endpoints])
+    ui.table(eps, column_config={"url": st.column_config.TextColumn(width="large"),
+                                 "nodes": st.column_config.TextColumn(width="large")})
+    if info.study:
+        st.page_link("app_pages/study.py", label=f"This run is one configuration of study "
+                     f"{info.study}: compare them all on the Study page",
+                     icon=":material/compare_arrows:", query_params={"study": info.study})
 
     events = load.read_events(info.path)
     tl = stage_frame(events, info)
     if tl.empty:
         st.info("No stage events in events.jsonl yet.")
     else:
-        ui.altair(charts.timeline(tl))
+        ui.altair(charts.timeline(tl, clock=ui.clock(info)))
 
     verdicts = ui.verdicts(info)
     if verdicts:
         st.subheader("Bottleneck per sweep point")
-        st.dataframe(pd.DataFrame([{"point": v.point, "verdict": v.title,
-                                    "evidence": "; ".join(v.evidence)} for v in verdicts]),
-                     hide_index=True, width="stretch")
-    with st.expander(f"Events ({len(events)})"):
+        ui.verdict_list([(v.point, v.title, v.evidence + ([f"also: {'; '.join(v.also)}"]
+                                                          if v.also else []))
+                         for v in verdicts])
+    ui.report_panel(info.path, "run")
+    with st.expander(f"Events ({len(events)}), times as in events.jsonl"):
         if events:
-            ev = pd.DataFrame(events)
-            ev["time"] = [ui.fmt_time(t) for t in ev["ts"]]
-            st.dataframe(ev.drop(columns=["ts"]), hide_index=True, width="stretch")
+            ui.table(events_frame(events, info))
+
+
+def events_frame(events: list[dict], info: load.RunInfo) -> pd.DataFrame:
+    """events.jsonl as a table: local time (as fmt_time everywhere), seconds since the job
+    started, the event and its fields."""
+    ev = pd.DataFrame(events)
+    ts = pd.to_numeric(ev.get("ts"), errors="coerce")
+    origin = info.started or (float(ts.min()) if ts.notna().any() else None)
+    front = pd.DataFrame({"time": [ui.fmt_time(t) if t == t else "—" for t in ts],
+                          "since start": [f"{t - origin:+,.1f} s" if origin and t == t
+                                          else "—" for t in ts]})
+    rest = ev.drop(columns=["ts"]).astype(object).where(ev.drop(columns=["ts"]).notna(), "")
+    return pd.concat([front, rest.astype(str)], axis=1)
 
 
 def topology_frame(plan: PlanDoc) -> pd.DataFrame:
@@ -130,4 +149,4 @@ def stage_frame(events: list[dict], info: load.RunInfo) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-ui.live(info, body)
+ui.live(info, body, panel=True)

@@ -30,7 +30,11 @@ def run_points(run) -> pd.DataFrame:
     return t
 
 
-def body() -> None:
+def body(info) -> None:  # the run as re-read at each live refresh
+    if info.study:
+        st.page_link("app_pages/study.py", label=f"This run is one configuration of study "
+                     f"{info.study}: every configuration on one Pareto chart",
+                     icon=":material/compare_arrows:", query_params={"study": info.study})
     others = [i for i in ui.run_infos() if i.run_id != info.run_id and i.points > 0]
     c1, c2 = st.columns([3, 2])
     compare = c1.multiselect(
@@ -48,8 +52,8 @@ def body() -> None:
     ok = table[table["status"] == "ok"]
     failed = table[table["status"] != "ok"]
     if not failed.empty:
-        st.warning("Failed points (left out of the charts): " + "; ".join(
-            f"{r.run} {r.point}: {r.failure_reason or 'no completed requests'}"
+        st.warning("Failed points (left out of the charts):\n" + "\n".join(
+            f"- {r.run} {r.point}: {r.failure_reason or 'no completed requests'}"
             for r in failed.itertuples()))
     if ok.empty:
         st.info("Every sweep point failed, so there is nothing to draw.")
@@ -78,24 +82,31 @@ def body() -> None:
                 ui.altair(charts.latency_vs_concurrency(
                     d, metric=metric, title=f"{metric} p50/p90/p99 vs concurrency"))
 
-    show = table[["run", "point", "status", "total_tokens_per_s_per_gpu",
-                  "output_tokens_per_s_per_decode_gpu", "input_tokens_per_s_per_prefill_gpu",
-                  "tokens_per_s_per_user", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s",
-                  "tpot_p99_s", "request_rate", "completed", "verdict"]]
-    st.dataframe(show, hide_index=True, width="stretch", column_config={
-        "total_tokens_per_s_per_gpu": st.column_config.NumberColumn("tok/s/GPU (all)",
-                                                                    format="%.0f"),
-        "output_tokens_per_s_per_decode_gpu": st.column_config.NumberColumn(
-            "out tok/s/decode GPU", format="%.0f"),
-        "input_tokens_per_s_per_prefill_gpu": st.column_config.NumberColumn(
-            "in tok/s/prefill GPU", format="%.0f"),
-        "tokens_per_s_per_user": st.column_config.NumberColumn("tok/s/user", format="%.1f"),
-        "ttft_p50_s": st.column_config.NumberColumn("TTFT p50 (s)", format="%.3f"),
-        "ttft_p99_s": st.column_config.NumberColumn("TTFT p99 (s)", format="%.3f"),
-        "tpot_p50_s": st.column_config.NumberColumn("TPOT p50 (s)", format="%.4f"),
-        "tpot_p99_s": st.column_config.NumberColumn("TPOT p99 (s)", format="%.4f"),
-        "request_rate": st.column_config.NumberColumn("req/s", format="%.2f"),
+    cols = ["run", "point", "status", "total_tokens_per_s_per_gpu",
+            "output_tokens_per_s_per_decode_gpu", "input_tokens_per_s_per_prefill_gpu",
+            "tokens_per_s_per_user", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
+            "request_rate", "verdict"]
+    if table["run"].nunique() == 1:
+        cols.remove("run")  # one run: its name is in the header
+    if (table["status"] == "ok").all():
+        cols.remove("status")
+    show = table[cols].copy()
+    for c in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s"):
+        show[c] = show[c] * 1000.0
+    num = st.column_config.NumberColumn
+    ui.table(show, column_config={
+        "total_tokens_per_s_per_gpu": num("tok/s/GPU", format="%.0f",
+                                          help="total tok/s ÷ all GPUs"),
+        "output_tokens_per_s_per_decode_gpu": num("out/decode GPU", format="%.0f",
+                                                  help="output tok/s ÷ decode GPUs"),
+        "input_tokens_per_s_per_prefill_gpu": num("in/prefill GPU", format="%.0f",
+                                                  help="input tok/s ÷ prefill GPUs"),
+        "tokens_per_s_per_user": num("tok/s/user", format="%.1f"),
+        "ttft_p50_s": num("TTFT p50 (ms)", format="%.0f"),
+        "ttft_p99_s": num("TTFT p99 (ms)", format="%.0f"),
+        "tpot_p50_s": num("TPOT p50 (ms)", format="%.1f"),
+        "tpot_p99_s": num("TPOT p99 (ms)", format="%.1f"),
+        "request_rate": num("req/s", format="%.2f"),
     })
-
 
 ui.live(info, body)

@@ -12,7 +12,7 @@ if info is None:
     st.stop()
 
 
-def body() -> None:
+def body(info) -> None:  # the run as re-read at each live refresh
     table = ui.points(info)
     if table.empty:
         st.info("No sweep results in bench/ yet, so there is no client TTFT to split.")
@@ -41,18 +41,20 @@ def body() -> None:
         ui.altair(charts.ttft_breakdown(pd.DataFrame(rows), ok[["point", "ttft_mean_s"]]))
         show = ok[["point", "ttft_mean_s", *parts_cols, "decode_engine_ttft_s",
                    "kv_transfer_p99_s"]].copy()
-        short = {**derive.COMPONENT_TITLES, "remainder": "Remainder"}  # table width
+        short = {"prefill_queue": "prefill queue", "prefill_compute": "prefill compute",
+                 "kv_transfer": "KV transfer", "decode_admission": "decode admission",
+                 "remainder": "remainder"}  # short headers: the table fits the page
         ms_cfg = {c: st.column_config.NumberColumn(short.get(c[:-2], c) + " (ms)",
                                                    format="%.0f") for c in parts_cols}
         for c in show.columns[1:]:
             show[c] = show[c] * 1000.0
-        st.dataframe(show, hide_index=True, width="stretch", column_config={
-            "ttft_mean_s": st.column_config.NumberColumn("client TTFT mean (ms)",
-                                                         format="%.0f"),
+        ui.table(show, column_config={
+            "ttft_mean_s": st.column_config.NumberColumn(
+                "client TTFT (ms)", format="%.0f", help="client mean TTFT"),
             "decode_engine_ttft_s": st.column_config.NumberColumn(
-                "decode-engine TTFT mean (ms)", format="%.0f"),
-            "kv_transfer_p99_s": st.column_config.NumberColumn("NIXL transfer p99 (ms)",
-                                                               format="%.0f"),
+                "decode TTFT (ms)", format="%.0f", help="decode engine's own mean TTFT"),
+            "kv_transfer_p99_s": st.column_config.NumberColumn(
+                "NIXL p99 (ms)", format="%.0f", help="NIXL transfer time p99"),
             **ms_cfg})
     with st.expander("How the split is made, and its caveats", expanded=not has_parts):
         for c in derive.TTFT_CAVEATS:
@@ -79,8 +81,7 @@ def body() -> None:
                     " — no TTFT part is both ≥ "
                     f"{th.share:.0%} of client TTFT and ≥ {th.min_part_s * 1000:.0f} ms, "
                     "decode KV is not short, TPOT did not grow.")
-        st.dataframe(pd.DataFrame([{"point": v.point, "evidence": "; ".join(v.evidence)}
-                                   for v in healthy]), hide_index=True, width="stretch")
+        ui.verdict_list([(v.point, "healthy", v.evidence) for v in healthy])
     with st.expander("Rules and thresholds"):
         st.markdown(
             f"- **decode KV capacity**: decode KV usage max ≥ {th.kv_full:.0%} and (preemptions"

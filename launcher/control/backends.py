@@ -48,18 +48,30 @@ class Handle:
 class Backend:
     """Starts processes as their own process group; stop() ends the whole group."""
 
-    def __init__(self, plan: Plan, run_dir: Path):
+    def __init__(self, plan: Plan | None, run_dir: Path):
         self.plan = plan
         self.run_dir = run_dir
         self.env = child_env()
 
-    def start(self, proc: Process) -> Handle:
-        log_path = self.run_dir / proc.log
+    @classmethod
+    def for_steps(cls, run_dir: Path) -> Backend:
+        """A backend that only runs rendered commands (before the plan is final)."""
+        return cls(None, run_dir)
+
+    def kill(self, popen: subprocess.Popen) -> None:
+        _signal_group(popen, signal.SIGTERM)
+        try:
+            popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            _signal_group(popen, signal.SIGKILL)
+
+    def spawn(self, argv: list[str], log_path: Path) -> subprocess.Popen:
+        """`argv` in its own process group, stdout and stderr appended to `log_path`."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(log_path, "ab")
         try:
-            popen = subprocess.Popen(
-                command_line(self.plan, proc),
+            return subprocess.Popen(
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -69,7 +81,10 @@ class Backend:
             )
         finally:
             log.close()
-        return Handle(proc, popen, log_path)
+
+    def start(self, proc: Process) -> Handle:
+        log_path = self.run_dir / proc.log
+        return Handle(proc, self.spawn(command_line(self.plan, proc), log_path), log_path)
 
     def stop(self, handles: list[Handle], grace_s: float = 10.0) -> None:
         """SIGTERM every group at once, then SIGKILL what is left after `grace_s`."""

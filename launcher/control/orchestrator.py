@@ -1,17 +1,28 @@
 """The orchestrator: one process that runs a prepared run directory to its end.
 
-Inside a Slurm allocation it is the batch step (submitit's payload) on the first node; on the
-`local` profile it runs in the foreground. Stages, each recorded in run.json and
-events.jsonl: agents -> endpoints -> health -> router -> sweep -> accuracy -> report ->
-teardown. Any process that exits early, or a health timeout, fails the run at once with the
-process, its node, its exit status and its last log lines; everything else is stopped and
-nothing collected so far is removed.
+Inside a Slurm allocation it is the batch step (submitit's payload, exec'd by the batch
+shell so the pre-time-limit signal reaches it) on the first node; on the `local` profile it
+runs in the foreground. Stages, each recorded in run.json and events.jsonl:
+
+    plan (host check of every node, addresses found on the nodes themselves)
+    -> preflight (in the engine's container on every node: argv, versions, model, mounts)
+    -> agents -> endpoints -> health (+ model-loading progress) -> router (+ workers
+    registered, and one request through every prefill endpoint that must move its KV to a
+    decode) -> sweep -> hold -> accuracy -> teardown -> report
+
+Any process that exits early, a lost node, or a timeout fails the run at once with one
+sentence naming the culprit, its node and the last lines of every process's log. Teardown
+always runs, inside the time Slurm leaves (KillWait after scancel, the signal lead before the
+time limit), and nothing written so far is removed. Bookkeeping never stops it: a write that
+fails (full or read-only disk) is said once and the run goes on.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -23,24 +34,34 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from launcher.control import preflight
 from launcher.control.backends import Backend, Handle, make_backend
 from launcher.control.prepare import write_run_files
 from launcher.errors import UserError
 from launcher.planning import render
 from launcher.planning.plan import Plan, make_plan, nodes_needed
 from launcher.run import rundir
-from launcher.run.plandoc import Process
+from launcher.run.plandoc import Process, read_plan
 from launcher.run.results import point_failure
-from launcher.run.rundir import ProcessRecord, RunRecord, tail
+from launcher.run.rundir import ProcessRecord, RunRecord, concurrency_of, tail
 from launcher.run.vocab import TEARDOWN_ORDER, Kind, Stage, State
 from launcher.spec import cluster as cluster_mod
 from launcher.spec import recipe as recipe_mod
+from launcher.telemetry import promsd
+from launcher.telemetry.statslog import loading_fraction
 
 POLL_S = 0.25
+PROGRESS_S = 5.0  # how often loading progress is read from the engines' logs
+STEP_TIMEOUT_S = 1800.0  # a preflight step (a container image import can take minutes)
+TAIL_LINES = 8
 
 
 class RunFailed(Exception):
-    pass
+    """The run cannot go on; the message is what run.json and `status` say, culprit first."""
+
+    def __init__(self, message: str, culprit: str | None = None):
+        super().__init__(message)
+        self.culprit = culprit
 
 
 class Cancelled(Exception):
@@ -51,7 +72,46 @@ def say(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-# --- where am I --------------------------------------------------------------------------------
+# --- bookkeeping that never stops a run ------------------------------------------------------
+
+
+class Book:
+    """run.json and events.jsonl, written best-effort: a failing write (disk full, read-only)
+    is said once on the orchestrator's output and in the record's notes, never raised."""
+
+    def __init__(self, run: rundir.RunDir, record: RunRecord):
+        self.run = run
+        self.record = record
+        self.failed: set[str] = set()
+
+    def _trouble(self, what: str, e: OSError) -> None:
+        if what not in self.failed:
+            self.failed.add(what)
+            msg = f"could not write {what}: {e.strerror or e}"
+            if msg not in self.record.notes:
+                self.record.notes.append(msg)
+            say(f"warning: {msg} (the run goes on)")
+
+    def save(self) -> None:
+        try:
+            self.run.write_record(self.record)
+        except OSError as e:
+            self._trouble(rundir.RUN, e)
+
+    def event(self, kind: str, **fields) -> None:
+        try:
+            self.run.event(kind, **fields)
+        except OSError as e:
+            self._trouble(rundir.EVENTS, e)
+
+    def note(self, message: str) -> None:
+        if message not in self.record.notes:
+            self.record.notes.append(message)
+            say(f"note: {message}")
+            self.save()
+
+
+# --- where am I -------------------------------------------------------------------------------
 
 
 def allocation_nodes() -> list[str] | None:
@@ -69,36 +129,35 @@ def allocation_nodes() -> list[str] | None:
         return cluster_mod.expand_nodelist(nodelist)
 
 
-def resolve(nodes: list[str]) -> dict[str, str]:
-    """Node name -> IP: NIXL's side channel binds and advertises an address, not a name."""
-    out = {}
-    for n in nodes:
+def lost_nodes(nodes: list[str]) -> dict[str, str]:
+    """Nodes of the allocation Slurm no longer considers alive, with its word for it."""
+    if not nodes or not os.environ.get("SLURM_JOB_ID"):
+        return {}
+    try:
+        out = subprocess.run(
+            ["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %T"],
+            capture_output=True, text=True, timeout=10,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    lost = {}
+    for line in out.splitlines():
+        name, _, state = line.partition(" ")
+        s = state.strip().lower()
+        if any(w in s for w in ("down", "fail", "not_responding", "unknown")) or s.endswith("*"):
+            lost[name] = state.strip()
+    return lost
+
+
+def raise_open_files(want: int) -> None:
+    """The router and the clients hold a socket per stream: up to the hard limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft < target:
         try:
-            out[n] = socket.gethostbyname(n)
-        except OSError:
-            out[n] = n
-    return out
-
-
-def plan_here(run: rundir.RunDir) -> Plan:
-    """Plan again on the real nodes (same pure function as the dry-run) and record it."""
-    recipe = recipe_mod.load(str(run.recipe))
-    cluster = cluster_mod.load(recipe.cluster)
-    if cluster.scheduler == "slurm":
-        nodes = allocation_nodes()
-        if nodes is None:
-            raise UserError(
-                f"recipe {recipe.name} is for Slurm cluster {cluster.name}: run it inside an "
-                f"allocation (submit does that), or use a recipe for the local profile"
-            )
-        plan = make_plan(recipe, cluster, nodes, resolve(nodes))
-    else:
-        plan = make_plan(
-            recipe, cluster, cluster_mod.profile_nodes(cluster, nodes_needed(recipe, cluster))
-        )
-    # job.sbatch stays as it was submitted; the rest now names the real nodes.
-    write_run_files(run, plan, placeholder_nodes=False, with_sbatch=False)
-    return plan
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            pass
 
 
 def busy_ports(plan: Plan) -> list[str]:
@@ -120,7 +179,7 @@ def busy_ports(plan: Plan) -> list[str]:
                 continue
             if part.head:
                 wanted.append((ep.http_port, f"{ep.name} http"))
-            if ep.role != "agg":
+            if ep.role.disaggregated:
                 wanted += [
                     (ep.nixl_port_base + r, f"{ep.name} nixl rank {r}") for r in part.dp_ranks
                 ]
@@ -169,33 +228,37 @@ def api_ready(url: str, model: str) -> tuple[bool, str]:
 
 
 class Orchestrator:
-    def __init__(self, run: rundir.RunDir, plan: Plan, backend: Backend, record: RunRecord):
+    def __init__(self, run: rundir.RunDir, plan: Plan, backend: Backend, book: Book):
         self.run = run
-        self.record = record
+        self.book = book
+        self.record = book.record
         self.plan = plan
         self.backend = backend
         self.handles: list[Handle] = []
         self.procs = render.processes(plan, str(run.path))
+        self.doc = read_plan(run.plan)
+        self.healthy: set[str] = set()
         self.cancel_reason: str | None = None
+        self.teardown_budget_s: float = 60.0
         self.failed_points: list[str] = []
 
     # --- bookkeeping ---
     def save(self) -> None:
-        self.run.write_record(self.record)
+        self.book.save()
 
     def stage(self, name: Stage) -> None:
         self.record.stage = name
         self.save()
-        self.run.event("stage", stage=name)
+        self.book.event("stage", stage=name)
         say(f"stage {name}")
 
     def start(self, proc: Process) -> Handle:
         missing = [n for n in proc.env_from_host if n not in os.environ]
         if missing:
-            self.run.event("warning", process=proc.name, message=f"not set here: {missing}")
+            self.book.event("warning", process=proc.name, message=f"not set here: {missing}")
         h = self.backend.start(proc)
         self.handles.append(h)
-        self.run.event("process_started", process=proc.name, node=proc.node, pid=h.pid)
+        self.book.event("process_started", process=proc.name, node=proc.node, pid=h.pid)
         self._write_processes()
         return h
 
@@ -209,6 +272,25 @@ class Orchestrator:
         }
         self.save()
 
+    def tails(self, kinds: tuple[Kind, ...] = (Kind.ENGINE, Kind.ROUTER)) -> str:
+        """The last lines of every process of these kinds on every node: where a hung NCCL
+        or MNNVL initialisation on a headless rank shows, not only on the head."""
+        out = []
+        for h in self.handles:
+            if h.proc.kind in kinds:
+                lines = tail(h.log_path, TAIL_LINES)
+                out.append(
+                    f"last lines of {h.proc.log} ({h.proc.node}):\n"
+                    + ("\n".join(f"  | {x}" for x in lines) or "  | (empty)")
+                )
+        return "\n".join(out)
+
+    def node_loss(self) -> str | None:
+        lost = lost_nodes(list(self.plan.nodes)) if self.plan.cluster.scheduler == "slurm" else {}
+        if not lost:
+            return None
+        return ", ".join(f"{n} (Slurm: {s})" for n, s in sorted(lost.items()))
+
     def check_processes(self, allowed: Callable[[Handle], bool] = lambda h: False) -> None:
         """Fail the run if a process that should be running has exited."""
         if self.cancel_reason is None and (req := self.run.read_cancel()) is not None:
@@ -221,21 +303,35 @@ class Orchestrator:
             if code is None or h.stopped or allowed(h):
                 continue
             if h.proc.kind == Kind.AGENT:
-                # Telemetry is best effort: losing an agent must not lose the benchmark.
+                # Telemetry is best effort: losing an agent must not lose the benchmark, but
+                # it is said, with its exit status, in status, events and the summary.
                 h.stopped = True
-                self.run.event("warning", process=h.proc.name, message=f"agent exited {code}")
-                say(
-                    f"warning: {h.proc.name} exited with status {code}; telemetry of that node stops"
+                self.book.event("agent_died", process=h.proc.name, exit_code=code)
+                self.book.note(
+                    f"{h.proc.name} exited with status {code} at "
+                    f"{time.strftime('%H:%M:%S')}: telemetry of {h.proc.node} stops there "
+                    f"(see {h.proc.log})"
                 )
+                self.record.processes[h.proc.name] = ProcessRecord(
+                    node=h.proc.node, kind=h.proc.kind, pid=h.pid, started=h.started,
+                    exit_code=code, stopped=False, log=h.proc.log,
+                )  # fmt: skip
                 continue
+            lost = self.node_loss()
             lines = tail(h.log_path, 15)
-            self.run.event(
+            self.book.event(
                 "process_exited", process=h.proc.name, node=h.proc.node, exit_code=code,
                 log_tail=lines,
             )  # fmt: skip
+            if lost:
+                raise RunFailed(
+                    f"node lost: {lost}; {h.proc.name} on {h.proc.node} ended with status "
+                    f"{code}", culprit=lost.split(" ")[0],
+                )  # fmt: skip
             raise RunFailed(
                 f"{h.proc.name} on {h.proc.node} exited with status {code}; last lines of "
-                f"{h.proc.log}:\n" + "\n".join(f"  | {x}" for x in lines)
+                f"{h.proc.log}:\n" + "\n".join(f"  | {x}" for x in lines),
+                culprit=h.proc.name,
             )
 
     def wait_ready(
@@ -246,7 +342,7 @@ class Orchestrator:
         pending = {p.name: (p, url) for p, url in targets}
         reasons: dict[str, str] = {}
         deadline = time.monotonic() + timeout_s
-        last_report = 0.0
+        last_report = last_progress = 0.0
         with ThreadPoolExecutor(max_workers=min(16, max(1, len(pending)))) as pool:
             while pending:
                 self.check_processes()
@@ -261,20 +357,17 @@ class Orchestrator:
                     reasons[name] = why
                     if ok:
                         del pending[name]
-                        self.run.event("ready", process=name)
+                        self.book.event("ready", process=name)
+                        self.healthy.add(name)
                 now = time.monotonic()
+                if now - last_progress > PROGRESS_S:
+                    last_progress = now
+                    self.note_loading()
                 if pending and now > deadline:
-                    names = sorted(pending)
-                    details = []
-                    for n in names:
-                        proc = pending[n][0]
-                        lines = tail(self.run.path / proc.log, 10)
-                        details.append(
-                            f"{n} on {proc.node} ({reasons.get(n)}); last lines of {proc.log}:\n"
-                            + "\n".join(f"  | {x}" for x in lines)
-                        )
+                    names = ", ".join(f"{n} on {pending[n][0].node} ({reasons.get(n)})" for n in sorted(pending))
                     raise RunFailed(
-                        f"{what}: not healthy within {timeout_s:g} s: " + "\n".join(details)
+                        f"{what}: not healthy within {timeout_s:g} s: {names}\n" + self.tails(),
+                        culprit=sorted(pending)[0],
                     )
                 if pending and now - last_report > 10:
                     last_report = now
@@ -282,23 +375,65 @@ class Orchestrator:
                 if pending:
                     time.sleep(POLL_S)
 
+    def publish_targets(self) -> None:
+        """Prometheus file-SD: the healthy processes' /metrics (best effort: monitoring must
+        never stop the benchmark)."""
+        try:
+            promsd.publish(self.run, self.doc, self.healthy, self.plan.cluster.prometheus_sd_dir)
+        except OSError as e:
+            self.book.note(f"could not write Prometheus targets: {e}")
+
+    def note_loading(self) -> None:
+        """Each engine's model-loading progress, from vLLM's own log lines (a 200 GB load
+        takes most of the 40 minutes a user waits)."""
+        loading = {}
+        for h in self.handles:
+            if h.proc.kind == Kind.ENGINE:
+                frac = loading_fraction("\n".join(tail(h.log_path, 40)))
+                if frac is not None:
+                    loading[h.proc.name] = round(frac, 3)
+        if loading != self.record.progress.get("loading"):
+            self.record.progress["loading"] = loading
+            self.save()
+
     # --- stages ---
+    def run_step(self, name: str, commands: list[list[str]]) -> None:
+        """A preflight step to its end (cancellable), its output in logs/<name>.log."""
+        log = self.run.log(name)
+        for cmd in commands:
+            popen = self.backend.spawn(cmd, log)
+            deadline = time.monotonic() + STEP_TIMEOUT_S
+            while popen.poll() is None:
+                if self.cancel_reason or self.run.read_cancel() is not None:
+                    self.backend.kill(popen)
+                    self.check_processes()
+                if time.monotonic() > deadline:
+                    self.backend.kill(popen)
+                    raise RunFailed(f"{name} did not finish in {STEP_TIMEOUT_S:g} s; see {log}")
+                time.sleep(POLL_S)
+
     def preflight(self) -> None:
-        """What would fail late, checked before anything starts."""
-        a = self.plan.recipe.accuracy
-        if a.enabled and (not a.data or not Path(a.data).is_file()):
-            raise RunFailed(
-                f"accuracy.data: {a.data or '(not set)'} is not a file on "
-                f"{socket.gethostname()}: give a local GSM8K jsonl (compute nodes may have no "
-                "internet), or set accuracy.enabled=false"
-            )
+        """Inside the engine's container on every node, before any model loads."""
+        t0 = time.monotonic()
+        for name, commands in render.check_steps(self.plan)[1:]:
+            self.run_step(name, commands)
+        facts = preflight.read_facts(self.run.path, list(self.plan.nodes), "container")
+        problems = preflight.judge_container(
+            self.plan, self.doc, facts, self.plan.recipe.engine_version
+        )
+        if problems:
+            raise RunFailed("preflight: " + "; ".join(problems), culprit=problems[0].split(":")[0])
+        took = time.monotonic() - t0
+        self.book.event("preflight_ok", seconds=round(took, 2))
+        say(f"preflight passed on {len(self.plan.nodes)} node(s) in {took:.1f} s")
 
     def run_all(self) -> None:
         r = self.plan.recipe
-        self.preflight()
         agents = [p for p in self.procs if p.kind == Kind.AGENT]
         engines = [p for p in self.procs if p.kind == Kind.ENGINE]
         router = next(p for p in self.procs if p.kind == Kind.ROUTER)
+        self.stage(Stage.PREFLIGHT)
+        self.preflight()
         if agents:
             self.stage(Stage.AGENTS)
             for p in agents:
@@ -309,13 +444,20 @@ class Orchestrator:
         self.stage(Stage.HEALTH)
         t0 = time.monotonic()
         self.wait_ready([(p, p.url) for p in engines if p.url], r.health.timeout_s, "endpoints")
-        self.run.event("endpoints_healthy", seconds=round(time.monotonic() - t0, 2))
+        self.note_loading()
+        self.book.event("endpoints_healthy", seconds=round(time.monotonic() - t0, 2))
+        self.healthy |= {p.name for p in agents if p.metrics_url and http_ok(p.metrics_url)[0]}
+        self.publish_targets()
         self.stage(Stage.ROUTER)
         self.start(router)
         self.wait_ready([(router, router.url)], r.health.router_timeout_s, "router")
+        self.wait_registered(router, r.health.router_timeout_s)
+        if r.mode == "disagg" and r.health.pd_check:
+            self.check_pd_path()
         self.record.serving, self.record.router_url = True, router.url
         self.save()
-        self.run.event("serving", url=router.url)
+        self.publish_targets()
+        self.book.event("serving", url=router.url)
         say(f"serving at {router.url}")
         if r.benchmark.enabled:
             self.stage(Stage.SWEEP)
@@ -330,6 +472,40 @@ class Orchestrator:
                 f"{len(self.failed_points)} sweep point(s) failed: " + "; ".join(self.failed_points)
             )
 
+    def wait_registered(self, router: Process, timeout_s: float) -> None:
+        """The router lists every endpoint as a healthy worker of its role."""
+        deadline = time.monotonic() + timeout_s
+        while missing := preflight.unregistered(self.doc, router.url):
+            self.check_processes()
+            if time.monotonic() > deadline:
+                raise RunFailed(
+                    f"router: {', '.join(missing)} not registered as healthy workers within "
+                    f"{timeout_s:g} s (GET {router.url}/workers)\n" + self.tails(),
+                    culprit=missing[0],
+                )
+            time.sleep(1.0)
+
+    def check_pd_path(self) -> None:
+        """Every prefill endpoint hands one request's KV to a decode before the sweep."""
+        t0 = time.monotonic()
+        checks = preflight.pd_path(self.doc)
+        self.check_processes()
+        bad = [c for c in checks if not c.ok]
+        self.book.event(
+            "pd_path", seconds=round(time.monotonic() - t0, 2),
+            checks=[dataclasses.asdict(c) for c in checks],
+        )  # fmt: skip
+        if bad:
+            c = bad[0]
+            raise RunFailed(
+                f"the P->D path is broken: a request through {c.prefill} did not reach "
+                f"{c.decode} with its KV ({c.detail}); check NIXL/UCX between their nodes "
+                f"(UCX_TLS, network interface) in their logs"
+                + (f"; {len(bad) - 1} more prefill endpoint(s) likewise" if len(bad) > 1 else ""),
+                culprit=c.prefill,
+            )
+        say(f"P/D path: {len(checks)} prefill endpoint(s) moved KV to a decode")
+
     def run_client(self, proc: Process) -> int:
         """Run a client process (bench, accuracy) to its end while watching the servers."""
         h = self.start(proc)
@@ -343,19 +519,26 @@ class Orchestrator:
 
     def sweep(self) -> None:
         b = self.plan.recipe.benchmark
-        for proc in [p for p in self.procs if p.kind == Kind.BENCH]:
+        points = [p for p in self.procs if p.kind == Kind.BENCH]
+        prompts = [b.prompts(concurrency_of(p.result)) for p in points]
+        sweep_start = time.time()
+        for i, proc in enumerate(points):
+            done = sum(prompts[:i])
+            elapsed = time.time() - sweep_start
+            left = elapsed / done * sum(prompts[i:]) if done else None
+            self.record.progress["sweep"] = {
+                "index": i + 1, "total": len(points), "concurrency": concurrency_of(proc.result),
+                "started": time.time(), "seconds_left": round(left) if left else None,
+            }  # fmt: skip
+            self.save()
             start = time.time()
             code = self.run_client(proc)
             end = time.time()
             result_file = self.run.path / proc.result
             failure = point_failure(result_file, code)
             if b.driver == "vllm" and result_file.exists():
-                # vllm bench serve records no window; the client's lifetime bounds it.
-                rundir.write_json(
-                    result_file.with_suffix(".window.json"),
-                    {"window_start": start, "window_end": end},
-                )
-            self.run.event(
+                write_window(result_file, end)
+            self.book.event(
                 "sweep_point", process=proc.name, status="failed" if failure else "ok",
                 reason=failure, seconds=round(end - start, 2),
             )  # fmt: skip
@@ -363,9 +546,10 @@ class Orchestrator:
                 self.failed_points.append(f"{proc.name}: {failure}")
                 say(f"{proc.name}: FAILED: {failure}")
                 if b.on_failure == "stop":
-                    raise RunFailed(f"sweep point {proc.name} failed: {failure}")
+                    raise RunFailed(f"sweep point {proc.name} failed: {failure}", proc.name)
             else:
                 say(f"{proc.name}: done in {end - start:.1f} s")
+        self.record.progress["sweep"] = {**self.record.progress["sweep"], "seconds_left": 0}
 
     def hold(self, seconds: float) -> None:
         self.stage(Stage.HOLD)
@@ -380,17 +564,25 @@ class Orchestrator:
         proc = next(p for p in self.procs if p.kind == Kind.ACCURACY)
         code = self.run_client(proc)
         result = rundir.read_json(self.run.path / proc.result)
-        if code != 0 or not result:
-            raise RunFailed(f"accuracy client exited with status {code}; see {proc.log}")
+        if not isinstance(result, dict):
+            raise RunFailed(
+                f"the accuracy gate wrote no result (exit status {code}); see {proc.log}",
+                culprit=proc.name,
+            )
         score = result.get("accuracy")
-        self.record.accuracy, self.record.accuracy_passed = score, result.get("passed")
+        self.record.accuracy, self.record.accuracy_passed = score, bool(result.get("passed"))
         self.save()
-        self.run.event("accuracy", score=score, threshold=a.threshold, passed=result.get("passed"))
-        say(f"accuracy {a.task}: {score:.3f} (threshold {a.threshold:g})")
+        self.book.event(
+            "accuracy", score=score, threshold=a.threshold, passed=result.get("passed")
+        )
+        if result.get("failure_reason"):
+            raise RunFailed(f"accuracy gate failed: {result['failure_reason']}", proc.name)
+        say(f"accuracy {a.task} {a.metric}: {score:.3f} (threshold {a.threshold:g})")
         if not result.get("passed"):
             raise RunFailed(
-                f"accuracy gate failed: {a.task} scored {score:.3f}, below the threshold "
-                f"{a.threshold:g} (the sweep's results are kept and labelled)"
+                f"accuracy gate failed: {a.task} {a.metric} scored {score:.3f}, below the "
+                f"threshold {a.threshold:g} (the sweep's results are kept and labelled)",
+                culprit=proc.name,
             )
 
     def report(self, state: State, error: str | None) -> None:
@@ -401,35 +593,131 @@ class Orchestrator:
             rundir.write_json(self.run.summary, summary)
             print(figures.summary_table(summary), flush=True)
         except Exception as e:  # a report problem must not hide the run's own outcome
-            self.run.event("warning", message=f"summary failed: {e!r}")
-            say(f"warning: could not write the summary: {e!r}")
+            self.book.note(f"could not write the summary: {e!r}")
 
     def teardown(self) -> None:
+        """Every process, in order (clients, router, engines, agents last), inside the
+        budget Slurm leaves; nothing here can raise."""
         self.stage(Stage.TEARDOWN)
+        try:
+            promsd.withdraw(self.run, self.plan.cluster.prometheus_sd_dir)
+        except OSError as e:
+            self.book.note(f"could not remove Prometheus targets: {e}")
+        budget = self.teardown_budget_s
+        share = {Kind.ENGINE: 0.45, Kind.AGENT: 0.2, Kind.ROUTER: 0.15, Kind.BENCH: 0.2}
         for kinds in TEARDOWN_ORDER:
             group = [h for h in self.handles if h.proc.kind in kinds]
+            grace = max(1.0, budget * share.get(kinds[0], 0.2))
             if Kind.AGENT in kinds and any(h.exit_code() is None for h in group):
                 # One more sample after the servers are gone, so the end is on record too.
-                time.sleep(min(self.plan.recipe.telemetry.interval_s * 1.5, 5.0))
-            self.backend.stop(group, grace_s=15.0)
+                time.sleep(min(self.plan.recipe.telemetry.interval_s * 1.5, grace / 2, 5.0))
+            try:
+                self.backend.stop(group, grace_s=grace)
+            except Exception as e:  # a stop that fails must not leave the rest running
+                say(f"warning: stopping {[h.proc.name for h in group]} failed: {e!r}")
         for h in self.handles:
-            self.run.event("process_stopped", process=h.proc.name, exit_code=h.exit_code())
+            self.book.event("process_stopped", process=h.proc.name, exit_code=h.exit_code())
         self._write_processes()
 
 
-def _install_signals(orch: Orchestrator) -> None:
-    def handler(signum, _frame):
-        reason = {
-            signal.SIGTERM: "cancelled (SIGTERM: scancel or shutdown)",
-            signal.SIGINT: "cancelled (Ctrl-C)",
-            signal.SIGUSR2: "stopped: the Slurm time limit is near",
-        }.get(signum, f"signal {signum}")
-        if orch.cancel_reason is None:
-            orch.cancel_reason = reason
-            say(reason + "; tearing down")
+def write_window(result_file: Path, ended: float) -> None:
+    """`vllm bench serve` records its measured `duration` but no start: the window ends when
+    it wrote its file and starts `duration` before, so the client's start-up (and container
+    creation) stays outside it."""
+    from launcher.run.results import WINDOW_SUFFIX, load_result
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
-        signal.signal(sig, handler)
+    res = load_result(result_file) or {}
+    try:
+        end = min(result_file.stat().st_mtime, ended)
+    except OSError:
+        end = ended
+    duration = res.get("duration")
+    if isinstance(duration, int | float) and duration > 0:
+        rundir.write_json(
+            result_file.with_name(result_file.stem + WINDOW_SUFFIX),
+            {"window_start": end - duration, "window_end": end},
+        )
+
+
+# --- planning inside the allocation ------------------------------------------------------------
+
+
+def plan_here(run: rundir.RunDir, book: Book, step: Callable[[str, list[list[str]]], None]) -> Plan:
+    """Plan on the real nodes with the addresses each node reports for itself (the same pure
+    planner as the dry-run), and write plan.json and commands.sh for them."""
+    recipe = recipe_mod.load(str(run.recipe))
+    cluster = cluster_mod.load(recipe.cluster)
+    job = os.environ.get("SLURM_JOB_ID") if cluster.scheduler == "slurm" else None
+    if cluster.scheduler == "slurm":
+        nodes = allocation_nodes()
+        if nodes is None:
+            raise UserError(
+                f"recipe {recipe.name} is for Slurm cluster {cluster.name}: run it inside an "
+                f"allocation (submit does that), or use a recipe for the local profile"
+            )
+    else:
+        nodes = cluster_mod.profile_nodes(cluster, nodes_needed(recipe, cluster))
+    from launcher.control import compute_env
+
+    rt = compute_env.current(run.plan)
+    first = make_plan(recipe, cluster, nodes, runtime=rt, job_id=job)
+    first = dataclasses.replace(first, run_dir=str(run.path))
+    step("preflight-host", render.check_steps(first)[0][1])
+    facts = preflight.read_facts(run.path, list(first.nodes), "host")
+    try:
+        addresses = preflight.addresses(first, facts)
+    except preflight.PreflightFailed as e:
+        raise RunFailed("preflight: " + str(e), culprit=e.problems[0].split(" ")[0]) from None
+    problems = preflight.judge_host(first, facts, cluster.nofile)
+    if problems:
+        raise RunFailed("preflight: " + "; ".join(problems), culprit=problems[0].split(" ")[0])
+    plan = make_plan(recipe, cluster, nodes, addresses, runtime=rt, job_id=job)
+    plan = dataclasses.replace(plan, run_dir=str(run.path))
+    # job.sbatch stays as it was submitted; the rest now names the real nodes.
+    write_run_files(run, plan, placeholder_nodes=False, with_sbatch=False)
+    book.event("planned", nodes=list(plan.nodes), addresses=addresses)
+    return plan
+
+
+# --- signals ---------------------------------------------------------------------------------
+
+
+REASONS = {
+    signal.SIGTERM: "cancelled (SIGTERM: scancel or shutdown)",
+    signal.SIGINT: "cancelled (Ctrl-C)",
+    signal.SIGUSR2: "stopped: the Slurm time limit is near",
+}
+
+
+class Signals:
+    """The first SIGTERM/SIGINT/USR2 becomes the run's cancel reason and the teardown's
+    budget: what Slurm leaves before it kills (KillWait after scancel, the signal lead
+    before the time limit)."""
+
+    def __init__(self, kill_wait_s: float, lead_s: float):
+        self.reason: str | None = None
+        self.budget_s: float | None = None
+        self.orch: Orchestrator | None = None
+        self.kill_wait_s, self.lead_s = kill_wait_s, lead_s
+        for sig in REASONS:
+            signal.signal(sig, self.handler)
+
+    def handler(self, signum, _frame) -> None:
+        if self.reason is not None:
+            return
+        self.reason = REASONS.get(signum, f"signal {signum}")
+        limit = self.lead_s if signum == signal.SIGUSR2 else self.kill_wait_s
+        self.budget_s = max(3.0, limit * 0.6)
+        say(self.reason + "; tearing down")
+        if self.orch is not None:
+            self.orch.cancel_reason = self.reason
+            self.orch.teardown_budget_s = self.budget_s
+
+    @staticmethod
+    def ignore() -> None:
+        """A second signal during teardown must not abort the teardown itself."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def run(run_dir: Path) -> int:
@@ -441,18 +729,45 @@ def run(run_dir: Path) -> int:
         state=State.RUNNING, stage=Stage.PLAN, started=time.time(), host=socket.gethostname(),
         orchestrator_pid=os.getpid(), slurm_job_id=os.environ.get("SLURM_JOB_ID"),
     )  # fmt: skip
-    run.write_record(record)
+    book = Book(run, record)
+    book.save()
+    try:
+        prof = cluster_mod.load(recipe_mod.load(str(run.recipe)).cluster)
+        kill_wait, lead = prof.kill_wait_s, recipe_mod.load(str(run.recipe)).slurm.signal_lead_s
+    except UserError:
+        kill_wait, lead = 30.0, 120.0
+    signals = Signals(kill_wait, lead)
+    raise_open_files(65536)
 
-    def fail_early(error: str) -> None:
-        record.state, record.error, record.ended = State.FAILED, error, time.time()
-        run.write_record(record)
-        run.event("failed", error=error)
+    def early_step(name: str, commands: list[list[str]]) -> None:
+        """A step before the orchestrator exists (the host check): cancellable by signal."""
+        backend = Backend.for_steps(run.path)
+        for cmd in commands:
+            popen = backend.spawn(cmd, run.log(name))
+            while popen.poll() is None:
+                if signals.reason:
+                    backend.kill(popen)
+                    raise Cancelled(signals.reason)
+                time.sleep(POLL_S)
+
+    def finish_early(state: State, error: str, culprit: str | None = None) -> None:
+        record.state, record.error, record.culprit = state, error, culprit
+        record.failed_stage, record.ended = record.stage, time.time()
+        book.save()
+        book.event(str(state), error=error)
+        say(f"run {state}: {error}")
 
     try:
-        plan = plan_here(run)
+        plan = plan_here(run, book, early_step)
     except UserError as e:
-        fail_early(str(e))
+        finish_early(State.FAILED, str(e))
         raise
+    except RunFailed as e:
+        finish_early(State.FAILED, str(e), e.culprit)
+        return 1
+    except Cancelled as e:
+        finish_early(State.CANCELLED, str(e))
+        return 1
     busy = busy_ports(plan)
     if busy:
         error = (
@@ -461,43 +776,47 @@ def run(run_dir: Path) -> int:
             + ": is another run still up? (python -m launcher runs), or change the cluster "
             "profile's port_base"
         )
-        fail_early(error)
+        finish_early(State.FAILED, error)
         raise UserError(error)
-    orch = Orchestrator(run, plan, make_backend(plan, run.path), record)
-    _install_signals(orch)
+    raise_open_files(plan.cluster.nofile)
+    orch = Orchestrator(run, plan, make_backend(plan, run.path), book)
+    signals.orch = orch
+    if signals.reason:
+        orch.cancel_reason, orch.teardown_budget_s = signals.reason, signals.budget_s or 30
     if plan.recipe.engine == "sim":
         say("engine: SIMULATED (launcher.sim): no model runs, timings come from the speed model")
-    state, error = State.SUCCEEDED, None
+    state, error, culprit = State.SUCCEEDED, None, None
     try:
         orch.run_all()
     except RunFailed as e:
-        state, error = State.FAILED, str(e)
+        state, error, culprit = State.FAILED, str(e), e.culprit
     except Cancelled as e:
         state, error = State.CANCELLED, str(e)
+        lost = orch.node_loss()
+        if lost:  # Slurm ends a job whose node died with SIGTERM: say what really happened
+            state, error, culprit = State.FAILED, f"node lost: {lost}", lost.split(" ")[0]
     except Exception as e:  # an orchestrator bug still tears down and says so
         state, error = State.FAILED, f"orchestrator error: {e!r}"
         import traceback
 
         traceback.print_exc()
     finally:
+        Signals.ignore()
         if state != State.SUCCEEDED:
             record.failed_stage = record.stage
-        # A second signal during teardown must not abort the teardown itself.
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, signal.SIG_IGN)
         orch.teardown()
-        if state != State.CANCELLED or orch.plan.recipe.benchmark.enabled:
+        if state != State.CANCELLED or plan.recipe.benchmark.enabled:
             orch.stage(Stage.REPORT)
             orch.report(state, error)
     if error:
         say(f"run {state}: {error}")
-        run.event(state, error=error)
+        book.event(str(state), error=error)
     else:
-        run.event("succeeded")
+        book.event("succeeded")
         say("run succeeded")
-    record.state, record.error, record.ended = state, error, time.time()
+    record.state, record.error, record.culprit, record.ended = state, error, culprit, time.time()
     record.stage, record.serving = None, False
-    run.write_record(record)
+    book.save()
     say(f"run directory: {run.path}")
     return 0 if state == State.SUCCEEDED else 1
 

@@ -124,7 +124,25 @@ def reconcile(run: RunDir) -> RunStatus:
         run.write_reconciled(Reconciled(state, error, time.time(), source))
     except OSError:
         pass  # a read-only run directory: still show the truth
+    _withdraw_targets(run)
     return run.status() if run.reconciled_file.exists() else _with(st, state, error)
+
+
+def _withdraw_targets(run: RunDir) -> None:
+    """A dead orchestrator never removed its Prometheus targets: do it for it."""
+    from launcher.telemetry import promsd
+
+    try:
+        from launcher.run.plandoc import read_plan
+        from launcher.spec import cluster as cluster_mod
+
+        sd_dir = cluster_mod.load(read_plan(run.plan).cluster).prometheus_sd_dir
+    except Exception:  # no plan or profile here: the run-local and runs-dir files still go
+        sd_dir = None
+    try:
+        promsd.withdraw(run, sd_dir)
+    except OSError:
+        pass
 
 
 def _with(st: RunStatus, state: State, error: str) -> RunStatus:

@@ -1,35 +1,71 @@
-"""Submit (the effect): a prepared run goes to Slurm through submitit, or runs here (local)."""
+"""Submit (the effect): a prepared run goes to Slurm through submitit, or runs here (local).
+
+Before sbatch: the model must be reachable from the compute nodes (launcher.control.staging)
+and a shared compute environment must have its wheelhouse and source copy
+(launcher.control.compute_env). `check_slurm` asks the real scheduler (sbatch --test-only)
+whether it would take the rendered script: partition, account, gres and segment mistakes
+come back in seconds instead of after a queue wait.
+"""
 
 from __future__ import annotations
 
 import shutil
+import subprocess
 import time
 
+from launcher.control import compute_env, staging
 from launcher.control.prepare import Prepared
 from launcher.errors import UserError
 from launcher.planning import render
 from launcher.run import rundir
 
 
-def submit_slurm(p: Prepared) -> str:
-    """sbatch through submitit; the job's payload is the orchestrator. Returns the job id."""
+def _need_sbatch(p: Prepared) -> None:
     if shutil.which("sbatch") is None:
         raise UserError(
             f"recipe {p.plan.recipe.name} is for Slurm cluster {p.plan.cluster.name} but sbatch "
             "is not on PATH here: submit from a login node (or start slurm/devcluster/up.sh)"
         )
+
+
+def ready(p: Prepared) -> None:
+    """What must exist before the job starts: refuse now rather than on the nodes."""
+    refuse, _ = staging.check(p.plan.recipe, p.plan.cluster)
+    if refuse:
+        raise UserError(refuse)
+    compute_env.ensure(p.plan.cluster, p.plan.runtime)
+
+
+def check_slurm(p: Prepared) -> str:
+    """sbatch --test-only on the exact script: the scheduler's own verdict, nothing queued."""
+    _need_sbatch(p)
+    proc = subprocess.run(
+        ["sbatch", "--test-only", str(p.run.sbatch)], capture_output=True, text=True, timeout=60
+    )
+    words = " ".join((proc.stderr + proc.stdout).split())
+    if proc.returncode != 0:
+        raise UserError(f"sbatch --test-only refused {p.run.sbatch}: {words}")
+    return words
+
+
+def submit_slurm(p: Prepared) -> str:
+    """sbatch through submitit; the job's payload is the orchestrator. Returns the job id."""
+    _need_sbatch(p)
+    ready(p)
     import submitit
 
     from launcher.control import orchestrator
 
     # No requeue on timeout: a serving benchmark restarted from scratch would mislead.
-    executor = submitit.SlurmExecutor(folder=str(p.run.slurm), max_num_timeout=0, python=None)
+    executor = submitit.SlurmExecutor(
+        folder=str(p.run.slurm), max_num_timeout=0, python=render.submitit_python(p.plan)
+    )
     executor.update_parameters(**render.slurm_parameters(p.plan, p.nodes))
     try:
         job = executor.submit(orchestrator.run_in_allocation, str(p.run.path))
     except Exception as e:  # sbatch's refusal comes back as a generic error: show its words
         sub = p.run.read_submission()
-        sub.error = f"sbatch refused the job: {e}"
+        sub.error = f"sbatch refused the job: {' '.join(str(e).split())}"
         p.run.write_submission(sub)
         raise UserError(sub.error) from None
     submitted = p.run.slurm / f"{job.job_id}_submission.sh"
@@ -52,14 +88,22 @@ def _who() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def submit_all(runs: list[Prepared], wait: bool = False) -> int:
+def submit_all(runs: list[Prepared], wait: bool = False, check: bool = False) -> int:
     from launcher.control import runs as runs_mod
 
     code = 0
+    if check:
+        for p in runs:
+            if p.plan.cluster.scheduler == "slurm":
+                print(f"{p.run.run_id}: {check_slurm(p)}")
+            else:
+                print(f"{p.run.run_id}: the local profile has no scheduler to ask; plan is valid")
+        return 0
     for p in runs:
         if p.plan.cluster.scheduler == "local":
             from launcher.control import orchestrator
 
+            ready(p)
             print(f"running {p.run.run_id} here (local profile)", flush=True)
             code = max(code, orchestrator.run(p.run.path))
             continue

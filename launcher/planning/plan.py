@@ -7,6 +7,7 @@ the allocation (on the real one), so what the dry-run shows is what runs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from launcher.errors import UserError
 from launcher.run.vocab import Role
@@ -50,6 +51,33 @@ OWNED_ENV = {
 EXPORTER_SLOT = 10  # port_base + 10 + node index: one telemetry exporter per node
 ENDPOINT_SLOT = 100  # endpoints' port blocks start here
 MAX_NODES = ENDPOINT_SLOT - EXPORTER_SLOT
+# vLLM picks its internal ports (ZMQ, DP coordinator, ...) upward from VLLM_PORT; two engines
+# on one node without their own ranges can pick the same one (EADDRINUSE at start-up).
+VLLM_PORT_SPAN = 32
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where the launcher's own programs come from on the compute nodes
+    (launcher.control.compute_env decides; the renderer writes it down)."""
+
+    mode: str  # "submitter" | "shared"
+    python: str  # the launcher's interpreter on the compute nodes
+    src: str  # the folder that holds the `launcher` package there (PYTHONPATH)
+    env: str | None  # shared mode: the environment's folder (the {compute_env} image)
+    arch: str
+    python_version: str
+
+    @property
+    def bindir(self) -> str:
+        return str(Path(self.python).parent)
+
+    @property
+    def bootstrap(self) -> str | None:
+        return f"{self.env}/bootstrap.sh" if self.env else None
+
+
+LOCAL_RUNTIME = Runtime("submitter", "python", "", None, "any", "")
 
 
 @dataclass(frozen=True)
@@ -60,6 +88,7 @@ class Part:
     gpus: tuple[int, ...]
     dp_ranks: tuple[int, ...]
     head: bool  # the head runs the API server; other parts are --headless
+    vllm_port: int  # VLLM_PORT: the base of vLLM's internal ports, one range per process
 
 
 @dataclass(frozen=True)
@@ -95,6 +124,9 @@ class Plan:
     router_port: int
     router_metrics_port: int
     exporter_ports: dict[str, int] = field(default_factory=dict)
+    runtime: Runtime = LOCAL_RUNTIME
+    job_id: str | None = None  # the Slurm job, once inside the allocation
+    run_dir: str = "<RUN_DIR>"  # set once the run directory exists
 
     def address(self, node: str) -> str:
         return self.addresses.get(node, node)
@@ -226,8 +258,32 @@ def place(recipe: Recipe, cluster: Cluster) -> list[tuple[Role, Pool, list[tuple
     return placed
 
 
+def check_container(recipe: Recipe, cluster: Cluster) -> None:
+    """The recipe's image must be something the profile's container runtime can run."""
+    runtime, c = cluster.containers.runtime, recipe.container
+    if c is None:
+        if runtime == "pyxis" and recipe.engine == "vllm":
+            raise UserError(
+                f"{cluster.name} runs engines in containers (pyxis): set container.image to a "
+                "vLLM image, pinned by digest (e.g. vllm/vllm-openai@sha256:...)"
+            )
+        return
+    directory = c.image == "{compute_env}" or c.image.startswith("/")
+    if runtime == "pyxis" and c.image == "{compute_env}":
+        raise UserError(
+            "container.image {compute_env} is the sandbox's stand-in; on pyxis give a vLLM image"
+        )
+    if runtime in ("sandbox", "none") and not directory:
+        raise UserError(
+            f"container.image {c.image!r}: {cluster.name} runs "
+            + ("no containers" if runtime == "none" else "containers in a sandbox")
+            + ", so the image must be a directory (an environment folder, or {compute_env})"
+        )
+
+
 def nodes_needed(recipe: Recipe, cluster: Cluster) -> int:
     check_owned(recipe)
+    check_container(recipe, cluster)
     _check_fit(recipe, cluster)
     slots = {slot for _, _, parts in place(recipe, cluster) for slot, _ in parts}
     n = len(slots)
@@ -243,7 +299,12 @@ def nodes_needed(recipe: Recipe, cluster: Cluster) -> int:
 
 
 def make_plan(
-    recipe: Recipe, cluster: Cluster, nodes: list[str], addresses: dict[str, str] | None = None
+    recipe: Recipe,
+    cluster: Cluster,
+    nodes: list[str],
+    addresses: dict[str, str] | None = None,
+    runtime: Runtime | None = None,
+    job_id: str | None = None,
 ) -> Plan:
     need = nodes_needed(recipe, cluster)
     if len(nodes) < need:
@@ -254,6 +315,8 @@ def make_plan(
     nodes = list(nodes[:need])
     if len(set(nodes)) != len(nodes):
         raise UserError(f"the node list names a node twice: {', '.join(nodes)}")
+    if runtime is None:
+        runtime = LOCAL_RUNTIME
     if addresses is None:
         local = cluster.scheduler == "local"
         addresses = {n: ("127.0.0.1" if local else n) for n in nodes}
@@ -265,10 +328,12 @@ def make_plan(
         name = f"{role}-{counters[role]}"
         counters[role] += 1
         dp_local = len(parts[0][1]) // pool.tensor_parallel
+        vllm_ports = next_port + 2 + pool.data_parallel
         built = []
         for i, (slot, gpus) in enumerate(parts):
             ranks = tuple(range(i * dp_local, (i + 1) * dp_local))
-            built.append(Part(nodes[slot], tuple(gpus), ranks, head=(i == 0)))
+            port = vllm_ports + i * VLLM_PORT_SPAN
+            built.append(Part(nodes[slot], tuple(gpus), ranks, head=(i == 0), vllm_port=port))
         endpoints.append(
             Endpoint(
                 name=name,
@@ -280,7 +345,7 @@ def make_plan(
                 nixl_port_base=next_port + 2,
             )
         )
-        next_port += 2 + pool.data_parallel
+        next_port += 2 + pool.data_parallel + VLLM_PORT_SPAN * len(parts)
     if next_port > 65535:
         raise UserError(f"ports run past 65535: lower the cluster profile's port_base ({base})")
     return Plan(
@@ -292,4 +357,6 @@ def make_plan(
         router_port=base,
         router_metrics_port=base + 1,
         exporter_ports={n: base + EXPORTER_SLOT + i for i, n in enumerate(nodes)},
+        runtime=runtime,
+        job_id=job_id,
     )

@@ -7,7 +7,9 @@ the process backend puts the launcher's own interpreter first on PATH.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -16,11 +18,14 @@ from launcher.run import rundir
 from launcher.run.plandoc import EndpointDoc, NodeDoc, PlanDoc, Process
 from launcher.run.vocab import Kind, Role
 
-ENGINE_EXE = {"vllm": ["vllm"], "sim": ["python", "-m", "launcher.sim"]}
-BENCH_EXE = {
-    "vllm": ["vllm", "bench", "serve"],
-    "builtin": ["python", "-m", "launcher.clients.bench"],
-}
+# The launcher's own modules behind each program (the simulator stands in for `vllm`).
+SIM_MODULE = "launcher.sim"
+BENCH_MODULE = "launcher.clients.bench"
+ACCURACY_MODULE = "launcher.clients.accuracy"
+AGENT_MODULE = "launcher.telemetry.agent"
+COMPUTE_ENV_IMAGE = "{compute_env}"
+LAUNCHER_MOUNT = "/opt/pd-launcher"  # where container steps see the launcher (read-only)
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 KV_CONNECTOR_FLAG = {"nixl": "nixl", "mooncake": "mooncake", "moriio": "moriio"}
 # The stats-log parser needs plain text (a forced colour would break it), and CUDA must
 # number GPUs as NVML does, so CUDA_VISIBLE_DEVICES and the telemetry mean the same GPU.
@@ -58,8 +63,24 @@ def _base_env(name: str, run_dir: str) -> dict[str, str]:
     return {"PD_PROCESS": name, "PD_RUN_DIR": run_dir}
 
 
-def sim_env(plan: Plan) -> dict[str, str]:
-    env = {f"SIM_{k.upper()}": _env_str(v) for k, v in plan.recipe.sim.items()}
+def sim_env(plan: Plan, ep: Endpoint) -> dict[str, str]:
+    knobs = plan.recipe.sim.model_dump(exclude_none=True)
+    env = {f"SIM_{k.upper()}": _env_str(v) for k, v in knobs.items()}
+    args = engine_args(plan.recipe, ep.pool)
+    if "num-gpu-blocks-override" not in args and "kv_capacity_tokens" not in knobs:
+        # The simulator's KV capacity is the estimate's, so a simulated run of a real
+        # topology meets its KV limit where the dry-run said it would.
+        from launcher.planning import capacity
+
+        facts = capacity.model_facts(plan)
+        cap = capacity.estimate(plan, ep, facts) if facts else None
+        if cap is not None:
+            from launcher.planning.kv_cache import simulator_kv_blocks
+
+            block, blocks = simulator_kv_blocks(cap)
+            env["SIM_KV_CAPACITY_TOKENS"] = str(block * blocks)
+            if "block-size" not in args:
+                env["SIM_DEFAULT_BLOCK_SIZE"] = str(block)
     acc = plan.recipe.accuracy
     if acc.enabled and acc.data:
         # The simulator has no model: it answers GSM8K from the task's own answer key.
@@ -73,10 +94,22 @@ def _env_str(v) -> str:
     return str(v)
 
 
+def launcher_cmd(plan: Plan, module: str, in_container: bool) -> list[str]:
+    """`python -m MODULE` with the interpreter of the place it runs: the container's python3
+    (the launcher mounted read-only), else the compute environment's."""
+    return ["python3" if in_container else plan.runtime.python, "-m", module]
+
+
+def host_env(plan: Plan) -> dict[str, str]:
+    """A shared compute environment's launcher source, for lines run by hand too."""
+    return {"PYTHONPATH": plan.runtime.src} if plan.runtime.mode == "shared" else {}
+
+
 def engine_processes(plan: Plan, ep: Endpoint, run_dir: str) -> list[Process]:
     r = plan.recipe
     pool = ep.pool
-    exe = ENGINE_EXE[r.engine]
+    boxed = r.container is not None
+    exe = ["vllm"] if r.engine == "vllm" else launcher_cmd(plan, SIM_MODULE, boxed)
     procs = []
     for part in ep.parts:
         name = f"{ep.name}@{part.node}"
@@ -102,14 +135,20 @@ def engine_processes(plan: Plan, ep: Endpoint, run_dir: str) -> list[Process]:
 
         env = dict(ENGINE_BASE_ENV)
         env.update(plan.cluster.env)
+        env.update(network_env(plan, part.node))
+        env.update(model_env(plan))
         env.update(r.env)
         env.update(pool.env)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in part.gpus)
+        env["VLLM_PORT"] = str(part.vllm_port)
         if ep.role.disaggregated:
             env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = plan.address(part.node)
             env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(ep.nixl_port_base)
+        if ep.role == Role.DECODE:
+            env.setdefault("UCX_PROTO_INFO", "y")  # UCX names the transport it picked
         if r.engine == "sim":
-            env.update(sim_env(plan))
+            env.update(sim_env(plan, ep))
+        env.update(container_env(plan))
         env.update(_base_env(name, run_dir))
         url = plan.endpoint_url(ep) if part.head else None
         procs.append(
@@ -128,16 +167,65 @@ def engine_processes(plan: Plan, ep: Endpoint, run_dir: str) -> list[Process]:
                 url=url,
                 metrics_url=f"{url}/metrics" if url else None,
                 env_from_host=list(r.env_from_host),
-                container=r.container is not None and r.engine == "vllm",
+                container=r.container is not None,
             )
         )
     return procs
 
 
+def network_env(plan: Plan, node: str) -> dict[str, str]:
+    """Pin NCCL, Gloo, UCX and vLLM to the profile's inter-node NIC (their own choice can be
+    a management or loopback interface)."""
+    iface = plan.cluster.network.interface
+    if not iface:
+        return {}
+    return {
+        "NCCL_SOCKET_IFNAME": iface,
+        "GLOO_SOCKET_IFNAME": iface,
+        "UCX_NET_DEVICES": iface,
+        "VLLM_HOST_IP": plan.address(node),
+    }
+
+
+def model_env(plan: Plan) -> dict[str, str]:
+    """Engines read weights from the shared cache (offline when nodes have no internet)."""
+    m = plan.cluster.models
+    if not m.hf_home:
+        return {}
+    env = {"HF_HOME": m.hf_home}
+    if not m.internet:
+        env["HF_HUB_OFFLINE"] = "1"
+    return env
+
+
+def image_dir(plan: Plan) -> str | None:
+    """A directory image (sandbox, or no runtime): the job's compute environment for
+    `{compute_env}`, else the path the recipe names. None for a registry image."""
+    c = plan.recipe.container
+    if c is None:
+        return None
+    if c.image == COMPUTE_ENV_IMAGE:
+        return f"{plan.runtime.env}/venv" if plan.runtime.env else str(Path(plan.runtime.python).parent.parent)
+    return c.image if c.image.startswith("/") and not c.image.endswith(".sqsh") else None
+
+
+def container_env(plan: Plan) -> dict[str, str]:
+    """Inside a container the launcher is the read-only mount LAUNCHER_MOUNT; a directory
+    image's bin/ comes first on PATH, as an image's own PATH would."""
+    if plan.recipe.container is None:
+        return {}
+    env = {"PYTHONPATH": LAUNCHER_MOUNT if plan.cluster.containers.runtime != "none" else plan.runtime.src}
+    d = image_dir(plan)
+    if d:
+        env["PATH"] = f"{d}/bin:{SYSTEM_PATH}"
+    return env
+
+
 def router_process(plan: Plan, run_dir: str) -> Process:
     r = plan.recipe
     bind = plan.cluster.bind_host
-    argv = ["vllm-router", "--host", bind, "--port", str(plan.router_port)]
+    router = "vllm-router" if plan.runtime.python == "python" else f"{plan.runtime.bindir}/vllm-router"
+    argv = [router, "--host", bind, "--port", str(plan.router_port)]
     if r.mode == "disagg":
         argv.append("--vllm-pd-disaggregation")
         for ep in plan.endpoints:
@@ -161,7 +249,7 @@ def router_process(plan: Plan, run_dir: str) -> Process:
         kind=Kind.ROUTER,
         node=node,
         argv=argv,
-        env=_base_env("router", run_dir),
+        env={**host_env(plan), **_base_env("router", run_dir)},
         log="logs/router.log",
         url=plan.router_url,
         metrics_url=plan.url(node, plan.router_metrics_port) + "/metrics",
@@ -173,10 +261,11 @@ def agent_processes(plan: Plan, run_dir: str) -> list[Process]:
     for node in plan.nodes:
         name = f"agent@{node}"
         argv = [
-            "python", "-m", "launcher.telemetry.agent",
+            *launcher_cmd(plan, AGENT_MODULE, False),
             "--run-dir", run_dir,
             "--node", node,
             "--interval", f"{plan.recipe.telemetry.interval_s:g}",
+            "--exporter-addr", plan.cluster.bind_host,
             "--exporter-port", str(plan.exporter_ports[node]),
         ]  # fmt: skip
         procs.append(
@@ -185,7 +274,7 @@ def agent_processes(plan: Plan, run_dir: str) -> list[Process]:
                 kind=Kind.AGENT,
                 node=node,
                 argv=argv,
-                env=_base_env(name, run_dir),
+                env={**host_env(plan), **_base_env(name, run_dir)},
                 log=f"logs/{name}.log",
                 url=plan.url(node, plan.exporter_ports[node]),
                 metrics_url=plan.url(node, plan.exporter_ports[node]) + "/metrics",
@@ -199,12 +288,15 @@ def bench_processes(plan: Plan, run_dir: str) -> list[Process]:
     r = plan.recipe
     b = r.benchmark
     run = rundir.RunDir(Path(run_dir))
+    boxed = r.container is not None
+    exe = ["vllm", "bench", "serve"] if b.driver == "vllm" else launcher_cmd(plan, BENCH_MODULE, boxed)
+    env = container_env(plan) if boxed else host_env(plan)
     procs = []
     for c in b.concurrency:
         name = f"bench-c{c}"
         result = run.bench_result(c)
         argv = [
-            *BENCH_EXE[b.driver],
+            *exe,
             "--backend", "openai",
             "--base-url", plan.router_url,
             "--endpoint", "/v1/completions",
@@ -232,10 +324,10 @@ def bench_processes(plan: Plan, run_dir: str) -> list[Process]:
                 kind=Kind.BENCH,
                 node=plan.nodes[0],
                 argv=argv,
-                env=_base_env(name, run_dir),
+                env={**model_env(plan), **env, **_base_env(name, run_dir)},
                 log=f"logs/{name}.log",
                 env_from_host=list(r.env_from_host),
-                container=b.driver == "vllm" and r.container is not None,
+                container=boxed,
                 result=str(result.relative_to(run.path)),
             )
         )
@@ -243,29 +335,42 @@ def bench_processes(plan: Plan, run_dir: str) -> list[Process]:
 
 
 def accuracy_process(plan: Plan, run_dir: str) -> Process | None:
+    """The GSM8K gate through the router, scored as lm-eval's gsm8k task (docs/gsm8k.md)."""
     a = plan.recipe.accuracy
     if not a.enabled:
         return None
+    boxed = plan.recipe.container is not None
     result = rundir.RunDir(Path(run_dir)).accuracy_result(a.task)
     argv = [
-        "python", "-m", "launcher.accuracy",
+        *launcher_cmd(plan, ACCURACY_MODULE, boxed),
         "--base-url", plan.router_url,
         "--model", plan.recipe.model.name,
-        "--data", a.data or "",
-        "--num-questions", str(a.num_questions),
+        "--test", a.data or "",
+    ]  # fmt: skip
+    if a.train:
+        argv += ["--train", a.train]
+    if a.num_questions:
+        argv += ["--num-questions", str(a.num_questions)]
+    argv += [
         "--num-shots", str(a.num_shots),
+        "--metric", a.metric,
         "--max-tokens", str(a.max_tokens),
         "--concurrency", str(a.concurrency),
+        "--retries", str(a.retries),
         "--threshold", f"{a.threshold:g}",
-        "--output", str(result),
     ]  # fmt: skip
+    if a.chat:
+        argv += ["--chat", "multiturn"]
+    argv += ["--output", str(result)]
+    env = container_env(plan) if boxed else host_env(plan)
     return Process(
         name="accuracy",
         kind=Kind.ACCURACY,
         node=plan.nodes[0],
         argv=argv,
-        env=_base_env("accuracy", run_dir),
+        env={**env, **_base_env("accuracy", run_dir)},
         log="logs/accuracy.log",
+        container=boxed,
         result=str(result.relative_to(run_dir)),
     )
 
@@ -319,6 +424,7 @@ def plan_doc(plan: Plan, run_id: str, run_dir: str, placeholder_nodes: bool) -> 
         router_metrics_url=plan.url(plan.nodes[0], plan.router_metrics_port) + "/metrics",
         gpu_count=plan.gpu_count(),
         placeholder_nodes=placeholder_nodes,
+        runtime=dataclasses.asdict(plan.runtime),
     )
 
 
@@ -345,79 +451,263 @@ def slurm_parameters(plan: Plan, nodes: int) -> dict:
         params["gpus_per_node"] = c.gpus_per_node
     # submitit counts tasks from `nodes`; the orchestrator is one task, so the node count
     # goes in as an additional parameter, which overrides submitit's --nodes=1 line.
-    extra: dict = {"nodes": nodes, "ntasks_per_node": 1, "signal": "B:USR2@120"}
+    # B: the batch shell gets the signal, and the batch shell is the orchestrator (exec):
+    # it tears down and writes its summary before Slurm kills the job. No requeue: a run
+    # directory is written by one attempt only.
+    extra: dict = {
+        "nodes": nodes, "ntasks_per_node": 1, "signal": f"B:USR2@{r.slurm.signal_lead_s}",
+        "no_requeue": True,
+    }  # fmt: skip
     if c.mem_zero:
         extra["mem"] = "0"
     if c.segment:
         extra["segment"] = nodes
     extra.update({k.lstrip("-").replace("-", "_"): v for k, v in r.slurm.directives.items()})
     params["additional_parameters"] = extra
+    params["setup"] = batch_setup(plan) or None
     # wckey=None is how submitit drops its default "#SBATCH --wckey=submitit" line.
     return {k: v for k, v in params.items() if v is not None or k == "wckey"}
 
 
-def submitit_command(python: str, folder: str) -> str:
-    return f"{shlex.quote(python)} -u -m submitit.core._submit {shlex.quote(folder)}"
+def batch_setup(plan: Plan) -> list[str]:
+    """Lines the batch script runs before the orchestrator: build (once) and use the shared
+    compute environment."""
+    rt = plan.runtime
+    if rt.mode != "shared" or not rt.bootstrap:
+        return []
+    return [f"bash {shlex.quote(rt.bootstrap)}", f"export PYTHONPATH={shlex.quote(rt.src)}"]
 
 
-def sbatch_text(plan: Plan, nodes: int, folder: str, python: str) -> str:
+def submitit_python(plan: Plan) -> str:
+    """What submitit puts before `-u -m submitit.core._submit`: exec, so the batch shell
+    becomes the orchestrator and the pre-time-limit signal reaches it."""
+    return f"exec {shlex.quote(plan.runtime.python)}"
+
+
+def submitit_command(plan: Plan, folder: str) -> str:
+    return f"{submitit_python(plan)} -u -m submitit.core._submit {shlex.quote(folder)}"
+
+
+def sbatch_text(plan: Plan, nodes: int, folder: str) -> str:
     """Exactly the text submitit submits (its own renderer, same parameters)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
     params = slurm_parameters(plan, nodes)
-    return _make_sbatch_string(command=submitit_command(python, folder), folder=folder, **params)
+    return _make_sbatch_string(command=submitit_command(plan, folder), folder=folder, **params)
 
 
 # --- commands.sh ----------------------------------------------------------------------------
 
 
+def gpu_request(plan: Plan) -> str:
+    """The same GPU request on the job and on every step that needs GPUs (sites that reject
+    --gpus-per-node reject it on steps too)."""
+    c = plan.cluster
+    if c.gpu_directive == "gres":
+        return f"--gres=gpu:{c.gres_type + ':' if c.gres_type else ''}{c.gpus_per_node}"
+    return f"--gpus-per-node={c.gpus_per_node}"
+
+
 def srun_prefix(plan: Plan, proc: Process) -> list[str]:
-    """The srun step a process runs in (Slurm profiles); the orchestrator adds --jobid."""
+    """The srun step a process runs in (Slurm profiles). --jobid makes the line runnable by
+    hand from a login node (without it, srun would ask for a new allocation)."""
     argv = [
-        "srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={proc.node}",
-        f"--job-name={proc.name}", "--kill-on-bad-exit=1",
+        "srun", f"--jobid={plan.job_id or '$SLURM_JOB_ID'}", "--overlap", "--nodes=1",
+        "--ntasks=1", f"--nodelist={proc.node}", f"--job-name={proc.name}",
+        "--kill-on-bad-exit=1",
     ]  # fmt: skip
-    if proc.gpus or proc.kind == "agent":  # with device cgroups a step sees only what it asks for
-        argv.append(f"--gpus-per-node={plan.cluster.gpus_per_node}")
-    c = plan.recipe.container
-    if proc.container and c and plan.cluster.container == "pyxis":
-        argv += [f"--container-image={c.image}", "--no-container-entrypoint"]
-        argv.append("--no-container-mount-home")
-        mounts = list(c.mounts)
-        if mounts:
-            argv.append(f"--container-mounts={','.join(mounts)}")
-        if c.workdir:
-            argv.append(f"--container-workdir={c.workdir}")
+    if proc.gpus or proc.kind == Kind.AGENT:  # with device cgroups a step sees what it asks for
+        argv.append(gpu_request(plan))
+    if proc.container and plan.cluster.containers.runtime == "pyxis":
+        argv += pyxis_flags(plan)
     return argv
 
 
+def container_mounts(plan: Plan) -> list[tuple[str, str, bool]]:
+    """(source, destination, read-only) of every container step: the profile's mounts (the
+    run directory by default), the recipe's, the shared model cache, the launcher."""
+    run_dir = plan.run_dir
+    out = []
+    for m in [*plan.cluster.containers.mounts, *plan.recipe.container.mounts]:
+        parts = m.replace("{run_dir}", run_dir).split(":")
+        out.append((parts[0], parts[1], len(parts) > 2 and parts[2] == "ro"))
+    hf = plan.cluster.models.hf_home
+    if hf and not any(dst == hf for _, dst, _ in out):
+        out.append((hf, hf, False))
+    out.append((plan.runtime.src + "/launcher", LAUNCHER_MOUNT + "/launcher", True))
+    return out
+
+
+def container_name(image: str) -> str:
+    """One named container per image and job: the first step on a node imports it, every
+    later step reuses it (pyxis skips the import when the name exists)."""
+    import hashlib
+
+    slug = re.sub(r"[^a-z0-9]+", "-", image.lower().rsplit("/", 1)[-1]).strip("-")[:24]
+    return f"pd-{slug}-{hashlib.sha256(image.encode()).hexdigest()[:8]}"
+
+
+def pyxis_image(plan: Plan) -> str:
+    """The image as pyxis imports it: the shared pre-imported squashfs when the profile
+    keeps an image cache, else the reference itself."""
+    c, cache = plan.recipe.container, plan.cluster.containers.image_cache
+    if cache and not c.image.endswith(".sqsh"):
+        return f"{cache}/{container_name(c.image)}.sqsh"
+    return c.image
+
+
+def pyxis_flags(plan: Plan) -> list[str]:
+    c, k = plan.recipe.container, plan.cluster.containers
+    flags_ = [
+        f"--container-image={pyxis_image(plan)}",
+        f"--container-name={container_name(c.image)}",
+        "--container-mounts="
+        + ",".join(f"{s}:{d}" + (":ro" if ro else "") for s, d, ro in container_mounts(plan)),
+        "--no-container-mount-home",
+        "--no-container-entrypoint",
+    ]
+    if k.writable:
+        flags_.append("--container-writable")
+    if k.remap_root:
+        flags_.append("--container-remap-root")
+    if c.workdir:
+        flags_.append(f"--container-workdir={c.workdir}")
+    return flags_
+
+
+def sandbox_argv(plan: Plan) -> list[str]:
+    """The dev cluster's stand-in for pyxis (bubblewrap): the step sees the image (its
+    operating-system layers and its own folder) and the declared mounts, nothing else of
+    the host, so a missing mount fails here as it would on a real cluster."""
+    k, c = plan.cluster.containers, plan.recipe.container
+    argv = ["bwrap", "--die-with-parent"]
+    for layer in k.sandbox_layers:
+        argv += ["--ro-bind-try", layer, layer]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp"]
+    argv += ["--tmpfs", "/root", "--tmpfs", "/home"]  # the image's own writable home
+    image = image_dir(plan)  # mounted after the tmpfs layers, which would hide it
+    if image:
+        argv += ["--ro-bind", image, image]
+    for src, dst, ro in container_mounts(plan):
+        argv += ["--ro-bind" if ro else "--bind", src, dst]
+    argv += ["--chdir", c.workdir or "/"]
+    return [*argv, "--"]
+
+
 def command_line(plan: Plan, proc: Process) -> list[str]:
-    """The full command that starts `proc`: [srun ...] env K=V ... argv."""
+    """The full command that starts `proc`: [srun ...] [sandbox --] env K=V ... argv."""
     env = ["env", *[f"{k}={v}" for k, v in proc.env.items()]]
     prefix = srun_prefix(plan, proc) if plan.cluster.scheduler == "slurm" else []
+    if proc.container and plan.cluster.containers.runtime == "sandbox":
+        prefix += sandbox_argv(plan)
     return [*prefix, *env, *proc.argv]
+
+
+NODECHECK_MODULE = "launcher.control.nodecheck"
+
+
+def env_prefix(env: dict[str, str]) -> list[str]:
+    return ["env", *[f"{k}={v}" for k, v in env.items()]] if env else []
+
+
+def check_steps(plan: Plan) -> list[tuple[str, list[list[str]]]]:
+    """The preflight steps, as (name, commands): the host check of every node (before the
+    plan's addresses are known), then the check inside the engine's container on every node
+    (with pyxis the same step imports the image into the job's named container, once per
+    node). On Slurm each is one multi-node step; locally one command per node."""
+    rd, c = plan.run_dir, plan.cluster
+    host = [*launcher_cmd(plan, NODECHECK_MODULE, False), "--run-dir", rd, "--where", "host"]
+    if c.network.interface:
+        host += ["--interface", c.network.interface]
+    boxed = plan.recipe.container is not None
+    inside = [
+        *launcher_cmd(plan, NODECHECK_MODULE, boxed), "--run-dir", rd, "--where", "container",
+        "--engine", plan.recipe.engine,
+    ]  # fmt: skip
+    env_host = env_prefix(host_env(plan))
+    env_box = env_prefix({**model_env(plan), **(container_env(plan) if boxed else host_env(plan))})
+    if c.scheduler != "slurm":
+        steps = [("preflight-host", [[*env_host, *host, "--node", n] for n in plan.nodes])]
+        if stage_command(plan):
+            steps.append(("stage-model", [[*env_box, *stage_command(plan)]]))
+        return [
+            *steps,
+            ("preflight-container", [[*env_box, *inside, "--node", n] for n in plan.nodes]),
+        ]
+    step = [
+        "srun", f"--jobid={plan.job_id or '$SLURM_JOB_ID'}", "--overlap",
+        f"--nodes={len(plan.nodes)}", "--ntasks-per-node=1",
+        f"--nodelist={','.join(plan.nodes)}", gpu_request(plan),
+    ]  # fmt: skip
+    box = []
+    if boxed and c.containers.runtime == "pyxis":
+        box = pyxis_flags(plan)
+    elif boxed and c.containers.runtime == "sandbox":
+        box = sandbox_argv(plan)
+    container = [*step, "--job-name=preflight-container", *box, *env_box, *inside]
+    steps = [("preflight-host", [[*step, "--job-name=preflight-host", *env_host, *host]])]
+    stage = stage_command(plan)
+    if stage:
+        one = [*step[:3], "--nodes=1", "--ntasks=1", f"--nodelist={plan.nodes[0]}"]
+        steps.append(("stage-model", [[*one, "--job-name=stage-model", *box, *env_box, *stage]]))
+    return [*steps, ("preflight-container", [container])]
+
+
+def stage_command(plan: Plan) -> list[str] | None:
+    """Fetch a hub model once into the shared cache before any engine starts (only where
+    compute nodes reach the hub; otherwise submit refuses an unstaged model)."""
+    r, m = plan.recipe, plan.cluster.models
+    if r.engine != "vllm" or not r.model.hub_id or not m.hf_home or not m.internet:
+        return None
+    cmd = [*launcher_cmd(plan, "launcher.control.staging", r.container is not None),
+           r.model.path, "--hf-home", m.hf_home]  # fmt: skip
+    return cmd + (["--revision", r.model.revision] if r.model.revision else [])
+
+
+JOBID_PLACEHOLDER = "'--jobid=$SLURM_JOB_ID'"
+JOBID_BY_HAND = '"--jobid=${SLURM_JOB_ID:?export SLURM_JOB_ID=the job id}"'
+
+
+def _comment(text: str) -> str:
+    """A comment line that stays one comment line, whatever the text holds."""
+    return "# " + re.sub(r"[\x00-\x1f\x7f]", "?", text)
 
 
 def commands_sh(plan: Plan, run_dir: str) -> str:
     """A readable script of every process, in start order (what the orchestrator runs)."""
+    rt = plan.runtime
+    c = plan.recipe.container
     lines = [
         "#!/bin/bash",
-        f"# Every process of run {run_dir}, in the order the orchestrator starts them.",
+        _comment(f"Every process of run {run_dir}, in the order the orchestrator starts them."),
         "# The orchestrator also waits for health between stages and tears everything down;",
         "# this file is for reading and for starting one process by hand.",
         "# Secrets are passed by name only: export them before running a line.",
-        "",
+        _comment(f"Launcher programs (orchestrator, agents, router, clients) run {rt.python}"),
     ]
+    if c is not None:
+        lines.append(
+            _comment(
+                f"Container steps ({plan.cluster.containers.runtime}): image {c.image}; "
+                f"they see only the image and: "
+                + ", ".join(f"{d}{' (ro)' if ro else ''}" for _, d, ro in container_mounts(plan))
+            )
+        )
+    lines.append("")
+    for name, commands in check_steps(plan):
+        lines.append(_comment(f"{name}: the checks before anything starts -> {run_dir}/logs/{name}.log"))
+        for cmd in commands:
+            lines.append(shlex.join(cmd).replace(JOBID_PLACEHOLDER, JOBID_BY_HAND))
+        lines.append("")
     for proc in processes(plan, run_dir):
         where = f"{proc.node}" + (f" gpus {','.join(map(str, proc.gpus))}" if proc.gpus else "")
-        lines.append(f"# {proc.name} ({proc.kind}) on {where} -> {run_dir}/{proc.log}")
+        boxed = " in the container" if proc.container else ""
+        lines.append(_comment(f"{proc.name} ({proc.kind}) on {where}{boxed} -> {run_dir}/{proc.log}"))
         if proc.env_from_host:
             lines.append(
-                f"#   passes through from your environment: {' '.join(proc.env_from_host)}"
+                _comment(f"  passes through from your environment: {' '.join(proc.env_from_host)}")
             )
-        lines.append(
-            shlex.join(command_line(plan, proc))
-            + f" > {shlex.quote(run_dir + '/' + proc.log)} 2>&1 &"
-        )
+        line = shlex.join(command_line(plan, proc)).replace(JOBID_PLACEHOLDER, JOBID_BY_HAND)
+        lines.append(line + f" > {shlex.quote(run_dir + '/' + proc.log)} 2>&1 &")
         lines.append("")
     return "\n".join(lines)

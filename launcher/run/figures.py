@@ -33,10 +33,11 @@ from launcher.run.vocab import Kind, State
 PERCENTILES = (50, 90, 99)
 # What summary.json keeps of the accuracy gate's file.
 ACCURACY_KEYS = (
-    "task", "accuracy", "threshold", "passed", "metric", "strict_match", "flexible_extract",
-    "num_questions", "num_requests", "num_shots", "chat", "invalid_rate", "comparable",
-    "failure_reason", "file",
+    "task", "accuracy", "threshold", "passed", "metric", "scores", "num_questions",
+    "num_shots", "chat", "invalid_rate", "requests", "comparable_with_lm_eval",
+    "comparability", "status", "failure_reason", "file",
 )
+SEED_GSM8K = 0.88  # the published result's GSM8K figure (lm-eval gsm8k, 5-shot)
 NOT_AGG = "aggregated mode: every GPU runs prefill and decode, so there is no such split"
 
 
@@ -277,6 +278,30 @@ def write_summary(
     return s
 
 
+def accuracy_line(acc: dict[str, Any], markup: bool = False) -> str:
+    """'GSM8K 5-shot strict-match 0.778 (flexible-extract 0.800), 30 questions, completions;
+    threshold 0.7: passed; the seed reports 0.88 (lm-eval gsm8k 5-shot)': which figure the
+    verdict used, next to the published one."""
+    ok = acc.get("passed")
+    mark = ("[green]passed[/]" if ok else "[red]FAILED[/]") if markup else (
+        "passed" if ok else "FAILED")
+    metric = acc.get("metric") or "strict-match"
+    scores = acc.get("scores") or {}
+    other = next((m for m in scores if m != metric), None)
+    value = acc.get("accuracy")
+    text = f"GSM8K {acc.get('num_shots')}-shot {metric} "
+    text += f"{value:.3f}" if isinstance(value, int | float) else "not scored"
+    if other and isinstance(scores[other], dict):
+        text += f" ({other} {scores[other].get('accuracy', 0):.3f})"
+    text += f", {acc.get('num_questions')} questions, {'chat' if acc.get('chat') else 'completions'}"
+    text += f"; threshold {acc.get('threshold')}: {mark}"
+    if acc.get("failure_reason"):
+        text += f" ({acc['failure_reason']})"
+    if acc.get("comparable_with_lm_eval") is False:
+        text += "; NOT comparable with lm-eval (few-shot examples from the test file)"
+    return text + f"; the seed reports {SEED_GSM8K:.2f} (lm-eval gsm8k 5-shot)"
+
+
 def _f(value: Any, digits: int = 0) -> str:
     if value is None:
         return "-"
@@ -320,10 +345,7 @@ def render_table(s: dict[str, Any], console: Any = None) -> None:
                           f"{p.get('failure_reason')}")
     acc = s.get("accuracy")
     if acc:
-        mark = "[green]passed[/]" if acc.get("passed") else "[red]FAILED[/]"
-        console.print(f"GSM8K {acc.get('num_shots')}-shot strict-match: "
-                      f"{acc.get('accuracy', 0):.3f} on {acc.get('num_questions')} questions "
-                      f"(threshold {acc.get('threshold')}): {mark}")
+        console.print(accuracy_line(acc, markup=True))
     for note in s.get("notes", []):
         console.print(f"note: {note}")
     verdict = s.get("verdict")

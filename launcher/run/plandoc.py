@@ -102,6 +102,7 @@ class PlanDoc:
     gpu_count: dict[str, int]
     placeholder_nodes: bool = False
     capacity: list[dict] = field(default_factory=list)
+    runtime: dict[str, Any] = field(default_factory=dict)  # where the launcher runs (plan.Runtime)
     extra: dict[str, Any] = field(default_factory=dict)  # sections added by later stages
 
     @property
@@ -150,6 +151,7 @@ class PlanDoc:
             "gpu_count": dict(self.gpu_count),
             "placeholder_nodes": self.placeholder_nodes,
             "capacity": list(self.capacity),
+            "runtime": dict(self.runtime),
             **self.extra,
         }
 
@@ -164,7 +166,7 @@ class PlanDoc:
         core = {
             "schema_version", "run_id", "recipe", "cluster", "engine", "mode", "model",
             "telemetry", "nodes", "endpoints", "processes", "router", "gpu_count",
-            "placeholder_nodes", "capacity",
+            "placeholder_nodes", "capacity", "runtime",
         }  # fmt: skip
         try:
             return cls(
@@ -184,6 +186,7 @@ class PlanDoc:
                 gpu_count={k: int(v) for k, v in d["gpu_count"].items()},
                 placeholder_nodes=bool(d.get("placeholder_nodes", False)),
                 capacity=list(d.get("capacity") or []),
+                runtime=dict(d.get("runtime") or {}),
                 extra={k: v for k, v in d.items() if k not in core},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:

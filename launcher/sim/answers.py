@@ -83,7 +83,7 @@ class Answerer:
         final = self.key[question]
         correct = not self.wrong_answers and _unit(question) < self.accuracy
         number = final if correct else _wrong(final, question)
-        text = f"Let's compute it step by step. The answer is {number}."
+        text = f"Let's compute it step by step. #### {number}"  # GSM8K's own answer format
         return [" " + w for w in text.split()]
 
 

@@ -156,7 +156,7 @@ def parse(argv: list[str], env: dict[str, str] | None = None) -> SimConfig:
         api_count = dpl  # hybrid LB: one API server per local rank (vLLM's default)
     else:
         api_count = dp
-    block_size = ns.block_size or 16
+    block_size = ns.block_size or knobs.default_block_size
     num_blocks = ns.num_gpu_blocks_override or max(1, knobs.kv_capacity_tokens // block_size)
 
     served_names = [n for n in (ns.served_model_name or []) if n] or [model]

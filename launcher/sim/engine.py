@@ -148,10 +148,13 @@ class Engine:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
+    def fails_kv(self, request_id: str) -> bool:
+        """The SIM_KV_FAIL_FRACTION fault, decided per request (the same on every try)."""
+        return _fraction(request_id) < self.k.kv_fail_fraction
+
     def add(self, req: Req) -> None:
-        if req.remote:
-            req.fail_kv = _fraction(req.remote.get("remote_request_id", req.id)) < \
-                self.k.kv_fail_fraction
+        if req.remote and self.cfg.is_consumer:
+            req.fail_kv = self.fails_kv(req.remote.get("remote_request_id", req.id))
         self.waiting.append(req)
         self.wake.set()
 

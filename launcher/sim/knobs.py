@@ -42,6 +42,10 @@ class Knobs:
     kv_capacity_tokens: int = field(default=2_883_936, metadata=_doc(
         "KV-cache capacity per DP rank in tokens, used when --num-gpu-blocks-override is "
         "not given (num_gpu_blocks = capacity // block size)."))
+    default_block_size: int = field(default=16, metadata=_doc(
+        "The block size when --block-size is not given. vLLM picks its own for hybrid "
+        "models (the page it unifies with the GDN state); the launcher sets this and "
+        "kv_capacity_tokens from its KV estimate, so the simulator fills up where it says."))
     kv_bytes_per_token: int = field(default=15360, metadata=_doc(
         "KV bytes per prompt token moved by a NIXL transfer (full-attention layers; "
         "Qwen3.5: 2 x 2 KV heads x 256 dim x 15 layers x 1 byte fp8)."))
@@ -79,11 +83,12 @@ class Knobs:
     wrong_answers: bool = field(default=False, metadata=_doc(
         "Fault: accuracy collapse, every GSM8K answer is wrong."))
     kv_fail_fraction: float = field(default=0.0, metadata=_doc(
-        "Fault: fraction (0..1) of KV pulls on a decode that fail (deterministic per "
-        "request id); failed pulls count in vllm:nixl_num_failed_transfers."))
+        "Fault: fraction (0..1) of KV transfers that fail (deterministic per request id): "
+        "on a decode its pulls fail, on a prefill its blocks cannot be read; the decode "
+        "counts them in vllm:nixl_num_failed_transfers."))
     answer_key: str = field(default="", metadata=_doc(
         "Path to a GSM8K-format jsonl ({'question','answer'} ending in '#### N'); the sim "
-        "answers the last 'Question:' of the prompt with '... The answer is N.'."))
+        "answers the last 'Question:' of the prompt with '... #### N' (GSM8K's format)."))
     accuracy: float = field(default=0.9, metadata=_doc(
         "Fraction of answer-key questions answered correctly (chosen by a hash of the "
         "question, so it is deterministic)."))

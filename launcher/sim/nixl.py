@@ -65,6 +65,10 @@ async def serve_side_channel(host: str, port: int, read: ReadFn, done: DoneFn,
 
 def local_handlers(engine: Engine) -> tuple[ReadFn, DoneFn]:
     async def read(request_id: str, engine_id: str) -> dict[str, Any]:
+        if engine.cfg.is_producer and engine.fails_kv(request_id):
+            # Injected on the prefill side: its blocks cannot be read (a broken P->D path).
+            raise KeyError("NIXL read of the prefill's blocks failed (injected by "
+                           "SIM_KV_FAIL_FRACTION on the prefill)")
         return engine.read_held(request_id, engine_id)
 
     async def done(request_id: str) -> bool:

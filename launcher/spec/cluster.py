@@ -9,28 +9,105 @@ from typing import Literal
 from pydantic import Field, ValidationError
 
 from launcher.errors import UserError
-from launcher.spec.recipe import Strict, format_error, yaml_module
+from launcher.spec.recipe import Strict, format_error, read_yaml
 
 CLUSTERS_DIR = Path(__file__).parents[1] / "clusters"
+
+
+class ComputeEnv(Strict):
+    """Where the launcher's own programs (orchestrator, agents, router, clients) come from on
+    the compute nodes."""
+
+    mode: Literal["submitter", "shared"] = Field(
+        default="submitter",
+        description="submitter: this interpreter (same machine or same arch and paths); "
+        "shared: a per-arch virtualenv on the shared filesystem, built once inside the job "
+        "from a wheelhouse fetched here (python -m launcher env prepare)",
+    )
+    python: str = Field(default="python3", description="compute nodes' interpreter to build from")
+    python_version: str | None = Field(
+        default=None, pattern=r"^3\.\d+$", description="its X.Y (default: this interpreter's)"
+    )
+    dir: str | None = Field(
+        default=None, description="shared folder for environments (default <runs-dir>/.pd-env)"
+    )
+
+
+class Containers(Strict):
+    """How container steps run and what they see (pyxis: only the image and the mounts)."""
+
+    runtime: Literal["pyxis", "sandbox", "none"] = "none"
+    mounts: list[str] = Field(
+        default_factory=lambda: ["{run_dir}:{run_dir}"],
+        description="SRC:DST[:ro] for every container step; {run_dir} is the run directory",
+    )
+    writable: bool = Field(default=True, description="--container-writable (vLLM writes caches)")
+    remap_root: bool = False
+    image_cache: str | None = Field(
+        default=None,
+        description="pyxis: shared folder where each image is imported once as a .sqsh",
+    )
+    sandbox_layers: list[str] = Field(
+        default_factory=lambda: ["/usr", "/bin", "/lib", "/lib64", "/etc", "/sbin"],
+        description="sandbox: host folders that stand for the image's operating system",
+    )
+
+
+class Network(Strict):
+    interface: str | None = Field(
+        default=None,
+        description="the NIC between nodes (e.g. ib0): its address is each node's address and "
+        "it is exported as NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME and VLLM_HOST_IP",
+    )
+    loopback_ok: bool = Field(
+        default=False, description="every node really is this host (single-host dev cluster)"
+    )
+
+
+class Models(Strict):
+    hf_home: str | None = Field(
+        default=None, description="shared Hugging Face cache every node and container sees"
+    )
+    internet: bool = Field(default=True, description="compute nodes can reach the model hub")
 
 
 class Cluster(Strict):
     name: str
     scheduler: Literal["slurm", "local"]
-    arch: str = "any"
-    gpus_per_node: int = Field(ge=1)
+    arch: Literal["any", "x86_64", "aarch64"] = "any"
+    gpus_per_node: int = Field(ge=1, le=64)
     gpu_memory_gib: float = Field(gt=0)
+    gpu_kind: Literal["gb200", "b200", "h200", "h100", "cpu"] = Field(
+        default="gb200", description="what the KV-capacity estimate assumes for start-up memory"
+    )
     nodes_per_rack: int = Field(default=18, ge=1)
     gpu_directive: Literal["gpus-per-node", "gres"] = "gpus-per-node"
-    gres_type: str | None = Field(default=None, description="e.g. gb200 for --gres=gpu:gb200:4")
+    gres_type: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9_.-]+$", description="e.g. gb200 for --gres=gpu:gb200:4"
+    )
     exclusive: bool = True
     mem_zero: bool = False
     segment: bool = False
-    container: Literal["pyxis", "none"] = "none"
+    imex: bool = Field(default=False, description="multi-node NVLink: IMEX channel must exist")
     bind_host: str = "0.0.0.0"
     port_base: int = Field(ge=1024, le=60000)
     dry_run_nodes: str = Field(description="Slurm-style node list used by --dry-run")
     env: dict[str, str] = Field(default_factory=dict, description="env for every engine process")
+    compute_env: ComputeEnv = Field(default_factory=ComputeEnv)
+    containers: Containers = Field(default_factory=Containers)
+    network: Network = Field(default_factory=Network)
+    models: Models = Field(default_factory=Models)
+    nofile: int = Field(
+        default=65536, ge=1024, description="open files the router and clients need (ulimit -n)"
+    )
+    kill_wait_s: float = Field(
+        default=30, gt=0, description="Slurm's KillWait: teardown must fit inside it"
+    )
+    prometheus_sd_dir: str | None = Field(
+        default=None,
+        description="where running jobs list their scrape targets for Prometheus file-SD "
+        "(shared by all jobs; default: each run directory's prometheus/)",
+    )
 
 
 def available() -> dict[str, Path]:
@@ -46,7 +123,7 @@ def load(ref: str) -> Cluster:
                 f"no cluster profile {ref!r}: give a YAML path or one of: {', '.join(found)}"
             )
         path = found[ref]
-    data = yaml_module().safe_load(path.read_text(encoding="utf-8"))
+    data = read_yaml(path, "a cluster profile")
     try:
         return Cluster.model_validate(data)
     except ValidationError as e:
@@ -62,10 +139,14 @@ def profile_nodes(cluster: Cluster, count: int) -> list[str]:
 _GROUP = re.compile(r"^(?P<prefix>[^\[\],]*)\[(?P<ranges>[^\]]+)\](?P<suffix>[^\[\],]*)$")
 
 
+MAX_NODELIST = 4096
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
 def expand_nodelist(text: str) -> list[str]:
     """`gb200-[01-03,07],login1` -> names, keeping zero padding (one bracket group per name)."""
     if text.count("[") != text.count("]"):
-        raise UserError(f"cannot read node list {text!r}: unbalanced brackets")
+        raise UserError(f"cannot read node list {text[:80]!r}: unbalanced brackets")
     names: list[str] = []
     for item in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)?", text.strip()):
         item = item.strip()
@@ -74,14 +155,26 @@ def expand_nodelist(text: str) -> list[str]:
         m = _GROUP.match(item)
         if not m:
             if "[" in item or "]" in item:
-                raise UserError(f"cannot read node list {text!r} near {item!r}")
+                raise UserError(f"cannot read node list {text[:80]!r} near {item[:40]!r}")
             names.append(item)
             continue
         for part in m["ranges"].split(","):
             lo, _, hi = part.partition("-")
-            if not lo.isdigit() or (hi and not hi.isdigit()):
-                raise UserError(f"cannot read node list {text!r} near {part!r}")
+            if not lo.isdigit() or (hi and not hi.isdigit()) or len(lo) > 9 or len(hi) > 9:
+                raise UserError(f"cannot read node list {text[:80]!r} near {part[:40]!r}")
+            first, last = int(lo), int(hi or lo)
+            if last - first + len(names) >= MAX_NODELIST:
+                raise UserError(
+                    f"node list {text[:80]!r} names more than {MAX_NODELIST} nodes"
+                )
             width = len(lo)
-            for i in range(int(lo), int(hi or lo) + 1):
+            for i in range(first, last + 1):
                 names.append(f"{m['prefix']}{i:0{width}d}{m['suffix']}")
+    for n in names:
+        if not NODE_NAME.match(n):
+            raise UserError(
+                f"node name {n[:70]!r} is not a host name (letters, digits, '.', '_', '-')"
+            )
+    if len(names) > MAX_NODELIST:
+        raise UserError(f"the node list names more than {MAX_NODELIST} nodes")
     return names

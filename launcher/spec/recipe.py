@@ -33,6 +33,31 @@ SECRET_NAME = re.compile(
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 ArgValue = str | int | float | bool | None
+# Flag names that carry a secret's value (vLLM: --api-key, --hf-token, ...).
+SECRET_FLAG = re.compile(
+    r"(^|[-_])(token|secret|password|passwd|api[-_]key|access[-_]key|secret[-_]key)($|[-_])", re.I
+)
+SLURM_WORD = r"^[A-Za-z0-9_.,:+-]{1,128}$"
+MAX_ENDPOINTS = 512
+# sbatch options the launcher decides; a directive setting them would break the job.
+OWNED_DIRECTIVES = {
+    "nodes": "the planner decides the node count",
+    "ntasks-per-node": "the orchestrator is one task on the first node",
+    "ntasks": "the orchestrator is one task on the first node",
+    "signal": "set slurm.signal_lead_s",
+    "output": "the batch output goes to the run directory",
+    "error": "the batch output goes to the run directory",
+    "job-name": "the launcher names the job after the recipe",
+    "time": "set slurm.time_limit",
+    "partition": "set slurm.partition",
+    "account": "set slurm.account",
+    "qos": "set slurm.qos",
+    "requeue": "a run directory is written by one attempt only",
+    "no-requeue": "the launcher always sets it",
+    "open-mode": "submitit owns the batch output",
+    "array": "one job per run; use --sweep for several",
+    "wrap": "the launcher writes the batch script",
+}
 
 
 def _env_values(v: Any) -> Any:
@@ -75,12 +100,26 @@ class ModelFacts(Strict):
     )
     ssm_state_dtype: str = Field(default="float32", description="config's mamba_ssm_dtype")
     hybrid: bool = Field(default=False, description="hybrid SSM model: P and D need equal TP")
+    kv_cache_quant_algo: str | None = Field(
+        default=None, description="the checkpoint's KV-cache quantization (e.g. FP8), if any"
+    )
+    max_position_embeddings: int | None = Field(
+        default=None, ge=1, description="the model's context (vLLM's default max-model-len)"
+    )
 
 
 class Model(Strict):
-    path: str = Field(min_length=1, description="HF id or path; the same literal on P and D")
-    served_name: str | None = None
+    path: str = Field(
+        min_length=1, max_length=4096, description="HF id or path; the same literal on P and D"
+    )
+    served_name: str | None = Field(default=None, max_length=256)
     facts: ModelFacts | None = None
+    revision: str | None = Field(default=None, description="hub revision to stage (hub ids)")
+
+    @property
+    def hub_id(self) -> bool:
+        """An `org/name` to fetch from the hub, not a path on the cluster."""
+        return not self.path.startswith(("/", ".", "~")) and self.path.count("/") == 1
 
     @property
     def name(self) -> str:
@@ -88,23 +127,38 @@ class Model(Strict):
 
 
 class Container(Strict):
-    image: str = Field(min_length=1)
-    mounts: list[str] = Field(default_factory=list, description="SRC:DST[:FLAGS]")
+    image: str = Field(
+        min_length=1,
+        description="the engine image: a registry reference (pin it: repo@sha256:...), a "
+        ".sqsh file, or {compute_env} (the job's own environment, for the sandbox runtime)",
+    )
+    mounts: list[str] = Field(
+        default_factory=list, description="SRC:DST[:ro] added to the profile's mounts"
+    )
     workdir: str | None = None
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, v: list[str]) -> list[str]:
+        for m in v:
+            parts = m.split(":")
+            if not 2 <= len(parts) <= 3 or not all(parts[:2]) or "," in m:
+                raise ValueError(f"mount {m!r}: write it as SRC:DST or SRC:DST:ro")
+        return v
 
 
 class Pool(Strict):
     """A set of identical endpoints: prefill, decode, or aggregated."""
 
-    endpoints: int = Field(default=1, ge=0)
-    data_parallel: int = Field(default=1, ge=1)
-    tensor_parallel: int = Field(default=1, ge=1)
+    endpoints: int = Field(default=1, ge=0, le=MAX_ENDPOINTS)
+    data_parallel: int = Field(default=1, ge=1, le=1024)
+    tensor_parallel: int = Field(default=1, ge=1, le=64)
     expert_parallel: bool = False
     gpus_per_node: int | None = Field(
-        default=None, ge=1, description="GPUs each node gives this endpoint (default: all)"
+        default=None, ge=1, le=64, description="GPUs each node gives this endpoint (default: all)"
     )
     api_servers: int = Field(
-        default=1, ge=1, description="--api-server-count; >1 turns stats logs off"
+        default=1, ge=1, le=64, description="--api-server-count; >1 turns stats logs off"
     )
     args: dict[str, ArgValue] = Field(default_factory=dict, description="extra `vllm serve` flags")
     env: EnvMap = Field(default_factory=dict)
@@ -123,23 +177,29 @@ class Router(Strict):
 
 class Benchmark(Strict):
     driver: Literal["builtin", "vllm"] = "builtin"
-    input_len: int = Field(default=8192, ge=1)
-    output_len: int = Field(default=1024, ge=1)
+    input_len: int = Field(default=8192, ge=1, le=1 << 20)
+    output_len: int = Field(default=1024, ge=1, le=1 << 20)
     range_ratio: float = Field(default=0.8, ge=0, lt=1)
-    concurrency: list[int] = Field(default_factory=lambda: [64], min_length=1)
+    concurrency: list[int] = Field(default_factory=lambda: [64], min_length=1, max_length=64)
     prompts_per_point: int | None = Field(
-        default=None, ge=1, description="requests per point (default: 5 x concurrency)"
+        default=None, ge=1, le=10_000_000, description="requests per point (default: 5 x concurrency)"
     )
-    prompts_multiplier: int = Field(default=5, ge=1)
-    warmup: int = Field(default=0, ge=0, description="warmup requests before each point")
+    prompts_multiplier: int = Field(default=5, ge=1, le=1000)
+    warmup: int = Field(default=0, ge=0, le=100_000, description="warmup requests per point")
     on_failure: Literal["continue", "stop"] = "continue"
     enabled: bool = True
 
     @field_validator("concurrency")
     @classmethod
     def _positive(cls, v: list[int]) -> list[int]:
-        if any(c < 1 for c in v):
-            raise ValueError("every concurrency must be >= 1")
+        if any(c < 1 or c > 1_000_000 for c in v):
+            raise ValueError("every concurrency must be between 1 and 1,000,000")
+        dup = sorted({c for c in v if v.count(c) > 1})
+        if dup:
+            raise ValueError(
+                f"concurrency {', '.join(map(str, dup))} is listed twice: each point writes "
+                "its own result file"
+            )
         return v
 
     def prompts(self, concurrency: int) -> int:
@@ -147,35 +207,68 @@ class Benchmark(Strict):
 
 
 class Accuracy(Strict):
+    """GSM8K as lm-evaluation-harness's `gsm8k` task scores it (docs/gsm8k.md)."""
+
     enabled: bool = True
     task: Literal["gsm8k"] = "gsm8k"
     data: str | None = Field(
-        default=None, description="local GSM8K jsonl (clusters may lack internet)"
+        default=None, description="local GSM8K test jsonl (compute nodes may lack internet)"
     )
-    num_questions: int = Field(default=1319, ge=1)
-    num_shots: int = Field(default=5, ge=0)
+    train: str | None = Field(
+        default=None,
+        description="local GSM8K train jsonl: few-shot examples drawn as lm-eval does; "
+        "without it they come from the test file and the score is not comparable",
+    )
+    metric: Literal["strict-match", "flexible-extract"] = Field(
+        default="strict-match", description="which of lm-eval's two figures the threshold checks"
+    )
+    chat: bool = Field(default=False, description="chat template (/v1/chat/completions)")
+    num_questions: int | None = Field(
+        default=None, ge=1, le=100_000, description="the first N questions (default: all)"
+    )
+    num_shots: int = Field(default=5, ge=0, le=64)
     threshold: float = Field(default=0.88, ge=0, le=1)
-    concurrency: int = Field(default=64, ge=1)
-    max_tokens: int = Field(default=256, ge=1)
+    concurrency: int = Field(default=64, ge=1, le=4096)
+    max_tokens: int = Field(default=256, ge=1, le=32768)
+    retries: int = Field(default=2, ge=0, le=10, description="per failed request")
 
 
 class Telemetry(Strict):
     enabled: bool = True
-    interval_s: float = Field(default=1.0, gt=0)
+    interval_s: float = Field(default=1.0, ge=0.05, le=3600)
 
 
 class Slurm(Strict):
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
+    partition: str | None = Field(default=None, pattern=SLURM_WORD)
+    account: str | None = Field(default=None, pattern=SLURM_WORD)
+    qos: str | None = Field(default=None, pattern=SLURM_WORD)
     time_limit: str = Field(default="02:00:00", description="HH:MM:SS or minutes")
+    signal_lead_s: int = Field(
+        default=120, ge=10, le=3600,
+        description="seconds before the time limit when the orchestrator is told to tear down",
+    )
     directives: dict[str, ArgValue] = Field(
         default_factory=dict, description="extra #SBATCH --key=value lines"
     )
 
-    @field_validator("time_limit")
+    @field_validator("directives")
     @classmethod
-    def _time(cls, v: str) -> str:
+    def _directives(cls, v: dict[str, ArgValue]) -> dict[str, ArgValue]:
+        for key in v:
+            k = key.lstrip("-").replace("_", "-")
+            if not re.fullmatch(r"[a-z][a-z0-9-]{0,40}", k):
+                raise ValueError(
+                    f"{key!r} is not an sbatch option name (lower-case letters, digits, '-')"
+                )
+            if k in OWNED_DIRECTIVES:
+                raise ValueError(f"remove {key!r}: {OWNED_DIRECTIVES[k]}")
+        return v
+
+    @field_validator("time_limit", mode="before")
+    @classmethod
+    def _time(cls, v: object) -> str:
+        if isinstance(v, bool) or not isinstance(v, str | int):
+            raise ValueError("use minutes or [D-]HH:MM[:SS], e.g. 02:00:00")
         if not re.fullmatch(r"\d+|(\d+-)?\d{1,2}:\d{2}(:\d{2})?", str(v)):
             raise ValueError("use minutes or [D-]HH:MM[:SS], e.g. 02:00:00")
         return str(v)
@@ -192,15 +285,65 @@ class Slurm(Strict):
 
 
 class Health(Strict):
-    timeout_s: float = Field(default=1800, gt=0, description="all endpoints healthy within this")
-    router_timeout_s: float = Field(default=120, gt=0)
+    timeout_s: float = Field(
+        default=1800, gt=0, le=86400, description="all endpoints healthy within this"
+    )
+    router_timeout_s: float = Field(default=120, gt=0, le=86400)
+    pd_check: bool = Field(
+        default=True,
+        description="before the sweep, one request through every prefill endpoint must move "
+        "its KV to a decode (the NIXL handshake is lazy: /health cannot prove it)",
+    )
+
+
+def _sim_knobs_model() -> type[BaseModel]:
+    """The `sim:` section, typed from the simulator's own knobs (launcher.sim.knobs): a typo
+    is an error at dry-run, not a warning in an engine log."""
+    from dataclasses import fields
+
+    from pydantic import create_model
+
+    from launcher.sim.knobs import Knobs
+
+    kinds = {"float": float, "int": int, "bool": bool, "str": str}
+    spec = {
+        f.name: (kinds[str(f.type)] | None, Field(default=None, description=Knobs.doc(f.name)))
+        for f in fields(Knobs)
+    }
+    return create_model("SimKnobs", __config__=ConfigDict(extra="forbid"), **spec)
+
+
+SimKnobs = _sim_knobs_model()
+SIM_KNOBS = frozenset(SimKnobs.model_fields)
+
+
+def _no_control_chars(value: Any, where: str) -> None:
+    """Every recipe value may end up in a shell script or an #SBATCH line: a newline or a
+    control character there would end a comment or split a command."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _no_control_chars(k, where)
+            _no_control_chars(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _no_control_chars(v, f"{where}[{i}]")
+    elif isinstance(value, str) and any(ord(c) < 32 and c != "\t" or c == "\x7f" for c in value):
+        raise ValueError(
+            f"{where or 'a key'}: {value[:40]!r} contains a newline or control character; "
+            "values end up in shell scripts, so write them on one line"
+        )
 
 
 class Recipe(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=100)
     description: str = ""
     cluster: str = Field(description="cluster profile: gb200-nvl72, devcluster, local")
     engine: Literal["vllm", "sim"] = "vllm"
+    engine_version: str | None = Field(
+        default=None,
+        pattern=r"^[0-9][0-9A-Za-z.+-]*$",
+        description="the vLLM version the image must report (a prefix: 0.33 matches 0.33.0)",
+    )
     mode: Literal["disagg", "agg"] = "disagg"
     model: Model
     container: Container | None = None
@@ -229,10 +372,12 @@ class Recipe(Strict):
     slurm: Slurm = Field(default_factory=Slurm)
     health: Health = Field(default_factory=Health)
     hold_s: float = Field(
-        default=0, ge=0, description="keep serving this long after the sweep, before accuracy"
+        default=0, ge=0, le=7 * 86400,
+        description="keep serving this long after the sweep, before accuracy",
     )
-    sim: dict[str, str | int | float | bool] = Field(
-        default_factory=dict, description="simulator knobs (engine: sim), rendered as SIM_* env"
+    sim: SimKnobs = Field(
+        default_factory=lambda: SimKnobs(),
+        description="simulator knobs (engine: sim), rendered as SIM_* env",
     )
 
     @model_validator(mode="after")
@@ -254,16 +399,34 @@ class Recipe(Strict):
             for key in env:
                 if not ENV_NAME.match(key):
                     raise ValueError(f"{where}: {key!r} is not a valid environment variable name")
-                if SECRET_NAME.search(key):
+                if SECRET_NAME.search(key) and not key.startswith("SIM_"):  # knobs: checked below
                     raise ValueError(
                         f"{where}.{key} looks like a secret: list its name under env_from_host "
                         "so its value never lands in the sbatch script, plan or logs"
                     )
+            for key in env:
+                if key.startswith("SIM_") and key.removeprefix("SIM_").lower() not in SIM_KNOBS:
+                    raise ValueError(
+                        f"{where}.{key} is not a simulator knob (see python -m launcher.sim "
+                        "serve x --sim-help)"
+                    )
         for key in self.env_from_host:
             if not ENV_NAME.match(key):
                 raise ValueError(f"env_from_host: {key!r} is not a valid environment variable name")
-        if self.sim and self.engine != "sim":
+        args = [("vllm_args", self.vllm_args), ("router.args", self.router.args)] + [
+            (f"{p}.args", getattr(self, p).args) for p in POOLS
+        ]
+        for where, a in args:
+            for key in a:
+                if SECRET_FLAG.search(key):
+                    raise ValueError(
+                        f"{where}.{key} carries a secret: pass it as an environment variable "
+                        "listed under env_from_host (its value then never lands in the run "
+                        "directory); vLLM reads e.g. VLLM_API_KEY and HF_TOKEN"
+                    )
+        if self.sim.model_dump(exclude_none=True) and self.engine != "sim":
             raise ValueError("sim knobs are only for engine: sim")
+        _no_control_chars(self.model_dump(mode="json", exclude={"description"}), "")
         return self
 
     def pools(self) -> list[tuple[Role, Pool]]:
@@ -305,20 +468,56 @@ def yaml_module():
     return yaml
 
 
-def parse_override(text: str) -> tuple[list[str], Any]:
+MAX_YAML_BYTES = 1 << 20
+
+
+def _loader():
+    """PyYAML's safe loader, minus what does not belong in a recipe: dates stay strings (the
+    run files are JSON), and aliases are refused (nested ones expand exponentially)."""
+    yaml = yaml_module()
+
+    class Loader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                mark = event.start_mark
+                raise yaml.composer.ComposerError(
+                    None, None, "YAML aliases (*name) are not supported here", mark
+                )
+            return super().compose_node(parent, index)
+
+    Loader.yaml_implicit_resolvers = {
+        k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:timestamp"]
+        for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    return Loader
+
+
+def yaml_value(text: str):
+    return yaml_module().load(text, Loader=_loader())
+
+
+def parse_override(text: str, flag: str = "--set") -> tuple[list[str], Any]:
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
-        raise UserError(f"--set {text!r}: write it as key.path=value, e.g. prefill.endpoints=8")
+        raise UserError(f"{flag} {text!r}: write it as key.path=value, e.g. prefill.endpoints=8")
+    parts = key.strip().split(".")
+    if any(not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", p) for p in parts):
+        raise UserError(
+            f"{flag} {text!r}: {key.strip()!r} is not a key path (names of letters, digits, "
+            "'_' or '-', joined by '.')"
+        )
     try:
-        value = yaml_module().safe_load(raw) if raw.strip() else ""
+        value = yaml_value(raw) if raw.strip() else ""
     except Exception as e:  # yaml's errors are many classes; any means "not a value"
-        raise UserError(f"--set {text!r}: {raw!r} is not a YAML value ({e})") from None
-    return key.strip().split("."), value
+        why = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UserError(f"{flag} {text!r}: {raw!r} is not a YAML value ({why})") from None
+    return parts, value
 
 
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
+def apply_overrides(data: dict, overrides: list[str], flag: str = "--set") -> dict:
     for text in overrides:
-        path, value = parse_override(text)
+        path, value = parse_override(text, flag)
         node = data
         for i, part in enumerate(path[:-1]):
             child = node.get(part)
@@ -326,66 +525,110 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
                 child = node[part] = {}
             if not isinstance(child, dict):
                 where = ".".join(path[: i + 1])
-                raise UserError(f"--set {text!r}: {where} is a value, not a section")
+                raise UserError(f"{flag} {text!r}: {where} is a value, not a section")
             node = child
         node[path[-1]] = value
     return data
 
 
-def format_error(e: ValidationError, source: str, overrides: list[str] | None = None) -> str:
-    """One line per problem, naming the file (or the --set that brought the value) and key."""
-    set_keys = [o.partition("=")[0].strip() for o in overrides or []]
-    lines = []
+def format_error(
+    e: ValidationError, source: str, overrides: list[str] | None = None, sweep: list[str] = ()
+) -> str:
+    """One sentence for the first problem, naming the file, the --set or --sweep value that
+    brought it, and the key (pydantic's per-union-member noise is dropped)."""
+    origins = [(o.partition("=")[0].strip(), f"--set {o.partition('=')[0].strip()}") for o in overrides or []]
+    origins += [(s.partition("=")[0].strip(), f"--sweep value {s}") for s in sweep]
+    errors, seen = [], set()
     for err in e.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        came = [
-            k for k in set_keys if loc == k or loc.startswith(k + ".") or k.startswith(loc + ".")
-        ]
-        where = f"{source} with --set {came[-1]}" if came else source
-        if err["type"] == "extra_forbidden":
-            lines.append(f"{where}: unknown key {loc!r}")
-        elif err["type"] == "missing":
-            lines.append(f"{where}: missing required key {loc!r}")
-        else:
-            got = err.get("input")
-            shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
-            msg = err["msg"].removeprefix("Value error, ")
-            lines.append(f"{where}: {loc}: {msg}{shown}")
-    return "\n".join(lines)
+        loc = tuple(str(x) for x in err["loc"] if not _union_member(x))
+        if loc not in seen:
+            seen.add(loc)
+            errors.append((".".join(loc), err))
+    loc, err = errors[0]
+    msg = err["msg"].removeprefix("Value error, ")
+    came = [
+        label for k, label in origins
+        if loc and (loc == k or loc.startswith(k + ".") or k.startswith(loc + "."))
+        or not loc and k in msg
+    ]  # fmt: skip
+    where = f"{source} with {came[-1]}" if came else source
+    if err["type"] == "extra_forbidden":
+        text = f"{where}: unknown key {loc!r}"
+    elif err["type"] == "missing":
+        text = f"{where}: missing required key {loc!r}"
+    else:
+        got = err.get("input")
+        shown = "" if isinstance(got, dict | list) or not loc else f" (got {str(got)[:60]!r})"
+        text = f"{where}: {loc + ': ' if loc else ''}{msg}{shown}"
+    more = len(errors) - 1
+    return text + (f" (and {more} more problem{'s' if more > 1 else ''})" if more else "")
 
 
-def load(ref: str, overrides: list[str] | None = None) -> Recipe:
-    path = resolve_path(ref)
+def _union_member(part: object) -> bool:
+    """pydantic names the union member it tried in the error location: not a key."""
+    return isinstance(part, str) and (
+        part in ("str", "int", "float", "bool", "none") or part.startswith(("function-", "list["))
+    )
+
+
+def read_yaml(path: Path, what: str) -> dict:
+    """A YAML mapping from `path`, or one sentence saying what is wrong with the file."""
     try:
-        data = yaml_module().safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+    except IsADirectoryError:
+        raise UserError(f"{path} is a directory, not {what} file") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text: {what} is a YAML file") from None
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror or e}") from None
+    if len(text) > MAX_YAML_BYTES:
+        raise UserError(f"{path} is {len(text):,} bytes: {what} is at most {MAX_YAML_BYTES:,}")
+    if "\x00" in text:
+        raise UserError(f"{path} contains a NUL byte: {what} is a text file")
+    try:
+        data = yaml_module().load(text, Loader=_loader())
     except Exception as e:  # yaml's errors are many classes; all mean "fix the file"
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        what = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise UserError(f"{path}: not valid YAML{at}: {what}") from None
+        why = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UserError(f"{path}: not valid YAML{at}: {why}") from None
     if not isinstance(data, dict):
-        raise UserError(f"{path}: a recipe is a YAML mapping of keys to values")
+        raise UserError(f"{path}: {what} is a YAML mapping of keys to values")
+    return data
+
+
+def load(ref: str, overrides: list[str] | None = None, sweep: list[str] = ()) -> Recipe:
+    """The recipe at `ref` with --set `overrides` and one combination of --sweep values."""
+    path = resolve_path(ref)
+    data = read_yaml(path, "a recipe")
     _resolve_relative(data, path.parent)
     data = apply_overrides(data, overrides or [])
-    return validate(data, str(path), overrides)
+    data = apply_overrides(data, list(sweep), flag="--sweep")
+    return validate(data, str(path), overrides, sweep)
 
 
 def _resolve_relative(data: dict, base: Path) -> None:
     """Data paths in a recipe file are relative to that file (overrides: to the cwd)."""
     acc = data.get("accuracy")
-    if isinstance(acc, dict) and isinstance(acc.get("data"), str) and acc["data"]:
-        p = Path(acc["data"]).expanduser()
+    for key in ("data", "train"):
+        if not (isinstance(acc, dict) and isinstance(acc.get(key), str) and acc[key]):
+            continue
+        p = Path(acc[key]).expanduser()
         if not p.is_absolute():
-            acc["data"] = str((base / p).resolve())
+            acc[key] = str((base / p).resolve())
 
 
-def validate(data: dict, source: str, overrides: list[str] | None = None) -> Recipe:
+def validate(
+    data: dict, source: str, overrides: list[str] | None = None, sweep: list[str] = ()
+) -> Recipe:
     try:
         return Recipe.model_validate(data)
     except ValidationError as e:
-        raise UserError(format_error(e, source, overrides)) from None
+        raise UserError(format_error(e, source, overrides, sweep)) from None
 
 
 def dump(recipe: Recipe) -> str:
     """The fully resolved recipe, as written to the run directory."""
-    return yaml_module().safe_dump(recipe.model_dump(mode="json"), sort_keys=False)
+    data = recipe.model_dump(mode="json")
+    data["sim"] = recipe.sim.model_dump(mode="json", exclude_none=True)
+    return yaml_module().safe_dump(data, sort_keys=False)

@@ -357,3 +357,26 @@ class LogTail:
         if self._f is not None:
             self._f.close()
             self._f = None
+
+
+# --- model loading progress -----------------------------------------------------------------
+
+# vLLM's checkpoint loader prints a tqdm bar per shard ("Loading safetensors checkpoint
+# shards:  50% Completed | 1/2 [...]"), then "Model loading took X GiB memory and Y seconds"
+# once the weights are in (docs/vllm-log-formats.md).
+LOADING_RE = re.compile(r"Loading safetensors checkpoint shards:\s+(\d+)% Completed \| (\d+)/(\d+)")
+LOADED_RE = re.compile(r"Model loading took [\d.]+ GiB memory and [\d.]+ seconds")
+
+
+def loading_fraction(text: str) -> float | None:
+    """How far an engine is through loading its weights, from the tail of its log: 0..1, or
+    None when the log shows no loading yet."""
+    if LOADED_RE.search(text):
+        return 1.0
+    last = None
+    for m in LOADING_RE.finditer(text):
+        last = m
+    if last is None:
+        return None
+    done, total = int(last.group(2)), int(last.group(3))
+    return done / total if total else None

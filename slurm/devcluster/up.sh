@@ -35,7 +35,7 @@ case "$NODES" in ''|*[!0-9]*) die "DEVCLUSTER_NODES must be a number, got '$NODE
 
 # ---------------------------------------------------------------- packages
 need_pkgs=()
-for p in munge slurmctld slurmd slurm-client; do
+for p in munge slurmctld slurmd slurm-client bubblewrap; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_pkgs+=("$p")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then
@@ -108,9 +108,9 @@ ReturnToService=2
 # Declared CPUs/memory/GPUs win over what slurmd detects on this small host.
 SlurmdParameters=config_overrides
 GresTypes=gpu
-# Quick teardown: SIGKILL 2 s after SIGTERM; keep finished jobs visible to
+# KillWait as on real clusters (the launcher's teardown must fit inside it); keep finished jobs visible to
 # squeue/scontrol for 30 min since there is no accounting.
-KillWait=2
+KillWait=30
 UnkillableStepTimeout=30
 MinJobAge=1800
 MessageTimeout=10

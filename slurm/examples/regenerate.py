@@ -19,8 +19,13 @@ FILES = ("job.sbatch", "commands.sh", "plan.json")
 
 def normalise(text: str, run_dir: Path) -> str:
     text = text.replace(str(run_dir), "<RUN_DIR>")
+    text = text.replace(str(run_dir.parent), "<RUNS_DIR>")
     text = text.replace(sys.executable, "<PYTHON>")
     text = text.replace(run_dir.name, "<RUN_ID>")
+    # The shared compute environment is named by its pinned versions and the launcher's
+    # source by its content: both change with every release, not with the recipe.
+    text = re.sub(r"-py(\d+\.\d+)-[0-9a-f]{10}", r"-py\1-<LOCK>", text)
+    text = re.sub(r"src-[0-9a-f]{12}", "src-<SOURCE>", text)
     return re.sub(r'"created": [0-9.]+', '"created": 0', text)
 
 

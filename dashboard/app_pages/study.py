@@ -1,0 +1,217 @@
+"""Study: every configuration of a `--sweep` study on one Pareto chart, the best
+configuration per interactivity band, each point's verdict and the P:D recommendation."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import charts, load, studies, ui
+
+ui.header("Study", need_run=False)
+all_studies = ui.studies()
+if not all_studies:
+    st.info(f"No study under `{ui.runs_dir()}`. A study is the runs of one "
+            "`python -m launcher submit RECIPE --sweep prefill.endpoints=4,5,6,7,8` "
+            "(one run per configuration, in one directory with a study.json).")
+    st.stop()
+
+current = ui.selected_study()
+names = [s.name for s in all_studies]
+
+
+def picked() -> None:
+    st.query_params["study"] = st.session_state["study"]
+
+
+if current is not None and st.session_state.get("study") != current.name:
+    st.session_state["study"] = current.name
+st.selectbox("Study", names, key="study", on_change=picked,
+             help="Every study under the runs directory, newest first.")
+st.query_params["study"] = st.session_state["study"]
+study = next(s for s in all_studies if s.name == st.session_state["study"])
+
+
+
+def members_now() -> list:
+    """(configuration label, RunInfo) per run of the study, re-read (live refresh)."""
+    by_path = {str(i.path): i for i in ui.run_infos()}
+    return [(lab, by_path[str(p)]) for lab, p in studies.configs(study) if str(p) in by_path]
+
+
+members = members_now()
+axes = ", ".join(f"{k} = {', '.join(map(str, v))}" for k, v in study.axes.items())
+axis_title = " · ".join(study.axes) or "configuration"
+states: dict[str, int] = {}
+for _, m in members:
+    b = ui.STATE_BADGE.get(m.state, m.state)
+    states[b] = states.get(b, 0) + 1
+st.caption(" · ".join(x for x in (
+    f"**{study.name}**", f"recipe: {study.doc.get('recipe') or '—'}",
+    f"swept: {axes}" if axes else "", f"{len(members)} configurations",
+    ", ".join(f"{n} {s}" for s, n in states.items())) if x))
+if any(m.simulated for _, m in members):
+    st.warning("**SIMULATION** — these runs use the launcher's simulated engine: the "
+               "comparison checks the pipeline, not GB200 performance.",
+               icon=":material/science:")
+if not members:
+    st.info("This study's directory holds no run directories yet.")
+    st.stop()
+
+
+def body() -> None:
+    members = members_now()
+    live = [(lab, m) for lab, m in members if m.live]
+    for lab, m in live:
+        line = ui.progress_line(m)
+        st.info(f"Live: **{lab}** ({m.run_id}) is {m.state}"
+                f"{', stage ' + m.stage if m.stage else ''}{': ' + line if line else ''}.",
+                icon=":material/autorenew:")
+    frames = []
+    for lab, m in members:
+        t = ui.points(m)
+        if t.empty:
+            continue
+        t = studies.verdict_columns(t)
+        t["config"], t["run"] = lab, m.run_id
+        frames.append(t)
+    if not frames:
+        st.info("No configuration has sweep results yet.")
+        return
+    table = pd.concat(frames, ignore_index=True)
+    ok = table[table["status"] == "ok"]
+
+    c1, c2 = st.columns([2, 1])
+    y = c1.selectbox("Throughput measure (y)", list(studies.MEASURES),
+                     format_func=studies.MEASURES.get, key="study_y")
+    if ok.empty or ok[y].isna().all():
+        st.info("No ok sweep point has this measure (an aggregated run has no per-prefill or "
+                "per-decode figure).")
+        return
+    front = studies.envelope(table, y)
+    ui.altair(charts.pareto(ok.dropna(subset=[y]), front, y=y, y_title=studies.MEASURES[y],
+                            color="config", color_title=axis_title, curves=True,
+                            title=f"{studies.MEASURES[y]} vs tok/s per user: one curve per "
+                                  "configuration (dashed: the frontier over all of them)"))
+    st.caption("Each curve is one configuration's sweep (points labelled with max "
+               "concurrency, shaped by their verdict); x = 1000 ÷ median TPOT (ms).")
+
+    best = ok.loc[ok[y].idxmax()]
+    c2.markdown(f"**Best configuration:** :green[**{best['config']}**]  \n"
+                f"{ui.num(best[y])} {studies.SHORT[y]} at {best['point']}, "
+                f"{ui.num(best['tokens_per_s_per_user'], ',.1f')} tok/s per user")
+
+    st.subheader("Best configuration per interactivity band")
+    bands = studies.best_per_band(table, y)
+    if bands.empty:
+        st.info("No ok point has a tok/s-per-user figure.")
+    else:
+        show = pd.DataFrame({
+            "interactivity": [f"≥ {b:g} tok/s per user" for b in bands["at_least"]],
+            "best configuration": bands["config"], "at point": bands["point"],
+            studies.MEASURES[y]: bands[y], "tok/s per user": bands[studies.X],
+            "verdict there": bands["verdict"]})
+        ui.table(show, column_config={
+            studies.MEASURES[y]: st.column_config.NumberColumn(format="%.0f"),
+            "tok/s per user": st.column_config.NumberColumn(format="%.1f")})
+        st.caption("For a user who needs at least that many tokens per second: the "
+                   "configuration with the most throughput among points that deliver it.")
+
+    st.subheader("Configurations")
+    rows = []
+    short = studies.SHORT[y]
+    all_done = all(m.state == "succeeded" for _, m in members)
+    for lab, m in members:
+        t = ok[ok["run"] == m.run_id]
+        b = t.loc[t[y].idxmax()] if not t.empty and t[y].notna().any() else None
+        acc = load.read_accuracy(m.path)
+        rows.append({"configuration": lab, "run": f"./overview?run={m.run_id}",
+                     "state": ui.STATE_BADGE.get(m.state, m.state), "topology": m.topology,
+                     "best y": None if b is None else b[y],
+                     "at": "—" if b is None else b["point"],
+                     "tok/s/user": None if b is None else b["tokens_per_s_per_user"],
+                     "GSM8K": "—" if not acc else
+                     f"{acc.get('accuracy', 0):.1%} {'pass' if acc.get('passed') else 'FAIL'}"})
+    cfg = pd.DataFrame(rows)
+    if all_done:
+        cfg = cfg.drop(columns=["state"])  # the caption above says they all succeeded
+    ui.table(cfg, column_config={
+        "run": st.column_config.LinkColumn("run (opens its overview)",
+                                           display_text=r"\./overview\?run=(.*)"),
+        "topology": st.column_config.TextColumn(width="large"),
+        "best y": st.column_config.NumberColumn(
+            f"best {short}", format="%.0f",
+            help=f"{studies.MEASURES[y]} at the configuration's best point"),
+        "tok/s/user": st.column_config.NumberColumn(format="%.1f",
+                                                    help="at that point")})
+
+    st.subheader("Verdict per sweep point")
+    pivot = table.pivot_table(index="config", columns="point", values="verdict",
+                              aggfunc="first", sort=False)
+    order = sorted(pivot.columns, key=lambda p: table.loc[table["point"] == p,
+                                                          "concurrency"].min())
+    pivot = pivot[order].reindex([lab for lab, _ in members if lab in pivot.index])
+    ui.table(pivot.reset_index().rename(columns={"config": "configuration"}).fillna("—"))
+    failed = table[table["status"] != "ok"]
+    if not failed.empty:
+        st.caption(f"{len(failed)} failed point(s) are left out of the charts.")
+    for lab, _m in members:
+        t = table[table["config"] == lab]
+        if t.empty:
+            continue
+        bad = int((t["verdict_kind"] != "healthy").sum())
+        with st.expander(f"Evidence: {lab} ({bad} of {len(t)} points not healthy)"):
+            ui.verdict_list([(r.point, r.verdict_title, r.evidence.split("; ")
+                              if r.evidence else []) for r in t.itertuples()])
+
+    lat = []
+    for q in ("p50", "p99"):
+        col = f"ttft_{q}_s"
+        if col in ok:
+            lat.append(ok[["config", "concurrency"]].assign(stat=q, value=ok[col] * 1000.0))
+    if lat:
+        d = pd.concat(lat, ignore_index=True).dropna(subset=["value"])
+        if not d.empty:
+            ui.altair(charts.latency_vs_concurrency(
+                d, metric="TTFT", title="TTFT p50/p99 vs concurrency per configuration",
+                color="config", legend_right=True))
+
+    recommendation_section(best, members)
+    ui.report_panel(study.path, "study")
+
+
+def recommendation_section(best: pd.Series, members: list) -> None:
+    st.subheader("P:D recommendation")
+    labels = [lab for lab, _ in members]
+    runs = {lab: m for lab, m in members}
+    c1, c2 = st.columns([2, 1])
+    default = labels.index(best["config"]) if best["config"] in labels else 0
+    lab = c1.selectbox("From the run of configuration", labels, index=default,
+                       key="study_rec_config",
+                       help="The recommender reads one run (its KV capacity and sweep).")
+    target = c2.number_input("Target tok/s per user (0: none)", min_value=0.0, value=0.0,
+                             step=5.0, key="study_rec_target")
+    rec, why = studies.recommendation(runs[lab].path, target or None)
+    if rec is None:
+        st.info(f"The P:D recommendation is not available: {why}.")
+        return
+    ratio = rec.get("ratio")
+    st.success(f"**{rec.get('prefill_endpoints', '?')} prefill : "
+               f"{rec.get('decode_endpoints', '?')} decode endpoints**"
+               + (f" (ratio {ratio})" if ratio is not None else "")
+               + (f", up to concurrency {rec['top_concurrency']}"
+                  if rec.get("top_concurrency") is not None else "")
+               + (f", for ≥ {rec['target_tokens_per_s_per_user']:g} tok/s per user"
+                  if rec.get("target_tokens_per_s_per_user") else ""),
+               icon=":material/recommend:")
+    for e in rec.get("evidence") or []:
+        st.markdown(f"- {e}")
+    if rec.get("next_command"):
+        st.markdown("Next run to try:")
+        st.code(str(rec["next_command"]), language="bash", wrap_lines=True)
+
+
+if any(m.live for _, m in members):
+    st.fragment(body, run_every=ui.LIVE_EVERY_S)()
+else:
+    body()

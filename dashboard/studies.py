@@ -1,0 +1,167 @@
+"""A study (`submit --sweep`) as one comparison: every configuration's sweep points with
+their verdicts, the best configuration per interactivity band, and the P:D recommendation.
+
+Pure (pandas, no Streamlit): the study page and `launcher.report` both call these.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from launcher.run import listing
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# The headline measures a study can be compared on (y of the Pareto chart); x is always
+# tokens/s per user. Names and denominators as launcher.run.figures defines them.
+MEASURES = {
+    "total_tokens_per_s_per_gpu": "Total tok/s per GPU (input+output ÷ all GPUs)",
+    "output_tokens_per_s_per_decode_gpu": "Output tok/s per decode GPU",
+    "input_tokens_per_s_per_prefill_gpu": "Input tok/s per prefill GPU",
+}
+SHORT = {"total_tokens_per_s_per_gpu": "tok/s/GPU",
+         "output_tokens_per_s_per_decode_gpu": "out tok/s/decode GPU",
+         "input_tokens_per_s_per_prefill_gpu": "in tok/s/prefill GPU"}
+X = "tokens_per_s_per_user"
+# Interactivity thresholds people quote (tok/s per user); a study shows those its points reach.
+NICE = (1, 2, 5, 10, 15, 20, 25, 30, 40, 50, 60, 75, 100, 125, 150, 200, 250, 300, 400, 500,
+        750, 1000, 1500, 2000, 3000, 5000)
+
+
+def config_label(values: dict[str, Any], fallback: str) -> str:
+    """'prefill.endpoints=4' (the swept values of one configuration), or `fallback`."""
+    if not values:
+        return fallback
+    return ", ".join(f"{k}={v}" for k, v in values.items())
+
+
+def find_study(runs_dir: Path, name: str | None) -> listing.Study | None:
+    for e in listing.entries(Path(runs_dir)):
+        if isinstance(e, listing.Study) and (name is None or e.name == name):
+            return e
+    return None
+
+
+def configs(study: listing.Study) -> list[tuple[str, Path]]:
+    """(label, run path) per configuration, in study.json's order (then by name)."""
+    order = {r.get("run"): k for k, r in enumerate(study.doc.get("runs") or [])
+             if isinstance(r, dict)}
+    runs = sorted(study.runs, key=lambda r: (order.get(r.run_id, len(order)), r.run_id))
+    labels: list[tuple[str, Path]] = []
+    seen: set[str] = set()
+    for r in runs:
+        lab = config_label(study.values(r), r.run_id)
+        if lab in seen:  # two runs of one configuration: keep them apart
+            lab = f"{lab} ({r.run_id})"
+        seen.add(lab)
+        labels.append((lab, r.path))
+    return labels
+
+
+def verdict_columns(table: pd.DataFrame) -> pd.DataFrame:
+    """`table` (derive.point_table) with verdict (short), verdict_title, verdict_kind and
+    evidence columns from dashboard.diagnose."""
+    from dashboard import diagnose
+
+    t = table.copy()
+    if t.empty:
+        for c in ("verdict", "verdict_title", "verdict_kind", "evidence"):
+            t[c] = []
+        return t
+    vs = {v.point: v for v in diagnose.diagnose(t.to_dict("records"))}
+    t["verdict"] = [vs[p].title.split(":")[0] if p in vs else "—" for p in t["point"]]
+    t["verdict_title"] = [vs[p].title if p in vs else "—" for p in t["point"]]
+    t["verdict_kind"] = [vs[p].kind if p in vs else "" for p in t["point"]]
+    t["evidence"] = ["; ".join(vs[p].evidence) if p in vs else "" for p in t["point"]]
+    return t
+
+
+def run_table(path: Path) -> pd.DataFrame:
+    """One run's per-point table with verdicts, read from its directory (no caches)."""
+    from dashboard import derive, load
+
+    plan = load.read_plan_safe(path)[0]
+    info = load.run_info(path)
+    ss = None
+    if info.has_telemetry:
+        ss = derive.SeriesSet(load.read_telemetry(path, names=load.TTFT_NAMES), plan)
+    step = plan.telemetry_interval_s if plan else 1.0
+    return verdict_columns(derive.point_table(load.load_bench(path), plan, ss, step_s=step))
+
+
+def bands(xs: list[float], max_bands: int = 5) -> list[float]:
+    """Interactivity thresholds (tok/s per user) for the points' x values: round numbers
+    between the lowest and highest x, at most `max_bands`, spread evenly in log scale."""
+    xs = sorted(x for x in xs if isinstance(x, (int, float)) and math.isfinite(x) and x > 0)
+    if not xs:
+        return []
+    lo, hi = xs[0], xs[-1]
+    cands = [n for n in NICE if lo <= n <= hi]
+    floor = max([n for n in NICE if n <= lo], default=0)
+    cands = sorted({floor, *cands}) if floor else cands
+    if len(cands) <= max_bands:
+        return cands
+    # keep both ends, evenly spaced in log(x) between them
+    logs = [math.log(max(c, 1e-9)) for c in cands]
+    want = [logs[0] + (logs[-1] - logs[0]) * k / (max_bands - 1) for k in range(max_bands)]
+    picked = sorted({min(range(len(cands)), key=lambda i: abs(logs[i] - w)) for w in want})
+    return [cands[i] for i in picked]
+
+
+def best_per_band(df: pd.DataFrame, y: str, by: str = "config",
+                  thresholds: list[float] | None = None) -> pd.DataFrame:
+    """For each interactivity threshold, the configuration whose point at ≥ that many
+    tok/s per user has the highest `y` (ok points only). Columns: at_least, config, point,
+    y, x, verdict, run (when in df)."""
+    import pandas as pd
+
+    cols = ["at_least", by, "point", y, X, "verdict"]
+    ok = df[(df["status"] == "ok")].dropna(subset=[X, y]) if not df.empty else df
+    if ok.empty:
+        return pd.DataFrame(columns=cols)
+    ths = thresholds if thresholds is not None else bands(list(ok[X]))
+    rows = []
+    for th in ths:
+        cand = ok[ok[X] >= th]
+        if cand.empty:
+            continue
+        best = cand.loc[cand[y].idxmax()]
+        row = {"at_least": th, by: best[by], "point": best["point"], y: best[y],
+               X: best[X], "verdict": best.get("verdict", "—")}
+        if "run" in best.index:
+            row["run"] = best["run"]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def envelope(df: pd.DataFrame, y: str) -> pd.DataFrame:
+    """The Pareto frontier over every configuration's ok points (max x, max y)."""
+    from dashboard import derive
+
+    ok = df[df["status"] == "ok"] if not df.empty else df
+    return derive.pareto_frontier(ok, X, y) if not ok.empty else ok
+
+
+def recommendation(run_path: Path, target: float | None = None) -> tuple[dict | None, str]:
+    """`dashboard.recommend.recommend(run_path, target)` or why there is none: the module
+    may be missing (it is written in parallel), may fail or may find nothing to say."""
+    import importlib
+
+    try:
+        mod = importlib.import_module("dashboard.recommend")
+    except ImportError as e:
+        return None, f"dashboard.recommend is not available in this version ({e})"
+    fn = getattr(mod, "recommend", None)
+    if not callable(fn):
+        return None, "dashboard.recommend has no recommend() function in this version"
+    try:
+        rec = fn(Path(run_path), target)
+    except Exception as e:  # noqa: BLE001 - a recommender bug must not take the page down
+        return None, f"recommend() failed on {Path(run_path).name}: {type(e).__name__}: {e}"
+    if not rec or not isinstance(rec, dict):
+        return None, (f"no recommendation for {Path(run_path).name}: the run lacks what "
+                      "the recommender needs (a finished sweep with decode telemetry)")
+    return rec, ""

@@ -1,0 +1,235 @@
+"""The compute-node environment: where the launcher's own programs (orchestrator, agents,
+router, clients) come from inside the allocation.
+
+GB200 trays are aarch64 while login nodes are often x86_64, and compute nodes often cannot
+reach a package index: a virtualenv made on the login node cannot run there. With the
+profile's `compute_env.mode: shared`:
+
+- `python -m launcher env prepare` (on a machine that reaches PyPI: the login node) fetches
+  a wheelhouse for the compute nodes' arch and Python into `<dir>/<arch>-py<X.Y>-<lock>/`,
+  pinned to the versions installed here, and writes `bootstrap.sh` beside it; `submit`
+  does the same when it is missing, and copies this launcher's source to
+  `<dir>/src-<hash>/launcher` (pure Python: any arch).
+- The batch script runs `bootstrap.sh` first: on the first node, under `flock`, it builds
+  `venv/` from the wheelhouse with `--no-index` (once per lock; later jobs reuse it), then
+  the orchestrator starts from that venv with the copied source on PYTHONPATH.
+
+`mode: submitter` runs this very interpreter (the local profile, or a site whose login and
+compute nodes share arch and paths). `describe()` is what the dry-run prints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata as md
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import launcher
+from launcher.errors import UserError
+from launcher.planning.plan import Runtime
+from launcher.spec.cluster import Cluster
+
+# What runs on compute nodes, pinned to the versions installed here (the dashboard's
+# Streamlit stays on the machine that shows it).
+COMPUTE_PACKAGES = (
+    "submitit", "pydantic", "pyyaml", "prometheus-client", "psutil", "nvidia-ml-py",
+    "aiohttp", "rich", "vllm-router", "pyarrow",
+)  # fmt: skip
+# manylinux tags pip may take for each arch (newest first).
+PLATFORMS = {
+    "x86_64": ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"],
+    "aarch64": ["manylinux_2_28_aarch64", "manylinux_2_17_aarch64", "manylinux2014_aarch64"],
+}
+
+
+def requirements() -> list[str]:
+    """`name==version` of every compute package, as installed here."""
+    out = []
+    for name in COMPUTE_PACKAGES:
+        try:
+            out.append(f"{name}=={md.version(name)}")
+        except md.PackageNotFoundError:
+            raise UserError(
+                f"{name} is not installed here, so the compute environment cannot be pinned: "
+                f"reinstall the launcher (pip install -e .)"
+            ) from None
+    return out
+
+
+def source_dir() -> Path:
+    return Path(launcher.__file__).resolve().parent
+
+
+def source_hash() -> str:
+    """Hash of the launcher's own files: a changed launcher gets its own copy."""
+    h = hashlib.sha256()
+    root = source_dir()
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc":
+            h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def _version(cluster: Cluster) -> str:
+    return cluster.compute_env.python_version or f"{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+def _arch(cluster: Cluster) -> str:
+    return platform.machine() if cluster.arch == "any" else cluster.arch
+
+
+def env_root(cluster: Cluster, runs_root: Path) -> Path:
+    d = cluster.compute_env.dir
+    return Path(d).expanduser() if d else runs_root.expanduser().resolve() / ".pd-env"
+
+
+def runtime(cluster: Cluster, runs_root: Path) -> Runtime:
+    """Pure: the paths a job of this profile uses (nothing is created)."""
+    if cluster.compute_env.mode == "submitter":  # this interpreter, whatever its arch
+        return Runtime("submitter", sys.executable, str(source_dir().parent), None, "", "")
+    arch, ver = _arch(cluster), _version(cluster)
+    lock = hashlib.sha256("\n".join(requirements()).encode()).hexdigest()[:10]
+    root = env_root(cluster, runs_root)
+    env = root / f"{arch}-py{ver}-{lock}"
+    src = root / f"src-{source_hash()}"
+    return Runtime("shared", f"{env}/venv/bin/python", str(src), str(env), arch, ver)
+
+
+def current(run_plan: Path) -> Runtime:
+    """Inside the allocation: the runtime the job was submitted with (plan.json), so the
+    commands rendered here are the ones the dry-run showed."""
+    from launcher.run.plandoc import PlanError, read_plan
+
+    try:
+        d = read_plan(run_plan).runtime
+        return Runtime(**d)
+    except (PlanError, TypeError):
+        return Runtime("submitter", sys.executable, str(source_dir().parent), None, "", "")
+
+
+def describe(rt: Runtime) -> str:
+    if rt.mode == "submitter":
+        return f"{rt.python} (this interpreter; the profile's compute_env.mode is submitter)"
+    return (
+        f"{rt.python} ({rt.arch}, Python {rt.python_version}; built once inside the job "
+        f"from {rt.env}/wheels), launcher source {rt.src}"
+    )
+
+
+# --- effects --------------------------------------------------------------------------------
+
+
+def _run(argv: list[str], what: str, log: Path) -> None:
+    with open(log, "ab") as f:
+        f.write(f"\n$ {shlex.join(argv)}\n".encode())
+        f.flush()
+        p = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT)
+    if p.returncode:
+        last = log.read_text(errors="replace").strip().splitlines()[-3:]
+        raise UserError(f"{what} failed (exit {p.returncode}): {' | '.join(last)} (log: {log})")
+
+
+def prepare(cluster: Cluster, runs_root: Path, quiet: bool = False) -> Runtime:
+    """`launcher env prepare`: the shared environment's inputs for this profile."""
+    return ensure(cluster, runtime(cluster, runs_root), quiet)
+
+
+def ensure(cluster: Cluster, rt: Runtime, quiet: bool = False) -> Runtime:
+    """Make the shared environment's inputs exist: the wheelhouse for the compute nodes'
+    arch and Python (downloaded here once per lock) and this launcher's source copy.
+    The venv itself is built inside the job, on a compute node, by bootstrap.sh."""
+    if rt.mode == "submitter" or rt.env is None:
+        return rt
+    if rt.arch not in PLATFORMS:
+        raise UserError(f"compute_env: no wheels are known for arch {rt.arch!r}")
+    env = Path(rt.env)
+    try:
+        env.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create the compute environment folder {env}: {e}") from None
+    reqs = env / "requirements.txt"
+    if not (env / "wheels.ready").exists():
+        say = (lambda m: None) if quiet else (lambda m: print(m, flush=True))
+        say(f"fetching the compute environment's wheels ({rt.arch}, Python "
+            f"{rt.python_version}) into {env}/wheels (once per version set)")  # fmt: skip
+        reqs.write_text("\n".join(requirements()) + "\n")
+        argv = [
+            sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+            "--dest", str(env / "wheels"), "--only-binary=:all:", "--implementation", "cp",
+            "--python-version", rt.python_version, "-r", str(reqs),
+        ]  # fmt: skip
+        for tag in PLATFORMS[rt.arch]:
+            argv += ["--platform", tag]
+        t = time.monotonic()
+        _run(argv, f"fetching wheels for {rt.arch}", env / "prepare.log")
+        (env / "wheels.ready").write_text(f"{time.monotonic() - t:.1f} s\n")
+    (env / "bootstrap.sh").write_text(bootstrap_script(cluster, rt))
+    _copy_source(Path(rt.src))
+    return rt
+
+
+def _copy_source(dest: Path) -> None:
+    """This launcher's package, copied once per content hash (write-then-rename)."""
+    if (dest / "launcher" / "__init__.py").exists():
+        return
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(
+        source_dir(), tmp / "launcher", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+    )
+    try:
+        tmp.rename(dest)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)  # another submit copied the same source
+
+
+def bootstrap_script(cluster: Cluster, rt: Runtime) -> str:
+    """Runs first in the batch script, on a compute node: build the venv once, under a lock."""
+    python = cluster.compute_env.python
+    return f"""#!/bin/bash
+# Written by `python -m launcher env prepare`: builds this compute environment's venv from
+# its wheelhouse (no package index needed), once, under a lock; later jobs reuse it.
+set -euo pipefail
+env={shlex.quote(rt.env or "")}
+if [ "$(uname -m)" != {shlex.quote(rt.arch)} ]; then
+  echo "compute environment: built for {rt.arch} but $(hostname) is $(uname -m): set the cluster profile's arch" >&2
+  exit 1
+fi
+exec 9>"$env/.lock"
+flock 9
+if [ ! -f "$env/venv/.ready" ]; then
+  echo "compute environment: building $env/venv on $(hostname) (once)" >&2
+  rm -rf "$env/venv"
+  if ! have=$({shlex.quote(python)} -c 'import sys; print("%d.%d" % sys.version_info[:2])'); then
+    echo "compute environment: {python} does not run on $(hostname): set the profile's compute_env.python" >&2
+    exit 1
+  fi
+  if [ "$have" != {shlex.quote(rt.python_version)} ]; then
+    echo "compute environment: {python} on $(hostname) is Python $have, the wheels are for {rt.python_version}: set the profile's compute_env.python_version" >&2
+    exit 1
+  fi
+  {shlex.quote(python)} -m venv "$env/venv"
+  "$env/venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-index \\
+      --find-links "$env/wheels" -r "$env/requirements.txt"
+  touch "$env/venv/.ready"
+fi
+"""
+
+
+def check_ready(rt: Runtime) -> str | None:
+    """Why a shared environment cannot be used by a job yet (None: it can)."""
+    if rt.mode != "shared" or rt.env is None:
+        return None
+    env = Path(rt.env)
+    if not (env / "wheels.ready").exists():
+        return f"its wheelhouse is not fetched ({env}/wheels): run python -m launcher env prepare"
+    if not (Path(rt.src) / "launcher").is_dir():
+        return f"the launcher source copy {rt.src} is missing: run python -m launcher env prepare"
+    return None

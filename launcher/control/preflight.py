@@ -1,0 +1,304 @@
+"""Preflight: what would fail after a 40-minute model load, found in seconds before it.
+
+Two kinds of checks, both through `launcher.control.nodecheck` (one entry point for
+`engine: vllm` and `engine: sim`, so CI runs the same path as GB200):
+
+- on every node's host, before planning: the node's own address (resolved on the node; a
+  loopback address is refused unless the profile says every node is this host), GPUs
+  visible, the IMEX channel for multi-node NVLink, the open-files limit;
+- in the engine's container on every node, before any engine starts (with pyxis this step
+  also imports the image once per node into the job's named container): the run directory
+  is visible, the engine's version, every engine argv through the engine's own parser, the
+  model and the input files.
+
+`judge_*` are pure: facts in, one sentence per problem out (naming node, process and fix).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.planning.plan import Plan
+from launcher.run.plandoc import PlanDoc
+from launcher.run.rundir import read_json
+from launcher.run.vocab import Kind, Role
+
+PREFLIGHT_DIR = "preflight"
+
+
+class PreflightFailed(Exception):
+    """One or more problems, each one sentence; str() joins them."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def facts_file(run_dir: Path, node: str, where: str) -> Path:
+    return Path(run_dir) / PREFLIGHT_DIR / f"{node}.{where}.json"
+
+
+def read_facts(run_dir: Path, nodes: list[str], where: str) -> dict[str, dict | None]:
+    return {n: read_json(facts_file(run_dir, n, where)) for n in nodes}
+
+
+# --- host ---------------------------------------------------------------------------------
+
+
+def addresses(plan: Plan, facts: dict[str, dict | None]) -> dict[str, str]:
+    """Each node's address as found on the node itself; raises with one sentence per node
+    whose address is unknown or loopback (headless DP ranks and NIXL peers could not reach
+    it)."""
+    c = plan.cluster
+    out, problems = {}, []
+    for node in plan.nodes:
+        f = facts.get(node)
+        if f is None:
+            problems.append(f"{node}: the host check wrote nothing (see logs/preflight-host.log)")
+            continue
+        if c.network.interface:
+            addr = f.get("interface_address")
+            if not addr:
+                problems.append(
+                    f"{node} has no IPv4 address on interface {c.network.interface}: set the "
+                    f"profile's network.interface to the NIC that connects the nodes"
+                )
+                continue
+        else:
+            addr = f.get("resolved")
+            if not addr:
+                problems.append(
+                    f"{node} cannot resolve its own name: fix its DNS or /etc/hosts, or set "
+                    f"the profile's network.interface"
+                )
+                continue
+            if addr.startswith("127.") and not c.network.loopback_ok:
+                problems.append(
+                    f"{node} resolves its own name to {addr} (loopback), which other nodes "
+                    f"cannot reach: set the profile's network.interface (e.g. ib0) or fix "
+                    f"/etc/hosts on the nodes"
+                )
+                continue
+        out[node] = addr
+    if problems:
+        raise PreflightFailed(problems)
+    return out
+
+
+def judge_host(plan: Plan, facts: dict[str, dict | None], needed_fds: int) -> list[str]:
+    c = plan.cluster
+    problems = []
+    want_arch = c.arch
+    for node in plan.nodes:
+        f = facts.get(node) or {}
+        if not f:
+            continue  # addresses() already said so
+        gpus = (f.get("gpus") or {}).get("count")
+        # the local profile's "GPUs" are slots on a machine that may have none
+        if c.scheduler == "slurm" and gpus is not None and gpus != c.gpus_per_node:
+            problems.append(
+                f"{node} shows {gpus} GPUs ({f['gpus'].get('source')}) but the plan needs "
+                f"{c.gpus_per_node}: check the job's GPU request (profile gpu_directive) or "
+                f"the node's health"
+            )
+        if c.imex and not f.get("imex_channel"):
+            problems.append(
+                f"{node} has no IMEX channel (/dev/nvidia-caps-imex-channels/channel0): "
+                f"multi-node NVLink needs the IMEX service; ask for it in the job (e.g. "
+                f"--network=... per site) or set the profile's imex: false"
+            )
+        if want_arch != "any" and f.get("arch") and f["arch"] != want_arch:
+            problems.append(f"{node} is {f['arch']} but the profile's arch is {want_arch}")
+        hard = (f.get("nofile") or {}).get("hard")
+        if isinstance(hard, int) and 0 < hard < needed_fds:
+            problems.append(
+                f"{node} allows {hard} open files but the router and clients need "
+                f"{needed_fds}: raise the hard limit (limits.conf) or lower the profile's nofile"
+            )
+    return problems
+
+
+# --- container ----------------------------------------------------------------------------
+
+
+def judge_container(
+    plan: Plan, doc: PlanDoc, facts: dict[str, dict | None], expect_version: str | None
+) -> list[str]:
+    problems = []
+    engine_nodes = {p.node for p in doc.of_kind(Kind.ENGINE)}
+    mounts = "{run_dir}"
+    for node in plan.nodes:
+        f = facts.get(node)
+        if f is None:
+            problems.append(
+                f"{node}: the container check left no result in {plan.run_dir}/{PREFLIGHT_DIR}: "
+                f"container steps do not see the run directory; add {mounts}:{mounts} to the "
+                f"profile's containers.mounts (see logs/preflight-container.log)"
+            )
+            continue
+        if node in engine_nodes and not f.get("engine_version"):
+            what = "the simulator" if doc.engine == "sim" else "vLLM"
+            problems.append(f"{node}: {what} cannot be imported in the engine's environment")
+        elif (
+            expect_version
+            and f.get("engine_version")
+            and not f["engine_version"].startswith(expect_version)
+        ):
+            problems.append(
+                f"{node}: the engine is vLLM {f['engine_version']} but the recipe expects "
+                f"{expect_version}: use the matching image or set engine_version"
+            )
+        for chk in f.get("argv_checks") or []:
+            if not chk.get("ok"):
+                msg = " ".join((chk.get("message") or "rejected").split())
+                problems.append(f"{chk['process']}: the engine rejects its command line: {msg}")
+        model = f.get("model") or {}
+        if node in engine_nodes and model.get("ok") is False:
+            problems.append(
+                f"{node}: the model {model.get('path')} is not readable in the engine's "
+                f"container ({model.get('how')}): stage it, or mount its folder"
+            )
+        unreadable: dict[str, list[str]] = {}
+        for fr in f.get("files") or []:
+            if not fr.get("ok"):
+                unreadable.setdefault(fr["path"], []).append(f"{fr['process']} ({fr['what']})")
+        for path, who in unreadable.items():
+            problems.append(
+                f"{path} is not readable on {node} for {', '.join(who)}: put it on the "
+                f"shared filesystem and, with containers, mount its folder (container.mounts)"
+            )
+        if any(p.node == node and p.container and p.kind.client for p in doc.processes) and (
+            f.get("aiohttp") is False
+        ):
+            problems.append(f"{node}: the engine's image has no aiohttp for the launcher's clients")
+    return problems
+
+
+# --- serving ------------------------------------------------------------------------------
+
+
+def _post(url: str, body: dict, timeout: float) -> tuple[int, dict | str]:
+    data = json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            text = r.read().decode("utf-8", "replace")
+            try:
+                return r.status, json.loads(text)
+            except ValueError:
+                return r.status, text
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode("utf-8", "replace")[:300]
+    except (urllib.error.URLError, OSError) as e:
+        return 0, str(getattr(e, "reason", e))
+
+
+def _metric(url: str, name: str) -> float:
+    """The sum of one /metrics family over its label sets (0 when absent)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            text = r.read().decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError):
+        return float("nan")
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " "):
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                continue
+    return total
+
+
+def unregistered(doc: PlanDoc, router_url: str) -> list[str]:
+    """Endpoints the router does not list as healthy workers of their role (vllm-router's
+    GET /workers names one worker per DP rank: "http://host:port@rank")."""
+    try:
+        with urllib.request.urlopen(router_url + "/workers", timeout=5) as r:
+            workers = json.loads(r.read()).get("workers") or []
+    except (urllib.error.URLError, OSError, ValueError, AttributeError) as e:
+        return [f"all (GET /workers: {getattr(e, 'reason', e)})"]
+    missing = []
+    for ep in doc.endpoints:
+        want = "regular" if ep.role == Role.AGG else str(ep.role)
+        ok = any(
+            str(w.get("url", "")).split("@")[0] == ep.url
+            and w.get("is_healthy")
+            and (ep.role == Role.AGG or w.get("worker_type") == want)
+            for w in workers
+        )
+        if not ok:
+            missing.append(ep.name)
+    return missing
+
+
+@dataclass
+class PathCheck:
+    prefill: str
+    decode: str
+    ok: bool
+    detail: str
+
+
+# vLLM counts every completed NIXL transfer in this histogram; failures in their own counter.
+TRANSFERS_OK = "vllm:nixl_xfer_time_seconds_count"
+TRANSFERS_FAILED = "vllm:nixl_num_failed_transfers_total"
+
+
+def pd_path(doc: PlanDoc, timeout_s: float = 60.0) -> list[PathCheck]:
+    """One request through every prefill endpoint, handed to a decode as the router does it
+    (prefill with do_remote_decode, then the decode with the prefill's kv_transfer_params):
+    the path works when the decode's successful-transfer counter moves. The NIXL handshake
+    is lazy, so this is the first time a broken P->D path can show."""
+    prefills = [e for e in doc.endpoints if e.role == Role.PREFILL]
+    decodes = [e for e in doc.endpoints if e.role == Role.DECODE]
+    out = []
+    for i, pre in enumerate(prefills):
+        dec = decodes[i % len(decodes)]
+        before_ok = _metric(dec.url + "/metrics", TRANSFERS_OK)
+        before_bad = _metric(dec.url + "/metrics", TRANSFERS_FAILED)
+        body = {
+            "model": doc.served_name, "prompt": "The launcher checks the P/D path.",
+            "max_tokens": 1, "min_tokens": 1, "stream": False, "temperature": 0,
+            "kv_transfer_params": {
+                "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                "remote_block_ids": None, "remote_host": None, "remote_port": None,
+            },
+        }  # fmt: skip
+        code, answer = _post(pre.url + "/v1/completions", body, timeout_s)
+        if code != 200 or not isinstance(answer, dict):
+            out.append(PathCheck(pre.name, dec.name, False, f"prefill answered {code}: {answer}"))
+            continue
+        params = answer.get("kv_transfer_params")
+        if not params:
+            out.append(PathCheck(pre.name, dec.name, False, "the prefill returned no kv_transfer_params"))
+            continue
+        body = {
+            "model": doc.served_name, "prompt": "The launcher checks the P/D path.",
+            "max_tokens": 2, "temperature": 0, "kv_transfer_params": params,
+        }  # fmt: skip
+        code, answer = _post(dec.url + "/v1/completions", body, timeout_s)
+        deadline = time.monotonic() + 15  # the stats reach /metrics per engine step
+        moved = failed = 0.0
+        while time.monotonic() < deadline:
+            moved = _metric(dec.url + "/metrics", TRANSFERS_OK) - before_ok
+            failed = _metric(dec.url + "/metrics", TRANSFERS_FAILED) - before_bad
+            if moved > 0 or failed > 0:
+                break
+            time.sleep(0.25)
+        if code != 200:
+            out.append(PathCheck(pre.name, dec.name, False, f"decode answered {code}: {answer}"))
+        elif failed > 0 or not moved > 0:
+            out.append(PathCheck(
+                pre.name, dec.name, False,
+                f"the decode's KV pull failed ({TRANSFERS_FAILED} +{failed:g}, "
+                f"successful +{moved:g})",
+            ))  # fmt: skip
+        else:
+            out.append(PathCheck(pre.name, dec.name, True, f"{moved:g} KV transfer(s)"))
+    return out

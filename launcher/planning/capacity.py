@@ -1,0 +1,80 @@
+"""The KV-capacity estimate of a plan's endpoints: launcher.planning.kv_cache (vLLM 0.33's
+own accounting, docs/kv-capacity.md) fed from the plan.
+
+Model facts come from the checkpoint's config.json (and its quantization config for the
+KV-cache dtype) when the model folder is on this machine, else from the recipe's
+`model.facts`; the estimate says which. Endpoints whose model it cannot describe get no
+estimate, not a guess.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from launcher.planning import kv_cache
+from launcher.planning.plan import Endpoint, Plan, engine_args
+from launcher.run.vocab import Role
+
+
+def model_facts(plan: Plan) -> kv_cache.ModelFacts | None:
+    recipe = plan.recipe
+    found = kv_cache.read_checkpoint(recipe.model.path)
+    facts = recipe.model.facts
+    if found is not None:
+        if found.weights is None and facts is not None:
+            # config.json has no parameter counts: the recipe's stand in for them
+            from_recipe = kv_cache.ModelFacts.from_recipe(facts.model_dump(exclude_none=True))
+            found = dataclasses.replace(found, weights=from_recipe.weights)
+        return found
+    if facts is None:
+        return None
+    out = kv_cache.ModelFacts.from_recipe(facts.model_dump(exclude_none=True))
+    if facts.max_position_embeddings:
+        out = dataclasses.replace(out, max_position_embeddings=facts.max_position_embeddings)
+    return out
+
+
+def estimate(plan: Plan, ep: Endpoint, facts: kv_cache.ModelFacts) -> kv_cache.KvCapacity | None:
+    b = plan.recipe.benchmark
+    pool = ep.pool
+    try:
+        return kv_cache.estimate(
+            facts,
+            kv_cache.EngineArgs.from_flags(engine_args(plan.recipe, pool)),
+            kv_cache.Parallelism(pool.tensor_parallel, pool.data_parallel, pool.expert_parallel),
+            kv_cache.Device(plan.cluster.gpu_memory_gib, plan.cluster.gpu_kind),
+            kv_cache.Workload(b.input_len, b.output_len, b.range_ratio),
+            name=ep.name,
+        )
+    except (ValueError, KeyError, ZeroDivisionError):
+        return None
+
+
+def estimates(plan: Plan) -> list[kv_cache.KvCapacity]:
+    """One estimate per decode endpoint (or aggregated endpoint): where requests stay."""
+    facts = model_facts(plan)
+    if facts is None:
+        return []
+    out = []
+    for ep in plan.endpoints:
+        if ep.role in (Role.DECODE, Role.AGG):
+            cap = estimate(plan, ep, facts)
+            if cap is not None:
+                out.append(cap)
+    return out
+
+
+def sweep_warning(plan: Plan, caps: list[kv_cache.KvCapacity]) -> str | None:
+    """A sweep whose top concurrency the decode side cannot hold: say so with the number."""
+    if not caps or not plan.recipe.benchmark.enabled:
+        return None
+    top = max(plan.recipe.benchmark.concurrency)
+    room = sum(c.endpoint_at_mean_length for c in caps)
+    if top <= room:
+        return None
+    return (
+        f"the sweep's top concurrency {top:,} exceeds the predicted KV capacity of about "
+        f"{room:,} concurrent requests on the {'decode' if plan.recipe.mode == 'disagg' else 'serving'} "
+        f"side: points above it queue for KV (waiting for capacity), which the sweep measures "
+        f"as TTFT, not throughput"
+    )

@@ -1,0 +1,908 @@
+"""KV-cache capacity of one vLLM 0.33 engine, mirroring vLLM's own accounting.
+
+Pure and stdlib only. Every rule here restates a fact of vLLM 0.33.0 that
+docs/kv-capacity.md cites by file and line; nothing is copied from vLLM. The shape:
+
+1. memory for the cache per GPU = ceil(total x gpu-memory-utilization) - weights
+   - (activation peak + other persistent memory + CUDA graphs)   [the last three: assumptions]
+2. hybrid models (GDN/Mamba + attention): vLLM grows the attention block until one
+   attention page (block_size tokens x bytes/token, one layer) covers one GDN state,
+   then pads the GDN page to exactly that size, so every layer's page is equal;
+3. layers are grouped (15 attention, 3 x 15 GDN for Qwen3.5-397B), each block id holds
+   one page for every layer of a group, so blocks = memory // (layers_per_group x page);
+4. a request holds ceil(tokens / block_size) blocks per attention group plus one block
+   per GDN group (its state), whatever its length.
+
+With data-parallel attention (DEP) each DP rank is its own engine with TP=1, so the
+numbers below are per DP rank; the endpoint holds DP times as many requests.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+# Bytes per element of the dtypes a cache or a weight can have.
+DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "float16": 2, "half": 2, "fp16": 2}
+DTYPE_BYTES |= {"bfloat16": 2, "bf16": 2}
+ONE_BYTE_KV = {"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "int8"}
+NVFP4_KV = {"nvfp4", "nvfp4_4over6"}
+# ModelOpt kv_cache_quant_algo -> vLLM cache dtype (vllm/utils/torch_utils.py:78-81).
+MODELOPT_KV = {"fp8": "fp8_e4m3", "nvfp4": "nvfp4"}
+# Architectures whose --mamba-ssm-cache-dtype "auto" means config.json's mamba_ssm_dtype
+# (vllm/model_executor/models/config.py:953-977, 1259-1262).
+QWEN35_ARCHS = {
+    f"Qwen3_5{moe}For{kind}"
+    for moe in ("", "Moe")
+    for kind in ("CausalLM", "ConditionalGeneration")
+}
+# config.json fields the estimate reads (text_config for multimodal checkpoints).
+CONFIG_FIELDS = (
+    "layer_types",
+    "num_key_value_heads",
+    "head_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+    "mamba_ssm_dtype",
+    "max_position_embeddings",
+)
+# FlashInfer's GDN prefill emits states every 64 tokens (v1/attention/backends/gdn_attn.py:34).
+FLASHINFER_GDN_ALIGNMENT = 64
+
+
+# ----- inputs ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WeightFacts:
+    """Parameter counts by storage format: what config.json alone cannot say."""
+
+    dense_params: int  # stored in the model dtype; every EP rank holds a copy (split by TP)
+    expert_params: int  # routed experts of all layers; split over the EP group
+    expert_format: str = "nvfp4"  # nvfp4 | fp8 | bf16
+    group_size: int = 16  # NVFP4 block size: one FP8 E4M3 scale per 16 weights
+    mtp_params: int = 0  # loaded only with speculative decoding (MTP)
+    vision_params: int = 0  # not loaded with --language-model-only
+    source: str = "recipe"
+
+    @classmethod
+    def from_billions(cls, dense_b: float, expert_b: float, **kw) -> WeightFacts:
+        return cls(dense_params=round(dense_b * 1e9), expert_params=round(expert_b * 1e9), **kw)
+
+    def expert_bytes_per_param(self) -> float:
+        """NVFP4: 4 bits + one FP8 scale per group (the per-tensor FP32 scales are noise)."""
+        if self.expert_format == "nvfp4":
+            return 0.5 + 1 / self.group_size
+        if self.expert_format == "fp8":
+            return 1.0
+        return float(DTYPE_BYTES[self.expert_format])
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What config.json (text_config for multimodal checkpoints) says, plus the weights."""
+
+    full_attention_layers: int
+    num_kv_heads: int
+    head_dim: int
+    linear_attention_layers: int = 0  # GDN layers
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 4
+    mamba_ssm_dtype: str | None = None  # config's field; Qwen3.5 uses it for "auto"
+    dtype: str = "bfloat16"  # model dtype (torch_dtype)
+    architecture: str = ""
+    max_position_embeddings: int = 0
+    kv_cache_quant_algo: str | None = None  # vLLM cache dtype the checkpoint asks for, if any
+    other_layers: int = 0  # layer types this estimate does not model (sliding window, ...)
+    weights: WeightFacts | None = None
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def hybrid(self) -> bool:
+        return self.linear_attention_layers > 0
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg: dict,
+        quant: dict | None = None,
+        source: str = "config.json",
+        weights: WeightFacts | None = None,
+    ) -> ModelFacts:
+        """Facts from a parsed config.json; `quant` is its quantization_config or the
+        checkpoint's hf_quant_config.json."""
+        t = cfg.get("text_config") or cfg
+        types = layer_types(t)
+        heads = t.get("num_attention_heads") or 1
+        kv_algo, kv_src = kv_dtype_from_quant_config(quant)
+        where = f"{source}:text_config." if "text_config" in cfg else f"{source}:"
+        src = {k: where + k for k in CONFIG_FIELDS if k in t}
+        if kv_src:
+            src["kv_cache_quant_algo"] = kv_src
+        return cls(
+            full_attention_layers=sum(x == "full_attention" for x in types),
+            linear_attention_layers=sum(x == "linear_attention" for x in types),
+            other_layers=sum(x not in ("full_attention", "linear_attention") for x in types),
+            num_kv_heads=t.get("num_key_value_heads") or heads,
+            head_dim=t.get("head_dim") or t.get("hidden_size", 0) // heads,
+            linear_num_key_heads=t.get("linear_num_key_heads", 0),
+            linear_num_value_heads=t.get("linear_num_value_heads", 0),
+            linear_key_head_dim=t.get("linear_key_head_dim", 0),
+            linear_value_head_dim=t.get("linear_value_head_dim", 0),
+            linear_conv_kernel_dim=t.get("linear_conv_kernel_dim", 4),
+            mamba_ssm_dtype=t.get("mamba_ssm_dtype"),
+            dtype=str(
+                t.get("torch_dtype") or t.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
+            ),
+            architecture=(cfg.get("architectures") or [""])[0],
+            max_position_embeddings=t.get("max_position_embeddings", 0),
+            kv_cache_quant_algo=kv_algo,
+            weights=weights,
+            sources=src,
+        )
+
+    @classmethod
+    def from_recipe(cls, facts: dict, architecture: str = "") -> ModelFacts:
+        """From a recipe's `model.facts` (counts instead of layer_types): the fallback when
+        the checkpoint is not on this machine. Non-expert parameters are stored in the
+        model dtype; the rest are routed experts, NVFP4 when weight_bits is under 8.
+        `kv_cache_quant_algo` stands in for the checkpoint's quant config."""
+        weights, kv_algo = None, facts.get("kv_cache_quant_algo")  # e.g. "FP8", as ModelOpt
+        if facts.get("total_params_b"):
+            dense_b = facts.get("dense_params_b", 0)
+            fmt = "nvfp4" if facts.get("weight_bits", 16) < 8 else "bf16"
+            expert_b = facts["total_params_b"] - dense_b
+            weights = WeightFacts.from_billions(dense_b, expert_b, expert_format=fmt)
+        return cls(
+            full_attention_layers=facts["full_attention_layers"],
+            linear_attention_layers=facts.get("gdn_layers", 0),
+            num_kv_heads=facts["num_kv_heads"],
+            head_dim=facts["head_dim"],
+            linear_num_key_heads=facts.get("gdn_key_heads", 0),
+            linear_num_value_heads=facts.get("gdn_value_heads", 0),
+            linear_key_head_dim=facts.get("gdn_key_head_dim", 0),
+            linear_value_head_dim=facts.get("gdn_value_head_dim", 0),
+            linear_conv_kernel_dim=facts.get("conv_kernel", 4),
+            mamba_ssm_dtype=facts.get("ssm_state_dtype"),
+            architecture=architecture,
+            kv_cache_quant_algo=MODELOPT_KV.get(str(kv_algo).lower(), "auto") if kv_algo else None,
+            weights=weights,
+            sources={k: "recipe" for k in facts},
+        )
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    """The vLLM flags that move the KV capacity (None = vLLM's default)."""
+
+    block_size: int | None = None
+    kv_cache_dtype: str = "auto"
+    mamba_ssm_cache_dtype: str = "auto"
+    mamba_cache_dtype: str = "auto"  # conv state
+    gpu_memory_utilization: float = 0.92  # CacheConfig default in 0.33 (config/cache.py:215)
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    num_gpu_blocks_override: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    max_model_len: int | None = None
+    enable_prefix_caching: bool | None = None  # default: on for generative hybrid models
+    gdn_prefill_backend: str = "auto"
+    language_model_only: bool = False
+    num_speculative_tokens: int = 0
+    enforce_eager: bool = False
+
+    @classmethod
+    def from_flags(cls, args: dict) -> EngineArgs:
+        """From `{"kv-cache-dtype": "fp8", ...}` as a recipe writes vLLM flags."""
+
+        def get(name, conv=None, default=None):
+            v = args.get(name, args.get(name.replace("-", "_"), default))
+            return conv(v) if conv and v is not None else v
+
+        spec = args.get("speculative-config") or {}
+        if isinstance(spec, str):
+            spec = json.loads(spec)
+        prefix = get("enable-prefix-caching")
+        if get("no-enable-prefix-caching"):
+            prefix = False
+        return cls(
+            block_size=get("block-size", int),
+            kv_cache_dtype=str(get("kv-cache-dtype", default="auto")),
+            mamba_ssm_cache_dtype=str(get("mamba-ssm-cache-dtype", default="auto")),
+            mamba_cache_dtype=str(get("mamba-cache-dtype", default="auto")),
+            gpu_memory_utilization=get("gpu-memory-utilization", float, 0.92),
+            max_num_seqs=get("max-num-seqs", int),
+            max_num_batched_tokens=get("max-num-batched-tokens", int),
+            num_gpu_blocks_override=get("num-gpu-blocks-override", int),
+            kv_cache_memory_bytes=get("kv-cache-memory-bytes", int),
+            max_model_len=get("max-model-len", int),
+            enable_prefix_caching=None if prefix is None else bool(prefix),
+            gdn_prefill_backend=str(get("gdn-prefill-backend", default="auto")),
+            language_model_only=bool(get("language-model-only", default=False)),
+            num_speculative_tokens=int(spec.get("num_speculative_tokens", 0)),
+            enforce_eager=bool(get("enforce-eager", default=False)),
+        )
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    tp: int = 1
+    dp: int = 1
+    expert_parallel: bool = False
+
+    @property
+    def ep(self) -> int:
+        """Ranks the routed experts are split over (EP spans TP x DP)."""
+        return self.tp * self.dp if self.expert_parallel else self.tp
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator. `memory_gib` is what CUDA reports as total (vLLM multiplies that
+    by gpu-memory-utilization); `kind` picks the overhead defaults and, for "cpu", vLLM's
+    CPU block-size rules."""
+
+    memory_gib: float
+    kind: str = "gb200"
+
+    @property
+    def platform(self) -> str:
+        return "cpu" if self.kind == "cpu" else "cuda"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """`vllm bench serve --dataset-name random` lengths."""
+
+    input_len: int
+    output_len: int
+    range_ratio: float | dict = 0.0  # a float, or {"input": r, "output": r}
+    num_special_tokens: int = 0  # the tokenizer's num_special_tokens_to_add() (Qwen: 0)
+    prefix_len: int = 0
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """Memory vLLM measures at start-up and that no formula gives: all assumptions."""
+
+    activation_peak_gib: float  # torch peak above steady allocations during profile_run
+    non_torch_gib: float  # NCCL/all2all buffers, workspaces, allocator slack
+    cudagraph_gib: float  # CUDA-graph pool estimate (subtracted by default since 0.21)
+    why: str = "default"
+
+    @property
+    def total_bytes(self) -> int:
+        return round((self.activation_peak_gib + self.non_torch_gib + self.cudagraph_gib) * GIB)
+
+
+# Per GPU class: (activation peak GiB at the default max-num-batched-tokens, that default,
+# non-torch GiB, CUDA graphs GiB). Assumptions, documented in docs/kv-capacity.md.
+OVERHEAD_DEFAULTS = {
+    "blackwell": (6.0, 16384, 2.0, 2.0),  # GB200/B200/GB300: >= 160 GiB
+    "hopper": (4.0, 8192, 1.5, 1.5),  # H100/H200: >= 70 GiB
+    "small": (2.0, 2048, 1.0, 1.0),
+    "cpu": (0.0, 4096, 0.0, 0.0),
+}
+
+
+def gpu_class(device: Device) -> str:
+    kind = device.kind.lower()
+    if kind == "cpu":
+        return "cpu"
+    if kind.startswith(("gb", "b2", "b3")) or device.memory_gib >= 160:
+        return "blackwell"
+    if kind.startswith("h") or device.memory_gib >= 70:
+        return "hopper"
+    return "small"
+
+
+def default_batch_limits(device: Device) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) vLLM's API server picks by device memory
+    (engine/arg_utils.py:2973-3006)."""
+    if device.memory_gib >= 160:
+        return 16384, 1024
+    if device.memory_gib >= 70:
+        return 8192, 1024
+    return 2048, 256
+
+
+def default_overheads(
+    device: Device, max_num_batched_tokens: int | None = None, enforce_eager: bool = False
+) -> Overheads:
+    """The activation peak scales with the tokens of the profiling run (assumed linear)."""
+    cls = gpu_class(device)
+    act, act_tokens, other, graphs = OVERHEAD_DEFAULTS[cls]
+    tokens = max_num_batched_tokens or act_tokens
+    act *= tokens / act_tokens
+    graphs = 0.0 if enforce_eager else graphs
+    return Overheads(round(act, 2), other, graphs, why=f"{cls} default at {tokens} batched tokens")
+
+
+# ----- facts from a checkpoint -------------------------------------------------------------
+
+
+def layer_types(t: dict) -> list[str]:
+    """config.json's layer_types, else Qwen3-Next's full_attention_interval rule."""
+    if isinstance(t.get("layer_types"), list) and t["layer_types"]:
+        return [str(x) for x in t["layer_types"]]
+    n = t.get("num_hidden_layers", 0)
+    every = t.get("full_attention_interval")
+    if every:
+        return ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n)]
+    return ["full_attention"] * n
+
+
+def kv_dtype_from_quant_config(quant: dict | None) -> tuple[str | None, str]:
+    """The cache dtype `--kv-cache-dtype auto` resolves to, from a ModelOpt quant config.
+
+    vLLM only reads it when the config's quant_method starts with "modelopt"; a ModelOpt
+    producer gets that method from its quant_algo (transformers_utils/
+    model_arch_config_convertor.py:248-281, utils/torch_utils.py:443-516).
+    Returns (None, "") when the checkpoint does not ask for a KV dtype."""
+    if not isinstance(quant, dict):
+        return None, ""
+    inner = (
+        quant.get("quantization", quant) if isinstance(quant.get("quantization"), dict) else quant
+    )
+    method = str(quant.get("quant_method", "")).lower()
+    producer = (
+        (quant.get("producer") or {}).get("name")
+        if isinstance(quant.get("producer"), dict)
+        else None
+    )
+    if producer == "modelopt" or "modelopt_quant_config" in inner:
+        method = "modelopt"
+    if not method.startswith("modelopt"):
+        return None, ""
+    keys = ("kv_cache_scheme", "kv_cache_quant_algo")  # vLLM's order of preference
+    algo = next((d.get(k) for k in keys for d in (inner, quant) if d.get(k)), None)
+    if algo is None:
+        return None, ""
+    if isinstance(algo, dict):
+        if (
+            algo.get("dynamic") is False
+            and algo.get("num_bits") == 8
+            and algo.get("type") == "float"
+        ):
+            algo = "fp8"
+        elif algo.get("num_bits") == 4 and algo.get("type") == "float":
+            algo = "nvfp4"
+        else:
+            return "auto", "kv_cache_scheme (unknown to vLLM: auto)"
+    return MODELOPT_KV.get(str(algo).lower(), "auto"), f"kv_cache_quant_algo={algo}"
+
+
+def read_checkpoint(path: str | Path, weights: WeightFacts | None = None) -> ModelFacts | None:
+    """Facts from a local checkpoint: config.json (text_config for multimodal ones) and the
+    KV dtype from config.json's quantization_config, else hf_quant_config.json (the order
+    vLLM uses, transformers_utils/config.py:951-963). Weights are counted from the config
+    for Qwen3-Next/Qwen3.5 MoE unless given. None when there is no readable config.json."""
+    root = Path(path).expanduser()
+    try:
+        cfg = json.loads((root / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    quant, qsrc = cfg.get("quantization_config"), f"{root}/config.json:quantization_config"
+    if quant is None:
+        try:
+            quant = json.loads((root / "hf_quant_config.json").read_text(encoding="utf-8"))
+            qsrc = f"{root}/hf_quant_config.json"
+        except (OSError, ValueError):
+            quant = None
+    text = cfg.get("text_config") or cfg
+    if weights is None and "num_experts" in text and "linear_num_value_heads" in text:
+        src = f"counted from {root}/config.json"
+        weights = count_qwen3_next_params(text, expert_format(quant), source=src)
+    facts = ModelFacts.from_config(cfg, quant, source=f"{root}/config.json", weights=weights)
+    if facts.kv_cache_quant_algo is not None:
+        facts.sources["kv_cache_quant_algo"] = f"{qsrc} ({facts.sources['kv_cache_quant_algo']})"
+    return facts
+
+
+def expert_format(quant: dict | None) -> str:
+    """Routed-expert storage from a ModelOpt config (NVFP4 checkpoints: experts only)."""
+    if not isinstance(quant, dict):
+        return "bf16"
+    inner = (
+        quant.get("quantization", quant) if isinstance(quant.get("quantization"), dict) else quant
+    )
+    algo = str(inner.get("quant_algo") or quant.get("quant_algo") or "").upper()
+    return {"NVFP4": "nvfp4", "FP8": "fp8"}.get(algo, "bf16")
+
+
+def count_qwen3_next_params(
+    t: dict, expert_format: str = "bf16", source: str = "config.json"
+) -> WeightFacts:
+    """Parameters of a Qwen3-Next / Qwen3.5 MoE text model, split into routed experts and
+    the rest (what vLLM allocates: in_proj_qkvz/ba, conv1d, gated q_proj, shared expert)."""
+    h, vocab = t["hidden_size"], t["vocab_size"]
+    types = layer_types(t)
+    nh = t["num_attention_heads"]
+    nkv, hd = t.get("num_key_value_heads") or nh, t.get("head_dim") or h // nh
+    q_out = nh * hd * (2 if t.get("attn_output_gate", True) else 1)  # query + output gate
+    attn = h * q_out + 2 * h * nkv * hd + nh * hd * h + 2 * hd  # + q_norm, k_norm
+    nk, nv = t.get("linear_num_key_heads", 0), t.get("linear_num_value_heads", 0)
+    dk, dv = t.get("linear_key_head_dim", 0), t.get("linear_value_head_dim", 0)
+    conv_dim = 2 * nk * dk + nv * dv
+    in_proj = h * (conv_dim + nv * dv) + h * 2 * nv  # in_proj_qkvz + in_proj_ba
+    conv1d = conv_dim * t.get("linear_conv_kernel_dim", 4)
+    gdn = in_proj + conv1d + 2 * nv + dv + nv * dv * h  # + dt_bias, A_log, norm, out_proj
+    n_exp, inter = t["num_experts"], t["moe_intermediate_size"]
+    shared = t.get("shared_expert_intermediate_size", 0)
+    router_shared = h * n_exp + (3 * h * shared + h if shared else 0)
+    experts = n_exp * 3 * h * inter
+    dense_mlp = 3 * h * t.get("intermediate_size", 0)
+    mlp_only = set(t.get("mlp_only_layers") or [])
+    step = t.get("decoder_sparse_step", 1) or 1
+    sparse = [i not in mlp_only and (i + 1) % step == 0 for i in range(len(types))]
+    dense = sum(attn if x == "full_attention" else gdn for x in types)
+    dense += sum(router_shared if s else dense_mlp for s in sparse)
+    dense += 2 * h * len(types) + h + vocab * h * (1 if t.get("tie_word_embeddings") else 2)
+    mtp = t.get("mtp_num_hidden_layers", 0) * (attn + router_shared + experts + 2 * h * h + 5 * h)
+    return WeightFacts(dense, experts * sum(sparse), expert_format, mtp_params=mtp, source=source)
+
+
+# ----- the accounting ----------------------------------------------------------------------
+
+
+def dtype_bytes(name: str, what: str) -> int:
+    try:
+        return DTYPE_BYTES[name.lower().removeprefix("torch.")]
+    except KeyError:
+        raise ValueError(f"{what}: dtype {name!r} is not one this estimate knows") from None
+
+
+def resolve_kv_cache_dtype(flag: str, model: ModelFacts) -> tuple[str, str]:
+    """(cache dtype, why). "auto" follows the checkpoint's ModelOpt KV algo, else the model
+    dtype (engine/arg_utils.py:2296-2299)."""
+    if flag != "auto":
+        return flag, f"--kv-cache-dtype {flag}"
+    if model.kv_cache_quant_algo and model.kv_cache_quant_algo != "auto":
+        where = model.sources.get("kv_cache_quant_algo", "the checkpoint's quant config")
+        return model.kv_cache_quant_algo, f"from {where}"
+    return "auto", f"auto = model dtype {model.dtype} (checkpoint asks for no KV quantization)"
+
+
+def kv_bytes_per_token(model: ModelFacts, kv_dtype: str, tp: int) -> int:
+    """K and V of one token in one attention layer on one GPU. KV heads split over TP and
+    are replicated when TP exceeds them (config/model.py:1683); NVFP4 packs head/2 bytes of
+    data and head/16 of FP8 scales per head (utils/torch_utils.py nvfp4_kv_cache_full_dim)."""
+    heads = max(1, model.num_kv_heads // tp)
+    if kv_dtype == "auto":
+        per_head = model.head_dim * dtype_bytes(model.dtype, "model")
+    elif kv_dtype in ONE_BYTE_KV:
+        per_head = model.head_dim
+    elif kv_dtype in NVFP4_KV:
+        per_head = model.head_dim // 2 + model.head_dim // 16
+    else:
+        per_head = model.head_dim * dtype_bytes(kv_dtype, "--kv-cache-dtype")
+    return 2 * heads * per_head
+
+
+def mamba_dtypes(model: ModelFacts, engine: EngineArgs) -> tuple[str, str, str]:
+    """(conv dtype, SSM dtype, why): conv follows --mamba-cache-dtype (auto = model dtype);
+    SSM follows --mamba-ssm-cache-dtype, whose auto is the conv dtype except for Qwen3.5,
+    where it is config.json's mamba_ssm_dtype (model_executor/layers/mamba/mamba_utils.py:98-110,
+    model_executor/models/config.py:953-977)."""
+    conv = model.dtype if engine.mamba_cache_dtype == "auto" else engine.mamba_cache_dtype
+    ssm, why = (
+        engine.mamba_ssm_cache_dtype,
+        f"--mamba-ssm-cache-dtype {engine.mamba_ssm_cache_dtype}",
+    )
+    if ssm == "auto":
+        if model.architecture in QWEN35_ARCHS and model.mamba_ssm_dtype:
+            ssm, why = (
+                model.mamba_ssm_dtype,
+                f"auto = config mamba_ssm_dtype {model.mamba_ssm_dtype}",
+            )
+        else:
+            ssm, why = conv, f"auto = conv-state dtype {conv}"
+    return conv, ssm, why
+
+
+def gdn_state_bytes(
+    model: ModelFacts, tp: int, conv_dtype: str, ssm_dtype: str, num_spec: int = 0
+) -> tuple[int, int]:
+    """(conv state, SSM state) bytes of one GDN layer for one request on one GPU.
+    conv: (2 x key heads x key dim + value heads x value dim) / TP channels x (kernel - 1
+    + speculative tokens); SSM: value heads / TP x value dim x key dim
+    (model_executor/layers/mamba/mamba_utils.py:272-292). vLLM asserts divisibility."""
+    conv_dim = 2 * model.linear_num_key_heads * model.linear_key_head_dim
+    conv_dim += model.linear_num_value_heads * model.linear_value_head_dim
+    if conv_dim % tp or model.linear_num_value_heads % tp:
+        raise ValueError(f"GDN heads ({model.linear_num_value_heads}) do not divide by TP={tp}")
+    conv = conv_dim // tp * (model.linear_conv_kernel_dim - 1 + num_spec)
+    ssm = (
+        model.linear_num_value_heads // tp * model.linear_value_head_dim * model.linear_key_head_dim
+    )
+    return conv * dtype_bytes(conv_dtype, "conv state"), ssm * dtype_bytes(ssm_dtype, "SSM state")
+
+
+def hybrid_block_size(
+    attn_bytes_per_token: int, mamba_page: int, alignment: int, backend_alignment: int = 16
+) -> int:
+    """Smallest multiple of `alignment` whose attention page holds one GDN state, rounded to
+    the backends' common kernel block (platforms/interface.py:1098-1104)."""
+    block = alignment * math.ceil(mamba_page / (alignment * attn_bytes_per_token))
+    return backend_alignment * math.ceil(block / backend_alignment)
+
+
+def kv_cache_groups(attn_layers: int, mamba_layers: int) -> tuple[int, int, int]:
+    """(layers per group, attention groups, GDN groups). Groups have equal layer counts:
+    the smaller type's count, or the larger's when it is under 1.5x the smaller
+    (v1/core/kv_cache_planning.py:519-543)."""
+    if not mamba_layers:
+        return attn_layers, 1, 0
+    if not attn_layers:
+        return mamba_layers, 0, 1
+    size = min(attn_layers, mamba_layers)
+    if max(attn_layers, mamba_layers) < size * 1.5:
+        size = max(attn_layers, mamba_layers)
+    return size, math.ceil(attn_layers / size), math.ceil(mamba_layers / size)
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """Integer-uniform input and output lengths of the random dataset (inclusive bounds,
+    benchmarks/datasets/utils.py:62-97), prefix included in the input."""
+
+    input_low: int
+    input_high: int
+    output_low: int
+    output_high: int
+
+    @property
+    def mean_total(self) -> float:
+        return (self.input_low + self.input_high + self.output_low + self.output_high) / 2
+
+    @property
+    def max_total(self) -> int:
+        return self.input_high + self.output_high
+
+    def p_total_above(self, x: int) -> float:
+        """P(input + output > x) for independent uniform input and output: for each output o
+        the inputs above x - o count n_in (o >= x - input_low + 1), input_high - x + o (o in
+        [x - input_high + 1, x - input_low]) or 0."""
+        n_in = self.input_high - self.input_low + 1
+        n_out = self.output_high - self.output_low + 1
+        full_from = max(self.output_low, x - self.input_low + 1)
+        count = n_in * max(0, self.output_high - full_from + 1)
+        lo, hi = (
+            max(self.output_low, x - self.input_high + 1),
+            min(self.output_high, x - self.input_low),
+        )
+        if hi >= lo:  # sum of (input_high - x + o) for o in [lo, hi]
+            count += (hi - lo + 1) * (self.input_high - x) + (lo + hi) * (hi - lo + 1) // 2
+        return count / (n_in * n_out)
+
+    def expected_blocks(self, block_size: int) -> float:
+        """E[ceil((input + output) / block_size)] = sum over k >= 0 of P(total > k x block)."""
+        return sum(
+            self.p_total_above(k * block_size) for k in range(self.max_total // block_size + 1)
+        )
+
+
+def random_dataset_lengths(w: Workload) -> Lengths:
+    """[floor(n(1-r)), ceil(n(1+r))] with n = input_len - special tokens; output at least 1."""
+    r = w.range_ratio
+    r_in, r_out = (
+        (float(r["input"]), float(r["output"])) if isinstance(r, dict) else (float(r), float(r))
+    )
+    if not (0 <= r_in < 1 and 0 <= r_out < 1):
+        raise ValueError("range ratio must be in [0, 1)")
+    n_in = max(0, w.input_len - w.num_special_tokens)
+    return Lengths(
+        input_low=w.prefix_len + math.floor(n_in * (1 - r_in)),
+        input_high=w.prefix_len + math.ceil(n_in * (1 + r_in)),
+        output_low=max(1, math.floor(w.output_len * (1 - r_out))),
+        output_high=max(1, math.ceil(w.output_len * (1 + r_out))),
+    )
+
+
+def weight_bytes_per_gpu(
+    weights: WeightFacts, par: Parallelism, model_dtype: str, engine: EngineArgs
+) -> int:
+    """Dense weights split over TP (replicated across DP); routed experts over the EP
+    group. The MTP layer is skipped without speculative decoding (its "mtp." weights map to
+    None, model_executor/models/qwen3_5.py:478) and the vision tower with
+    --language-model-only (interfaces.py:347-395, config/multimodal.py:700)."""
+    dense = weights.dense_params
+    if engine.num_speculative_tokens:
+        dense += weights.mtp_params
+    if not engine.language_model_only:
+        dense += weights.vision_params
+    dense_bytes = dense * dtype_bytes(model_dtype, "model") / par.tp
+    expert_bytes = weights.expert_params * weights.expert_bytes_per_param() / par.ep
+    return math.ceil(dense_bytes + expert_bytes)
+
+
+@dataclass(frozen=True)
+class KvCapacity:
+    """One endpoint's KV capacity per DP rank and in all, with what it rests on."""
+
+    name: str
+    tp: int
+    dp: int
+    kv_cache_dtype: str
+    ssm_dtype: str
+    conv_dtype: str
+    attention_bytes_per_token: int  # one layer, one GPU
+    mamba_state_bytes: int  # one GDN layer, one request, one GPU (before padding)
+    block_size: int  # attention tokens per block
+    page_size_bytes: int  # one layer's page; GDN pages padded to it
+    mamba_padding_pct: float
+    mamba_cache_mode: str
+    layers_per_group: int
+    attention_groups: int
+    mamba_groups: int
+    bytes_per_block: int
+    weights_bytes: int  # per GPU
+    requested_bytes: int  # ceil(total x utilization)
+    overhead_bytes: int  # activation peak + non-torch + CUDA graphs
+    kv_cache_bytes: int  # per GPU
+    num_gpu_blocks: int  # per DP rank, what vLLM logs as num_gpu_blocks
+    lengths: Lengths
+    state_blocks_per_request: int  # GDN state blocks a running request holds
+    blocks_per_request_at_max: int
+    blocks_per_request_at_mean: float
+    max_num_seqs: int
+    per_rank_at_max_length: int
+    per_rank_at_mean_length: int
+    max_model_len: int
+    vllm_log_max_concurrency: float  # "Maximum concurrency for max_model_len tokens"
+    vllm_log_kv_cache_tokens: int  # "GPU KV cache size: N tokens"
+    assumptions: tuple[str, ...]
+    sources: dict[str, str]
+
+    @property
+    def endpoint_at_max_length(self) -> int:
+        return self.per_rank_at_max_length * self.dp
+
+    @property
+    def endpoint_at_mean_length(self) -> int:
+        return self.per_rank_at_mean_length * self.dp
+
+    def describe(self) -> str:
+        """Two lines for the dry-run: the numbers, then what they rest on."""
+        n = self.lengths
+        kv = self.kv_cache_dtype if self.kv_cache_dtype != "auto" else "model dtype"
+        return (
+            f"KV capacity {self.name} (DP{self.dp} x TP{self.tp}): about "
+            f"{self.endpoint_at_mean_length:,} concurrent requests for the sweep's length mix "
+            f"(mean {n.mean_total:,.0f} tokens), {self.endpoint_at_max_length:,} if all reach "
+            f"{n.max_total:,}; {self.num_gpu_blocks:,} blocks/rank of {self.block_size} tokens "
+            f"in {self.kv_cache_bytes / GIB:.1f} GiB/GPU (weights {self.weights_bytes / GIB:.1f})\n"
+            f"  rests on: KV {kv}, SSM state {self.ssm_dtype or '-'}, "
+            f"{self.overhead_bytes / GIB:.1f} GiB/GPU of activations+graphs+buffers assumed; "
+            f"vLLM would log {self.vllm_log_max_concurrency:.2f}x for "
+            f"{self.max_model_len:,} tokens per request"
+        )
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["endpoint_at_max_length"] = self.endpoint_at_max_length
+        d["endpoint_at_mean_length"] = self.endpoint_at_mean_length
+        d["lengths"]["mean_total"] = self.lengths.mean_total
+        d["lengths"]["max_total"] = self.lengths.max_total
+        return d
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Block size and page vLLM settles on for one engine."""
+
+    kv_cache_dtype: str
+    attention_bytes_per_token: int
+    conv_dtype: str = ""
+    ssm_dtype: str = ""
+    mamba_state_bytes: int = 0
+    mamba_cache_mode: str = "none"
+    block_size: int = 16
+    page_size_bytes: int = 0
+    notes: tuple[str, ...] = ()
+
+    @property
+    def padding_pct(self) -> float:
+        if not self.mamba_state_bytes:
+            return 0.0
+        return round(
+            100 * (self.page_size_bytes - self.mamba_state_bytes) / self.mamba_state_bytes, 2
+        )
+
+
+def flashinfer_gdn(model: ModelFacts, engine: EngineArgs, device: Device) -> bool:
+    """FlashInfer GDN prefill on CUDA needs key head dim 128 (Blackwell, CUDA >= 13 assumed)
+    and flashinfer or auto (model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py:148-175)."""
+    return (
+        device.platform == "cuda"
+        and engine.gdn_prefill_backend in ("auto", "flashinfer")
+        and model.linear_key_head_dim == 128
+    )
+
+
+def geometry(model: ModelFacts, engine: EngineArgs, tp: int, device: Device) -> Geometry:
+    """Block size, page and GDN state (platforms/interface.py:750-790, 940-1137).
+
+    The starting block is --block-size or the backend's preference (16 on CUDA's FlashInfer,
+    128 on CPU); hybrid models align it to max(smallest kernel block, that block), and in
+    align mode also to FlashInfer's GDN checkpoint grid, then grow it until one attention
+    page holds one GDN state."""
+    kv_dtype, kv_why = resolve_kv_cache_dtype(engine.kv_cache_dtype, model)
+    attn_tok = kv_bytes_per_token(model, kv_dtype, tp)
+    block = engine.block_size or (128 if device.platform == "cpu" else 16)
+    notes = [f"KV cache {kv_dtype if kv_dtype != 'auto' else model.dtype} ({kv_why})"]
+    if not model.hybrid:
+        return Geometry(
+            kv_dtype,
+            attn_tok,
+            block_size=block,
+            page_size_bytes=block * attn_tok,
+            notes=tuple(notes),
+        )
+    prefix = engine.enable_prefix_caching is not False  # on by default for hybrid models
+    mode = "align" if prefix else "none"
+    conv_dt, ssm_dt, ssm_why = mamba_dtypes(model, engine)
+    conv_b, ssm_b = gdn_state_bytes(model, tp, conv_dt, ssm_dt, engine.num_speculative_tokens)
+    kernel = 32 if device.platform == "cpu" else 16
+    alignment = max(kernel, block)
+    align_why = f"alignment {alignment}"
+    if mode == "align" and flashinfer_gdn(model, engine, device):
+        alignment = math.lcm(alignment, FLASHINFER_GDN_ALIGNMENT)
+        align_why += f" (lcm with FlashInfer GDN's {FLASHINFER_GDN_ALIGNMENT}-token checkpoints)"
+    block = max(block, hybrid_block_size(attn_tok, conv_b + ssm_b, alignment, kernel))
+    notes.append(f"SSM state {ssm_dt} ({ssm_why}), conv state {conv_dt}")
+    notes.append(
+        f"mamba_cache_mode {mode} (prefix caching {'on' if prefix else 'off'}), {align_why}"
+    )
+    return Geometry(
+        kv_cache_dtype=kv_dtype,
+        attention_bytes_per_token=attn_tok,
+        conv_dtype=conv_dt,
+        ssm_dtype=ssm_dt,
+        mamba_state_bytes=conv_b + ssm_b,
+        mamba_cache_mode=mode,
+        block_size=block,
+        page_size_bytes=block * attn_tok,
+        notes=tuple(notes),
+    )
+
+
+def estimate(
+    model: ModelFacts,
+    engine: EngineArgs,
+    par: Parallelism,
+    device: Device,
+    workload: Workload,
+    overheads: Overheads | None = None,
+    name: str = "",
+) -> KvCapacity:
+    """The capacity vLLM 0.33 would allocate for one DP rank of this endpoint, and what the
+    sweep's requests need of it. Raises ValueError for models it does not model."""
+    if model.other_layers or not model.full_attention_layers:
+        raise ValueError("only full-attention and GDN (linear_attention) layers are modelled")
+    geo = geometry(model, engine, par.tp, device)
+    assumptions = list(geo.notes)
+    sources = {
+        **model.sources,
+        "accounting": "vLLM 0.33.0, docs/kv-capacity.md",
+        "gpu_memory": f"{device.memory_gib:g} GiB ({device.kind})",
+    }
+    per_group, attn_groups, mamba_groups = kv_cache_groups(
+        model.full_attention_layers, model.linear_attention_layers
+    )
+    bytes_per_block = per_group * geo.page_size_bytes
+
+    # Memory per GPU: ceil(total x utilization) - weights - overheads (gpu_worker.py:753-757).
+    requested = math.ceil(round(device.memory_gib * GIB) * engine.gpu_memory_utilization)
+    mbt_default, seqs_default = default_batch_limits(device)
+    max_seqs = engine.max_num_seqs or seqs_default
+    weights = 0
+    if model.weights:
+        w = model.weights
+        weights = weight_bytes_per_gpu(w, par, model.dtype, engine)
+        sources["weights"] = w.source
+        assumptions.append(
+            f"weights {weights / GIB:.1f} GiB/GPU ({w.dense_params / 1e9:.2f}B {model.dtype} "
+            f"/ TP{par.tp} + {w.expert_params / 1e9:.1f}B {w.expert_format} experts / EP{par.ep})"
+        )
+    if engine.kv_cache_memory_bytes is not None:
+        kv_bytes, overhead = engine.kv_cache_memory_bytes, 0
+        assumptions.append(f"--kv-cache-memory-bytes {kv_bytes} (vLLM skips profiling)")
+    else:
+        if not model.weights:
+            assumptions.append("weights unknown: counted as 0")
+        mbt = engine.max_num_batched_tokens or mbt_default
+        ov = overheads or default_overheads(device, mbt, engine.enforce_eager)
+        overhead = ov.total_bytes
+        kv_bytes = max(0, requested - weights - overhead)
+        assumptions.append(
+            f"{device.memory_gib:g} GiB x utilization {engine.gpu_memory_utilization:g}; "
+            f"activation peak {ov.activation_peak_gib:g} + other {ov.non_torch_gib:g} + "
+            f"CUDA graphs {ov.cudagraph_gib:g} GiB assumed ({ov.why})"
+        )
+    num_blocks = kv_bytes // bytes_per_block  # kv_cache_planning.py:681
+    if engine.num_gpu_blocks_override is not None:
+        num_blocks = engine.num_gpu_blocks_override
+        assumptions.append(f"--num-gpu-blocks-override {num_blocks}")
+    usable = max(0, num_blocks - 1)  # the block pool keeps one null block (block_pool.py:191)
+
+    # Requests: ceil(tokens / block) per attention group, one state block per GDN group
+    # (plus one per speculative token) for a running request.
+    lengths = random_dataset_lengths(workload)
+    state_blocks = mamba_groups * (1 + engine.num_speculative_tokens)
+    at_max = attn_groups * math.ceil(lengths.max_total / geo.block_size) + state_blocks
+    at_mean = attn_groups * lengths.expected_blocks(geo.block_size) + state_blocks
+    assumptions.append(
+        f"lengths uniform in [{lengths.input_low}, {lengths.input_high}] + "
+        f"[{lengths.output_low}, {lengths.output_high}] (random dataset)"
+    )
+
+    # vLLM's own log line: every request at max_model_len, GDN groups at their reservation
+    # (kv_cache_utils.py:1061-1154).
+    max_len = engine.max_model_len or model.max_position_embeddings or lengths.max_total
+    reserve = 1 + engine.num_speculative_tokens
+    if geo.mamba_cache_mode == "align":
+        reserve += 1 + int(flashinfer_gdn(model, engine, device))
+    log_blocks = attn_groups * math.ceil(max_len / geo.block_size) + mamba_groups * reserve
+    log_conc = num_blocks / log_blocks
+
+    return KvCapacity(
+        name=name,
+        tp=par.tp,
+        dp=par.dp,
+        kv_cache_dtype=geo.kv_cache_dtype,
+        ssm_dtype=geo.ssm_dtype,
+        conv_dtype=geo.conv_dtype,
+        attention_bytes_per_token=geo.attention_bytes_per_token,
+        mamba_state_bytes=geo.mamba_state_bytes,
+        block_size=geo.block_size,
+        page_size_bytes=geo.page_size_bytes,
+        mamba_padding_pct=geo.padding_pct,
+        mamba_cache_mode=geo.mamba_cache_mode,
+        layers_per_group=per_group,
+        attention_groups=attn_groups,
+        mamba_groups=mamba_groups,
+        bytes_per_block=bytes_per_block,
+        weights_bytes=weights,
+        requested_bytes=requested,
+        overhead_bytes=overhead,
+        kv_cache_bytes=kv_bytes,
+        num_gpu_blocks=num_blocks,
+        lengths=lengths,
+        state_blocks_per_request=state_blocks,
+        blocks_per_request_at_max=at_max,
+        blocks_per_request_at_mean=round(at_mean, 4),
+        max_num_seqs=max_seqs,
+        per_rank_at_max_length=min(max_seqs, usable // at_max),
+        per_rank_at_mean_length=min(max_seqs, math.floor(usable / at_mean)),
+        max_model_len=max_len,
+        vllm_log_max_concurrency=round(log_conc, 2),
+        vllm_log_kv_cache_tokens=int(log_conc * max_len),
+        assumptions=tuple(assumptions),
+        sources=sources,
+    )
+
+
+def kv_blocks_per_dp_rank(result: KvCapacity) -> int:
+    """vLLM's num_gpu_blocks for one DP rank (blocks of `result.block_size` tokens)."""
+    return result.num_gpu_blocks
+
+
+def simulator_kv_blocks(result: KvCapacity) -> tuple[int, int]:
+    """(block_size, num_gpu_blocks) for a simulator that charges ceil(tokens / block_size)
+    blocks per request in one group and has no GDN state: vLLM's block size, and its usable
+    blocks minus the state blocks the estimated mean-length population would hold, so that
+    the simulator fills up at `per_rank_at_mean_length` requests, as the estimate says."""
+    state = result.state_blocks_per_request * result.per_rank_at_mean_length
+    return result.block_size, max(1, result.num_gpu_blocks - 1 - state)

@@ -1,0 +1,597 @@
+"""One self-contained HTML report of a run or a study, to attach to a pull request or send
+to a colleague: it opens from disk in any browser, offline, with no server and no script.
+
+    python -m launcher report RUN_OR_STUDY      # writes <dir>/report.html, prints its path
+
+A run's report: its identity (recipe, model, topology, GPUs, times, state, verdict), the
+headline figures and the per-point summary table exactly as summary.json holds them (the
+file the orchestrator wrote, or `launcher.run.figures.summary` when there is none yet), the
+GSM8K gate, the Pareto chart (tok/s per GPU vs tok/s per user) and TTFT percentiles as
+inline SVG, and each point's bottleneck verdict with its evidence (`dashboard.diagnose`,
+the dashboard's rules on the same telemetry). A study's report: the same per
+configuration, all configurations on one Pareto chart, the best configuration per
+interactivity band and the P:D recommendation when `dashboard.recommend` gives one.
+
+Charts are drawn here as SVG (no Vega, no JavaScript): nothing to fetch, nothing that a
+mail client or an HTML sanitiser strips. Every number cell carries its exact value in
+`data-value` and its summary.json key in `data-key`, so a test can compare them.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from launcher.run import listing
+from launcher.run.plandoc import PlanError, read_plan
+from launcher.run.rundir import REPORT, RunDir, read_json
+
+PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
+           "#ff9da7", "#9c755f", "#bab0ac")
+MEASURE = "total_tokens_per_s_per_gpu"
+MEASURE_TITLE = "Total tok/s per GPU (input+output ÷ all GPUs)"
+X_TITLE = "tok/s per user (1000 ÷ median TPOT ms)"
+
+
+# --- small formatting helpers ----------------------------------------------------------------
+
+
+def esc(x: Any) -> str:
+    return html.escape("" if x is None else str(x), quote=True)
+
+
+def num(v: Any, digits: int = 0) -> str:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return "–"
+    return f"{v:,.{digits}f}"
+
+
+def when(ts: Any) -> str:
+    if not isinstance(ts, (int, float)) or not ts:
+        return "–"
+    t = time.localtime(ts)
+    return time.strftime("%Y-%m-%d %H:%M:%S ", t) + (t.tm_zone or "")
+
+
+def duration(a: Any, b: Any) -> str:
+    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or b < a:
+        return "–"
+    s = int(b - a)
+    return f"{s // 3600}h {s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m {s % 60:02d}s"
+
+
+def cell(v: Any, key: str | None = None, digits: int = 0) -> str:
+    """A number cell: the shown text plus the exact value and its summary.json key."""
+    attrs = ' class="n"'
+    if key:
+        attrs += f' data-key="{esc(key)}"'
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        attrs += f' data-value="{v!r}"'
+    return f"<td{attrs}>{num(v, digits)}</td>"
+
+
+def table(head: list[str], rows: list[str], cls: str = "") -> str:
+    th = "".join(f"<th>{esc(h)}</th>" for h in head)
+    return (f'<table class="{cls}"><thead><tr>{th}</tr></thead><tbody>'
+            + "".join(f"<tr>{r}</tr>" for r in rows) + "</tbody></table>")
+
+
+def kv_table(pairs: list[tuple[str, str]]) -> str:
+    return ('<table class="kv"><tbody>' + "".join(
+        f"<tr><th>{esc(k)}</th><td>{v}</td></tr>" for k, v in pairs) + "</tbody></table>")
+
+
+# --- SVG charts --------------------------------------------------------------------------------
+
+
+def nice_ticks(lo: float, hi: float, n: int = 6) -> list[float]:
+    """Round tick values (1, 2, 2.5, 5 × 10^k apart) covering [lo, hi]."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return [0.0, 1.0]
+    if hi <= lo:
+        hi = lo + (abs(lo) or 1.0)
+    raw = (hi - lo) / max(n, 1)
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    start = math.floor(lo / step) * step
+    ticks = []
+    k = 0
+    while True:
+        v = start + k * step
+        ticks.append(round(v, 10))
+        if v >= hi - 1e-9 * step:
+            break
+        k += 1
+    return ticks
+
+
+def tick_text(v: float, ticks: list[float]) -> str:
+    step = abs(ticks[1] - ticks[0]) if len(ticks) > 1 else 1.0
+    digits = 0 if step >= 1 else min(6, int(math.ceil(-math.log10(step))) + 1)
+    s = f"{v:,.{digits}f}"
+    return s.rstrip("0").rstrip(".") if "." in s else s
+
+
+def svg_chart(series: list[dict], *, x_title: str, y_title: str, frontier: list | None = None,
+              log2_x: bool = False, y_from_zero: bool = True, width: int = 860,
+              height: int = 400, title: str = "") -> str:
+    """A scatter/line chart as inline SVG. `series`: [{"name", "color", "points": [(x, y,
+    label, tooltip)], "line": bool, "dash": bool}]. `frontier`: [(x, y)] drawn dashed."""
+    pts = [(x, y) for s in series for x, y, *_ in s["points"]
+           if math.isfinite(x) and math.isfinite(y) and (x > 0 or not log2_x)]
+    if not pts:
+        return '<p class="note">No ok sweep point to draw.</p>'
+    ml, mr, mt, mb = 78, 24, 16, 52
+    pw, ph = width - ml - mr, height - mt - mb
+
+    def fx(x: float) -> float:
+        return math.log2(x) if log2_x else x
+
+    xs = [fx(x) for x, _ in pts]
+    ys = [y for _, y in pts]
+    if log2_x:
+        values = sorted({x for x, _ in pts})
+        xt = [fx(v) for v in values]
+        xlabels = [num(v) for v in values]
+        x0, x1 = min(xt), max(xt)
+        pad = max((x1 - x0) * 0.05, 0.25)
+        x0, x1 = x0 - pad, x1 + pad
+    else:
+        xt = nice_ticks(min(xs), max(xs))
+        xlabels = [tick_text(v, xt) for v in xt]
+        x0, x1 = xt[0], xt[-1]
+    yt = nice_ticks(0.0 if y_from_zero else min(ys), max(ys))
+    y0, y1 = yt[0], yt[-1]
+
+    def px(x: float) -> float:
+        return ml + (fx(x) - x0) / ((x1 - x0) or 1.0) * pw
+
+    def py(y: float) -> float:
+        return mt + ph - (y - y0) / ((y1 - y0) or 1.0) * ph
+
+    out = [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} '
+           f'{height}" width="{width}" height="{height}" role="img" '
+           f'aria-label="{esc(title or y_title)}">']
+    for v in yt:  # horizontal grid and y labels
+        y = py(v)
+        out.append(f'<line x1="{ml}" x2="{ml + pw}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>')
+        out.append(f'<text x="{ml - 8}" y="{y + 4:.1f}" text-anchor="end" class="tick">'
+                   f"{esc(tick_text(v, yt))}</text>")
+    for v, lab in zip(xt, xlabels, strict=True):
+        x = ml + (v - x0) / ((x1 - x0) or 1.0) * pw
+        out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{mt}" y2="{mt + ph}" class="grid"/>')
+        out.append(f'<text x="{x:.1f}" y="{mt + ph + 18}" text-anchor="middle" class="tick">'
+                   f"{esc(lab)}</text>")
+    out.append(f'<rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" class="frame"/>')
+    out.append(f'<text x="{ml + pw / 2:.1f}" y="{height - 10}" text-anchor="middle" '
+               f'class="axis-title">{esc(x_title)}</text>')
+    out.append(f'<text transform="translate(16 {mt + ph / 2:.1f}) rotate(-90)" '
+               f'text-anchor="middle" class="axis-title">{esc(y_title)}</text>')
+    if frontier:
+        fr = sorted(frontier)
+        path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in fr)
+        out.append(f'<polyline points="{path}" class="frontier"><title>Pareto frontier'
+                   "</title></polyline>")
+    for s in series:
+        good = [p for p in s["points"] if math.isfinite(p[0]) and math.isfinite(p[1])]
+        if s.get("line") and len(good) > 1:
+            path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y, *_ in good)
+            dash = ' stroke-dasharray="5 3"' if s.get("dash") else ""
+            out.append(f'<polyline points="{path}" class="curve" stroke="{s["color"]}"{dash}>'
+                       f"<title>{esc(s['name'])}</title></polyline>")
+        for x, y, label, tip in good:
+            out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="4.5" fill="{s["color"]}" '
+                       f'class="pt"><title>{esc(tip)}</title></circle>')
+            if label:
+                out.append(f'<text x="{px(x) + 7:.1f}" y="{py(y) - 7:.1f}" class="lab">'
+                           f"{esc(label)}</text>")
+    out.append("</svg>")
+    legend = "".join(
+        f'<span class="key"><i class="dash" style="border-color:{s["color"]}"></i>'
+        f"{esc(s['name'])} (dashed)</span>" if s.get("dash") else
+        f'<span class="key"><i style="background:{s["color"]}"></i>{esc(s["name"])}</span>'
+        for s in series if s.get("name"))
+    if frontier:
+        legend += '<span class="key"><i class="dash"></i>Pareto frontier</span>'
+    return "".join(out) + (f'<div class="legend">{legend}</div>' if legend else "")
+
+
+# --- data ------------------------------------------------------------------------------------
+
+
+def run_summary(rd: RunDir) -> tuple[dict, str]:
+    """summary.json as written (the record), else computed now by the same function."""
+    doc = read_json(rd.summary)
+    if isinstance(doc, dict) and isinstance(doc.get("points"), list):
+        return doc, "summary.json"
+    from launcher.run import figures
+
+    return figures.summary(rd.path), "computed now by launcher.run.figures (no summary.json)"
+
+
+def verdicts(rd: RunDir) -> tuple[dict[Any, dict], str | None]:
+    """Per concurrency: the dashboard's verdict (short, title, evidence), or why none."""
+    try:
+        from dashboard import studies
+    except ImportError as e:  # the dashboard's pandas stack is not installed
+        return {}, f"verdicts need the dashboard's dependencies ({e})"
+    try:
+        t = studies.run_table(rd.path)
+    except Exception as e:  # noqa: BLE001 - a report without verdicts beats no report
+        return {}, f"verdicts could not be computed: {type(e).__name__}: {e}"
+    out = {}
+    for r in t.to_dict("records"):
+        c = r.get("concurrency")
+        key = int(c) if isinstance(c, (int, float)) and math.isfinite(c) else r.get("point")
+        out[key] = {"short": r.get("verdict"), "title": r.get("verdict_title"),
+                    "evidence": r.get("evidence") or "", "kind": r.get("verdict_kind")}
+    return out, None
+
+
+def _plan(rd: RunDir):
+    try:
+        return read_plan(rd.plan)
+    except PlanError:
+        return None
+
+
+# --- sections ----------------------------------------------------------------------------------
+
+
+def identity(rd: RunDir, s: dict, source: str) -> str:
+    plan = _plan(rd)
+    st = rd.status()
+    rec = st.record
+    den = s.get("denominators") or {}
+    gpus = ", ".join(f"{k.removeprefix('gpus_')} {v}" for k, v in den.items())
+    pairs = [
+        ("run", f"<code>{esc(s.get('run_id') or rd.run_id)}</code>"),
+        ("recipe", esc(s.get("recipe") or (plan.recipe if plan else "–"))),
+        ("cluster", esc(plan.cluster if plan else "–")),
+        ("model", esc(plan.model_path if plan else s.get("model") or "–")
+         + (f" (served as <code>{esc(plan.served_name)}</code>)" if plan else "")),
+        ("engine", esc(s.get("engine") or "–") + (" — <b>SIMULATION</b>"
+                                                  if s.get("simulated") else "")),
+        ("mode", esc(s.get("mode") or "–")),
+        ("topology", esc(plan.topology() if plan else "–")),
+        ("GPUs (denominators)", esc(gpus or "–")),
+        ("state", esc(st.state) + (f" — {esc(st.error)}" if st.error else "")),
+        ("started", esc(when(rec.started if rec else None))),
+        ("ended", esc(when(rec.ended if rec else None))),
+        ("duration", esc(duration(rec.started if rec else None, rec.ended if rec else None))),
+        ("Slurm job", esc(st.slurm_job_id or "–")),
+        ("figures from", esc(source)),
+    ]
+    return kv_table(pairs)
+
+
+def summary_table(s: dict, vmap: dict) -> str:
+    agg = s.get("mode") == "agg"
+    head = ["conc", "status", "tok/s/GPU (all)"]
+    if not agg:
+        head += ["out tok/s / decode GPU", "in tok/s / prefill GPU"]
+    head += ["tok/s/user", "TTFT p50", "TTFT p90", "TTFT p99", "TPOT p50", "TPOT p90",
+             "TPOT p99", "req/s", "verdict"]
+    rows = []
+    for p in s.get("points") or []:
+        c = p.get("max_concurrency")
+        ok = p.get("status") == "ok"
+        r = [f'<td class="n" data-key="max_concurrency" data-value="{esc(c)}">{esc(c)}</td>',
+             f'<td class="{"ok" if ok else "bad"}">{"ok" if ok else "FAILED"}</td>',
+             cell(p.get("total_tokens_per_s_per_gpu"), "total_tokens_per_s_per_gpu")]
+        if not agg:
+            r += [cell(p.get("output_tokens_per_s_per_decode_gpu"),
+                       "output_tokens_per_s_per_decode_gpu"),
+                  cell(p.get("input_tokens_per_s_per_prefill_gpu"),
+                       "input_tokens_per_s_per_prefill_gpu")]
+        r.append(cell(p.get("tokens_per_s_per_user"), "tokens_per_s_per_user", 1))
+        for m in ("ttft", "tpot"):
+            for q in (50, 90, 99):
+                r.append(cell(p.get(f"{m}_p{q}_ms"), f"{m}_p{q}_ms", 0 if m == "ttft" else 1))
+        r.append(cell(p.get("request_throughput"), "request_throughput", 2))
+        v = vmap.get(c) or {}
+        r.append(f"<td>{esc(v.get('short') or ('failed' if not ok else '–'))}</td>")
+        rows.append("".join(r))
+    return table(head, rows, "summary") + ('<p class="note">TTFT and TPOT in ms; per-GPU '
+                                           "figures name their denominator (plan.json's "
+                                           "gpu_count).</p>")
+
+
+def headline(s: dict) -> str:
+    h = s.get("headline") or {}
+    if not h:
+        return '<p class="note">No ok sweep point: no headline figure.</p>'
+    tiles = [("tok/s per GPU (best point)", h.get("total_tokens_per_s_per_gpu"), 0,
+              "total_tokens_per_s_per_gpu"),
+             ("out tok/s per decode GPU", h.get("output_tokens_per_s_per_decode_gpu"), 0,
+              "output_tokens_per_s_per_decode_gpu"),
+             ("tok/s per user there", h.get("tokens_per_s_per_user"), 1,
+              "tokens_per_s_per_user"),
+             ("at concurrency", h.get("max_concurrency"), 0, "max_concurrency"),
+             ("TTFT p99 (ms)", h.get("ttft_p99_ms"), 0, "ttft_p99_ms")]
+    acc = s.get("accuracy") or {}
+    out = []
+    for title, v, d, key in tiles:
+        val = f' data-value="{v!r}"' if isinstance(v, (int, float)) else ""
+        out.append(f'<div class="tile"><div class="t">{esc(title)}</div><div class="v" '
+                   f'data-key="headline.{key}"{val}>{num(v, d)}</div></div>')
+    if acc:
+        ok = acc.get("passed")
+        out.append(f'<div class="tile"><div class="t">GSM8K ({esc(acc.get("num_questions"))} '
+                   f'questions)</div><div class="v {"ok" if ok else "bad"}" '
+                   f'data-key="accuracy.accuracy" data-value="{acc.get("accuracy")!r}">'
+                   f'{num((acc.get("accuracy") or 0) * 100, 1)}%</div><div class="t">'
+                   f'{"pass" if ok else "FAIL"} at ≥ {esc(acc.get("threshold"))}</div></div>')
+    return '<div class="tiles">' + "".join(out) + "</div>"
+
+
+def verdict_block(s: dict) -> str:
+    v = s.get("verdict") or "–"
+    cls = "ok" if v == "passed" else "bad"
+    reasons = "".join(f"<li>{esc(r)}</li>" for r in s.get("verdict_reasons") or [])
+    notes = "".join(f"<li>{esc(r)}</li>" for r in s.get("notes") or [])
+    return (f'<p>Run verdict: <b class="{cls}" data-key="verdict">{esc(v)}</b></p>'
+            + (f"<ul>{reasons}</ul>" if reasons else "")
+            + (f'<ul class="note">{notes}</ul>' if notes else ""))
+
+
+def bottlenecks(vmap: dict, why: str | None) -> str:
+    if why:
+        return f'<p class="note">{esc(why)}</p>'
+    if not vmap:
+        return '<p class="note">No sweep point to diagnose.</p>'
+    rows = [f"<td>{esc(f'c={k}' if isinstance(k, int) else k)}</td><td>{esc(v['title'])}</td>"
+            f"<td>{esc(v['evidence'])}</td>" for k, v in vmap.items()]
+    return table(["point", "verdict", "evidence"], rows, "wrap")
+
+
+def pareto_series(points: list[dict], name: str, color: str, vmap: dict,
+                  line: bool = True) -> dict:
+    pts = []
+    for p in sorted(points, key=lambda p: p.get("max_concurrency") or 0):
+        x, y = p.get("tokens_per_s_per_user"), p.get(MEASURE)
+        if p.get("status") != "ok" or not isinstance(x, (int, float)) or \
+                not isinstance(y, (int, float)):
+            continue
+        c = p.get("max_concurrency")
+        v = (vmap.get(c) or {}).get("short") or "–"
+        tip = (f"{name} c={c}: {y:,.0f} tok/s/GPU at {x:,.1f} tok/s/user; TTFT p99 "
+               f"{num(p.get('ttft_p99_ms'))} ms; verdict {v}")
+        pts.append((float(x), float(y), f"c={c}", tip))
+    return {"name": name, "color": color, "points": pts, "line": line}
+
+
+def frontier(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Points not beaten on both larger x and larger y."""
+    keep, best = [], -math.inf
+    for x, y in sorted(points, key=lambda p: (-p[0], -p[1])):
+        if y > best:
+            keep.append((x, y))
+            best = y
+    return sorted(keep)
+
+
+def ttft_chart(series_points: list[tuple[str, str, list[dict]]]) -> str:
+    series = []
+    for name, color, points in series_points:
+        for q, dash in (("p50", False), ("p99", True)):
+            pts = [(float(p["max_concurrency"]), float(p[f"ttft_{q}_ms"]), "",
+                    f"{name} c={p['max_concurrency']}: TTFT {q} {p[f'ttft_{q}_ms']:,.0f} ms")
+                   for p in points if p.get("status") == "ok"
+                   and isinstance(p.get(f"ttft_{q}_ms"), (int, float))
+                   and isinstance(p.get("max_concurrency"), (int, float))]
+            series.append({"name": f"{name} {q}" if name else q, "color": color,
+                           "points": sorted(pts), "line": True, "dash": dash})
+    return svg_chart(series, x_title="max concurrency (log scale)", y_title="TTFT (ms)",
+                     log2_x=True, height=320, title="TTFT p50 and p99 vs concurrency")
+
+
+# --- documents -----------------------------------------------------------------------------------
+
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;color:#222;
+max-width:1180px;margin:24px auto;padding:0 20px}
+h1{font-size:24px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid
+#ddd;padding-bottom:4px}h3{font-size:15px;margin:18px 0 6px}
+.sim{background:#fff4d6;border:1px solid #f0c36d;padding:8px 12px;border-radius:6px}
+table{border-collapse:collapse;margin:6px 0;font-size:13px}th,td{border:1px solid #ddd;
+padding:4px 8px;vertical-align:top;text-align:left}thead th{background:#f4f5f7}
+td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+table.kv th{background:#f7f7f9;white-space:nowrap;font-weight:600}
+table.wrap td{white-space:normal}.ok{color:#17803d}.bad{color:#c0262d}
+.note{color:#666;font-size:12.5px}code{background:#f3f3f3;padding:1px 4px;border-radius:3px}
+.tiles{display:flex;flex-wrap:wrap;gap:10px;margin:8px 0}.tile{border:1px solid #e3e3e3;
+border-radius:6px;padding:8px 12px;min-width:150px}.tile .t{color:#666;font-size:12px}
+.tile .v{font-size:24px;font-variant-numeric:tabular-nums}
+svg.chart{max-width:100%;height:auto;font-family:inherit}.grid{stroke:#eee}
+.frame{fill:none;stroke:#ccc}.tick{font-size:11px;fill:#555}.axis-title{font-size:12px;
+fill:#333}.lab{font-size:10px;fill:#444}.curve{fill:none;stroke-width:2;opacity:.8}
+.frontier{fill:none;stroke:#333;stroke-width:1.5;stroke-dasharray:6 4}
+.legend{margin:2px 0 8px}.key{display:inline-block;margin-right:16px;font-size:12.5px}
+.key i{display:inline-block;width:12px;height:12px;margin-right:5px;vertical-align:-1px;
+border-radius:2px}.key i.dash{height:0;border-top:2px dashed #333;border-radius:0}
+details{margin:6px 0}summary{cursor:pointer;font-weight:600}
+"""
+
+
+def page(title: str, body: str) -> str:
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            f"<title>{esc(title)}</title><style>{CSS}</style></head><body>{body}"
+            f'<hr><p class="note">Written {esc(when(time.time()))} by <code>python -m '
+            "launcher report</code> (pd-launcher). Self-contained: no script, no server, "
+            "nothing fetched.</p></body></html>\n")
+
+
+def render_run(path: Path) -> str:
+    rd = RunDir(Path(path))
+    s, source = run_summary(rd)
+    vmap, why = verdicts(rd)
+    name = s.get("run_id") or rd.run_id
+    sim = ('<p class="sim"><b>SIMULATION</b>: the engines of this run are the launcher\'s '
+           "simulator; its speed is a model, not a GPU measurement.</p>"
+           if s.get("simulated") else "")
+    body = [f"<h1>Run {esc(name)}</h1>", sim,
+            "<h2>Identity</h2>", identity(rd, s, source),
+            "<h2>Headline</h2>", headline(s), verdict_block(s),
+            "<h2>Summary per sweep point</h2>", summary_table(s, vmap),
+            "<h2>Pareto: throughput per GPU vs interactivity</h2>",
+            svg_chart([pareto_series(s.get("points") or [], "", PALETTE[0], vmap)],
+                      x_title=X_TITLE, y_title=MEASURE_TITLE,
+                      frontier=frontier([(x, y) for x, y, *_ in pareto_series(
+                          s.get("points") or [], "", PALETTE[0], vmap)["points"]]),
+                      title="Pareto"),
+            '<p class="note">Points labelled with max concurrency; dashed: the Pareto '
+            "frontier (no other point has both more tok/s per user and more tok/s per "
+            "GPU).</p>",
+            "<h2>TTFT vs concurrency</h2>",
+            ttft_chart([("", PALETTE[0], s.get("points") or [])]),
+            "<h2>Bottleneck per sweep point</h2>", bottlenecks(vmap, why)]
+    return page(f"Run {name}", "".join(body))
+
+
+def render_study(path: Path) -> str:
+    study = listing.entries(Path(path))[0]
+    assert isinstance(study, listing.Study)
+    from dashboard import studies
+
+    configs = studies.configs(study)
+    data = []
+    for k, (label, rpath) in enumerate(configs):
+        rd = RunDir(rpath)
+        s, source = run_summary(rd)
+        vmap, why = verdicts(rd)
+        data.append((label, rd, s, source, vmap, why, PALETTE[k % len(PALETTE)]))
+    axes = ", ".join(f"{k} = {', '.join(map(str, v))}" for k, v in study.axes.items())
+    simulated = any(d[2].get("simulated") for d in data)
+    body = [f"<h1>Study {esc(study.name)}</h1>"]
+    if simulated:
+        body.append('<p class="sim"><b>SIMULATION</b>: these runs use the launcher\'s '
+                    "simulated engine; the comparison checks the pipeline, not GPU "
+                    "performance.</p>")
+    rows = []
+    for label, rd, s, _src, _v, _w, color in data:
+        plan = _plan(rd)
+        h = s.get("headline") or {}
+        rows.append(f'<td><i style="display:inline-block;width:10px;height:10px;'
+                    f'background:{color}"></i> {esc(label)}</td><td><code>{esc(rd.run_id)}'
+                    f"</code></td><td>{esc(rd.status().state)}</td>"
+                    f"<td>{esc(plan.topology() if plan else '–')}</td>"
+                    + cell(h.get(MEASURE), "headline." + MEASURE)
+                    + f"<td>c={esc(h.get('max_concurrency', '–'))}</td>"
+                    + f"<td>{esc(s.get('verdict'))}</td>")
+    body += ["<h2>Identity</h2>", kv_table([
+        ("study", f"<code>{esc(study.name)}</code>"),
+        ("recipe", esc(study.doc.get("recipe") or "–")),
+        ("swept", esc(axes or "–")), ("configurations", str(len(data)))]),
+        table(["configuration", "run", "state", "topology", "best tok/s/GPU", "at",
+               "run verdict"], rows)]
+
+    all_series, all_pts, flat = [], [], []
+    for label, _rd, s, _src, vmap, _w, color in data:
+        ser = pareto_series(s.get("points") or [], label, color, vmap)
+        all_series.append(ser)
+        all_pts += [(x, y) for x, y, *_ in ser["points"]]
+        for p in s.get("points") or []:
+            c = p.get("max_concurrency")
+            flat.append({"config": label, "point": f"c={c}", "status": p.get("status"),
+                         "concurrency": c, MEASURE: p.get(MEASURE),
+                         studies.X: p.get(studies.X),
+                         "verdict": (vmap.get(c) or {}).get("short") or "–"})
+    body += ["<h2>Pareto: every configuration</h2>",
+             svg_chart(all_series, x_title=X_TITLE, y_title=MEASURE_TITLE,
+                       frontier=frontier(all_pts), title="Pareto, all configurations"),
+             '<p class="note">One curve per configuration (points labelled with max '
+             "concurrency); dashed: the frontier over all of them.</p>"]
+
+    body.append("<h2>Best configuration per interactivity band</h2>")
+    import pandas as pd
+
+    df = pd.DataFrame(flat)
+    if not df.empty:
+        df[MEASURE] = pd.to_numeric(df[MEASURE], errors="coerce")
+        df[studies.X] = pd.to_numeric(df[studies.X], errors="coerce")
+    bands = studies.best_per_band(df, MEASURE) if not df.empty else df
+    if bands.empty:
+        body.append('<p class="note">No ok point with a tok/s-per-user figure.</p>')
+    else:
+        brows = [f"<td>≥ {b['at_least']:g} tok/s per user</td><td>{esc(b['config'])}</td>"
+                 f"<td>{esc(b['point'])}</td>" + cell(b[MEASURE], MEASURE)
+                 + cell(b[studies.X], studies.X, 1) + f"<td>{esc(b['verdict'])}</td>"
+                 for b in bands.to_dict("records")]
+        body.append(table(["interactivity", "best configuration", "at point",
+                           "tok/s/GPU (all)", "tok/s/user", "verdict there"], brows, "bands"))
+
+    body.append("<h2>P:D recommendation</h2>")
+    best = max(((lab, rd, (s.get("headline") or {}).get(MEASURE) or -1) for lab, rd, s, *_
+                in data), key=lambda t: t[2], default=None)
+    if best is None:
+        body.append('<p class="note">No configuration.</p>')
+    else:
+        rec, why = studies.recommendation(best[1].path)
+        if rec is None:
+            body.append(f'<p class="note">Not available: {esc(why)}.</p>')
+        else:
+            body.append(
+                f"<p>From the run of <b>{esc(best[0])}</b>: <b>{esc(rec.get('prefill_endpoints'))}"
+                f" prefill : {esc(rec.get('decode_endpoints'))} decode endpoints</b>"
+                + (f" (ratio {esc(rec.get('ratio'))})" if rec.get("ratio") is not None else "")
+                + (f", up to concurrency {esc(rec.get('top_concurrency'))}"
+                   if rec.get("top_concurrency") is not None else "") + ".</p>"
+                + "<ul>" + "".join(f"<li>{esc(e)}</li>" for e in rec.get("evidence") or [])
+                + "</ul>"
+                + (f"<p>Next run: <code>{esc(rec.get('next_command'))}</code></p>"
+                   if rec.get("next_command") else ""))
+
+    body.append("<h2>Each configuration</h2>")
+    for label, rd, s, source, vmap, why, _color in data:
+        body.append(f"<details open><summary>{esc(label)} — {esc(rd.run_id)} "
+                    f"({esc(s.get('verdict'))})</summary>"
+                    + identity(rd, s, source) + headline(s) + verdict_block(s)
+                    + summary_table(s, vmap) + "<h3>Bottleneck per sweep point</h3>"
+                    + bottlenecks(vmap, why) + "</details>")
+    return page(f"Study {study.name}", "".join(body))
+
+
+def write_report(path: Path) -> Path:
+    """Write `<run>/report.html` or `<study>/report.html`; returns its path."""
+    path = Path(path)
+    if listing.is_study(path):
+        text = render_study(path)
+    elif RunDir(path).exists():
+        text = render_run(path)
+    else:
+        raise FileNotFoundError(f"{path} is neither a run directory (plan.json, run.json) "
+                                "nor a study (study.json)")
+    from launcher.run.rundir import write_atomic
+
+    out = path / REPORT
+    write_atomic(out, text)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        prog="python -m launcher report",
+        description="Write one self-contained HTML report of a run or a study "
+                    "(<dir>/report.html): identity, summary table, Pareto chart, verdicts.")
+    ap.add_argument("path", type=Path, help="a run directory or a study directory")
+    a = ap.parse_args(argv)
+    try:
+        out = write_report(a.path)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

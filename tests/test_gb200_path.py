@@ -1,0 +1,173 @@
+"""What would break in the first seconds of a real GB200 job, on the dev cluster that
+imitates it: the job builds its own compute environment (the submitter's virtualenv is not
+there), engines and clients run in a sandbox that sees only the image and the declared
+mounts, a node whose name resolves to loopback is refused, and a time limit mid-sweep ends
+with teardown done. The dev cluster must be up (`bash slurm/devcluster/up.sh`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import leftovers
+
+from launcher.run import rundir
+
+pytestmark = pytest.mark.slurm
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = "devcluster-sim"
+SERVE_ONLY = ["--set", "benchmark.enabled=false", "--set", "accuracy.enabled=false"]
+
+
+def submit(tmp_path: Path, *args: str, python: str = sys.executable, env: dict | None = None,
+           wait: bool = True) -> tuple[int, str, Path]:
+    p = subprocess.run(
+        [python, "-m", "launcher", "submit", RECIPE, *args, "--runs-dir", str(tmp_path / "runs"),
+         *(["--wait"] if wait else [])],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env or dict(os.environ),
+    )  # fmt: skip
+    runs = [r.parent for r in (tmp_path / "runs").glob("*/plan.json")]
+    return p.returncode, p.stdout + p.stderr, runs[0] if runs else None
+
+
+def profile(tmp_path: Path, **changes) -> str:
+    """A copy of the devcluster profile with some settings changed (YAML text edits)."""
+    text = (REPO / "launcher" / "clusters" / "devcluster.yaml").read_text()
+    for old, new in changes.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    path = tmp_path / "profile.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def wait_end(run: Path, timeout: float = 240) -> rundir.RunStatus:
+    from launcher.control import runs
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = runs.reconcile(rundir.RunDir(run))
+        if st.final:
+            return st
+        time.sleep(1)
+    raise AssertionError(f"{run} did not end in {timeout} s")
+
+
+def test_the_job_runs_without_the_submitters_virtualenv(tmp_path):
+    """Submit from a virtualenv that is gone before the job starts (a login-node venv the
+    aarch64 trays cannot run): the job builds and uses its own environment."""
+    venv = tmp_path / "login-venv"
+    venv.symlink_to(REPO / ".venv")
+    env = dict(os.environ, VIRTUAL_ENV=str(venv), PATH=f"{venv}/bin:{os.environ['PATH']}")
+    code, out, run = submit(
+        tmp_path, *SERVE_ONLY, "--set", "slurm.directives.hold=true",
+        python=str(venv / "bin" / "python"), env=env, wait=False,
+    )  # fmt: skip
+    assert code == 0, out
+    job = rundir.RunDir(run).read_submission().slurm_job_id
+    venv.unlink()  # the submitter's environment is unreachable from here on
+    subprocess.run(["scontrol", "release", job], check=True, capture_output=True)
+    st = wait_end(run)
+    assert st.state == "succeeded", st.error
+    for f in ("job.sbatch", "commands.sh", "plan.json"):
+        assert str(venv) not in (run / f).read_text(), f
+    assert "bash /var/tmp/pd-devcluster/env/" in (run / "job.sbatch").read_text()
+    assert leftovers(run) == []
+
+
+def test_clients_write_their_results_through_the_sandbox_mount(tmp_path):
+    code, out, run = submit(tmp_path)
+    assert code == 0, out
+    plan = json.loads((run / "plan.json").read_text())
+    boxed = {p["name"] for p in plan["processes"] if p["container"]}
+    assert {"bench-c8", "bench-c32", "accuracy"} <= boxed
+    assert any(p["name"].startswith("decode-0@") for p in plan["processes"] if p["container"])
+    assert all("bwrap" in line for line in (run / "commands.sh").read_text().splitlines()
+               if line.startswith("srun") and ("bench-c" in line or "--job-name=accuracy" in line))
+    assert (run / "bench" / "c00008.json").is_file() and (run / "bench" / "c00032.json").is_file()
+    acc = json.loads((run / "accuracy" / "gsm8k.json").read_text())
+    assert acc["requests"]["answered"] == acc["num_questions"] == 30
+    assert leftovers(run) == []
+
+
+def test_without_the_run_directory_mount_preflight_names_it(tmp_path):
+    prof = profile(tmp_path, **{'mounts: ["{run_dir}:{run_dir}"]': "mounts: []"})
+    t = time.monotonic()
+    code, out, run = submit(tmp_path, "--set", f"cluster={prof}")
+    assert code != 0
+    st = rundir.RunDir(run).status()
+    assert st.state == "failed" and st.stage == "preflight", st
+    assert "container steps do not see the run directory; add {run_dir}:{run_dir}" in st.error
+    assert not (run / "bench").exists()
+    assert time.monotonic() - t < 120
+    assert leftovers(run) == []
+
+
+def test_a_node_resolving_to_loopback_is_refused_on_a_multi_host_profile(tmp_path):
+    # The dev cluster's nodes really are this host; a profile that says they are not must
+    # refuse 127.0.0.1 as a node's address before anything starts.
+    prof = profile(tmp_path, **{"loopback_ok: true": "loopback_ok: false"})
+    code, out, run = submit(tmp_path, *SERVE_ONLY, "--set", f"cluster={prof}")
+    assert code != 0
+    st = rundir.RunDir(run).status()
+    assert st.stage == "plan" and "resolves its own name to 127.0.0.1 (loopback)" in st.error
+    assert "network.interface" in st.error
+    assert not list((run / "logs").glob("*@*.log"))
+
+
+def test_a_named_interface_gives_the_addresses(tmp_path):
+    prof = profile(tmp_path, **{"loopback_ok: true": "loopback_ok: false\n  interface: lo"})
+    code, out, run = submit(tmp_path, *SERVE_ONLY, "--set", f"cluster={prof}")
+    assert code == 0, out
+    plan = json.loads((run / "plan.json").read_text())
+    assert {n["address"] for n in plan["nodes"]} == {"127.0.0.1"}
+    decode = next(p for p in plan["processes"] if p["name"].startswith("decode-0@"))
+    assert decode["env"]["NCCL_SOCKET_IFNAME"] == "lo"
+
+
+def test_a_time_limit_mid_sweep_ends_with_teardown_and_an_honest_summary(tmp_path):
+    # 3 minutes, told 60 s before: Slurm's signal timer has one-minute granularity, so
+    # USR2 comes 60-120 s in, while the long sweep runs.
+    code, out, run = submit(
+        tmp_path, "--set", "slurm.time_limit=3", "--set", "slurm.signal_lead_s=60",
+        "--set", "benchmark.concurrency=[4,8,16,32]", "--set", "benchmark.prompts_per_point=4000",
+        "--set", "sim.speed=1", "--set", "accuracy.enabled=false",
+    )  # fmt: skip
+    st = rundir.RunDir(run).status()
+    assert st.state == "cancelled", (st, out[-2000:])
+    assert st.error == "stopped: the Slurm time limit is near"
+    assert st.stage == "sweep"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["verdict"] == "cancelled" and summary["state"] == "cancelled"
+    assert any("no result for concurrency" in r for r in summary["verdict_reasons"])
+    events = [e["event"] for e in rundir.RunDir(run).events()]
+    assert "process_stopped" in events and events[-1] == "cancelled"
+    assert leftovers(run) == []
+    out = subprocess.run(["squeue", "-h", "-j", st.slurm_job_id], capture_output=True, text=True)
+    assert not out.stdout.strip()
+
+
+def test_the_wheelhouse_for_aarch64_trays_is_fetched_here(tmp_path):
+    """A GB200 profile's environment from an x86_64 login node: aarch64 wheels of every
+    compute package, vllm-router's binary wheel included."""
+    if shutil.which("uname") and os.uname().machine == "aarch64":
+        pytest.skip("this machine is aarch64: the cross-arch fetch is what is tested")
+    from launcher.control import compute_env
+    from launcher.spec import cluster
+
+    c = cluster.load("gb200-nvl72")
+    c = c.model_copy(update={"compute_env": c.compute_env.model_copy(update={"dir": str(tmp_path)})})
+    rt = compute_env.prepare(c, tmp_path, quiet=True)
+    wheels = [p.name for p in (Path(rt.env) / "wheels").glob("*.whl")]
+    for name in ("vllm_router", "pyarrow", "psutil", "pydantic_core", "aiohttp"):
+        (w,) = [x for x in wheels if x.lower().startswith(name)]
+        assert "aarch64" in w and "cp312" in w or "abi3" in w, w
+    assert compute_env.check_ready(rt) is None
+    script = (Path(rt.env) / "bootstrap.sh").read_text()
+    assert "--no-index" in script and "flock" in script and "aarch64" in script

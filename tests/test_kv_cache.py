@@ -1,0 +1,341 @@
+"""KV-capacity arithmetic against cases worked by hand in docs/kv-capacity.md.
+
+Every expected number here was computed by hand (the doc shows the steps), not by
+calling the module.
+"""
+
+import json
+
+import pytest
+
+from launcher.planning import kv_cache as kv
+
+QWEN35_TEXT = {
+    "hidden_size": 4096,
+    "vocab_size": 248320,
+    "num_hidden_layers": 60,
+    "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 15,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 64,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "mamba_ssm_dtype": "float32",
+    "num_experts": 512,
+    "num_experts_per_tok": 10,
+    "moe_intermediate_size": 1024,
+    "shared_expert_intermediate_size": 1024,
+    "max_position_embeddings": 262144,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+    "mtp_num_hidden_layers": 1,
+}
+QWEN35 = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "text_config": QWEN35_TEXT}
+TINY = {
+    "architectures": ["Qwen3NextForCausalLM"],
+    "hidden_size": 256,
+    "vocab_size": 512,
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 64,
+    "linear_value_head_dim": 64,
+    "linear_conv_kernel_dim": 4,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 128,
+    "shared_expert_intermediate_size": 128,
+    "max_position_embeddings": 2048,
+    "torch_dtype": "bfloat16",
+}
+DENSE = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 2048,
+    "torch_dtype": "bfloat16",
+}
+
+
+def modelopt(kv_algo):
+    return {"producer": {"name": "modelopt"},
+            "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": kv_algo}}  # fmt: skip
+
+
+SEED_WEIGHTS = kv.WeightFacts(dense_params=9_799_293_696, expert_params=386_547_056_640,
+                              expert_format="nvfp4", mtp_params=6_595_568_128)  # fmt: skip
+SEED_FLAGS = {"mamba-ssm-cache-dtype": "bfloat16", "language-model-only": True,
+              "gdn-prefill-backend": "flashinfer"}  # fmt: skip
+DEP8 = kv.Parallelism(tp=1, dp=8, expert_parallel=True)
+SWEEP = kv.Workload(8192, 1024, 0.8)
+MIB64 = 64 * 2**20
+
+
+def seed(kv_algo="FP8", flags=SEED_FLAGS, **kw):
+    model = kv.ModelFacts.from_config(QWEN35, modelopt(kv_algo), weights=SEED_WEIGHTS)
+    engine = kv.EngineArgs.from_flags(flags)
+    return kv.estimate(model, engine, DEP8, kv.Device(184, "gb200"), SWEEP, name="decode-0", **kw)
+
+
+def qwen35_block(tp, kv_dtype, prefix_caching=False, backend="auto", config=QWEN35):
+    model = kv.ModelFacts.from_config(config)
+    engine = kv.EngineArgs(kv_cache_dtype=kv_dtype, enable_prefix_caching=prefix_caching,
+                           gdn_prefill_backend=backend)  # fmt: skip
+    return kv.estimate(model, engine, kv.Parallelism(tp=tp), kv.Device(184), SWEEP)
+
+
+# ----- page unification ---------------------------------------------------------------------
+
+
+def test_page_unification_reproduces_1056_with_qwen35_numbers():
+    # TP=8, fp8 KV, fp32 SSM (config's mamba_ssm_dtype), alignment 16:
+    # GDN page = 1536 ch x 3 x 2 B + 8 x 128 x 128 x 4 B = 9,216 + 524,288 = 533,504 B;
+    # attention = 2 x max(1, 2 // 8) x 256 x 1 B = 512 B/token;
+    # 16 x ceil(533,504 / 8,192) = 16 x ceil(65.125) = 1056.
+    r = qwen35_block(8, "fp8")
+    assert (r.mamba_state_bytes, r.attention_bytes_per_token) == (533_504, 512)
+    assert (r.block_size, r.page_size_bytes) == (1056, 540_672)
+    assert r.mamba_padding_pct == 1.34  # (540,672 - 533,504) / 533,504
+    # TP=4 with bf16 KV: both sides double, same block.
+    r = qwen35_block(4, "auto")
+    assert (r.mamba_state_bytes, r.attention_bytes_per_token, r.block_size) == (
+        1_067_008,
+        1024,
+        1056,
+    )
+    # Align mode without FlashInfer GDN keeps alignment 16 ...
+    assert qwen35_block(8, "fp8", prefix_caching=True, backend="triton").block_size == 1056
+    # ... with it, lcm(16, 64) = 64: 64 x ceil(533,504 / 32,768) = 64 x 17 = 1088.
+    assert qwen35_block(8, "fp8", prefix_caching=True, backend="flashinfer").block_size == 1088
+
+
+def test_wrong_32_value_heads_also_gives_1056_at_tp1_bf16():
+    # 32 heads: 8,192 ch x 3 x 2 B + 32 x 128 x 128 x 4 B = 2,146,304 B over 2,048 B/token
+    # = 1048 -> 16 x 66 = 1056. The real model (64 heads) at TP=1 gives 4176 instead.
+    wrong = {**QWEN35, "text_config": {**QWEN35_TEXT, "linear_num_value_heads": 32}}
+    assert qwen35_block(1, "auto", config=wrong).block_size == 1056
+    r = qwen35_block(1, "fp8")
+    assert (r.mamba_state_bytes, r.block_size) == (4_268_032, 4176)  # 4,168 -> 16 x 261
+
+
+def test_groups_follow_the_layer_ratio():
+    assert kv.kv_cache_groups(15, 45) == (15, 1, 3)  # Qwen3.5-397B: 4 groups of 15
+    assert kv.kv_cache_groups(1, 3) == (1, 1, 3)  # the tiny model
+    assert kv.kv_cache_groups(12, 13) == (13, 1, 1)  # under 1.5x: the larger count
+    assert kv.kv_cache_groups(2, 0) == (2, 1, 0)  # attention only: one group
+
+
+# ----- the seed's decode endpoint (docs section 9) ------------------------------------------
+
+
+def test_seed_decode_endpoint_by_hand():
+    r = seed()
+    assert r.kv_cache_dtype == "fp8_e4m3" and r.ssm_dtype == "bfloat16"
+    assert (r.attention_bytes_per_token, r.mamba_state_bytes) == (1024, 2_170_880)
+    # align mode + FlashInfer GDN: 64 x ceil(2,170,880 / 65,536) = 64 x 34 = 2176.
+    assert (r.mamba_cache_mode, r.block_size, r.page_size_bytes) == ("align", 2176, 2_228_224)
+    assert r.bytes_per_block == 15 * 2_228_224 == 33_423_360
+    assert r.weights_bytes == 19_598_587_392 + 27_179_089_920 == 46_777_677_312
+    assert r.requested_bytes == 181_763_015_967  # ceil(184 GiB x 0.92)
+    assert r.kv_cache_bytes == 181_763_015_967 - 46_777_677_312 - 10 * 2**30
+    assert r.num_gpu_blocks == 3717  # floor(124,247,920,415 / 33,423,360)
+    assert (r.lengths.max_total, r.lengths.mean_total) == (16_590, 9_216)
+    assert r.blocks_per_request_at_max == 8 + 3
+    assert r.blocks_per_request_at_mean == pytest.approx(3 + 1 + 80_354_880 / 21_511_869, abs=1e-4)
+    assert (r.per_rank_at_max_length, r.per_rank_at_mean_length) == (337, 480)
+    assert (r.endpoint_at_max_length, r.endpoint_at_mean_length) == (2696, 3840)
+    # vLLM's line: 3,717 / (ceil(262,144 / 2,176) + 3 GDN groups x 3) = 3,717 / 130.
+    assert r.vllm_log_max_concurrency == 28.59
+    assert r.vllm_log_kv_cache_tokens == 7_495_301
+    assert kv.kv_blocks_per_dp_rank(r) == 3717
+    assert kv.simulator_kv_blocks(r) == (2176, 3716 - 3 * 480)
+
+
+def test_kv_dtype_moves_the_block_not_the_page():
+    fp8, bf16, fp4 = seed("FP8"), seed(None), seed("NVFP4")
+    assert (fp8.attention_bytes_per_token, bf16.attention_bytes_per_token) == (1024, 2048)
+    assert fp4.attention_bytes_per_token == 2 * 2 * (128 + 16)  # fp4 data + fp8 scales
+    assert (fp8.block_size, bf16.block_size, fp4.block_size) == (2176, 1088, 3776)
+    assert fp8.page_size_bytes == bf16.page_size_bytes == 2_228_224
+    assert fp4.page_size_bytes == 3776 * 576 == 2_174_976
+    assert bf16.kv_cache_dtype == "auto" and "bfloat16" in bf16.assumptions[0]
+    assert (bf16.endpoint_at_mean_length, fp4.endpoint_at_mean_length) == (2480, 5128)
+    # --kv-cache-dtype wins over the checkpoint.
+    assert seed("NVFP4", flags={**SEED_FLAGS, "kv-cache-dtype": "fp8"}).block_size == 2176
+
+
+def test_without_bf16_ssm_flag_qwen35_keeps_fp32_state():
+    flags = {k: v for k, v in SEED_FLAGS.items() if k != "mamba-ssm-cache-dtype"}
+    r = seed(flags=flags)
+    assert r.ssm_dtype == "float32" and r.mamba_state_bytes == 4_268_032
+    assert r.block_size == 64 * 66 == 4224
+    assert r.num_gpu_blocks == 124_247_920_415 // (15 * 4224 * 1024) == 1915
+    # Qwen3-Next has no such hook: auto is the model dtype.
+    tiny = kv.ModelFacts.from_config(TINY)
+    assert kv.mamba_dtypes(tiny, kv.EngineArgs())[:2] == ("bfloat16", "bfloat16")
+
+
+def test_num_gpu_blocks_override_and_explicit_cache_size():
+    r = seed(flags={**SEED_FLAGS, "num-gpu-blocks-override": 1000})
+    assert r.num_gpu_blocks == 1000 and r.per_rank_at_max_length == 999 // 11 == 90
+    r = seed(flags={**SEED_FLAGS, "kv-cache-memory-bytes": 33_423_360 * 100})
+    assert (r.num_gpu_blocks, r.overhead_bytes) == (100, 0)
+
+
+def test_tp_splits_gdn_heads_and_replicates_kv_heads():
+    r = qwen35_block(4, "auto")
+    assert r.attention_bytes_per_token == 2 * 1 * 256 * 2  # 2 KV heads // 4 -> 1, replicated
+    assert r.mamba_state_bytes == 3072 * 3 * 2 + 16 * 128 * 128 * 4
+    with pytest.raises(ValueError):
+        qwen35_block(3, "auto")  # 64 value heads do not divide by 3 (vLLM asserts)
+
+
+def test_weights_per_gpu():
+    # Qwen3.5-397B counted from its architecture (docs section 7).
+    w = kv.count_qwen3_next_params(QWEN35_TEXT, "nvfp4")
+    assert (w.dense_params, w.expert_params) == (9_799_293_696, 386_547_056_640)
+    lean = kv.EngineArgs(language_model_only=True)
+    assert kv.weight_bytes_per_gpu(w, DEP8, "bfloat16", lean) == 46_777_677_312
+    # MTP loads only with speculative decoding; the vision tower unless language-model-only.
+    spec = kv.EngineArgs(language_model_only=True, num_speculative_tokens=1)
+    assert kv.weight_bytes_per_gpu(w, DEP8, "bfloat16", spec) == 46_777_677_312 + 2 * w.mtp_params
+    seen = kv.WeightFacts(0, 0, vision_params=1000)
+    assert kv.weight_bytes_per_gpu(seen, DEP8, "bfloat16", kv.EngineArgs()) == 2000
+    assert kv.weight_bytes_per_gpu(seen, DEP8, "bfloat16", lean) == 0
+    # Without expert parallelism the experts split over TP only.
+    assert kv.Parallelism(tp=2, dp=4).ep == 2 and kv.Parallelism(2, 4, True).ep == 8
+
+
+# ----- the tiny CI models (docs section 10) -------------------------------------------------
+
+
+def tiny(device, model=TINY, weights=None, **engine):
+    facts = kv.ModelFacts.from_config(model, weights=weights)
+    flags = {"mamba_ssm_cache_dtype": "bfloat16", "kv_cache_memory_bytes": MIB64, **engine}
+    return kv.estimate(facts, kv.EngineArgs(**flags), kv.Parallelism(), device,
+                       kv.Workload(128, 16))  # fmt: skip
+
+
+def test_tiny_hybrid_on_gpu_and_cpu():
+    gpu, cpu = tiny(kv.Device(80, "h100")), tiny(kv.Device(24, "cpu"))
+    for r in (gpu, cpu):
+        assert (r.attention_bytes_per_token, r.mamba_state_bytes) == (512, 3072 + 32_768)
+        assert (r.layers_per_group, r.attention_groups, r.mamba_groups) == (1, 1, 3)
+    assert (gpu.block_size, gpu.page_size_bytes, gpu.mamba_padding_pct) == (80, 40_960, 14.29)
+    assert (cpu.block_size, cpu.page_size_bytes, cpu.mamba_padding_pct) == (128, 65_536, 82.86)
+    assert (gpu.num_gpu_blocks, cpu.num_gpu_blocks) == (1638, 1024)
+    assert gpu.blocks_per_request_at_max == cpu.blocks_per_request_at_max == 2 + 3
+    assert (gpu.per_rank_at_max_length, cpu.per_rank_at_max_length) == (327, 204)
+    # align mode, no FlashInfer GDN (key dim 64): 2 blocks per GDN group in vLLM's line.
+    assert (gpu.vllm_log_max_concurrency, cpu.vllm_log_max_concurrency) == (51.19, 46.55)
+
+
+def test_tiny_parameter_count():
+    w = kv.count_qwen3_next_params(TINY)
+    assert (w.dense_params, w.expert_params) == (1_728_088, 3_145_728)
+
+
+def test_dense_model_uses_the_backend_block():
+    r = tiny(kv.Device(80, "h100"), model=DENSE)
+    assert (r.block_size, r.bytes_per_block, r.mamba_groups) == (16, 2 * 16 * 512, 0)
+    assert r.num_gpu_blocks == 4096 and r.blocks_per_request_at_max == 9
+    assert r.per_rank_at_max_length == 4095 // 9 == 455
+    assert r.vllm_log_max_concurrency == 32.0  # 4096 / (2048 / 16)
+    assert tiny(kv.Device(80, "h100"), model=DENSE, block_size=32).block_size == 32
+
+
+# ----- the random dataset (docs section 8) --------------------------------------------------
+
+
+def test_random_dataset_lengths():
+    seed_lengths = kv.random_dataset_lengths(SWEEP)
+    assert seed_lengths == kv.Lengths(1638, 14746, 204, 1844)
+    # 10/4 at r=0.5: inputs 5..15, outputs 2..6; T = 7..21. With blocks of 8:
+    # E[ceil(T/8)] = 1 + P(T>8) + P(T>16) = 1 + 52/55 + 15/55 = 122/55.
+    small = kv.random_dataset_lengths(kv.Workload(10, 4, 0.5))
+    assert small == kv.Lengths(5, 15, 2, 6)
+    assert small.expected_blocks(8) == pytest.approx(122 / 55)
+    assert (small.mean_total, small.max_total) == (14.0, 21)
+    # Per-side ratios, special tokens and a prefix.
+    mixed = kv.Workload(100, 10, {"input": 0.5, "output": 0.0}, num_special_tokens=1, prefix_len=7)
+    assert kv.random_dataset_lengths(mixed) == kv.Lengths(7 + 49, 7 + 149, 10, 10)
+    assert kv.random_dataset_lengths(kv.Workload(10, 1, 0.9)).output_low == 1
+    with pytest.raises(ValueError):
+        kv.random_dataset_lengths(kv.Workload(10, 4, 1.0))
+
+
+# ----- reading a checkpoint -----------------------------------------------------------------
+
+
+def test_kv_dtype_from_modelopt_configs():
+    assert kv.kv_dtype_from_quant_config(modelopt("FP8"))[0] == "fp8_e4m3"
+    assert kv.kv_dtype_from_quant_config(modelopt("NVFP4"))[0] == "nvfp4"
+    assert kv.kv_dtype_from_quant_config(modelopt(None)) == (None, "")
+    assert kv.kv_dtype_from_quant_config(modelopt("INT4"))[0] == "auto"
+    scheme = {"quant_method": "modelopt", "kv_cache_scheme": {"dynamic": False, "num_bits": 8,
+                                                              "type": "float"}}  # fmt: skip
+    assert kv.kv_dtype_from_quant_config(scheme)[0] == "fp8_e4m3"
+    # Not ModelOpt: vLLM does not read the KV scheme on this path.
+    other = {"quant_method": "compressed-tensors", "kv_cache_scheme": {"num_bits": 8}}
+    assert kv.kv_dtype_from_quant_config(other) == (None, "")
+
+
+def test_read_checkpoint(tmp_path):
+    assert kv.read_checkpoint(tmp_path) is None
+    (tmp_path / "config.json").write_text(json.dumps(QWEN35))
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps(modelopt("FP8")))
+    facts = kv.read_checkpoint(tmp_path)
+    assert (facts.full_attention_layers, facts.linear_attention_layers) == (15, 45)
+    assert (facts.linear_num_value_heads, facts.mamba_ssm_dtype) == (64, "float32")
+    assert facts.kv_cache_quant_algo == "fp8_e4m3"
+    assert facts.sources["kv_cache_quant_algo"].startswith(f"{tmp_path}/hf_quant_config.json")
+    assert facts.sources["linear_num_value_heads"].endswith("text_config.linear_num_value_heads")
+    assert facts.weights.dense_params == 9_799_293_696
+    assert facts.weights.expert_format == "nvfp4"
+    # config.json's quantization_config wins over hf_quant_config.json.
+    (tmp_path / "config.json").write_text(
+        json.dumps({**QWEN35, "quantization_config": modelopt(None)})
+    )
+    assert kv.read_checkpoint(tmp_path).kv_cache_quant_algo is None
+
+
+def test_full_attention_interval_and_recipe_facts():
+    no_list = {**QWEN35_TEXT, "layer_types": None, "full_attention_interval": 4}
+    facts = kv.ModelFacts.from_config(no_list)
+    assert (facts.full_attention_layers, facts.linear_attention_layers) == (15, 45)
+    recipe = {"total_params_b": 397, "dense_params_b": 10, "weight_bits": 4.5,
+              "full_attention_layers": 15, "num_kv_heads": 2, "head_dim": 256, "gdn_layers": 45,
+              "gdn_key_heads": 16, "gdn_value_heads": 64, "gdn_key_head_dim": 128,
+              "gdn_value_head_dim": 128, "conv_kernel": 4, "ssm_state_dtype": "float32"}  # fmt: skip
+    facts = kv.ModelFacts.from_recipe(recipe)
+    assert facts.weights.expert_params == 387_000_000_000
+    assert facts.weights.expert_format == "nvfp4" and facts.sources["head_dim"] == "recipe"
+    engine = kv.EngineArgs.from_flags(SEED_FLAGS)
+    r = kv.estimate(facts, engine, DEP8, kv.Device(184), SWEEP)
+    assert r.block_size == 1088 and r.mamba_state_bytes == 2_170_880  # no KV algo: bf16
+    facts = kv.ModelFacts.from_recipe({**recipe, "kv_cache_quant_algo": "FP8"})
+    assert kv.estimate(facts, engine, DEP8, kv.Device(184), SWEEP).block_size == 2176
+
+
+def test_unmodelled_layers_are_refused():
+    swa = {**DENSE, "layer_types": ["sliding_attention", "full_attention"]}
+    with pytest.raises(ValueError):
+        kv.estimate(kv.ModelFacts.from_config(swa), kv.EngineArgs(), kv.Parallelism(),
+                    kv.Device(80), kv.Workload(10, 1))  # fmt: skip
+
+
+def test_describe_is_two_lines_with_the_assumptions():
+    text = seed().describe()
+    first, second = text.splitlines()
+    assert "3,840" in first and "2,696" in first and "2176 tokens" in first
+    assert "fp8_e4m3" in second and "10.0 GiB" in second and "28.59x" in second
+    assert seed().to_json()["endpoint_at_mean_length"] == 3840

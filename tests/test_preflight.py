@@ -1,0 +1,175 @@
+"""Preflight and health on the local profile: mistakes fail in seconds with one sentence,
+before any model would load; the P->D path is proven before the sweep."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from pathlib import Path
+
+from helpers import launcher, leftovers
+
+from launcher.control import preflight
+from launcher.planning import plan, render
+from launcher.run import rundir
+from launcher.spec import cluster, recipe
+
+RECIPE = "local-sim"
+
+
+def the_run(tmp_path) -> Path:
+    (run,) = [p.parent for p in (tmp_path / "runs").glob("*/plan.json")]
+    return run
+
+
+def test_a_flag_value_vllm_rejects_fails_in_preflight_in_seconds(tmp_path):
+    t = time.monotonic()
+    code, out = launcher(tmp_path, "submit", RECIPE, "--set", "vllm_args.gdn-prefill-backend=auto")
+    took = time.monotonic() - t
+    assert code == 1, out
+    run = the_run(tmp_path)
+    st = rundir.RunDir(run).status()
+    assert st.state == "failed" and st.stage == "preflight"
+    # vLLM's own words, for the process that carries the flag
+    assert "decode-0@local-1: the engine rejects its command line" in st.error
+    assert "invalid choice: 'auto' (choose from 'flashinfer', 'triton'" in st.error
+    assert not list((run / "logs").glob("*@*.log")), "an engine started"
+    assert took < 30, f"{took:.0f} s to refuse a bad flag"
+    code, status = launcher(tmp_path, "status", str(run))
+    assert "invalid choice: 'auto'" in status and "decode-0@local-1" in status
+
+
+def test_an_unknown_flag_is_refused_by_the_engines_parser(tmp_path):
+    code, out = launcher(tmp_path, "submit", RECIPE, "--set", "vllm_args.no-such-flag=1")
+    assert code == 1
+    err = rundir.RunDir(the_run(tmp_path)).status().error
+    assert "unrecognized arguments: --no-such-flag 1" in err
+
+
+def test_a_broken_pd_path_fails_before_the_sweep(tmp_path):
+    # A prefill whose KV cannot be read by any decode: /health and warm-up would pass.
+    code, out = launcher(tmp_path, "submit", RECIPE, "--set", "prefill.env.SIM_KV_FAIL_FRACTION=1")
+    assert code == 1, out
+    run = the_run(tmp_path)
+    st = rundir.RunDir(run).status()
+    assert st.state == "failed" and st.stage == "router", st
+    assert st.error.startswith("the P->D path is broken: a request through prefill-0")
+    assert st.record.culprit == "prefill-0"
+    assert not list((run / "bench").glob("c*.json")), "the sweep ran"
+    events = [e["event"] for e in rundir.RunDir(run).events()]
+    assert "pd_path" in events and "serving" not in events
+    assert leftovers(run) == []
+
+
+def test_the_pd_path_check_counts_transfers_when_it_works(tmp_path):
+    code, out = launcher(
+        tmp_path, "submit", RECIPE, "--set", "benchmark.enabled=false",
+        "--set", "accuracy.enabled=false",
+    )  # fmt: skip
+    assert code == 0, out
+    (ev,) = [e for e in rundir.RunDir(the_run(tmp_path)).events() if e["event"] == "pd_path"]
+    assert [(c["prefill"], c["ok"]) for c in ev["checks"]] == [
+        ("prefill-0", True), ("prefill-1", True)
+    ]
+    assert all("KV transfer" in c["detail"] for c in ev["checks"])
+
+
+def test_preflight_facts_are_written_per_node_and_place(tmp_path):
+    code, out = launcher(
+        tmp_path, "submit", RECIPE, "--set", "benchmark.enabled=false",
+        "--set", "accuracy.enabled=false",
+    )  # fmt: skip
+    assert code == 0, out
+    run = the_run(tmp_path)
+    for node in ("local-1", "local-2", "local-3"):
+        host = json.loads((run / "preflight" / f"{node}.host.json").read_text())
+        assert host["node"] == node and host["nofile"]["hard"] > 0
+        inside = json.loads((run / "preflight" / f"{node}.container.json").read_text())
+        assert inside["engine_version"] == "simulator"
+        assert all(c["ok"] for c in inside["argv_checks"]) and inside["argv_checks"]
+
+
+# --- pure checks --------------------------------------------------------------------------
+
+
+def _plan(profile: str = "gb200-nvl72", **network):
+    c = cluster.load(profile)
+    c = c.model_copy(update={"network": c.network.model_copy(update=network)})
+    return plan.make_plan(recipe.load("qwen3.5-397b-gb200-disagg"), c, [f"n{i}" for i in range(4)])
+
+
+def _facts(**over):
+    return {n: {"node": n, "resolved": "10.0.0.1", "interface_address": None, **over}
+            for n in ("n0", "n1", "n2", "n3")}
+
+
+def test_a_node_that_resolves_to_loopback_is_refused_with_one_sentence():
+    try:
+        preflight.addresses(_plan(), _facts(resolved="127.0.1.1"))
+    except preflight.PreflightFailed as e:
+        assert e.problems[0] == (
+            "n0 resolves its own name to 127.0.1.1 (loopback), which other nodes cannot reach: "
+            "set the profile's network.interface (e.g. ib0) or fix /etc/hosts on the nodes"
+        )
+        assert len(e.problems) == 4
+    else:
+        raise AssertionError("loopback accepted")
+
+
+def test_the_named_interface_gives_the_address_and_pins_every_library():
+    p = _plan(interface="ib0")
+    addrs = preflight.addresses(p, _facts(resolved="127.0.1.1", interface_address="10.1.2.3"))
+    assert set(addrs.values()) == {"10.1.2.3"}
+    p = plan.make_plan(p.recipe, p.cluster, list(p.nodes), addrs)
+    env = render.engine_processes(p, p.endpoints[0], "/r")[0].env
+    assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "ib0"
+    assert env["UCX_NET_DEVICES"] == "ib0" and env["VLLM_HOST_IP"] == "10.1.2.3"
+    try:
+        preflight.addresses(p, _facts(interface_address=None))
+    except preflight.PreflightFailed as e:
+        assert "n0 has no IPv4 address on interface ib0" in e.problems[0]
+    else:
+        raise AssertionError("a missing interface address was accepted")
+
+
+def test_host_checks_name_node_and_fix():
+    p = _plan()
+    facts = _facts(gpus={"count": 2, "source": "nvidia-smi -L"}, imex_channel=False,
+                   arch="x86_64", nofile={"soft": 1024, "hard": 4096})  # fmt: skip
+    problems = preflight.judge_host(p, facts, 65536)
+    assert any(x.startswith("n0 shows 2 GPUs (nvidia-smi -L) but the plan needs 4") for x in problems)
+    assert any(x.startswith("n0 has no IMEX channel") for x in problems)
+    assert any(x == "n0 is x86_64 but the profile's arch is aarch64" for x in problems)
+    assert any(x.startswith("n0 allows 4096 open files but the router and clients need 65536")
+               for x in problems)
+
+
+def test_colocated_engines_get_their_own_vllm_port_range():
+    p = _plan()
+    procs = [x for x in render.processes(p, "/r") if x.kind == "engine"]
+    by_node: dict[str, list[int]] = {}
+    for x in procs:
+        by_node.setdefault(x.node, []).append(int(x.env["VLLM_PORT"]))
+    shared = [ports for ports in by_node.values() if len(ports) > 1]
+    assert shared, "the seed puts two prefill endpoints on one node"
+    for ports in shared:
+        ports.sort()
+        assert all(b - a >= plan.VLLM_PORT_SPAN for a, b in zip(ports, ports[1:], strict=False))
+    every = [int(x.env["VLLM_PORT"]) for x in procs]
+    assert len(set(every)) == len(every)
+
+
+def test_gres_sites_ask_for_gres_on_the_job_and_every_gpu_step():
+    c = cluster.load("gb200-nvl72").model_copy(update={"gpu_directive": "gres", "gres_type": "gb200"})
+    p = plan.make_plan(recipe.load("qwen3.5-397b-gb200-disagg"), c, [f"n{i}" for i in range(4)])
+    sbatch = render.sbatch_text(p, 4, "/r/slurm")
+    assert "#SBATCH --gres=gpu:gb200:4" in sbatch and "gpus-per-node" not in sbatch
+    text = render.commands_sh(p, "/r")
+    assert "--gpus-per-node" not in text and text.count("--gres=gpu:gb200:4") >= 9
+
+
+def test_every_srun_line_names_its_job():
+    text = render.commands_sh(_plan(), "/r")
+    lines = [x for x in text.splitlines() if x.startswith("srun ")]
+    assert lines and all(shlex.split(x)[1].startswith("--jobid=") for x in lines)

@@ -1,0 +1,213 @@
+"""`python -m launcher report`: one self-contained HTML file of a run or a study, with the
+same numbers as summary.json, the Pareto chart as inline SVG, verdicts and the run's
+identity; it opens in Chromium from disk with no server and no network."""
+
+from __future__ import annotations
+
+import html.parser
+import json
+import os
+from pathlib import Path
+
+import pytest
+import synth
+
+from launcher import report
+from launcher.run import figures, listing
+from launcher.run.rundir import RunDir
+
+SUMMARY_KEYS = ("total_tokens_per_s_per_gpu", "output_tokens_per_s_per_decode_gpu",
+                "input_tokens_per_s_per_prefill_gpu", "tokens_per_s_per_user",
+                "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p90_ms",
+                "tpot_p99_ms", "request_throughput")
+
+
+class Cells(html.parser.HTMLParser):
+    """Rows of the per-point summary tables: [{key: (data-value, text)}], plus tags seen."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: list[list[dict]] = []
+        self.tags: set[str] = set()
+        self.attrs_seen: list[dict] = []
+        self._in_summary = False
+        self._cell: dict | None = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tags.add(tag)
+        self.attrs_seen.append(a)
+        if tag == "table" and "summary" in (a.get("class") or ""):
+            self._in_summary = True
+            self.tables.append([])
+        elif self._in_summary and tag == "tr":
+            self.tables[-1].append({})
+        elif self._in_summary and tag == "td" and "data-key" in a:
+            self._cell = {"key": a["data-key"], "value": a.get("data-value"), "text": ""}
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell["text"] += data
+
+    def handle_endtag(self, tag):
+        if tag == "td" and self._cell is not None:
+            self.tables[-1][-1][self._cell["key"]] = (self._cell["value"], self._cell["text"])
+            self._cell = None
+        elif tag == "table":
+            self._in_summary = False
+
+
+def parse(path: Path) -> Cells:
+    c = Cells()
+    c.feed(path.read_text(encoding="utf-8"))
+    return c
+
+
+def check_numbers(rows: list[dict], points: list[dict]) -> None:
+    rows = [r for r in rows if r]
+    assert [int(r["max_concurrency"][0]) for r in rows] == [p["max_concurrency"]
+                                                             for p in points]
+    for r, p in zip(rows, points, strict=True):
+        for k in SUMMARY_KEYS:
+            if k in r:
+                if p[k] is None:
+                    assert r[k] == (None, "–")
+                else:
+                    assert float(r[k][0]) == p[k], (k, r[k], p[k])  # the exact value
+                    digits = 1 if k in ("tokens_per_s_per_user",) or k.startswith("tpot") \
+                        else 2 if k == "request_throughput" else 0
+                    assert r[k][1] == f"{p[k]:,.{digits}f}"
+
+
+def self_contained(c: Cells, text: str) -> None:
+    assert "script" not in c.tags and "link" not in c.tags and "img" not in c.tags
+    assert "iframe" not in c.tags
+    assert not any(k in a for a in c.attrs_seen for k in ("src", "href"))
+    assert "svg" in c.tags and "<polyline" in text
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("report")
+    synth.healthy(root)
+    synth.failed(root)
+    synth.study(root)
+    return root
+
+
+def test_run_report(root):
+    run = next(p for p in root.iterdir() if p.name.endswith("-healthy"))
+    out = report.write_report(run)
+    assert out == RunDir(run).report and out.is_file()
+    text = out.read_text()
+    c = parse(out)
+    self_contained(c, text)
+    s = figures.summary(run)  # no summary.json in a synthetic run: computed the same way
+    check_numbers(c.tables[0], s["points"])
+    assert "SIMULATION" in text and run.name in text and "synthetic-healthy" in text
+    assert "1 decode DEP4 + 2 prefill DEP2 (8 GPUs)" in text
+    assert "Bottleneck per sweep point" in text and "healthy" in text
+    assert 'data-key="verdict">incomplete' in text or 'data-key="verdict">passed' in text
+
+
+def test_failed_run_report_says_so(root):
+    run = next(p for p in root.iterdir() if p.name.endswith("-failed"))
+    text = report.write_report(run).read_text()
+    assert "FAILED" in text and "illegal memory access" in text
+    assert 'data-key="verdict">failed' in text
+
+
+def test_study_report(root):
+    (study,) = [e for e in listing.entries(root) if isinstance(e, listing.Study)]
+    out = report.write_report(study.path)
+    assert out == study.path / "report.html"
+    text = out.read_text()
+    c = parse(out)
+    self_contained(c, text)
+    for r in study.runs:
+        assert r.run_id in text
+    assert text.count('class="curve"') == 3  # one curve per configuration
+    assert "Best configuration per interactivity band" in text and "≥ " in text
+    assert "P:D recommendation" in text
+    for k, r in enumerate(sorted(study.runs, key=lambda r: r.run_id)):
+        check_numbers(c.tables[k], figures.summary(r.path)["points"])
+
+
+def test_cli_main(root, capsys, tmp_path):
+    run = next(p for p in root.iterdir() if p.name.endswith("-healthy"))
+    assert report.main([str(run)]) == 0
+    assert capsys.readouterr().out.strip() == str(run / "report.html")
+    assert report.main([str(tmp_path)]) == 2
+    assert "neither a run directory" in capsys.readouterr().err
+
+
+def test_launcher_import_stays_light():
+    import subprocess
+    import sys
+
+    code = ("import sys, launcher.report; heavy = [m for m in ('pandas', 'streamlit', "
+            "'altair', 'numpy') if m in sys.modules]; print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[]"
+
+
+def test_dashboard_writes_and_offers_the_report(root, monkeypatch):
+    pytest.importorskip("streamlit")
+    from streamlit.testing.v1 import AppTest
+
+    from dashboard import ui
+
+    run = next(p for p in root.iterdir() if p.name.endswith("-failed"))
+    (run / "report.html").unlink(missing_ok=True)
+    monkeypatch.setenv(ui.RUNS_ENV, str(root))
+    app = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
+    at = AppTest.from_file(app, default_timeout=180)
+    at.query_params["run"] = run.name
+    at.run()
+    at.switch_page("app_pages/overview.py").run()
+    assert not at.exception
+    at.button(key="write_report_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert (run / "report.html").is_file()
+    assert at.get("download_button")
+
+
+# --- in a real browser -----------------------------------------------------------------
+
+
+@pytest.mark.browser
+def test_demo_report_opens_offline_in_chromium(tmp_path_factory):
+    if not os.path.exists(synth.CHROMIUM):
+        pytest.fail("needs Debian's chromium: run `bash tests/browser/setup.sh` (as root)")
+    from playwright.sync_api import sync_playwright
+
+    demo = synth.local_demo(tmp_path_factory.getbasetemp() / "local-demo")
+    summary = json.loads((demo / "summary.json").read_text())
+    out = report.write_report(demo)
+    shots = synth.screenshot_dir(tmp_path_factory.getbasetemp())
+    requests = []
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=synth.CHROMIUM, args=synth.CHROMIUM_ARGS)
+        try:
+            ctx = b.new_context(offline=True, viewport={"width": 1280, "height": 900})
+            page = ctx.new_page()
+            page.on("request", lambda r: requests.append(r.url))
+            page.goto(out.as_uri(), wait_until="load", timeout=30_000)
+            cells = page.evaluate("""() => [...document.querySelectorAll(
+                'table.summary tbody tr')].map(tr => Object.fromEntries([...tr.querySelectorAll(
+                'td[data-key]')].map(td => [td.dataset.key, [td.dataset.value ?? null,
+                td.innerText.trim()]])))""")
+            tiles = page.evaluate("""() => Object.fromEntries([...document.querySelectorAll(
+                '.tile .v[data-key]')].map(e => [e.dataset.key, e.dataset.value]))""")
+            svg_points = page.locator("svg.chart circle.pt").count()
+            page.screenshot(path=str(shots / "demo-report.png"), full_page=True)
+            print(f"screenshot: {shots / 'demo-report.png'}")
+        finally:
+            b.close()
+    assert requests == [out.as_uri()]  # the file itself, nothing else
+    check_numbers([{k: tuple(v) for k, v in r.items()} for r in cells], summary["points"])
+    h = summary["headline"]
+    assert float(tiles["headline.total_tokens_per_s_per_gpu"]) == h["total_tokens_per_s_per_gpu"]
+    assert float(tiles["accuracy.accuracy"]) == summary["accuracy"]["accuracy"]
+    assert svg_points >= 2 * len(summary["points"])  # Pareto + TTFT charts drawn
