@@ -26,9 +26,11 @@ import aiohttp
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # test support
+
+from simprocs import sample, scrape, start_sim  # noqa: E402
 
 from launcher.sim.knobs import Knobs  # noqa: E402
-from launcher.sim.procs import sample, scrape, start_sim  # noqa: E402
 
 PROMPT = 64
 THRESHOLD = 1.10

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_telemetry.py [--seconds 30] [--endpoints 4]
 
 1. Parse rate of our /metrics path vs prometheus_client's text parser on a DP-8-sized payload
-   (the decode DP-2 fixture with engine "1" cloned to engines 2..7, as in notes/perf-facts.md).
+   (the decode DP-2 fixture with engine "1" cloned to engines 2..7, as in docs/telemetry-costs.md).
 3. The reader: one node's store after `--reader-minutes` of 4 DP-8 endpoints at 1 Hz (the same
    mutation model, written through the agent's scrape path and compacted): rows and bytes
    stored, and read_samples time for one metric, one histogram family, and everything.
@@ -140,11 +140,18 @@ def bench_agent(text: str, seconds: float, endpoints: int) -> None:
     ports = [int(p) for p in srv.stdout.readline().split()]
     run = tmp / "run"
     (run / "logs").mkdir(parents=True)
-    procs = [{"name": f"decode-{i}@bench", "kind": "engine", "node": "bench", "gpus": [i],
-              "metrics_url": f"http://127.0.0.1:{p}/metrics", "log": f"logs/decode-{i}.log"}
-             for i, p in enumerate(ports)]
-    (run / "plan.json").write_text(json.dumps({"schema_version": 1, "processes": procs,
-                                               "telemetry": {"interval_s": 1.0}}))
+    from launcher.run.plandoc import NodeDoc, PlanDoc, Process
+    from launcher.run.vocab import Kind
+
+    procs = [Process(name=f"decode-{i}@bench", kind=Kind.ENGINE, node="bench", argv=[], env={},
+                     gpus=[i], metrics_url=f"http://127.0.0.1:{p}/metrics",
+                     log=f"logs/decode-{i}.log") for i, p in enumerate(ports)]
+    doc = PlanDoc(run_id="bench", recipe="bench", cluster="local", engine="sim", mode="disagg",
+                  model_path="m", served_name="m", telemetry_interval_s=1.0,
+                  nodes=[NodeDoc("bench", "127.0.0.1", len(ports))], endpoints=[],
+                  processes=procs, router_url="http://127.0.0.1:9",
+                  router_metrics_url="http://127.0.0.1:9/metrics", gpu_count={"total": len(ports)})
+    (run / "plan.json").write_text(json.dumps(doc.to_json()))
     env = {**os.environ, "PYTHONPATH": str(REPO), "PD_PROCESS": "agent@bench",
            "PD_RUN_DIR": str(run)}
     agent = subprocess.Popen([sys.executable, "-m", "launcher.telemetry.agent", "--run-dir",

@@ -2,7 +2,7 @@
 
 Pure: takes the rows of `derive.point_table` (dicts) and returns verdicts. No Streamlit, no
 I/O, so the rules are unit-tested on synthetic runs. The rules follow the decision table
-in notes/anchors-dashboards.md §4; every threshold is in `Thresholds` and printed in the
+in docs/figures.md (TTFT bottleneck decision table); every threshold is in `Thresholds` and printed in the
 evidence so a reader can disagree with it.
 """
 

@@ -91,6 +91,8 @@ class RunInfo:
     study: str | None = None  # the study directory's name, for a run of a --sweep study
     has_plan: bool = True
     progress: dict = field(default_factory=dict)
+    identity: dict = field(default_factory=dict)  # what exactly ran (run.json, preflight)
+    run_notes: list[str] = field(default_factory=list)  # what the orchestrator noted
 
     @property
     def simulated(self) -> bool:
@@ -193,6 +195,8 @@ def run_info(path: Path) -> RunInfo:
         study=study.name if study else None,
         progress=dict(rec.progress) if rec else {},
         has_plan=plan is not None,
+        identity=dict(rec.identity) if rec else {},
+        run_notes=list(rec.notes) if rec else [],
     )
 
 

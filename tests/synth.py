@@ -7,7 +7,7 @@ the way the agent applies it, so readers see what a real run leaves behind.
 
 The numbers come from a small queueing model per sweep point (Little's law for queue
 lengths, histogram sums = count × mean), so engine-side metrics agree with the client
-figures and each bottleneck has the signature of notes/anchors-dashboards.md §4:
+figures and each bottleneck has the signature of docs/figures.md (TTFT bottleneck decision table):
 
     healthy       every TTFT part small, KV < 80 %
     prefill       prefill queue time grows with concurrency, prefill waiting > 0

@@ -15,9 +15,9 @@ import time
 
 import aiohttp
 import pytest
+from simprocs import sample, scrape, start_sim
 
 from launcher.sim.knobs import Knobs
-from launcher.sim.procs import sample, scrape, start_sim
 from launcher.telemetry import statslog
 
 pytestmark = pytest.mark.timeout(90)

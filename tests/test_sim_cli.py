@@ -7,12 +7,12 @@ import subprocess
 import sys
 
 import pytest
+from simprocs import sim_env
 
 from launcher.sim import knobs
 from launcher.sim.argv import VllmArgError
 from launcher.sim.cli import UsageError, parse
 from launcher.sim.engine import Interval
-from launcher.sim.procs import sim_env
 from launcher.sim.statslog import kv_message
 
 KV_P = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_producer"})

@@ -7,8 +7,7 @@ import re
 import time
 
 import pytest
-
-from launcher.sim.procs import free_ports, http_json, kv_config, sample, scrape, start_sim
+from simprocs import free_ports, http_json, kv_config, sample, scrape, start_sim
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,8 +9,8 @@ import aiohttp
 import pytest
 from helpers import FIXTURES
 from prometheus_client.parser import text_string_to_metric_families
+from simprocs import free_ports, http_json, kv_config, sample, scrape, start_sim
 
-from launcher.sim.procs import free_ports, http_json, kv_config, sample, scrape, start_sim
 from launcher.telemetry import statslog
 
 pytestmark = pytest.mark.timeout(60)

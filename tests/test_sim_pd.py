@@ -20,8 +20,7 @@ import aiohttp
 import pytest
 from helpers import FIXTURES
 from prometheus_client.parser import text_string_to_metric_families
-
-from launcher.sim.procs import (
+from simprocs import (
     LOOPBACK,
     SimProc,
     free_ports,
@@ -32,6 +31,7 @@ from launcher.sim.procs import (
     sim_env,
     start_sim,
 )
+
 from launcher.telemetry import statslog
 
 MODEL = "nvidia/Qwen3.5-397B-A17B-NVFP4"

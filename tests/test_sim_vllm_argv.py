@@ -15,11 +15,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from simprocs import free_ports, http_json, kv_config, sim_env, start_sim
 
 from launcher.sim import argv, loading, ucx, vllm_flags
 from launcher.sim.argv import VllmArgError, VllmStartupError
 from launcher.sim.cli import parse
-from launcher.sim.procs import free_ports, http_json, kv_config, sim_env, start_sim
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE_USAGE = "usage: vllm serve [model_tag] [options]\n"

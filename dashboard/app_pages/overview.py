@@ -63,6 +63,7 @@ def body(info) -> None:  # the run as re-read at each live refresh
                     f"mode {plan.mode} · engine {plan.engine}  \n"
                     f"GPUs: prefill {plan.gpus('prefill')}, decode {plan.gpus('decode')}, "
                     f"agg {plan.gpus('agg')}, total {plan.gpus()}")
+        identity_panel(info)
     # the endpoints, full width: URLs and node lists stay readable
     eps = pd.DataFrame([{"endpoint": e.name, "role": str(e.role), "shape": e.shape,
                          "GPUs": e.gpus, "nodes": ", ".join(e.nodes), "url": e.url}
@@ -104,6 +105,35 @@ def events_frame(events: list[dict], info: load.RunInfo) -> pd.DataFrame:
                                           else "—" for t in ts]})
     rest = ev.drop(columns=["ts"]).astype(object).where(ev.drop(columns=["ts"]).notna(), "")
     return pd.concat([front, rest.astype(str)], axis=1)
+
+
+def identity_panel(info) -> None:
+    """What exactly ran (preflight's findings), and the KV transport UCX chose: a silent
+    fall-back to TCP is the first thing to see when transfers are slow."""
+    ident = info.identity
+    if not ident:
+        return
+    bits = []
+    if ident.get("image"):
+        pin = "" if ident.get("image_pinned") else " (tag, not pinned by digest)"
+        bits.append(f"image `{ident['image']}`{pin}")
+    if ident.get("engine_version"):
+        bits.append(f"engine {ident['engine_version']}")
+    if ident.get("model_revision"):
+        bits.append(f"model revision `{ident['model_revision']}`")
+    if ident.get("slurm_job_id"):
+        bits.append(f"Slurm job {ident['slurm_job_id']}")
+    if bits:
+        st.markdown("  \n".join(bits))
+    transport = ident.get("kv_transport") or {}
+    if transport:
+        cfgs = sorted({c for v in transport.values() for c in v})
+        tcp = [c for c in cfgs if c.startswith("tcp/")]
+        text = f"KV transfers over {', '.join(cfgs)} (UCX's own report)"
+        (st.warning if tcp else st.caption)(
+            text + (": TCP, not NVLink/RDMA, check UCX_TLS" if tcp else ""))
+    for note in info.run_notes:
+        st.warning(note)
 
 
 def topology_frame(plan: PlanDoc) -> pd.DataFrame:

@@ -136,12 +136,19 @@ def model_check(plan: dict) -> dict:
         return {"path": path, "ok": True, "how": "the simulator loads no weights"}
     if path.startswith("/"):
         ok = os.path.isfile(os.path.join(path, "config.json")) and os.access(path, os.R_OK)
-        return {"path": path, "ok": ok, "how": "config.json readable in the folder"}
+        # a folder inside an HF cache is named by its snapshot (the revision)
+        parts = Path(path).resolve().parts
+        rev = parts[parts.index("snapshots") + 1] if "snapshots" in parts[:-1] else None
+        return {"path": path, "ok": ok, "how": "config.json readable in the folder",
+                "revision": rev}  # fmt: skip
     hf = os.environ.get("HF_HOME")
     if hf:
-        snap = Path(hf) / "hub" / f"models--{path.replace('/', '--')}" / "snapshots"
+        repo = Path(hf) / "hub" / f"models--{path.replace('/', '--')}"
+        snap = repo / "snapshots"
         ok = any(snap.glob("*/config.json")) if snap.is_dir() else False
-        return {"path": path, "ok": ok, "how": f"a snapshot under {snap}"}
+        ref = repo / "refs" / "main"
+        rev = ref.read_text().strip() if ref.is_file() else None
+        return {"path": path, "ok": ok, "how": f"a snapshot under {snap}", "revision": rev}
     return {"path": path, "ok": None, "how": "a hub id and no HF_HOME: downloaded at start"}
 
 

@@ -44,11 +44,11 @@ from launcher.run import rundir
 from launcher.run.plandoc import Process, read_plan
 from launcher.run.results import point_failure
 from launcher.run.rundir import ProcessRecord, RunRecord, concurrency_of, tail
-from launcher.run.vocab import TEARDOWN_ORDER, Kind, Stage, State
+from launcher.run.vocab import TEARDOWN_ORDER, Kind, Role, Stage, State
 from launcher.spec import cluster as cluster_mod
 from launcher.spec import recipe as recipe_mod
 from launcher.telemetry import promsd
-from launcher.telemetry.statslog import loading_fraction
+from launcher.telemetry.statslog import loading_fraction, ucx_transports
 
 POLL_S = 0.25
 PROGRESS_S = 5.0  # how often loading progress is read from the engines' logs
@@ -241,6 +241,7 @@ class Orchestrator:
         self.cancel_reason: str | None = None
         self.teardown_budget_s: float = 60.0
         self.failed_points: list[str] = []
+        self.dead_agents: set[str] = set()  # named once; the run goes on without them
 
     # --- bookkeeping ---
     def save(self) -> None:
@@ -305,17 +306,15 @@ class Orchestrator:
             if h.proc.kind == Kind.AGENT:
                 # Telemetry is best effort: losing an agent must not lose the benchmark, but
                 # it is said, with its exit status, in status, events and the summary.
-                h.stopped = True
-                self.book.event("agent_died", process=h.proc.name, exit_code=code)
-                self.book.note(
-                    f"{h.proc.name} exited with status {code} at "
-                    f"{time.strftime('%H:%M:%S')}: telemetry of {h.proc.node} stops there "
-                    f"(see {h.proc.log})"
-                )
-                self.record.processes[h.proc.name] = ProcessRecord(
-                    node=h.proc.node, kind=h.proc.kind, pid=h.pid, started=h.started,
-                    exit_code=code, stopped=False, log=h.proc.log,
-                )  # fmt: skip
+                if h.proc.name not in self.dead_agents:
+                    self.dead_agents.add(h.proc.name)
+                    self.book.event("agent_died", process=h.proc.name, exit_code=code)
+                    self.book.note(
+                        f"{h.proc.name} exited with status {code} at "
+                        f"{time.strftime('%H:%M:%S')}: telemetry of {h.proc.node} stops there "
+                        f"(see {h.proc.log})"
+                    )
+                    self._write_processes()
                 continue
             lost = self.node_loss()
             lines = tail(h.log_path, 15)
@@ -424,6 +423,8 @@ class Orchestrator:
         if problems:
             raise RunFailed("preflight: " + "; ".join(problems), culprit=problems[0].split(":")[0])
         took = time.monotonic() - t0
+        self.record.identity = identity(self.plan, facts)
+        self.save()
         self.book.event("preflight_ok", seconds=round(took, 2))
         say(f"preflight passed on {len(self.plan.nodes)} node(s) in {took:.1f} s")
 
@@ -505,6 +506,26 @@ class Orchestrator:
                 culprit=c.prefill,
             )
         say(f"P/D path: {len(checks)} prefill endpoint(s) moved KV to a decode")
+        self.note_transport()
+
+    def note_transport(self) -> None:
+        """The transport UCX picked for the KV reads (decode logs, UCX_PROTO_INFO): a silent
+        fall-back to TCP between racks shows in run.json, status and the dashboard."""
+        seen: dict[str, list[str]] = {}
+        for h in self.handles:
+            if h.proc.kind == Kind.ENGINE and h.proc.role == Role.DECODE:
+                found = ucx_transports("\n".join(tail(h.log_path, 400)))
+                if found:
+                    seen[h.proc.name] = found
+        self.record.identity["kv_transport"] = seen
+        self.save()
+        tcp = sorted(n for n, cfgs in seen.items() if any(c.startswith("tcp/") for c in cfgs))
+        if tcp:
+            self.book.note(
+                f"KV transfers of {', '.join(tcp)} go over TCP (UCX chose "
+                f"{seen[tcp[0]][0]}): NVLink/RDMA is not in use between P and D; check UCX_TLS "
+                f"and the profile's network"
+            )
 
     def run_client(self, proc: Process) -> int:
         """Run a client process (bench, accuracy) to its end while watching the servers."""
@@ -618,6 +639,27 @@ class Orchestrator:
         for h in self.handles:
             self.book.event("process_stopped", process=h.proc.name, exit_code=h.exit_code())
         self._write_processes()
+
+
+def identity(plan: Plan, facts: dict[str, dict | None]) -> dict:
+    """What exactly ran, for anyone comparing two runs: image, engine version as the
+    engine's own environment reports it, model and revision, Slurm job and nodes."""
+    found = [f for f in facts.values() if f]
+    versions = sorted({f.get("engine_version") for f in found if f.get("engine_version")})
+    revisions = sorted({(f.get("model") or {}).get("revision") for f in found} - {None})
+    c = plan.recipe.container
+    return {
+        "image": c.image if c else None,
+        "image_pinned": bool(c and "@sha256:" in c.image),
+        "engine": plan.recipe.engine,
+        "engine_version": versions[0] if len(versions) == 1 else versions,
+        "model": plan.recipe.model.path,
+        "model_revision": revisions[0] if len(revisions) == 1 else (revisions or None),
+        "slurm_job_id": plan.job_id,
+        "nodes": {n: plan.address(n) for n in plan.nodes},
+        "launcher_python": plan.runtime.python,
+        "launcher_source": plan.runtime.src,
+    }
 
 
 def write_window(result_file: Path, ended: float) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from launcher.errors import UserError
 from launcher.run import listing
-from launcher.run.rundir import CancelRecord, Reconciled, RunDir, RunStatus, tail
+from launcher.run.rundir import CancelRecord, Reconciled, RunDir, RunStatus, plain, tail
 from launcher.run.vocab import State
 
 # Slurm job states in which the batch step may still be alive.
@@ -172,7 +172,7 @@ def show_logs(run: RunDir, process: str | None, follow: bool, lines: int) -> int
                 while True:
                     chunk = f.read()
                     if chunk:
-                        sys.stdout.write(chunk.decode("utf-8", "replace"))
+                        sys.stdout.write(plain(chunk.decode("utf-8", "replace")))
                         sys.stdout.flush()
                     else:
                         time.sleep(0.5)

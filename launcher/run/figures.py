@@ -1,7 +1,7 @@
 """Headline figures per sweep point, computed here once; the CLI summary and the dashboard
 both call these functions.
 
-Definitions (anchors-dashboards.md §4; every per-GPU figure names its denominator):
+Definitions (docs/figures.md; every per-GPU figure names its denominator):
 
 - total tokens/s per GPU          = (input + output tokens) / duration / all GPUs (P + D)
 - output tokens/s per decode GPU  = output tokens / duration / decode GPUs   (disagg only)

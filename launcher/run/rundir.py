@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -105,8 +106,18 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
+# Terminal colour codes: vllm-router writes them even into a file, whatever NO_COLOR says.
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
+def plain(text: str) -> str:
+    """A log line as a person reads it: without terminal colour codes."""
+    return ANSI.sub("", text)
+
+
 def tail(path: Path, lines: int = 20, max_bytes: int = 256 * 1024) -> list[str]:
-    """The last lines of a log without reading all of it (logs of long runs are big)."""
+    """The last lines of a log without reading all of it (logs of long runs are big),
+    without colour codes."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -118,7 +129,7 @@ def tail(path: Path, lines: int = 20, max_bytes: int = 256 * 1024) -> list[str]:
     out = data.splitlines()
     if size > max_bytes and out:
         out = out[1:]  # the first one is probably cut
-    return [x.decode("utf-8", "replace") for x in out[-lines:]]
+    return [plain(x.decode("utf-8", "replace")) for x in out[-lines:]]
 
 
 def _pick(cls, d: Any) -> dict:
@@ -171,6 +182,7 @@ class RunRecord:
     accuracy: float | None = None
     accuracy_passed: bool | None = None
     notes: list[str] = field(default_factory=list)  # what bookkeeping could not do
+    identity: dict[str, Any] = field(default_factory=dict)  # what exactly ran (preflight)
 
     @classmethod
     def from_json(cls, d: Any) -> RunRecord:

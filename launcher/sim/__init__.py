@@ -11,7 +11,8 @@ flag table ``vllm_flags``), ``loading`` (vLLM's checkpoint-loading lines), ``ucx
 protocol table with UCX_PROTO_INFO=y), ``engine`` (per-DP-rank scheduler and speed model),
 ``server`` (OpenAI-compatible HTTP API), ``nixl`` (side channel and KV pull), ``dp``
 (multi-node head/headless), ``metrics`` (/metrics), ``statslog`` (periodic log lines),
-``answers`` (GSM8K answer key), ``procs`` (start sims as processes: tests, benchmarks).
+``answers`` (GSM8K answer key). Starting sims as processes for tests and benchmarks is test
+support: tests/simprocs.py.
 Nothing heavy is imported here, so the launcher CLI stays light.
 """
 

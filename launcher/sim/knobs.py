@@ -5,8 +5,9 @@ the matching ``--sim-<name>`` flag (dashes instead of underscores), so the launc
 to add env vars (or flags) for ``engine: sim``; the vLLM argv stays untouched.
 
 Speed-model defaults are GB200-ish for Qwen3.5-397B-A17B-NVFP4 per DP rank (DEP): they
-reproduce the orders of magnitude in ``shared/fixtures`` (~25k prompt tok/s per prefill
-engine, ~30 ms decode steps at ~80 running, ~160 MB and ~30 ms per KV transfer).
+reproduce the orders of magnitude of vLLM 0.33's generated sample logs (docs/vllm-logs.md;
+invented, not measured): ~25k prompt tok/s per prefill engine, ~30 ms decode steps at ~80
+running, ~160 MB and ~30 ms per KV transfer.
 
 Durations of the speed model are divided by ``SIM_SPEED``; fault timings
 (``SIM_CRASH_AFTER_S``, ``SIM_START_DELAY_S``) are wall-clock seconds and are not scaled.

@@ -7,7 +7,7 @@ Probe once, collect what the driver supports, record what it does not, never cra
 - Each call is tried once per GPU at open; a call that raises is recorded in `info["gpus"][i]
   ["unsupported"]` with NVML's reason (e.g. "Not Supported") and never called again.
 - Calls that pass hand-built ctypes structs (GPM, GPU fabric info) can kill the process on a
-  driver/binding mismatch (`notes/perf-facts.md`): they are first tried in a child process
+  driver/binding mismatch (docs/telemetry-costs.md): they are first tried in a child process
   (`python -m launcher.telemetry.gpu --probe-risky`); only what survived there runs here.
 - Slow calls (energy counter ~4 ms, PCIe throughput ~21 ms) run on slower cadences.
 

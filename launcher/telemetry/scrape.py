@@ -1,7 +1,7 @@
 """vLLM /metrics: a fast, vLLM-specific text parser and a concurrent scraper that never stalls.
 
 Why not prometheus_client's parser: on a DP-8 payload it costs ~150 ms per scrape (~15% of a
-core per endpoint at 1 Hz); a line split costs ~3 ms (`notes/perf-facts.md`). vLLM's exposition
+core per endpoint at 1 Hz); a line split costs ~3 ms (docs/telemetry-costs.md). vLLM's exposition
 is regular (one sample per line, `name{labels} value`, labels sorted, no timestamps), so:
 
 - each line is split once at its last space into a *series key* and a value string;
@@ -13,7 +13,7 @@ is regular (one sample per line, `name{labels} value`, labels sorted, no timesta
   `_count`, counters and gauges are taken every scrape: buckets are ~80% of the lines and
   quantiles are read over windows of tens of seconds, while means (`_sum/_count`) keep 1 s.
 
-Rules (contracts.md, vllm-internals §3): `<family>_created` companion gauges are dropped;
+Rules (docs/contracts.md, docs/vllm-metrics.md): `<family>_created` companion gauges are dropped;
 `le` buckets are kept as a label (verbatim, e.g. `"+Inf"`); `engine` leaves the labels and fills
 the row's engine column; pre-0.33 names are mapped to their 0.33 names (`RENAMES`); everything
 else (router `vllm_router_*`, `process_*`, `http_*`) is kept verbatim. The multiprocess form
@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-# old name -> 0.33 name (vllm-internals §3.4); suffixes `_total/_bucket/_sum/_count` follow.
+# old name -> 0.33 name (docs/vllm-metrics.md, "Renames and removals"); suffixes `_total/_bucket/_sum/_count` follow.
 RENAMES: dict[str, str] = {
     "vllm:gpu_cache_usage_perc": "vllm:kv_cache_usage_perc",
     "vllm:gpu_prefix_cache_queries": "vllm:prefix_cache_queries",

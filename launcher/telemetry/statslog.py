@@ -1,7 +1,7 @@
 """vLLM's periodic stats log lines: a parser (public: the simulator's tests reuse it) and a
 tail that survives rotation, truncation and partial lines.
 
-Formats (vllm-internals §4, fixtures `vllm_server_v0.33.0_*.log`):
+Formats (docs/vllm-logs.md; fixtures `vllm_server_v0.33.0_*.log`):
 
     (APIServer pid=13691) INFO 11-29 11:00:09 [loggers.py:335] Engine 000: Avg prompt
         throughput: 5.2 tokens/s, ..., Running: 54 reqs, Waiting: 6 reqs[, Deferred: ..]
@@ -363,7 +363,7 @@ class LogTail:
 
 # vLLM's checkpoint loader prints a tqdm bar per shard ("Loading safetensors checkpoint
 # shards:  50% Completed | 1/2 [...]"), then "Model loading took X GiB memory and Y seconds"
-# once the weights are in (docs/vllm-log-formats.md).
+# once the weights are in (docs/vllm-logs.md, "Model loading").
 LOADING_RE = re.compile(r"Loading safetensors checkpoint shards:\s+(\d+)% Completed \| (\d+)/(\d+)")
 LOADED_RE = re.compile(r"Model loading took [\d.]+ GiB memory and [\d.]+ seconds")
 
@@ -380,3 +380,31 @@ def loading_fraction(text: str) -> float | None:
         return None
     done, total = int(last.group(2)), int(last.group(3))
     return done / total if total else None
+
+
+# --- the KV transport UCX picked ------------------------------------------------------------
+
+# UCX_PROTO_INFO=y: UCX prints a table per protocol it selects; a "remote memory read by
+# ucp_get*" table's rows end in `| <range> | <description> | <transport>/<device> |`
+# (docs/vllm-logs.md). The KV pull of NIXL is that read.
+UCX_GET_RE = re.compile(r"remote memory read by ucp_get")
+UCX_ROW_RE = re.compile(r"\|\s*\S+\.\.\S+\s*\|[^|]*\|\s*([A-Za-z0-9_]+)/(\S+)\s*\|")
+
+
+def ucx_transports(text: str) -> list[str]:
+    """The `transport/device` configs UCX chose for KV reads, in the order they appear."""
+    found: list[str] = []
+    in_get = False
+    for line in text.splitlines():
+        if UCX_GET_RE.search(line):
+            in_get = True
+            continue
+        if in_get:
+            m = UCX_ROW_RE.search(line)
+            if m:
+                cfg = f"{m.group(1)}/{m.group(2)}"
+                if cfg not in found:
+                    found.append(cfg)
+            elif "ucp_context" in line:
+                in_get = False
+    return found
