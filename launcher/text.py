@@ -94,8 +94,7 @@ def plan_text(prepared: Prepared) -> str:
         )
     for cap in prepared.capacity:
         lines.append(cap.describe())
-    warning = capacity.sweep_warning(plan, prepared.capacity)
-    if warning:
+    for warning in capacity.warnings(plan, prepared.capacity):
         lines.append(f"warning: {warning}")
     rt = plan.runtime
     lines.append(f"Launcher programs on the compute nodes: {compute_env.describe(rt)}")

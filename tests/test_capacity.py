@@ -66,3 +66,10 @@ def test_the_simulator_gets_the_estimated_capacity():
     block, blocks = simulator_kv_blocks(cap)
     assert env["SIM_DEFAULT_BLOCK_SIZE"] == str(block) == "2176"
     assert env["SIM_KV_CAPACITY_TOKENS"] == str(block * blocks)
+
+
+def test_an_endpoint_that_cannot_hold_one_request_is_said_at_dry_run():
+    p = seed_plan("decode.data_parallel=1")
+    (warning, *_) = capacity.warnings(p, capacity.estimates(p))
+    assert warning.startswith("decode-0 cannot hold one request of 16,590 tokens")
+    assert "vLLM would refuse to start" in warning

@@ -107,3 +107,13 @@ def test_kv_transfer_line_prints_zeros_as_ints_without_successes():
     assert "Num successful transfers=2, Avg xfer time (ms)=35.0, P90 xfer time (ms)=39.0" in msg
     assert "Avg MB per transfer=160.0, Throughput (MB/s)=4571.429" in msg
     assert "Avg number of descriptors=2200.0" in msg
+
+
+def test_a_kv_cache_smaller_than_one_request_stops_the_engine_like_vllm():
+    p = subprocess.run([sys.executable, "-m", "launcher.sim", "serve", "m", "--port", "1",
+                        "--max-model-len", "4096"],
+                       capture_output=True, text=True, timeout=30,
+                       env=sim_env(SIM_KV_CAPACITY_TOKENS="1024"))  # fmt: skip
+    assert p.returncode == 1
+    assert "To serve at least one request with the models's max seq len (4096)" in p.stderr
+    assert "estimated maximum model length is 1024" in p.stderr

@@ -64,6 +64,23 @@ def estimates(plan: Plan) -> list[kv_cache.KvCapacity]:
     return out
 
 
+def warnings(plan: Plan, caps: list[kv_cache.KvCapacity]) -> list[str]:
+    """What the estimate says will go wrong: an endpoint that cannot hold one request, or a
+    sweep the decode side cannot hold."""
+    out = []
+    for c in caps:
+        if c.per_rank_at_max_length < 1:
+            out.append(
+                f"{c.name} cannot hold one request of {c.lengths.max_total:,} tokens: its "
+                f"weights take {c.weights_bytes / kv_cache.GIB:.1f} GiB of each GPU and leave "
+                f"{max(c.kv_cache_bytes, 0) / kv_cache.GIB:.1f} GiB for the KV cache; vLLM "
+                f"would refuse to start: spread it over more GPUs (data_parallel with "
+                f"expert_parallel) or raise gpu-memory-utilization"
+            )
+    sweep = sweep_warning(plan, caps)
+    return out + ([sweep] if sweep and not out else [])
+
+
 def sweep_warning(plan: Plan, caps: list[kv_cache.KvCapacity]) -> str | None:
     """A sweep whose top concurrency the decode side cannot hold: say so with the number."""
     if not caps or not plan.recipe.benchmark.enabled:

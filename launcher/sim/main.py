@@ -177,6 +177,18 @@ def main(argv: list[str] | None = None) -> int:
                               f"block_size={cfg.block_size}, num_gpu_blocks={cfg.num_gpu_blocks}")
     for where, msg in cfg.argv_warnings:
         vlog.warning(where, msg)
+    capacity = cfg.num_gpu_blocks * cfg.block_size
+    if cfg.num_gpu_blocks_override is None and capacity < cfg.max_model_len:
+        # vLLM refuses to start when one request of max_model_len cannot fit (check_enough_
+        # kv_cache_memory); the simulator counts tokens where vLLM counts bytes.
+        vlog.error("core.py:1090", "EngineCore failed to start.")
+        print(f"ValueError: To serve at least one request with the models's max seq len "
+              f"({cfg.max_model_len}), the KV cache needs {cfg.max_model_len} tokens, which is "
+              f"more than it holds ({capacity} tokens). Based on the available memory, the "
+              f"estimated maximum model length is {capacity}. Try increasing "
+              f"`gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
+              f"engine.", file=sys.stderr)
+        return 1
     unknown = knobs.unknown_env()
     if unknown:
         vlog.warning("sim.py:3", "unknown simulation knobs (ignored): " + ", ".join(unknown)
