@@ -326,7 +326,12 @@ def headline(s: dict) -> str:
                    f'data-key="accuracy.accuracy" data-value="{acc.get("accuracy")!r}">'
                    f'{num((acc.get("accuracy") or 0) * 100, 1)}%</div><div class="t">'
                    f'{"pass" if ok else "FAIL"} at ≥ {esc(acc.get("threshold"))}</div></div>')
-    return '<div class="tiles">' + "".join(out) + "</div>"
+    tiles_html = '<div class="tiles">' + "".join(out) + "</div>"
+    if acc:
+        from launcher.run.figures import accuracy_line
+
+        tiles_html += f'<p class="accuracy">{esc(accuracy_line(acc))}</p>'
+    return tiles_html
 
 
 def verdict_block(s: dict) -> str:

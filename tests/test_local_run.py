@@ -45,6 +45,11 @@ def test_demo_runs_end_to_end(tmp_path):
     assert [p["status"] for p in summary["points"]] == ["ok", "ok", "ok"]
     acc = json.loads((run / "accuracy" / "gsm8k.json").read_text())
     assert acc["passed"] and acc["accuracy"] >= 0.7
+    # lm-eval's two figures, the one the threshold used, and one request per question
+    assert set(acc["scores"]) == {"strict-match", "flexible-extract"}
+    assert acc["metric"] == "strict-match" and acc["comparable_with_lm_eval"] is True
+    assert acc["requests"]["answered"] == acc["num_questions"] == 30
+    assert "the seed reports 0.88" in out and "flexible-extract" in out
     # Every node's agent wrote telemetry; no GPU here is recorded, not fatal.
     from launcher.telemetry import store
 

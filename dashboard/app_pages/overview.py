@@ -51,6 +51,9 @@ def body(info) -> None:  # the run as re-read at each live refresh
                              f"{ui.num(acc.get('threshold'), '.0%')})",
                        delta_color="normal" if passed else "inverse",
                        help=f"{acc.get('num_questions', '?')} questions")
+        from launcher.run.figures import accuracy_line
+
+        st.caption(accuracy_line(acc))  # which figure the verdict used, next to the seed's
     else:
         cols[4].metric("GSM8K accuracy", "—", help="accuracy/ has no result (not run yet, "
                                                      "skipped, or the run ended before it)")
