@@ -63,9 +63,10 @@ def test_the_simulator_gets_the_estimated_capacity():
     env = render.sim_env(p, decode)
     from launcher.planning.kv_cache import simulator_kv_blocks
 
-    block, blocks = simulator_kv_blocks(cap)
+    block, blocks, state = simulator_kv_blocks(cap)
     assert env["SIM_DEFAULT_BLOCK_SIZE"] == str(block) == "2176"
     assert env["SIM_KV_CAPACITY_TOKENS"] == str(block * blocks)
+    assert env["SIM_STATE_BLOCKS_PER_REQUEST"] == str(state) == "3"
 
 
 def test_an_endpoint_that_cannot_hold_one_request_is_said_at_dry_run():

@@ -157,7 +157,7 @@ def test_seed_decode_endpoint_by_hand():
     assert r.vllm_log_max_concurrency == 28.59
     assert r.vllm_log_kv_cache_tokens == 7_495_301
     assert kv.kv_blocks_per_dp_rank(r) == 3717
-    assert kv.simulator_kv_blocks(r) == (2176, 3716 - 3 * 480)
+    assert kv.simulator_kv_blocks(r) == (2176, 3716, 3)
 
 
 def test_kv_dtype_moves_the_block_not_the_page():

@@ -899,10 +899,11 @@ def kv_blocks_per_dp_rank(result: KvCapacity) -> int:
     return result.num_gpu_blocks
 
 
-def simulator_kv_blocks(result: KvCapacity) -> tuple[int, int]:
-    """(block_size, num_gpu_blocks) for a simulator that charges ceil(tokens / block_size)
-    blocks per request in one group and has no GDN state: vLLM's block size, and its usable
-    blocks minus the state blocks the estimated mean-length population would hold, so that
-    the simulator fills up at `per_rank_at_mean_length` requests, as the estimate says."""
-    state = result.state_blocks_per_request * result.per_rank_at_mean_length
-    return result.block_size, max(1, result.num_gpu_blocks - 1 - state)
+def simulator_kv_blocks(result: KvCapacity) -> tuple[int, int, int]:
+    """(block_size, num_gpu_blocks, state blocks per request) for the simulator, which charges
+    a running request ceil(tokens / block_size) blocks in one attention group plus its state
+    blocks, as vLLM does: its usable blocks are vLLM's less the null block. Several attention
+    groups are folded into one (blocks and state divided by the group count)."""
+    groups = max(1, result.attention_groups)
+    blocks = max(1, (result.num_gpu_blocks - 1) // groups)
+    return result.block_size, blocks, -(-result.state_blocks_per_request // groups)

@@ -77,8 +77,10 @@ def sim_env(plan: Plan, ep: Endpoint) -> dict[str, str]:
         if cap is not None:
             from launcher.planning.kv_cache import simulator_kv_blocks
 
-            block, blocks = simulator_kv_blocks(cap)
+            block, blocks, state = simulator_kv_blocks(cap)
             env["SIM_KV_CAPACITY_TOKENS"] = str(block * blocks)
+            if state and "state_blocks_per_request" not in knobs:
+                env["SIM_STATE_BLOCKS_PER_REQUEST"] = str(state)
             if "block-size" not in args:
                 env["SIM_DEFAULT_BLOCK_SIZE"] = str(block)
     acc = plan.recipe.accuracy

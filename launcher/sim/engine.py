@@ -265,7 +265,8 @@ class Engine:
 
     # ----- block accounting ----------------------------------------------------------------
     def _blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self.block_size)
+        # A hybrid model's request also holds its recurrent state's blocks while it runs.
+        return -(-tokens // self.block_size) + self.k.state_blocks_per_request
 
     def _alloc(self, req: Req, tokens: int) -> bool:
         need = self._blocks_for(tokens) - req.blocks

@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                               f"block_size={cfg.block_size}, num_gpu_blocks={cfg.num_gpu_blocks}")
     for where, msg in cfg.argv_warnings:
         vlog.warning(where, msg)
-    capacity = cfg.num_gpu_blocks * cfg.block_size
+    capacity = (cfg.num_gpu_blocks - cfg.knobs.state_blocks_per_request) * cfg.block_size
     if cfg.num_gpu_blocks_override is None and capacity < cfg.max_model_len:
         # vLLM refuses to start when one request of max_model_len cannot fit (check_enough_
         # kv_cache_memory); the simulator counts tokens where vLLM counts bytes.
