@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -13,11 +14,17 @@ import tempfile
 import time
 
 
+# As a user's shell runs it: bytecode cached after the first run (a CI or test environment
+# may set PYTHONDONTWRITEBYTECODE, which would time the compiler instead).
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def wall(cmd: list[str], repeat: int, cwd: str) -> float:
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=cwd, env=ENV)  # warm-up
     times = []
     for _ in range(repeat):
         t = time.perf_counter()
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=cwd)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=cwd, env=ENV)
         times.append(time.perf_counter() - t)
     return statistics.median(times)
 

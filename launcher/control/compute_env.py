@@ -21,9 +21,7 @@ compute nodes share arch and paths). `describe()` is what the dry-run prints.
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata as md
 import os
-import platform
 import shlex
 import shutil
 import subprocess
@@ -49,17 +47,40 @@ PLATFORMS = {
 }
 
 
+def _normalized(name: str) -> str:
+    return name.lower().replace("-", "_").replace(".", "_")
+
+
+def installed_versions() -> dict[str, str]:
+    """{normalized name: version} of the distributions on sys.path, first one wins (as
+    importlib.metadata resolves them), read from the `name-version.dist-info` folder names
+    the wheel format prescribes: a directory listing, not the 40 ms importlib.metadata and
+    its email parser cost on every dry-run."""
+    found: dict[str, str] = {}
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for n in names:
+            if n.endswith(".dist-info") and "-" in n:
+                name, _, version = n[: -len(".dist-info")].partition("-")
+                found.setdefault(_normalized(name), version)
+    return found
+
+
 def requirements() -> list[str]:
     """`name==version` of every compute package, as installed here."""
+    versions = installed_versions()
     out = []
     for name in COMPUTE_PACKAGES:
-        try:
-            out.append(f"{name}=={md.version(name)}")
-        except md.PackageNotFoundError:
+        version = versions.get(_normalized(name))
+        if version is None:
             raise UserError(
                 f"{name} is not installed here, so the compute environment cannot be pinned: "
                 f"reinstall the launcher (pip install -e .)"
-            ) from None
+            )
+        out.append(f"{name}=={version}")
     return out
 
 
@@ -82,7 +103,7 @@ def _version(cluster: Cluster) -> str:
 
 
 def _arch(cluster: Cluster) -> str:
-    return platform.machine() if cluster.arch == "any" else cluster.arch
+    return os.uname().machine if cluster.arch == "any" else cluster.arch
 
 
 def env_root(cluster: Cluster, runs_root: Path) -> Path:

@@ -39,17 +39,17 @@ def write_run_files(
     Returns the sbatch text and the KV-capacity estimates written into plan.json."""
     run_dir = str(run.path)
     assert plan.run_dir == run_dir, "plan for another run directory"
-    rundir.write_atomic(run.recipe, recipe_mod.dump(plan.recipe))
+    rundir.write_atomic(run.recipe, recipe_mod.dump(plan.recipe), sync=False)
     capacity = estimates(plan)
     doc = render.plan_doc(plan, run.run_id, run_dir, placeholder_nodes)
     doc = dataclasses.replace(doc, capacity=[c.to_json() for c in capacity])
-    rundir.write_json(run.plan, doc.to_json())
-    rundir.write_atomic(run.commands, render.commands_sh(plan, run_dir))
+    rundir.write_json(run.plan, doc.to_json(), sync=False)
+    rundir.write_atomic(run.commands, render.commands_sh(plan, run_dir), sync=False)
     run.commands.chmod(0o755)
     sbatch = None
     if with_sbatch and plan.cluster.scheduler == "slurm":
         sbatch = render.sbatch_text(plan, len(plan.nodes), str(run.slurm))
-        rundir.write_atomic(run.sbatch, sbatch)
+        rundir.write_atomic(run.sbatch, sbatch, sync=False)
     return sbatch, capacity
 
 

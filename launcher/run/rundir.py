@@ -56,15 +56,18 @@ REPORT = "report.html"
 # --- file primitives ----------------------------------------------------------------------
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Replace `path` whole: readers see the old or the new file, never half of one."""
+def write_atomic(path: Path, text: str, sync: bool = True) -> None:
+    """Replace `path` whole: readers see the old or the new file, never half of one. `sync`
+    also survives a crash of this host; files rendered again from the plan skip it (an fsync
+    costs tens of ms on a parallel file system)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -74,8 +77,8 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def write_json(path: Path, obj: Any) -> None:
-    write_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+def write_json(path: Path, obj: Any, sync: bool = True) -> None:
+    write_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n", sync)
 
 
 def read_json(path: Path, default: Any = None) -> Any:
