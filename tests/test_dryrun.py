@@ -245,3 +245,15 @@ def test_a_data_path_too_long_for_the_filesystem_is_kept_as_given(tmp_path):
     data = "/tmp/" + "d" * 300 + "/test.jsonl"
     (p,) = prepare.prepare_all(SEED, [f"accuracy.data={data}"], [], tmp_path)
     assert p.plan.recipe.accuracy.data == data
+
+
+def test_a_relative_data_path_from_set_is_the_same_file_inside_the_allocation(
+    tmp_path, monkeypatch
+):
+    # recipe.yaml kept it relative, so the plan made again from the run directory (inside
+    # the allocation) pointed at <run dir>/x.jsonl, not the file the dry-run showed
+    monkeypatch.chdir(tmp_path)
+    (p,) = prepare.prepare_all(SEED, ["accuracy.data=missing/x.jsonl"], [], tmp_path / "runs")
+    want = str(tmp_path / "missing" / "x.jsonl")
+    assert p.plan.recipe.accuracy.data == want
+    assert recipe.load(str(p.run.recipe)).accuracy.data == want

@@ -41,6 +41,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from launcher import cli
+from launcher.spec import recipe as recipe_mod
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = {p.stem: p for p in sorted((REPO / "launcher" / "recipes").glob("*.yaml"))}
@@ -692,6 +693,9 @@ def check_accepted(runs: Path, out: str, case_dir: Path) -> None:
     for run_dir in run_dirs:
         plan = json.loads((run_dir / "plan.json").read_text(encoding="utf-8"))
         recipe = yaml.safe_load((run_dir / "recipe.yaml").read_text(encoding="utf-8"))
+        # Inside the allocation the orchestrator reads recipe.yaml back and plans again.
+        again = recipe_mod.load(str(run_dir / "recipe.yaml"))
+        assert again.model_dump() == recipe_mod.validate(recipe, "recipe.yaml").model_dump()
         scripts = [run_dir / "commands.sh"]
         slurm = (run_dir / "job.sbatch").exists()
         if slurm:

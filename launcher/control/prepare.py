@@ -68,11 +68,16 @@ def prepare(
 
 
 def plan_run(
-    recipe: recipe_mod.Recipe, root: Path, names: list[str] | None
+    recipe: recipe_mod.Recipe, root: Path, names: list[str] | None, profiles: dict | None = None
 ) -> tuple[Plan, int]:
     """Everything that can refuse a run, before anything is written: the profile, the runs
-    directory for it, the node count, the plan."""
-    cluster = cluster_mod.load(recipe.cluster)
+    directory for it, the node count, the plan. `profiles` keeps each profile and its
+    runtime across the runs of a study (reading and hashing them once, not 64 times)."""
+    profiles = {} if profiles is None else profiles
+    if recipe.cluster not in profiles:
+        cluster = cluster_mod.load(recipe.cluster)
+        profiles[recipe.cluster] = (cluster, compute_env.runtime(cluster, root))
+    cluster, rt = profiles[recipe.cluster]
     check_runs_dir(root, cluster, recipe)
     recipe_mod.dump(recipe)  # refuses a recipe too large to be read back in the allocation
     need = nodes_needed(recipe, cluster)
@@ -81,7 +86,6 @@ def plan_run(
             raise UserError(f"--nodelist names {len(names)} nodes but the plan needs {need}")
     else:
         names = cluster_mod.profile_nodes(cluster, need)
-    rt = compute_env.runtime(cluster, root)
     return make_plan(recipe, cluster, names, runtime=rt), need
 
 
@@ -266,7 +270,8 @@ def prepare_all(
     names = cluster_mod.expand_nodelist(nodelist, "--nodelist") if nodelist else None
     combos = list(itertools.product(*[[(k, v) for v in vals] for k, vals in axes]))
     recipes = recipe_mod.load_many(ref, overrides, [[f"{k}={v}" for k, v in c] for c in combos])
-    planned = [plan_run(r, root, names) for r in recipes]
+    profiles: dict = {}
+    planned = [plan_run(r, root, names, profiles) for r in recipes]
     if not sweeps:
         [(plan, need)] = planned
         return [write_run(plan, need, root, plan.recipe.name, None)]

@@ -788,12 +788,15 @@ def load_many(
     out = []
     for sweep in sweeps:
         one = apply_overrides(copy.deepcopy(data), list(sweep), flag="--sweep")
+        _resolve_relative(one, None)  # what --set and --sweep gave is relative to the cwd
         out.append(validate(one, str(path), overrides, sweep))
     return out
 
 
-def _resolve_relative(data: dict, base: Path) -> None:
-    """Data paths in a recipe file are relative to that file (overrides: to the cwd)."""
+def _resolve_relative(data: dict, base: Path | None) -> None:
+    """Data paths in a recipe file are relative to that file, those of --set and --sweep
+    (base None) to the cwd: recipe.yaml holds them absolute, so the plan made again inside
+    the allocation (from the run directory) names the same files as the dry-run."""
     acc = data.get("accuracy")
     for key in ("data", "train"):
         if not (isinstance(acc, dict) and isinstance(acc.get(key), str) and acc[key]):
@@ -801,7 +804,7 @@ def _resolve_relative(data: dict, base: Path) -> None:
         try:
             p = Path(acc[key]).expanduser()
             if not p.is_absolute():
-                acc[key] = str((base / p).resolve())
+                acc[key] = str(((base or Path.cwd()) / p).resolve())
         except (OSError, RuntimeError, ValueError):  # ~nobody, a NUL: validation says so
             continue
 
