@@ -511,8 +511,9 @@ def run_cli(argv: list[str], cwd: Path) -> tuple[int, str, str]:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 code = cli.main(argv)
-            except SystemExit as e:  # argparse's own usage errors
-                code = e.code
+            except SystemExit as e:  # argparse's own usage errors: not a traceback
+                assert e.code == 2, f"SystemExit({e.code!r}) escaped main"
+                code = "argparse"
     finally:
         os.chdir(old)
     return code, out.getvalue(), err.getvalue()
@@ -715,6 +716,9 @@ def check_accepted(runs: Path, out: str, case_dir: Path) -> None:
 
 
 def check_rejected(code, out: str, err: str, hints: list[str]) -> None:
+    if code == "argparse":  # usage text, then "prog: error: ..." (argparse's format)
+        assert ": error: " in err.strip().splitlines()[-1], err
+        return
     assert code == 2, (code, err[-3000:])
     assert out == "", out[:500]
     lines = err.split("\n")
