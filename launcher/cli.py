@@ -127,11 +127,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args) or 0
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_one_line(str(e))}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _one_line(text: str) -> str:
+    """A message is one line whatever input it quotes: control characters shown escaped."""
+    import re
+
+    return re.sub(r"[\x00-\x1f\x7f]", lambda m: repr(m.group())[1:-1], text)
 
 
 # --- commands ---------------------------------------------------------------------------------

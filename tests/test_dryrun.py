@@ -5,10 +5,13 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from launcher.control import prepare
+from launcher.errors import UserError
 from launcher.planning import plan, render
 from launcher.run.plandoc import Process
 from launcher.run.vocab import Kind
@@ -167,3 +170,90 @@ def test_every_shipped_recipe_dry_runs(cli, name):
     code, out, err = cli("submit", name, "--dry-run")
     assert code == 0, err
     assert "Run directory:" in out
+
+
+# --- inputs the dry-run fuzzing (tests/test_fuzz.py) found broken: one test per bug --------
+
+
+def _prepare_err(tmp_path, ref=SEED, *, runs=None, sets=(), sweeps=(), nodelist=None):
+    with pytest.raises(UserError) as e:
+        prepare.prepare_all(ref, list(sets), list(sweeps), runs or tmp_path / "runs", nodelist)
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg
+
+
+@pytest.mark.parametrize(
+    "runs, words",
+    [
+        ("d" * 300, "a directory name holds at most 255"),  # was an OSError traceback
+        ("/".join(["d" * 200] * 25), "must fit in 4,096"),  # was an OSError traceback
+        ("r\udcff", "is not UTF-8 text"),  # was a UnicodeEncodeError writing commands.sh
+        ("f/runs", "cannot create a run directory there: Not a directory"),
+        ("a%j", "Slurm reads as a pattern"),  # the batch output landed elsewhere
+        ("a\\b", "backslash"),  # sbatch unescaped it: the output landed elsewhere
+        ("my-hetjob-runs", "another job component"),  # sbatch split the job in two
+        ("a:b", "container mounts"),  # the run directory's mount was cut in two
+    ],
+)
+def test_runs_dir_that_cannot_hold_runs_is_one_sentence(tmp_path, runs, words):
+    (tmp_path / "f").write_text("a file")
+    msg = _prepare_err(tmp_path, runs=tmp_path / runs)
+    assert msg.startswith("--runs-dir") and words in msg, msg
+
+
+def test_a_value_that_reads_like_the_jobid_placeholder_stays_literal(tmp_path):
+    # commands.sh replaced the placeholder as text, so this value turned into the job id
+    (p,) = prepare.prepare_all(SEED, ["vllm_args.x=--jobid=$SLURM_JOB_ID"], [], tmp_path)
+    text = p.run.commands.read_text()
+    assert " --x '--jobid=$SLURM_JOB_ID'" in text
+    assert text.count(render.JOBID_BY_HAND) == text.count("srun ")
+
+
+def test_a_null_directive_is_removed_not_written_as_none(tmp_path):
+    (p,) = prepare.prepare_all(SEED, ["slurm.directives.comment=null"], [], tmp_path)
+    assert "--comment" not in p.sbatch
+
+
+def test_a_huge_topology_is_refused_before_it_is_laid_out(tmp_path):
+    # 512 endpoints of 256 nodes each were all placed before the node bound was checked
+    sets = ["decode.endpoints=512", "decode.data_parallel=1024"]
+    start = time.monotonic()
+    msg = _prepare_err(tmp_path, sets=sets)
+    assert time.monotonic() - start < 1
+    assert "plans at most 90: use fewer endpoints or a smaller data_parallel" in msg
+
+
+def test_sweeps_are_checked_and_planned_before_anything_is_written(tmp_path):
+    runs = tmp_path / "runs"
+    msg = _prepare_err(tmp_path, sweeps=["prefill.endpoints=4,5", "prefill.endpoints=6"])
+    assert msg == "--sweep prefill.endpoints is given twice: list all its values in one --sweep"
+    # the third run needs more nodes than a rack has: no study folder is left behind
+    msg = _prepare_err(tmp_path, sweeps=["prefill.endpoints=4,8,40"])
+    assert "one rack" in msg and not runs.exists()
+
+
+def test_swept_values_never_put_a_job_separator_into_sbatch(tmp_path):
+    # the value became part of the run directory, which is in the #SBATCH --output line
+    runs = prepare.prepare_all(SEED, [], ["model.served_name=xhetjob,y"], tmp_path)
+    assert "het-job" in runs[0].run.path.name
+    assert not any("hetjob" in p.sbatch.lower() for p in runs)
+
+
+def test_a_data_path_too_long_for_the_filesystem_is_kept_as_given(tmp_path):
+    # Path.is_file raised ENAMETOOLONG while staging the accuracy inputs
+    data = "/tmp/" + "d" * 300 + "/test.jsonl"
+    (p,) = prepare.prepare_all(SEED, [f"accuracy.data={data}"], [], tmp_path)
+    assert p.plan.recipe.accuracy.data == data
+
+
+def test_a_relative_data_path_from_set_is_the_same_file_inside_the_allocation(
+    tmp_path, monkeypatch
+):
+    # recipe.yaml kept it relative, so the plan made again from the run directory (inside
+    # the allocation) pointed at <run dir>/x.jsonl, not the file the dry-run showed
+    monkeypatch.chdir(tmp_path)
+    (p,) = prepare.prepare_all(SEED, ["accuracy.data=missing/x.jsonl"], [], tmp_path / "runs")
+    want = str(tmp_path / "missing" / "x.jsonl")
+    assert p.plan.recipe.accuracy.data == want
+    assert recipe.load(str(p.run.recipe)).accuracy.data == want

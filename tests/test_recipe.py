@@ -1,9 +1,12 @@
 """Recipe schema: errors name the key and the file; overrides reach any field."""
 
+import os
+
 import pytest
+import yaml
 
 from launcher.errors import UserError
-from launcher.spec import recipe
+from launcher.spec import cluster, recipe
 
 SEED = "qwen3.5-397b-gb200-disagg"
 
@@ -110,3 +113,140 @@ def test_invalid_yaml_is_one_line(tmp_path):
     f.write_text("name: x\ncluster: local\n  model: [\n")
     msg = _err(str(f))
     assert msg.startswith(f"{f}: not valid YAML at line 3") and "\n" not in msg
+
+
+# --- inputs the dry-run fuzzing (tests/test_fuzz.py) found broken: one test per bug --------
+
+
+def _file(tmp_path, text, name="r.yaml"):
+    f = tmp_path / name
+    f.write_text(text)
+    return str(f)
+
+
+def _seed_text(extra=""):
+    return recipe.shipped()[SEED].read_text() + extra
+
+
+@pytest.mark.parametrize("tag", ["!!timestamp 2024-01-01", "!!binary aGVsbG8=", "!!set {a, b}"])
+def test_yaml_types_json_cannot_carry_are_refused(tmp_path, tag):
+    # were a TypeError traceback when --kv-transfer-config was rendered
+    msg = _err(_file(tmp_path, _seed_text(f"kv_connector: {{x: {tag}}}\n")))
+    assert "not valid YAML at line" in msg and "are not supported" in msg
+
+
+def test_nan_and_infinity_are_refused(tmp_path):
+    # inf in the model facts was an OverflowError in the KV estimate; inf in kv_connector
+    # became `Infinity`, which is not JSON
+    facts = (
+        "model: {path: m, facts: {total_params_b: .inf, full_attention_layers: 1, "
+        "num_kv_heads: 1, head_dim: 1}}\n"
+    )
+    assert "model.facts.total_params_b: Input should be a finite number" in _err(
+        _file(tmp_path, _seed_text(facts))
+    )
+    assert "kv_connector: it becomes vLLM's --kv-transfer-config JSON" in _err(
+        _file(tmp_path, _seed_text("kv_connector: {x: .inf}\n"))
+    )
+    assert "hold_s: Input should be a finite number" in _err(SEED, "hold_s=.nan")
+
+
+def test_model_facts_are_bounded(tmp_path):
+    # 1e308 parameters overflowed to infinity inside the estimate (a traceback)
+    msg = _err(SEED, "model.facts.total_params_b=1.0e+308")
+    assert "model.facts.total_params_b: Input should be less than or equal to 100000" in msg
+
+
+def test_text_that_is_not_utf8_is_refused():
+    # a lone surrogate (a YAML escape, or bytes that are not UTF-8 on the command line) was
+    # a UnicodeEncodeError when commands.sh was written
+    assert "env.X: '\\udcff' is not UTF-8 text" in _err(SEED, 'env.X="\\udcff"')
+
+
+def test_yaml_is_bounded_in_size_values_depth_and_digits(tmp_path):
+    assert "larger than 65,536 bytes" in _err(_file(tmp_path, _seed_text("#" + "x" * 70000)))
+    assert "more than 5,000 values" in _err(SEED, "kv_connector.x=[" + "1," * 6000 + "1]")
+    assert "nested more than 32 levels deep" in _err(SEED, "env.X=" + "[" * 40 + "]" * 40)
+    assert "a number of 5,000 digits is too long" in _err(SEED, "kv_connector.x=" + "9" * 5000)
+
+
+def test_a_directory_or_a_fifo_is_not_a_recipe_or_profile(tmp_path):
+    # a directory was reported as "does not exist"; a FIFO must not block the reader
+    (tmp_path / "d.yaml").mkdir()
+    assert "is a directory" in _err(str(tmp_path / "d.yaml"))
+    os.mkfifo(tmp_path / "f.yaml")
+    assert "is not a regular file" in _err(str(tmp_path / "f.yaml"))
+    for ref in (str(tmp_path / "d.yaml"), str(tmp_path / "f.yaml")):
+        with pytest.raises(UserError, match="a cluster profile"):
+            cluster.load(ref)
+
+
+@pytest.mark.parametrize(
+    "key, option",
+    [("tim", "time"), ("part", "partition"), ("requ", "requeue"), ("arr", "array"), ("err", "error")],
+)
+def test_directive_abbreviating_an_option_the_launcher_sets_is_refused(key, option):
+    # sbatch takes any unambiguous prefix, so these slipped past the list of owned options
+    assert f"sbatch reads it as --{option}" in _err(SEED, f"slurm.directives.{key}=1")
+
+
+def test_directive_values_sbatch_cannot_hold():
+    assert "write true for a flag" in _err(SEED, "slurm.directives.exclusive=false")
+    assert "the same sbatch option" in _err(
+        SEED, "slurm.directives.comment=a", "slurm.directives.--comment=b"
+    )
+    # sbatch reads these words anywhere in an #SBATCH line as a job separator
+    for setting in ("slurm.directives.comment=my-hetjob", "name=packjob", "slurm.partition=HETJOB"):
+        assert "another job component" in _err(SEED, setting), setting
+    # ... and unescapes backslashes even inside quotes
+    assert "backslash" in _err(SEED, "slurm.directives.comment=a\\b")
+
+
+def test_model_path_cannot_read_as_a_flag():
+    assert "model.path: it begins with '-'" in _err(SEED, "model.path=--trust-remote-code")
+
+
+def test_messages_quote_long_input_briefly():
+    msg = _err(SEED, "env.X=[" + "x" * 5000)
+    assert len(msg) < 300 and "..." in msg
+
+
+def test_unexpandable_home_in_a_data_path_is_not_a_traceback(tmp_path):
+    # Path.expanduser raised RuntimeError for an unknown user's ~
+    text = _seed_text().replace("/datasets/gsm8k/test.jsonl", "~nosuchuser-x/test.jsonl")
+    assert recipe.load(_file(tmp_path, text)).accuracy.data == "~nosuchuser-x/test.jsonl"
+
+
+def _profile(tmp_path, **changes):
+    data = yaml.safe_load(cluster.available()["local"].read_text())
+    data.update(changes)
+    return _file(tmp_path, yaml.safe_dump(data), "c.yaml")
+
+
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        ({"env": {"-i": "x"}}, "env: -i is not a valid environment variable name"),
+        ({"env": {"HF_TOKEN": "hf_x"}}, "env.HF_TOKEN looks like a secret"),
+        ({"bind_host": "a\nb"}, "bind_host: 'a\\nb' contains a newline"),
+        ({"models": {"hf_home": "/a:/b"}}, "models.hf_home: it is mounted into containers"),
+        ({"containers": {"mounts": ["/a"]}}, "containers.mounts: mount /a: write it as"),
+        ({"gpu_memory_gib": 1e308}, "gpu_memory_gib: Input should be less than or equal"),
+    ],
+)
+def test_cluster_profile_values_are_checked(tmp_path, changes, words):
+    # none of these were checked: a key '-i' became `env -i=x ...`, a secret's value and
+    # newlines went into commands.sh, 1e308 overflowed in the KV estimate
+    with pytest.raises(UserError) as e:
+        cluster.load(_profile(tmp_path, **changes))
+    assert words in str(e.value)
+
+
+def test_node_list_errors_name_where_the_list_came_from():
+    # unicode digits passed isdigit() and failed int(): a traceback
+    with pytest.raises(UserError, match="^--nodelist: cannot read"):
+        cluster.expand_nodelist("n[²-³]", "--nodelist")
+    with pytest.raises(UserError, match="^--nodelist: n1,n1 names n1 twice"):
+        cluster.expand_nodelist("n1,n1", "--nodelist")
+    with pytest.raises(UserError, match="^node list: "):
+        cluster.expand_nodelist("n[0-99999999]")

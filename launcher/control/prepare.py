@@ -19,6 +19,7 @@ from launcher.planning.plan import Plan, make_plan, nodes_needed
 from launcher.run import rundir
 from launcher.spec import cluster as cluster_mod
 from launcher.spec import recipe as recipe_mod
+from launcher.spec.recipe import show
 
 
 @dataclass
@@ -60,21 +61,41 @@ def prepare(
     study: str | None = None,
     run_name: str | None = None,
 ) -> Prepared:
-    cluster = cluster_mod.load(recipe.cluster)
+    root = runs_dir(runs_root)
+    names = cluster_mod.expand_nodelist(nodelist, "--nodelist") if nodelist else None
+    plan, need = plan_run(recipe, root, names)
+    return write_run(plan, need, root, run_name or recipe.name, study)
+
+
+def plan_run(
+    recipe: recipe_mod.Recipe, root: Path, names: list[str] | None, profiles: dict | None = None
+) -> tuple[Plan, int]:
+    """Everything that can refuse a run, before anything is written: the profile, the runs
+    directory for it, the node count, the plan. `profiles` keeps each profile and its
+    runtime across the runs of a study (reading and hashing them once, not 64 times)."""
+    profiles = {} if profiles is None else profiles
+    if recipe.cluster not in profiles:
+        cluster = cluster_mod.load(recipe.cluster)
+        profiles[recipe.cluster] = (cluster, compute_env.runtime(cluster, root))
+    cluster, rt = profiles[recipe.cluster]
+    check_runs_dir(root, cluster, recipe)
+    recipe_mod.dump(recipe)  # refuses a recipe too large to be read back in the allocation
     need = nodes_needed(recipe, cluster)
-    if nodelist:
-        names = cluster_mod.expand_nodelist(nodelist)
+    if names is not None:
         if len(names) < need:
             raise UserError(f"--nodelist names {len(names)} nodes but the plan needs {need}")
     else:
         names = cluster_mod.profile_nodes(cluster, need)
-    rt = compute_env.runtime(cluster, runs_root)
-    plan = make_plan(recipe, cluster, names, runtime=rt)
+    return make_plan(recipe, cluster, names, runtime=rt), need
+
+
+def write_run(plan: Plan, need: int, root: Path, name: str, study: str | None) -> Prepared:
     # Absolute: every process, srun step and the batch script refer to it from elsewhere.
-    run = create_dir(runs_root, run_name or recipe.name)
-    plan = dataclasses.replace(plan, run_dir=str(run.path), recipe=stage_inputs(recipe, run))
+    run = create_dir(root, name)
+    recipe = stage_inputs(plan.recipe, run)
+    plan = dataclasses.replace(plan, run_dir=str(run.path), recipe=recipe)
     # Slurm nodes are known only inside the allocation, where the plan is made again.
-    placeholder = cluster.scheduler == "slurm"
+    placeholder = plan.cluster.scheduler == "slurm"
     sbatch, capacity = write_run_files(run, plan, placeholder)
     run.write_submission(rundir.Submission(created=time.time(), study=study))
     return Prepared(run, plan, need, capacity, sbatch, placeholder, study)
@@ -96,31 +117,102 @@ def stage_inputs(recipe: recipe_mod.Recipe, run: rundir.RunDir) -> recipe_mod.Re
     update = {}
     for key in ("data", "train"):
         src = getattr(a, key)
-        if not src or not Path(src).is_file():
+        try:
+            readable = bool(src) and Path(src).is_file()
+        except (OSError, ValueError):  # a name too long for this filesystem, ...
+            readable = False
+        if not readable:
             continue
         dest = run.path / INPUTS / Path(src).name
         try:
             dest.parent.mkdir(exist_ok=True)
             shutil.copyfile(src, dest)
         except OSError as e:
-            raise UserError(f"cannot copy accuracy.{key} {src} into {dest.parent}: {e}") from None
+            raise UserError(
+                f"cannot copy accuracy.{key} {show(src)} into {show(dest.parent)}: "
+                f"{e.strerror or e}"
+            ) from None
         update[key] = str(dest)
     if not update:
         return recipe
     return recipe.model_copy(update={"accuracy": a.model_copy(update=update)})
 
 
+# A run directory's path must fit in PATH_MAX (4096) with the run and file names under it.
+MAX_RUNS_DIR = 3000
+MAX_NAME = 255  # bytes in one path component (Linux filesystems)
+MAX_RUN_NAME = 120  # the part of a run directory's name after its time stamp
+
+
+def runs_dir(runs_root: Path) -> Path:
+    """--runs-dir as an absolute path, or one sentence saying why it cannot hold runs."""
+    text = str(runs_root)
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise UserError(
+            f"--runs-dir {show(text)} contains a newline or control character: choose a "
+            "directory without one (its path is written into shell scripts)"
+        )
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UserError(
+            f"--runs-dir {show(text)} is not UTF-8 text: choose another directory"
+        ) from None
+    try:
+        root = runs_root.expanduser().resolve()
+    except (OSError, RuntimeError) as e:
+        raise UserError(f"--runs-dir {show(text)}: {e}") from None
+    size = len(str(root).encode())
+    if size > MAX_RUNS_DIR:
+        raise UserError(
+            f"--runs-dir is {size:,} bytes long; run directories under it must fit in "
+            f"4,096, so use one of at most {MAX_RUNS_DIR:,}"
+        )
+    long = [p for p in root.parts if len(p.encode()) > MAX_NAME]
+    if long:
+        raise UserError(
+            f"--runs-dir: the name {show(long[0], 40)} is {len(long[0].encode())} bytes; "
+            f"a directory name holds at most {MAX_NAME}"
+        )
+    try:
+        is_file = root.exists() and not root.is_dir()
+    except OSError as e:
+        raise UserError(f"--runs-dir {show(root)}: {e.strerror or e}") from None
+    if is_file:
+        raise UserError(f"--runs-dir {show(root)} is a file, not a directory")
+    return root
+
+
+def check_runs_dir(root: Path, cluster: cluster_mod.Cluster, recipe: recipe_mod.Recipe) -> None:
+    """Characters the runs directory's path cannot hold where this run writes it."""
+    text = str(root)
+    if cluster.scheduler == "slurm":
+        if "%" in text:
+            raise UserError(
+                f"--runs-dir {show(text)} contains '%', which Slurm reads as a pattern in the "
+                "batch output's file name: choose a directory without it"
+            )
+        why = recipe_mod.sbatch_problem(text)
+        if why:
+            raise UserError(f"--runs-dir {show(text)} goes into the #SBATCH lines: {why}")
+    shared = cluster.compute_env.mode == "shared" and not cluster.compute_env.dir
+    if recipe.container is not None and ("," in text or ":" in text) or shared and ":" in text:
+        where = "container mounts (SRC:DST,...)" if recipe.container else "PYTHONPATH"
+        raise UserError(
+            f"--runs-dir {show(text)} goes into {where}, where ':' and ',' separate entries: "
+            "choose a directory without them"
+        )
+
+
 def create_dir(runs_root: Path, name: str) -> rundir.RunDir:
     """A new run (or study) directory under `runs_root`, or one sentence saying why not."""
-    root = runs_root.expanduser().resolve()
-    if "\n" in str(root) or any(ord(c) < 32 for c in str(root)):
-        raise UserError(f"--runs-dir {str(runs_root)!r} contains a control character")
-    if root.exists() and not root.is_dir():
-        raise UserError(f"--runs-dir {root} is a file, not a directory")
+    root = runs_dir(runs_root)
     try:
-        return rundir.create(root, name)
+        return rundir.create(root, name[:MAX_RUN_NAME])
     except OSError as e:
-        raise UserError(f"cannot create a run directory under {root}: {e.strerror or e}") from None
+        raise UserError(
+            f"--runs-dir {show(root)}: cannot create a run directory there: {e.strerror or e}"
+        ) from None
 
 
 def _sweep_values(spec: str) -> tuple[str, list[str]]:
@@ -128,10 +220,16 @@ def _sweep_values(spec: str) -> tuple[str, list[str]]:
     items = [v.strip() for v in values.split(",") if v.strip()]
     if not sep or not key.strip() or not items:
         raise UserError(
-            f"--sweep {spec!r}: write it as key.path=v1,v2,..., e.g. prefill.endpoints=4,8"
+            f"--sweep {show(spec)}: write it as key.path=v1,v2,..., e.g. prefill.endpoints=4,8"
         )
-    if len(set(items)) != len(items):
-        raise UserError(f"--sweep {spec!r}: a value is listed twice")
+    if len(items) > MAX_STUDY_RUNS:
+        raise UserError(
+            f"--sweep {key.strip()}: {len(items):,} values; a study holds at most "
+            f"{MAX_STUDY_RUNS} runs: sweep fewer values"
+        )
+    dup = next((v for v in items if items.count(v) > 1), None)
+    if dup is not None:
+        raise UserError(f"--sweep {key.strip()}: the value {show(dup, 40)} is listed twice")
     return key.strip(), items
 
 
@@ -140,8 +238,10 @@ def _value(key: str, text: str):
 
 
 def _label(text: str) -> str:
-    """A --sweep value as part of a directory name (no '/', no spaces)."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:40] or "x"
+    """A --sweep value as part of a directory name (no '/', no spaces; and not a word that
+    sbatch reads as a job separator in the #SBATCH line that holds the run's path)."""
+    label = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:40] or "x"
+    return re.sub("(het|pack)(job)", r"\1-\2", label, flags=re.I)
 
 
 def prepare_all(
@@ -151,29 +251,37 @@ def prepare_all(
     runs_root: Path,
     nodelist: str | None = None,
 ) -> list[Prepared]:
-    """One run, or one run per combination of --sweep values, grouped in a study folder."""
-    if not sweeps:
-        return [prepare(recipe_mod.load(ref, overrides), runs_root, nodelist)]
+    """One run, or one run per combination of --sweep values, grouped in a study folder.
+    Every run is validated and planned before anything is written."""
+    root = runs_dir(runs_root)
     axes = [_sweep_values(s) for s in sweeps]
+    keys = [k for k, _ in axes]
+    twice = next((k for k in keys if keys.count(k) > 1), None)
+    if twice:
+        raise UserError(f"--sweep {twice} is given twice: list all its values in one --sweep")
     count = 1
     for _, vals in axes:
         count *= len(vals)
-    if count > MAX_STUDY_RUNS:
-        raise UserError(
-            f"--sweep makes {count} runs; a study holds at most {MAX_STUDY_RUNS}: sweep fewer values"
-        )
+        if count > MAX_STUDY_RUNS:
+            raise UserError(
+                f"--sweep makes more than {MAX_STUDY_RUNS} runs, the most a study holds: "
+                "sweep fewer values"
+            )
+    names = cluster_mod.expand_nodelist(nodelist, "--nodelist") if nodelist else None
     combos = list(itertools.product(*[[(k, v) for v in vals] for k, vals in axes]))
-    recipes = []
-    for combo in combos:
-        sets = [f"{k}={v}" for k, v in combo]
-        recipes.append((combo, recipe_mod.load(ref, overrides, sets)))  # validate all first
-    base = recipes[0][1].name
-    study_dir = create_dir(runs_root, f"{base}-study").path
+    recipes = recipe_mod.load_many(ref, overrides, [[f"{k}={v}" for k, v in c] for c in combos])
+    profiles: dict = {}
+    planned = [plan_run(r, root, names, profiles) for r in recipes]
+    if not sweeps:
+        [(plan, need)] = planned
+        return [write_run(plan, need, root, plan.recipe.name, None)]
+    base = recipes[0].name
+    study_dir = create_dir(root, f"{base}-study").path
     study = study_dir.name
     out = []
-    for combo, recipe in recipes:
+    for combo, (plan, need) in zip(combos, planned, strict=True):
         label = "_".join(f"{_label(k.split('.')[-1])}{_label(v)}" for k, v in combo)
-        out.append(prepare(recipe, study_dir, nodelist, study=study, run_name=f"{base}_{label}"))
+        out.append(write_run(plan, need, study_dir, f"{base}_{label}", study))
     rundir.write_json(
         study_dir / rundir.STUDY,
         {
@@ -182,7 +290,7 @@ def prepare_all(
             "axes": {k: [_value(k, v) for v in vals] for k, vals in axes},
             "runs": [
                 {"run": p.run.run_id, "values": {k: _value(k, v) for k, v in c}}
-                for p, (c, _) in zip(out, recipes, strict=True)
+                for p, c in zip(out, combos, strict=True)
             ],
         },
     )

@@ -237,6 +237,8 @@ def place(recipe: Recipe, cluster: Cluster) -> list[tuple[Role, Pool, list[tuple
     for role, pool in recipe.pools():
         use = pool.gpus_per_node or gpn
         for _ in range(pool.endpoints):
+            if len(free) > MAX_NODES:  # stop early: counts up to 512 x 1024 x 64 are valid
+                raise UserError(_too_many(f"more than {MAX_NODES}"))
             if pool.gpus > use:
                 parts = []
                 for _ in range(pool.gpus // use):
@@ -275,7 +277,7 @@ def check_container(recipe: Recipe, cluster: Cluster) -> None:
         )
     if runtime in ("sandbox", "none") and not directory:
         raise UserError(
-            f"container.image {c.image!r}: {cluster.name} runs "
+            f"container.image {c.image!r}: the cluster profile {cluster.name} runs "
             + ("no containers" if runtime == "none" else "containers in a sandbox")
             + ", so the image must be a directory (an environment folder, or {compute_env})"
         )
@@ -294,8 +296,15 @@ def nodes_needed(recipe: Recipe, cluster: Cluster) -> int:
             f"use fewer endpoints"
         )
     if n > MAX_NODES:
-        raise UserError(f"the plan needs {n} nodes; this launcher plans at most {MAX_NODES}")
+        raise UserError(_too_many(str(n)))
     return n
+
+
+def _too_many(n: str) -> str:
+    return (
+        f"the plan needs {n} nodes and this launcher plans at most {MAX_NODES}: use fewer "
+        "endpoints or a smaller data_parallel"
+    )
 
 
 def make_plan(

@@ -464,7 +464,9 @@ def slurm_parameters(plan: Plan, nodes: int) -> dict:
         extra["mem"] = "0"
     if c.segment:
         extra["segment"] = nodes
-    extra.update({k.lstrip("-").replace("-", "_"): v for k, v in r.slurm.directives.items()})
+    extra.update(
+        {k.lstrip("-").replace("-", "_"): v for k, v in r.slurm.directives.items() if v is not None}
+    )  # None removes a directive, as it removes a flag
     params["additional_parameters"] = extra
     params["setup"] = batch_setup(plan) or None
     # wckey=None is how submitit drops its default "#SBATCH --wckey=submitit" line.
@@ -670,6 +672,15 @@ JOBID_PLACEHOLDER = "'--jobid=$SLURM_JOB_ID'"
 JOBID_BY_HAND = '"--jobid=${SLURM_JOB_ID:?export SLURM_JOB_ID=the job id}"'
 
 
+def shell_line(cmd: list[str]) -> str:
+    """`cmd` quoted for bash, every word one argument; only srun's own --jobid placeholder
+    expands (to the job the line is run for), never a value that happens to read the same."""
+    words = [shlex.quote(w) for w in cmd]
+    if cmd[:1] == ["srun"] and len(cmd) > 1 and words[1] == JOBID_PLACEHOLDER:
+        words[1] = JOBID_BY_HAND
+    return " ".join(words)
+
+
 def _comment(text: str) -> str:
     """A comment line that stays one comment line, whatever the text holds."""
     return "# " + re.sub(r"[\x00-\x1f\x7f]", "?", text)
@@ -699,7 +710,7 @@ def commands_sh(plan: Plan, run_dir: str) -> str:
     for name, commands in check_steps(plan):
         lines.append(_comment(f"{name}: the checks before anything starts -> {run_dir}/logs/{name}.log"))
         for cmd in commands:
-            lines.append(shlex.join(cmd).replace(JOBID_PLACEHOLDER, JOBID_BY_HAND))
+            lines.append(shell_line(cmd))
         lines.append("")
     for proc in processes(plan, run_dir):
         where = f"{proc.node}" + (f" gpus {','.join(map(str, proc.gpus))}" if proc.gpus else "")
@@ -709,7 +720,7 @@ def commands_sh(plan: Plan, run_dir: str) -> str:
             lines.append(
                 _comment(f"  passes through from your environment: {' '.join(proc.env_from_host)}")
             )
-        line = shlex.join(command_line(plan, proc)).replace(JOBID_PLACEHOLDER, JOBID_BY_HAND)
+        line = shell_line(command_line(plan, proc))
         lines.append(line + f" > {shlex.quote(run_dir + '/' + proc.log)} 2>&1 &")
         lines.append("")
     return "\n".join(lines)

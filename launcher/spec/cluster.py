@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from launcher.errors import UserError
-from launcher.spec.recipe import Strict, format_error, read_yaml
+from launcher.spec.recipe import (
+    ENV_NAME,
+    SECRET_NAME,
+    Strict,
+    _no_control_chars,
+    format_error,
+    read_yaml,
+    show,
+)
 
 CLUSTERS_DIR = Path(__file__).parents[1] / "clusters"
 
@@ -32,6 +42,13 @@ class ComputeEnv(Strict):
         default=None, description="shared folder for environments (default <runs-dir>/.pd-env)"
     )
 
+    @field_validator("dir")
+    @classmethod
+    def _one_path(cls, v: str | None) -> str | None:
+        if v and ":" in v:
+            raise ValueError("the launcher's source under it goes on PYTHONPATH: remove the ':'")
+        return v
+
 
 class Containers(Strict):
     """How container steps run and what they see (pyxis: only the image and the mounts)."""
@@ -52,6 +69,15 @@ class Containers(Strict):
         description="sandbox: host folders that stand for the image's operating system",
     )
 
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, v: list[str]) -> list[str]:
+        for m in v:
+            parts = m.split(":")
+            if not 2 <= len(parts) <= 3 or not all(parts[:2]) or "," in m:
+                raise ValueError(f"mount {show(m)}: write it as SRC:DST or SRC:DST:ro")
+        return v
+
 
 class Network(Strict):
     interface: str | None = Field(
@@ -70,17 +96,24 @@ class Models(Strict):
     )
     internet: bool = Field(default=True, description="compute nodes can reach the model hub")
 
+    @field_validator("hf_home")
+    @classmethod
+    def _mountable(cls, v: str | None) -> str | None:
+        if v and (":" in v or "," in v):
+            raise ValueError("it is mounted into containers as SRC:DST: remove the ':' or ','")
+        return v
+
 
 class Cluster(Strict):
     name: str
     scheduler: Literal["slurm", "local"]
     arch: Literal["any", "x86_64", "aarch64"] = "any"
     gpus_per_node: int = Field(ge=1, le=64)
-    gpu_memory_gib: float = Field(gt=0)
+    gpu_memory_gib: float = Field(gt=0, le=100_000)
     gpu_kind: Literal["gb200", "b200", "h200", "h100", "cpu"] = Field(
         default="gb200", description="what the KV-capacity estimate assumes for start-up memory"
     )
-    nodes_per_rack: int = Field(default=18, ge=1)
+    nodes_per_rack: int = Field(default=18, ge=1, le=100_000)
     gpu_directive: Literal["gpus-per-node", "gres"] = "gpus-per-node"
     gres_type: str | None = Field(
         default=None, pattern=r"^[A-Za-z0-9_.-]+$", description="e.g. gb200 for --gres=gpu:gb200:4"
@@ -98,16 +131,30 @@ class Cluster(Strict):
     network: Network = Field(default_factory=Network)
     models: Models = Field(default_factory=Models)
     nofile: int = Field(
-        default=65536, ge=1024, description="open files the router and clients need (ulimit -n)"
-    )
+        default=65536, ge=1024, le=1 << 30,
+        description="open files the router and clients need (ulimit -n)",
+    )  # fmt: skip
     kill_wait_s: float = Field(
-        default=30, gt=0, description="Slurm's KillWait: teardown must fit inside it"
+        default=30, gt=0, le=86400, description="Slurm's KillWait: teardown must fit inside it"
     )
     prometheus_sd_dir: str | None = Field(
         default=None,
         description="where running jobs list their scrape targets for Prometheus file-SD "
         "(shared by all jobs; default: each run directory's prometheus/)",
     )
+
+    @model_validator(mode="after")
+    def _check(self) -> Cluster:
+        for key in self.env:
+            if not ENV_NAME.match(key):
+                raise ValueError(f"env: {show(key)} is not a valid environment variable name")
+            if SECRET_NAME.search(key):
+                raise ValueError(
+                    f"env.{key} looks like a secret: list its name under a recipe's "
+                    "env_from_host so its value never lands in the run directory"
+                )
+        _no_control_chars(self.model_dump(mode="json"), "")
+        return self
 
 
 def available() -> dict[str, Path]:
@@ -116,13 +163,19 @@ def available() -> dict[str, Path]:
 
 def load(ref: str) -> Cluster:
     path = Path(ref)
-    if not path.is_file():
-        found = available()
-        if ref not in found:
-            raise UserError(
-                f"no cluster profile {ref!r}: give a YAML path or one of: {', '.join(found)}"
-            )
-        path = found[ref]
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        st = None
+    found = available()
+    if ref in found and (st is None or stat.S_ISDIR(st.st_mode)):
+        path = found[ref]  # a shipped profile's name (a folder of that name does not count)
+    elif st is None:
+        if "/" in ref or path.suffix in (".yaml", ".yml"):
+            raise UserError(f"cluster profile file {show(ref)} does not exist")
+        raise UserError(
+            f"no cluster profile {show(ref)}: give a YAML path or one of: {', '.join(found)}"
+        )
     data = read_yaml(path, "a cluster profile")
     try:
         return Cluster.model_validate(data)
@@ -132,7 +185,7 @@ def load(ref: str) -> Cluster:
 
 def profile_nodes(cluster: Cluster, count: int) -> list[str]:
     """Node names for a plan made outside an allocation: the profile's list, extended."""
-    names = expand_nodelist(cluster.dry_run_nodes)
+    names = expand_nodelist(cluster.dry_run_nodes, f"cluster profile {cluster.name}: dry_run_nodes")
     return names + [f"node-{i:03d}" for i in range(len(names) + 1, count + 1)]
 
 
@@ -140,13 +193,16 @@ _GROUP = re.compile(r"^(?P<prefix>[^\[\],]*)\[(?P<ranges>[^\]]+)\](?P<suffix>[^\
 
 
 MAX_NODELIST = 4096
-NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_NUMBER = re.compile("[0-9]{1,9}")  # ASCII digits: str.isdigit() takes '²', int() does not
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")
 
 
-def expand_nodelist(text: str) -> list[str]:
-    """`gb200-[01-03,07],login1` -> names, keeping zero padding (one bracket group per name)."""
+def expand_nodelist(text: str, where: str = "node list") -> list[str]:
+    """`gb200-[01-03,07],login1` -> names, keeping zero padding (one bracket group per name).
+    `where` names the input in errors (--nodelist, a profile's dry_run_nodes)."""
+    shown = show(text)
     if text.count("[") != text.count("]"):
-        raise UserError(f"cannot read node list {text[:80]!r}: unbalanced brackets")
+        raise UserError(f"{where}: cannot read {shown}: unbalanced brackets")
     names: list[str] = []
     for item in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)?", text.strip()):
         item = item.strip()
@@ -155,26 +211,29 @@ def expand_nodelist(text: str) -> list[str]:
         m = _GROUP.match(item)
         if not m:
             if "[" in item or "]" in item:
-                raise UserError(f"cannot read node list {text[:80]!r} near {item[:40]!r}")
+                raise UserError(f"{where}: cannot read {shown} near {show(item, 40)}")
             names.append(item)
-            continue
-        for part in m["ranges"].split(","):
-            lo, _, hi = part.partition("-")
-            if not lo.isdigit() or (hi and not hi.isdigit()) or len(lo) > 9 or len(hi) > 9:
-                raise UserError(f"cannot read node list {text[:80]!r} near {part[:40]!r}")
-            first, last = int(lo), int(hi or lo)
-            if last - first + len(names) >= MAX_NODELIST:
-                raise UserError(
-                    f"node list {text[:80]!r} names more than {MAX_NODELIST} nodes"
-                )
-            width = len(lo)
-            for i in range(first, last + 1):
-                names.append(f"{m['prefix']}{i:0{width}d}{m['suffix']}")
+        else:
+            for part in m["ranges"].split(","):
+                lo, _, hi = part.partition("-")
+                if not _NUMBER.fullmatch(lo) or hi and not _NUMBER.fullmatch(hi):
+                    raise UserError(f"{where}: cannot read {shown} near {show(part, 40)}")
+                first, last = int(lo), int(hi or lo)
+                if last - first + len(names) >= MAX_NODELIST:
+                    raise UserError(f"{where}: {shown} names more than {MAX_NODELIST} nodes")
+                width = len(lo)
+                for i in range(first, last + 1):
+                    names.append(f"{m['prefix']}{i:0{width}d}{m['suffix']}")
+        if len(names) > MAX_NODELIST:
+            raise UserError(f"{where}: {shown} names more than {MAX_NODELIST} nodes")
+    seen: set[str] = set()
     for n in names:
+        if n in seen:
+            raise UserError(f"{where}: {shown} names {n} twice")
+        seen.add(n)
         if not NODE_NAME.match(n):
             raise UserError(
-                f"node name {n[:70]!r} is not a host name (letters, digits, '.', '_', '-')"
+                f"{where}: node name {show(n, 70)} is not a host name (letters, digits, '.', "
+                "'_', '-'; at most 63)"
             )
-    if len(names) > MAX_NODELIST:
-        raise UserError(f"the node list names more than {MAX_NODELIST} nodes")
     return names

@@ -7,7 +7,11 @@ Unknown keys, wrong types and bad values are errors that name the key and the fi
 
 from __future__ import annotations
 
+import functools
+import json
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -30,7 +34,7 @@ RECIPES_DIR = Path(__file__).parents[1] / "recipes"
 SECRET_NAME = re.compile(
     r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL)", re.IGNORECASE
 )
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 ArgValue = str | int | float | bool | None
 # Flag names that carry a secret's value (vLLM: --api-key, --hf-token, ...).
@@ -58,6 +62,35 @@ OWNED_DIRECTIVES = {
     "array": "one job per run; use --sweep for several",
     "wrap": "the launcher writes the batch script",
 }
+# Options the batch script sets besides the owned ones: a directive may set them exactly
+# (e.g. mem), never by an abbreviation (sbatch's option parser takes any unambiguous prefix).
+EMITTED_DIRECTIVES = {*OWNED_DIRECTIVES, "exclusive", "gpus-per-node", "gres", "mem", "segment"}
+# sbatch (and slurmctld) read either word anywhere in an #SBATCH line as a job separator.
+SBATCH_SPLIT = re.compile("hetjob|packjob", re.I)
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def show(text: object, limit: int = 80) -> str:
+    """User input inside a one-line message: as is when short and printable, else quoted
+    (escapes visible) and cut."""
+    text = str(text)
+    if len(text) <= limit and text.isprintable() and not _SURROGATE.search(text):
+        return text
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")
+
+
+def sbatch_problem(text: str) -> str | None:
+    """Why `text` cannot stand in an #SBATCH line as it is (None when it can). Values are
+    quoted there, but sbatch's own reader differs from the shell's in two ways."""
+    if SBATCH_SPLIT.search(text):
+        return (
+            "sbatch reads 'hetjob' or 'packjob' anywhere in an #SBATCH line as the start of "
+            "another job component, so choose another word"
+        )
+    if "\\" in text:
+        return "sbatch reads a backslash in an #SBATCH line as an escape, so remove it"
+    return None
 
 
 def _env_values(v: Any) -> Any:
@@ -76,36 +109,43 @@ EnvMap = Annotated[dict[str, str], BeforeValidator(_env_values)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # No NaN or infinity: every number reaches arithmetic (the plan, the KV estimate) or a
+    # command line, where neither means anything.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ModelFacts(Strict):
-    """Architecture facts for the KV-capacity estimate (read config.json when you can)."""
+    """Architecture facts for the KV-capacity estimate (read config.json when you can).
+    Bounded far above any real model, so the estimate's arithmetic stays finite."""
 
-    total_params_b: float = Field(gt=0, description="parameters, billions")
+    total_params_b: float = Field(gt=0, le=100_000, description="parameters, billions")
     weight_bits: float = Field(
-        default=16, gt=0, description="bits per weight as stored (NVFP4 ~4.5)"
+        default=16, gt=0, le=64, description="bits per weight as stored (NVFP4 ~4.5)"
     )
-    full_attention_layers: int = Field(ge=0)
-    num_kv_heads: int = Field(ge=1)
-    head_dim: int = Field(ge=1)
-    gdn_layers: int = Field(default=0, ge=0, description="linear-attention (GDN/Mamba) layers")
-    gdn_value_heads: int = Field(default=0, ge=0)
-    gdn_key_head_dim: int = Field(default=0, ge=0)
-    gdn_value_head_dim: int = Field(default=0, ge=0)
-    gdn_key_heads: int = Field(default=0, ge=0)
-    conv_kernel: int = Field(default=4, ge=1)
+    full_attention_layers: int = Field(ge=0, le=10_000)
+    num_kv_heads: int = Field(ge=1, le=65_536)
+    head_dim: int = Field(ge=1, le=65_536)
+    gdn_layers: int = Field(
+        default=0, ge=0, le=10_000, description="linear-attention (GDN/Mamba) layers"
+    )
+    gdn_value_heads: int = Field(default=0, ge=0, le=65_536)
+    gdn_key_head_dim: int = Field(default=0, ge=0, le=65_536)
+    gdn_value_head_dim: int = Field(default=0, ge=0, le=65_536)
+    gdn_key_heads: int = Field(default=0, ge=0, le=65_536)
+    conv_kernel: int = Field(default=4, ge=1, le=1024)
     dense_params_b: float = Field(
-        default=0, ge=0, description="non-expert parameters (replicated on every EP rank), billions"
-    )
+        default=0, ge=0, le=100_000,
+        description="non-expert parameters (replicated on every EP rank), billions",
+    )  # fmt: skip
     ssm_state_dtype: str = Field(default="float32", description="config's mamba_ssm_dtype")
     hybrid: bool = Field(default=False, description="hybrid SSM model: P and D need equal TP")
     kv_cache_quant_algo: str | None = Field(
         default=None, description="the checkpoint's KV-cache quantization (e.g. FP8), if any"
     )
     max_position_embeddings: int | None = Field(
-        default=None, ge=1, description="the model's context (vLLM's default max-model-len)"
-    )
+        default=None, ge=1, le=1 << 31,
+        description="the model's context (vLLM's default max-model-len)",
+    )  # fmt: skip
 
 
 class Model(Strict):
@@ -115,6 +155,13 @@ class Model(Strict):
     served_name: str | None = Field(default=None, max_length=256)
     facts: ModelFacts | None = None
     revision: str | None = Field(default=None, description="hub revision to stage (hub ids)")
+
+    @field_validator("path", "served_name", "revision")
+    @classmethod
+    def _not_a_flag(cls, v: str | None) -> str | None:
+        if v and v.startswith("-"):
+            raise ValueError("it begins with '-', so vLLM would read it as a flag")
+        return v
 
     @property
     def hub_id(self) -> bool:
@@ -254,14 +301,29 @@ class Slurm(Strict):
     @field_validator("directives")
     @classmethod
     def _directives(cls, v: dict[str, ArgValue]) -> dict[str, ArgValue]:
-        for key in v:
+        seen: dict[str, str] = {}
+        for key, value in v.items():
             k = key.lstrip("-").replace("_", "-")
-            if not re.fullmatch(r"[a-z][a-z0-9-]{0,40}", k):
+            if not re.fullmatch(r"[a-z][a-z0-9-]{1,40}", k):
                 raise ValueError(
-                    f"{key!r} is not an sbatch option name (lower-case letters, digits, '-')"
+                    f"{show(key)} is not an sbatch option name (the long name: lower-case "
+                    "letters, digits and '-')"
                 )
             if k in OWNED_DIRECTIVES:
                 raise ValueError(f"remove {key!r}: {OWNED_DIRECTIVES[k]}")
+            longer = sorted(o for o in EMITTED_DIRECTIVES if o.startswith(k) and o != k)
+            if longer:
+                raise ValueError(
+                    f"remove {key!r}: sbatch reads it as --{longer[0]}, which the launcher sets"
+                )
+            if k in seen:
+                raise ValueError(f"{seen[k]!r} and {key!r} are the same sbatch option: keep one")
+            seen[k] = key
+            if value is False:
+                raise ValueError(f"{key}: write true for a flag, or remove the key (false)")
+            why = sbatch_problem(k) or (None if value is None else sbatch_problem(str(value)))
+            if why:
+                raise ValueError(f"{key}: {why}")
         return v
 
     @field_validator("time_limit", mode="before")
@@ -310,7 +372,8 @@ def _sim_knobs_model() -> type[BaseModel]:
         f.name: (kinds[str(f.type)] | None, Field(default=None, description=Knobs.doc(f.name)))
         for f in fields(Knobs)
     }
-    return create_model("SimKnobs", __config__=ConfigDict(extra="forbid"), **spec)
+    config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    return create_model("SimKnobs", __config__=config, **spec)
 
 
 SimKnobs = _sim_knobs_model()
@@ -319,7 +382,8 @@ SIM_KNOBS = frozenset(SimKnobs.model_fields)
 
 def _no_control_chars(value: Any, where: str) -> None:
     """Every recipe value may end up in a shell script or an #SBATCH line: a newline or a
-    control character there would end a comment or split a command."""
+    control character there would end a comment or split a command; a lone surrogate (from
+    bytes that are not UTF-8) cannot be written to the run files at all."""
     if isinstance(value, dict):
         for k, v in value.items():
             _no_control_chars(k, where)
@@ -327,11 +391,16 @@ def _no_control_chars(value: Any, where: str) -> None:
     elif isinstance(value, list):
         for i, v in enumerate(value):
             _no_control_chars(v, f"{where}[{i}]")
-    elif isinstance(value, str) and any(ord(c) < 32 and c != "\t" or c == "\x7f" for c in value):
-        raise ValueError(
-            f"{where or 'a key'}: {value[:40]!r} contains a newline or control character; "
-            "values end up in shell scripts, so write them on one line"
-        )
+    elif isinstance(value, str):
+        if _CONTROL.search(value):
+            raise ValueError(
+                f"{show(where or 'a key')}: {value[:40]!r} contains a newline or control "
+                "character; values end up in shell scripts, so write them on one line"
+            )
+        if _SURROGATE.search(value):
+            raise ValueError(
+                f"{show(where or 'a key')}: {value[:40]!r} is not UTF-8 text; write it in UTF-8"
+            )
 
 
 class Recipe(Strict):
@@ -380,8 +449,27 @@ class Recipe(Strict):
         description="simulator knobs (engine: sim), rendered as SIM_* env",
     )
 
+    @field_validator("kv_connector")
+    @classmethod
+    def _json_values(cls, v: dict[str, Any]) -> dict[str, Any]:
+        try:
+            json.dumps(v, allow_nan=False)
+        except (TypeError, ValueError, RecursionError):
+            raise ValueError(
+                "it becomes vLLM's --kv-transfer-config JSON: write strings, finite numbers, "
+                "true/false, null, lists and mappings only"
+            ) from None
+        return v
+
     @model_validator(mode="after")
     def _check(self) -> Recipe:
+        for where, text in [
+            ("name", self.name), ("slurm.partition", self.slurm.partition),
+            ("slurm.account", self.slurm.account), ("slurm.qos", self.slurm.qos),
+        ]:  # fmt: skip
+            why = sbatch_problem(text) if text else None
+            if why:
+                raise ValueError(f"{where}: {why}")
         if self.mode == "disagg":
             if self.prefill.endpoints < 1 or self.decode.endpoints < 1:
                 raise ValueError(
@@ -451,15 +539,24 @@ def shipped() -> dict[str, Path]:
 def resolve_path(ref: str) -> Path:
     """A recipe file path, or the name of a shipped recipe."""
     p = Path(ref)
-    if p.suffix in (".yaml", ".yml") or p.exists():
-        if not p.is_file():
-            raise UserError(f"recipe file {ref} does not exist")
+    try:
+        st = os.stat(p)
+    except (OSError, ValueError):
+        st = None
+    if p.suffix in (".yaml", ".yml") or st is not None:
+        if st is None:
+            raise UserError(f"recipe file {show(ref)} does not exist")
+        if stat.S_ISDIR(st.st_mode):
+            raise UserError(
+                f"recipe {show(ref)} is a directory: give a recipe YAML file or the name of a "
+                "shipped recipe"
+            )
         return p
     found = shipped()
     if ref in found:
         return found[ref]
     names = ", ".join(found) or "none"
-    raise UserError(f"no recipe named {ref!r}: give a YAML path or one of: {names}")
+    raise UserError(f"no recipe named {show(ref)}: give a YAML path or one of: {names}")
 
 
 def yaml_module():
@@ -468,26 +565,67 @@ def yaml_module():
     return yaml
 
 
-MAX_YAML_BYTES = 1 << 20
+# Recipes and profiles are a few KB; these bounds keep a hostile file to well under a second
+# of parsing (PyYAML's pure-Python parser takes about 10 us per byte).
+MAX_YAML_BYTES = 64 << 10
+MAX_YAML_NODES = 5000
+MAX_YAML_DEPTH = 32
+# YAML types JSON cannot carry: the run files are JSON and the values reach command lines.
+NOT_JSON_TAGS = ("timestamp", "binary", "set", "omap", "pairs")
 
 
-def _loader(text: str):
-    """PyYAML's safe loader, minus what does not belong in a recipe: dates stay strings (the
-    run files are JSON), and aliases are refused (nested ones expand exponentially). Text
-    without '*' has no alias, so libyaml's parser reads it (ten times faster)."""
+@functools.cache
+def _loader():
+    """PyYAML's safe loader, minus what does not belong in a recipe: dates stay strings and
+    explicit tags of non-JSON types are refused (the run files are JSON), aliases are
+    refused (nested ones expand exponentially), and size, count and depth are bounded."""
     yaml = yaml_module()
-    fast = "*" not in text and yaml.__with_libyaml__
+    ComposerError = yaml.composer.ComposerError
+    ConstructorError = yaml.constructor.ConstructorError
 
-    class Loader(yaml.CSafeLoader if fast else yaml.SafeLoader):
+    class Loader(yaml.SafeLoader):
+        def __init__(self, stream):
+            super().__init__(stream)
+            self.pd_nodes = 0
+            self.pd_depth = 0
+
         def compose_node(self, parent, index):
-            if self.check_event(yaml.AliasEvent):
-                event = self.peek_event()
-                mark = event.start_mark
-                raise yaml.composer.ComposerError(
-                    None, None, "YAML aliases (*name) are not supported here", mark
+            event = self.peek_event()
+            mark = event.start_mark
+            if isinstance(event, yaml.AliasEvent):
+                raise ComposerError(None, None, "YAML aliases (*name) are not supported here", mark)
+            self.pd_nodes += 1
+            if self.pd_nodes > MAX_YAML_NODES:
+                raise ComposerError(None, None, f"more than {MAX_YAML_NODES:,} values", mark)
+            if self.pd_depth >= MAX_YAML_DEPTH:
+                raise ComposerError(
+                    None, None, f"nested more than {MAX_YAML_DEPTH} levels deep", mark
                 )
-            return super().compose_node(parent, index)
+            self.pd_depth += 1
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.pd_depth -= 1
 
+        def construct_yaml_int(self, node):
+            try:
+                return super().construct_yaml_int(node)
+            except ValueError:  # Python refuses int() of more than 4,300 digits
+                why = f"a number of {len(node.value):,} digits is too long"
+                raise ConstructorError(None, None, why, node.start_mark) from None
+
+    def refuse(loader, node):
+        kind = node.tag.rpartition(":")[2]
+        raise ConstructorError(
+            None, None,
+            f"{kind} values (!!{kind}) are not supported: write strings, numbers, lists and "
+            "mappings",
+            node.start_mark,
+        )  # fmt: skip
+
+    Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_yaml_int)
+    for tag in NOT_JSON_TAGS:
+        Loader.add_constructor(f"tag:yaml.org,2002:{tag}", refuse)
     Loader.yaml_implicit_resolvers = {
         k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:timestamp"]
         for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
@@ -496,24 +634,38 @@ def _loader(text: str):
 
 
 def yaml_value(text: str):
-    return yaml_module().load(text, Loader=_loader(text))
+    return yaml_module().load(text, Loader=_loader())
+
+
+def _yaml_problem(e: Exception) -> str:
+    """One line from one of PyYAML's errors (or a RecursionError from its composer)."""
+    why = getattr(e, "problem", None) or (str(e).splitlines() or [type(e).__name__])[0]
+    return " ".join(str(why).split())[:160]
 
 
 def parse_override(text: str, flag: str = "--set") -> tuple[list[str], Any]:
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
-        raise UserError(f"{flag} {text!r}: write it as key.path=value, e.g. prefill.endpoints=8")
-    parts = key.strip().split(".")
-    if any(not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", p) for p in parts):
         raise UserError(
-            f"{flag} {text!r}: {key.strip()!r} is not a key path (names of letters, digits, "
-            "'_' or '-', joined by '.')"
+            f"{flag} {show(text)}: write it as key.path=value, e.g. prefill.endpoints=8"
+        )
+    parts = key.strip().split(".")
+    if any(not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", p) for p in parts) or len(parts) > 16:
+        raise UserError(
+            f"{flag} {show(text)}: {show(key.strip())} is not a key path (names of letters, "
+            "digits, '_' or '-', joined by '.')"
+        )
+    if len(raw) > MAX_YAML_BYTES:
+        raise UserError(
+            f"{flag} {key.strip()}: the value is {len(raw):,} characters; the most is "
+            f"{MAX_YAML_BYTES:,}"
         )
     try:
         value = yaml_value(raw) if raw.strip() else ""
     except Exception as e:  # yaml's errors are many classes; any means "not a value"
-        why = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise UserError(f"{flag} {text!r}: {raw!r} is not a YAML value ({why})") from None
+        raise UserError(
+            f"{flag} {key.strip()}: {show(raw, 60)} is not a YAML value ({_yaml_problem(e)})"
+        ) from None
     return parts, value
 
 
@@ -527,7 +679,7 @@ def apply_overrides(data: dict, overrides: list[str], flag: str = "--set") -> di
                 child = node[part] = {}
             if not isinstance(child, dict):
                 where = ".".join(path[: i + 1])
-                raise UserError(f"{flag} {text!r}: {where} is a value, not a section")
+                raise UserError(f"{flag} {show(text)}: {where} is a value, not a section")
             node = child
         node[path[-1]] = value
     return data
@@ -539,7 +691,7 @@ def format_error(
     """One sentence for the first problem, naming the file, the --set or --sweep value that
     brought it, and the key (pydantic's per-union-member noise is dropped)."""
     origins = [(o.partition("=")[0].strip(), f"--set {o.partition('=')[0].strip()}") for o in overrides or []]
-    origins += [(s.partition("=")[0].strip(), f"--sweep value {s}") for s in sweep]
+    origins += [(s.partition("=")[0].strip(), f"--sweep value {show(s)}") for s in sweep]
     errors, seen = [], set()
     for err in e.errors():
         loc = tuple(str(x) for x in err["loc"] if not _union_member(x))
@@ -553,6 +705,7 @@ def format_error(
         if loc and (loc == k or loc.startswith(k + ".") or k.startswith(loc + "."))
         or not loc and k in msg
     ]  # fmt: skip
+    source = show(source, 200)
     where = f"{source} with {came[-1]}" if came else source
     if err["type"] == "extra_forbidden":
         text = f"{where}: unknown key {loc!r}"
@@ -575,49 +728,85 @@ def _union_member(part: object) -> bool:
 
 def read_yaml(path: Path, what: str) -> dict:
     """A YAML mapping from `path`, or one sentence saying what is wrong with the file."""
+    name = show(path, 200)
     try:
-        text = path.read_text(encoding="utf-8")
-    except IsADirectoryError:
-        raise UserError(f"{path} is a directory, not {what} file") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{path} is not UTF-8 text: {what} is a YAML file") from None
+        # Non-blocking, so a FIFO in place of the file cannot hang us before the check below.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read {name}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise UserError(f"{name} is a directory, not {what} file")
+        if not stat.S_ISREG(mode):
+            raise UserError(f"{name} is not a regular file: {what} is a YAML file")
+        chunks: list[bytes] = []
+        while (got := sum(map(len, chunks))) <= MAX_YAML_BYTES:
+            chunk = os.read(fd, MAX_YAML_BYTES + 1 - got)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        raw = b"".join(chunks)
     except OSError as e:
-        raise UserError(f"cannot read {path}: {e.strerror or e}") from None
-    if len(text) > MAX_YAML_BYTES:
-        raise UserError(f"{path} is {len(text):,} bytes: {what} is at most {MAX_YAML_BYTES:,}")
-    if "\x00" in text:
-        raise UserError(f"{path} contains a NUL byte: {what} is a text file")
+        raise UserError(f"cannot read {name}: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_YAML_BYTES:
+        raise UserError(f"{name} is larger than {MAX_YAML_BYTES:,} bytes, the most {what} may be")
+    if b"\0" in raw:
+        raise UserError(f"{name} contains a NUL byte: {what} is a text file")
     try:
-        data = yaml_module().load(text, Loader=_loader(text))
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{name} is not UTF-8 text: {what} is a YAML file") from None
+    try:
+        data = yaml_module().load(text, Loader=_loader())
     except Exception as e:  # yaml's errors are many classes; all mean "fix the file"
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        why = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise UserError(f"{path}: not valid YAML{at}: {why}") from None
+        raise UserError(f"{name}: not valid YAML{at}: {_yaml_problem(e)}") from None
     if not isinstance(data, dict):
-        raise UserError(f"{path}: {what} is a YAML mapping of keys to values")
+        raise UserError(f"{name}: {what} is a YAML mapping of keys to values")
     return data
 
 
 def load(ref: str, overrides: list[str] | None = None, sweep: list[str] = ()) -> Recipe:
     """The recipe at `ref` with --set `overrides` and one combination of --sweep values."""
+    return load_many(ref, overrides, [list(sweep)])[0]
+
+
+def load_many(
+    ref: str, overrides: list[str] | None, sweeps: list[list[str]]
+) -> list[Recipe]:
+    """The recipe at `ref` once per combination of --sweep values (the file is read once)."""
+    import copy
+
     path = resolve_path(ref)
     data = read_yaml(path, "a recipe")
     _resolve_relative(data, path.parent)
     data = apply_overrides(data, overrides or [])
-    data = apply_overrides(data, list(sweep), flag="--sweep")
-    return validate(data, str(path), overrides, sweep)
+    out = []
+    for sweep in sweeps:
+        one = apply_overrides(copy.deepcopy(data), list(sweep), flag="--sweep")
+        _resolve_relative(one, None)  # what --set and --sweep gave is relative to the cwd
+        out.append(validate(one, str(path), overrides, sweep))
+    return out
 
 
-def _resolve_relative(data: dict, base: Path) -> None:
-    """Data paths in a recipe file are relative to that file (overrides: to the cwd)."""
+def _resolve_relative(data: dict, base: Path | None) -> None:
+    """Data paths in a recipe file are relative to that file, those of --set and --sweep
+    (base None) to the cwd: recipe.yaml holds them absolute, so the plan made again inside
+    the allocation (from the run directory) names the same files as the dry-run."""
     acc = data.get("accuracy")
     for key in ("data", "train"):
         if not (isinstance(acc, dict) and isinstance(acc.get(key), str) and acc[key]):
             continue
-        p = Path(acc[key]).expanduser()
-        if not p.is_absolute():
-            acc[key] = str((base / p).resolve())
+        try:
+            p = Path(acc[key]).expanduser()
+            if not p.is_absolute():
+                acc[key] = str(((base or Path.cwd()) / p).resolve())
+        except (OSError, RuntimeError, ValueError):  # ~nobody, a NUL: validation says so
+            continue
 
 
 def validate(
@@ -630,9 +819,16 @@ def validate(
 
 
 def dump(recipe: Recipe) -> str:
-    """The fully resolved recipe, as written to the run directory."""
+    """The fully resolved recipe, as written to the run directory (and read back, with the
+    same bounds, inside the allocation)."""
     data = recipe.model_dump(mode="json")
     data["sim"] = recipe.sim.model_dump(mode="json", exclude_none=True)
     yaml = yaml_module()
-    dumper = yaml.CSafeDumper if yaml.__with_libyaml__ else yaml.SafeDumper
-    return yaml.dump(data, Dumper=dumper, sort_keys=False)
+    dumper = yaml.CSafeDumper if yaml.__with_libyaml__ else yaml.SafeDumper  # same text, faster
+    text = yaml.dump(data, Dumper=dumper, sort_keys=False, allow_unicode=True)
+    if len(text.encode()) > MAX_YAML_BYTES:
+        raise UserError(
+            f"recipe {recipe.name} is larger than {MAX_YAML_BYTES:,} bytes once resolved: "
+            "shorten its longest values"
+        )
+    return text
