@@ -31,6 +31,7 @@ _MODELLED = {
     "max_num_batched_tokens", "max_model_len", "stream_interval", "gpu_memory_utilization",
     "kv_cache_dtype", "mamba_ssm_cache_dtype", "disable_log_stats", "aggregate_engine_logging",
     "enable_request_id_headers", "enable_scale_out", "tokens_only", "config", "help",
+    "disable_uvicorn_access_log",
 }
 _FIRST_OPTION = {rec["dest"]: rec["options"][0] for rec in vllm_flags.FLAGS}
 
@@ -73,6 +74,7 @@ class SimConfig:
     log_stats_interval: float
     knobs: knobs_mod.Knobs
     scale_out: bool = False
+    access_log: bool = True  # uvicorn's access lines (--disable-uvicorn-access-log: off)
     ignored_flags: list[str] = field(default_factory=list)
     argv_warnings: list[tuple[str, str]] = field(default_factory=list)
 
@@ -202,6 +204,7 @@ def parse(argv: list[str], env: dict[str, str] | None = None) -> SimConfig:
         log_stats_interval=float(env.get("VLLM_LOG_STATS_INTERVAL", "10")),
         knobs=knobs,
         scale_out=bool(ns.enable_scale_out or ns.tokens_only),
+        access_log=not ns.disable_uvicorn_access_log,
         ignored_flags=ignored,
         argv_warnings=warnings,
     )
