@@ -785,6 +785,8 @@ def run(run_dir: Path) -> int:
         orch.cancel_reason, orch.teardown_budget_s = signals.reason, signals.budget_s or 30
     if plan.recipe.engine == "sim":
         say("engine: SIMULATED (launcher.sim): no model runs, timings come from the speed model")
+    elif plan.recipe.engine_platform == "cpu":
+        say("engine: vLLM (CPU): real vLLM on this host's CPU, not a GPU measurement")
     state, error, culprit = State.SUCCEEDED, None, None
     try:
         orch.run_all()
