@@ -362,26 +362,30 @@ class Api:
                                 "tool_calls": [], "reasoning_content": None},
                     "logprobs": None, "finish_reason": req.finished, "stop_reason": None,
                 })
-            else:
+            else:  # vLLM 0.33's CompletionResponseChoice, every field
                 choices.append({
                     "index": i, "text": text, "logprobs": None, "finish_reason": req.finished,
                     "stop_reason": None, "token_ids": None, "prompt_logprobs": None,
-                    "prompt_token_ids": None,
+                    "prompt_token_ids": None, "routed_experts": None, "weight_versions": None,
                 })
         prompt_tokens = sum(p.num_tokens for p in prompts)
         completion_tokens = sum(r.generated for r, _ in reqs)
         out: dict[str, Any] = {
             "id": rid, "object": "chat.completion" if chat else "text_completion",
             "created": created, "model": self.cfg.served_model_name, "choices": choices,
-            "service_tier": None, "system_fingerprint": None,
+            "service_tier": None, "system_fingerprint": self.cfg.system_fingerprint,
             "usage": {"prompt_tokens": prompt_tokens,
                       "total_tokens": prompt_tokens + completion_tokens,
-                      "completion_tokens": completion_tokens, "prompt_tokens_details": None},
+                      "completion_tokens": completion_tokens, "prompt_tokens_details": None,
+                      "completion_tokens_details": None},
         }
         if chat:
             out["prompt_logprobs"] = None
             out["prompt_token_ids"] = None
         out["kv_transfer_params"] = reqs[0][0].kv_params
+        if not chat:  # vLLM 0.33's CompletionResponse
+            out["ec_transfer_params"] = None
+            out["metrics"] = None
         return web.json_response(out)
 
     async def _stream(self, request: web.Request, body: dict[str, Any], engine: Engine,
@@ -396,8 +400,9 @@ class Api:
         created = int(time.time())
         model = self.cfg.served_model_name
         obj = "chat.completion.chunk" if chat else "text_completion"
-        usage_null = ', "usage": null' if include_usage else ""
+        usage_null = ', "usage": null' if include_usage and chat else ""
         head = json.dumps({"id": rid, "object": obj, "created": created, "model": model})[:-1]
+        fingerprint = self.cfg.system_fingerprint
 
         def chunk(text: str | None, finish: str | None, role: bool = False) -> bytes:
             usage = usage_null
@@ -410,10 +415,18 @@ class Api:
                     ({"content": text} if text is not None else {})
                 choice = {"index": 0, "delta": delta, "logprobs": None,
                           "finish_reason": finish, "stop_reason": None}
+                tail = ""
             else:
+                # vLLM 0.33's completion chunk (exclude_unset): the choice's fields it sets,
+                # kv_transfer_params on every chunk, the fingerprint on the last one when no
+                # usage chunk follows
                 choice = {"index": 0, "text": text or "", "logprobs": None,
-                          "finish_reason": finish, "stop_reason": None}
-            return (f"data: {head}, \"choices\": [{json.dumps(choice)}]{usage}}}\n\n"
+                          "finish_reason": finish, "stop_reason": None,
+                          "prompt_token_ids": None, "token_ids": None, "weight_versions": None}
+                tail = f', "kv_transfer_params": {json.dumps(req.kv_params if finish else None)}'
+                if finish and not include_usage and fingerprint is not None:
+                    tail += f', "system_fingerprint": {json.dumps(fingerprint)}'
+            return (f"data: {head}, \"choices\": [{json.dumps(choice)}]{usage}{tail}}}\n\n"
                     ).encode()
 
         try:
@@ -440,9 +453,11 @@ class Api:
                         usage = {"prompt_tokens": prompt.num_tokens,
                                  "total_tokens": prompt.num_tokens + g,
                                  "completion_tokens": g}
+                        fp = (f', "system_fingerprint": {json.dumps(fingerprint)}'
+                              if fingerprint is not None and not chat else "")
                         await resp.write(
-                            f"data: {head}, \"choices\": [], \"usage\": {json.dumps(usage)}}}"
-                            "\n\n".encode())
+                            f"data: {head}, \"choices\": [], \"usage\": {json.dumps(usage)}"
+                            f"{fp}}}\n\n".encode())
                     break
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
