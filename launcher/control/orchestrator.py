@@ -386,7 +386,9 @@ class Orchestrator:
     def note_loading(self) -> None:
         """Each engine's model-loading progress, from vLLM's own log lines (a 200 GB load
         takes most of the 40 minutes a user waits)."""
-        loading = {}
+        # A fraction once seen is kept: after the weights vLLM logs minutes more (compile,
+        # KV cache, CUDA graphs) and the loading lines leave the tail.
+        loading = dict(self.record.progress.get("loading") or {})
         for h in self.handles:
             if h.proc.kind == Kind.ENGINE:
                 frac = loading_fraction("\n".join(tail(h.log_path, 40)))
