@@ -386,12 +386,13 @@ class Orchestrator:
     def note_loading(self) -> None:
         """Each engine's model-loading progress, from vLLM's own log lines (a 200 GB load
         takes most of the 40 minutes a user waits)."""
-        # A fraction once seen is kept: after the weights vLLM logs minutes more (compile,
-        # KV cache, CUDA graphs) and the loading lines leave the tail.
+        # A fraction once seen is kept, and the whole tail read (tail() stops at 256 KB):
+        # after the weights vLLM logs on (compile, KV cache, CUDA graphs), and more than 40
+        # lines can pass between two looks.
         loading = dict(self.record.progress.get("loading") or {})
         for h in self.handles:
             if h.proc.kind == Kind.ENGINE:
-                frac = loading_fraction("\n".join(tail(h.log_path, 40)))
+                frac = loading_fraction("\n".join(tail(h.log_path, 5000)))
                 if frac is not None:
                     loading[h.proc.name] = round(frac, 3)
         if loading != self.record.progress.get("loading"):
