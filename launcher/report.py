@@ -242,6 +242,14 @@ def _plan(rd: RunDir):
 # --- sections ----------------------------------------------------------------------------------
 
 
+def _on_cpu(rd: RunDir, s: dict) -> bool:
+    """Real vLLM on a host CPU: the summary says so, or (an older summary) plan.json does."""
+    if s.get("vllm_cpu"):
+        return True
+    plan = _plan(rd)
+    return bool(plan and plan.on_cpu)
+
+
 def identity(rd: RunDir, s: dict, source: str) -> str:
     plan = _plan(rd)
     st = rd.status()
@@ -255,7 +263,9 @@ def identity(rd: RunDir, s: dict, source: str) -> str:
         ("model", esc(plan.model_path if plan else s.get("model") or "–")
          + (f" (served as <code>{esc(plan.served_name)}</code>)" if plan else "")),
         ("engine", esc(s.get("engine") or "–") + (" — <b>SIMULATION</b>"
-                                                  if s.get("simulated") else "")),
+                                                  if s.get("simulated") else "")
+         + (" — <b>vLLM (CPU)</b>: real vLLM on a host CPU, not a GPU measurement"
+            if _on_cpu(rd, s) else "")),
         ("mode", esc(s.get("mode") or "–")),
         ("topology", esc(plan.topology() if plan else "–")),
         ("GPUs (denominators)", esc(gpus or "–")),
@@ -441,6 +451,10 @@ def render_run(path: Path) -> str:
     sim = ('<p class="sim"><b>SIMULATION</b>: the engines of this run are the launcher\'s '
            "simulator; its speed is a model, not a GPU measurement.</p>"
            if s.get("simulated") else "")
+    if _on_cpu(rd, s):
+        sim = ('<p class="sim"><b>vLLM (CPU)</b>: the engines of this run are real vLLM built '
+               "for CPU (vllm-cpu) on a host CPU; its metrics and request flow are vLLM's, its "
+               "speed is not a GPU measurement (per-GPU figures are per CPU engine).</p>")
     body = [f"<h1>Run {esc(name)}</h1>", sim,
             "<h2>Identity</h2>", identity(rd, s, source),
             "<h2>Headline</h2>", headline(s), verdict_block(s),
@@ -475,6 +489,9 @@ def render_study(path: Path) -> str:
     axes = ", ".join(f"{k} = {', '.join(map(str, v))}" for k, v in study.axes.items())
     simulated = any(d[2].get("simulated") for d in data)
     body = [f"<h1>Study {esc(study.name)}</h1>"]
+    if any(_on_cpu(d[1], d[2]) for d in data):
+        body.append('<p class="sim"><b>vLLM (CPU)</b>: these runs use real vLLM on a host '
+                    "CPU; the comparison checks the pipeline, not GPU performance.</p>")
     if simulated:
         body.append('<p class="sim"><b>SIMULATION</b>: these runs use the launcher\'s '
                     "simulated engine; the comparison checks the pipeline, not GPU "

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from launcher.control import compute_env, staging
 from launcher.planning import capacity, render
 from launcher.run import listing, rundir
-from launcher.run.plandoc import PlanError, read_plan
+from launcher.run.plandoc import CPU_LABEL, PlanError, read_plan
 from launcher.run.rundir import RunDir, RunStatus
 from launcher.run.vocab import Kind
 
@@ -64,6 +64,8 @@ def plan_text(prepared: Prepared) -> str:
         f"Recipe {r.name} on {plan.cluster.name}: {prepared.nodes} nodes x "
         f"{plan.cluster.gpus_per_node} GPUs, engine {r.engine}"
         + (" (SIMULATED: no GPU work)" if r.engine == "sim" else "")
+        + (f" ({CPU_LABEL}: real vLLM on the host's CPU, not a GPU measurement)"
+           if r.engine == "vllm" and r.engine_platform == "cpu" else "")
         + f", mode {r.mode}, {c['total']} GPUs in use "
         f"(prefill {c['prefill']}, decode {c['decode']}, agg {c['agg']})",
     ]
@@ -102,10 +104,17 @@ def plan_text(prepared: Prepared) -> str:
         k = plan.cluster.containers
         pin = "" if "@sha256:" in r.container.image or r.container.image.startswith(("/", "{")) else (
             " (not pinned by digest: a moved tag changes what runs; use repo@sha256:...)")
-        lines.append(
-            f"Engines and clients run in {r.container.image}{pin} ({k.runtime}), seeing only "
-            f"the image and " + ", ".join(d for _, d, _ in render.container_mounts(plan))
-        )
+        if k.runtime == "none":  # no container: the image is an environment on PATH
+            lines.append(
+                f"Engines and clients use the environment {r.container.image} (its bin/ first "
+                f"on PATH; no container runtime on this profile: they see the whole host)"
+            )
+        else:
+            lines.append(
+                f"Engines and clients run in {r.container.image}{pin} ({k.runtime}), seeing "
+                f"only the image and "
+                + ", ".join(d for _, d, _ in render.container_mounts(plan))
+            )
     refuse, note = staging.check(r, plan.cluster)
     if refuse or note:
         lines.append(f"Model: {refuse or note}")
@@ -150,6 +159,8 @@ def status_text(run: RunDir, st: RunStatus, slurm: str | None = None) -> str:
     try:
         plan = read_plan(run.plan)
         sim = " [SIMULATED engines]" if plan.simulated else ""
+        if plan.on_cpu:
+            sim = f" [{CPU_LABEL} engines: not a GPU measurement]"
     except PlanError as e:
         plan, sim = None, ""
         if run.plan.exists():
@@ -200,18 +211,28 @@ def progress_text(progress: dict) -> str:
     return "; ".join(parts)
 
 
+def engine_word(run: RunDir) -> str:
+    """The runs list's ENGINE column: vLLM, vLLM (CPU) or sim (from plan.json)."""
+    try:
+        plan = read_plan(run.plan)
+    except PlanError:
+        return "-"
+    return "sim" if plan.simulated else plan.engine_label
+
+
 def runs_text(entries: list[listing.Entry], statuses: dict[str, RunStatus], root) -> str:
     """The runs list: runs, and studies with their runs indented under them."""
     if not entries:
         return f"no runs under {root}"
-    lines = [f"{'RUN':60} {'STATE':10} {'STAGE':10} {'AGE':>8}  ERROR"]
+    lines = [f"{'RUN':60} {'STATE':10} {'STAGE':10} {'AGE':>8}  {'ENGINE':10}  ERROR"]
 
     def row(run: RunDir, indent: str) -> str:
         st = statuses[str(run.path)]
         err = st.error.splitlines()[0][:60] if st.error else ""
         created = st.submission.created or (st.record.started if st.record else None)
         name = indent + run.run_id
-        return (f"{name:60} {st.state:10} {st.stage or '-':10} {age(created):>8}  {err}")
+        return (f"{name:60} {st.state:10} {st.stage or '-':10} {age(created):>8}  "
+                f"{engine_word(run):10}  {err}")
 
     for e in entries:
         if isinstance(e, listing.Study):

@@ -30,6 +30,16 @@ def fixtures_dir() -> Path:
 
 
 FIXTURES = fixtures_dir()
+# Families a real vLLM API server registers that the generated 0.33 fixtures cannot hold: the
+# instrumentator's http_* (their source.txt says so) and the MFU counters vllm:estimated_*
+# (their generator stubbed those loggers). Real vLLM 0.32 on CPU has both, and so has the
+# simulator (tests/test_vllm_cpu.py compares it with the real engine).
+FIXTURE_GAPS = ("http_", "vllm:estimated_")
+
+
+def in_fixture_scope(name: str) -> bool:
+    """A /metrics family or sample name the generated fixtures can be compared on."""
+    return not name.startswith(FIXTURE_GAPS)
 
 
 def launcher(tmp_path: Path, *args: str, timeout: float = 300) -> tuple[int, str]:

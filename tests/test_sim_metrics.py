@@ -7,7 +7,7 @@ import time
 
 import aiohttp
 import pytest
-from helpers import FIXTURES
+from helpers import FIXTURES, in_fixture_scope
 from prometheus_client.parser import text_string_to_metric_families
 from simprocs import free_ports, http_json, kv_config, sample, scrape, start_sim
 
@@ -17,7 +17,8 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def _families(text: str) -> list[tuple[str, str, str]]:
-    return [(f.name, f.type, f.documentation) for f in text_string_to_metric_families(text)]
+    return [(f.name, f.type, f.documentation) for f in text_string_to_metric_families(text)
+            if in_fixture_scope(f.name)]
 
 
 def test_multi_api_server_mode_like_vllm(tmp_path):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from helpers import FIXTURES
+from helpers import FIXTURES, in_fixture_scope
 from prometheus_client.parser import text_string_to_metric_families
 from simprocs import (
     LOOPBACK,
@@ -162,6 +162,8 @@ def _shape(text: str) -> dict:
     """Family (name, type, HELP), sample names with label keys, histogram bucket bounds."""
     fams, samples, buckets = set(), set(), {}
     for fam in text_string_to_metric_families(text):
+        if not in_fixture_scope(fam.name):
+            continue
         fams.add((fam.name, fam.type, fam.documentation))
         for s in fam.samples:
             keys = frozenset(k for k in s.labels if k != "le")

@@ -31,7 +31,7 @@ def run_row(i: load.RunInfo, name: str, config: str = "") -> dict:
     return {
         "run": name, "open": f"./overview?run={i.run_id}", "configuration": config,
         "state": ui.STATE_BADGE.get(i.state, i.state),
-        "engine": "SIMULATION" if i.simulated else (i.engine or "—"),
+        "engine": "SIMULATION" if i.simulated else "vLLM (CPU)" if i.on_cpu else (i.engine or "—"),
         "recipe": i.recipe or "—", "topology": i.topology, "GPUs": i.gpus,
         "sweep points": i.points,
         "started": ui.fmt_time(i.started), "duration": duration(i),
@@ -56,6 +56,7 @@ for e in entries:
             "configuration": axes or "?",
             "state": ", ".join(f"{n} {s}" for s, n in states.items()) or "—",
             "engine": "SIMULATION" if any(m.simulated for m in members) else
+            "vLLM (CPU)" if any(m.on_cpu for m in members) else
             (members[0].engine if members else "—") or "—",
             "recipe": str(e.doc.get("recipe") or (members[0].recipe if members else "—")),
             "topology": f"{len(members)} configurations", "GPUs": None,
@@ -99,7 +100,8 @@ event = st.dataframe(
 st.caption("Select a row to open it here (a study opens its Study page, a run its Overview), "
            "or use *open ↗* for a new tab. A study (`submit --sweep`) is one item with its "
            "configurations' runs under it. SIMULATION runs use the launcher's simulated "
-           "engine, not vLLM on GPUs.")
+           "engine, not vLLM on GPUs; vLLM (CPU) runs use real vLLM built for CPU on a tiny "
+           "model, not GPUs either.")
 errors = [(r["run"].strip(" └▾"), r["stage / error"]) for r in rows
           if r["stage / error"] and not r["_page"].endswith("study.py")]
 if errors:

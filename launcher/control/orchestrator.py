@@ -385,10 +385,13 @@ class Orchestrator:
     def note_loading(self) -> None:
         """Each engine's model-loading progress, from vLLM's own log lines (a 200 GB load
         takes most of the 40 minutes a user waits)."""
-        loading = {}
+        # A fraction once seen is kept, and the whole tail read (tail() stops at 256 KB):
+        # after the weights vLLM logs on (compile, KV cache, CUDA graphs), and more than 40
+        # lines can pass between two looks.
+        loading = dict(self.record.progress.get("loading") or {})
         for h in self.handles:
             if h.proc.kind == Kind.ENGINE:
-                frac = loading_fraction("\n".join(tail(h.log_path, 40)))
+                frac = loading_fraction("\n".join(tail(h.log_path, 5000)))
                 if frac is not None:
                     loading[h.proc.name] = round(frac, 3)
         if loading != self.record.progress.get("loading"):
@@ -827,6 +830,8 @@ def run(run_dir: Path) -> int:
         orch.cancel_reason, orch.teardown_budget_s = signals.reason, signals.budget_s or 30
     if plan.recipe.engine == "sim":
         say("engine: SIMULATED (launcher.sim): no model runs, timings come from the speed model")
+    elif plan.recipe.engine_platform == "cpu":
+        say("engine: vLLM (CPU): real vLLM on this host's CPU, not a GPU measurement")
     state, error, culprit = State.SUCCEEDED, None, None
     try:
         orch.run_all()

@@ -154,6 +154,16 @@ def judge_container(
                 f"{node}: the engine is vLLM {f['engine_version']} but the recipe expects "
                 f"{expect_version}: use the matching image or set engine_version"
             )
+        found = f.get("engine_platform")
+        if node in engine_nodes and doc.engine == "vllm" and found and doc.engine_platform \
+                and found != doc.engine_platform:
+            build = "a CPU build of vLLM" if found == "cpu" else "a GPU build of vLLM"
+            problems.append(
+                f"{node}: the engine's environment is {build} ({f.get('engine_version')}) but "
+                f"the recipe says engine_platform: {doc.engine_platform}: set engine_platform: "
+                f"{found} (CPU runs are labelled vLLM (CPU), never a GPU measurement) or use "
+                f"the other image"
+            )
         for chk in f.get("argv_checks") or []:
             if not chk.get("ok"):
                 msg = " ".join((chk.get("message") or "rejected").split())

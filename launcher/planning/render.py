@@ -400,6 +400,7 @@ def plan_doc(plan: Plan, run_id: str, run_dir: str, placeholder_nodes: bool) -> 
         recipe=r.name,
         cluster=plan.cluster.name,
         engine=r.engine,
+        engine_platform=r.engine_platform if r.engine == "vllm" else None,
         mode=r.mode,
         model_path=r.model.path,
         served_name=r.model.name,

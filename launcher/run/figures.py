@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.run.plandoc import PlanDoc, PlanError, read_plan
+from launcher.run.plandoc import CPU_LABEL, PlanDoc, PlanError, engine_label, read_plan
 from launcher.run.results import load_results, percentile
 from launcher.run.rundir import RunDir, concurrency_of, read_json, write_json
 from launcher.run.vocab import Kind, State
@@ -185,6 +185,8 @@ def summary(
     mode = plan.mode if plan else "disagg"
     den = gpu_denominators(plan)
     engine = plan.engine if plan else None
+    platform = plan.engine_platform if plan else None
+    on_cpu = bool(plan and plan.on_cpu)
     points = [point_figures(r, den, mode) for r in load_results(rd.path)]
 
     reasons: list[str] = []
@@ -223,6 +225,10 @@ def summary(
     labels = []
     if engine == "sim":
         labels.append("simulated")
+    if on_cpu:
+        labels.append("vllm-cpu")
+        notes.append(f"engine {CPU_LABEL}: real vLLM on the host's CPU; the per-GPU figures "
+                     "are per CPU engine, not a GPU measurement")
     if acc is not None and not acc.get("passed"):
         labels.append("accuracy-gate-failed")
     for p in points:
@@ -252,7 +258,10 @@ def summary(
         "run_id": plan.run_id if plan else rd.run_id,
         "recipe": plan.recipe if plan else None,
         "engine": engine,
+        "engine_platform": platform,
+        "engine_label": engine_label(engine, platform) if engine else None,
         "simulated": engine == "sim",
+        "vllm_cpu": on_cpu,
         "mode": mode,
         "model": plan.served_name if plan else None,
         "state": str(state) if state else None,
@@ -317,6 +326,8 @@ def render_table(s: dict[str, Any], console: Any = None) -> None:
     den = s.get("denominators") or {}
     den_text = ", ".join(f"{k.removeprefix('gpus_')} {v}" for k, v in den.items())
     sim = " [bold yellow](SIMULATED)[/]" if s.get("simulated") else ""
+    if s.get("vllm_cpu"):
+        sim = f" [bold yellow]({CPU_LABEL}: not a GPU measurement)[/]"
     table = Table(title=f"{s.get('run_id')}{sim} - GPUs: {den_text}", title_justify="left")
     agg = s.get("mode") == "agg"
     cols = [("conc", "right"), ("status", "left"), ("tok/s/GPU\n(all)", "right")]

@@ -15,6 +15,17 @@ from typing import Any
 from launcher.run.vocab import Kind, Role
 
 SCHEMA_VERSION = 2
+CPU_LABEL = "vLLM (CPU)"
+
+
+def engine_label(engine: str | None, platform: str | None = None) -> str:
+    """How a run's engine is named wherever runs are shown: the simulator, real vLLM on a
+    host CPU (vllm-cpu: its figures are never a GPU measurement), or vLLM (on GPUs)."""
+    if engine == "sim":
+        return "SIMULATED (launcher.sim)"
+    if engine == "vllm":
+        return CPU_LABEL if platform == "cpu" else "vLLM"
+    return engine or "?"
 
 
 class PlanError(Exception):
@@ -103,11 +114,21 @@ class PlanDoc:
     placeholder_nodes: bool = False
     capacity: list[dict] = field(default_factory=list)
     runtime: dict[str, Any] = field(default_factory=dict)  # where the launcher runs (plan.Runtime)
+    engine_platform: str | None = None  # vllm: "gpu" | "cpu" (recipe's, checked by preflight)
     extra: dict[str, Any] = field(default_factory=dict)  # sections added by later stages
 
     @property
     def simulated(self) -> bool:
         return self.engine == "sim"
+
+    @property
+    def on_cpu(self) -> bool:
+        """Real vLLM on a host CPU (vllm-cpu): labelled "vLLM (CPU)", never a GPU figure."""
+        return self.engine == "vllm" and self.engine_platform == "cpu"
+
+    @property
+    def engine_label(self) -> str:
+        return engine_label(self.engine, self.engine_platform)
 
     def gpus(self, role: str = "total") -> int:
         return int(self.gpu_count.get(role, 0))
@@ -141,6 +162,7 @@ class PlanDoc:
             "recipe": self.recipe,
             "cluster": self.cluster,
             "engine": self.engine,
+            "engine_platform": self.engine_platform,
             "mode": self.mode,
             "model": {"path": self.model_path, "served_name": self.served_name},
             "telemetry": {"interval_s": self.telemetry_interval_s},
@@ -166,7 +188,7 @@ class PlanDoc:
         core = {
             "schema_version", "run_id", "recipe", "cluster", "engine", "mode", "model",
             "telemetry", "nodes", "endpoints", "processes", "router", "gpu_count",
-            "placeholder_nodes", "capacity", "runtime",
+            "placeholder_nodes", "capacity", "runtime", "engine_platform",
         }  # fmt: skip
         try:
             return cls(
@@ -187,6 +209,7 @@ class PlanDoc:
                 placeholder_nodes=bool(d.get("placeholder_nodes", False)),
                 capacity=list(d.get("capacity") or []),
                 runtime=dict(d.get("runtime") or {}),
+                engine_platform=d.get("engine_platform"),
                 extra={k: v for k, v in d.items() if k not in core},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:

@@ -31,6 +31,7 @@ _MODELLED = {
     "max_num_batched_tokens", "max_model_len", "stream_interval", "gpu_memory_utilization",
     "kv_cache_dtype", "mamba_ssm_cache_dtype", "disable_log_stats", "aggregate_engine_logging",
     "enable_request_id_headers", "enable_scale_out", "tokens_only", "config", "help",
+    "disable_uvicorn_access_log", "fingerprint_mode", "fingerprint_value",
 }
 _FIRST_OPTION = {rec["dest"]: rec["options"][0] for rec in vllm_flags.FLAGS}
 
@@ -73,6 +74,8 @@ class SimConfig:
     log_stats_interval: float
     knobs: knobs_mod.Knobs
     scale_out: bool = False
+    access_log: bool = True  # uvicorn's access lines (--disable-uvicorn-access-log: off)
+    system_fingerprint: str | None = None  # --fingerprint-mode (0.33): in every response
     ignored_flags: list[str] = field(default_factory=list)
     argv_warnings: list[tuple[str, str]] = field(default_factory=list)
 
@@ -92,6 +95,31 @@ class SimConfig:
     def stats_logging(self) -> bool:
         """vLLM prints the periodic stats lines only with one API server, never headless."""
         return not self.headless and self.api_server_count == 1 and not self.disable_log_stats
+
+
+def fingerprint(ns: argparse.Namespace, model: str, dp: int, max_model_len: int) -> str | None:
+    """vLLM 0.33's system_fingerprint (vllm/entrypoints/serve/utils/fingerprint.py):
+    full = vllm-<version>[-tpN][-ppN][-dpN][-ep]-<hash8>, hash = without the parallelism,
+    custom = --fingerprint-value, none = null. The hash stands for vLLM's config hash."""
+    import hashlib
+
+    from launcher.sim.server import VLLM_VERSION
+
+    mode = ns.fingerprint_mode or "full"
+    if mode == "none":
+        return None
+    if mode == "custom":
+        return ns.fingerprint_value
+    hash8 = hashlib.sha256(f"{model}|{dp}|{ns.tensor_parallel_size}|{max_model_len}".encode()
+                           ).hexdigest()[:8]
+    parts = [f"vllm-{VLLM_VERSION}"]
+    if mode == "full":
+        tp, pp = ns.tensor_parallel_size or 1, getattr(ns, "pipeline_parallel_size", 1) or 1
+        parts += [f"tp{tp}"] if tp > 1 else []
+        parts += [f"pp{pp}"] if pp > 1 else []
+        parts += [f"dp{dp}"] if dp > 1 else []
+        parts += ["ep"] if getattr(ns, "enable_expert_parallel", False) else []
+    return "-".join([*parts, hash8])
 
 
 class UsageError(Exception):
@@ -202,6 +230,8 @@ def parse(argv: list[str], env: dict[str, str] | None = None) -> SimConfig:
         log_stats_interval=float(env.get("VLLM_LOG_STATS_INTERVAL", "10")),
         knobs=knobs,
         scale_out=bool(ns.enable_scale_out or ns.tokens_only),
+        access_log=not ns.disable_uvicorn_access_log,
+        system_fingerprint=fingerprint(ns, model, dp, max_model_len),
         ignored_flags=ignored,
         argv_warnings=warnings,
     )

@@ -515,7 +515,9 @@ class Engine:
         c["vllm:prompt_tokens_cached"] += ext
         c["vllm:prompt_tokens_cached_by_source|p2p"] += ext
         c["vllm:prefix_cache_queries"] += req.prompt_len
-        if req.remote is not None:
+        if self.cfg.kv_connector:
+            # vLLM's scheduler asks the connector about every new request, on the producer
+            # too (no hits there): both print "External prefix cache hit rate".
             c["vllm:external_prefix_cache_queries"] += req.prompt_len
             c["vllm:external_prefix_cache_hits"] += ext
             self._ext_window.append((req.prompt_len, ext))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import sys
 
@@ -19,7 +20,7 @@ async def _serve(cfg: SimConfig, fail: asyncio.Future[int]) -> list[object]:
     from launcher.sim.answers import Answerer
     from launcher.sim.dp import Head, HeadlessLink
     from launcher.sim.engine import Engine
-    from launcher.sim.server import Api
+    from launcher.sim.server import Api, UvicornAccessLog, uvicorn_startup
 
     def stop(code: int) -> None:
         if not fail.done():
@@ -82,7 +83,12 @@ async def _serve(cfg: SimConfig, fail: asyncio.Future[int]) -> list[object]:
         from launcher.sim.server import SCALE_OUT_DISABLED, SCALE_OUT_WHERE
 
         vlog.info(SCALE_OUT_WHERE, SCALE_OUT_DISABLED)
-    runner = web.AppRunner(api.app(), handler_cancellation=True, access_log=None)
+    if cfg.access_log:
+        runner = web.AppRunner(api.app(), handler_cancellation=True,
+                               access_log_class=UvicornAccessLog,
+                               access_log=logging.getLogger("uvicorn.access"))
+    else:
+        runner = web.AppRunner(api.app(), handler_cancellation=True, access_log=None)
     await runner.setup()
     closers.append(runner)
     host = cfg.host or "0.0.0.0"
@@ -95,8 +101,9 @@ async def _serve(cfg: SimConfig, fail: asyncio.Future[int]) -> list[object]:
         for i in range(cfg.api_server_count):
             vlog.warning(statslog.MULTI_API_WHERE, statslog.MULTI_API_MSG,
                          proc=f"ApiServer_{i}")
-    vlog.info("api_server.py:2031", f"Starting vLLM API server 0 on http://{host}:{cfg.port}")
-    vlog.info("on.py:62", "Application startup complete.")
+    # vLLM 0.33's entry point (vllm/entrypoints/launchers/api_server/entry.py), then uvicorn's
+    vlog.info("entry.py:139", f"Starting vLLM server on http://{host}:{cfg.port}")
+    uvicorn_startup()
     return closers
 
 

