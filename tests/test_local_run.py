@@ -142,7 +142,7 @@ def test_ctrl_c_tears_down_and_records_cancelled(tmp_path):
          "--set", "hold_s=120"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180  # a hang guard: a loaded host starts slowly
     run = None
     while time.monotonic() < deadline:
         runs = list((tmp_path / "runs").glob("*/run.json"))
