@@ -114,7 +114,8 @@ def probe(router: str, model: str) -> dict:
 
 
 def run_with_probes(tmp: Path, recipe: str, *sets: str, runs: str, timeout: float = 900) -> dict:
-    """Submit (foreground), probe the router while the run holds, wait for the end."""
+    """Submit (foreground), probe the router once the run holds (hold_s: the router keeps
+    serving through the accuracy stage, so a probe may outlast the hold), wait for the end."""
     t0 = time.monotonic()
     log = open(tmp / f"{runs}.out", "w+")
     proc = subprocess.Popen(launcher_cmd(tmp, recipe, *sets, runs=runs), cwd=tmp, stdout=log,
@@ -150,7 +151,7 @@ def pd_runs(tmp_path_factory):
     need_vllm_cpu()
     tmp = tmp_path_factory.mktemp("vllm-cpu")
     prof = profile(tmp, "local", free_port_base())
-    real = run_with_probes(tmp, PD_RECIPE, f"cluster={prof}", "hold_s=10", runs="real")
+    real = run_with_probes(tmp, PD_RECIPE, f"cluster={prof}", "hold_s=3", runs="real")
     sim = run_with_probes(tmp, PD_RECIPE, f"cluster={prof}", "engine=sim", "hold_s=3",
                           runs="sim")
     return {"real": real, "sim": sim, "tmp": tmp}
