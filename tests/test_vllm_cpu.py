@@ -506,6 +506,26 @@ def test_the_preflight_holds_the_recipe_to_the_engines_platform(declared, found,
         assert f"set engine_platform: {found}" in problems[0]
 
 
+def test_every_dashboard_page_renders_the_real_run(pd_runs, monkeypatch):
+    """Streamlit's AppTest on every page of the real-vLLM run: no exception, the page's
+    title carries the vLLM (CPU) label."""
+    from streamlit.testing.v1 import AppTest
+
+    from dashboard import ui
+
+    run = pd_runs["real"]["run"]
+    monkeypatch.setenv(ui.RUNS_ENV, str(run.parent))
+    for page, *_ in ui.PAGES:
+        at = AppTest.from_file(str(REPO / "dashboard" / "app.py"), default_timeout=180)
+        at.query_params["run"] = run.name
+        at.run()
+        at.switch_page(page).run()
+        assert not at.exception, (page, [e.value for e in at.exception])
+        titles = [str(t.value) for t in at.title]
+        if page not in ("app_pages/runs.py", "app_pages/study.py"):
+            assert titles and titles[0].endswith(" · vLLM (CPU)"), (page, titles)
+
+
 # --- the dashboard in real Chromium -------------------------------------------------------------
 
 
