@@ -291,7 +291,19 @@ class Exporter:
             self._writes = dict(status)
 
     def describe(self) -> list:
-        return []
+        """The agent's own write counts, by name, so `/metrics?name[]=pd_telemetry_...` (what
+        the orchestrator asks every few seconds) serves only those; the telemetry families
+        vary with what is sampled and are not declared."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        out: list = []
+        for fam, _ in WRITES:
+            if fam.type == COUNTER:
+                out.append(CounterMetricFamily(fam.name.removesuffix("_total"), fam.help))
+            else:
+                out.append(GaugeMetricFamily(fam.name, fam.help))
+        out.append(GaugeMetricFamily(WRITE_FAILING.name, WRITE_FAILING.help, labels=["error"]))
+        return out
 
     def _snapshot(self) -> tuple[dict, dict]:
         cutoff = time.monotonic() - self.stale_after_s

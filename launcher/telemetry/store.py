@@ -530,12 +530,16 @@ def _read_tsv(path: Path, *, threads: bool = False, problems: list | None = None
     import pyarrow.compute as pc
     import pyarrow.csv as pcsv
 
+    schema = _arrow_schema()
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         return None
+    except OSError as e:  # an I/O error: this segment is lost to readers, the others are not
+        if problems is not None:
+            problems.append((path, f"it cannot be read: {e.strerror or e}"))
+        return schema.empty_table()
     end = data.rfind(b"\n")
-    schema = _arrow_schema()
     if end < 0:
         return schema.empty_table()
     data = data[: end + 1]
@@ -588,9 +592,12 @@ def node_dirs(run_dir: Path, nodes: Iterable[str] | None = None) -> list[Path]:
     if not root.is_dir():
         return []
     wanted = set(nodes) if nodes is not None else None
-    return sorted(p for p in root.iterdir()
-                  if p.is_dir() and not p.name.startswith(".")
-                  and (wanted is None or p.name in wanted))
+    try:
+        return sorted(p for p in root.iterdir()
+                      if p.is_dir() and not p.name.startswith(".")
+                      and (wanted is None or p.name in wanted))
+    except OSError:  # an unreadable telemetry directory holds nothing a reader can use
+        return []
 
 
 def _segments(node_dir: Path) -> tuple[list[Path], list[Path]]:
@@ -666,7 +673,11 @@ def read_samples(run_dir: Path, *, names: Iterable[str] | None = None,
     fmt = ds.ParquetFileFormat(read_options={"dictionary_columns": list(_KEYS)})
     damaged: list = []
     for nd in node_dirs(run_dir, nodes):
-        parquet, text = _segments(nd)
+        try:
+            parquet, text = _segments(nd)
+        except OSError as e:  # a node directory that cannot be listed (I/O error)
+            damaged.append((nd, f"the directory cannot be read: {e.strerror or e}"))
+            continue
         if parquet:
             tables += _read_parquet(parquet, fmt, expr, damaged)
         for t in text:
@@ -758,7 +769,7 @@ def _keyframe_s(run_dir: Path, nodes: Iterable[str] | None) -> float:
     for nd in node_dirs(run_dir, nodes):
         try:
             best = max(best, float(json.loads((nd / STORE_META).read_text())["keyframe_s"]))
-        except (FileNotFoundError, KeyError, ValueError, json.JSONDecodeError):
+        except (OSError, KeyError, ValueError, TypeError):
             continue
     return best
 
@@ -822,7 +833,7 @@ def read_agent_info(run_dir: Path) -> dict[str, dict]:
     for nd in node_dirs(run_dir):
         try:
             out[nd.name] = json.loads((nd / AGENT_INFO).read_text(encoding="utf-8"))
-        except (FileNotFoundError, json.JSONDecodeError):
+        except (OSError, ValueError):
             continue
     return out
 
@@ -834,8 +845,15 @@ def read_raw(run_dir: Path, *, nodes: Iterable[str] | None = None,
     a torn last record is skipped."""
     wanted = set(processes) if processes is not None else None
     for nd in node_dirs(run_dir, nodes):
-        for path in sorted(nd.glob("raw-*.zraw")):
-            data = path.read_bytes()
+        try:
+            paths = sorted(nd.glob("raw-*.zraw"))
+        except OSError:
+            continue
+        for path in paths:
+            try:
+                data = path.read_bytes()
+            except OSError:
+                continue
             pos = 0
             while pos < len(data):
                 nl = data.find(b"\n", pos)
