@@ -109,6 +109,9 @@ def reconcile(run: RunDir) -> RunStatus:
         state = State.CANCELLED if s.startswith("CANCELLED") else State.FAILED
         if s.startswith("NODE_FAIL"):
             why = "a node of the job failed (Slurm: NODE_FAIL)"
+            down = _down_nodes(run)
+            if down:
+                why = f"node lost: {down}; Slurm ended the job with NODE_FAIL"
         elif s.startswith("TIMEOUT"):
             why = "the job hit its time limit before the orchestrator could record its end"
         else:
@@ -152,9 +155,22 @@ def reconcile(run: RunDir) -> RunStatus:
     return run.status() if run.reconciled_file.exists() else _with(st, state, error)
 
 
+def _down_nodes(run: RunDir) -> str:
+    """The run's nodes Slurm now has down or not responding: 'gb200-01 (Slurm says down*)'."""
+    try:
+        from launcher.control.watch import slurm_lost
+        from launcher.run.plandoc import read_plan
+
+        lost = slurm_lost([n.name for n in read_plan(run.plan).nodes], anywhere=True)
+    except Exception:  # noqa: BLE001 - no plan, no Slurm: say what Slurm said
+        return ""
+    return ", ".join(f"{n} ({why})" for n, why in sorted(lost.items()))
+
+
 def stop_orphans(run: RunDir, grace_s: float = 5.0) -> list[str]:
-    """Processes of this run (PD_RUN_DIR) on this host whose orchestrator is gone: SIGTERM
-    their process groups, SIGKILL what is left after `grace_s`. Their PD_PROCESS names."""
+    """Processes of this run on this host whose orchestrator is gone (PD_RUN_DIR in their
+    environment, or the pids run.json recorded): SIGTERM their process groups, SIGKILL what
+    is left after `grace_s`. Their names."""
     try:
         import psutil
     except ImportError:
@@ -168,6 +184,17 @@ def stop_orphans(run: RunDir, grace_s: float = 5.0) -> list[str]:
             continue
         if env.get("PD_RUN_DIR") == want:
             found[p.pid] = env.get("PD_PROCESS") or str(p.pid)
+    # A process that rewrote its environment (the router sets its title over it) is found
+    # by the pid the orchestrator recorded, if it is still that process (its start time).
+    rec = run.read_record()
+    for name, pr in (rec.processes.items() if rec else []):
+        if not pr.pid or pr.pid in found or pr.started is None:
+            continue
+        try:
+            if abs(psutil.Process(pr.pid).create_time() - pr.started) < 5.0:
+                found[pr.pid] = name
+        except psutil.Error:
+            continue
     for pid in found:
         try:  # each was started as its own process group: the group takes its children along
             os.killpg(pid, signal.SIGTERM)

@@ -28,7 +28,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-SLURMD_PORT = 6818  # Slurm's default when `scontrol show node` does not say
+SLURMD_PORT = 6818  # Slurm's default when `scontrol show node` gives no Port
 PROBE_TIMEOUT_S = 3.0
 HEARTBEAT_S = 3.0  # how often each agent's exporter is asked
 MISSES = 2  # unanswered heartbeats in a row before the node's slurmd is knocked on
@@ -38,9 +38,10 @@ WRITE_SERIES = ("pd_telemetry_dropped_rows_total", "pd_telemetry_write_errors_to
 _SAMPLE = re.compile(r'^(pd_telemetry_\w+?)(?:\{error="((?:[^"\\]|\\.)*)"\})? (\S+)$', re.M)
 
 
-def slurm_lost(nodes: list[str]) -> dict[str, str]:
-    """Nodes Slurm no longer considers alive, with its word for their state."""
-    if not nodes or not os.environ.get("SLURM_JOB_ID"):
+def slurm_lost(nodes: list[str], anywhere: bool = False) -> dict[str, str]:
+    """Nodes Slurm no longer considers alive, with its word for their state (asked only
+    inside a job, unless `anywhere`)."""
+    if not nodes or not (anywhere or os.environ.get("SLURM_JOB_ID")):
         return {}
     try:
         out = subprocess.run(
@@ -59,7 +60,8 @@ def slurm_lost(nodes: list[str]) -> dict[str, str]:
 
 
 def slurmd_addresses(nodes: list[str]) -> dict[str, tuple[str, int]]:
-    """Each node's slurmd (NodeAddr, Port) from `scontrol show node`."""
+    """Each node's slurmd (NodeAddr, Port) from `scontrol show node`; a node scontrol did not
+    describe is left out (never guessed: a wrong address would read as a lost node)."""
     out = ""
     try:
         out = subprocess.run(
@@ -76,7 +78,7 @@ def slurmd_addresses(nodes: list[str]) -> dict[str, tuple[str, int]]:
             port = fields.get("Port", "")
             found[name] = (fields.get("NodeAddr") or name,
                            int(port) if port.isdigit() else SLURMD_PORT)
-    return {n: found.get(n, (n, SLURMD_PORT)) for n in nodes}
+    return {n: found[n] for n in nodes if n in found}
 
 
 def knock(addr: tuple[str, int], timeout: float = PROBE_TIMEOUT_S) -> str | None:
@@ -133,9 +135,11 @@ class NodeWatch:
         self._last_sinfo = 0.0
 
     def addresses(self) -> dict[str, tuple[str, int]]:
-        if self._addr is None:
-            self._addr = slurmd_addresses(self.nodes) if self.slurm else {}
-        return self._addr
+        """Asked while all is well (start), so a node that dies later is still known; asked
+        again only while some are missing."""
+        if self.slurm and (self._addr is None or len(self._addr) < len(self.nodes)):
+            self._addr = {**slurmd_addresses(self.nodes), **(self._addr or {})}
+        return self._addr or {}
 
     def _mark(self, found: dict[str, str]) -> None:
         with self._lock:
@@ -146,10 +150,13 @@ class NodeWatch:
         """Knock on every node's slurmd (in parallel) and ask Slurm: the lost ones, with why."""
         if not self.slurm:
             return {}
-        nodes = nodes or self.nodes
         addr = self.addresses()
-        with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
-            answers = dict(zip(nodes, pool.map(lambda n: knock(addr[n]), nodes), strict=True))
+        nodes = [n for n in (nodes or self.nodes) if n in addr]
+        answers: dict[str, str | None] = {}
+        if nodes:
+            with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
+                answers = dict(zip(nodes, pool.map(lambda n: knock(addr[n]), nodes),
+                                   strict=True))
         found = {n: why for n, why in answers.items() if why}
         for n, why in slurm_lost(nodes).items():
             found[n] = f"{found[n]}; {why}" if n in found else why
@@ -160,6 +167,7 @@ class NodeWatch:
     def start(self, agents: dict[str, str]) -> None:
         """Poll these agents' exporters (node -> URL) every HEARTBEAT_S."""
         self.agents = dict(agents)
+        self.addresses()  # while every node is there
         if self._thread is None and (self.agents or self.slurm):
             self._thread = threading.Thread(target=self._loop, name="node-watch", daemon=True)
             self._thread.start()
@@ -200,9 +208,10 @@ class NodeWatch:
                     self.writes[node] = w
                 continue
             self._misses[node] = self._misses.get(node, 0) + 1
-            if (knock_too and self.slurm and self._misses[node] >= MISSES
+            addr = self.addresses().get(node) if knock_too else None
+            if (addr and self.slurm and self._misses[node] >= MISSES
                     and node not in self.lost):
-                why = knock(self.addresses()[node])
+                why = knock(addr)
                 if why:
                     self._mark({node: why + "; its agent stopped answering too"})
         now = time.monotonic()
