@@ -2,6 +2,9 @@
 
 Everything here tolerates missing, empty or half-written files: a run directory is read
 while its writers are still running, and a dashboard that raises on a torn file is useless.
+A damaged file costs only what it holds: a bad plan.json is `RunInfo.plan_error` (the panels
+that need the plan say so), a bad telemetry segment is left out and named in the frame's
+`attrs["damaged"]` / `TelemetryReader.damaged` (the panels drawing telemetry say so).
 """
 
 from __future__ import annotations
@@ -87,13 +90,14 @@ class RunInfo:
     points: int
     has_telemetry: bool
     slurm_job_id: str | None = None
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # run.json's: a dead agent, partial telemetry
     study: str | None = None  # the study directory's name, for a run of a --sweep study
     has_plan: bool = True
     progress: dict = field(default_factory=dict)
     identity: dict = field(default_factory=dict)  # what exactly ran (run.json, preflight)
-    run_notes: list[str] = field(default_factory=list)  # what the orchestrator noted
     engine_platform: str | None = None  # plan.json's: "cpu" is real vLLM on a host CPU
+    plan_error: str | None = None  # plan.json exists but cannot be read: the sentence why
+    processes: dict[str, str] = field(default_factory=dict)  # name -> "stopped", "exit 137", ...
 
     @property
     def simulated(self) -> bool:
@@ -171,9 +175,8 @@ def run_info(path: Path) -> RunInfo:
     plan, why = read_plan_safe(rd.path)
     st = rd.status()
     rec = st.record
-    notes: list[str] = []
-    if plan is None and rd.plan.exists():
-        notes.append(f"{why}.")
+    notes: list[str] = list(rec.notes) if rec else []
+    plan_error = f"{why}." if plan is None and rd.plan.exists() else None
     bench_files = sorted(rd.bench.glob("*.json")) if rd.bench.is_dir() else []
     tel = rd.telemetry()
     try:
@@ -203,7 +206,8 @@ def run_info(path: Path) -> RunInfo:
         progress=dict(rec.progress) if rec else {},
         has_plan=plan is not None,
         identity=dict(rec.identity) if rec else {},
-        run_notes=list(rec.notes) if rec else [],
+        plan_error=plan_error,
+        processes={n: p.status for n, p in rec.processes.items()} if rec else {},
     )
 
 
@@ -363,13 +367,16 @@ def read_telemetry(path: Path, names: tuple[str, ...] | None = None,
         kwargs["name_prefix"] = prefix
     if start is not None:  # only rows from `start` on (incremental reads)
         kwargs.update(start=start, state_at_start=False)
-    try:  # categorical keys: the store's fastest path on millions of rows
-        df = store.read_samples(Path(path), categorical=True, **kwargs)
-    except TypeError:  # an older store without the flag
-        df = store.read_samples(Path(path), **kwargs)
+    damaged: list = []
+    # categorical keys: the store's fastest path on millions of rows
+    df = store.read_samples(Path(path), categorical=True, problems=damaged, **kwargs)
+    bad = [(str(p), why) for p, why in damaged]
     if df is None or len(df) == 0:
+        empty.attrs["damaged"] = bad
         return empty
-    return compact(df)
+    out = compact(df)
+    out.attrs["damaged"] = bad
+    return out
 
 
 class TelemetryReader:
@@ -387,6 +394,7 @@ class TelemetryReader:
         self.prefix = prefix
         self.df: pd.DataFrame | None = None
         self.reads = 0  # full reads + increments (tests check that increments happen)
+        self.damaged: dict[str, str] = {}  # telemetry files left out: path -> why
         self._lock = threading.Lock()  # shared by every browser session of the server
 
     def read(self) -> pd.DataFrame:
@@ -396,6 +404,7 @@ class TelemetryReader:
     def _read(self) -> pd.DataFrame:
         if self.df is None or self.df.empty:
             self.df = read_telemetry(self.path, self.names, self.prefix)
+            self.damaged = dict(self.df.attrs.get("damaged") or [])
         else:
             import pandas as pd
 
@@ -406,6 +415,7 @@ class TelemetryReader:
             both = pd.concat([old[cols].astype({c: object for c in cols[1:6]}),
                               new[cols].astype({c: object for c in cols[1:6]})],
                              ignore_index=True)
+            self.damaged.update(dict(new.attrs.get("damaged") or []))
             self.df = compact(both) if len(both) else new
         self.reads += 1
         return self.df

@@ -123,15 +123,48 @@ def _reader(path: str, family: str) -> load.TelemetryReader:
 # fingerprint never touches the files.
 @st.cache_resource(max_entries=6, show_spinner="Reading telemetry…")
 def series_for(path: str, fp: str, family: str, plan_fp: str) -> derive.SeriesSet:
-    return derive.SeriesSet(_reader(path, family).read(), load.read_plan_safe(Path(path))[0])
+    reader = _reader(path, family)
+    ss = derive.SeriesSet(reader.read(), load.read_plan_safe(Path(path))[0])
+    ss.damaged = dict(reader.damaged)  # files left out of it: path -> why
+    return ss
 
 
 def series(info: load.RunInfo, family: str) -> derive.SeriesSet:
     """Telemetry of one name family: "kv" (the KV page), "ttft" (per-point evidence),
     or a name prefix ("gpu:", "host:", "proc:"). Re-read only when a telemetry file changed;
-    each page reads only the names it draws (a 2-hour 72-GPU run has ~16 M rows)."""
-    return series_for(str(info.path), load.telemetry_fingerprint(info.path), family,
-                      load.fingerprint(RunDir(info.path).plan))
+    each page reads only the names it draws (a 2-hour 72-GPU run has ~16 M rows). A damaged
+    telemetry file is named here, where its rows are missing."""
+    ss = series_for(str(info.path), load.telemetry_fingerprint(info.path), family,
+                    load.fingerprint(RunDir(info.path).plan))
+    damage_note(info, getattr(ss, "damaged", {}))
+    return ss
+
+
+def damage_note(info: load.RunInfo, damaged: dict[str, str]) -> None:
+    """One warning naming the telemetry files a panel had to leave out, and why."""
+    if not damaged:
+        return
+    lines = []
+    for path, why in sorted(damaged.items()):
+        try:
+            rel = Path(path).relative_to(info.path)
+        except ValueError:
+            rel = Path(path)
+        lines.append(f"- `{rel}`: {why}")
+    st.warning("Damaged telemetry left out of what is drawn here (the other files are "
+               "drawn; the file itself is kept as it is):\n" + "\n".join(lines),
+               icon=":material/broken_image:")
+
+
+def plan_damaged(info: load.RunInfo, what: str) -> bool:
+    """Say (and return True) when plan.json exists but cannot be read, in the panel that
+    needs it: `what` is what that panel cannot show."""
+    if not info.plan_error:
+        return False
+    st.error(f"{what} needs the run's plan, and `plan.json` cannot be read: "
+             f"{info.plan_error} Fix or regenerate it (`python -m launcher submit RECIPE "
+             "--dry-run` writes one); the rest of this page does not need it.")
+    return True
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
@@ -147,14 +180,19 @@ def _points(path: str, bench_fp: str, tel_fp: str) -> pd.DataFrame:
 
 def points(info: load.RunInfo) -> pd.DataFrame:
     """The per-point table (client + headline + TTFT parts + evidence)."""
-    return _points(str(info.path), load.fingerprint(info.path / "bench"),
-                   load.telemetry_fingerprint(info.path))
+    tel_fp = load.telemetry_fingerprint(info.path)
+    table = _points(str(info.path), load.fingerprint(info.path / "bench"), tel_fp)
+    if info.has_telemetry:
+        ss = series_for(str(info.path), tel_fp, "ttft", load.fingerprint(RunDir(info.path).plan))
+        damage_note(info, getattr(ss, "damaged", {}))
+    return table
 
 
 def verdicts(info: load.RunInfo) -> list:
     from dashboard import diagnose
 
-    table = points(info)
+    table = _points(str(info.path), load.fingerprint(info.path / "bench"),
+                    load.telemetry_fingerprint(info.path))  # points() already said any damage
     return diagnose.diagnose(table.to_dict("records")) if not table.empty else []
 
 
@@ -241,7 +279,7 @@ def header(title: str, *, need_run: bool = True) -> load.RunInfo | None:
                    "metrics, logs and request flow are vLLM's own, but its speed is a host "
                    "CPU's, not a GB200 measurement; \"GPU\" figures are per CPU engine.",
                    icon=":material/memory:")
-    if not info.has_plan and not info.notes:
+    if not info.has_plan and not info.plan_error:
         st.info("This run directory is empty of a plan: no plan.json was written yet. Either "
                 "the submission died before planning, or the launcher is still creating it.")
     if info.state == "failed":
@@ -253,9 +291,15 @@ def header(title: str, *, need_run: bool = True) -> load.RunInfo | None:
     elif info.live:
         st.info(f"Live run: this page refreshes every {LIVE_EVERY_S} s (state, stage and "
                 "progress just below).", icon=":material/autorenew:")
-    for note in info.notes:
-        st.warning(note)
     return info
+
+
+def run_notes(info: load.RunInfo, about: str | None = None) -> None:
+    """run.json's notes (a dead agent with its exit status, partial telemetry, what the
+    orchestrator could not write), or those that mention `about`."""
+    for note in info.notes:
+        if about is None or about in note:
+            st.warning(note, icon=":material/report:")
 
 
 def progress_line(info: load.RunInfo) -> str:
@@ -321,7 +365,7 @@ def live(info: load.RunInfo, body: Callable[[load.RunInfo], None],
     how far it is (`panel`: the body draws the full progress panel itself). When the run
     ends, the whole page is drawn once more, as a finished run."""
     if not info.live:
-        body(info)
+        guarded(body, info)
         return
 
     def refresh() -> None:
@@ -335,9 +379,23 @@ def live(info: load.RunInfo, body: Callable[[load.RunInfo], None],
             st.caption(f"Live: {fresh.state}"
                        f"{', stage ' + fresh.stage if fresh.stage else ''}"
                        f"{' · ' + line if line else ''}")
-        body(fresh)
+        guarded(body, fresh)
 
     st.fragment(refresh, run_every=LIVE_EVERY_S)()
+
+
+def guarded(body: Callable[[load.RunInfo], None], info: load.RunInfo) -> None:
+    """The page's body; whatever a file of the run does to it costs this page's body, said
+    in one line (the header, the sidebar and the other pages stay)."""
+    try:
+        body(info)
+    except Exception as e:  # noqa: BLE001 - st.stop()/st.rerun() are BaseExceptions
+        import logging
+
+        logging.getLogger(__name__).exception("page body failed on %s", info.path)
+        msg = " ".join(str(e).split())[:400]
+        st.error(f"This part of the page could not be drawn from {info.path}: "
+                 f"{type(e).__name__}: {msg}")
 
 
 def no_telemetry(info: load.RunInfo, what: str) -> bool:

@@ -57,6 +57,8 @@ def test_every_page_renders(runs, kind, page, monkeypatch):
     run = runs[kind]
     at = open_page(run.parent, run.name, page, monkeypatch)
     assert not at.exception, f"{page} on {kind}: " + "\n".join(e.value for e in at.exception)
+    # a page body that raised is caught and said (ui.guarded): none may here
+    assert not [e.value for e in at.error if "could not be drawn" in e.value], page
     body = texts(at)
     if page in NOT_RUN_PAGES:
         return
@@ -196,3 +198,108 @@ def test_run_that_died_before_the_sweep(tmp_path, monkeypatch):
             assert any("No sweep results" in i.value for i in at.info)
         if page == "app_pages/ttft.py":
             assert any("no client TTFT" in i.value for i in at.info)
+
+
+# --- damage isolation: a bad file costs only the panels that read it -------------------------
+
+TELEMETRY_PAGES = ("app_pages/overview.py", "app_pages/sweep.py", "app_pages/kv_cache.py",
+                   "app_pages/ttft.py", "app_pages/gpus.py")
+
+
+@pytest.fixture(scope="module")
+def damaged(tmp_path_factory) -> dict[str, Path | str]:
+    """Three runs: healthy; one telemetry segment corrupt (a parquet cut in half, or a text
+    segment of garbage); plan.json valid JSON with a field of the wrong type."""
+    root = tmp_path_factory.mktemp("damaged")
+    runs = {k: synth.write_run(root, synth.Scenario("healthy", "healthy"), run_id=f"2025112{i}-"
+                               f"000000-{k}") for i, k in enumerate(("good", "parquet", "tsv",
+                                                                     "plan"))}
+    seg = sorted((runs["parquet"] / "telemetry").glob("*/samples-*.parquet"))[0]
+    seg.write_bytes(seg.read_bytes()[: seg.stat().st_size // 2])
+    tsv = next((runs["tsv"] / "telemetry").iterdir()) / "samples-0000000000001-999.tsv"
+    tsv.write_bytes(b"\x00\xff garbage\tthat\tis not a row\n" * 50 + b"1.0\tx\n")
+    plan = json.loads((runs["plan"] / "plan.json").read_text())
+    plan["nodes"][0]["gpus"] = "four"
+    (runs["plan"] / "plan.json").write_text(json.dumps(plan))
+    return {**runs, "parquet_file": str(seg.relative_to(runs["parquet"])),
+            "tsv_file": str(tsv.relative_to(runs["tsv"]))}
+
+
+def _problems(at: AppTest) -> tuple[list[str], list[str]]:
+    warnings = [str(w.value) for w in at.warning if "Damaged telemetry" in str(w.value)]
+    errors = [str(e.value) for e in at.error]
+    return warnings, errors
+
+
+@pytest.mark.parametrize("kind", ["parquet", "tsv"])
+@pytest.mark.parametrize("page", PAGES)
+def test_a_damaged_telemetry_segment_costs_only_its_panels(damaged, kind, page, monkeypatch):
+    run = damaged[kind]
+    at = open_page(run.parent, run.name, page, monkeypatch)
+    assert not at.exception, [e.value for e in at.exception]
+    warnings, errors = _problems(at)
+    assert not errors, errors  # nothing failed: the damaged file is left out, said in words
+    if page in TELEMETRY_PAGES:
+        assert warnings and all(damaged[f"{kind}_file"] in w for w in warnings), warnings
+    else:
+        assert not warnings, (page, warnings)
+    if page == "app_pages/kv_cache.py":  # the other segments are still drawn
+        assert at.get("vega_lite_chart")
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_a_malformed_plan_costs_only_the_panels_that_need_it(damaged, page, monkeypatch):
+    run = damaged["plan"]
+    at = open_page(run.parent, run.name, page, monkeypatch)
+    assert not at.exception, [e.value for e in at.exception]
+    warnings, errors = _problems(at)
+    assert not warnings
+    assert not [e for e in errors if "could not be drawn" in e], errors
+    needs_plan = {"app_pages/overview.py": "The topology",
+                  "app_pages/sweep.py": "Throughput per GPU",
+                  "app_pages/kv_cache.py": "The predicted KV capacity"}
+    if page in needs_plan:
+        (err,) = errors
+        assert err.startswith(needs_plan[page]) and "plan.json" in err
+        assert "nodes[0].gpus is 'four'" in err
+        assert at.get("vega_lite_chart"), "the panels that do not need the plan are drawn"
+    else:
+        assert not errors, (page, errors)
+    body = "\n".join(str(w.value) for w in at.warning)
+    assert "plan.json" not in body  # said in the panel that needs it, not on every page
+
+
+def test_the_runs_list_shows_every_run_however_damaged(damaged, monkeypatch):
+    good = damaged["good"]
+    at = open_page(good.parent, good.name, "app_pages/runs.py", monkeypatch)
+    assert not at.exception
+    runs = set(at.dataframe[0].value["run"])
+    assert runs == {damaged[k].name for k in ("good", "parquet", "tsv", "plan")}
+    for kind in ("good", "parquet", "tsv"):
+        at = open_page(good.parent, damaged[kind].name, "app_pages/overview.py", monkeypatch)
+        assert not _problems(at)[1]
+    # the healthy run next to the damaged ones says nothing about damage
+    for page in PAGES:
+        at = open_page(good.parent, good.name, page, monkeypatch)
+        assert _problems(at) == ([], []), page
+
+
+def test_a_dead_agent_is_named_with_its_exit_status(tmp_path, monkeypatch):
+    run = synth.healthy(tmp_path)
+    rec = json.loads((run / "run.json").read_text())
+    agent = next(n for n in rec["processes"] if n.startswith("agent@"))
+    node = agent.split("@", 1)[1]
+    rec["processes"][agent].update(exit_code=137, stopped=False)
+    note = (f"{agent} exited with status 137 at 12:00:00: telemetry of {node} stops there "
+            f"(see logs/{agent}.log)")
+    rec["notes"] = [note]
+    (run / "run.json").write_text(json.dumps(rec))
+    for page in ("app_pages/overview.py", "app_pages/gpus.py"):
+        at = open_page(tmp_path, run.name, page, monkeypatch)
+        assert note in [w.value for w in at.warning], page
+    at = open_page(tmp_path, run.name, "app_pages/logs.py", monkeypatch)
+    assert any(f"**{agent}** (exit 137)" in e.value for e in at.error), [e.value for e in at.error]
+    df = at.dataframe[0].value
+    assert dict(zip(df["process"], df["state"], strict=True))[agent] == "exit 137"
+    at = open_page(tmp_path, run.name, "app_pages/sweep.py", monkeypatch)
+    assert note not in [w.value for w in at.warning]  # said where it matters, not everywhere

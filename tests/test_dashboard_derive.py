@@ -136,7 +136,7 @@ def test_torn_plan_is_explained_not_raised(tmp_path):
     run.mkdir()
     (run / "plan.json").write_text('{"schema_version": 1, "endpo')
     info = load.run_info(run)
-    assert info.topology == "—" and info.notes
+    assert info.topology == "—" and info.plan_error and "plan.json" in info.plan_error
     assert load.list_run_dirs(tmp_path) == [run]
 
 

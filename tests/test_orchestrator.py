@@ -82,7 +82,7 @@ class FakeBackend(Backend):
         log.write_text(f"{proc.name} starting\n")
         return Handle(proc, FakePopen(code, after, result), log)
 
-    def stop(self, handles: list[Handle], grace_s: float = 10.0) -> None:
+    def stop(self, handles: list[Handle], grace_s: float = 10.0, gentle: bool = True) -> None:
         for h in handles:
             if h.exit_code() is None:
                 h.popen.returncode = -15

@@ -106,6 +106,7 @@ def family_section(family: str, what: str, plan_fp: str, step: float) -> None:
 
 
 def body(info) -> None:  # the run as re-read at each live refresh
+    ui.run_notes(info, about="telemetry of")
     if ui.no_telemetry(info, "GPU or host telemetry"):
         return
     plan = ui.plan(info)

@@ -39,6 +39,8 @@ def capacity_section(info, ss: derive.SeriesSet, cap) -> None:
     requests running when KV usage peaked at the top sweep point) KV capacity."""
     st.subheader("KV capacity: predicted vs observed")
     plan = ui.plan(info)
+    if plan is None:
+        ui.plan_damaged(info, "The predicted KV capacity")
     pred = derive.predicted_capacity(plan.capacity if plan else [], plan)
     obs = derive.observed_capacity(ss, derive.top_window(ui.bench(info)))
     endpoints = sorted({p["endpoint"] for p in pred} | set(obs["endpoint"]))

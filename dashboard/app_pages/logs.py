@@ -33,10 +33,15 @@ def body(info) -> None:  # the run as re-read at each live refresh
         stt = p.stat()
         s = scan(str(p), stt.st_size, stt.st_mtime_ns)
         scans[p.stem] = s
-        rows.append({"process": p.stem, "errors": s["errors"], "warnings": s["warnings"],
+        rows.append({"process": p.stem, "state": info.processes.get(p.stem, "—"),
+                     "errors": s["errors"], "warnings": s["warnings"],
                      "lines": s["lines"], "size (KiB)": round(stt.st_size / 1024, 1),
                      "last write": ui.fmt_time(stt.st_mtime)})
     df = pd.DataFrame(rows).sort_values(["errors", "warnings"], ascending=False)
+    died = {n: s for n, s in info.processes.items() if s.startswith("exit ") or s == "lost"}
+    if died:
+        st.error("Ended on their own or lost with their node: " + ", ".join(
+            f"**{n}** ({s})" for n, s in sorted(died.items())) + ". Their logs are below.")
     c1, c2, c3 = st.columns(3)
     c1.metric("Processes with logs", len(rows))
     c2.metric("Error lines", int(df["errors"].sum()))

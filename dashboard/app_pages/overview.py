@@ -17,8 +17,9 @@ if info is None:
 
 def body(info) -> None:  # the run as re-read at each live refresh
     ui.progress_panel(info)
+    ui.run_notes(info)
     plan = ui.plan(info)
-    if plan is None:
+    if plan is None and not info.plan_error:
         st.info("No plan.json: the launcher never planned this run, so there is no topology "
                 "to show." if info.state != "empty" else "Nothing to show yet.")
         return
@@ -58,21 +59,10 @@ def body(info) -> None:  # the run as re-read at each live refresh
         cols[4].metric("GSM8K accuracy", "—", help="accuracy/ has no result (not run yet, "
                                                      "skipped, or the run ended before it)")
 
-    left, right = st.columns([3, 2])
-    with left:
-        ui.altair(charts.topology(topology_frame(plan)))
-    with right:
-        st.markdown(f"**{info.topology}**  \nmodel `{plan.model_path}` · "
-                    f"mode {plan.mode} · engine {plan.engine}  \n"
-                    f"GPUs: prefill {plan.gpus('prefill')}, decode {plan.gpus('decode')}, "
-                    f"agg {plan.gpus('agg')}, total {plan.gpus()}")
-        identity_panel(info)
-    # the endpoints, full width: URLs and node lists stay readable
-    eps = pd.DataFrame([{"endpoint": e.name, "role": str(e.role), "shape": e.shape,
-                         "GPUs": e.gpus, "nodes": ", ".join(e.nodes), "url": e.url}
-                        for e in plan.endpoints])
-    ui.table(eps, column_config={"url": st.column_config.TextColumn(width="large"),
-                                 "nodes": st.column_config.TextColumn(width="large")})
+    if plan is None:
+        ui.plan_damaged(info, "The topology (nodes, GPUs, endpoints)")
+    else:
+        topology_panel(info, plan)
     if info.study:
         st.page_link("app_pages/study.py", label=f"This run is one configuration of study "
                      f"{info.study}: compare them all on the Study page",
@@ -95,6 +85,24 @@ def body(info) -> None:  # the run as re-read at each live refresh
     with st.expander(f"Events ({len(events)}), times as in events.jsonl"):
         if events:
             ui.table(events_frame(events, info))
+
+
+def topology_panel(info, plan: PlanDoc) -> None:
+    left, right = st.columns([3, 2])
+    with left:
+        ui.altair(charts.topology(topology_frame(plan)))
+    with right:
+        st.markdown(f"**{info.topology}**  \nmodel `{plan.model_path}` · "
+                    f"mode {plan.mode} · engine {plan.engine}  \n"
+                    f"GPUs: prefill {plan.gpus('prefill')}, decode {plan.gpus('decode')}, "
+                    f"agg {plan.gpus('agg')}, total {plan.gpus()}")
+        identity_panel(info)
+    # the endpoints, full width: URLs and node lists stay readable
+    eps = pd.DataFrame([{"endpoint": e.name, "role": str(e.role), "shape": e.shape,
+                         "GPUs": e.gpus, "nodes": ", ".join(e.nodes), "url": e.url}
+                        for e in plan.endpoints])
+    ui.table(eps, column_config={"url": st.column_config.TextColumn(width="large"),
+                                 "nodes": st.column_config.TextColumn(width="large")})
 
 
 def events_frame(events: list[dict], info: load.RunInfo) -> pd.DataFrame:
@@ -135,8 +143,6 @@ def identity_panel(info) -> None:
         text = f"KV transfers over {', '.join(cfgs)} (UCX's own report)"
         (st.warning if tcp else st.caption)(
             text + (": TCP, not NVLink/RDMA, check UCX_TLS" if tcp else ""))
-    for note in info.run_notes:
-        st.warning(note)
 
 
 def topology_frame(plan: PlanDoc) -> pd.DataFrame:

@@ -58,6 +58,8 @@ def body(info) -> None:  # the run as re-read at each live refresh
     if ok.empty:
         st.info("Every sweep point failed, so there is nothing to draw.")
         return
+    if info.plan_error:
+        ui.plan_damaged(info, "Throughput per GPU (its GPU counts)")
     front = pd.concat([derive.pareto_frontier(g, "tokens_per_s_per_user", y).assign(run=r)
                        for r, g in ok.groupby("run")], ignore_index=True)
     ui.altair(charts.pareto(ok, front, y=y, y_title=Y_CHOICES[y]))

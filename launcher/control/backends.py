@@ -35,7 +35,9 @@ class Handle:
     popen: subprocess.Popen
     log_path: Path
     started: float = field(default_factory=time.time)
-    stopped: bool = False
+    stopped: bool = False  # nothing more is expected of it (stopped, finished, or noted dead)
+    died: bool = False  # exited on its own before teardown (an agent: noted, not fatal)
+    lost: bool = False  # its node was lost
 
     def exit_code(self) -> int | None:
         return self.popen.poll()
@@ -86,7 +88,20 @@ class Backend:
         log_path = self.run_dir / proc.log
         return Handle(proc, self.spawn(command_line(self.plan, proc), log_path), log_path)
 
-    def stop(self, handles: list[Handle], grace_s: float = 10.0) -> None:
+    def abandon(self, handles: list[Handle]) -> None:
+        """Processes whose node is lost: nothing can be asked of them; SIGKILL what runs here
+        for them (the srun) without waiting."""
+        for h in handles:
+            h.stopped = True
+            if h.exit_code() is None:
+                _signal_group(h.popen, signal.SIGKILL)
+        for h in handles:
+            try:
+                h.popen.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def stop(self, handles: list[Handle], grace_s: float = 10.0, gentle: bool = True) -> None:
         """SIGTERM every group at once, then SIGKILL what is left after `grace_s`."""
         live = [h for h in handles if h.exit_code() is None]
         for h in live:
@@ -106,32 +121,80 @@ class Backend:
 
 
 class SrunBackend(Backend):
-    """srun steps; Slurm also kills every step when the job ends, whatever happens here."""
+    """srun steps; Slurm also kills every step when the job ends, whatever happens here.
 
-    def stop(self, handles: list[Handle], grace_s: float = 10.0) -> None:
-        # One SIGTERM: srun forwards it to the step's tasks and waits for them. An srun that
-        # had to be SIGKILLed leaves its step running, so such steps are cancelled by name.
-        super().stop(handles, grace_s)
+    A step is stopped with `scancel --signal=TERM JOB.STEP`, which reaches its tasks as
+    SIGTERM: srun itself turns a SIGTERM it receives into SIGKILL of the tasks ("forcing job
+    termination"), which would leave no agent its last sample and no engine its shutdown.
+    srun then ends with its tasks; one still there after the grace is SIGKILLed, and its step
+    cancelled by name. Not `gentle` (a node of the job is lost): Slurm's controller would
+    wait on the dead node for every scancel, so srun's own SIGTERM (a SIGKILL of the tasks)
+    ends the steps, and Slurm cleans up when the job ends."""
+
+    def stop(self, handles: list[Handle], grace_s: float = 10.0, gentle: bool = True) -> None:
+        live = [h for h in handles if h.exit_code() is None]
+        ids = step_ids({h.proc.name for h in live}) if gentle else {}
+        told = set()
+        if ids:
+            try:
+                # In a multi-node job scancel can exit non-zero ("Invalid job id") for the
+                # nodes without the step although the step's tasks got the signal: waiting
+                # out the grace, then SIGKILL, covers a signal that really did not arrive.
+                subprocess.run(
+                    ["scancel", "--signal=TERM", *[i for v in ids.values() for i in v]],
+                    capture_output=True, timeout=10,
+                )  # fmt: skip
+                told = set(ids)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        for h in live:
+            h.stopped = True
+            if h.proc.name not in told:  # no step id: srun's own way (SIGKILL of its tasks)
+                _signal_group(h.popen, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while live and time.monotonic() < deadline:
+            live = [h for h in live if h.exit_code() is None]
+            time.sleep(0.05)
+        for h in live:
+            _signal_group(h.popen, signal.SIGKILL)
+        for h in handles:
+            try:
+                h.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        # An srun that had to be SIGKILLed leaves its step running: cancel those by name.
         killed = {h.proc.name for h in handles if h.popen.returncode == -signal.SIGKILL}
-        if killed:
+        if killed and gentle:
             cancel_steps(killed)
 
 
-def cancel_steps(names: set[str]) -> None:
+def step_ids(names: set[str]) -> dict[str, list[str]]:
+    """This job's steps named after these processes (srun --job-name): name -> step ids."""
     job = os.environ.get("SLURM_JOB_ID")
-    if not job:
-        return
+    if not job or not names:
+        return {}
     try:
         out = subprocess.run(
             ["squeue", "--steps", f"--jobs={job}", "--noheader", "--format=%i %j"],
             capture_output=True, text=True, timeout=10,
         ).stdout  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
-        return
-    steps = [line.split(None, 1) for line in out.splitlines() if " " in line]
-    ids = [sid for sid, name in steps if name.strip() in names]
+        return {}
+    found: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        sid, _, name = line.strip().partition(" ")
+        if name.strip() in names:
+            found.setdefault(name.strip(), []).append(sid)
+    return found
+
+
+def cancel_steps(names: set[str]) -> None:
+    ids = [i for v in step_ids(names).values() for i in v]
     if ids:
-        subprocess.run(["scancel", "--signal=KILL", *ids], capture_output=True, timeout=10)
+        try:
+            subprocess.run(["scancel", "--signal=KILL", *ids], capture_output=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
 
 
 def _signal_group(popen: subprocess.Popen, sig: int) -> None:

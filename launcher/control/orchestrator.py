@@ -11,10 +11,14 @@ runs in the foreground. Stages, each recorded in run.json and events.jsonl:
     decode) -> sweep -> hold -> accuracy -> teardown -> report
 
 Any process that exits early, a lost node, or a timeout fails the run at once with one
-sentence naming the culprit, its node and the last lines of every process's log. Teardown
-always runs, inside the time Slurm leaves (KillWait after scancel, the signal lead before the
-time limit), and nothing written so far is removed. Bookkeeping never stops it: a write that
-fails (full or read-only disk) is said once and the run goes on.
+sentence naming the culprit, its node and the last lines of every process's log. A node is
+lost when its slurmd stops answering or Slurm marks it down (launcher.control.watch, asked
+before any exited process is blamed). Teardown always runs, inside the time Slurm leaves
+(KillWait after scancel, the signal lead before the time limit), and nothing written so far
+is removed. Bookkeeping never stops it: a write that fails (full or read-only disk) is said
+once and the run goes on; a run directory that takes no write for WRITE_FAIL_S fails the run
+(nothing more could be recorded), and a small reserve file freed after teardown leaves room
+for the final record. A run directory is written by one attempt only.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from pathlib import Path
 from launcher.control import preflight
 from launcher.control.backends import Backend, Handle, make_backend
 from launcher.control.prepare import write_run_files
+from launcher.control.watch import NodeWatch
 from launcher.errors import UserError
 from launcher.planning import render
 from launcher.planning.plan import Plan, make_plan, nodes_needed
@@ -54,6 +59,9 @@ POLL_S = 0.25
 PROGRESS_S = 5.0  # how often loading progress is read from the engines' logs
 STEP_TIMEOUT_S = 1800.0  # a preflight step (a container image import can take minutes)
 TAIL_LINES = 8
+SAVE_EVERY_S = 5.0  # run.json is rewritten at least this often: its `updated` is a heartbeat
+WRITE_FAIL_S = 10.0  # a run directory refusing every write this long fails the run
+RESERVE_BYTES = 1 << 20  # freed after teardown so the final record fits on a full disk
 
 
 class RunFailed(Exception):
@@ -69,7 +77,12 @@ class Cancelled(Exception):
 
 
 def say(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    """A line on the orchestrator's output. That output can be a file on the full disk (the
+    batch step's log): a failing print must never stop a teardown."""
+    try:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 # --- bookkeeping that never stops a run ------------------------------------------------------
@@ -83,8 +96,13 @@ class Book:
         self.run = run
         self.record = record
         self.failed: set[str] = set()
+        self.failing_since: float | None = None  # run.json has not been written since
+        self.last_error: str | None = None
+        self.last_save = 0.0
+        self.reserve = run.path / rundir.RESERVE
 
     def _trouble(self, what: str, e: OSError) -> None:
+        self.last_error = f"{e.strerror or e} ({what})"
         if what not in self.failed:
             self.failed.add(what)
             msg = f"could not write {what}: {e.strerror or e}"
@@ -92,11 +110,38 @@ class Book:
                 self.record.notes.append(msg)
             say(f"warning: {msg} (the run goes on)")
 
-    def save(self) -> None:
+    def save(self) -> bool:
+        self.last_save = time.monotonic()
         try:
             self.run.write_record(self.record)
         except OSError as e:
             self._trouble(rundir.RUN, e)
+            self.failing_since = self.failing_since or time.monotonic()
+            return False
+        self.failing_since = None
+        return True
+
+    def heartbeat(self) -> None:
+        """Rewrite run.json when it has not been written for SAVE_EVERY_S (its `updated`
+        says the orchestrator is alive; a disk that stopped taking writes is found here)."""
+        if time.monotonic() - self.last_save >= SAVE_EVERY_S:
+            self.save()
+
+    def failing_for(self) -> float:
+        return time.monotonic() - self.failing_since if self.failing_since else 0.0
+
+    def make_reserve(self) -> None:
+        try:
+            with open(self.reserve, "wb") as f:
+                f.write(b"\0" * RESERVE_BYTES)
+        except OSError:
+            self.drop_reserve()
+
+    def drop_reserve(self) -> None:
+        try:
+            self.reserve.unlink(missing_ok=True)
+        except OSError:
+            pass
 
     def event(self, kind: str, **fields) -> None:
         try:
@@ -127,26 +172,6 @@ def allocation_nodes() -> list[str] | None:
         return out.split()
     except (OSError, subprocess.SubprocessError):
         return cluster_mod.expand_nodelist(nodelist)
-
-
-def lost_nodes(nodes: list[str]) -> dict[str, str]:
-    """Nodes of the allocation Slurm no longer considers alive, with its word for it."""
-    if not nodes or not os.environ.get("SLURM_JOB_ID"):
-        return {}
-    try:
-        out = subprocess.run(
-            ["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %T"],
-            capture_output=True, text=True, timeout=10,
-        ).stdout  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    lost = {}
-    for line in out.splitlines():
-        name, _, state = line.partition(" ")
-        s = state.strip().lower()
-        if any(w in s for w in ("down", "fail", "not_responding", "unknown")) or s.endswith("*"):
-            lost[name] = state.strip()
-    return lost
 
 
 def raise_open_files(want: int) -> None:
@@ -241,7 +266,8 @@ class Orchestrator:
         self.cancel_reason: str | None = None
         self.teardown_budget_s: float = 60.0
         self.failed_points: list[str] = []
-        self.dead_agents: set[str] = set()  # named once; the run goes on without them
+        self.watch = NodeWatch(list(plan.nodes), plan.cluster.scheduler == "slurm")
+        self.partial: dict[str, str] = {}  # node -> why its telemetry is partial (noted once)
 
     # --- bookkeeping ---
     def save(self) -> None:
@@ -267,7 +293,8 @@ class Orchestrator:
         self.record.processes = {
             h.proc.name: ProcessRecord(
                 node=h.proc.node, kind=h.proc.kind, pid=h.pid, started=h.started,
-                exit_code=h.exit_code(), stopped=h.stopped, log=h.proc.log,
+                exit_code=h.exit_code(), stopped=h.stopped and not h.died, log=h.proc.log,
+                lost=h.lost,
             )  # fmt: skip
             for h in self.handles
         }
@@ -286,52 +313,111 @@ class Orchestrator:
                 )
         return "\n".join(out)
 
-    def node_loss(self) -> str | None:
-        lost = lost_nodes(list(self.plan.nodes)) if self.plan.cluster.scheduler == "slurm" else {}
+    def node_loss(self, exited: list[Handle] | None = None) -> str | None:
+        """'gb200-03 (its slurmd at ... does not answer ...)' when nodes were lost, else None.
+        Every node is asked when a process exited (a lost node's own sruns may not end for
+        minutes; the first to exit is often a healthy process on another node)."""
+        lost = self.watch.confirm() if exited is not None else dict(self.watch.lost)
         if not lost:
             return None
-        return ", ".join(f"{n} (Slurm: {s})" for n, s in sorted(lost.items()))
+        for h in self.handles:
+            if h.proc.node in lost:
+                h.lost = True
+        return "; ".join(f"{n} ({why})" for n, why in sorted(lost.items()))
+
+    def node_lost(self, lost: str) -> RunFailed:
+        node = lost.split(" ")[0]
+        gone = [h.proc.name for h in self.handles if h.lost and h.proc.node == node]
+        self.book.event("node_lost", node=node, detail=lost, processes=gone)
+        return RunFailed(
+            f"node lost: {lost}; with it went {', '.join(gone) or 'no process yet'}: check "
+            f"the node (scontrol show node {node}) and submit again",
+            culprit=node,
+        )
 
     def check_processes(self, allowed: Callable[[Handle], bool] = lambda h: False) -> None:
-        """Fail the run if a process that should be running has exited."""
+        """Fail the run if a process that should be running has exited, a node is lost, or
+        the run directory takes no more writes."""
         if self.cancel_reason is None and (req := self.run.read_cancel()) is not None:
             self.cancel_reason = f"cancelled by `launcher cancel` ({req.by})"
             say(self.cancel_reason + "; tearing down")
         if self.cancel_reason:
             raise Cancelled(self.cancel_reason)
-        for h in self.handles:
+        self.book.heartbeat()
+        if self.book.failing_for() >= WRITE_FAIL_S:
+            raise RunFailed(
+                f"the run directory takes no writes: {self.book.last_error} for "
+                f"{self.book.failing_for():.0f} s; the run stops since nothing more could be "
+                f"recorded: free space or fix {self.run.path}'s filesystem and submit again",
+                culprit=str(self.run.path),
+            )
+        self.note_partial_telemetry()
+        lost = self.node_loss()
+        if lost:
+            raise self.node_lost(lost)
+        exited = [
+            h for h in self.handles
+            if h.exit_code() is not None and not h.stopped and not allowed(h)
+        ]  # fmt: skip
+        if not exited:
+            return
+        lost = self.node_loss(exited)
+        if lost:
+            raise self.node_lost(lost)
+        for h in exited:
             code = h.exit_code()
-            if code is None or h.stopped or allowed(h):
-                continue
             if h.proc.kind == Kind.AGENT:
                 # Telemetry is best effort: losing an agent must not lose the benchmark, but
                 # it is said, with its exit status, in status, events and the summary.
-                if h.proc.name not in self.dead_agents:
-                    self.dead_agents.add(h.proc.name)
-                    self.book.event("agent_died", process=h.proc.name, exit_code=code)
-                    self.book.note(
-                        f"{h.proc.name} exited with status {code} at "
-                        f"{time.strftime('%H:%M:%S')}: telemetry of {h.proc.node} stops there "
-                        f"(see {h.proc.log})"
-                    )
-                    self._write_processes()
+                h.stopped = h.died = True
+                self.book.event("agent_died", process=h.proc.name, node=h.proc.node,
+                                exit_code=code)
+                self.book.note(
+                    f"{h.proc.name} exited with status {code} at "
+                    f"{time.strftime('%H:%M:%S')}: telemetry of {h.proc.node} stops there "
+                    f"(see {h.proc.log})"
+                )
+                self._write_processes()
                 continue
-            lost = self.node_loss()
             lines = tail(h.log_path, 15)
             self.book.event(
                 "process_exited", process=h.proc.name, node=h.proc.node, exit_code=code,
                 log_tail=lines,
             )  # fmt: skip
-            if lost:
-                raise RunFailed(
-                    f"node lost: {lost}; {h.proc.name} on {h.proc.node} ended with status "
-                    f"{code}", culprit=lost.split(" ")[0],
-                )  # fmt: skip
             raise RunFailed(
                 f"{h.proc.name} on {h.proc.node} exited with status {code}; last lines of "
                 f"{h.proc.log}:\n" + "\n".join(f"  | {x}" for x in lines),
                 culprit=h.proc.name,
             )
+
+    def note_partial_telemetry(self, final: bool = False) -> None:
+        """A node whose agent cannot write its telemetry directory is said once in the run's
+        notes (from the agent's exporter while it runs; from its agent.json at the end)."""
+        found: dict[str, dict] = dict(self.watch.writes)
+        if final:
+            try:
+                from launcher.telemetry.store import read_agent_info
+
+                for node, info in read_agent_info(self.run.path).items():
+                    w = info.get("writes") if isinstance(info, dict) else None
+                    if isinstance(w, dict) and (w.get("write_errors") or w.get("dropped_rows")):
+                        found[node] = {**w, "error": (w.get("last_error") or "")}
+            except Exception:  # noqa: BLE001 - a note must never stop the end of a run
+                pass
+        for node, w in sorted(found.items()):
+            if node in self.partial or not (w.get("failing") or w.get("dropped_rows")
+                                            or (final and w.get("write_errors"))):
+                continue
+            agent = f"agent@{node}"
+            error = w.get("error") or w.get("last_error") or "write error"
+            why = (f"telemetry of {node} is partial: {agent} could not write "
+                   f"{rundir.TELEMETRY}/{node} ({error.split(' (')[0]}) at "
+                   f"{time.strftime('%H:%M:%S')}; it kept sampling and retrying, and counts "
+                   f"what it could not write in agent.json and the last line of its log")
+            self.partial[node] = why
+            self.book.event("telemetry_partial", node=node, process=agent, error=error, **{
+                k: w.get(k) for k in ("dropped_rows", "write_errors", "pending_rows")})
+            self.book.note(why + f" (logs/{agent}.log)")
 
     def wait_ready(
         self, targets: list[tuple[Process, str]], timeout_s: float, what: str
@@ -451,6 +537,9 @@ class Orchestrator:
         self.note_loading()
         self.book.event("endpoints_healthy", seconds=round(time.monotonic() - t0, 2))
         self.healthy |= {p.name for p in agents if p.metrics_url and http_ok(p.metrics_url)[0]}
+        # each node's agent is its heartbeat from here on (and says how its writes go)
+        self.watch.start({p.node: p.metrics_url for p in agents
+                          if p.name in self.healthy and p.metrics_url})
         self.publish_targets()
         self.stage(Stage.ROUTER)
         self.start(router)
@@ -613,7 +702,7 @@ class Orchestrator:
         try:
             from launcher.run import figures
 
-            summary = figures.summary(self.run.path, state, error)
+            summary = figures.summary(self.run.path, state, error, notes=self.record.notes)
             rundir.write_json(self.run.summary, summary)
             print(figures.summary_table(summary), flush=True)
         except Exception as e:  # a report problem must not hide the run's own outcome
@@ -629,18 +718,33 @@ class Orchestrator:
             self.book.note(f"could not remove Prometheus targets: {e}")
         budget = self.teardown_budget_s
         share = {Kind.ENGINE: 0.45, Kind.AGENT: 0.2, Kind.ROUTER: 0.15, Kind.BENCH: 0.2}
+        try:  # the last words of the agents that are still there, before they stop
+            self.watch.stop()
+            self.watch.beat(knock_too=False, timeout=1.0)
+            self.note_partial_telemetry()
+        except Exception as e:  # noqa: BLE001
+            say(f"warning: could not ask the agents how their writes went: {e!r}")
+        # Processes of a lost node: their srun cannot reach them; kill it and move on (Slurm
+        # ends the steps when it ends the job).
+        lost = [h for h in self.handles if h.lost]
+        if lost:
+            try:
+                self.backend.abandon(lost)
+            except Exception as e:  # noqa: BLE001
+                say(f"warning: abandoning {[h.proc.name for h in lost]} failed: {e!r}")
         for kinds in TEARDOWN_ORDER:
-            group = [h for h in self.handles if h.proc.kind in kinds]
+            group = [h for h in self.handles if h.proc.kind in kinds and not h.lost]
             grace = max(1.0, budget * share.get(kinds[0], 0.2))
             if Kind.AGENT in kinds and any(h.exit_code() is None for h in group):
                 # One more sample after the servers are gone, so the end is on record too.
                 time.sleep(min(self.plan.recipe.telemetry.interval_s * 1.5, grace / 2, 5.0))
             try:
-                self.backend.stop(group, grace_s=grace)
+                self.backend.stop(group, grace_s=grace, gentle=not lost)
             except Exception as e:  # a stop that fails must not leave the rest running
                 say(f"warning: stopping {[h.proc.name for h in group]} failed: {e!r}")
         for h in self.handles:
-            self.book.event("process_stopped", process=h.proc.name, exit_code=h.exit_code())
+            self.book.event("process_stopped", process=h.proc.name, exit_code=h.exit_code(),
+                            **({"lost": True} if h.lost else {}))
         self._write_processes()
 
 
@@ -770,12 +874,14 @@ def run(run_dir: Path) -> int:
     run = rundir.RunDir(Path(run_dir))
     if not run.recipe.exists():
         raise UserError(f"{run_dir} is not a prepared run directory (no recipe.yaml)")
+    refuse_second_attempt(run)
     record = RunRecord(
         state=State.RUNNING, stage=Stage.PLAN, started=time.time(), host=socket.gethostname(),
         orchestrator_pid=os.getpid(), slurm_job_id=os.environ.get("SLURM_JOB_ID"),
     )  # fmt: skip
     book = Book(run, record)
     book.save()
+    book.make_reserve()
     try:
         prof = cluster_mod.load(recipe_mod.load(str(run.recipe)).cluster)
         kill_wait, lead = prof.kill_wait_s, recipe_mod.load(str(run.recipe)).slurm.signal_lead_s
@@ -806,12 +912,21 @@ def run(run_dir: Path) -> int:
         plan = plan_here(run, book, early_step)
     except UserError as e:
         finish_early(State.FAILED, str(e))
+        book.drop_reserve()
         raise
+    except OSError as e:  # plan.json or commands.sh could not be written: nothing started yet
+        book.drop_reserve()
+        finish_early(State.FAILED, f"could not write the run directory: {e.strerror or e} "
+                                   f"({e.filename or run.path}); free space or fix its "
+                                   "filesystem and submit again", str(run.path))
+        return 1
     except RunFailed as e:
         finish_early(State.FAILED, str(e), e.culprit)
+        book.drop_reserve()
         return 1
     except Cancelled as e:
         finish_early(State.CANCELLED, str(e))
+        book.drop_reserve()
         return 1
     busy = busy_ports(plan)
     if busy:
@@ -822,6 +937,7 @@ def run(run_dir: Path) -> int:
             "profile's port_base"
         )
         finish_early(State.FAILED, error)
+        book.drop_reserve()
         raise UserError(error)
     raise_open_files(plan.cluster.nofile)
     orch = Orchestrator(run, plan, make_backend(plan, run.path), book)
@@ -839,19 +955,26 @@ def run(run_dir: Path) -> int:
         state, error, culprit = State.FAILED, str(e), e.culprit
     except Cancelled as e:
         state, error = State.CANCELLED, str(e)
-        lost = orch.node_loss()
+        lost = orch.node_loss([])
         if lost:  # Slurm ends a job whose node died with SIGTERM: say what really happened
-            state, error, culprit = State.FAILED, f"node lost: {lost}", lost.split(" ")[0]
+            failed = orch.node_lost(lost)
+            state, error, culprit = State.FAILED, str(failed), failed.culprit
     except Exception as e:  # an orchestrator bug still tears down and says so
         state, error = State.FAILED, f"orchestrator error: {e!r}"
-        import traceback
+        try:
+            import traceback
 
-        traceback.print_exc()
+            traceback.print_exc()
+        except (OSError, ValueError):
+            pass
     finally:
+        # Teardown first, whatever happened; what follows is bookkeeping, best effort.
         Signals.ignore()
         if state != State.SUCCEEDED:
             record.failed_stage = record.stage
         orch.teardown()
+        book.drop_reserve()  # room for the record of the end, on a disk that filled up
+        orch.note_partial_telemetry(final=True)
         if state != State.CANCELLED or plan.recipe.benchmark.enabled:
             orch.stage(Stage.REPORT)
             orch.report(state, error)
@@ -863,9 +986,28 @@ def run(run_dir: Path) -> int:
         say("run succeeded")
     record.state, record.error, record.culprit, record.ended = state, error, culprit, time.time()
     record.stage, record.serving = None, False
-    book.save()
+    if not book.save():
+        say(f"could not record the end of the run in {run.state_file} ({book.last_error}): "
+            f"`python -m launcher status` will say what Slurm or the process table knows")
     say(f"run directory: {run.path}")
     return 0 if state == State.SUCCEEDED else 1
+
+
+def refuse_second_attempt(run: rundir.RunDir) -> None:
+    """A run directory is written by one attempt only: a requeued job (or a second `launcher
+    run`) must not rewrite an earlier attempt's plan, logs and results."""
+    prior = run.read_record()
+    restarts = os.environ.get("SLURM_RESTART_COUNT", "0")
+    if prior is None and restarts in ("", "0"):
+        return
+    what = (f"an earlier attempt (state {prior.state}, started "
+            f"{time.strftime('%H:%M:%S', time.localtime(prior.started or 0))}"
+            + (f", Slurm job {prior.slurm_job_id}" if prior.slurm_job_id else "") + ")"
+            if prior else f"Slurm's attempt {restarts} of this job (a requeue)")
+    raise UserError(
+        f"{run.path} already holds {what}: a run directory is written by one attempt only, so "
+        f"this one stops without touching it; submit the recipe again for a new run"
+    )
 
 
 def run_in_allocation(run_dir: str) -> int:

@@ -3,7 +3,9 @@
 A run's files say what its orchestrator last wrote. When the orchestrator died without
 recording its end (killed, node lost, out of memory), Slurm's record (or, on the local
 profile, its vanished pid) is the truth: `reconcile` writes that down once in
-reconciled.json, so the CLI and the dashboard show the same ended run.
+reconciled.json, so the CLI and the dashboard show the same ended run, writes the summary's
+honest verdict, and on the local profile stops what the dead orchestrator left running
+(on Slurm, the end of the job ends its steps).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from launcher.errors import UserError
 from launcher.run import listing
-from launcher.run.rundir import CancelRecord, Reconciled, RunDir, RunStatus, plain, tail
+from launcher.run.rundir import RESERVE, CancelRecord, Reconciled, RunDir, RunStatus, plain, tail
 from launcher.run.vocab import State
 
 # Slurm job states in which the batch step may still be alive.
@@ -49,24 +51,30 @@ def find(runs_dir: Path, ref: str | None) -> RunDir:
 
 def slurm_state(job_id: str | None) -> str | None:
     """The job's state from squeue, then scontrol (no accounting database needed)."""
+    return slurm_job(job_id)[0]
+
+
+def slurm_job(job_id: str | None) -> tuple[str | None, str | None]:
+    """(state, exit code "status:signal") from squeue, then scontrol; (None, None) when Slurm
+    does not answer, ("GONE", None) when it forgot the job."""
     if not job_id:
-        return None
+        return None, None
     try:
         out = subprocess.run(
             ["squeue", "--noheader", f"--jobs={job_id}", "--format=%T"],
             capture_output=True, text=True, timeout=10,
         ).stdout.strip()  # fmt: skip
-        if out:
-            return out.splitlines()[0]
+        if out and any(x in out.splitlines()[0] for x in SLURM_LIVE):
+            return out.splitlines()[0], None
         out = subprocess.run(
             ["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=10
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
-        return None  # no Slurm here, or it did not answer: nothing to reconcile with
-    for word in out.split():
-        if word.startswith("JobState="):
-            return word.split("=", 1)[1]
-    return "GONE"
+        return None, None  # no Slurm here, or it did not answer: nothing to reconcile with
+    fields = dict(w.split("=", 1) for w in out.split() if "=" in w)
+    if "JobState" not in fields:
+        return "GONE", None
+    return fields["JobState"], fields.get("ExitCode")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -93,18 +101,29 @@ def reconcile(run: RunDir) -> RunStatus:
     if st.final or st.state == State.PLANNED:
         return st
     rec = st.record
+    stage = f"; stage was {rec.stage}" if rec and rec.stage else ""
     if st.slurm_job_id:
-        s = slurm_state(st.slurm_job_id)
+        s, exit_code = slurm_job(st.slurm_job_id)
         if s is None or any(x in s for x in SLURM_LIVE):
             return st
         state = State.CANCELLED if s.startswith("CANCELLED") else State.FAILED
         if s.startswith("NODE_FAIL"):
             why = "a node of the job failed (Slurm: NODE_FAIL)"
+            down = _down_nodes(run)
+            if down:
+                why = f"node lost: {down}; Slurm ended the job with NODE_FAIL"
         elif s.startswith("TIMEOUT"):
             why = "the job hit its time limit before the orchestrator could record its end"
         else:
             why = f"Slurm says the job is {s}"
-        error = f"the orchestrator ended without recording it: {why}"
+            sig = (exit_code or "").partition(":")[2]
+            if sig and sig != "0":
+                why += f" (its batch step was killed by signal {sig})"
+            elif exit_code:
+                why += f" (exit code {exit_code})"
+        who = f"pid {rec.orchestrator_pid} on {rec.host}, " if rec and rec.orchestrator_pid else ""
+        error = (f"the orchestrator ({who}Slurm job {st.slurm_job_id}) ended without "
+                 f"recording its end: {why}{stage}")
         out = batch_output(run, st.slurm_job_id)
         if out:
             error += "; last lines of the batch step:\n" + "\n".join(f"  | {x}" for x in out)
@@ -115,8 +134,11 @@ def reconcile(run: RunDir) -> RunStatus:
         state = State.FAILED
         error = (
             f"the orchestrator (pid {rec.orchestrator_pid} on {rec.host}) is gone without "
-            f"recording its end (killed?); stage was {rec.stage or '-'}"
+            f"recording its end (killed?){stage}"
         )
+        stopped = stop_orphans(run)
+        if stopped:
+            error += f"; stopped what it left running: {', '.join(stopped)}"
         source = "pid"
     else:
         return st
@@ -125,7 +147,96 @@ def reconcile(run: RunDir) -> RunStatus:
     except OSError:
         pass  # a read-only run directory: still show the truth
     _withdraw_targets(run)
+    _honest_summary(run, state, error)
+    try:
+        (run.path / RESERVE).unlink(missing_ok=True)
+    except OSError:
+        pass
     return run.status() if run.reconciled_file.exists() else _with(st, state, error)
+
+
+def _down_nodes(run: RunDir) -> str:
+    """The run's nodes Slurm now has down or not responding: 'gb200-01 (Slurm says down*)'."""
+    try:
+        from launcher.control.watch import slurm_lost
+        from launcher.run.plandoc import read_plan
+
+        lost = slurm_lost([n.name for n in read_plan(run.plan).nodes], anywhere=True)
+    except Exception:  # noqa: BLE001 - no plan, no Slurm: say what Slurm said
+        return ""
+    return ", ".join(f"{n} ({why})" for n, why in sorted(lost.items()))
+
+
+def stop_orphans(run: RunDir, grace_s: float = 5.0) -> list[str]:
+    """Processes of this run on this host whose orchestrator is gone (PD_RUN_DIR in their
+    environment, or the pids run.json recorded): SIGTERM their process groups, SIGKILL what
+    is left after `grace_s`. Their names."""
+    try:
+        import psutil
+    except ImportError:
+        return []
+    want = str(run.path)
+    found: dict[int, str] = {}
+    for p in psutil.process_iter(["pid"]):
+        try:
+            env = p.environ()
+        except (psutil.Error, OSError):
+            continue
+        if env.get("PD_RUN_DIR") == want:
+            found[p.pid] = env.get("PD_PROCESS") or str(p.pid)
+    # A process that rewrote its environment (the router sets its title over it) is found
+    # by the pid the orchestrator recorded, if it is still that process (its start time).
+    rec = run.read_record()
+    for name, pr in (rec.processes.items() if rec else []):
+        if not pr.pid or pr.pid in found or pr.started is None:
+            continue
+        try:
+            if abs(psutil.Process(pr.pid).create_time() - pr.started) < 5.0:
+                found[pr.pid] = name
+        except psutil.Error:
+            continue
+    for pid in found:
+        try:  # each was started as its own process group: the group takes its children along
+            os.killpg(pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+    deadline = time.monotonic() + grace_s
+    alive = set(found)
+    while alive and time.monotonic() < deadline:
+        alive = {pid for pid in alive if psutil.pid_exists(pid) and not _zombie(pid)}
+        time.sleep(0.1)
+    for pid in alive:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return sorted(set(found.values()))
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        import psutil
+
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except Exception:  # noqa: BLE001 - gone
+        return True
+
+
+def _honest_summary(run: RunDir, state: State, error: str) -> None:
+    """A dead orchestrator wrote no summary (or one of an earlier stage): write the one the
+    run's end calls for, so no verdict says more than the run did."""
+    try:
+        from launcher.run import figures
+        from launcher.run.rundir import read_json
+
+        old = read_json(run.summary)
+        if run.plan.exists() and (not isinstance(old, dict) or old.get("state") != state):
+            figures.write_summary(run.path, state, error)
+    except Exception:  # noqa: BLE001 - the status must still be shown
+        pass
 
 
 def _withdraw_targets(run: RunDir) -> None:

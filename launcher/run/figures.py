@@ -165,19 +165,25 @@ def load_accuracy(run_dir: str | Path) -> dict[str, Any] | None:
 
 
 def summary(
-    run_dir: str | Path, state: State | None = None, error: str | None = None
+    run_dir: str | Path, state: State | None = None, error: str | None = None,
+    notes: list[str] | None = None,
 ) -> dict[str, Any]:
     """summary.json's content: per point the figures and status; per run accuracy, verdict.
 
     The verdict follows the run: "passed" only when the run succeeded, every planned point
     has an ok result and the accuracy gate (when planned) ran and passed; otherwise
     "failed" / "cancelled" (the run's own end), "partial" (points missing or failed) or
-    "incomplete" (the gate never ran). `state`/`error` default to what the run directory says.
+    "incomplete" (the gate never ran). `state`/`error` default to what the run directory says;
+    the run's notes (a dead agent, partial telemetry, what could not be written) default to
+    run.json's and are kept in the summary's notes.
     """
     rd = RunDir(Path(run_dir))
-    if state is None:
+    if state is None or notes is None:
         st = rd.status()
-        state, error = st.state, st.error
+        if state is None:
+            state, error = st.state, st.error
+        if notes is None:
+            notes = list(st.record.notes) if st.record else []
     try:
         plan: PlanDoc | None = read_plan(rd.plan)
     except PlanError:
@@ -190,7 +196,7 @@ def summary(
     points = [point_figures(r, den, mode) for r in load_results(rd.path)]
 
     reasons: list[str] = []
-    notes: list[str] = []
+    run_notes, notes = list(notes or []), []
     if state in (State.FAILED, State.CANCELLED):
         reasons.append(f"the run {state}: {(error or 'no reason recorded').splitlines()[0]}")
     elif state is not None and state.live:
@@ -222,6 +228,7 @@ def summary(
             reasons.append(acc.get("failure_reason") or
                            f"GSM8K accuracy {acc.get('accuracy') or 0:.3f} is below the "
                            f"threshold {acc.get('threshold')}")
+    notes += [n for n in run_notes if n not in notes]
     labels = []
     if engine == "sim":
         labels.append("simulated")

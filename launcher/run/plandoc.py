@@ -191,7 +191,7 @@ class PlanDoc:
             "placeholder_nodes", "capacity", "runtime", "engine_platform",
         }  # fmt: skip
         try:
-            return cls(
+            doc = cls(
                 run_id=d["run_id"],
                 recipe=d["recipe"],
                 cluster=d["cluster"],
@@ -214,6 +214,36 @@ class PlanDoc:
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise PlanError(f"plan.json is malformed ({type(e).__name__}: {e})") from None
+        for what, items in (("nodes", doc.nodes), ("endpoints", doc.endpoints),
+                            ("processes", doc.processes)):
+            for i, item in enumerate(items):
+                _check_types(item, f"{what}[{i}]")
+        return doc
+
+
+# The field types readers rely on: a plan.json with a wrong one is refused with the field's
+# name, instead of failing later somewhere far from the file.
+_TYPES: dict[str, tuple[type, ...]] = {
+    "str": (str,), "int": (int,), "float": (int, float), "bool": (bool,),
+    "str | None": (str, type(None)), "int | None": (int, type(None)),
+    "list[str]": (list,), "list[int]": (list,), "dict[str, str]": (dict,),
+}
+
+
+def _check_types(obj: Any, where: str) -> None:
+    for f in fields(obj):
+        want = _TYPES.get(str(f.type))
+        if want is None:
+            continue
+        v = getattr(obj, f.name)
+        ok = isinstance(v, want) and not (isinstance(v, bool) and bool not in want)
+        if ok and str(f.type) in ("list[int]", "list[str]"):
+            inner = int if str(f.type) == "list[int]" else str
+            ok = all(isinstance(x, inner) and not isinstance(x, bool) for x in v)
+        if not ok:
+            raise PlanError(
+                f"plan.json is malformed ({where}.{f.name} is {v!r}, not {f.type})"
+            )
 
 
 def read_plan(path: Path) -> PlanDoc:

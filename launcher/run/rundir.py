@@ -17,6 +17,8 @@ write-then-rename, so readers see an old or a new file, never half of one.
       bench/c<NNNNN>.json               the benchmark client of that sweep point
       accuracy/gsm8k.json               the accuracy gate
       slurm/                            submitit (pickles, the batch step's own output)
+      .reserve                          the orchestrator, while it runs: space it frees after
+                                        teardown so its final record fits on a full disk
 
 A study (`submit --sweep`) is a directory holding `study.json` and one run directory per
 configuration. `launcher.run.listing` is the one way to list runs and studies.
@@ -51,6 +53,7 @@ BENCH = "bench"
 ACCURACY = "accuracy"
 SLURM = "slurm"
 REPORT = "report.html"
+RESERVE = ".reserve"  # the orchestrator's 1 MiB of room for its final record on a full disk
 
 
 # --- file primitives ----------------------------------------------------------------------
@@ -155,9 +158,12 @@ class ProcessRecord:
     exit_code: int | None = None
     stopped: bool = False  # stopped on purpose (teardown, a client that finished)
     log: str = ""
+    lost: bool = False  # its node was lost: whatever it did last is unknown
 
     @property
     def status(self) -> str:
+        if self.lost:
+            return "lost"
         if self.exit_code is None:
             return "running"
         return "stopped" if self.stopped else f"exit {self.exit_code}"
@@ -365,11 +371,15 @@ class RunDir:
             state, error = State.SUBMITTED, None
         else:
             state, error = State.PLANNED, None
+        if record is None:
+            stage = None
+        elif state == State.RUNNING:
+            stage = record.stage
+        else:  # where it failed; for an end found from outside, where it last was
+            stage = record.failed_stage or (record.stage if rec is not None else None)
         return RunStatus(
             state=state,
-            stage=(record.stage if state == State.RUNNING else record.failed_stage)
-            if record
-            else None,
+            stage=stage,
             error=error,
             record=record,
             submission=sub,

@@ -8,6 +8,11 @@ hard timeout, samples host and per-process state, tails the local vLLM logs for 
 and writes it all to `telemetry/<node>/` through the store. NVML runs in its own thread.
 A dead or slow endpoint becomes a gap record with its reason; the loop keeps its beat.
 SIGTERM/SIGINT: flush what it has (pending change points included), compact, exit 0.
+
+A node directory that cannot be written (disk full, read-only, I/O errors) never stops it: rows
+wait in memory and every beat retries (launcher.telemetry.store.SampleWriter); what it had to
+give up on is counted in agent.json's `writes`, in the exporter's `pd_telemetry_*` series and
+in its last log line, and the exit status stays 0.
 """
 
 from __future__ import annotations
@@ -30,6 +35,15 @@ from launcher.telemetry.statslog import LogTail, StatsLogParser
 from launcher.telemetry.store import ChangeFilter, SampleWriter, write_agent_info
 
 INFO_EVERY_S = 10.0
+
+
+def say(node: str, msg: str) -> None:
+    """A line on the agent's log; a log that cannot be written (disk full) is no reason to
+    stop collecting."""
+    try:
+        print(f"agent@{node}: {msg}", flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def _key_rows(node: str, out: list[tuple]) -> list[tuple]:
@@ -160,6 +174,8 @@ class Agent:
         self.last_status: dict[str, str | None] = {}
         self.log_rows = 0
         self._last_info = 0.0
+        self.info_error: str | None = None
+        self._said_failing = False
 
     # --- one beat ------------------------------------------------------------------------
     def _host_rows(self, ts: float) -> None:
@@ -188,9 +204,23 @@ class Agent:
         self._log_rows()
         self.writer.flush()
         self.ticks += 1
-        if ts - self._last_info >= INFO_EVERY_S:
+        self.watch_writes()
+        if ts - self._last_info >= INFO_EVERY_S or (self.info_error and self.ticks % 5 == 0):
             self.write_info()
 
+    def watch_writes(self) -> None:
+        """Say when the node directory stops and starts taking writes; serve the counts."""
+        w = self.writer.status()
+        if self.exporter is not None:
+            self.exporter.set_writes(w)
+        if w["failing"] and not self._said_failing:
+            self._said_failing = True
+            say(self.node, f"cannot write {self.node_dir} ({w['last_error']}): keeping rows in "
+                           f"memory and retrying every {self.interval:g} s")
+        elif not w["failing"] and self._said_failing:
+            self._said_failing = False
+            say(self.node, f"writing {self.node_dir} again; {w['dropped_rows']} row(s) lost "
+                           "so far")
     def write_info(self, *, final: bool = False) -> None:
         self._last_info = time.time()
         log_notices = [n for _, p in self.tails.values() for n in p.notices]
@@ -217,8 +247,13 @@ class Agent:
             "rows": {"host_in": self.host_sink.rows_in, "host_out": self.host_sink.rows_out,
                      "gpu_in": self.gpu_sink.rows_in, "gpu_out": self.gpu_sink.rows_out,
                      "log": self.log_rows, "text_bytes": self.writer.bytes_written},
+            "writes": {**self.writer.status(), "agent_json_error": self.info_error},
         }
-        write_agent_info(self.node_dir, info)
+        try:
+            write_agent_info(self.node_dir, info)
+            self.info_error = None
+        except OSError as e:  # said in `writes` once it can be written again
+            self.info_error = f"{e.strerror or e} ({e.filename or 'agent.json'})"
 
     # --- main loop -----------------------------------------------------------------------
     async def run(self, duration: float | None = None) -> None:
@@ -264,10 +299,23 @@ class Agent:
         await self.scraper.close()
         for tail, _ in self.tails.values():
             tail.close()
-        self.write_info(final=True)
         self.writer.close()
+        self.write_info(final=True)
         if self.exporter is not None:
             self.exporter.close()
+
+    def final_words(self) -> str:
+        """The last log line: how many beats, and what could not be written."""
+        w = self.writer.status()
+        msg = f"stopped after {self.ticks} ticks"
+        if w["write_errors"]:
+            msg += (f"; {w['write_errors']} failed write(s) to {self.node_dir}, the last: "
+                    f"{w['last_error']}; {w['dropped_rows']} row(s), {w['dropped_gaps']} gap "
+                    f"record(s) and {w['dropped_raw']} raw payload(s) could not be written: "
+                    "the telemetry of this node is partial")
+            if self.info_error:
+                msg += f"; agent.json could not be written either ({self.info_error})"
+        return msg
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -297,11 +345,11 @@ def main(argv: list[str] | None = None) -> int:
                   raw_every_s=a.raw_every, keyframe_s=a.keyframe,
                   bucket_every_s=a.bucket_every, gpu=not a.no_gpu)
     for n in agent.notices + list(agent.gpu_info.get("notices", [])):
-        print(f"agent@{a.node}: {n}", flush=True)
-    print(f"agent@{a.node}: {len(agent.setup['targets'])} scrape target(s), "
-          f"{len(agent.tails)} log(s), writing {agent.node_dir}", flush=True)
+        say(a.node, n)
+    say(a.node, f"{len(agent.setup['targets'])} scrape target(s), {len(agent.tails)} log(s), "
+                f"writing {agent.node_dir}")
     asyncio.run(agent.run(a.duration))
-    print(f"agent@{a.node}: stopped after {agent.ticks} ticks", flush=True)
+    say(a.node, agent.final_words())
     return 0
 
 

@@ -217,6 +217,20 @@ SERIES: dict[str, Series] = {
 
 LAST_SAMPLE = Family("pd_telemetry_last_sample_timestamp_seconds", GAUGE,
                      "Unix time of the agent's latest sample, by source (host, gpu).")
+# The agent's own writes to its node directory (store.SampleWriter.status()).
+WRITES = (
+    (Family("pd_telemetry_dropped_rows_total", COUNTER,
+            "Telemetry rows the agent gave up on because its node directory could not be "
+            "written (disk full, read-only, I/O error)."), "dropped_rows"),
+    (Family("pd_telemetry_write_errors_total", COUNTER,
+            "Failed writes to the node directory; each is retried on the next beat."),
+     "write_errors"),
+    (Family("pd_telemetry_pending_rows", GAUGE,
+            "Rows held in memory until a write to the node directory succeeds."),
+     "pending_rows"),
+)
+WRITE_FAILING = Family("pd_telemetry_write_failing", GAUGE,
+                       "1 while writes to the node directory fail, with the error.")
 
 
 def label_name(key: str) -> str:
@@ -254,6 +268,7 @@ class Exporter:
         # sample name -> {(process, labels json): (value, updated monotonic)}
         self._latest: dict[str, dict[tuple[str, str], tuple[float, float]]] = {}
         self._last_ts: dict[str, float] = {}  # source -> latest sample time
+        self._writes: dict[str, Any] = {}  # the writer's status (set_writes)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
         self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
@@ -270,8 +285,25 @@ class Exporter:
                 if r[0] > self._last_ts.get(src, 0.0):
                     self._last_ts[src] = r[0]
 
+    def set_writes(self, status: dict[str, Any]) -> None:
+        """The node directory writer's counts (store.SampleWriter.status())."""
+        with self._lock:
+            self._writes = dict(status)
+
     def describe(self) -> list:
-        return []
+        """The agent's own write counts, by name, so `/metrics?name[]=pd_telemetry_...` (what
+        the orchestrator asks every few seconds) serves only those; the telemetry families
+        vary with what is sampled and are not declared."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        out: list = []
+        for fam, _ in WRITES:
+            if fam.type == COUNTER:
+                out.append(CounterMetricFamily(fam.name.removesuffix("_total"), fam.help))
+            else:
+                out.append(GaugeMetricFamily(fam.name, fam.help))
+        out.append(GaugeMetricFamily(WRITE_FAILING.name, WRITE_FAILING.help, labels=["error"]))
+        return out
 
     def _snapshot(self) -> tuple[dict, dict]:
         cutoff = time.monotonic() - self.stale_after_s
@@ -312,6 +344,18 @@ class Exporter:
             m = GaugeMetricFamily(LAST_SAMPLE.name, LAST_SAMPLE.help, labels=["source"])
             for src in sorted(last_ts):
                 m.add_metric([src], last_ts[src])
+            yield m
+        with self._lock:
+            writes = dict(self._writes)
+        if writes:
+            for fam, key in WRITES:
+                cls = CounterMetricFamily if fam.type == COUNTER else GaugeMetricFamily
+                name = fam.name.removesuffix("_total") if fam.type == COUNTER else fam.name
+                yield cls(name, fam.help, value=float(writes.get(key) or 0))
+            m = GaugeMetricFamily(WRITE_FAILING.name, WRITE_FAILING.help, labels=["error"])
+            failing = bool(writes.get("failing"))
+            error = (writes.get("last_error") or "").split(" (")[0] if failing else ""
+            m.add_metric([error], 1.0 if failing else 0.0)
             yield m
 
     def close(self) -> None:

@@ -39,6 +39,7 @@ is the last row at or before t (at most `KEYFRAME_S` old while the source is ali
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
@@ -57,6 +58,8 @@ FORMAT_VERSION = 1
 KEYFRAME_S = 60.0
 ROTATE_S = 600.0
 ROTATE_BYTES = 64 * 1024 * 1024
+MAX_PENDING_BYTES = 32 * 1024 * 1024  # rows kept in memory while the directory cannot be written
+MAX_PENDING_GAPS = 10000
 COLUMNS = ("ts", "node", "process", "engine", "name", "labels", "value")
 AGENT_INFO = "agent.json"
 GAPS = "gaps.jsonl"
@@ -143,52 +146,123 @@ class ChangeFilter:
 class SampleWriter:
     """Append-only writer of one node directory. Thread-safe: collectors in several threads may
     call `write`; `flush` puts buffered rows into the file (one `write` syscall per flush),
-    so a killed agent loses at most the rows buffered since the last flush (one interval)."""
+    so a killed agent loses at most the rows buffered since the last flush (one interval).
+
+    A write that fails (disk full, read-only or vanished directory, I/O error) never raises:
+    the rows stay in memory (up to `max_pending_bytes`, the oldest whole rows are dropped
+    beyond that) and every flush tries again; a segment left mid-row by a partial write is
+    completed first. `status()` counts what failed and what was given up on."""
 
     def __init__(self, node_dir: Path, *, rotate_s: float = ROTATE_S,
                  rotate_bytes: int = ROTATE_BYTES, keyframe_s: float = KEYFRAME_S,
-                 compact: bool = True) -> None:
+                 compact: bool = True, max_pending_bytes: int = MAX_PENDING_BYTES) -> None:
         self.node_dir = Path(node_dir)
-        self.node_dir.mkdir(parents=True, exist_ok=True)
         self.rotate_s = rotate_s
         self.rotate_bytes = rotate_bytes
         self.keyframe_s = keyframe_s
         self.compact = compact
+        self.max_pending_bytes = max_pending_bytes
         self._lock = threading.Lock()
         self._buf: list[str] = []
+        self._pending = b""  # rows formatted but not yet in a file (a write failed)
+        self._pending_rows = 0
+        self._gap_pending: list[bytes] = []
         self._fd = -1
         self._seg_path: Path | None = None
         self._seg_started = 0.0
         self._seg_bytes = 0
+        self._torn = False  # the open segment ends mid-row (a partial write)
         self._raw_fd = -1
         self._compactors: list[threading.Thread] = []
         self._closed = False
         self.bytes_written = 0  # text rows, all segments (what compaction will have to read)
         self.compact_cpu_s = 0.0  # CPU time spent compacting (all threads of this process)
-        meta = {"format": FORMAT_VERSION, "encoding": "change-points", "keyframe_s": keyframe_s,
-                "columns": list(COLUMNS)}
-        _write_atomic(self.node_dir / STORE_META, json.dumps(meta, indent=1) + "\n")
+        # what could not be written: failed attempts (each retried), rows/records given up on
+        self.write_errors = 0
+        self.dropped_rows = 0
+        self.dropped_raw = 0
+        self.dropped_gaps = 0
+        self.last_error: str | None = None
+        self.failing_since: float | None = None
+        self.first_failure: float | None = None
+        try:
+            self.node_dir.mkdir(parents=True, exist_ok=True)
+            meta = {"format": FORMAT_VERSION, "encoding": "change-points",
+                    "keyframe_s": keyframe_s, "columns": list(COLUMNS)}
+            _write_atomic(self.node_dir / STORE_META, json.dumps(meta, indent=1) + "\n")
+        except OSError as e:
+            self._trouble(e, STORE_META)
         # Text segments left by a killed predecessor: compact them now (one writer per dir).
         orphans = sorted(self.node_dir.glob("samples-*.tsv"))
         if orphans and compact:
             self._compact_async(orphans)
-        self._open_segment()
+        try:
+            self._open_segment()
+        except OSError as e:
+            self._trouble(e, "a new samples segment")
+
+    # failures
+    def _trouble(self, e: OSError, what: object) -> None:
+        now = time.time()
+        self.write_errors += 1
+        self.last_error = f"{e.strerror or e} ({Path(str(what)).name})"
+        if self.failing_since is None:
+            self.failing_since = now
+        if self.first_failure is None:
+            self.first_failure = now
+
+    def status(self) -> dict[str, Any]:
+        """What could not be written so far (agent.json's `writes`, the exporter's
+        pd_telemetry_* series)."""
+        with self._lock:
+            return {"write_errors": self.write_errors, "dropped_rows": self.dropped_rows,
+                    "pending_rows": self._pending_rows + len(self._buf),
+                    "dropped_raw": self.dropped_raw, "dropped_gaps": self.dropped_gaps,
+                    "failing": self.failing_since is not None,
+                    "failing_since": self.failing_since, "first_failure": self.first_failure,
+                    "last_error": self.last_error}
 
     # segments
+    def _segment_path(self, now: float) -> Path:
+        # a new name even within the same millisecond (rotation reopens right away)
+        self._last_ms = max(int(now * 1000), getattr(self, "_last_ms", 0) + 1)
+        return self.node_dir / f"samples-{self._last_ms:013d}-{os.getpid()}.tsv"
+
     def _open_segment(self) -> None:
         now = time.time()
-        self._seg_path = self.node_dir / f"samples-{int(now * 1000):013d}-{os.getpid()}.tsv"
-        self._fd = os.open(self._seg_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        path = self._segment_path(now)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._seg_path = path
         self._seg_started = now
         self._seg_bytes = 0
+        self._torn = False
 
     def _rotate_locked(self) -> None:
         old = self._seg_path
-        os.fsync(self._fd)
-        os.close(self._fd)
-        self._open_segment()
+        try:
+            self._open_new_locked()
+        except OSError as e:  # no new segment: keep appending to the old one
+            self._trouble(e, "a new samples segment")
+            return
         if old is not None and self.compact:
             self._compact_async([old])
+
+    def _open_new_locked(self) -> None:
+        old_fd = self._fd
+        now = time.time()
+        path = self._segment_path(now)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        if old_fd >= 0:
+            _close_quietly(old_fd, sync=True)
+        self._fd, self._seg_path, self._seg_started, self._seg_bytes = fd, path, now, 0
+        if self._torn and self._pending:
+            # the rest of a row whose start is in the old segment cannot start this one
+            nl = self._pending.find(b"\n")
+            self._pending = self._pending[nl + 1:] if nl >= 0 else b""
+            if nl >= 0:
+                self._pending_rows -= 1
+                self.dropped_rows += 1
+        self._torn = False
 
     def _compact_async(self, paths: list[Path]) -> None:
         t = threading.Thread(target=_compact_quietly, args=(paths,), daemon=True,
@@ -214,26 +288,81 @@ class SampleWriter:
             if self._closed:
                 return
             if self._buf:
-                data = "".join(self._buf).encode()
+                self._pending += "".join(self._buf).encode()
+                self._pending_rows += len(self._buf)
                 self._buf.clear()
-                _write_all(self._fd, data)
-                self._seg_bytes += len(data)
-                self.bytes_written += len(data)
-            if (self._seg_bytes >= self.rotate_bytes
+            if self._pending:
+                self._drain_locked()
+            if self._gap_pending:
+                self._gaps_locked()
+            if self._fd >= 0 and not self._pending and (
+                    self._seg_bytes >= self.rotate_bytes
                     or (self._seg_bytes and time.time() - self._seg_started >= self.rotate_s)):
                 self._rotate_locked()
 
+    def _drain_locked(self) -> None:
+        """Write what is pending; on failure keep it (bounded) for the next flush."""
+        if self._fd < 0:
+            try:
+                self._open_new_locked()
+            except OSError as e:
+                self._trouble(e, "a new samples segment")
+                self._bound_locked()
+                return
+        data = self._pending
+        done, err = _write_upto(self._fd, data)
+        if done:
+            written = data[:done]
+            self._pending_rows -= written.count(b"\n")
+            self._seg_bytes += done
+            self.bytes_written += done
+            self._torn = not written.endswith(b"\n")
+            self._pending = data[done:]
+        if err is None:
+            self.failing_since = None
+            return
+        self._trouble(err, self._seg_path or "samples segment")
+        if err.errno in (errno.EBADF, errno.ESTALE, errno.EIO, errno.ENOENT):
+            # the file itself may be gone or broken: the next attempt opens a new segment
+            _close_quietly(self._fd)
+            self._fd = -1
+        self._bound_locked()
+
+    def _bound_locked(self) -> None:
+        """Give up on the oldest whole rows beyond `max_pending_bytes` (counted)."""
+        extra = len(self._pending) - self.max_pending_bytes
+        if extra <= 0:
+            return
+        start = self._pending.find(b"\n") + 1 if self._torn else 0  # finish a torn row first
+        cut = self._pending.find(b"\n", start + extra)
+        if cut < 0:
+            cut = len(self._pending) - 1
+        dropped = self._pending[start:cut + 1]
+        n = dropped.count(b"\n")
+        self._pending = self._pending[:start] + self._pending[cut + 1:]
+        self._pending_rows -= n
+        self.dropped_rows += n
+
     def write_raw(self, ts: float, process: str, text: str | bytes, level: int = 1) -> None:
-        """Keep one raw /metrics payload, zlib-compressed, for re-parsing later."""
+        """Keep one raw /metrics payload, zlib-compressed, for re-parsing later (dropped and
+        counted when it cannot be written: raw copies are a convenience)."""
         payload = zlib.compress(text.encode() if isinstance(text, str) else text, level)
         head = f"R\t{ts:.3f}\t{process}\t{len(payload)}\n".encode()
         with self._lock:
             if self._closed:
                 return
-            if self._raw_fd < 0:
-                path = self.node_dir / f"raw-{int(time.time() * 1000):013d}-{os.getpid()}.zraw"
-                self._raw_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            _write_all(self._raw_fd, head + payload + b"\n")
+            path = "raw file"
+            try:
+                if self._raw_fd < 0:
+                    path = self.node_dir / f"raw-{int(time.time() * 1000):013d}-{os.getpid()}.zraw"
+                    self._raw_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                _write_all(self._raw_fd, head + payload + b"\n")
+            except OSError as e:
+                self.dropped_raw += 1
+                self._trouble(e, path)
+                if self._raw_fd >= 0:  # a torn record ends that file; the next one starts anew
+                    _close_quietly(self._raw_fd)
+                    self._raw_fd = -1
 
     def gap(self, *, ts: float, node: str, process: str, source: str, target: str,
             reason: str, state: str = "open", failures: int | None = None) -> None:
@@ -244,28 +373,50 @@ class SampleWriter:
                "target": target, "state": state, "reason": reason}
         if failures is not None:
             row["failures"] = failures
-        line = (json.dumps(row) + "\n").encode()
-        with self._lock, open(self.node_dir / GAPS, "ab") as f:
-            f.write(line)
+        with self._lock:
+            self._gap_pending.append((json.dumps(row) + "\n").encode())
+            self._gaps_locked()
+
+    def _gaps_locked(self) -> None:
+        try:
+            with open(self.node_dir / GAPS, "ab") as f:
+                f.write(b"".join(self._gap_pending))
+            self._gap_pending.clear()
+        except OSError as e:
+            self._trouble(e, GAPS)
+            if len(self._gap_pending) > MAX_PENDING_GAPS:
+                n = len(self._gap_pending) - MAX_PENDING_GAPS
+                del self._gap_pending[:n]
+                self.dropped_gaps += n
 
     def close(self, *, wait_compaction: float = 30.0) -> None:
-        """Flush, fsync, compact the last segment (a clean stop leaves only columnar files)."""
+        """Flush, fsync, compact the last segment (a clean stop leaves only columnar files).
+        Rows that still cannot be written are given up on and counted."""
         self.flush()
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             last = self._seg_path
-            os.fsync(self._fd)
-            os.close(self._fd)
+            self.dropped_rows += self._pending_rows
+            self.dropped_gaps += len(self._gap_pending)
+            self._pending, self._pending_rows, self._gap_pending = b"", 0, []
+            if self._fd >= 0:
+                _close_quietly(self._fd, sync=True)
             if self._raw_fd >= 0:
-                os.fsync(self._raw_fd)
-                os.close(self._raw_fd)
+                _close_quietly(self._raw_fd, sync=True)
         if self.compact and last is not None:
-            if last.stat().st_size:
+            try:
+                size = last.stat().st_size
+            except OSError:
+                size = -1
+            if size > 0:
                 _compact_quietly([last])
-            else:
-                last.unlink(missing_ok=True)
+            elif size == 0:
+                try:
+                    last.unlink(missing_ok=True)
+                except OSError:
+                    pass
         deadline = time.time() + wait_compaction
         for t in self._compactors:
             t.join(max(0.0, deadline - time.time()))
@@ -282,6 +433,30 @@ def _write_all(fd: int, data: bytes) -> None:
     while view:
         n = os.write(fd, view)
         view = view[n:]
+
+
+def _write_upto(fd: int, data: bytes) -> tuple[int, OSError | None]:
+    """Write as much of `data` as the file takes: (bytes written, the error that stopped it)."""
+    done = 0
+    view = memoryview(data)
+    while done < len(data):
+        try:
+            done += os.write(fd, view[done:])
+        except OSError as e:
+            return done, e
+    return done, None
+
+
+def _close_quietly(fd: int, sync: bool = False) -> None:
+    try:
+        if sync:
+            os.fsync(fd)
+    except OSError:
+        pass
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -347,19 +522,24 @@ def _arrow_schema():
                       ("value", pa.float64())])
 
 
-def _read_tsv(path: Path, *, threads: bool = False):
-    """A text segment as an arrow table: complete lines only, bad lines skipped."""
+def _read_tsv(path: Path, *, threads: bool = False, problems: list | None = None):
+    """A text segment as an arrow table: complete lines only, bad lines skipped (and said in
+    `problems` as (path, why) when a list is given)."""
     import io
 
     import pyarrow.compute as pc
     import pyarrow.csv as pcsv
 
+    schema = _arrow_schema()
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         return None
+    except OSError as e:  # an I/O error: this segment is lost to readers, the others are not
+        if problems is not None:
+            problems.append((path, f"it cannot be read: {e.strerror or e}"))
+        return schema.empty_table()
     end = data.rfind(b"\n")
-    schema = _arrow_schema()
     if end < 0:
         return schema.empty_table()
     data = data[: end + 1]
@@ -375,7 +555,14 @@ def _read_tsv(path: Path, *, threads: bool = False):
     except Exception:  # noqa: BLE001 - a damaged segment: fall back to a line-by-line parse
         table = _read_tsv_slow(data)
     mask = pc.and_(pc.is_valid(table["ts"]), pc.is_valid(table["value"]))
-    return table.filter(mask)
+    table = table.filter(mask)
+    if problems is not None:
+        lines = data.count(b"\n")
+        bad = lines - table.num_rows
+        if bad > 0:
+            problems.append((path, f"{bad} of {lines} line(s) are not telemetry rows and "
+                                   "were left out"))
+    return table
 
 
 def _read_tsv_slow(data: bytes):
@@ -405,9 +592,12 @@ def node_dirs(run_dir: Path, nodes: Iterable[str] | None = None) -> list[Path]:
     if not root.is_dir():
         return []
     wanted = set(nodes) if nodes is not None else None
-    return sorted(p for p in root.iterdir()
-                  if p.is_dir() and not p.name.startswith(".")
-                  and (wanted is None or p.name in wanted))
+    try:
+        return sorted(p for p in root.iterdir()
+                      if p.is_dir() and not p.name.startswith(".")
+                      and (wanted is None or p.name in wanted))
+    except OSError:  # an unreadable telemetry directory holds nothing a reader can use
+        return []
 
 
 def _segments(node_dir: Path) -> tuple[list[Path], list[Path]]:
@@ -453,14 +643,19 @@ def read_samples(run_dir: Path, *, names: Iterable[str] | None = None,
                  name_prefix: str | Sequence[str] | None = None,
                  nodes: Iterable[str] | None = None, processes: Iterable[str] | None = None,
                  start: float | None = None, end: float | None = None,
-                 state_at_start: bool = True, categorical: bool = False) -> pd.DataFrame:
+                 state_at_start: bool = True, categorical: bool = False,
+                 problems: list | None = None) -> pd.DataFrame:
     """Samples of a run (or of one `telemetry/` dir) as a DataFrame with columns
     ts (float unix s), node, process, engine ("" if none), name, labels (canonical JSON),
     value (float), sorted by ts. Rows are change points (module docstring). With `start` and
     `state_at_start`, each series' last row before `start` is included too, so the value of
     every series at `start` is known. Name, process and time filters are pushed down to the
     parquet scan. `categorical=True` returns the five key columns as pandas categoricals
-    (fastest on millions of rows); otherwise they are plain str (object) columns."""
+    (fastest on millions of rows); otherwise they are plain str (object) columns.
+
+    A damaged segment (a parquet file that does not open, text lines that are not rows) costs
+    only its own rows: it is left out, and (path, why) goes to `problems` when a list is given
+    (also `df.attrs["damaged"]`)."""
     import numpy as np
     import pandas as pd
     import pyarrow as pa
@@ -476,16 +671,17 @@ def read_samples(run_dir: Path, *, names: Iterable[str] | None = None,
     expr = _filter_expr(names, name_prefix, processes, lo, end)
     tables = []
     fmt = ds.ParquetFileFormat(read_options={"dictionary_columns": list(_KEYS)})
+    damaged: list = []
     for nd in node_dirs(run_dir, nodes):
-        parquet, text = _segments(nd)
+        try:
+            parquet, text = _segments(nd)
+        except OSError as e:  # a node directory that cannot be listed (I/O error)
+            damaged.append((nd, f"the directory cannot be read: {e.strerror or e}"))
+            continue
         if parquet:
-            dset = ds.dataset([str(p) for p in parquet], format=fmt)
-            try:
-                tables.append(dset.to_table(filter=expr))
-            except FileNotFoundError:  # compacted again under us: rare, skip that scan
-                pass
+            tables += _read_parquet(parquet, fmt, expr, damaged)
         for t in text:
-            tab = _read_tsv(t)
+            tab = _read_tsv(t, problems=damaged)
             if tab is None:  # compacted while we listed: read its parquet
                 pq_path = t.with_suffix(".parquet")
                 if not pq_path.exists():
@@ -539,7 +735,33 @@ def read_samples(run_dir: Path, *, names: Iterable[str] | None = None,
             # object column sharing one str per distinct value: no per-row string copies
             df[c] = pd.Series(np.asarray(cat.categories, dtype=object)[cat.codes.to_numpy()],
                               dtype=object, index=df.index)
+    if problems is not None:
+        problems.extend(damaged)
+    df.attrs["damaged"] = [(str(p), why) for p, why in damaged]
     return df
+
+
+def _read_parquet(paths: list[Path], fmt, expr, damaged: list) -> list:
+    """Rows of these parquet segments; one that does not open or read is left out and said
+    in `damaged`, the others still count."""
+    import pyarrow.dataset as ds
+
+    try:
+        return [ds.dataset([str(p) for p in paths], format=fmt).to_table(filter=expr)]
+    except FileNotFoundError:  # compacted again under us: read them one by one
+        pass
+    except Exception:  # noqa: BLE001 - a damaged file among them: find it
+        pass
+    out = []
+    for p in paths:
+        try:
+            out.append(ds.dataset([str(p)], format=fmt).to_table(filter=expr))
+        except FileNotFoundError:
+            continue
+        except Exception as e:  # noqa: BLE001 - arrow raises several kinds for a bad file
+            why = " ".join(str(e).replace(f"'{p}'", "it").replace(str(p), "it").split())
+            damaged.append((p, f"{type(e).__name__}: {why[:300]}"))
+    return out
 
 
 def _keyframe_s(run_dir: Path, nodes: Iterable[str] | None) -> float:
@@ -547,7 +769,7 @@ def _keyframe_s(run_dir: Path, nodes: Iterable[str] | None) -> float:
     for nd in node_dirs(run_dir, nodes):
         try:
             best = max(best, float(json.loads((nd / STORE_META).read_text())["keyframe_s"]))
-        except (FileNotFoundError, KeyError, ValueError, json.JSONDecodeError):
+        except (OSError, KeyError, ValueError, TypeError):
             continue
     return best
 
@@ -611,7 +833,7 @@ def read_agent_info(run_dir: Path) -> dict[str, dict]:
     for nd in node_dirs(run_dir):
         try:
             out[nd.name] = json.loads((nd / AGENT_INFO).read_text(encoding="utf-8"))
-        except (FileNotFoundError, json.JSONDecodeError):
+        except (OSError, ValueError):
             continue
     return out
 
@@ -623,8 +845,15 @@ def read_raw(run_dir: Path, *, nodes: Iterable[str] | None = None,
     a torn last record is skipped."""
     wanted = set(processes) if processes is not None else None
     for nd in node_dirs(run_dir, nodes):
-        for path in sorted(nd.glob("raw-*.zraw")):
-            data = path.read_bytes()
+        try:
+            paths = sorted(nd.glob("raw-*.zraw"))
+        except OSError:
+            continue
+        for path in paths:
+            try:
+                data = path.read_bytes()
+            except OSError:
+                continue
             pos = 0
             while pos < len(data):
                 nl = data.find(b"\n", pos)
