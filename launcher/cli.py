@@ -132,6 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except OSError as e:
+        if e.filename is None:
+            raise
+        # A path the user gave that the filesystem refuses (too long, not a directory, no
+        # permission): the path and the system's reason, not a traceback.
+        print(f"error: {_one_line(f'{e.filename}: {e.strerror}')}: check the run name "
+              "and --runs-dir", file=sys.stderr)
+        return 2
 
 
 def _one_line(text: str) -> str:

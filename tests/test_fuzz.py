@@ -873,3 +873,19 @@ def test_subprocess_agrees_with_in_process(args, tmp_path):
     if code == 0:
         assert out.count("Run directory:") == p.stdout.count("Run directory:")
     check_no_secrets(tmp_path / "runs", p.stdout + out)
+
+
+# --- the read-side commands: a run name or runs directory the filesystem refuses ------------
+
+LONG = "x" * 300  # over NAME_MAX (255 bytes): stat() fails with ENAMETOOLONG, not ENOENT
+
+
+@pytest.mark.parametrize("argv", [
+    ["status", LONG], ["logs", LONG], ["cancel", LONG], ["report", LONG], ["recommend", LONG],
+    ["runs", f"--runs-dir=/tmp/{LONG}"], ["status", f"--runs-dir=/tmp/{LONG}"],
+    ["status", "--runs-dir=/etc/passwd/runs"],
+], ids=lambda a: " ".join(a)[:30])
+def test_read_commands_refuse_unusable_paths_in_one_sentence(argv, tmp_path):
+    code, out, err = run_cli(argv, tmp_path)
+    assert code == 2, (code, err)
+    assert err.startswith("error: ") and err.count("\n") == 1, err
