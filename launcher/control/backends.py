@@ -103,21 +103,28 @@ class Backend:
 
     def stop(self, handles: list[Handle], grace_s: float = 10.0, gentle: bool = True) -> None:
         """SIGTERM every group at once, then SIGKILL what is left after `grace_s`."""
-        live = [h for h in handles if h.exit_code() is None]
-        for h in live:
-            h.stopped = True
+        _terminate(handles, grace_s)
+
+
+def _terminate(handles: list[Handle], grace_s: float, signalled: set[str] | frozenset[str] = frozenset()) -> None:
+    """SIGTERM each live process group (except those in `signalled`, told another way), wait
+    up to `grace_s` for all of them, SIGKILL what is left, and reap."""
+    live = [h for h in handles if h.exit_code() is None]
+    for h in live:
+        h.stopped = True
+        if h.proc.name not in signalled:
             _signal_group(h.popen, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while live and time.monotonic() < deadline:
-            live = [h for h in live if h.exit_code() is None]
-            time.sleep(0.05)
-        for h in live:
-            _signal_group(h.popen, signal.SIGKILL)
-        for h in handles:
-            try:
-                h.popen.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+    deadline = time.monotonic() + grace_s
+    while live and time.monotonic() < deadline:
+        live = [h for h in live if h.exit_code() is None]
+        time.sleep(0.05)
+    for h in live:
+        _signal_group(h.popen, signal.SIGKILL)
+    for h in handles:
+        try:
+            h.popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 class SrunBackend(Backend):
@@ -147,21 +154,10 @@ class SrunBackend(Backend):
                 told = set(ids)
             except (OSError, subprocess.TimeoutExpired):
                 pass
-        for h in live:
+        for h in live:  # stopped by us, even if one ends before _terminate looks
             h.stopped = True
-            if h.proc.name not in told:  # no step id: srun's own way (SIGKILL of its tasks)
-                _signal_group(h.popen, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while live and time.monotonic() < deadline:
-            live = [h for h in live if h.exit_code() is None]
-            time.sleep(0.05)
-        for h in live:
-            _signal_group(h.popen, signal.SIGKILL)
-        for h in handles:
-            try:
-                h.popen.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+        # A step without an id gets srun's own way: its SIGTERM becomes SIGKILL of the tasks.
+        _terminate(handles, grace_s, signalled=told)
         # An srun that had to be SIGKILLed leaves its step running: cancel those by name.
         killed = {h.proc.name for h in handles if h.popen.returncode == -signal.SIGKILL}
         if killed and gentle:

@@ -16,6 +16,7 @@ from launcher.spec.recipe import (
     SECRET_NAME,
     Strict,
     _no_control_chars,
+    check_mounts,
     format_error,
     read_yaml,
     show,
@@ -72,11 +73,7 @@ class Containers(Strict):
     @field_validator("mounts")
     @classmethod
     def _mounts(cls, v: list[str]) -> list[str]:
-        for m in v:
-            parts = m.split(":")
-            if not 2 <= len(parts) <= 3 or not all(parts[:2]) or "," in m:
-                raise ValueError(f"mount {show(m)}: write it as SRC:DST or SRC:DST:ro")
-        return v
+        return check_mounts(v)
 
 
 class Network(Strict):

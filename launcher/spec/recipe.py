@@ -80,6 +80,16 @@ def show(text: object, limit: int = 80) -> str:
     return repr(text[:limit]) + ("..." if len(text) > limit else "")
 
 
+def check_mounts(mounts: list[str]) -> list[str]:
+    """Container mounts as pyxis takes them: SRC:DST or SRC:DST:ro, no commas (its list
+    separator)."""
+    for m in mounts:
+        parts = m.split(":")
+        if not 2 <= len(parts) <= 3 or not all(parts[:2]) or "," in m:
+            raise ValueError(f"mount {show(m)}: write it as SRC:DST or SRC:DST:ro")
+    return mounts
+
+
 def sbatch_problem(text: str) -> str | None:
     """Why `text` cannot stand in an #SBATCH line as it is (None when it can). Values are
     quoted there, but sbatch's own reader differs from the shell's in two ways."""
@@ -187,11 +197,7 @@ class Container(Strict):
     @field_validator("mounts")
     @classmethod
     def _mounts(cls, v: list[str]) -> list[str]:
-        for m in v:
-            parts = m.split(":")
-            if not 2 <= len(parts) <= 3 or not all(parts[:2]) or "," in m:
-                raise ValueError(f"mount {m!r}: write it as SRC:DST or SRC:DST:ro")
-        return v
+        return check_mounts(v)
 
 
 class Pool(Strict):
