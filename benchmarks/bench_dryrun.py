@@ -13,7 +13,6 @@ import sys
 import tempfile
 import time
 
-
 # As a user's shell runs it: bytecode cached after the first run (a CI or test environment
 # may set PYTHONDONTWRITEBYTECODE, which would time the compiler instead).
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}

@@ -28,9 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-FIX = next(
-    p for p in (REPO.parent / "shared" / "fixtures", Path("/work/shared/fixtures")) if p.is_dir()
-)
+FIX = REPO / "tests" / "data" / "vllm_samples"  # vLLM 0.33 samples, with their sources
 DECODE = FIX / "vllm_metrics_v0.33.0_generated_decode_dp2_nixl.prom"
 
 

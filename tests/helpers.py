@@ -20,13 +20,8 @@ def leftovers(run: Path) -> list[str]:
 
 
 def fixtures_dir() -> Path:
-    """vLLM 0.33 /metrics and log samples: the shared/ folder beside the checkout (CI puts
-    a copy there), else the workplace's copy. Missing fixtures fail tests, never skip them."""
-    repo = Path(__file__).resolve().parents[1]
-    for candidate in (repo.parent / "shared" / "fixtures", Path("/work/shared/fixtures")):
-        if candidate.is_dir():
-            return candidate
-    raise FileNotFoundError(f"no shared/fixtures beside {repo}: the tests need vLLM's samples")
+    """vLLM 0.33 /metrics and log samples, each with a .source.txt saying how it was made."""
+    return Path(__file__).resolve().parent / "data" / "vllm_samples"
 
 
 FIXTURES = fixtures_dir()

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers import leftovers
 
 from launcher.run import rundir
 from launcher.telemetry import promsd
@@ -44,12 +45,6 @@ def _binary(name: str) -> str:
     if path is None:
         pytest.fail(f"{name}: {INSTALL_HINT}", pytrace=False)
     return path
-
-
-def leftovers(run: Path) -> list[str]:
-    from helpers import leftovers as left  # imported here: it needs shared/fixtures
-
-    return left(run)
 
 
 # --- a Prometheus of our own -----------------------------------------------------------------
