@@ -168,6 +168,22 @@ def test_runs_page_lists_a_study_as_one_item(root, study, monkeypatch):
     assert any(n == synth_name(root) for n in names)  # the run outside the study
 
 
+def test_the_cli_and_the_dashboard_list_the_same_runs(root, study, monkeypatch, capsys):
+    """`launcher runs` and the Runs page: the same study, the same runs under it, the same
+    runs outside it, in the same order."""
+    from launcher import cli
+
+    assert cli.main(["runs", f"--runs-dir={root}"]) == 0
+    cli_rows = capsys.readouterr().out.splitlines()[1:]
+    cli_names = [r.split()[0].rstrip("/") for r in cli_rows]
+    at = open_page(root, "app_pages/runs.py", monkeypatch)
+    df = at.dataframe[0].value
+    page = [n.strip().removeprefix("▾ ").removeprefix("└ ").strip()
+            for n in (df["run / study"] if "run / study" in df else df["run"])]
+    assert page == cli_names
+    assert study.name in page and all(r.run_id in page for r in study.runs)
+
+
 def synth_name(root: Path) -> str:
     return next(p.name for p in root.iterdir() if p.name.endswith("-healthy"))
 
