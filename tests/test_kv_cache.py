@@ -339,3 +339,15 @@ def test_describe_is_two_lines_with_the_assumptions():
     assert "3,840" in first and "2,696" in first and "2176 tokens" in first
     assert "fp8_e4m3" in second and "10.0 GiB" in second and "28.59x" in second
     assert seed().to_json()["endpoint_at_mean_length"] == 3840
+
+
+def test_sizes_are_read_as_vllms_parser_reads_them():
+    """vLLM takes human-readable sizes for these flags ("64M" = 64 MiB, "32k" = 32,000);
+    the estimate must read them the same way, not give up on them."""
+    a = kv.EngineArgs.from_flags({"kv-cache-memory-bytes": "64M", "max-model-len": "32k",
+                                        "max-num-batched-tokens": "8K"})
+    assert (a.kv_cache_memory_bytes, a.max_model_len, a.max_num_batched_tokens) == (
+        64 * 2**20, 32_000, 8 * 1024)
+    b = kv.EngineArgs.from_flags({"max-model-len": "auto", "kv-cache-memory-bytes": 1000})
+    assert (b.max_model_len, b.kv_cache_memory_bytes) == (None, 1000)
+    assert kv.EngineArgs.from_flags({"max-model-len": -1}).max_model_len is None

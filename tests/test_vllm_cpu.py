@@ -234,6 +234,22 @@ def test_real_pd_run_to_the_end(pd_runs):
     assert all(p.exit_code is not None for p in rec.processes.values()), rec.processes
 
 
+def test_the_kv_estimate_is_what_real_vllm_allocates(pd_runs):
+    """plan.json's KV-capacity estimate (vLLM 0.33's accounting, on CPU's block rules) against
+    the real decode engine's own start-up lines: its KV size in tokens and its maximum
+    concurrency for a full-length request."""
+    run = pd_runs["real"]["run"]
+    (cap,) = [c for c in json.loads((run / "plan.json").read_text())["capacity"]
+              if c["name"] == "decode-0"]
+    log = (run / "logs" / "decode-0@local-1.log").read_text()
+    tokens = re.search(r"(?:CPU|GPU) KV cache size: ([\d,]+) tokens", log)
+    conc = re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", log)
+    assert tokens and conc, "vLLM's KV-cache lines are missing from the decode log"
+    assert int(tokens.group(1).replace(",", "")) == cap["vllm_log_kv_cache_tokens"], cap
+    assert int(conc.group(1).replace(",", "")) == cap["max_model_len"], cap
+    assert float(conc.group(2)) == pytest.approx(cap["vllm_log_max_concurrency"], abs=0.01)
+
+
 def test_the_real_run_is_shown_as_vllm_cpu(pd_runs):
     run, tmp = pd_runs["real"]["run"], pd_runs["tmp"]
 

@@ -34,6 +34,11 @@ def model_facts(plan: Plan) -> kv_cache.ModelFacts | None:
     return out
 
 
+def device_kind(plan: Plan) -> str:
+    """What the engines run on: vLLM built for CPU follows vLLM's CPU block-size rules."""
+    return "cpu" if plan.recipe.engine_platform == "cpu" else plan.cluster.gpu_kind
+
+
 def estimate(plan: Plan, ep: Endpoint, facts: kv_cache.ModelFacts) -> kv_cache.KvCapacity | None:
     b = plan.recipe.benchmark
     pool = ep.pool
@@ -42,7 +47,7 @@ def estimate(plan: Plan, ep: Endpoint, facts: kv_cache.ModelFacts) -> kv_cache.K
             facts,
             kv_cache.EngineArgs.from_flags(engine_args(plan.recipe, pool)),
             kv_cache.Parallelism(pool.tensor_parallel, pool.data_parallel, pool.expert_parallel),
-            kv_cache.Device(plan.cluster.gpu_memory_gib, plan.cluster.gpu_kind),
+            kv_cache.Device(plan.cluster.gpu_memory_gib, device_kind(plan)),
             kv_cache.Workload(b.input_len, b.output_len, b.range_ratio),
             name=ep.name,
         )

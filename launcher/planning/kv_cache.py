@@ -210,6 +210,17 @@ class EngineArgs:
             v = args.get(name, args.get(name.replace("-", "_"), default))
             return conv(v) if conv and v is not None else v
 
+        def size(v) -> int | None:
+            """vLLM's human_readable_int ("64M", "1.5g", "32k"; "auto"/-1 for the model's
+            own length), as its parser reads these flags."""
+            if isinstance(v, str) and not v.strip().lstrip("-").isdigit():
+                if v.strip().lower() == "auto":
+                    return None
+                from launcher.sim.argv import human_readable_int  # only for such values
+
+                return human_readable_int(v)
+            return None if int(v) == -1 else int(v)
+
         spec = args.get("speculative-config") or {}
         if isinstance(spec, str):
             spec = json.loads(spec)
@@ -223,10 +234,10 @@ class EngineArgs:
             mamba_cache_dtype=str(get("mamba-cache-dtype", default="auto")),
             gpu_memory_utilization=get("gpu-memory-utilization", float, 0.92),
             max_num_seqs=get("max-num-seqs", int),
-            max_num_batched_tokens=get("max-num-batched-tokens", int),
+            max_num_batched_tokens=get("max-num-batched-tokens", size),
             num_gpu_blocks_override=get("num-gpu-blocks-override", int),
-            kv_cache_memory_bytes=get("kv-cache-memory-bytes", int),
-            max_model_len=get("max-model-len", int),
+            kv_cache_memory_bytes=get("kv-cache-memory-bytes", size),
+            max_model_len=get("max-model-len", size),
             enable_prefix_caching=None if prefix is None else bool(prefix),
             gdn_prefill_backend=str(get("gdn-prefill-backend", default="auto")),
             language_model_only=bool(get("language-model-only", default=False)),
