@@ -138,7 +138,6 @@ def body() -> None:
     ui.table(cfg, column_config={
         "run": st.column_config.LinkColumn("run (opens its overview)",
                                            display_text=r"\./overview\?run=(.*)"),
-        "topology": st.column_config.TextColumn(width="large"),
         "best y": st.column_config.NumberColumn(
             f"best {short}", format="%.0f",
             help=f"{studies.MEASURES[y]} at the configuration's best point"),
