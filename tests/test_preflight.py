@@ -31,8 +31,13 @@ def test_a_flag_value_vllm_rejects_fails_in_preflight_in_seconds(tmp_path):
     run = the_run(tmp_path)
     st = rundir.RunDir(run).status()
     assert st.state == "failed" and st.stage == "preflight"
-    # vLLM's own words, for the process that carries the flag
-    assert "decode-0@local-1: the engine rejects its command line" in st.error
+    # vLLM's own words once, naming every engine that carries the flag
+    assert st.error.count("the engine rejects its command line") == 1, st.error
+    named = st.error.removeprefix("preflight: ").split(": the engine rejects")[0].split(", ")
+    engines = [p["name"] for p in json.loads((run / "plan.json").read_text())["processes"]
+               if p["kind"] == "engine"]
+    assert sorted(named) == sorted(engines) and "decode-0@local-1" in named, st.error
+    assert st.record.culprit == named[0]
     assert "invalid choice: 'auto' (choose from 'flashinfer', 'triton'" in st.error
     assert not list((run / "logs").glob("*@*.log")), "an engine started"
     assert took < 30, f"{took:.0f} s to refuse a bad flag"

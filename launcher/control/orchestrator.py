@@ -510,7 +510,8 @@ class Orchestrator:
             self.plan, self.doc, facts, self.plan.recipe.engine_version
         )
         if problems:
-            raise RunFailed("preflight: " + "; ".join(problems), culprit=problems[0].split(":")[0])
+            culprit = problems[0].split(":")[0].split(",")[0]  # a node or the first process
+            raise RunFailed("preflight: " + "; ".join(problems), culprit=culprit)
         took = time.monotonic() - t0
         self.record.identity = identity(self.plan, facts)
         self.save()

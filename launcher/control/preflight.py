@@ -132,6 +132,7 @@ def judge_container(
     problems = []
     engine_nodes = {p.node for p in doc.of_kind(Kind.ENGINE)}
     mounts = "{run_dir}"
+    rejected: dict[str, list[str]] = {}  # vLLM's message -> the engines it names (once)
     for node in plan.nodes:
         f = facts.get(node)
         if f is None:
@@ -167,7 +168,7 @@ def judge_container(
         for chk in f.get("argv_checks") or []:
             if not chk.get("ok"):
                 msg = " ".join((chk.get("message") or "rejected").split())
-                problems.append(f"{chk['process']}: the engine rejects its command line: {msg}")
+                rejected.setdefault(msg, []).append(chk["process"])
         model = f.get("model") or {}
         if node in engine_nodes and model.get("ok") is False:
             problems.append(
@@ -187,6 +188,9 @@ def judge_container(
             f.get("aiohttp") is False
         ):
             problems.append(f"{node}: the engine's image has no aiohttp for the launcher's clients")
+    # A flag every engine carries is one problem, not one per engine.
+    problems += [f"{', '.join(who)}: the engine rejects its command line: {msg}"
+                 for msg, who in rejected.items()]
     return problems
 
 
