@@ -1,7 +1,11 @@
 """Helpers shared by the end-to-end tests."""
 
+import asyncio
 import subprocess
 import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -71,3 +75,52 @@ def plan_doc(prefill: int = 4, *, decode_dp: int = 8, prefill_dp: int = 2, agg: 
     names = nodes or cluster.profile_nodes(c, plan.nodes_needed(r, c))
     p = plan.make_plan(r, c, names)
     return render.plan_doc(p, run_id, f"/runs/{run_id}", placeholder_nodes=False)
+
+
+@contextmanager
+def aiohttp_in_thread(make_app: Callable, backlog: int = 128) -> Iterator[str]:
+    """The aiohttp app `make_app()` builds, on 127.0.0.1:<free port> with its own event loop
+    in a thread; yields its URL and cleans up after."""
+    from aiohttp import web
+
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    box: dict = {}
+
+    async def start() -> None:
+        runner = web.AppRunner(make_app(), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0, backlog=backlog).start()
+        box["runner"] = runner
+        box["port"] = runner.addresses[0][1]
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(start())
+        started.set()
+        loop.run_forever()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    assert started.wait(10), "test server did not start"
+    try:
+        yield f"http://127.0.0.1:{box['port']}"
+    finally:
+        asyncio.run_coroutine_threadsafe(box["runner"].cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        t.join(10)
+        loop.close()
+
+
+def nvml_gpu_count() -> int:
+    """GPUs NVML sees here; 0 where there is no NVML or no GPU."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return pynvml.nvmlDeviceGetCount()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - any NVML failure means "no GPU here"
+        return 0

@@ -18,7 +18,6 @@ import re
 import resource
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -150,36 +149,11 @@ def make_app(cfg: ServerConfig, log: ServerLog):
 @contextmanager
 def serve_in_thread(cfg: ServerConfig) -> Iterator[tuple[str, ServerLog]]:
     """The server on 127.0.0.1:<free port> in a thread with its own loop; yields (url, log)."""
-    from aiohttp import web
+    from helpers import aiohttp_in_thread
 
     log = ServerLog()
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    box: dict = {}
-
-    async def start() -> None:
-        runner = web.AppRunner(make_app(cfg, log), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
-        await site.start()
-        box["runner"] = runner
-        box["port"] = runner.addresses[0][1]
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(start())
-        started.set()
-        loop.run_forever()
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    assert started.wait(10), "test server did not start"
-    try:
-        yield f"http://127.0.0.1:{box['port']}", log
-    finally:
-        asyncio.run_coroutine_threadsafe(box["runner"].cleanup(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        t.join(10)
+    with aiohttp_in_thread(lambda: make_app(cfg, log), backlog=4096) as url:
+        yield url, log
 
 
 @contextmanager

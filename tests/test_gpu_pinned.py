@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import nvml_gpu_count
 
 from launcher.telemetry.store import read_agent_info, read_samples
 
@@ -26,19 +27,6 @@ LOAD = (
     "    for x in xs: x @ x\n"
     "    torch.cuda.synchronize()\n"
 )
-
-
-def gpu_count() -> int:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return pynvml.nvmlDeviceGetCount()
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - any NVML failure means "no GPU here"
-        return 0
 
 
 def has_torch_cuda() -> bool:
@@ -108,7 +96,7 @@ def run_pinned(tmp_path: Path, groups: list[list[int]], seconds: float) -> None:
     assert set(names) <= set(procs["process"]), "host telemetry missed a pinned process"
 
 
-N = gpu_count()
+N = nvml_gpu_count()
 needs = pytest.mark.skipif(N == 0 or not has_torch_cuda(), reason="needs NVML and torch+CUDA")
 
 

@@ -10,13 +10,13 @@ import json
 import re
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import aiohttp_in_thread
 
 from launcher.clients import accuracy, gsm8k
 
@@ -236,37 +236,14 @@ def serve(srv: Server) -> Iterator[str]:
             return web.Response(status=status, text=out)
         return web.json_response(out, status=status)
 
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    box: dict[str, Any] = {}
-
-    async def start() -> None:
+    def make_app() -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/completions", handle)
         app.router.add_post("/v1/chat/completions", handle)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        box["runner"] = runner
-        box["port"] = runner.addresses[0][1]
+        return app
 
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(start())
-        started.set()
-        loop.run_forever()
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    assert started.wait(10)
-    try:
-        yield f"http://127.0.0.1:{box['port']}"
-    finally:
-        asyncio.run_coroutine_threadsafe(box["runner"].cleanup(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        t.join(10)
-        loop.close()
+    with aiohttp_in_thread(make_app) as url:
+        yield url
 
 
 def key() -> dict[str, str]:

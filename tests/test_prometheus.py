@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import leftovers
+from helpers import leftovers, nvml_gpu_count
 
 from launcher.run import rundir
 from launcher.telemetry import promsd
@@ -706,19 +706,6 @@ def test_devcluster_run_is_found_and_forgotten(tmp_path, prometheus):
     assert_binds_profile_host(listeners, "127.0.0.1")
 
 
-def _nvml_gpus() -> int:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return pynvml.nvmlDeviceGetCount()
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - any NVML failure means "no GPU here"
-        return 0
-
-
 GPU_BURN = """
 import time, torch
 x = torch.randn(8192, 8192, device="cuda")
@@ -732,7 +719,7 @@ while time.time() < end:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(_nvml_gpus() == 0, reason="needs an NVIDIA GPU with NVML")
+@pytest.mark.skipif(nvml_gpu_count() == 0, reason="needs an NVIDIA GPU with NVML")
 def test_gpu_series_agree_with_telemetry(tmp_path, prometheus):
     """On a real GPU: Prometheus scrapes an agent's exporter (a target file written as promsd
     writes them) while the GPU works on and off; every pd_gpu_* series it stored equals, in

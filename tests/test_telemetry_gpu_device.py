@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import nvml_gpu_count
 
 from launcher.telemetry.gpu import GpuCollector
 from launcher.telemetry.store import read_agent_info, read_samples
@@ -18,19 +19,7 @@ from launcher.telemetry.store import read_agent_info, read_samples
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _nvml_ok() -> bool:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        n = pynvml.nvmlDeviceGetCount()
-        pynvml.nvmlShutdown()
-        return n > 0
-    except Exception:  # noqa: BLE001
-        return False
-
-
-HAVE_GPU = _nvml_ok()
+HAVE_GPU = nvml_gpu_count() > 0
 gpu = pytest.mark.skipif(not HAVE_GPU, reason="needs an NVIDIA GPU with NVML")
 
 
