@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from helpers import nvml_gpu_count
 
+from launcher.run.plandoc import NodeDoc, PlanDoc, Process, read_plan
+from launcher.run.vocab import Kind, Role
 from launcher.telemetry.store import read_agent_info, read_samples
 
 LOAD = (
@@ -35,21 +37,20 @@ def has_torch_cuda() -> bool:
 
 
 def write_plan(run: Path, node: str, groups: list[list[int]]) -> list[str]:
+    """plan.json (the current schema, written by PlanDoc itself) for one agg process per GPU
+    group on `node`: the agent attributes each GPU to the process the plan pins it to."""
     names = [f"agg-{i}@{node}" for i in range(len(groups))]
-    plan = {
-        "schema_version": 1, "run_id": run.name, "recipe": "gpu-pinned", "cluster": "local",
-        "engine": "vllm", "mode": "agg", "telemetry": {"interval_s": 1.0},
-        "nodes": [{"name": node, "address": "127.0.0.1", "gpus": sum(map(len, groups))}],
-        "endpoints": [], "router": None,
-        "processes": [
-            {"name": n, "kind": "engine", "endpoint": n.split("@")[0], "role": "agg",
-             "node": node, "gpus": g, "dp_ranks": [], "headless": False, "url": None,
-             "metrics_url": None, "argv": [], "env": {}, "env_from_host": [],
-             "log": f"logs/{n}.log"}
-            for n, g in zip(names, groups, strict=True)
-        ],
-    }  # fmt: skip
-    (run / "plan.json").write_text(json.dumps(plan))
+    doc = PlanDoc(
+        run_id=run.name, recipe="gpu-pinned", cluster="local", engine="vllm", mode="agg",
+        model_path="none", served_name="none", telemetry_interval_s=1.0,
+        nodes=[NodeDoc(node, "127.0.0.1", sum(map(len, groups)))], endpoints=[],
+        processes=[Process(name=n, kind=Kind.ENGINE, node=node, argv=[], env={},
+                           log=f"logs/{n}.log", endpoint=n.split("@")[0], role=Role.AGG, gpus=g)
+                   for n, g in zip(names, groups, strict=True)],
+        router_url="", router_metrics_url="", gpu_count={"agg": sum(map(len, groups))},
+    )  # fmt: skip
+    (run / "plan.json").write_text(json.dumps(doc.to_json()))
+    read_plan(run)  # the agent reads it the same way
     return names
 
 
@@ -80,13 +81,15 @@ def run_pinned(tmp_path: Path, groups: list[list[int]], seconds: float) -> None:
     by_uuid = {}
     for (_, row), lab in zip(util.iterrows(), labels, strict=True):
         by_uuid.setdefault(lab["uuid"], set()).add((int(lab["index"]), row["process"]))
-    n = sum(map(len, groups))
-    assert len(by_uuid) == n, f"expected {n} GPUs by UUID, got {sorted(by_uuid)}"
     owner = {g: name for name, gs in zip(names, groups, strict=True) for g in gs}
+    # every GPU of the node is sampled; those the plan pins to nobody belong to nobody
+    assert len(by_uuid) == N, f"expected the node's {N} GPUs by UUID, got {sorted(by_uuid)}"
     for uuid, seen in by_uuid.items():
         assert len(seen) == 1, f"{uuid} reported under several indices/processes: {seen}"
         ((index, process),) = seen
-        assert process == owner[index], f"GPU {index} ({uuid}) attributed to {process}"
+        assert process == owner.get(index, ""), f"GPU {index} ({uuid}) attributed to {process}"
+        if index not in owner:
+            continue
         busy = util[(labels.map(lambda x: x["uuid"]) == uuid)]["value"].max()
         assert busy > 10, f"GPU {index} never looked busy ({busy}%)"
     links = df[df["name"] == "gpu:nvlink_link_count"]["value"]
@@ -105,6 +108,13 @@ needs = pytest.mark.skipif(N == 0 or not has_torch_cuda(), reason="needs NVML an
 @pytest.mark.skipif(N < 4, reason="needs a 4-GPU node (one GB200 tray)")
 def test_four_gpu_tray_two_endpoints_of_two(tmp_path):
     run_pinned(tmp_path, [[0, 1], [2, 3]], seconds=60)
+
+
+@pytest.mark.gpu
+@needs
+@pytest.mark.skipif(N < 2, reason="needs 2 GPUs")
+def test_two_endpoints_each_pinned_to_its_gpu(tmp_path):
+    run_pinned(tmp_path, [[0], [1]], seconds=20)
 
 
 @pytest.mark.gpu
