@@ -96,6 +96,8 @@ def plan_text(prepared: Prepared) -> str:
         )
     for cap in prepared.capacity:
         lines.append(cap.describe())
+    if (gap := capacity.missing(plan, prepared.capacity)) is not None:
+        lines.append(gap)
     for warning in capacity.warnings(plan, prepared.capacity):
         lines.append(f"warning: {warning}")
     rt = plan.runtime

@@ -74,3 +74,15 @@ def test_an_endpoint_that_cannot_hold_one_request_is_said_at_dry_run():
     (warning, *_) = capacity.warnings(p, capacity.estimates(p))
     assert warning.startswith("decode-0 cannot hold one request of 16,590 tokens")
     assert "vLLM would refuse to start" in warning
+
+
+def test_a_missing_estimate_says_why():
+    p = seed_plan()
+    assert capacity.missing(p, capacity.estimates(p)) is None
+    bad = seed_plan("vllm_args.kv-cache-memory-bytes=64Q")  # not a size vLLM reads
+    gap = capacity.missing(bad, capacity.estimates(bad))
+    assert gap.startswith("no KV-capacity estimate for decode-0: ValueError") and "64Q" in gap
+    sim = plan.make_plan(recipe.load("local-sim"), cluster.load("local"),
+                         cluster.expand_nodelist("local-[1-4]"))
+    gap = capacity.missing(sim, capacity.estimates(sim))
+    assert "no config.json under model.path" in gap and "model.facts" in gap

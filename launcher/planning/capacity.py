@@ -40,6 +40,12 @@ def device_kind(plan: Plan) -> str:
 
 
 def estimate(plan: Plan, ep: Endpoint, facts: kv_cache.ModelFacts) -> kv_cache.KvCapacity | None:
+    cap = _estimate(plan, ep, facts)
+    return cap if isinstance(cap, kv_cache.KvCapacity) else None
+
+
+def _estimate(plan: Plan, ep: Endpoint, facts: kv_cache.ModelFacts) -> kv_cache.KvCapacity | str:
+    """The estimate, or why there is none."""
     b = plan.recipe.benchmark
     pool = ep.pool
     try:
@@ -51,8 +57,23 @@ def estimate(plan: Plan, ep: Endpoint, facts: kv_cache.ModelFacts) -> kv_cache.K
             kv_cache.Workload(b.input_len, b.output_len, b.range_ratio),
             name=ep.name,
         )
-    except (ValueError, KeyError, ZeroDivisionError):
+    except (ValueError, KeyError, ZeroDivisionError) as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def missing(plan: Plan, caps: list[kv_cache.KvCapacity]) -> str | None:
+    """Why a decode (or aggregated) endpoint has no estimate, in one line; None if all do."""
+    lacking = [ep for ep in plan.endpoints if ep.role in (Role.DECODE, Role.AGG)
+               and ep.name not in {c.name for c in caps}]
+    if not lacking:
         return None
+    names = ", ".join(ep.name for ep in lacking)
+    facts = model_facts(plan)
+    if facts is None:
+        return (f"no KV-capacity estimate for {names}: no config.json under model.path "
+                f"({plan.recipe.model.path}) on this machine and no model.facts in the recipe")
+    why = _estimate(plan, lacking[0], facts)
+    return f"no KV-capacity estimate for {names}: {why}"
 
 
 def estimates(plan: Plan) -> list[kv_cache.KvCapacity]:
