@@ -1,10 +1,12 @@
 """Helpers shared by the end-to-end tests."""
 
 import asyncio
+import json
+import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -124,3 +126,37 @@ def nvml_gpu_count() -> int:
             pynvml.nvmlShutdown()
     except Exception:  # noqa: BLE001 - any NVML failure means "no GPU here"
         return 0
+
+
+def free_port_base(bases: Iterable[int], span: int) -> int:
+    """The first of `bases` whose `span` ports all bind on 127.0.0.1 now (SO_REUSEADDR, as the
+    servers bind). Each suite passes its own bases, so suites sharing a host stay apart."""
+    tried = []
+    for base in bases:
+        tried.append(base)
+        if all(_binds(port) for port in range(base, base + span)):
+            return base
+    raise AssertionError(f"no free block of {span} ports at any of {tried[:8]}...: "
+                         "other runs on this host hold them")
+
+
+def _binds(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def profile_copy(dest: Path, shipped: str, **changes) -> str:
+    """A shipped cluster profile with top-level `changes` (port_base, prometheus_sd_dir, ...)
+    written to `dest` (as JSON, which is YAML); returns its path."""
+    import yaml
+
+    repo = Path(__file__).resolve().parents[1]
+    data = yaml.safe_load((repo / "launcher" / "clusters" / f"{shipped}.yaml").read_text())
+    data.update(changes)
+    Path(dest).write_text(json.dumps(data))
+    return str(dest)

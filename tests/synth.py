@@ -723,29 +723,6 @@ def set_progress(path: Path, index: int, total: int = 4, seconds_left: float | N
 _DEMO: list[Path] = []  # the local demo run of this test session (it takes ~30 s)
 
 
-def _port_free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port_base(span: int = 200) -> int:
-    """A port block nobody on this host listens on (other people's runs use theirs)."""
-    import random
-
-    rng = random.Random()
-    for _ in range(100):
-        base = rng.randrange(30000, 60000 - span, 100)
-        if all(_port_free(p) for p in range(base, base + span)):
-            return base
-    raise RuntimeError("no free block of 200 ports between 30000 and 60000")
-
-
 def local_demo(tmp_root: Path) -> Path:
     """The local demo exactly as a user runs it (`python -m launcher submit local-sim`: sim
     engines, the real router, agents, bench client, GSM8K gate), once per test session, on
@@ -757,12 +734,12 @@ def local_demo(tmp_root: Path) -> Path:
         return _DEMO[0]
     tmp = Path(tmp_root)
     tmp.mkdir(parents=True, exist_ok=True)
-    profile = Path(__file__).resolve().parents[1] / "launcher" / "clusters" / "local.yaml"
-    text = profile.read_text()
-    base = free_port_base()
-    text = "\n".join(f"port_base: {base}" if line.startswith("port_base:") else line
-                     for line in text.splitlines()) + "\n"
-    (tmp / "local-demo.yaml").write_text(text)
+    import random
+
+    from helpers import free_port_base, profile_copy
+
+    bases = random.Random().sample(range(30000, 59800, 100), 100)  # apart from other runs
+    profile_copy(tmp / "local-demo.yaml", "local", port_base=free_port_base(bases, 200))
     p = subprocess.run([sys.executable, "-m", "launcher", "submit", "local-sim",
                         "--set", f"cluster={tmp / 'local-demo.yaml'}",
                         "--runs-dir", str(tmp / "runs")],

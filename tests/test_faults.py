@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import helpers
 import psutil
 import pytest
 from helpers import launcher, leftovers
@@ -117,32 +118,10 @@ def need_cluster() -> None:
         pytest.fail(f"the dev cluster does not answer ({out.stderr.strip()}): run up.sh")
 
 
-def free_port_base(span: int = 400) -> int:
-    import socket
-
-    for base in PORT_BASES:
-        ok = True
-        for port in range(base, base + span):
-            with socket.socket() as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    pytest.fail(f"no free port range at any of {PORT_BASES}: other runs hold them")
-
-
 def profile(tmp_path: Path, name: str) -> str:
     """A copy of a shipped cluster profile on a port range nobody else uses right now."""
-    text = (REPO / "launcher" / "clusters" / f"{name}.yaml").read_text()
-    text, n = re.subn(r"(?m)^port_base: \d+", f"port_base: {free_port_base()}", text)
-    assert n == 1
-    path = tmp_path / f"{name}-faults.yaml"
-    path.write_text(text)
-    return str(path)
+    return helpers.profile_copy(tmp_path / f"{name}-faults.yaml", name,
+                                port_base=helpers.free_port_base(PORT_BASES, 400))
 
 
 def sets(*pairs: str) -> list[str]:

@@ -22,6 +22,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import helpers
 import psutil
 import pytest
 from helpers import leftovers, nvml_gpu_count
@@ -142,30 +143,14 @@ def prometheus(tmp_path):
 # --- runs on a port block of their own -------------------------------------------------------
 
 
-def _listening_ports() -> set[int]:
-    return {c.laddr.port for c in psutil.net_connections(kind="tcp")
-            if c.status == psutil.CONN_LISTEN and c.laddr}
-
-
 def free_port_base(span: int = 1000) -> int:
-    """A port_base whose block nothing listens on (not the shipped profiles' 21000-24999,
-    below Linux's ephemeral ports)."""
-    busy = _listening_ports()
-    for base in range(25000, 32000, span):
-        if not any(base <= p < base + span for p in busy):
-            return base
-    pytest.fail(f"no free block of {span} ports in 25000-32000 on this host")
+    """Not the shipped profiles' 21000-24999, below Linux's ephemeral ports."""
+    return helpers.free_port_base(range(25000, 32000, span), span)
 
 
 def profile(tmp_path: Path, shipped: str, **changes) -> Path:
     """A copy of a shipped cluster profile with `changes` (port_base, prometheus_sd_dir)."""
-    import yaml
-
-    data = yaml.safe_load((REPO / "launcher" / "clusters" / f"{shipped}.yaml").read_text())
-    data.update(changes)
-    path = tmp_path / f"{shipped}-prom.yaml"
-    path.write_text(json.dumps(data))  # JSON is YAML
-    return path
+    return Path(helpers.profile_copy(tmp_path / f"{shipped}-prom.yaml", shipped, **changes))
 
 
 def submit(tmp_path: Path, recipe: str, *sets: str) -> subprocess.Popen:

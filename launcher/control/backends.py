@@ -95,18 +95,16 @@ class Backend:
             h.stopped = True
             if h.exit_code() is None:
                 _signal_group(h.popen, signal.SIGKILL)
-        for h in handles:
-            try:
-                h.popen.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                pass
+        _reap(handles, 2)
 
     def stop(self, handles: list[Handle], grace_s: float = 10.0, gentle: bool = True) -> None:
         """SIGTERM every group at once, then SIGKILL what is left after `grace_s`."""
         _terminate(handles, grace_s)
 
 
-def _terminate(handles: list[Handle], grace_s: float, signalled: set[str] | frozenset[str] = frozenset()) -> None:
+def _terminate(
+    handles: list[Handle], grace_s: float, signalled: set[str] | frozenset[str] = frozenset()
+) -> None:
     """SIGTERM each live process group (except those in `signalled`, told another way), wait
     up to `grace_s` for all of them, SIGKILL what is left, and reap."""
     live = [h for h in handles if h.exit_code() is None]
@@ -120,9 +118,14 @@ def _terminate(handles: list[Handle], grace_s: float, signalled: set[str] | froz
         time.sleep(0.05)
     for h in live:
         _signal_group(h.popen, signal.SIGKILL)
+    _reap(handles, 5)
+
+
+def _reap(handles: list[Handle], timeout_s: float) -> None:
+    """Wait for each process (no zombies), at most `timeout_s` each."""
     for h in handles:
         try:
-            h.popen.wait(timeout=5)
+            h.popen.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             pass
 
