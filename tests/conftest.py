@@ -23,3 +23,43 @@ def cli(tmp_path):
         return p.returncode, p.stdout, p.stderr
 
     return run
+
+
+# --- the suite measures itself --------------------------------------------------------------
+# At the end of every run: the slowest tests and modules with their share of the wall time
+# (setup + call + teardown; a module fixture's end-to-end run is charged to its first test).
+_TIMES: dict[str, float] = {}
+_T0: list[float] = []
+
+
+def pytest_configure(config):
+    import time
+
+    _T0.append(time.monotonic())
+
+
+def pytest_runtest_logreport(report):
+    _TIMES[report.nodeid] = _TIMES.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    import time
+
+    if not _TIMES or not _T0:
+        return
+    wall = time.monotonic() - _T0[0]
+    tests = sorted(_TIMES.items(), key=lambda kv: -kv[1])
+    modules: dict[str, float] = {}
+    for nodeid, sec in _TIMES.items():
+        mod = nodeid.split("::")[0]
+        modules[mod] = modules.get(mod, 0.0) + sec
+    w = terminalreporter.write_line
+    w("")
+    w(f"suite timing: {len(_TIMES)} tests in {wall:.0f} s wall ({wall / 60:.1f} min); "
+      f"{sum(_TIMES.values()):.0f} s inside tests")
+    w("slowest modules (share of the wall time):")
+    for mod, sec in sorted(modules.items(), key=lambda kv: -kv[1])[:12]:
+        w(f"  {sec:7.1f} s  {100 * sec / wall:5.1f} %  {mod}")
+    w("slowest tests:")
+    for nodeid, sec in tests[:15]:
+        w(f"  {sec:7.1f} s  {100 * sec / wall:5.1f} %  {nodeid}")

@@ -113,7 +113,7 @@ def setup(tmp_path, monkeypatch):
     monkeypatch.setattr(preflight, "unregistered", lambda doc, url: [])
     monkeypatch.setattr(
         preflight, "pd_path",
-        lambda doc: [preflight.PathCheck(e.name, "decode-0", True, "1 KV transfer(s)")
+        lambda doc, wait_s, **_: [preflight.PathCheck(e.name, "decode-0", True, "1 KV transfer(s)")
                      for e in doc.endpoints if e.role == "prefill"],
     )  # fmt: skip
     monkeypatch.setattr(orchestrator, "POLL_S", 0.01)

@@ -8,6 +8,7 @@ import shlex
 import time
 from pathlib import Path
 
+import pytest
 from helpers import launcher, leftovers
 
 from launcher.control import preflight
@@ -67,26 +68,75 @@ def test_a_broken_pd_path_fails_before_the_sweep(tmp_path):
     assert leftovers(run) == []
 
 
-def test_the_pd_path_check_counts_transfers_when_it_works(tmp_path):
-    code, out = launcher(
-        tmp_path, "submit", RECIPE, "--set", "benchmark.enabled=false",
-        "--set", "accuracy.enabled=false",
-    )  # fmt: skip
+@pytest.fixture(scope="module")
+def serving_run(tmp_path_factory) -> Path:
+    """One local-sim run to serving and back (no sweep, no gate), read by several tests."""
+    tmp = tmp_path_factory.mktemp("serving")
+    code, out = launcher(tmp, "submit", RECIPE, "--set", "benchmark.enabled=false",
+                         "--set", "accuracy.enabled=false")
     assert code == 0, out
-    (ev,) = [e for e in rundir.RunDir(the_run(tmp_path)).events() if e["event"] == "pd_path"]
+    return the_run(tmp)
+
+
+def test_the_pd_path_check_counts_transfers_when_it_works(serving_run):
+    (ev,) = [e for e in rundir.RunDir(serving_run).events() if e["event"] == "pd_path"]
     assert [(c["prefill"], c["ok"]) for c in ev["checks"]] == [
         ("prefill-0", True), ("prefill-1", True)
     ]
     assert all("KV transfer" in c["detail"] for c in ev["checks"])
 
 
-def test_preflight_facts_are_written_per_node_and_place(tmp_path):
-    code, out = launcher(
-        tmp_path, "submit", RECIPE, "--set", "benchmark.enabled=false",
-        "--set", "accuracy.enabled=false",
-    )  # fmt: skip
+ONE_PAIR = ("--set", "prefill.endpoints=1", "--set", "benchmark.enabled=false",
+            "--set", "accuracy.enabled=false")
+
+
+def test_a_slow_first_handshake_is_waited_for_with_progress(tmp_path):
+    # The decode's first NIXL handshake stalls 16 s (seen for real: ~110 s on a busy host):
+    # within the prefill's lease, so vLLM would complete it; the check waits and says so.
+    code, out = launcher(tmp_path, "submit", RECIPE, *ONE_PAIR,
+                         "--set", "decode.env.SIM_HANDSHAKE_DELAY_S=16")
     assert code == 0, out
-    run = the_run(tmp_path)
+    assert "P/D path: prefill-0 answered in" in out and "waiting for decode-0 to read its KV" in out
+    assert "no NIXL handshake in its log yet" in out, out
+    (ev,) = [e for e in rundir.RunDir(the_run(tmp_path)).events() if e["event"] == "pd_path"]
+    (c,) = ev["checks"]
+    assert c["ok"] and c["step"] == "done" and c["waited_s"] >= 16, c
+    assert ev["wait_s"] == 90, ev  # the sim's default lease, 30 s, + 60 s
+    log = (the_run(tmp_path) / "logs" / "decode-0@local-1.log").read_text()
+    assert "NIXL compatibility check passed (hash: " in log
+
+
+def test_a_handshake_past_the_wait_names_the_step_and_the_time(tmp_path):
+    code, out = launcher(tmp_path, "submit", RECIPE, *ONE_PAIR,
+                         "--set", "decode.env.SIM_HANDSHAKE_DELAY_S=60",
+                         "--set", "health.pd_wait_s=5")
+    assert code == 1, out
+    st = rundir.RunDir(the_run(tmp_path)).status()
+    assert st.state == "failed" and st.stage == "router", st
+    assert "prefill-0 answered in" in st.error, st.error
+    assert "decode-0 gave no answer within 5 s" in st.error, st.error
+    assert "its log shows no NIXL handshake: no 'NIXL compatibility check passed'" in st.error
+    (ev,) = [e for e in rundir.RunDir(the_run(tmp_path)).events() if e["event"] == "pd_path"]
+    assert ev["checks"][0]["step"] == "decode" and ev["wait_s"] == 5
+    assert leftovers(the_run(tmp_path)) == []
+
+
+def test_a_handshake_that_outlives_the_lease_fails_the_read_as_in_vllm(tmp_path):
+    # The prefill frees the blocks when its lease runs out; the decode's read then fails.
+    code, out = launcher(
+        tmp_path, "submit", RECIPE, *ONE_PAIR, "--set", "decode.env.SIM_HANDSHAKE_DELAY_S=4",
+        "--set", "kv_connector.kv_connector_extra_config.kv_lease_duration=1",
+    )  # fmt: skip
+    assert code == 1, out
+    st = rundir.RunDir(the_run(tmp_path)).status()
+    (ev,) = [e for e in rundir.RunDir(the_run(tmp_path)).events() if e["event"] == "pd_path"]
+    assert ev["checks"][0]["step"] in ("transfer", "decode"), ev
+    assert ev["wait_s"] == 61, ev
+    assert "the P->D path is broken" in st.error and "prefill-0 answered in" in st.error
+
+
+def test_preflight_facts_are_written_per_node_and_place(serving_run):
+    run = serving_run
     for node in ("local-1", "local-2", "local-3"):
         host = json.loads((run / "preflight" / f"{node}.host.json").read_text())
         assert host["node"] == node and host["nofile"]["hard"] > 0

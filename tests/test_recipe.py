@@ -250,3 +250,12 @@ def test_node_list_errors_name_where_the_list_came_from():
         cluster.expand_nodelist("n1,n1", "--nodelist")
     with pytest.raises(UserError, match="^node list: "):
         cluster.expand_nodelist("n[0-99999999]")
+
+
+def test_a_set_into_a_defaulted_dict_adds_to_its_default():
+    # kv_connector is not in local-sim's file: --set of one nested key keeps the connector
+    from launcher.spec import recipe as recipe_mod
+
+    r = recipe_mod.load("local-sim", ["kv_connector.kv_connector_extra_config.kv_lease_duration=1"])
+    assert r.kv_connector["kv_connector"] == "NixlConnector"
+    assert r.kv_connector["kv_connector_extra_config"] == {"backends": ["UCX"], "kv_lease_duration": 1}

@@ -580,13 +580,17 @@ class Orchestrator:
             time.sleep(1.0)
 
     def check_pd_path(self) -> None:
-        """Every prefill endpoint hands one request's KV to a decode before the sweep."""
+        """Every prefill endpoint hands one request's KV to a decode before the sweep. It
+        waits as long as vLLM keeps a prefill's blocks for a decode, saying so meanwhile."""
         t0 = time.monotonic()
-        checks = preflight.pd_path(self.doc)
+        r = self.plan.recipe
+        wait_s = preflight.pd_wait_s(r.kv_connector, r.health.pd_wait_s)
+        checks = preflight.pd_path(self.doc, wait_s, handshake_seen=self.handshake_seen,
+                                   watch=self.check_processes, say=say)
         self.check_processes()
         bad = [c for c in checks if not c.ok]
         self.book.event(
-            "pd_path", seconds=round(time.monotonic() - t0, 2),
+            "pd_path", seconds=round(time.monotonic() - t0, 2), wait_s=wait_s,
             checks=[dataclasses.asdict(c) for c in checks],
         )  # fmt: skip
         if bad:
@@ -601,6 +605,14 @@ class Orchestrator:
         say(f"P/D path: {len(checks)} prefill endpoint(s) moved KV to a decode")
         self.note_transport()
 
+    def handshake_seen(self, endpoint: str) -> bool:
+        """Whether any process of this endpoint logged vLLM's NIXL handshake line."""
+        return any(
+            preflight.HANDSHAKE_LINE in line
+            for h in self.handles if h.proc.endpoint == endpoint
+            for line in tail(h.log_path, 20000, max_bytes=4 << 20)
+        )
+
     def note_transport(self) -> None:
         """The transport UCX picked for the KV reads (decode logs, UCX_PROTO_INFO): a silent
         fall-back to TCP between racks shows in run.json, status and the dashboard."""
@@ -613,10 +625,10 @@ class Orchestrator:
         self.record.identity["kv_transport"] = seen
         self.save()
         tcp = sorted(n for n, cfgs in seen.items() if any(c.startswith("tcp/") for c in cfgs))
-        if tcp:
+        if tcp and self.plan.recipe.engine_platform != "cpu":  # a CPU engine has no NVLink
             self.book.note(
                 f"KV transfers of {', '.join(tcp)} go over TCP (UCX chose "
-                f"{seen[tcp[0]][0]}): NVLink/RDMA is not in use between P and D; check UCX_TLS "
+                f"{next(c for c in seen[tcp[0]] if c.startswith('tcp/'))}): NVLink/RDMA is not in use between P and D; check UCX_TLS "
                 f"and the profile's network"
             )
 

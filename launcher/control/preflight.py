@@ -254,22 +254,75 @@ def unregistered(doc: PlanDoc, router_url: str) -> list[str]:
 
 @dataclass
 class PathCheck:
+    """One prefill->decode hand-over. `step` is where it stopped: `prefill` (its answer),
+    `decode` (the decode's answer, handshake not seen), `handshake` (seen, no answer),
+    `transfer` (answered, but no successful KV read counted), `done`."""
+
     prefill: str
     decode: str
     ok: bool
     detail: str
+    step: str = "done"
+    waited_s: float = 0.0
 
 
 # vLLM counts every completed NIXL transfer in this histogram; failures in their own counter.
 TRANSFERS_OK = "vllm:nixl_xfer_time_seconds_count"
 TRANSFERS_FAILED = "vllm:nixl_num_failed_transfers_total"
+# vLLM's INFO line once the decode holds the prefill's NIXL metadata (nixl/base_worker.py).
+HANDSHAKE_LINE = "NIXL compatibility check passed"
+# How long vLLM keeps a prefill's blocks for a decode that has not read them (its
+# kv_lease_duration default; docs/vllm-logs.md). Past it the read would fail in vLLM too.
+DEFAULT_KV_LEASE_S = 30.0
+# Beyond the lease: the decode's metadata fetch (vLLM gives it 5 s per remote rank), its
+# first step and its answer on a busy node.
+PD_SLACK_S = 60.0
+PROGRESS_S = 15.0
 
 
-def pd_path(doc: PlanDoc, timeout_s: float = 60.0) -> list[PathCheck]:
+def pd_wait_s(kv_connector: dict, override: float | None = None) -> float:
+    """As long as vLLM itself waits for a decode to read a prefill's KV: the lease, plus slack
+    (or the recipe's health.pd_wait_s)."""
+    if override:
+        return float(override)
+    extra = kv_connector.get("kv_connector_extra_config") or {}
+    try:
+        lease = float(extra.get("kv_lease_duration", DEFAULT_KV_LEASE_S))
+    except (TypeError, ValueError):
+        lease = DEFAULT_KV_LEASE_S
+    return max(lease, 1.0) + PD_SLACK_S
+
+
+def _post_watched(url: str, body: dict, wait_s: float, watch, say, waiting) -> tuple:
+    """POST in a thread; every second `watch()` (raises when a process died), every
+    PROGRESS_S `say(waiting(seconds))`. (code, answer, seconds); code None: no answer."""
+    import threading
+
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(_post(url, body, wait_s + 5)), daemon=True)
+    t0 = time.monotonic()
+    t.start()
+    next_say = t0 + PROGRESS_S
+    while t.is_alive() and time.monotonic() - t0 < wait_s:
+        t.join(1.0)
+        watch()
+        if say and time.monotonic() >= next_say and t.is_alive():
+            say(waiting(time.monotonic() - t0))
+            next_say += PROGRESS_S
+    took = time.monotonic() - t0
+    if not got:
+        return None, None, took
+    return got[0][0], got[0][1], took
+
+
+def pd_path(doc: PlanDoc, wait_s: float, handshake_seen=lambda name: False,
+            watch=lambda: None, say=None) -> list[PathCheck]:
     """One request through every prefill endpoint, handed to a decode as the router does it
     (prefill with do_remote_decode, then the decode with the prefill's kv_transfer_params):
     the path works when the decode's successful-transfer counter moves. The NIXL handshake
-    is lazy, so this is the first time a broken P->D path can show."""
+    is lazy, so this is the first time a broken P->D path can show. Each leg waits up to
+    `wait_s` (pd_wait_s); `handshake_seen(decode)` tells whether the decode's log shows the
+    handshake, so a give-up names the step it stopped in."""
     prefills = [e for e in doc.endpoints if e.role == Role.PREFILL]
     decodes = [e for e in doc.endpoints if e.role == Role.DECODE]
     out = []
@@ -285,19 +338,49 @@ def pd_path(doc: PlanDoc, timeout_s: float = 60.0) -> list[PathCheck]:
                 "remote_block_ids": None, "remote_host": None, "remote_port": None,
             },
         }  # fmt: skip
-        code, answer = _post(pre.url + "/v1/completions", body, timeout_s)
+        code, answer, took_p = _post_watched(
+            pre.url + "/v1/completions", body, wait_s, watch, say,
+            lambda s, p=pre: f"P/D path: waiting for {p.name}'s answer ({s:.0f} s of {wait_s:g} s)")
+        if code is None:
+            out.append(PathCheck(pre.name, dec.name, False, f"{pre.name} gave no answer within "
+                                 f"{took_p:.0f} s", "prefill", round(took_p, 1)))
+            continue
         if code != 200 or not isinstance(answer, dict):
-            out.append(PathCheck(pre.name, dec.name, False, f"prefill answered {code}: {answer}"))
+            out.append(PathCheck(pre.name, dec.name, False, f"{pre.name} answered {code}: {answer}",
+                                 "prefill", round(took_p, 1)))
             continue
         params = answer.get("kv_transfer_params")
         if not params:
-            out.append(PathCheck(pre.name, dec.name, False, "the prefill returned no kv_transfer_params"))
+            out.append(PathCheck(pre.name, dec.name, False,
+                                 f"{pre.name} returned no kv_transfer_params", "prefill",
+                                 round(took_p, 1)))
             continue
         body = {
             "model": doc.served_name, "prompt": "The launcher checks the P/D path.",
             "max_tokens": 2, "temperature": 0, "kv_transfer_params": params,
         }  # fmt: skip
-        code, answer = _post(dec.url + "/v1/completions", body, timeout_s)
+
+        lead = f"{pre.name} answered in {took_p:.1f} s, then "
+
+        def waiting(s: float, d=dec, lead=lead) -> str:
+            seen = ("the NIXL handshake is in its log" if handshake_seen(d.name)
+                    else "no NIXL handshake in its log yet")
+            return (f"P/D path: {lead.removesuffix(', then ')}; waiting for {d.name} to read "
+                    f"its KV ({s:.0f} s of {wait_s:g} s; {seen})")
+
+        code, answer, took_d = _post_watched(dec.url + "/v1/completions", body, wait_s, watch,
+                                             say, waiting)
+        if code is None:
+            seen = handshake_seen(dec.name)
+            out.append(PathCheck(
+                pre.name, dec.name, False,
+                lead + f"{dec.name} gave no answer within {took_d:.0f} s ("
+                + ("its log shows the NIXL handshake, but the KV read did not finish"
+                   if seen else f"its log shows no NIXL handshake: no '{HANDSHAKE_LINE}'")
+                + "; health.pd_wait_s sets the wait, by default the prefill's KV lease + "
+                f"{PD_SLACK_S:g} s)",
+                "handshake" if seen else "decode", round(took_d, 1)))  # fmt: skip
+            continue
         deadline = time.monotonic() + 15  # the stats reach /metrics per engine step
         moved = failed = 0.0
         while time.monotonic() < deadline:
@@ -307,13 +390,17 @@ def pd_path(doc: PlanDoc, timeout_s: float = 60.0) -> list[PathCheck]:
                 break
             time.sleep(0.25)
         if code != 200:
-            out.append(PathCheck(pre.name, dec.name, False, f"decode answered {code}: {answer}"))
+            out.append(PathCheck(pre.name, dec.name, False,
+                                 lead + f"{dec.name} answered {code} after {took_d:.1f} s: {answer}",
+                                 "decode", round(took_d, 1)))
         elif failed > 0 or not moved > 0:
             out.append(PathCheck(
                 pre.name, dec.name, False,
-                f"the decode's KV pull failed ({TRANSFERS_FAILED} +{failed:g}, "
-                f"successful +{moved:g})",
+                lead + f"{dec.name}'s KV read failed ({TRANSFERS_FAILED} +{failed:g}, "
+                f"successful +{moved:g})", "transfer", round(took_d, 1),
             ))  # fmt: skip
         else:
-            out.append(PathCheck(pre.name, dec.name, True, f"{moved:g} KV transfer(s)"))
+            out.append(PathCheck(pre.name, dec.name, True,
+                                 f"{moved:g} KV transfer(s) in {took_p + took_d:.1f} s", "done",
+                                 round(took_p + took_d, 1)))
     return out

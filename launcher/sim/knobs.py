@@ -97,6 +97,10 @@ class Knobs:
     accuracy: float = field(default=0.9, metadata=_doc(
         "Fraction of answer-key questions answered correctly (chosen by a hash of the "
         "question, so it is deterministic)."))
+    handshake_delay_s: float = field(default=0.0, metadata=_doc(
+        "Fault: a decode's first NIXL handshake with each prefill engine takes this many "
+        "more wall-clock seconds (a slow first handshake); the requests waiting on it wait, "
+        "and a prefill whose lease runs out meanwhile has freed their blocks, as in vLLM."))
     connect_timeout_s: float = field(default=5.0, metadata=_doc(
         "Timeout for side-channel (KV pull) connects and replies, wall-clock seconds."))
     headless_wait_s: float = field(default=600.0, metadata=_doc(

@@ -11,12 +11,13 @@ and vllm:nixl_num_failed_transfers rises; every wait is bounded by SIM_CONNECT_T
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from launcher.sim import ucx
+from launcher.sim import ucx, vlog
 from launcher.sim.cli import SimConfig
 from launcher.sim.engine import Engine, KVTransferError, Req, transfer_cost
 
@@ -77,10 +78,40 @@ def local_handlers(engine: Engine) -> tuple[ReadFn, DoneFn]:
     return read, done
 
 
+# vLLM 0.33's lines once a decode holds a prefill's NIXL metadata (nixl/base_worker.py).
+HANDSHAKE_WHERE = "base_worker.py:1210"
+PLAN_WHERE = "base_worker.py:2525"
+
+
 def make_pull(cfg: SimConfig) -> Callable[[Engine, Req], Awaitable[None]]:
     """The consumer's KV pull (assigned to Engine.pull)."""
     timeout = cfg.knobs.connect_timeout_s
     speed = cfg.knobs.speed
+    # One handshake per (decode rank, prefill listener), shared by the requests that wait
+    # on it; a failed one is forgotten so the next request tries again (as vLLM does).
+    handshakes: dict[tuple[int, str, int], asyncio.Future] = {}
+
+    async def handshake(engine: Engine, host: str, port: int, engine_id: str) -> None:
+        r, w = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        w.close()
+        await asyncio.sleep(cfg.knobs.handshake_delay_s)  # a fault timer: not scaled
+        digest = hashlib.sha256(f"{cfg.model}|{cfg.block_size}".encode()).hexdigest()
+        vlog.info(HANDSHAKE_WHERE, f"NIXL compatibility check passed (hash: {digest})",
+                  proc=_worker(engine))
+        vlog.info(PLAN_WHERE, f"Transfer plan: TransferTopology(tp_ratio=1, local_tp=1, "
+                  f"remote_tp=1, remote_engine_id={engine_id}, local_rank=0)",
+                  proc=_worker(engine))
+
+    async def ensure_handshake(engine: Engine, host: str, port: int, engine_id: str) -> None:
+        key = (engine.rank, host, port)
+        fut = handshakes.get(key)
+        if fut is None:
+            fut = handshakes[key] = asyncio.ensure_future(handshake(engine, host, port, engine_id))
+        try:
+            await asyncio.shield(fut)
+        except (OSError, TimeoutError) as exc:
+            handshakes.pop(key, None)
+            raise KVTransferError(f"handshake with {host}:{port} failed: {exc!r}") from None
 
     async def pull(engine: Engine, req: Req) -> None:
         params = req.remote or {}
@@ -88,6 +119,7 @@ def make_pull(cfg: SimConfig) -> Callable[[Engine, Req], Awaitable[None]]:
         port = params.get("remote_port")
         if not host or not isinstance(port, int):
             raise KVTransferError("kv_transfer_params lack remote_host/remote_port")
+        await ensure_handshake(engine, host, port, str(params.get("remote_engine_id")))
         try:
             reader, writer = await asyncio.wait_for(
                 asyncio.open_connection(host, port, limit=_MAX_LINE), timeout)
@@ -128,3 +160,8 @@ def make_pull(cfg: SimConfig) -> Callable[[Engine, Req], Awaitable[None]]:
             writer.close()
 
     return pull
+
+
+def _worker(engine: Engine) -> str:
+    """The process vLLM names in a worker's log records: 'Worker' (DP1), 'EngineCore_DP<r>'."""
+    return f"EngineCore_DP{engine.rank}" if engine.cfg.dp_size > 1 else "Worker"

@@ -362,6 +362,12 @@ class Health(Strict):
         description="before the sweep, one request through every prefill endpoint must move "
         "its KV to a decode (the NIXL handshake is lazy: /health cannot prove it)",
     )
+    pd_wait_s: float | None = Field(
+        default=None, gt=0, le=86400,
+        description="how long the P->D check waits for each leg (the prefill's answer, the "
+        "decode's KV read); default: the prefill's KV lease (kv_lease_duration, vLLM's "
+        "default 30 s) + 60 s, as long as vLLM itself keeps the blocks for a decode",
+    )  # fmt: skip
 
 
 def _sim_knobs_model() -> type[BaseModel]:
@@ -681,6 +687,18 @@ def parse_override(text: str, flag: str = "--set") -> tuple[list[str], Any]:
     return parts, value
 
 
+def _dict_default(key: str) -> dict:
+    """The default of a free-form dict field (kv_connector): a --set into it adds to the
+    default, not to an empty dict that would silently drop the connector's name."""
+    import copy
+
+    field = Recipe.model_fields.get(key)
+    if field is None or field.default_factory is None:
+        return {}
+    value = field.default_factory()
+    return copy.deepcopy(value) if isinstance(value, dict) else {}
+
+
 def apply_overrides(data: dict, overrides: list[str], flag: str = "--set") -> dict:
     for text in overrides:
         path, value = parse_override(text, flag)
@@ -688,7 +706,7 @@ def apply_overrides(data: dict, overrides: list[str], flag: str = "--set") -> di
         for i, part in enumerate(path[:-1]):
             child = node.get(part)
             if child is None:
-                child = node[part] = {}
+                child = node[part] = _dict_default(part) if node is data else {}
             if not isinstance(child, dict):
                 where = ".".join(path[: i + 1])
                 raise UserError(f"{flag} {show(text)}: {where} is a value, not a section")

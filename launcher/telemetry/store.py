@@ -543,6 +543,10 @@ def _read_tsv(path: Path, *, threads: bool = False, problems: list | None = None
     if end < 0:
         return schema.empty_table()
     data = data[: end + 1]
+    try:  # pyarrow would decode a bad row's text inside its callback and swallow the error
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        data = data.decode("utf-8", "replace").encode("utf-8")
     ropt = pcsv.ReadOptions(column_names=list(COLUMNS), block_size=1 << 22, use_threads=threads)
     popt = pcsv.ParseOptions(delimiter="\t", quote_char=False, escape_char=False,
                              newlines_in_values=False,
