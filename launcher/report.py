@@ -330,9 +330,12 @@ def headline(s: dict) -> str:
         out.append(f'<div class="tile"><div class="t">{esc(title)}</div><div class="v" '
                    f'data-key="headline.{key}"{val}>{num(v, d)}</div></div>')
     if acc:
+        from launcher.run.figures import harness_of
+
         ok = acc.get("passed")
-        out.append(f'<div class="tile"><div class="t">GSM8K ({esc(acc.get("num_questions"))} '
-                   f'questions)</div><div class="v {"ok" if ok else "bad"}" '
+        out.append(f'<div class="tile"><div class="t">GSM8K, {esc(harness_of(acc))} harness '
+                   f'({esc(acc.get("num_questions"))} questions)</div>'
+                   f'<div class="v {"ok" if ok else "bad"}" '
                    f'data-key="accuracy.accuracy" data-value="{acc.get("accuracy")!r}">'
                    f'{num((acc.get("accuracy") or 0) * 100, 1)}%</div><div class="t">'
                    f'{"pass" if ok else "FAIL"} at ≥ {esc(acc.get("threshold"))}</div></div>')

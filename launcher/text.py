@@ -85,14 +85,23 @@ def plan_text(prepared: Prepared) -> str:
             f"Sweep: concurrency {', '.join(map(str, b.concurrency))} at ISL/OSL "
             f"{b.input_len}/{b.output_len} (range ratio {b.range_ratio:g}), driver {b.driver}"
         )
-    if r.accuracy.enabled:
+    a = r.accuracy
+    if a.enabled and a.harness == "vllm":
+        runs = f", {a.repeat} runs" if a.repeat > 1 else ""
         lines.append(
-            f"Accuracy gate: {r.accuracy.task} {r.accuracy.num_shots}-shot "
-            f"{r.accuracy.metric} as lm-eval scores it, "
-            f"{r.accuracy.num_questions or 'all'} questions"
-            + ("" if r.accuracy.train else " (examples from the test file: NOT comparable "
+            f"Accuracy gate: {a.task} {a.num_shots}-shot as vLLM's own GSM8K harness scores "
+            f"it (harness vllm: the first {a.num_shots} train rows as examples, the last "
+            f"integer of the output), {a.num_questions or 'all'} questions{runs}, pass at "
+            f"{'mean ' if a.repeat > 1 else ''}>= {a.threshold:g}"
+        )
+    elif a.enabled:
+        lines.append(
+            f"Accuracy gate: {a.task} {a.num_shots}-shot "
+            f"{a.metric} as lm-eval scores it, "
+            f"{a.num_questions or 'all'} questions"
+            + ("" if a.train else " (examples from the test file: NOT comparable "
                "with lm-eval; set accuracy.train)")
-            + f", pass at >= {r.accuracy.threshold:g}"
+            + f", pass at >= {a.threshold:g}"
         )
     for cap in prepared.capacity:
         lines.append(cap.describe())

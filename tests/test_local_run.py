@@ -49,7 +49,10 @@ def test_demo_runs_end_to_end(tmp_path):
     assert set(acc["scores"]) == {"strict-match", "flexible-extract"}
     assert acc["metric"] == "strict-match" and acc["comparable_with_lm_eval"] is True
     assert acc["requests"]["answered"] == acc["num_questions"] == 30
-    assert "the seed reports 0.88" in out and "flexible-extract" in out
+    # the summary names the harness; the published figure (vLLM's harness) is not beside it
+    said = " ".join(out.split())  # the table's console wraps long lines
+    assert "lm-eval harness" in said and "flexible-extract" in said
+    assert "no published figure for this harness" in said and "published 0.88" not in said
     # Every node's agent wrote telemetry; no GPU here is recorded, not fatal.
     from launcher.telemetry import store
 

@@ -46,15 +46,17 @@ def body(info) -> None:  # the run as re-read at each live refresh
         cols[0].metric("Total tok/s per GPU", "—")
         cols[1].caption("No successful sweep point yet." if table.empty or ok.empty else "")
     if acc:
+        from launcher.run.figures import accuracy_line, harness_of
+
         passed = acc.get("passed")
-        cols[4].metric("GSM8K accuracy", ui.num(acc.get("accuracy"), ".1%"),
+        cols[4].metric(f"GSM8K accuracy ({harness_of(acc)})", ui.num(acc.get("accuracy"), ".1%"),
                        delta=f"{'pass' if passed else 'FAIL'} (threshold "
                              f"{ui.num(acc.get('threshold'), '.0%')})",
                        delta_color="normal" if passed else "inverse",
-                       help=f"{acc.get('num_questions', '?')} questions")
-        from launcher.run.figures import accuracy_line
-
-        st.caption(accuracy_line(acc))  # which figure the verdict used, next to the seed's
+                       help=f"{acc.get('num_questions', '?')} questions, scored by the "
+                            f"{harness_of(acc)} harness")
+        # which harness and figure the verdict used; the published figure only beside its own
+        st.caption(accuracy_line(acc))
     else:
         cols[4].metric("GSM8K accuracy", "—", help="accuracy/ has no result (not run yet, "
                                                      "skipped, or the run ended before it)")

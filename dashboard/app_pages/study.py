@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, load, studies, ui
+from launcher.run.figures import harness_of
 
 ui.header("Study", need_run=False)
 all_studies = ui.studies()
@@ -131,7 +132,8 @@ def body() -> None:
                      "at": "—" if b is None else b["point"],
                      "tok/s/user": None if b is None else b["tokens_per_s_per_user"],
                      "GSM8K": "—" if not acc else
-                     f"{acc.get('accuracy', 0):.1%} {'pass' if acc.get('passed') else 'FAIL'}"})
+                     f"{acc.get('accuracy') or 0:.1%} ({harness_of(acc)}) "
+                     f"{'pass' if acc.get('passed') else 'FAIL'}"})
     cfg = pd.DataFrame(rows)
     if all_done:
         cfg = cfg.drop(columns=["state"])  # the caption above says they all succeeded

@@ -1,19 +1,27 @@
-"""GSM8K accuracy gate through the router, scored as lm-evaluation-harness 0.4.13's `gsm8k`.
+"""GSM8K accuracy gate through the router, scored by a named harness.
 
     python -m launcher.clients.accuracy --base-url http://router:8000 --model NAME \\
-        --test test.jsonl --train train.jsonl [--num-questions N] [--num-shots 5] \\
-        [--fewshot-seed 1234] [--metric strict-match|flexible-extract] [--chat multiturn] \\
-        [--max-tokens 256] [--concurrency 64] [--retries 2] [--threshold 0.88] \\
+        --test test.jsonl --train train.jsonl [--harness lm-eval|vllm] [--repeat N] \\
+        [--num-questions N] [--num-shots 5] [--fewshot-seed 1234] \\
+        [--metric strict-match|flexible-extract] [--chat multiturn] [--max-tokens 256] \\
+        [--concurrency 64] [--retries 2] [--request-timeout S] [--threshold 0.88] \\
         --output run/accuracy/gsm8k.json
 
-Prompts, sampling and scoring are launcher/clients/gsm8k.py (lm-eval's semantics, see
-docs/gsm8k.md); this file sends the requests. With --train, the run is what
-`lm_eval --tasks gsm8k` with local-completions (or local-chat-completions with --chat) and
-`--limit N` does. Without it the examples come from the test file, as lm-eval does when the
-few-shot split is the test split, and the result says it is not comparable.
+Two harnesses, each with its own prompts, requests and scoring (docs/gsm8k.md):
 
-A request that still fails after its retries is never scored as a wrong answer: the gate
-stops, writes the file with `status: failed`, the reason and `passed: false`, and exits 1.
+- `lm-eval` (the default): lm-evaluation-harness 0.4.13's `gsm8k`, launcher/clients/gsm8k.py.
+  With --train, the run is what `lm_eval --tasks gsm8k` with local-completions (or
+  local-chat-completions with --chat) and `--limit N` does. Without it the examples come
+  from the test file, as lm-eval does when the few-shot split is the test split, and the
+  result says it is not comparable.
+- `vllm`: vLLM's own GSM8K harness (tests/evals/gsm8k/gsm8k_eval.py), the one the published
+  figure comes from, launcher/clients/gsm8k_vllm.py: the first rows of --train as examples
+  for every question, the last integer of the output. --repeat N runs it N times; the
+  result has each run, the mean (what the threshold checks) and the spread.
+
+This file sends the requests. A request that still fails after its retries is never scored
+as a wrong answer: the gate stops, writes the file with `status: failed`, the reason and
+`passed: false`, and exits 1.
 Exit status: 0 the evaluation ran (pass or fail is `passed`), 1 requests failed, 2 unusable
 inputs (one sentence says what to fix).
 """
@@ -31,10 +39,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from launcher.clients import gsm8k
+from launcher.clients import gsm8k, gsm8k_vllm
 
+LM_EVAL, VLLM = "lm-eval", gsm8k_vllm.HARNESS
+HARNESSES = (LM_EVAL, VLLM)
 DEFAULT_RETRIES = 2  # after the first attempt: 3 attempts, lm-eval's max_retries=3
-DEFAULT_TIMEOUT = 300.0  # lm-eval's API models' per-request timeout
+DEFAULT_TIMEOUT = 300.0  # lm-eval's API models' per-request timeout (vllm: 600 s, its own)
 
 
 def backoff(attempt: int) -> float:
@@ -158,21 +168,54 @@ def _lm_eval_equivalent(a: argparse.Namespace, n: int) -> str:
                   "and test files: docs/gsm8k.md)")
 
 
-def evaluate(a: argparse.Namespace) -> tuple[dict[str, Any], int]:
-    """Run the gate in-process: (the result object, the exit status). Raises
-    gsm8k.DataError for unusable inputs."""
+def _vllm_equivalent(a: argparse.Namespace, n: int) -> str:
+    """vLLM's own command line for the same requests (docs/gsm8k.md)."""
+    host, _, port = a.base_url.rstrip("/").rpartition(":")
+    if not port.isdigit():
+        host, port = a.base_url.rstrip("/"), "80"
+    return (f"python tests/evals/gsm8k/gsm8k_eval.py --host {host} --port {port} "
+            f"--num-questions {n} --num-shots {a.num_shots} --max-tokens {a.max_tokens} "
+            f"--seed {gsm8k_vllm.SEED} --max-concurrency {a.concurrency} "
+            f"--request-timeout-seconds {a.request_timeout:g}, run {a.repeat} time"
+            f"{'s' if a.repeat > 1 else ''} (vLLM's script downloads GSM8K itself: the "
+            "same rows as the train and test files given here)")
+
+
+def _check(a: argparse.Namespace) -> None:
+    """Raise gsm8k.DataError for settings no run can use."""
     for bad, what in ((a.concurrency < 1, "--concurrency must be 1 or more."),
                       (a.retries < 0, "--retries must be 0 or more."),
                       (a.max_tokens < 1, "--max-tokens must be 1 or more."),
                       (a.request_timeout <= 0, "--request-timeout must be positive."),
                       (a.num_questions is not None and a.num_questions < 1,
                        "--num-questions must be 1 or more."),
-                      (not 0.0 <= a.threshold <= 1.0, "--threshold must be between 0 and 1.")):
+                      (not 0.0 <= a.threshold <= 1.0, "--threshold must be between 0 and 1."),
+                      (a.repeat < 1, "--repeat must be 1 or more."),
+                      (a.harness == LM_EVAL and a.repeat != 1,
+                       "--repeat is for --harness vllm (the published runs repeat vLLM's "
+                       "harness); lm-eval's gsm8k runs once."),
+                      (a.harness == VLLM and a.chat is not None,
+                       "--chat is lm-eval's; the vllm harness sends plain prompts to "
+                       "/v1/completions."),
+                      (a.harness == VLLM and not a.train,
+                       "the vllm harness takes its examples from the first rows of the train "
+                       "split; give --train.")):
         if bad:
             raise gsm8k.DataError(what)
-    test = gsm8k.load_jsonl(a.test)
-    train = gsm8k.load_jsonl(a.train) if a.train else None
-    docs = test[: a.num_questions] if a.num_questions else test
+
+
+def _requests(a: argparse.Namespace, docs: list[gsm8k.Doc], test: list[gsm8k.Doc],
+              train: list[gsm8k.Doc] | None
+              ) -> tuple[list[list[gsm8k.Doc]], list[gsm8k.Doc], list[dict[str, Any]], str]:
+    """(each question's examples, the pool they come from, the bodies, the endpoint)."""
+    if a.harness == VLLM:
+        assert train is not None  # _check
+        for d in docs:  # vLLM's harness refuses (asserts) a gold answer without an integer
+            gsm8k_vllm.label(d["answer"])
+        examples = gsm8k_vllm.fewshot(train, a.num_shots)
+        bodies = [gsm8k_vllm.request_body(gsm8k_vllm.render_prompt(d, examples),
+                                          max_tokens=a.max_tokens) for d in docs]
+        return [examples] * len(docs), train, bodies, gsm8k_vllm.ENDPOINT
     pool = train if train is not None else test
     shots = gsm8k.sample_fewshot(docs, pool, a.num_shots, seed=a.fewshot_seed,
                                  pool_is_eval_split=train is None)
@@ -182,97 +225,198 @@ def evaluate(a: argparse.Namespace) -> tuple[dict[str, Any], int]:
     else:
         prompts = [gsm8k.render_prompt(d, s) for d, s in zip(docs, shots, strict=True)]
     bodies = [gsm8k.request_body(a.model, p, max_tokens=a.max_tokens) for p in prompts]
-    endpoint = "/v1/chat/completions" if a.chat else "/v1/completions"
+    return shots, pool, bodies, "/v1/chat/completions" if a.chat else "/v1/completions"
 
-    t0 = time.perf_counter()
-    answers, counts = asyncio.run(ask_all(
-        a.base_url.rstrip("/") + endpoint, bodies, chat=bool(a.chat),
-        concurrency=a.concurrency, retries=a.retries, request_timeout=a.request_timeout,
-        progress=a.progress))
-    latency = time.perf_counter() - t0
-    failure = counts.pop("failure")
 
-    position = {id(d): i for i, d in enumerate(pool)}  # the sampler returns pool's own rows
-    records = []
-    for i, (d, s, ans) in enumerate(zip(docs, shots, answers, strict=True)):
-        rec: dict[str, Any] = {"index": i, "question": d["question"],
-                               "reference": gsm8k.reference(d["answer"]),
-                               "shots": [position[id(x)] for x in s]}
-        if ans is None:
-            rec.update(output=None, error="not answered: the gate stopped on a failed request")
-        else:
-            sc = gsm8k.score(ans["output"], d["answer"])
-            rec.update(extracted=sc[a.metric]["extracted"], correct=sc[a.metric]["correct"],
-                       strict_match=sc[gsm8k.STRICT]["extracted"],
-                       flexible_extract=sc[gsm8k.FLEXIBLE]["extracted"], **ans, error=None)
-        records.append(rec)
-
-    comparable = train is not None
-    res: dict[str, Any] = {"task": gsm8k.TASK}
-    if failure is None:
-        fig = gsm8k.summarize(docs, [r["output"] for r in answers], num_shots=a.num_shots,
-                              metric=a.metric, threshold=a.threshold)
-        fig.pop("per_question")
-        res.update(fig, status="ok", failure_reason=None)
+def _record(a: argparse.Namespace, i: int, run: int, d: gsm8k.Doc, shots: list[int],
+            ans: dict[str, Any] | None) -> dict[str, Any]:
+    """One question's record: index, run, question, gold, shots (rows of the pool), then the
+    output, the extracted answer and the verdict of the harness."""
+    gold = gsm8k_vllm.label(d["answer"]) if a.harness == VLLM else gsm8k.reference(d["answer"])
+    rec: dict[str, Any] = {"index": i, "run": run, "question": d["question"],
+                           "reference": gold, "shots": shots}
+    if ans is None:
+        rec.update(output=None, error="not answered: the gate stopped on a failed request")
+    elif a.harness == VLLM:
+        sc = gsm8k_vllm.score(ans["output"], d["answer"])
+        rec.update(extracted=sc["extracted"], invalid=sc["invalid"], correct=sc["correct"],
+                   **ans, error=None)
     else:
+        sc = gsm8k.score(ans["output"], d["answer"])
+        rec.update(extracted=sc[a.metric]["extracted"], correct=sc[a.metric]["correct"],
+                   strict_match=sc[gsm8k.STRICT]["extracted"],
+                   flexible_extract=sc[gsm8k.FLEXIBLE]["extracted"], **ans, error=None)
+    return rec
+
+
+def evaluate(a: argparse.Namespace) -> tuple[dict[str, Any], int]:
+    """Run the gate in-process: (the result object, the exit status). Raises
+    gsm8k.DataError for unusable inputs."""
+    a.harness = getattr(a, "harness", LM_EVAL)
+    a.repeat = getattr(a, "repeat", 1)
+    if getattr(a, "request_timeout", None) is None:
+        a.request_timeout = gsm8k_vllm.REQUEST_TIMEOUT if a.harness == VLLM else DEFAULT_TIMEOUT
+    _check(a)
+    test = gsm8k.load_jsonl(a.test)
+    train = gsm8k.load_jsonl(a.train) if a.train else None
+    docs = test[: a.num_questions] if a.num_questions else test
+    shots, pool, bodies, endpoint = _requests(a, docs, test, train)
+    position = {id(d): i for i, d in enumerate(pool)}  # shots are the pool's own rows
+    shot_rows = [[position[id(x)] for x in s] for s in shots]
+
+    runs: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] = []
+    totals: dict[str, int] = {}
+    failure = None
+    lm_eval_figures: dict[str, Any] = {}
+    for run in range(1, a.repeat + 1):
+        if a.progress and a.repeat > 1:
+            print(f"run {run}/{a.repeat}", flush=True)
+        t0 = time.perf_counter()
+        answers, counts = asyncio.run(ask_all(
+            a.base_url.rstrip("/") + endpoint, bodies, chat=bool(a.chat),
+            concurrency=a.concurrency, retries=a.retries, request_timeout=a.request_timeout,
+            progress=a.progress))
+        latency = time.perf_counter() - t0
+        failure = counts.pop("failure")
+        for k, v in counts.items():
+            totals[k] = totals.get(k, 0) + v
+        records += [_record(a, i, run, d, shot_rows[i], ans)
+                    for i, (d, ans) in enumerate(zip(docs, answers, strict=True))]
+        tokens = sum(r["output_tokens"] for r in answers if r)
+        fig: dict[str, Any] = {"run": run, "status": "ok" if failure is None else "failed"}
+        if failure is None:
+            outputs = [r["output"] for r in answers if r]
+            if a.harness == VLLM:
+                s = gsm8k_vllm.summarize(docs, outputs)
+                fig.update(accuracy=s["accuracy"], invalid_rate=s["invalid_rate"],
+                           correct=s["correct"], invalid=s["invalid"])
+            else:
+                lm_eval_figures = gsm8k.summarize(docs, outputs, num_shots=a.num_shots,
+                                                  metric=a.metric, threshold=a.threshold)
+                lm_eval_figures.pop("per_question")
+                fig.update(accuracy=lm_eval_figures["accuracy"],
+                           invalid_rate=lm_eval_figures["invalid_rate"])
+        else:
+            fig.update(accuracy=None, invalid_rate=None)
+        fig.update(latency=latency, questions_per_second=counts["answered"] / latency
+                   if latency else 0.0, total_output_tokens=tokens,
+                   tokens_per_second=tokens / latency if latency else 0.0, requests=counts)
+        runs.append(fig)
+        if failure is not None:
+            break
+
+    comparable = train is not None and a.harness == LM_EVAL
+    res: dict[str, Any] = {"task": gsm8k.TASK, "harness": a.harness, "repeat": a.repeat}
+    if failure is not None:
         where = (f"question {failure['question_index']} failed after "
                  f"{failure['attempts']} attempts" if failure["question_index"] is not None
                  else "the client failed")
-        res.update(metric=a.metric, accuracy=None, invalid_rate=None, threshold=a.threshold,
-                   passed=False, num_questions=len(docs), num_shots=a.num_shots, scores=None,
+        if a.repeat > 1:
+            where = f"run {len(runs)} of {a.repeat}: {where}"
+        res.update(metric=a.metric if a.harness == LM_EVAL else None, accuracy=None,
+                   invalid_rate=None, threshold=a.threshold, passed=False,
+                   num_questions=len(docs), num_shots=a.num_shots, scores=None,
                    status="failed",
                    failure_reason=f"{where} ({failure['reason']}); "
-                                  f"{counts['answered']}/{len(docs)} answered, no accuracy")
-    out_tokens = sum(r["output_tokens"] for r in answers if r)
+                                  f"{runs[-1]['requests']['answered']}/{len(docs)} answered, "
+                                  "no accuracy")
+    elif a.harness == VLLM:
+        acc = gsm8k_vllm.spread([r["accuracy"] for r in runs])
+        inv = gsm8k_vllm.spread([r["invalid_rate"] for r in runs])
+        res.update(metric=None, accuracy=acc["mean"], invalid_rate=inv["mean"],
+                   threshold=a.threshold, passed=acc["mean"] >= a.threshold,
+                   num_questions=len(docs), num_shots=a.num_shots, scores=None,
+                   spread={"accuracy": acc, "invalid_rate": inv},
+                   status="ok", failure_reason=None)
+    else:  # lm-eval runs once (_check)
+        res.update(lm_eval_figures, status="ok", failure_reason=None)
+    if a.harness == VLLM:
+        res.update(fewshot_source="train", fewshot_seed=None, comparable_with_lm_eval=False,
+                   comparability=_vllm_equivalent(a, len(docs)),
+                   temperature=gsm8k_vllm.TEMPERATURE, seed=gsm8k_vllm.SEED,
+                   stop=list(gsm8k_vllm.STOP))
+    else:
+        res.update(fewshot_source="train" if comparable else "test",
+                   fewshot_seed=a.fewshot_seed, comparable_with_lm_eval=comparable,
+                   comparability=(_lm_eval_equivalent(a, len(docs)) if comparable else
+                                  "NOT comparable with lm-eval's gsm8k: the few-shot examples "
+                                  "came from the test file (lm-eval's gsm8k draws them from "
+                                  "the train split); give --train"),
+                   temperature=0.0, seed=gsm8k.REQUEST_SEED, stop=list(gsm8k.STOP))
+    latency = sum(r["latency"] for r in runs)
+    out_tokens = sum(r["total_output_tokens"] for r in runs)
     res.update(
         chat=a.chat, endpoint=endpoint, model=a.model, base_url=a.base_url,
         test=str(a.test), train=str(a.train) if a.train else None,
-        fewshot_source="train" if comparable else "test",
-        fewshot_seed=a.fewshot_seed, comparable_with_lm_eval=comparable,
-        comparability=(_lm_eval_equivalent(a, len(docs)) if comparable else
-                       "NOT comparable with lm-eval's gsm8k: the few-shot examples came from "
-                       "the test file (lm-eval's gsm8k draws them from the train split); "
-                       "give --train"),
-        max_tokens=a.max_tokens, temperature=0.0, seed=gsm8k.REQUEST_SEED,
-        stop=list(gsm8k.STOP), concurrency=a.concurrency, retries=a.retries,
-        request_timeout=a.request_timeout, requests=counts,
-        num_errors=counts["failed"], first_error=failure["reason"] if failure else None,
-        latency=latency, questions_per_second=counts["answered"] / latency if latency else 0.0,
+        max_tokens=a.max_tokens, concurrency=a.concurrency, retries=a.retries,
+        request_timeout=a.request_timeout, requests=totals,
+        num_errors=totals["failed"], first_error=failure["reason"] if failure else None,
+        latency=latency, questions_per_second=totals["answered"] / latency if latency else 0.0,
         total_output_tokens=out_tokens,
         tokens_per_second=out_tokens / latency if latency else 0.0,
-        timestamp=time.time(), records=records)
+        timestamp=time.time(), runs=runs, records=records)
     return res, 0 if failure is None else 1
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m launcher.clients.accuracy",
-                                 description="GSM8K accuracy gate, scored as lm-eval's gsm8k.")
+                                 description="GSM8K accuracy gate, scored by a named harness: "
+                                             "lm-eval's gsm8k or vLLM's own GSM8K harness.")
     ap.add_argument("--base-url", required=True, help="the router (P/D is what gets tested)")
     ap.add_argument("--model", required=True, help="the served model name")
     ap.add_argument("--test", required=True, help="GSM8K test jsonl (the questions, in order)")
     ap.add_argument("--train", default=None,
                     help="GSM8K train jsonl (the few-shot pool); without it the examples "
-                         "come from --test and the score is not comparable with lm-eval")
+                         "come from --test and the score is not comparable with lm-eval "
+                         "(the vllm harness needs it)")
     ap.add_argument("--output", required=True, type=Path)
+    ap.add_argument("--harness", choices=HARNESSES, default=LM_EVAL,
+                    help="lm-eval: lm-evaluation-harness's gsm8k; vllm: vLLM's "
+                         "tests/evals/gsm8k/gsm8k_eval.py (the published figure's)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run the vllm harness N times: each run, the mean and the spread")
     ap.add_argument("--num-questions", type=int, default=None,
                     help="ask the first N (lm-eval's --limit N); default: all")
     ap.add_argument("--num-shots", type=int, default=gsm8k.NUM_SHOTS)
-    ap.add_argument("--fewshot-seed", type=int, default=gsm8k.FEWSHOT_SEED)
+    ap.add_argument("--fewshot-seed", type=int, default=gsm8k.FEWSHOT_SEED,
+                    help="lm-eval's few-shot sampling seed (the vllm harness does not sample)")
     ap.add_argument("--metric", choices=gsm8k.METRICS, default=gsm8k.STRICT,
-                    help="the figure the threshold applies to (both are reported)")
+                    help="lm-eval's figure the threshold applies to (both are reported); "
+                         "the vllm harness has one figure")
     ap.add_argument("--chat", choices=("multiturn", "singleturn"), default=None,
                     help="send chat messages to /v1/chat/completions as lm-eval's "
                          "--apply_chat_template does (multiturn: its default)")
     ap.add_argument("--max-tokens", type=int, default=gsm8k.MAX_TOKENS)
     ap.add_argument("--concurrency", type=int, default=64,
-                    help="requests in flight (lm-eval's num_concurrent; its default is 1)")
+                    help="requests in flight (lm-eval's num_concurrent, its default is 1; "
+                         "vLLM's harness: at most 100, aiohttp's connection limit)")
     ap.add_argument("--retries", type=int, default=DEFAULT_RETRIES,
                     help="retries after a failed attempt (2 = lm-eval's max_retries=3)")
-    ap.add_argument("--request-timeout", type=float, default=DEFAULT_TIMEOUT)
+    ap.add_argument("--request-timeout", type=float, default=None,
+                    help=f"seconds per request (default: the harness's own, lm-eval "
+                         f"{DEFAULT_TIMEOUT:g}, vllm {gsm8k_vllm.REQUEST_TIMEOUT:g})")
     ap.add_argument("--threshold", type=float, default=0.88)
     ap.add_argument("--quiet", dest="progress", action="store_false",
                     help="no progress lines")
     return ap
+
+
+def result_line(res: dict[str, Any]) -> str:
+    """The figure the gate printed, naming its harness."""
+    verdict = f"(threshold {res['threshold']:g}): {'passed' if res['passed'] else 'FAILED'}"
+    if res.get("harness") == VLLM:
+        acc, inv = res["spread"]["accuracy"], res["spread"]["invalid_rate"]
+        runs = (f" (mean of {res['repeat']} runs: min {acc['min']:.3f}, max "
+                f"{acc['max']:.3f}, stdev {acc['stdev']:.3f})" if res["repeat"] > 1 else "")
+        return (f"GSM8K {res['num_shots']}-shot, vllm harness: accuracy {acc['mean']:.3f}"
+                f"{runs} on {res['num_questions']} questions {verdict}; invalid "
+                f"{inv['mean']:.3f}, {res['latency']:.1f} s")
+    other = gsm8k.FLEXIBLE if res["metric"] == gsm8k.STRICT else gsm8k.STRICT
+    return (f"GSM8K {res['num_shots']}-shot {res['metric']}, lm-eval harness: accuracy "
+            f"{res['accuracy']:.3f} ({other} {res['scores'][other]['accuracy']:.3f}) on "
+            f"{res['num_questions']} questions {verdict}; invalid {res['invalid_rate']:.3f}, "
+            f"{res['latency']:.1f} s")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -291,13 +435,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _write_json(a.output, res)
     if status == 0:
-        other = gsm8k.FLEXIBLE if a.metric == gsm8k.STRICT else gsm8k.STRICT
-        print(f"GSM8K {res['num_shots']}-shot {res['metric']}: accuracy {res['accuracy']:.3f} "
-              f"({other} {res['scores'][other]['accuracy']:.3f}) on {res['num_questions']} "
-              f"questions (threshold {res['threshold']:g}): "
-              f"{'passed' if res['passed'] else 'FAILED'}; invalid {res['invalid_rate']:.3f}, "
-              f"{res['latency']:.1f} s -> {a.output}")
-        if not res["comparable_with_lm_eval"]:
+        if a.progress and a.repeat > 1:
+            for r in res["runs"]:
+                print(f"run {r['run']}: accuracy {r['accuracy']:.3f}, invalid "
+                      f"{r['invalid_rate']:.3f}, {r['latency']:.1f} s")
+        print(f"{result_line(res)} -> {a.output}")
+        if a.harness == LM_EVAL and not res["comparable_with_lm_eval"]:
             print(f"note: {res['comparability']}")
     else:
         print(f"error: GSM8K gate failed: {res['failure_reason']} -> {a.output}",

@@ -703,10 +703,12 @@ class Orchestrator:
         )
         if result.get("failure_reason"):
             raise RunFailed(f"accuracy gate failed: {result['failure_reason']}", proc.name)
-        say(f"accuracy {a.task} {a.metric}: {score:.3f} (threshold {a.threshold:g})")
+        what = (f"{a.task} {a.metric}" if a.harness == "lm-eval" else
+                f"{a.task} (vllm harness{f', mean of {a.repeat} runs' if a.repeat > 1 else ''})")
+        say(f"accuracy {what}: {score:.3f} (threshold {a.threshold:g})")
         if not result.get("passed"):
             raise RunFailed(
-                f"accuracy gate failed: {a.task} {a.metric} scored {score:.3f}, below the "
+                f"accuracy gate failed: {what} scored {score:.3f}, below the "
                 f"threshold {a.threshold:g} (the sweep's results are kept and labelled)",
                 culprit=proc.name,
             )

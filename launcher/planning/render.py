@@ -337,7 +337,9 @@ def bench_processes(plan: Plan, run_dir: str) -> list[Process]:
 
 
 def accuracy_process(plan: Plan, run_dir: str) -> Process | None:
-    """The GSM8K gate through the router, scored as lm-eval's gsm8k task (docs/gsm8k.md)."""
+    """The GSM8K gate through the router, scored by the recipe's harness: lm-eval's gsm8k
+    task (the default: its command line is the one it always was) or vLLM's own GSM8K
+    harness (docs/gsm8k.md)."""
     a = plan.recipe.accuracy
     if not a.enabled:
         return None
@@ -353,15 +355,20 @@ def accuracy_process(plan: Plan, run_dir: str) -> Process | None:
         argv += ["--train", a.train]
     if a.num_questions:
         argv += ["--num-questions", str(a.num_questions)]
+    if a.harness == "vllm":  # one figure and no chat: --metric and --chat are lm-eval's
+        argv += ["--harness", a.harness]
+        if a.repeat > 1:
+            argv += ["--repeat", str(a.repeat)]
+    argv += ["--num-shots", str(a.num_shots)]
+    if a.harness == "lm-eval":
+        argv += ["--metric", a.metric]
     argv += [
-        "--num-shots", str(a.num_shots),
-        "--metric", a.metric,
         "--max-tokens", str(a.max_tokens),
         "--concurrency", str(a.concurrency),
         "--retries", str(a.retries),
         "--threshold", f"{a.threshold:g}",
     ]  # fmt: skip
-    if a.chat:
+    if a.chat and a.harness == "lm-eval":
         argv += ["--chat", "multiturn"]
     argv += ["--output", str(result)]
     env = container_env(plan) if boxed else host_env(plan)

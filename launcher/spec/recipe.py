@@ -260,22 +260,38 @@ class Benchmark(Strict):
 
 
 class Accuracy(Strict):
-    """GSM8K as lm-evaluation-harness's `gsm8k` task scores it (docs/gsm8k.md)."""
+    """GSM8K through the router, scored by a named harness (docs/gsm8k.md): lm-eval's
+    `gsm8k` task (the default) or vLLM's own GSM8K harness (the published figure's)."""
 
     enabled: bool = True
     task: Literal["gsm8k"] = "gsm8k"
+    harness: Literal["lm-eval", "vllm"] = Field(
+        default="lm-eval",
+        description="lm-eval: lm-evaluation-harness's gsm8k (sampled shots, strict-match or "
+        "flexible-extract); vllm: vLLM's tests/evals/gsm8k/gsm8k_eval.py (the first train rows "
+        "as shots, the last integer), the harness the published GSM8K figure comes from",
+    )
+    repeat: int = Field(
+        default=1, ge=1, le=100,
+        description="run the vllm harness this many times; the threshold checks the mean",
+    )
     data: str | None = Field(
         default=None, description="local GSM8K test jsonl (compute nodes may lack internet)"
     )
     train: str | None = Field(
         default=None,
-        description="local GSM8K train jsonl: few-shot examples drawn as lm-eval does; "
-        "without it they come from the test file and the score is not comparable",
+        description="local GSM8K train jsonl: few-shot examples drawn as lm-eval does (the "
+        "vllm harness: its first rows); without it lm-eval's come from the test file and the "
+        "score is not comparable",
     )
     metric: Literal["strict-match", "flexible-extract"] = Field(
-        default="strict-match", description="which of lm-eval's two figures the threshold checks"
+        default="strict-match",
+        description="which of lm-eval's two figures the threshold checks (the vllm harness has "
+        "one figure and ignores it)",
     )
-    chat: bool = Field(default=False, description="chat template (/v1/chat/completions)")
+    chat: bool = Field(
+        default=False, description="chat template (/v1/chat/completions; lm-eval only)"
+    )
     num_questions: int | None = Field(
         default=None, ge=1, le=100_000, description="the first N questions (default: all)"
     )
@@ -284,6 +300,25 @@ class Accuracy(Strict):
     concurrency: int = Field(default=64, ge=1, le=4096)
     max_tokens: int = Field(default=256, ge=1, le=32768)
     retries: int = Field(default=2, ge=0, le=10, description="per failed request")
+
+    @model_validator(mode="after")
+    def _harness(self) -> Accuracy:
+        if self.harness == "lm-eval" and self.repeat != 1:
+            raise ValueError(
+                "repeat is for harness vllm (the published runs repeat vLLM's harness); "
+                "lm-eval's gsm8k runs once: set accuracy.harness: vllm or repeat: 1"
+            )
+        if self.harness == "vllm" and self.chat:
+            raise ValueError(
+                "chat is lm-eval's: the vllm harness sends plain prompts to /v1/completions; "
+                "set accuracy.chat: false"
+            )
+        if self.harness == "vllm" and self.data and not self.train:
+            raise ValueError(
+                "the vllm harness takes its examples from the first rows of the train split: "
+                "set accuracy.train"
+            )
+        return self
 
 
 class Telemetry(Strict):
