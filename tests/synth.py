@@ -726,7 +726,8 @@ _DEMO: list[Path] = []  # the local demo run of this test session (it takes ~30 
 def local_demo(tmp_root: Path) -> Path:
     """The local demo exactly as a user runs it (`python -m launcher submit local-sim`: sim
     engines, the real router, agents, bench client, GSM8K gate), once per test session, on
-    the local profile with a free port block. Returns the run directory."""
+    the local profile with a free port block. Returns the run directory; what the command
+    printed is in `demo.out` beside `runs/`."""
     import subprocess
     import sys
 
@@ -744,6 +745,7 @@ def local_demo(tmp_root: Path) -> Path:
                         "--set", f"cluster={tmp / 'local-demo.yaml'}",
                         "--runs-dir", str(tmp / "runs")],
                        capture_output=True, text=True, timeout=300, cwd=tmp)
+    (tmp / "demo.out").write_text(p.stdout + p.stderr)  # what the user saw, for the tests
     if p.returncode != 0:
         raise RuntimeError(f"the local demo failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
     (run,) = [r.parent for r in (tmp / "runs").glob("*/run.json")]

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import synth
 from helpers import launcher, leftovers
 
 from launcher.run import figures, rundir
@@ -23,10 +24,10 @@ def the_run(tmp_path) -> Path:
     return run
 
 
-def test_demo_runs_end_to_end(tmp_path):
-    code, out = launcher(tmp_path, "submit", RECIPE)
-    assert code == 0, out
-    run = the_run(tmp_path)
+def test_demo_runs_end_to_end(tmp_path, tmp_path_factory):
+    # the session's one demo run (synth.local_demo), shared with the dashboard and report tests
+    run = synth.local_demo(tmp_path_factory.getbasetemp() / "local-demo")
+    out = (run.parent.parent / "demo.out").read_text()
     assert f"run directory: {run}" in out and "SIMULATED" in out
     st = rundir.RunDir(run).status()
     assert st.state == "succeeded" and st.error is None
