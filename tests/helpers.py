@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -160,3 +161,17 @@ def profile_copy(dest: Path, shipped: str, **changes) -> str:
     data.update(changes)
     Path(dest).write_text(json.dumps(data))
     return str(dest)
+
+
+def wait_for(pred, timeout: float, what: str, poll: float = 0.1):
+    """pred()'s first truthy value within `timeout` seconds (an event awaited, not a fixed
+    sleep); AssertionError naming `what` otherwise."""
+    end = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v or time.monotonic() >= end:
+            break
+        time.sleep(poll)
+    if not v:
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return v

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from helpers import wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -76,16 +77,6 @@ def job_state(job_id: str) -> str:
     out = sh("scontrol", "-o", "show", "job", job_id, check=False)
     m = re.search(r"JobState=(\S+)", out)
     return m.group(1) if m else "GONE"
-
-
-def wait_for(pred, timeout: float, what: str, poll: float = 0.1):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def wait_done(job_id: str, timeout: float = 60) -> str:

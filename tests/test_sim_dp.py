@@ -12,6 +12,7 @@ import signal
 import time
 
 import pytest
+from helpers import wait_for
 from simprocs import free_ports, http_json, kv_config, sample, scrape, start_sim
 
 pytestmark = pytest.mark.timeout(90)
@@ -66,7 +67,8 @@ def test_head_waits_for_headless_then_serves_all_ranks(tmp_path):
             assert sample(text, "vllm:kv_cache_usage_perc", engine=str(rank)) == 0.0
         assert sample(scrape(decode.url), "vllm:nixl_bytes_transferred_count") == 4
 
-        time.sleep(1.2)
+        wait_for(lambda: all(f"Engine {r:03d}: Avg prompt throughput" in head.log_text()
+                             for r in range(4)), 10, "every rank's stats line on the head")
         head_log, headless_log = head.log_text(), headless.log_text()
         for rank in range(4):
             assert f"Engine {rank:03d}: Avg prompt throughput" in head_log

@@ -7,7 +7,7 @@ import time
 
 import aiohttp
 import pytest
-from helpers import FIXTURES, in_fixture_scope
+from helpers import FIXTURES, in_fixture_scope, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from simprocs import free_ports, http_json, kv_config, sample, scrape, start_sim
 
@@ -95,7 +95,8 @@ def test_unread_kv_expires_on_the_prefill_and_late_pull_fails(tmp_path):
                 "do_remote_decode": True}})
         assert status == 200
         assert sample(scrape(prefill.url), "vllm:kv_cache_usage_perc") > 0  # held for D
-        time.sleep(1.6)
+        wait_for(lambda: "Num KV expired reqs=1" in prefill.log_text(), 10,
+                 "the lease to expire and its stats line")
         text = scrape(prefill.url)
         assert sample(text, "vllm:kv_cache_usage_perc") == 0.0
         assert sample(text, "vllm:nixl_num_kv_expired_reqs_total") == 1

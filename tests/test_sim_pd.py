@@ -18,7 +18,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from helpers import FIXTURES, in_fixture_scope
+from helpers import FIXTURES, in_fixture_scope, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from simprocs import (
     LOOPBACK,
@@ -231,7 +231,7 @@ def test_stats_log_lines_parse_like_the_fixtures(pd):
         engines, kv = _check_lines(text)
         assert engines > 0 and kv > 0
     # ... and the simulator's lines (traffic ran in the previous tests; interval is 1 s)
-    time.sleep(1.2)
+    wait_for(lambda: all(_check_lines(pd["decode"].log_text())), 10, "the decode's stats lines")
     d_log = pd["decode"].log_text()
     engines, kv = _check_lines(d_log)
     assert engines > 0 and kv > 0
