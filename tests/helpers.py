@@ -175,3 +175,19 @@ def wait_for(pred, timeout: float, what: str, poll: float = 0.1):
     if not v:
         raise AssertionError(f"timed out after {timeout}s waiting for {what}")
     return v
+
+
+@contextmanager
+def completions_server(handle) -> Iterator[str]:
+    """An OpenAI-style server whose /v1/completions and /v1/chat/completions are `handle`
+    (an aiohttp handler), in a thread; yields its URL."""
+    from aiohttp import web
+
+    def make_app() -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/completions", handle)
+        app.router.add_post("/v1/chat/completions", handle)
+        return app
+
+    with aiohttp_in_thread(make_app) as url:
+        yield url

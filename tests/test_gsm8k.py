@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import aiohttp_in_thread
+from helpers import completions_server
 
 from launcher.clients import accuracy, gsm8k
 
@@ -236,13 +236,7 @@ def serve(srv: Server) -> Iterator[str]:
             return web.Response(status=status, text=out)
         return web.json_response(out, status=status)
 
-    def make_app() -> web.Application:
-        app = web.Application()
-        app.router.add_post("/v1/completions", handle)
-        app.router.add_post("/v1/chat/completions", handle)
-        return app
-
-    with aiohttp_in_thread(make_app) as url:
+    with completions_server(handle) as url:
         yield url
 
 
