@@ -80,6 +80,12 @@ SWEEP = kv.Workload(8192, 1024, 0.8)
 MIB64 = 64 * 2**20
 
 
+# The published decode (srt-slurm-recipes' Qwen3.5 GB200 8k1k disagg): prefix caching off,
+# no --gdn-prefill-backend (auto: FlashInfer on Blackwell), the rest as the seed.
+PUBLISHED_FLAGS = {"mamba-ssm-cache-dtype": "bfloat16", "language-model-only": True,
+                   "no-enable-prefix-caching": True, "async-scheduling": True}  # fmt: skip
+
+
 def seed(kv_algo="FP8", flags=SEED_FLAGS, **kw):
     model = kv.ModelFacts.from_config(QWEN35, modelopt(kv_algo), weights=SEED_WEIGHTS)
     engine = kv.EngineArgs.from_flags(flags)
@@ -160,6 +166,68 @@ def test_seed_decode_endpoint_by_hand():
     assert kv.simulator_kv_blocks(r) == (2176, 3716, 3)
 
 
+# ----- prefix caching on/off (docs section 5) ---------------------------------------------
+
+
+def test_prefix_caching_follows_the_flags_as_vllms_parser_reads_them():
+    def on(flags):
+        return kv.prefix_caching(kv.EngineArgs.from_flags(flags))
+
+    # No flag: vLLM's default for a generative (hybrid) model is on.
+    assert on({}) == (True, "vLLM's default for a generative model")
+    assert on({"no-enable-prefix-caching": True}) == (False, "--no-enable-prefix-caching")
+    assert on({"enable-prefix-caching": False}) == (False, "--no-enable-prefix-caching")
+    assert on({"disable-prefix-caching": True}) == (False, "--disable-prefix-caching")
+    assert on({"enable_prefix_caching": True}) == (True, "--enable-prefix-caching")
+    # The last switch on the command line wins (argparse), None removes one.
+    assert on({"no-enable-prefix-caching": True, "enable-prefix-caching": True})[0] is True
+    assert on({"enable-prefix-caching": True, "disable-prefix-caching": True})[0] is False
+    assert on({"no-enable-prefix-caching": None})[0] is True
+    with pytest.raises(ValueError, match="--no-no-enable-prefix-caching"):
+        kv.EngineArgs.from_flags({"no-enable-prefix-caching": False})
+
+
+def test_published_decode_without_prefix_caching_by_hand():
+    r = seed(flags=PUBLISHED_FLAGS)
+    assert (r.prefix_caching, r.mamba_cache_mode, r.alignment) == (False, "none", 16)
+    # No 64-token grid: 16 x ceil(2,170,880 / (16 x 1,024)) = 16 x ceil(132.5) = 2128.
+    assert (r.block_size, r.page_size_bytes, r.mamba_padding_pct) == (2128, 2_179_072, 0.38)
+    assert r.bytes_per_block == 15 * 2_179_072 == 32_686_080
+    assert r.kv_cache_bytes == 124_247_920_415  # the same memory as with prefix caching
+    assert r.num_gpu_blocks == 3801  # floor(124,247,920,415 / 32,686,080) = floor(3801.25)
+    # E[ceil(T/2128)] = 1 + (21,470,541 + 1,641 x 36,290 + 1,434,234) / 21,511,869
+    assert r.blocks_per_request_at_mean == pytest.approx(
+        3 + 1 + (21_470_541 + 1641 * 36_290 + 1_434_234) / 21_511_869, abs=1e-4
+    )
+    assert r.blocks_per_request_at_max == 8 + 3  # ceil(16,590 / 2,128) = 8
+    assert (r.state_blocks_per_request, r.state_blocks_at_boundary) == (3, 0)
+    # 3,800 usable / 7.8331 = 485.1; 3,800 // 11 = 345.
+    assert (r.per_rank_at_mean_length, r.per_rank_at_max_length) == (485, 345)
+    assert (r.endpoint_at_mean_length, r.endpoint_at_max_length) == (3880, 2760)
+    # vLLM's line: 3,801 / (ceil(262,144 / 2,128) + 3 GDN groups x 1) = 3,801 / 127.
+    assert r.vllm_log_max_concurrency == 29.93
+    assert kv.simulator_kv_blocks(r) == (2128, 3800, 3)
+
+
+def test_prefix_caching_changes_the_block_not_the_state_blocks():
+    on, off = seed(), seed(flags={**SEED_FLAGS, "no-enable-prefix-caching": True})
+    # A running request holds one state block per GDN group either way; align mode holds a
+    # second one per group only for the step after it crosses a block boundary.
+    assert on.state_blocks_per_request == off.state_blocks_per_request == 3
+    assert (on.state_blocks_at_boundary, off.state_blocks_at_boundary) == (3, 0)
+    assert (on.block_size, off.block_size) == (2176, 2128)
+    assert (on.endpoint_at_mean_length, off.endpoint_at_mean_length) == (3840, 3880)
+    assert on.other_prefix_caching["endpoint_at_mean_length"] == 3880
+    assert off.other_prefix_caching["block_size"] == 2176
+    # The published flags (no --gdn-prefill-backend) give the same as the seed's without it.
+    assert seed(flags=PUBLISHED_FLAGS).block_size == off.block_size
+    # With NVFP4 KV both settings land on 3776 (= 16 x 236 = 64 x 59): nothing to gain.
+    assert seed("NVFP4").block_size == seed("NVFP4", flags=PUBLISHED_FLAGS).block_size == 3776
+    # With speculative decoding each group holds 1 + num_speculative_tokens blocks.
+    spec = {**PUBLISHED_FLAGS, "speculative-config": {"num_speculative_tokens": 1}}
+    assert seed(flags=spec).state_blocks_per_request == 6
+
+
 def test_kv_dtype_moves_the_block_not_the_page():
     fp8, bf16, fp4 = seed("FP8"), seed(None), seed("NVFP4")
     assert (fp8.attention_bytes_per_token, bf16.attention_bytes_per_token) == (1024, 2048)
@@ -237,6 +305,13 @@ def test_tiny_hybrid_on_gpu_and_cpu():
     assert (gpu.per_rank_at_max_length, cpu.per_rank_at_max_length) == (327, 204)
     # align mode, no FlashInfer GDN (key dim 64): 2 blocks per GDN group in vLLM's line.
     assert (gpu.vllm_log_max_concurrency, cpu.vllm_log_max_concurrency) == (51.19, 46.55)
+    # Prefix caching off: the same blocks (no 64 grid to lose), 1 per GDN group in the line:
+    # GPU 1,638 / (26 + 3) = 56.48x, CPU 1,024 / (16 + 3) = 53.89x; requests the same.
+    gpu_off = tiny(kv.Device(80, "h100"), enable_prefix_caching=False)
+    cpu_off = tiny(kv.Device(24, "cpu"), enable_prefix_caching=False)
+    assert (gpu_off.block_size, cpu_off.block_size) == (80, 128)
+    assert (gpu_off.vllm_log_max_concurrency, cpu_off.vllm_log_max_concurrency) == (56.48, 53.89)
+    assert (gpu_off.per_rank_at_max_length, cpu_off.per_rank_at_max_length) == (327, 204)
 
 
 def test_tiny_parameter_count():
@@ -333,12 +408,29 @@ def test_unmodelled_layers_are_refused():
                     kv.Device(80), kv.Workload(10, 1))  # fmt: skip
 
 
-def test_describe_is_two_lines_with_the_assumptions():
-    text = seed().describe()
-    first, second = text.splitlines()
+def test_describe_prints_the_reasoning_and_the_assumptions():
+    first, pages, per, prefix, rests = seed().describe().splitlines()
     assert "3,840" in first and "2,696" in first and "2176 tokens" in first
-    assert "fp8_e4m3" in second and "10.0 GiB" in second and "28.59x" in second
-    assert seed().to_json()["endpoint_at_mean_length"] == 3840
+    assert "2,176 tokens x 1,024 B = 2,228,224 B" in pages and "2.64 %" in pages
+    assert "64-token grid" in pages and "3,717 blocks/rank, 3,716 usable" in pages
+    assert "4.74 attention blocks" in per and "+ 3 GDN state blocks" in per
+    assert "= 7.74 -> 480/rank x 8 = 3,840" in per
+    assert "prefix caching on (vLLM's default for a generative model)" in prefix
+    assert "mamba_cache_mode align" in prefix and "holds 3 state blocks (+3 for the step" in prefix
+    assert "prefix caching off would give 2,128-token pages, 3,801 blocks/rank" in prefix
+    assert "the same 3 state blocks, 3,880 requests" in prefix
+    assert "fp8_e4m3" in rests and "10.0 GiB" in rests and "28.59x" in rests
+    off = seed(flags=PUBLISHED_FLAGS).describe().splitlines()
+    assert "prefix caching off (--no-enable-prefix-caching): mamba_cache_mode none" in off[3]
+    assert "holds 3 state blocks whatever its length" in off[3] and "16-token grid" in off[1]
+    assert "prefix caching on would give 2,176-token pages, 3,717 blocks/rank" in off[3]
+    doc = seed().to_json()
+    assert doc["endpoint_at_mean_length"] == 3840
+    assert doc["other_prefix_caching"]["endpoint_at_mean_length"] == 3880
+    # A dense model has no state and no prefix-caching line; small blocks in KiB.
+    dense = tiny(kv.Device(80, "h100"), model=DENSE).describe().splitlines()
+    assert len(dense) == 4 and "each of 2 layers (16 KiB)" in dense[1]
+    assert "each of 1 layer (40 KiB)" in tiny(kv.Device(80, "h100")).describe()
 
 
 def test_sizes_are_read_as_vllms_parser_reads_them():

@@ -10,8 +10,13 @@ docs/kv-capacity.md cites by file and line; nothing is copied from vLLM. The sha
    then pads the GDN page to exactly that size, so every layer's page is equal;
 3. layers are grouped (15 attention, 3 x 15 GDN for Qwen3.5-397B), each block id holds
    one page for every layer of a group, so blocks = memory // (layers_per_group x page);
-4. a request holds ceil(tokens / block_size) blocks per attention group plus one block
-   per GDN group (its state), whatever its length.
+4. a running request holds ceil(tokens / block_size) blocks per attention group plus one
+   block per GDN group (its state), whatever its length, with prefix caching on or off:
+   with it on (mamba_cache_mode "align") vLLM keeps the state of the last block boundary
+   one step longer, so a request holds a second state block per GDN group only for the
+   step after it crosses a boundary (v1/core/single_type_kv_cache_manager.py:1629-1657,
+   1775-1795). What prefix caching changes is the block: in align mode FlashInfer's GDN
+   prefill puts the block on its 64-token checkpoint grid (platforms/interface.py:1089-1094).
 
 With data-parallel attention (DEP) each DP rank is its own engine with TP=1, so the
 numbers below are per DP rank; the endpoint holds DP times as many requests.
@@ -19,6 +24,7 @@ numbers below are per DP rank; the endpoint holds DP times as many requests.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -196,7 +202,8 @@ class EngineArgs:
     num_gpu_blocks_override: int | None = None
     kv_cache_memory_bytes: int | None = None
     max_model_len: int | None = None
-    enable_prefix_caching: bool | None = None  # default: on for generative hybrid models
+    enable_prefix_caching: bool | None = None  # None: vLLM's default (on for generative models)
+    prefix_caching_flag: str = ""  # the flag that decided it, as the command line has it
     gdn_prefill_backend: str = "auto"
     language_model_only: bool = False
     num_speculative_tokens: int = 0
@@ -224,9 +231,7 @@ class EngineArgs:
         spec = args.get("speculative-config") or {}
         if isinstance(spec, str):
             spec = json.loads(spec)
-        prefix = get("enable-prefix-caching")
-        if get("no-enable-prefix-caching"):
-            prefix = False
+        prefix, prefix_flag = prefix_caching_from_flags(args)
         return cls(
             block_size=get("block-size", int),
             kv_cache_dtype=str(get("kv-cache-dtype", default="auto")),
@@ -238,12 +243,40 @@ class EngineArgs:
             num_gpu_blocks_override=get("num-gpu-blocks-override", int),
             kv_cache_memory_bytes=get("kv-cache-memory-bytes", size),
             max_model_len=get("max-model-len", size),
-            enable_prefix_caching=None if prefix is None else bool(prefix),
+            enable_prefix_caching=prefix,
+            prefix_caching_flag=prefix_flag,
             gdn_prefill_backend=str(get("gdn-prefill-backend", default="auto")),
             language_model_only=bool(get("language-model-only", default=False)),
             num_speculative_tokens=int(spec.get("num_speculative_tokens", 0)),
             enforce_eager=bool(get("enforce-eager", default=False)),
         )
+
+
+# vLLM 0.33's prefix-caching switches: --enable-prefix-caching is a BooleanOptionalAction
+# (--no-enable-prefix-caching) that also answers to --disable-prefix-caching
+# (engine/arg_utils.py:1401-1407, utils/argparse_utils.py:120-145); the last one given wins.
+# A recipe writes them as keys: True gives --KEY, False gives --no-KEY (render.flags).
+PREFIX_CACHING_KEYS = {
+    "enable-prefix-caching": True,
+    "no-enable-prefix-caching": False,
+    "disable-prefix-caching": False,
+}
+
+
+def prefix_caching_from_flags(args: dict) -> tuple[bool | None, str]:
+    """(enable_prefix_caching, the deciding flag) from a recipe's vLLM flags, in their order
+    on the command line; (None, "") when none is given (vLLM's default then applies)."""
+    on, flag = None, ""
+    for key, value in args.items():
+        name = str(key).replace("_", "-")
+        if name not in PREFIX_CACHING_KEYS or value is None:
+            continue
+        positive = PREFIX_CACHING_KEYS[name]
+        if value is False and not positive:
+            raise ValueError(f"--no-{name} is not a vLLM 0.33 flag")
+        on = positive if value is not False else not positive
+        flag = f"--{name}" if value is not False else f"--no-{name}"
+    return on, flag
 
 
 @dataclass(frozen=True)
@@ -664,7 +697,8 @@ class KvCapacity:
     kv_cache_bytes: int  # per GPU
     num_gpu_blocks: int  # per DP rank, what vLLM logs as num_gpu_blocks
     lengths: Lengths
-    state_blocks_per_request: int  # GDN state blocks a running request holds
+    state_blocks_per_request: int  # GDN state blocks a running request holds (on or off)
+    state_blocks_at_boundary: int  # align mode: one more per GDN group, one step per boundary
     blocks_per_request_at_max: int
     blocks_per_request_at_mean: float
     max_num_seqs: int
@@ -675,6 +709,10 @@ class KvCapacity:
     vllm_log_kv_cache_tokens: int  # "GPU KV cache size: N tokens"
     assumptions: tuple[str, ...]
     sources: dict[str, str]
+    prefix_caching: bool = True
+    prefix_caching_why: str = ""
+    alignment: int = 16  # the grid of the hybrid block
+    other_prefix_caching: dict | None = None  # the same estimate with the flag flipped
 
     @property
     def endpoint_at_max_length(self) -> int:
@@ -685,20 +723,83 @@ class KvCapacity:
         return self.per_rank_at_mean_length * self.dp
 
     def describe(self) -> str:
-        """Two lines for the dry-run: the numbers, then what they rest on."""
+        """The dry-run's lines: the numbers, how they follow (pages, page size, state pages
+        per request with and without prefix caching), then what they rest on."""
         n = self.lengths
         kv = self.kv_cache_dtype if self.kv_cache_dtype != "auto" else "model dtype"
-        return (
+        lines = [
             f"KV capacity {self.name} (DP{self.dp} x TP{self.tp}): about "
             f"{self.endpoint_at_mean_length:,} concurrent requests for the sweep's length mix "
             f"(mean {n.mean_total:,.0f} tokens), {self.endpoint_at_max_length:,} if all reach "
             f"{n.max_total:,}; {self.num_gpu_blocks:,} blocks/rank of {self.block_size} tokens "
-            f"in {self.kv_cache_bytes / GIB:.1f} GiB/GPU (weights {self.weights_bytes / GIB:.1f})\n"
+            f"in {self.kv_cache_bytes / GIB:.1f} GiB/GPU (weights {self.weights_bytes / GIB:.1f})"
+        ]
+        page = (
+            f"  pages: {self.block_size:,} tokens x {self.attention_bytes_per_token:,} B = "
+            f"{self.page_size_bytes:,} B per layer"
+        )
+        if self.mamba_groups:
+            page += (
+                f", the GDN state ({self.mamba_state_bytes:,} B) padded "
+                f"{self.mamba_padding_pct:g} % to it ({self.alignment}-token grid)"
+            )
+        size = (
+            f"{self.bytes_per_block / MIB:.1f} MiB"
+            if self.bytes_per_block >= MIB
+            else f"{self.bytes_per_block / 1024:.0f} KiB"
+        )
+        layers = f"{self.layers_per_group} layer{'s' if self.layers_per_group != 1 else ''}"
+        page += (
+            f"; a block is a page in each of {layers} ({size}): "
+            f"{self.num_gpu_blocks:,} blocks/rank, {max(0, self.num_gpu_blocks - 1):,} usable"
+        )
+        lines.append(page)
+        attn = self.blocks_per_request_at_mean - self.state_blocks_per_request
+        per = (
+            f"  per request: {attn:.2f} attention blocks on average "
+            f"({self.blocks_per_request_at_max - self.state_blocks_per_request} at most)"
+        )
+        if self.mamba_groups:
+            per += (
+                f" + {self.state_blocks_per_request} GDN state blocks "
+                f"({self.state_blocks_per_request // self.mamba_groups} per group x "
+                f"{self.mamba_groups} groups)"
+            )
+        per += (
+            f" = {self.blocks_per_request_at_mean:.2f} -> {self.per_rank_at_mean_length:,}/rank "
+            f"x {self.dp} = {self.endpoint_at_mean_length:,}"
+        )
+        if self.per_rank_at_mean_length == self.max_num_seqs:
+            per += f" (max-num-seqs {self.max_num_seqs} binds)"
+        lines.append(per)
+        if self.mamba_groups:
+            state = self.state_blocks_per_request
+            onoff = "on" if self.prefix_caching else "off"
+            text = (
+                f"  prefix caching {onoff} ({self.prefix_caching_why}): mamba_cache_mode "
+                f"{self.mamba_cache_mode}; a running request holds {state} state blocks "
+                + (
+                    f"(+{self.state_blocks_at_boundary} for the step after each block boundary)"
+                    if self.state_blocks_at_boundary
+                    else "whatever its length"
+                )
+            )
+            o = self.other_prefix_caching
+            if o:
+                text += (
+                    f"; prefix caching {'on' if o['prefix_caching'] else 'off'} would give "
+                    f"{o['block_size']:,}-token pages, {o['num_gpu_blocks']:,} blocks/rank, "
+                    f"the same {o['state_blocks_per_request']} state blocks, "
+                    f"{o['endpoint_at_mean_length']:,} requests"
+                )
+            lines.append(text)
+        lines.append(
             f"  rests on: KV {kv}, SSM state {self.ssm_dtype or '-'}, "
             f"{self.overhead_bytes / GIB:.1f} GiB/GPU of activations+graphs+buffers assumed; "
             f"vLLM would log {self.vllm_log_max_concurrency:.2f}x for "
             f"{self.max_model_len:,} tokens per request"
         )
+        return "\n".join(lines)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -722,6 +823,9 @@ class Geometry:
     block_size: int = 16
     page_size_bytes: int = 0
     notes: tuple[str, ...] = ()
+    alignment: int = 16  # the grid the hybrid block is a multiple of
+    prefix_caching: bool = True
+    prefix_caching_why: str = ""
 
     @property
     def padding_pct(self) -> float:
@@ -742,6 +846,18 @@ def flashinfer_gdn(model: ModelFacts, engine: EngineArgs, device: Device) -> boo
     )
 
 
+def prefix_caching(engine: EngineArgs) -> tuple[bool, str]:
+    """(on, why). Without a flag vLLM turns it on for every generative model, hybrid ones
+    included (engine/arg_utils.py:3075-3076 from config/model.py:2276-2291); for a hybrid
+    model it then sets mamba_cache_mode "align", and "none" without it
+    (model_executor/models/config.py:763-787)."""
+    if engine.enable_prefix_caching is None:
+        return True, "vLLM's default for a generative model"
+    return engine.enable_prefix_caching, engine.prefix_caching_flag or (
+        "--enable-prefix-caching" if engine.enable_prefix_caching else "--no-enable-prefix-caching"
+    )
+
+
 def geometry(model: ModelFacts, engine: EngineArgs, tp: int, device: Device) -> Geometry:
     """Block size, page and GDN state (platforms/interface.py:750-790, 940-1137).
 
@@ -753,6 +869,7 @@ def geometry(model: ModelFacts, engine: EngineArgs, tp: int, device: Device) -> 
     attn_tok = kv_bytes_per_token(model, kv_dtype, tp)
     block = engine.block_size or (128 if device.platform == "cpu" else 16)
     notes = [f"KV cache {kv_dtype if kv_dtype != 'auto' else model.dtype} ({kv_why})"]
+    prefix, prefix_why = prefix_caching(engine)
     if not model.hybrid:
         return Geometry(
             kv_dtype,
@@ -760,8 +877,10 @@ def geometry(model: ModelFacts, engine: EngineArgs, tp: int, device: Device) -> 
             block_size=block,
             page_size_bytes=block * attn_tok,
             notes=tuple(notes),
+            alignment=block,
+            prefix_caching=prefix,
+            prefix_caching_why=prefix_why,
         )
-    prefix = engine.enable_prefix_caching is not False  # on by default for hybrid models
     mode = "align" if prefix else "none"
     conv_dt, ssm_dt, ssm_why = mamba_dtypes(model, engine)
     conv_b, ssm_b = gdn_state_bytes(model, tp, conv_dt, ssm_dt, engine.num_speculative_tokens)
@@ -774,7 +893,8 @@ def geometry(model: ModelFacts, engine: EngineArgs, tp: int, device: Device) -> 
     block = max(block, hybrid_block_size(attn_tok, conv_b + ssm_b, alignment, kernel))
     notes.append(f"SSM state {ssm_dt} ({ssm_why}), conv state {conv_dt}")
     notes.append(
-        f"mamba_cache_mode {mode} (prefix caching {'on' if prefix else 'off'}), {align_why}"
+        f"mamba_cache_mode {mode} (prefix caching {'on' if prefix else 'off'}: {prefix_why}), "
+        f"{align_why}"
     )
     return Geometry(
         kv_cache_dtype=kv_dtype,
@@ -786,6 +906,9 @@ def geometry(model: ModelFacts, engine: EngineArgs, tp: int, device: Device) -> 
         block_size=block,
         page_size_bytes=block * attn_tok,
         notes=tuple(notes),
+        alignment=alignment,
+        prefix_caching=prefix,
+        prefix_caching_why=prefix_why,
     )
 
 
@@ -797,9 +920,12 @@ def estimate(
     workload: Workload,
     overheads: Overheads | None = None,
     name: str = "",
+    compare_prefix_caching: bool = True,
 ) -> KvCapacity:
     """The capacity vLLM 0.33 would allocate for one DP rank of this endpoint, and what the
-    sweep's requests need of it. Raises ValueError for models it does not model."""
+    sweep's requests need of it. Raises ValueError for models it does not model. For a
+    hybrid model the result also carries the same estimate with prefix caching the other
+    way (`other_prefix_caching`), which is what the flag is worth."""
     if model.other_layers or not model.full_attention_layers:
         raise ValueError("only full-attention and GDN (linear_attention) layers are modelled")
     geo = geometry(model, engine, par.tp, device)
@@ -849,9 +975,18 @@ def estimate(
     usable = max(0, num_blocks - 1)  # the block pool keeps one null block (block_pool.py:191)
 
     # Requests: ceil(tokens / block) per attention group, one state block per GDN group
-    # (plus one per speculative token) for a running request.
+    # (plus one per speculative token) for a running request, prefix caching on or off.
+    # "none": the GDN group's block is max_model_len tokens long, so cdiv(tokens, it) = 1
+    # (model_executor/models/config.py:780-787, single_type_kv_cache_manager.py:1713-1729).
+    # "align": one block per mamba_block_size (= the attention block) of positions, all but
+    # the last nulled; the physical cap is 1 (+1 on a prefill chunk that exports a FlashInfer
+    # checkpoint, never on a decode fed by NIXL), and the state block of the boundary just
+    # crossed is freed on the next step (single_type_kv_cache_manager.py:1629-1657,
+    # 1730-1795, kv_cache_interface.py:1146-1150: "only 2 + num_speculative_blocks state
+    # blocks are resident at a time").
     lengths = random_dataset_lengths(workload)
     state_blocks = mamba_groups * (1 + engine.num_speculative_tokens)
+    boundary_blocks = mamba_groups if geo.mamba_cache_mode == "align" else 0
     at_max = attn_groups * math.ceil(lengths.max_total / geo.block_size) + state_blocks
     at_mean = attn_groups * lengths.expected_blocks(geo.block_size) + state_blocks
     assumptions.append(
@@ -867,6 +1002,23 @@ def estimate(
         reserve += 1 + int(flashinfer_gdn(model, engine, device))
     log_blocks = attn_groups * math.ceil(max_len / geo.block_size) + mamba_groups * reserve
     log_conc = num_blocks / log_blocks
+
+    other = None
+    if model.hybrid and compare_prefix_caching:
+        flipped = dataclasses.replace(
+            engine, enable_prefix_caching=not geo.prefix_caching, prefix_caching_flag=""
+        )
+        o = estimate(model, flipped, par, device, workload, overheads, name, False)
+        other = {
+            "prefix_caching": o.prefix_caching,
+            "mamba_cache_mode": o.mamba_cache_mode,
+            "block_size": o.block_size,
+            "num_gpu_blocks": o.num_gpu_blocks,
+            "state_blocks_per_request": o.state_blocks_per_request,
+            "blocks_per_request_at_mean": o.blocks_per_request_at_mean,
+            "endpoint_at_mean_length": o.endpoint_at_mean_length,
+            "endpoint_at_max_length": o.endpoint_at_max_length,
+        }
 
     return KvCapacity(
         name=name,
@@ -892,6 +1044,7 @@ def estimate(
         num_gpu_blocks=num_blocks,
         lengths=lengths,
         state_blocks_per_request=state_blocks,
+        state_blocks_at_boundary=boundary_blocks,
         blocks_per_request_at_max=at_max,
         blocks_per_request_at_mean=round(at_mean, 4),
         max_num_seqs=max_seqs,
@@ -902,6 +1055,10 @@ def estimate(
         vllm_log_kv_cache_tokens=int(log_conc * max_len),
         assumptions=tuple(assumptions),
         sources=sources,
+        prefix_caching=geo.prefix_caching,
+        prefix_caching_why=geo.prefix_caching_why,
+        alignment=geo.alignment,
+        other_prefix_caching=other,
     )
 
 
@@ -914,7 +1071,10 @@ def simulator_kv_blocks(result: KvCapacity) -> tuple[int, int, int]:
     """(block_size, num_gpu_blocks, state blocks per request) for the simulator, which charges
     a running request ceil(tokens / block_size) blocks in one attention group plus its state
     blocks, as vLLM does: its usable blocks are vLLM's less the null block. Several attention
-    groups are folded into one (blocks and state divided by the group count)."""
+    groups are folded into one (blocks and state divided by the group count). The state
+    blocks are those of a running request, the same with prefix caching on or off; the
+    one-step extra of align mode at a block boundary (`state_blocks_at_boundary`) is left
+    out: a request crosses a boundary about once in its decode, for one step."""
     groups = max(1, result.attention_groups)
     blocks = max(1, (result.num_gpu_blocks - 1) // groups)
     return result.block_size, blocks, -(-result.state_blocks_per_request // groups)

@@ -199,18 +199,26 @@ class Engine:
 
     def cache_config(self) -> dict[str, str]:
         c = self.cfg
+        # A hybrid model (one with state blocks) gets mamba_cache_mode "align" and a mamba
+        # block of the attention block with prefix caching, "none" and max_model_len without
+        # (vLLM 0.33 model_executor/models/config.py:763-787); other models keep "none".
+        hybrid = self.k.state_blocks_per_request > 0
+        mode = "align" if hybrid and c.enable_prefix_caching else "none"
+        mamba_block = (c.block_size if mode == "align" else c.max_model_len) if hybrid else None
         return {
             "_block_size_resolved": "True", "block_size": str(c.block_size),
             "cache_dtype": c.kv_cache_dtype, "cache_hit_alignment_tokens": "None",
             "effective_attention_block_size": "None",
-            "enable_mamba_shared_prefix_checkpoint": "False", "enable_prefix_caching": "True",
+            "enable_mamba_shared_prefix_checkpoint": "False",
+            "enable_prefix_caching": str(c.enable_prefix_caching),
             "engine": str(self.rank), "gpu_memory_utilization": str(c.gpu_memory_utilization),
             "hash_block_size": "None", "is_attention_free": "False",
             "kv_cache_dtype_skip_layers": "[]", "kv_cache_layout": "None",
             "kv_cache_max_concurrency": "None", "kv_cache_memory_bytes": "None",
             "kv_cache_size_tokens": "None", "kv_offloading_backend": "native",
             "kv_offloading_size": "None", "kv_sharing_fast_prefill": "False",
-            "mamba_block_size": "None", "mamba_cache_dtype": "auto", "mamba_cache_mode": "align",
+            "mamba_block_size": str(mamba_block), "mamba_cache_dtype": "auto",
+            "mamba_cache_mode": mode,
             "mamba_page_size_padded": "None", "mamba_ssm_cache_dtype": c.mamba_ssm_cache_dtype,
             "num_cpu_blocks": "None", "num_gpu_blocks": str(c.num_gpu_blocks),
             "num_gpu_blocks_override": str(c.num_gpu_blocks_override),

@@ -49,8 +49,10 @@ class Knobs:
         "kv_capacity_tokens from its KV estimate, so the simulator fills up where it says."))
     state_blocks_per_request: int = field(default=0, metadata=_doc(
         "Blocks a running request holds for its recurrent (GDN/Mamba) state besides the "
-        "blocks of its tokens, as vLLM's hybrid allocator charges them; the launcher sets "
-        "this from its KV estimate."))
+        "blocks of its tokens, as vLLM's hybrid allocator charges them: one per GDN group "
+        "(plus one per speculative token), with prefix caching on or off (vLLM 0.33's align "
+        "mode keeps one more for the single step after a block boundary, not modelled); the "
+        "launcher sets this from its KV estimate."))
     kv_bytes_per_token: int = field(default=15360, metadata=_doc(
         "KV bytes per prompt token moved by a NIXL transfer (full-attention layers; "
         "Qwen3.5: 2 x 2 KV heads x 256 dim x 15 layers x 1 byte fp8)."))
