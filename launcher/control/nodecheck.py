@@ -159,16 +159,25 @@ def model_check(plan: dict) -> dict:
         parts = Path(path).resolve().parts
         rev = parts[parts.index("snapshots") + 1] if "snapshots" in parts[:-1] else None
         return {"path": path, "ok": ok, "how": "config.json readable in the folder",
-                "revision": rev}  # fmt: skip
+                "revision": rev, "hybrid": _hybrid(Path(path))}  # fmt: skip
     hf = os.environ.get("HF_HOME")
     if hf:
         repo = Path(hf) / "hub" / f"models--{path.replace('/', '--')}"
         snap = repo / "snapshots"
-        ok = any(snap.glob("*/config.json")) if snap.is_dir() else False
+        found = sorted(snap.glob("*/config.json")) if snap.is_dir() else []
         ref = repo / "refs" / "main"
         rev = ref.read_text().strip() if ref.is_file() else None
-        return {"path": path, "ok": ok, "how": f"a snapshot under {snap}", "revision": rev}
+        return {"path": path, "ok": bool(found), "how": f"a snapshot under {snap}",
+                "revision": rev, "hybrid": _hybrid(found[-1].parent) if found else None}
     return {"path": path, "ok": None, "how": "a hub id and no HF_HOME: downloaded at start"}
+
+
+def _hybrid(folder: Path) -> bool | None:
+    """Whether the checkpoint's config.json has Mamba/GDN layers (None: unreadable)."""
+    from launcher.planning import kv_cache
+
+    facts = kv_cache.read_checkpoint(folder)
+    return None if facts is None else facts.hybrid
 
 
 def container_facts(node: str, run_dir: Path, engine: str) -> dict:

@@ -191,7 +191,31 @@ def judge_container(
     # A flag every engine carries is one problem, not one per engine.
     problems += [f"{', '.join(who)}: the engine rejects its command line: {msg}"
                  for msg, who in rejected.items()]
-    return problems
+    return problems + judge_pairing(plan, doc, facts)
+
+
+def judge_pairing(plan: Plan, doc: PlanDoc, facts: dict[str, dict | None]) -> list[str]:
+    """What prefill and decode must agree on, from their rendered command lines and what the
+    engines' containers saw: the model's config.json there (hybrid or not) and the real
+    vLLM version (launcher.planning.pairing)."""
+    from launcher.planning import pairing
+    from launcher.planning.plan import model_is_hybrid
+
+    heads = {}
+    for p in doc.of_kind(Kind.ENGINE):
+        if p.role in (Role.PREFILL, Role.DECODE) and not p.headless:
+            heads.setdefault(p.role, p)
+    if len(heads) < 2:
+        return []
+    seen = [f for f in (facts.get(p.node) or {} for p in heads.values())]
+    hybrid = (any((f.get("model") or {}).get("hybrid") for f in seen)
+              or model_is_hybrid(plan.recipe))
+    version = next((f["engine_version"] for f in seen if f.get("engine_version")), None)
+    if doc.engine != "vllm":
+        version = None  # the simulator stands in for the version it imitates
+    sides = [pairing.side_of_argv(r, heads[r].argv, heads[r].env)
+             for r in (Role.PREFILL, Role.DECODE)]
+    return pairing.disagreements(*sides, hybrid=bool(hybrid), engine_version=version)
 
 
 # --- serving ------------------------------------------------------------------------------

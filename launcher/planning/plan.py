@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.errors import UserError
+from launcher.planning import pairing
 from launcher.run.vocab import Role
 from launcher.spec.cluster import Cluster
 from launcher.spec.recipe import Pool, Recipe
@@ -207,21 +208,30 @@ def _check_fit(recipe: Recipe, cluster: Cluster) -> None:
                     f"whole nodes of {use} GPUs; make it a multiple of {use} or at most {use}"
                 )
     if recipe.mode == "disagg":
-        p, d = recipe.prefill, recipe.decode
-        facts = recipe.model.facts
-        if facts and facts.hybrid and p.tensor_parallel != d.tensor_parallel:
-            raise UserError(
-                f"hybrid (SSM) models need the same tensor parallel size on prefill and decode "
-                f"for NIXL: prefill.tensor_parallel is {p.tensor_parallel}, "
-                f"decode.tensor_parallel is {d.tensor_parallel}"
-            )
-        pb = engine_args(recipe, p).get("block-size")
-        db = engine_args(recipe, d).get("block-size")
-        if pb != db:
-            raise UserError(
-                f"prefill and decode need the same block size for KV transfer "
-                f"(prefill: {pb or 'default'}, decode: {db or 'default'})"
-            )
+        problems = pairing.disagreements(*(_side(recipe, role) for role in (Role.PREFILL,
+                                                                          Role.DECODE)),
+                                         hybrid=model_is_hybrid(recipe))
+        if problems:
+            raise UserError("; ".join(problems))
+
+
+def _side(recipe: Recipe, role: Role) -> pairing.Side:
+    pool = getattr(recipe, role)
+    return pairing.side_of_pool(role, recipe.model.path, recipe.model.served_name,
+                                pool.tensor_parallel, engine_args(recipe, pool),
+                                {**recipe.env, **pool.env})
+
+
+def model_is_hybrid(recipe: Recipe) -> bool:
+    """Mamba/GDN layers: declared in model.facts, or seen in the checkpoint's config.json
+    when its folder is on this machine (preflight asks again where the engines run)."""
+    facts = recipe.model.facts
+    if facts is not None and facts.hybrid:
+        return True
+    from launcher.planning import kv_cache
+
+    found = kv_cache.read_checkpoint(recipe.model.path)
+    return bool(found and found.hybrid)
 
 
 def place(recipe: Recipe, cluster: Cluster) -> list[tuple[Role, Pool, list[tuple[int, list[int]]]]]:
