@@ -16,19 +16,25 @@ def seed_plan(*sets):
 
 
 def test_seed_decode_estimate_matches_the_worked_example():
-    (cap,) = capacity.estimates(seed_plan())
-    # FP8 KV (the recipe's assumption), bf16 SSM state: a 2,176-token block, 3,717 blocks
-    # per rank, 480 requests per rank for the sweep's mix, 337 at the longest length.
+    # FP8 KV (the recipe's assumption), bf16 SSM state, prefix caching on (vLLM's default
+    # once the published --no-enable-prefix-caching is removed): a 2,176-token block, 3,717
+    # blocks per rank, 480 requests per rank for the sweep's mix, 337 at the longest length.
+    (cap,) = capacity.estimates(seed_plan("vllm_args.no-enable-prefix-caching=null"))
     assert (cap.block_size, cap.num_gpu_blocks) == (2176, 3717)
     assert (cap.endpoint_at_mean_length, cap.endpoint_at_max_length) == (3840, 2696)
     assert round(cap.vllm_log_max_concurrency, 2) == 28.59
+    # as published (prefix caching off): the GDN block is max_model_len, the page 2,128
+    (cap,) = capacity.estimates(seed_plan())
+    assert (cap.block_size, cap.num_gpu_blocks) == (2128, 3801)
+    assert (cap.endpoint_at_mean_length, cap.endpoint_at_max_length) == (3880, 2760)
+    assert round(cap.vllm_log_max_concurrency, 2) == 29.93
 
 
 def test_flags_move_the_estimate_the_way_vllm_would():
     (base,) = capacity.estimates(seed_plan())
     (fp32,) = capacity.estimates(seed_plan("vllm_args.mamba-ssm-cache-dtype=float32"))
     (more,) = capacity.estimates(seed_plan("decode.args.gpu-memory-utilization=0.95"))
-    assert fp32.endpoint_at_mean_length == 2696 < base.endpoint_at_mean_length
+    assert fp32.endpoint_at_mean_length == 2712 < base.endpoint_at_mean_length
     assert more.endpoint_at_mean_length > base.endpoint_at_mean_length
 
 
@@ -64,7 +70,7 @@ def test_the_simulator_gets_the_estimated_capacity():
     from launcher.planning.kv_cache import simulator_kv_blocks
 
     block, blocks, state = simulator_kv_blocks(cap)
-    assert env["SIM_DEFAULT_BLOCK_SIZE"] == str(block) == "2176"
+    assert env["SIM_DEFAULT_BLOCK_SIZE"] == str(block) == "2128"
     assert env["SIM_KV_CAPACITY_TOKENS"] == str(block * blocks)
     assert env["SIM_STATE_BLOCKS_PER_REQUEST"] == str(state) == "3"
 

@@ -27,9 +27,12 @@ def test_dry_run_prints_plan_and_writes_run_dir(cli, tmp_path):
     assert code == 0, err
     assert "decode-0@gb200-r01-01" in out and "decode-0@gb200-r01-02" in out
     assert "dp ranks 4-7 headless" in out
-    assert "KV capacity decode-0 (DP8 x TP1): about 3,840 concurrent requests" in out
-    assert "warning: the sweep's top concurrency 5,120 exceeds the predicted KV capacity" in out
+    # The estimate's figure is kv_cache's (docs/kv-capacity.md); the published recipe turns
+    # prefix caching off, so vLLM's mamba_cache_mode is none.
+    assert "KV capacity decode-0 (DP8 x TP1): about " in out
     run_dir = Path(out.strip().splitlines()[-1].split("Run directory: ")[1].split("  (")[0])
+    (cap,) = json.loads((run_dir / "plan.json").read_text())["capacity"]
+    assert cap["mamba_cache_mode"] == "none"
     assert run_dir.parent == tmp_path / "runs"
     for f in ("recipe.yaml", "plan.json", "job.sbatch", "commands.sh", "submission.json"):
         assert (run_dir / f).is_file(), f
@@ -41,8 +44,9 @@ def test_dry_run_prints_plan_and_writes_run_dir(cli, tmp_path):
     for setting in (
         "--async-scheduling", "--mamba-ssm-cache-dtype bfloat16", "--language-model-only",
         "--max-num-batched-tokens 16384", "--stream-interval 100", "--api-server-count 1",
-        "--gdn-prefill-backend flashinfer", "VLLM_SSM_CONV_STATE_LAYOUT=DS",
-        '"kv_connector":"NixlConnector"', '"kv_role":"kv_producer"', '"kv_role":"kv_consumer"',
+        "--no-enable-prefix-caching", "--generation-config vllm", "VLLM_SSM_CONV_STATE_LAYOUT=DS",
+        "--no-disable-hybrid-kv-cache-manager", "--served-model-name Qwen3.5-397B-A17B-NVFP4",
+        '"kv_connector":"NixlConnector"', '"kv_role":"kv_both"', '"kv_load_failure_policy":"fail"',
         "vllm-router --host 0.0.0.0", "--vllm-pd-disaggregation", "vllm bench serve",
         "launcher.telemetry.agent",
     ):  # fmt: skip
@@ -85,7 +89,7 @@ def test_sweep_dry_run_writes_a_study(cli, tmp_path):
 
 def _hostile_plan():
     r = recipe.load(SEED)
-    r.env = {f"HOSTILE_{i}": v for i, v in enumerate(HOSTILE)}
+    r.env = {**r.env, **{f"HOSTILE_{i}": v for i, v in enumerate(HOSTILE)}}  # DS stays
     r.prefill.args = {f"opt-{i}": v for i, v in enumerate(HOSTILE)}
     r.slurm.directives = {"comment": HOSTILE[3] + " " + HOSTILE[1]}
     return plan.make_plan(r, cluster.load("gb200-nvl72"), cluster.expand_nodelist("n[1-4]"))

@@ -76,9 +76,10 @@ def test_multinode_rendezvous_flags():
     assert "--headless" not in head and val(head, "--api-server-count") == "1"
     assert "--headless" in tail and val(tail, "--data-parallel-start-rank") == "4"
     assert "--api-server-count" not in tail and "--port" not in tail
-    assert '"kv_role":"kv_consumer"' in val(head, "--kv-transfer-config")
+    # The published scheme: kv_both on both sides (recipe kv_connector.kv_role).
+    assert '"kv_role":"kv_both"' in val(head, "--kv-transfer-config")
     pre = procs[f"prefill-0@{NODES[2]}"]
-    assert '"kv_role":"kv_producer"' in val(pre.argv, "--kv-transfer-config")
+    assert '"kv_role":"kv_both"' in val(pre.argv, "--kv-transfer-config")
     assert pre.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == NODES[2]
     assert pre.env["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert procs[f"prefill-1@{NODES[2]}"].env["CUDA_VISIBLE_DEVICES"] == "2,3"

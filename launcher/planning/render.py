@@ -46,8 +46,11 @@ def flags(args: dict) -> list[str]:
 
 
 def kv_transfer_config(plan: Plan, role: Role) -> str:
+    """The recipe's kv_connector with each side's kv_role: the recipe's kv_both on every
+    side when it names one, else kv_producer on prefill and kv_consumer on decode."""
     cfg = dict(plan.recipe.kv_connector)
-    cfg["kv_role"] = "kv_producer" if role == Role.PREFILL else "kv_consumer"
+    if cfg.get("kv_role") != "kv_both":
+        cfg["kv_role"] = "kv_producer" if role == Role.PREFILL else "kv_consumer"
     return json.dumps(cfg, separators=(",", ":"), sort_keys=True)
 
 
@@ -310,7 +313,7 @@ def bench_processes(plan: Plan, run_dir: str) -> list[Process]:
             "--random-range-ratio", f"{b.range_ratio:g}",
             "--num-prompts", str(b.prompts(c)),
             "--max-concurrency", str(c),
-            "--num-warmups", str(b.warmup),
+            "--num-warmups", str(b.warmups(c)),
             "--ignore-eos",
             "--temperature", "0",
             "--percentile-metrics", "ttft,tpot,itl,e2el",
