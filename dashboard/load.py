@@ -176,6 +176,7 @@ def run_info(path: Path) -> RunInfo:
     st = rd.status()
     rec = st.record
     notes: list[str] = list(rec.notes) if rec else []
+    notes += [f"{why}: left out" for why in st.damaged.values()]  # named, not raised
     plan_error = f"{why}." if plan is None and rd.plan.exists() else None
     bench_files = sorted(rd.bench.glob("*.json")) if rd.bench.is_dir() else []
     tel = rd.telemetry()

@@ -99,11 +99,15 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS)
     s.set_defaults(func=cmd_recommend)
 
+    from launcher.telemetry import promconfig  # its arguments only: promsd loads on use
+
     s = sub.add_parser(
-        "prometheus-config", add_help=False,
+        "prometheus-config",
         help="print a Prometheus scrape config that finds every job (file-based discovery)",
+        description="Print a Prometheus scrape job that finds every job's /metrics through "
+        "the file-SD targets running jobs write.",
     )  # fmt: skip
-    s.add_argument("args", nargs=argparse.REMAINDER, help="see prometheus-config --help")
+    promconfig.add_arguments(s)
     s.set_defaults(func=cmd_prometheus_config)
 
     s = sub.add_parser("dashboard", help="open the Streamlit dashboard on a runs directory")
@@ -123,9 +127,21 @@ def _recipe_options(s: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
     try:
-        return args.func(args) or 0
+        args = _parser().parse_args(argv)
+        code = args.func(args) or 0
+        sys.stdout.flush()  # here, so a reader that went away is caught below
+        return code
+    except BrokenPipeError:
+        if not _stdout_gone():
+            raise  # another pipe: a real error
+        # `status | head`: the reader has all it wanted. Nothing more may reach the closed
+        # pipe, not even the interpreter's last flush.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 0
     except UserError as e:
         print(f"error: {_one_line(str(e))}", file=sys.stderr)
         return e.exit_code
@@ -140,6 +156,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {_one_line(f'{e.filename}: {e.strerror}')}: check the run name "
               "and --runs-dir", file=sys.stderr)
         return 2
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll reports an error on it)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return True  # stdout itself is unusable: nothing more to say there either
 
 
 def _one_line(text: str) -> str:
@@ -285,7 +313,7 @@ def cmd_recommend(args) -> int:
 def cmd_prometheus_config(args) -> int:
     from launcher.telemetry import promsd
 
-    return promsd.main(args.args)
+    return promsd.run(args)
 
 
 def cmd_dashboard(args) -> int:

@@ -161,7 +161,12 @@ def age(ts: float | None, now: float | None = None) -> str:
 
 def event_line(e: dict) -> str:
     detail = e.get("stage") or e.get("process") or e.get("error") or ""
-    when = time.strftime("%H:%M:%S", time.localtime(e.get("ts") or 0))
+    ts = e.get("ts")
+    try:  # a line of the wrong types is shown as far as it goes, never a traceback
+        when = time.strftime("%H:%M:%S", time.localtime(
+            ts if isinstance(ts, int | float) and not isinstance(ts, bool) else 0))
+    except (OverflowError, OSError, ValueError):
+        when = "--:--:--"
     return f"[{when}] {e.get('event', '?')} {detail}".rstrip()
 
 
@@ -190,6 +195,8 @@ def status_text(run: RunDir, st: RunStatus, slurm: str | None = None) -> str:
         lines.append(progress)
     if st.error:
         lines.append("error: " + st.error)
+    for why in st.damaged.values():
+        lines.append(f"warning: {why}: left out, so what is shown comes from the other files")
     for note in rec.notes if rec else []:
         lines.append("note: " + note)
     if rec and rec.processes:
@@ -224,11 +231,16 @@ def progress_text(progress: dict) -> str:
 
 def engine_word(run: RunDir) -> str:
     """The runs list's ENGINE column: vLLM, vLLM (CPU) or sim (from plan.json)."""
+    return _engine_and_problem(run)[0]
+
+
+def _engine_and_problem(run: RunDir) -> tuple[str, str | None]:
+    """The ENGINE column, and why plan.json cannot be read when it exists but is bad."""
     try:
         plan = read_plan(run.plan)
-    except PlanError:
-        return "-"
-    return "sim" if plan.simulated else plan.engine_label
+    except PlanError as e:
+        return "-", (str(e).replace(f"{run.plan}: ", "") if run.plan.exists() else None)
+    return ("sim" if plan.simulated else plan.engine_label), None
 
 
 def runs_text(entries: list[listing.Entry], statuses: dict[str, RunStatus], root) -> str:
@@ -239,16 +251,20 @@ def runs_text(entries: list[listing.Entry], statuses: dict[str, RunStatus], root
 
     def row(run: RunDir, indent: str) -> str:
         st = statuses[str(run.path)]
-        err = st.error.splitlines()[0][:60] if st.error else ""
+        engine, plan_problem = _engine_and_problem(run)
+        # a damaged file comes first: it says how far the rest of the row can be trusted
+        err = next(iter(st.damaged.values()), None) or plan_problem or st.error
+        err = err.splitlines()[0][:60] if err else ""
         created = st.submission.created or (st.record.started if st.record else None)
         name = indent + run.run_id
         return (f"{name:60} {st.state:10} {st.stage or '-':10} {age(created):>8}  "
-                f"{engine_word(run):10}  {err}")
+                f"{engine:10}  {err}")
 
     for e in entries:
         if isinstance(e, listing.Study):
             axes = ", ".join(f"{k}={','.join(map(str, v))}" for k, v in e.axes.items())
-            lines.append(f"{e.name}/  (study: {len(e.runs)} runs over {axes or '?'})")
+            damaged = f"; {e.damaged}" if e.damaged else ""
+            lines.append(f"{e.name}/  (study: {len(e.runs)} runs over {axes or '?'}{damaged})")
             lines += [row(r, "  ") for r in e.runs]
         else:
             lines.append(row(e, ""))

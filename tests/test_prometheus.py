@@ -300,6 +300,7 @@ def assert_binds_profile_host(listeners: list[tuple[str, str, int]], host: str) 
 def test_scrape_config_snippet_passes_promtool(tmp_path):
     promtool = _binary("promtool")
     runs = tmp_path / "runs"
+    runs.mkdir()  # a runs directory that does not exist is refused
     out = subprocess.run([sys.executable, "-m", "launcher.telemetry.promsd", str(runs)],
                          capture_output=True, text=True, cwd=REPO, check=True).stdout
     assert out == promsd.scrape_config(runs)

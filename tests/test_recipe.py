@@ -24,7 +24,9 @@ def test_seed_recipe_holds_every_seed_setting():
     assert r.vllm_args["mamba-ssm-cache-dtype"] == "bfloat16"
     assert r.vllm_args["language-model-only"] is True
     assert r.vllm_args["stream-interval"] == 100
-    assert r.vllm_args["gdn-prefill-backend"] == "flashinfer"
+    assert "gdn-prefill-backend" not in r.vllm_args  # not in the published recipe
+    assert r.vllm_args["no-enable-prefix-caching"] is True
+    assert r.kv_connector["kv_role"] == "kv_both"
     assert r.env["VLLM_SSM_CONV_STATE_LAYOUT"] == "DS"
     assert r.prefill.args["max-num-batched-tokens"] == 16384
     assert r.prefill.api_servers == r.decode.api_servers == 1
@@ -32,8 +34,10 @@ def test_seed_recipe_holds_every_seed_setting():
     assert (r.prefill.endpoints, r.prefill.data_parallel) == (4, 2)
     b = r.benchmark
     assert (b.input_len, b.output_len, b.range_ratio) == (8192, 1024, 0.8)
-    assert b.concurrency[0] == 64 and b.concurrency[-1] == 5120
+    assert b.concurrency == [64, 128, 256, 512, 1024, 2048, 3072]
+    assert (b.prompts_multiplier, b.warmup_multiplier) == (8, 1)
     assert r.accuracy.threshold == 0.88 and r.accuracy.task == "gsm8k"
+    assert (r.accuracy.harness, r.accuracy.repeat) == ("vllm", 5)
 
 
 def _err(ref, *sets):
@@ -142,19 +146,19 @@ def test_nan_and_infinity_are_refused(tmp_path):
         "model: {path: m, facts: {total_params_b: .inf, full_attention_layers: 1, "
         "num_kv_heads: 1, head_dim: 1}}\n"
     )
-    assert "model.facts.total_params_b: Input should be a finite number" in _err(
+    assert "model.facts.total_params_b: must be a finite number" in _err(
         _file(tmp_path, _seed_text(facts))
     )
     assert "kv_connector: it becomes vLLM's --kv-transfer-config JSON" in _err(
         _file(tmp_path, _seed_text("kv_connector: {x: .inf}\n"))
     )
-    assert "hold_s: Input should be a finite number" in _err(SEED, "hold_s=.nan")
+    assert "hold_s: must be a finite number" in _err(SEED, "hold_s=.nan")
 
 
 def test_model_facts_are_bounded(tmp_path):
     # 1e308 parameters overflowed to infinity inside the estimate (a traceback)
     msg = _err(SEED, "model.facts.total_params_b=1.0e+308")
-    assert "model.facts.total_params_b: Input should be less than or equal to 100000" in msg
+    assert "model.facts.total_params_b: must be 100000 or less" in msg
 
 
 def test_text_that_is_not_utf8_is_refused():
@@ -231,7 +235,7 @@ def _profile(tmp_path, **changes):
         ({"bind_host": "a\nb"}, "bind_host: 'a\\nb' contains a newline"),
         ({"models": {"hf_home": "/a:/b"}}, "models.hf_home: it is mounted into containers"),
         ({"containers": {"mounts": ["/a"]}}, "containers.mounts: mount /a: write it as"),
-        ({"gpu_memory_gib": 1e308}, "gpu_memory_gib: Input should be less than or equal"),
+        ({"gpu_memory_gib": 1e308}, "gpu_memory_gib: must be "),
     ],
 )
 def test_cluster_profile_values_are_checked(tmp_path, changes, words):

@@ -222,6 +222,12 @@ def _sweep_values(spec: str) -> tuple[str, list[str]]:
         raise UserError(
             f"--sweep {show(spec)}: write it as key.path=v1,v2,..., e.g. prefill.endpoints=4,8"
         )
+    empty = [i for i, v in enumerate(values.split(","), 1) if not v.strip()]
+    if empty:  # '4,,6' is a typo, not two values: dropping it would sweep something else
+        raise UserError(
+            f"--sweep {show(spec)}: value {empty[0]} is empty: remove the extra comma "
+            "(write '' for empty text)"
+        )
     if len(items) > MAX_STUDY_RUNS:
         raise UserError(
             f"--sweep {key.strip()}: {len(items):,} values; a study holds at most "

@@ -20,7 +20,16 @@ from pathlib import Path
 
 from launcher.errors import UserError
 from launcher.run import listing
-from launcher.run.rundir import RESERVE, CancelRecord, Reconciled, RunDir, RunStatus, plain, tail
+from launcher.run.rundir import (
+    RESERVE,
+    RUN,
+    CancelRecord,
+    Reconciled,
+    RunDir,
+    RunStatus,
+    plain,
+    tail,
+)
 from launcher.run.vocab import State
 
 # Slurm job states in which the batch step may still be alive.
@@ -42,7 +51,11 @@ def find(runs_dir: Path, ref: str | None) -> RunDir:
         if len(matches) > 1:
             names = ", ".join(m.run_id for m in matches[:5])
             raise UserError(f"{ref!r} matches several runs ({names}): give more of the name")
-        raise UserError(f"no run {ref!r} under {runs_dir} (see: python -m launcher runs)")
+        from launcher.spec.wording import did_you_mean
+
+        hint = did_you_mean(ref, [r.run_id for r in runs])
+        raise UserError(f"no run {ref!r} under {runs_dir} ({hint + '; ' if hint else ''}see: "
+                        "python -m launcher runs)")
     runs = listing.all_runs(runs_dir)
     if not runs:
         raise UserError(f"no runs under {runs_dir}: submit a recipe first")
@@ -98,8 +111,8 @@ def batch_output(run: RunDir, job: str | None) -> list[str]:
 def reconcile(run: RunDir) -> RunStatus:
     """The run's status, corrected (and recorded) when its orchestrator is gone."""
     st = run.status()
-    if st.final or st.state == State.PLANNED:
-        return st
+    if st.final or st.state == State.PLANNED or RUN in st.damaged:
+        return st  # a damaged run.json may hold an end: write nothing over what is there
     rec = st.record
     stage = f"; stage was {rec.stage}" if rec and rec.stage else ""
     if st.slurm_job_id:
@@ -271,25 +284,47 @@ def show_logs(run: RunDir, process: str | None, follow: bool, lines: int) -> int
         return 0
     path = run.log(process)
     if not path.exists():
+        from launcher.spec.wording import did_you_mean
+
         close = [f.stem for f in files if process in f.stem]
-        hint = f"; did you mean {', '.join(close)}" if close else ""
+        hint = f"did you mean {', '.join(close)}" if close else did_you_mean(
+            process, [f.stem for f in files])
+        hint = f"; {hint}" if hint else ""
         raise UserError(f"no log for process {process!r} in {run.logs}{hint}")
-    for line in tail(path, lines):
-        print(line)
-    if follow:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
+    with open(path, "rb") as f:
+        for line in tail(path, lines):
+            print(line)
+        f.seek(0, os.SEEK_END)
+        if follow:
             try:
-                while True:
-                    chunk = f.read()
-                    if chunk:
-                        sys.stdout.write(plain(chunk.decode("utf-8", "replace")))
-                        sys.stdout.flush()
-                    else:
-                        time.sleep(0.5)
+                _follow(run, f)
             except KeyboardInterrupt:
                 pass
     return 0
+
+
+def _follow(run: RunDir, f, poll_s: float = 0.5, check_s: float = 2.0) -> None:
+    """Print what is appended to `f` until the run has ended and all of it is printed."""
+    sys.stdout.flush()
+    next_check = 0.0
+    while True:
+        chunk = f.read()
+        if chunk:
+            sys.stdout.write(plain(chunk.decode("utf-8", "replace")))
+            sys.stdout.flush()
+            continue
+        if time.monotonic() >= next_check:
+            next_check = time.monotonic() + check_s
+            st = reconcile(run)
+            if st.final or st.state == State.PLANNED:  # nothing will write to it any more
+                rest = f.read()  # what was written between the last read and the check
+                if rest:
+                    sys.stdout.write(plain(rest.decode("utf-8", "replace")))
+                sys.stdout.flush()
+                print(f"(run {run.run_id} is {st.state}: nothing more will be written to this "
+                      "log)", file=sys.stderr)
+                return
+        time.sleep(poll_s)
 
 
 def cancel(run: RunDir, grace_s: float = 45.0) -> int:

@@ -7,11 +7,12 @@ list through `entries`, so they always show the same runs.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.run.rundir import STUDY, RunDir, read_json
+from launcher.run.rundir import STUDY, RunDir
 
 
 @dataclass
@@ -19,6 +20,7 @@ class Study:
     path: Path
     doc: dict[str, Any]
     runs: list[RunDir] = field(default_factory=list)
+    damaged: str | None = None  # study.json is not what it should be: left out, and why
 
     @property
     def name(self) -> str:
@@ -52,10 +54,38 @@ def _subdirs(path: Path) -> list[Path]:
         return []
 
 
+def _study_problem(doc: Any) -> str | None:
+    """What is wrong with study.json's shape (prepare writes: study, recipe, axes: {key:
+    [values]}, runs: [{run, values: {key: value}}]), or None."""
+    if not isinstance(doc, dict):
+        return "it is not a JSON object"
+    for key in ("study", "recipe"):
+        if doc.get(key) is not None and not isinstance(doc[key], str):
+            return f"{key} is not text"
+    axes = doc.get("axes", {})
+    if not isinstance(axes, dict) or not all(isinstance(v, list) for v in axes.values()):
+        return "axes is not a mapping of keys to lists of values"
+    runs = doc.get("runs", [])
+    if not isinstance(runs, list) or not all(
+        isinstance(r, dict) and isinstance(r.get("run"), str)
+        and isinstance(r.get("values", {}), dict) for r in runs
+    ):
+        return "runs is not a list of {run: name, values: {key: value}}"
+    return None
+
+
 def _study(path: Path) -> Study:
-    doc = read_json(path / STUDY, {})
     runs = [RunDir(p) for p in sorted(_subdirs(path)) if RunDir(p).exists()]
-    return Study(path, doc if isinstance(doc, dict) else {}, runs)
+    try:
+        doc = json.loads((path / STUDY).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return Study(path, {}, runs)
+    except (OSError, ValueError, RecursionError) as e:
+        why = getattr(e, "strerror", None) or f"not valid JSON: {str(e)[:80]}"
+        return Study(path, {}, runs, f"{STUDY} is damaged ({why})")
+    why = _study_problem(doc)
+    # a damaged study.json costs its axes and labels, not the listing of its runs
+    return Study(path, {}, runs, f"{STUDY} is damaged ({why})") if why else Study(path, doc, runs)
 
 
 def entries(runs_dir: Path) -> list[Entry]:

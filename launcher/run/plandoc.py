@@ -214,6 +214,9 @@ class PlanDoc:
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise PlanError(f"plan.json is malformed ({type(e).__name__}: {e})") from None
+        _check_types(doc, "")  # run_id, engine, ...: readers format them as text
+        if not all(isinstance(c, dict) for c in doc.capacity):
+            raise PlanError("plan.json is malformed (capacity is not a list of objects)")
         for what, items in (("nodes", doc.nodes), ("endpoints", doc.endpoints),
                             ("processes", doc.processes)):
             for i, item in enumerate(items):
@@ -242,7 +245,8 @@ def _check_types(obj: Any, where: str) -> None:
             ok = all(isinstance(x, inner) and not isinstance(x, bool) for x in v)
         if not ok:
             raise PlanError(
-                f"plan.json is malformed ({where}.{f.name} is {v!r}, not {f.type})"
+                f"plan.json is malformed ({where + '.' if where else ''}{f.name} is {v!r}, "
+                f"not {f.type})"
             )
 
 

@@ -16,8 +16,23 @@ import math
 from pathlib import Path
 from typing import Any
 
+from launcher.run.rundir import shape_problem
+
 # Sidecar the orchestrator writes next to a real `vllm bench serve` file.
 WINDOW_SUFFIX = ".window.json"
+# The types the figures rely on in a result file (vLLM's schema; NaN is what vLLM writes
+# for a statistic of no requests); a file with another type in one of them is damaged.
+RESULT_TYPES = {
+    "max_concurrency": "int | None", "num_prompts": "int | None", "completed": "int | None",
+    "failed": "int | None", "total_input_tokens": "int | None",
+    "total_output_tokens": "int | None", "duration": "real | None", "date": "str | None",
+    "driver": "str | None", "status": "str | None", "failure_reason": "str | None",
+    "window_start": "real | None", "window_end": "real | None", "errors": "list[str] | None",
+    "ttfts": "list[real] | None", "latencies": "list[real] | None",
+    "output_lens": "list[int] | None",
+    **{f"{q}_{m}_ms": "real | None" for m in ("ttft", "tpot", "itl", "e2el")
+       for q in ("mean", "median", "p50", "p90", "p99")},
+}  # fmt: skip
 
 
 def percentile(xs: list[float], p: float) -> float:
@@ -78,12 +93,18 @@ def _window_sidecar(path: Path) -> dict[str, Any]:
     return {}
 
 
-def load_result(path: str | Path) -> dict[str, Any] | None:
+def load_result(path: str | Path, problems: list | None = None) -> dict[str, Any] | None:
     """One result file of either driver, normalized (see `load_results`); None when the file
-    is missing or is not a benchmark result."""
+    is missing or is not a benchmark result, or is damaged: then (its name, why) goes to
+    `problems` when given."""
     path = Path(path)
     res = _load_one(path)
     if res is None or "completed" not in res:
+        return None
+    why = shape_problem(res, RESULT_TYPES)
+    if why:
+        if problems is not None:
+            problems.append((f"bench/{path.name}", f"bench/{path.name} is damaged ({why})"))
         return None
     res = dict(res)
     res["file"] = path.name
@@ -104,7 +125,10 @@ def load_result(path: str | Path) -> dict[str, Any] | None:
 def point_failure(result_file: str | Path, exit_code: int | None = 0) -> str | None:
     """Why a sweep point failed, or None when it is ok: for the orchestrator, after the client
     (either driver) exited with `exit_code`."""
-    res = load_result(result_file)
+    damaged: list = []
+    res = load_result(result_file, damaged)
+    if damaged:
+        return damaged[0][1]
     if res is None:
         return (f"no result file {Path(result_file).name} "
                 f"(the client exited with status {exit_code}; see its log)")
@@ -115,20 +139,20 @@ def point_failure(result_file: str | Path, exit_code: int | None = 0) -> str | N
     return None
 
 
-def load_results(run_dir: str | Path) -> list[dict[str, Any]]:
+def load_results(run_dir: str | Path, problems: list | None = None) -> list[dict[str, Any]]:
     """Every sweep point in `<run_dir>/bench/`, from either driver, sorted by max_concurrency.
 
     Each dict is the file's content plus `file` (its name) and, always present, `driver`
     ("builtin" | "vllm"), `status`, `failure_reason`, `window_start`, `window_end` (None when
     unknown). A real `vllm bench serve` file gets its status derived (failed requests, zero
     output tokens, fewer completed than num_prompts) and its window from the sidecar
-    `<name>.window.json`."""
+    `<name>.window.json`. A damaged file is left out, (its name, why) in `problems`."""
     bench = Path(run_dir) / "bench"
     points = []
     for path in sorted(bench.glob("*.json")):
         if path.name.endswith(WINDOW_SUFFIX) or path.name.endswith(".pytorch.json"):
             continue
-        res = load_result(path)
+        res = load_result(path, problems)
         if res is not None:
             points.append(res)
 

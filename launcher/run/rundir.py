@@ -27,10 +27,11 @@ configuration. `launcher.run.listing` is the one way to list runs and studies.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +145,116 @@ def _pick(cls, d: Any) -> dict:
     return {k: v for k, v in (d or {}).items() if k in names} if isinstance(d, dict) else {}
 
 
+class RecordError(ValueError):
+    """A record file that is valid JSON but not what its dataclass says: one sentence."""
+
+
+_ENUMS = {"State": State, "Stage": Stage, "Kind": Kind}
+
+
+def _fits(v: Any, t: str) -> bool:
+    """Whether JSON value `v` is of annotation `t` (a field's type, as text)."""
+    for alt in t.split(" | "):
+        if alt == "Any" or (alt == "None" and v is None):
+            return True
+        if alt in ("str", "bool") and type(v) is {"str": str, "bool": bool}[alt]:
+            return True
+        if alt == "int" and type(v) is int:
+            return True
+        # a number reaches arithmetic and time formatting: NaN and infinity mean nothing there
+        if alt == "float" and type(v) in (int, float) and math.isfinite(v):
+            return True
+        if alt == "real" and type(v) in (int, float):  # NaN allowed: vLLM writes it
+            return True
+        if alt in _ENUMS and isinstance(v, str) and v in set(_ENUMS[alt]):
+            return True
+        if alt in ("dict", "dict[str, Any]") and isinstance(v, dict):
+            return True
+        if alt.startswith("dict[str, ") and isinstance(v, dict):
+            inner = alt.removeprefix("dict[str, ").removesuffix("]")
+            if inner in _NAMED or all(_fits(x, inner) for x in v.values()):
+                return True  # a named record's own fields are checked by its reader
+        if alt.startswith("list[") and isinstance(v, list):
+            inner = alt.removeprefix("list[").removesuffix("]")
+            if all(_fits(x, inner) for x in v):
+                return True
+    return False
+
+
+_NAMED = ("ProcessRecord",)
+
+
+def shape_problem(d: Any, spec: dict[str, str], where: str = "") -> str | None:
+    """What in the JSON object `d` is not of `spec` (key -> type as annotation text, e.g.
+    "float | None"; absent keys pass), in words; None when it fits. For record files that
+    are not dataclasses here (summary.json, results), so every reader says it one way."""
+    if not isinstance(d, dict):
+        return f"{where.rstrip('.') or 'the file'} is {_shown(d)}, not a JSON object"
+    for key, t in spec.items():
+        if key in d and not _fits(d[key], t):
+            return f"{where}{key} is {_shown(d[key])}, not {_wanted(t)}"
+    return None
+
+
+def _wanted(t: str) -> str:
+    """A field's type as a reader of the message knows it."""
+    words = {"str": "text", "int": "a whole number", "float": "a finite number", "real": "a number",
+             "bool": "true or false", "None": "null", "Any": "anything",
+             "dict": "a mapping", "list[str]": "a list of text",
+             "list[int]": "a list of whole numbers", "list[real]": "a list of numbers",
+             "list[dict]": "a list of mappings", "dict[str, int]": "a mapping to whole numbers",
+             "dict[str, float]": "a mapping to numbers"}  # fmt: skip
+    out = []
+    for alt in t.split(" | "):
+        if alt in _ENUMS:
+            out.append("one of " + ", ".join(_ENUMS[alt]))
+        else:
+            out.append(words.get(alt) or ("a mapping" if alt.startswith("dict[") else
+                                          "a list" if alt.startswith("list[") else alt))
+    return " or ".join(out)
+
+
+def _typed(cls, d: Any, where: str = "") -> dict:
+    """The fields of dataclass `cls` in `d`, each checked against its type; RecordError
+    naming the field otherwise. Unknown keys are left out (other versions)."""
+    if not isinstance(d, dict):
+        raise RecordError(f"{where.rstrip('.') or 'the file'} is {_shown(d)}, not a JSON object")
+    kw = _pick(cls, d)
+    for f in fields(cls):
+        if f.name not in kw:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise RecordError(f"{where}{f.name} is missing")
+        elif not _fits(kw[f.name], str(f.type)):
+            raise RecordError(f"{where}{f.name} is {_shown(kw[f.name])}, "
+                              f"not {_wanted(str(f.type))}")
+    return kw
+
+
+def _shown(v: Any) -> str:
+    text = json.dumps(v, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _read_record(path: Path, parse) -> tuple[Any, str | None]:
+    """(parse(JSON at path), None); (None, None) when the file is missing; (None, why) when
+    it is damaged: unreadable, not JSON, or of the wrong shape. A damaged record is read as
+    missing (readers must go on) and named (a person must learn which file it was)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as e:
+        return None, f"{path.name} cannot be read ({getattr(e, 'strerror', None) or e})"
+    try:
+        d = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        return None, f"{path.name} is damaged (not valid JSON: {str(e)[:80]})"
+    try:
+        return parse(d), None
+    except RecordError as e:
+        return None, f"{path.name} is damaged ({e})"
+
+
 # --- records --------------------------------------------------------------------------------
 
 
@@ -195,14 +306,21 @@ class RunRecord:
 
     @classmethod
     def from_json(cls, d: Any) -> RunRecord:
-        kw = _pick(cls, d)
-        kw["state"] = State(kw.get("state") or State.RUNNING)
+        """run.json's content; RecordError naming the field of a wrong type."""
+        stages = {k: d.get(k) for k in ("stage", "failed_stage")} if isinstance(d, dict) else {}
+        if isinstance(d, dict):  # a stage of another launcher version reads as none
+            d = {**d, **{k: None for k, v in stages.items() if isinstance(v, str)
+                         and v not in set(Stage)}}  # fmt: skip
+        kw = _typed(cls, d)
+        kw["state"] = State(kw.get("state", State.RUNNING))
         for key in ("stage", "failed_stage"):
-            kw[key] = Stage(kw[key]) if kw.get(key) in set(Stage) else None
+            kw[key] = Stage(kw[key]) if kw.get(key) is not None else None
         kw["processes"] = {
-            name: ProcessRecord(**{**_pick(ProcessRecord, p), "kind": Kind(p.get("kind"))})
+            name: ProcessRecord(**{**_typed(ProcessRecord, p, f"processes.{name}."),
+                                   "kind": Kind(p["kind"])})
             for name, p in (kw.get("processes") or {}).items()
-            if isinstance(p, dict) and p.get("kind") in set(Kind)
+            if not (isinstance(p, dict) and isinstance(p.get("kind"), str)
+                    and p["kind"] not in set(Kind))  # a kind of another version: left out
         }
         return cls(**kw)
 
@@ -254,6 +372,8 @@ class RunStatus:
     cancel: CancelRecord | None
     reconciled: Reconciled | None
     slurm_job_id: str | None
+    # record files read as missing because they are damaged: file name -> one sentence
+    damaged: dict[str, str] = field(default_factory=dict)
 
     @property
     def final(self) -> bool:
@@ -300,8 +420,7 @@ class RunDir:
 
     # run.json (orchestrator)
     def read_record(self) -> RunRecord | None:
-        d = read_json(self.state_file)
-        return RunRecord.from_json(d) if isinstance(d, dict) else None
+        return _read_record(self.state_file, RunRecord.from_json)[0]
 
     def write_record(self, record: RunRecord) -> None:
         record.updated = time.time()
@@ -309,25 +428,21 @@ class RunDir:
 
     # submission.json (prepare, submit)
     def read_submission(self) -> Submission:
-        return Submission(**_pick(Submission, read_json(self.submission_file)))
+        return _read_record(self.submission_file, _submission)[0] or Submission()
 
     def write_submission(self, sub: Submission) -> None:
         write_json(self.submission_file, asdict(sub))
 
     # cancel.json (cancel)
     def read_cancel(self) -> CancelRecord | None:
-        d = read_json(self.cancel_file)
-        return CancelRecord(**_pick(CancelRecord, d)) if isinstance(d, dict) and "by" in d else None
+        return _read_record(self.cancel_file, _cancel)[0]
 
     def write_cancel(self, rec: CancelRecord) -> None:
         write_json(self.cancel_file, asdict(rec))
 
     # reconciled.json (status/runs/cancel)
     def read_reconciled(self) -> Reconciled | None:
-        d = read_json(self.reconciled_file)
-        if not isinstance(d, dict) or d.get("state") not in set(State):
-            return None
-        return Reconciled(**{**_pick(Reconciled, d), "state": State(d["state"])})
+        return _read_record(self.reconciled_file, _reconciled)[0]
 
     def write_reconciled(self, rec: Reconciled) -> None:
         write_json(self.reconciled_file, asdict(rec))
@@ -351,11 +466,20 @@ class RunDir:
         return self.accuracy / f"{task}.json"
 
     def status(self) -> RunStatus:
-        """The run's state from its files alone (no Slurm call: see control.runs)."""
-        record = self.read_record()
-        sub = self.read_submission()
-        cancel = self.read_cancel()
-        rec = self.read_reconciled()
+        """The run's state from its files alone (no Slurm call: see control.runs). A damaged
+        record file counts as missing and is named in `damaged`."""
+        damaged: dict[str, str] = {}
+
+        def read(path: Path, parse):
+            obj, why = _read_record(path, parse)
+            if why:
+                damaged[path.name] = why
+            return obj
+
+        record = read(self.state_file, RunRecord.from_json)
+        sub = read(self.submission_file, _submission) or Submission()
+        cancel = read(self.cancel_file, _cancel)
+        rec = read(self.reconciled_file, _reconciled)
         job = (record.slurm_job_id if record else None) or sub.slurm_job_id
         if record is not None and record.state in FINAL_STATES:
             state, error = record.state, record.error
@@ -386,7 +510,21 @@ class RunDir:
             cancel=cancel,
             reconciled=rec,
             slurm_job_id=job,
+            damaged=damaged,
         )
+
+
+def _submission(d: Any) -> Submission:
+    return Submission(**_typed(Submission, d))
+
+
+def _cancel(d: Any) -> CancelRecord:
+    return CancelRecord(**_typed(CancelRecord, d))
+
+
+def _reconciled(d: Any) -> Reconciled:
+    kw = _typed(Reconciled, d)
+    return Reconciled(**{**kw, "state": State(kw["state"])})
 
 
 def concurrency_of(result: str | Path) -> int:

@@ -170,14 +170,18 @@ def load(ref: str) -> Cluster:
     elif st is None:
         if "/" in ref or path.suffix in (".yaml", ".yml"):
             raise UserError(f"cluster profile file {show(ref)} does not exist")
+        from launcher.spec.wording import did_you_mean
+
+        hint = did_you_mean(ref, found)
         raise UserError(
-            f"no cluster profile {show(ref)}: give a YAML path or one of: {', '.join(found)}"
+            f"no cluster profile {show(ref)}{f' ({hint})' if hint else ''}: give a YAML path "
+            f"or one of: {', '.join(found)}"
         )
     data = read_yaml(path, "a cluster profile")
     try:
         return Cluster.model_validate(data)
     except ValidationError as e:
-        raise UserError(format_error(e, str(path))) from None
+        raise UserError(format_error(e, str(path), model=Cluster)) from None
 
 
 def profile_nodes(cluster: Cluster, count: int) -> list[str]:

@@ -239,6 +239,11 @@ class Benchmark(Strict):
     )
     prompts_multiplier: int = Field(default=5, ge=1, le=1000)
     warmup: int = Field(default=0, ge=0, le=100_000, description="warmup requests per point")
+    warmup_multiplier: int | None = Field(
+        default=None, ge=0, le=1000,
+        description="warmup requests per point = this x concurrency (sa-bench's "
+        "num_warmup_mult); in place of warmup",
+    )  # fmt: skip
     on_failure: Literal["continue", "stop"] = "continue"
     enabled: bool = True
 
@@ -255,8 +260,22 @@ class Benchmark(Strict):
             )
         return v
 
+    @model_validator(mode="after")
+    def _one_warmup(self) -> Benchmark:
+        if self.warmup and self.warmup_multiplier is not None:
+            raise ValueError(
+                "set warmup (a fixed count) or warmup_multiplier (x concurrency), not both"
+            )
+        return self
+
     def prompts(self, concurrency: int) -> int:
         return self.prompts_per_point or self.prompts_multiplier * concurrency
+
+    def warmups(self, concurrency: int) -> int:
+        """Warm-up requests before the point's measured ones (not measured)."""
+        if self.warmup_multiplier is not None:
+            return self.warmup_multiplier * concurrency
+        return self.warmup
 
 
 class Accuracy(Strict):
@@ -450,6 +469,11 @@ def _no_control_chars(value: Any, where: str) -> None:
             )
 
 
+# kv_connector.kv_role: the one role a recipe may name, for every side (without it the
+# launcher gives prefill kv_producer and decode kv_consumer).
+KV_ROLE_SCHEMES = ("kv_both",)
+
+
 class Recipe(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=100)
     description: str = ""
@@ -482,7 +506,9 @@ class Recipe(Strict):
             "kv_buffer_device": "cuda",
             "kv_connector_extra_config": {"backends": ["UCX"]},
         },
-        description="--kv-transfer-config without kv_role (the launcher sets the role)",
+        description="--kv-transfer-config; without kv_role the launcher sets kv_producer on "
+        "prefill and kv_consumer on decode, with kv_role: kv_both both sides get kv_both (the "
+        "published recipes' scheme)",
     )
     prefill: Pool = Field(default_factory=lambda: Pool(endpoints=0))
     decode: Pool = Field(default_factory=lambda: Pool(endpoints=0))
@@ -512,6 +538,12 @@ class Recipe(Strict):
                 "it becomes vLLM's --kv-transfer-config JSON: write strings, finite numbers, "
                 "true/false, null, lists and mappings only"
             ) from None
+        role = v.get("kv_role")
+        if role is not None and role not in KV_ROLE_SCHEMES:
+            raise ValueError(
+                f"kv_role {show(role)}: leave it out (kv_producer on prefill, kv_consumer on "
+                "decode) or write kv_both (both sides kv_both, as the published recipes)"
+            )
         return v
 
     @model_validator(mode="after")
@@ -598,7 +630,7 @@ def resolve_path(ref: str) -> Path:
         st = None
     if p.suffix in (".yaml", ".yml") or st is not None:
         if st is None:
-            raise UserError(f"recipe file {show(ref)} does not exist")
+            raise UserError(f"recipe file {show(ref)} does not exist{_near_file(p)}")
         if stat.S_ISDIR(st.st_mode):
             raise UserError(
                 f"recipe {show(ref)} is a directory: give a recipe YAML file or the name of a "
@@ -608,8 +640,25 @@ def resolve_path(ref: str) -> Path:
     found = shipped()
     if ref in found:
         return found[ref]
+    from launcher.spec.wording import did_you_mean
+
     names = ", ".join(found) or "none"
-    raise UserError(f"no recipe named {show(ref)}: give a YAML path or one of: {names}")
+    hint = did_you_mean(ref, found)
+    hint = f" ({hint})" if hint else ""
+    raise UserError(f"no recipe named {show(ref)}{hint}: give a YAML path or one of: {names}")
+
+
+def _near_file(p: Path) -> str:
+    """' (did you mean ...?)' for a mistyped recipe file: a file beside it, or a shipped
+    recipe's name; '' when none is close."""
+    from launcher.spec.wording import did_you_mean
+
+    try:
+        here = [str(f) for f in p.parent.glob("*.y*ml")]
+    except (OSError, ValueError):
+        here = []
+    hint = did_you_mean(str(p), here) or did_you_mean(p.stem, shipped())
+    return f" ({hint})" if hint else ""
 
 
 def yaml_module():
@@ -751,15 +800,22 @@ def apply_overrides(data: dict, overrides: list[str], flag: str = "--set") -> di
 
 
 def format_error(
-    e: ValidationError, source: str, overrides: list[str] | None = None, sweep: list[str] = ()
+    e: ValidationError, source: str, overrides: list[str] | None = None, sweep: list[str] = (),
+    *, model: type[BaseModel] | None = None, data: Any = None,
 ) -> str:
     """One sentence for the first problem, naming the file, the --set or --sweep value that
-    brought it, and the key (pydantic's per-union-member noise is dropped)."""
+    brought it, and the key, in the launcher's words (launcher.spec.wording: the accepted
+    form, the real bound, the key or value probably meant), not pydantic's."""
+    from launcher.spec import wording
+
     origins = [(o.partition("=")[0].strip(), f"--set {o.partition('=')[0].strip()}") for o in overrides or []]
     origins += [(s.partition("=")[0].strip(), f"--sweep value {show(s)}") for s in sweep]
-    errors, seen = [], set()
+    errors, seen, members = [], set(), {}
     for err in e.errors():
         loc = tuple(str(x) for x in err["loc"] if not _union_member(x))
+        tried = [str(x) for x in err["loc"] if _union_member(x)]
+        if tried:
+            members.setdefault(loc, []).append(tried[-1])
         if loc not in seen:
             seen.add(loc)
             errors.append((".".join(loc), err))
@@ -773,12 +829,18 @@ def format_error(
     source = show(source, 200)
     where = f"{source} with {came[-1]}" if came else source
     if err["type"] == "extra_forbidden":
-        text = f"{where}: unknown key {loc!r}"
+        *parent, key = loc.split(".")
+        hint = wording.did_you_mean(key, wording.fields_at(model or Recipe, parent))
+        text = f"{where}: unknown key {loc!r}" + (f"; {hint}" if hint else "")
     elif err["type"] == "missing":
         text = f"{where}: missing required key {loc!r}"
     else:
         got = err.get("input")
-        shown = "" if isinstance(got, dict | list) or not loc else f" (got {str(got)[:60]!r})"
+        msg, has_value = wording.message(err, members.get(tuple(loc.split(".")), []))
+        if err["type"] in ("greater_than_equal", "greater_than"):
+            msg = wording.real_bound(loc, data) or msg
+        shown = ("" if has_value or isinstance(got, dict | list) or not loc
+                 else f" (got {str(got)[:60]!r})")
         text = f"{where}: {loc + ': ' if loc else ''}{msg}{shown}"
     more = len(errors) - 1
     return text + (f" (and {more} more problem{'s' if more > 1 else ''})" if more else "")
@@ -880,7 +942,7 @@ def validate(
     try:
         return Recipe.model_validate(data)
     except ValidationError as e:
-        raise UserError(format_error(e, source, overrides, sweep)) from None
+        raise UserError(format_error(e, source, overrides, sweep, data=data)) from None
 
 
 def dump(recipe: Recipe) -> str:

@@ -35,9 +35,9 @@ from urllib.parse import urlsplit
 from launcher.run.plandoc import PlanDoc, Process
 from launcher.run.rundir import STUDY, RunDir, read_json, write_json
 from launcher.run.vocab import Kind
+from launcher.telemetry.promconfig import JOB_NAME, add_arguments
 
 SD_DIRNAME = "prometheus"  # in a run directory and in a runs directory
-JOB_NAME = "pd-launcher"
 # Labels only Prometheus's relabeling sees (dropped before storage): the run directory, so
 # `prune` can tell whose targets a file in a shared directory lists.
 RUN_DIR_LABEL = "__pd_run_dir"
@@ -212,40 +212,35 @@ def scrape_config(runs_dir_or_sd_dir: str | Path, *, job_name: str = JOB_NAME,
     ])
 
 
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    """The command's arguments (shared by `python -m launcher prometheus-config`)."""
-    ap.add_argument("path", nargs="?", type=Path, default=None,
-                    help="a runs directory (default ./runs), one run directory, or a "
-                    "directory of target files (a profile's prometheus_sd_dir)")
-    ap.add_argument("--cluster", help="use this cluster profile's prometheus_sd_dir")
-    ap.add_argument("--sd-dir", action="store_true", help="PATH is a directory of target files")
-    ap.add_argument("--job-name", default=JOB_NAME)
-    ap.add_argument("--scrape-interval", default="5s")
-    ap.add_argument("--refresh-interval", default="10s",
-                    help="how often Prometheus re-reads the files (what inotify misses on NFS)")
-    ap.add_argument("--prune", action="store_true",
-                    help="instead: remove target files of runs that ended without teardown")
-
-
 def run(a: argparse.Namespace) -> int:
+    """The command; a problem is one line on stderr and exit status 2."""
     path, is_sd = a.path, a.sd_dir
     if a.cluster:
         from launcher.errors import UserError
         from launcher.spec import cluster as cluster_mod
 
+        if path is not None:
+            return _refuse(f"give a runs directory ({path}) or --cluster {a.cluster}, not both")
         try:
             profile = cluster_mod.load(a.cluster)
         except UserError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+            return _refuse(str(e))
         if not profile.prometheus_sd_dir:
-            print(f"error: cluster profile {profile.name!r} sets no prometheus_sd_dir: its jobs "
-                  "list their targets under their runs directory; pass that instead",
-                  file=sys.stderr)
-            return 2
+            return _refuse(
+                f"cluster profile {profile.name!r} sets no prometheus_sd_dir, so its jobs list "
+                "their targets under their runs directory: give that directory instead "
+                "(python -m launcher prometheus-config RUNS_DIR), or set prometheus_sd_dir"
+            )
         path, is_sd = Path(profile.prometheus_sd_dir), True
-    if path is None:
-        path = Path("runs")
+    else:
+        # a mistyped directory would give a config that silently finds nothing
+        shown = path if path is not None else "./runs"
+        path = Path("runs") if path is None else path
+        if not path.exists():
+            return _refuse(f"runs directory {shown} does not exist: give the directory your "
+                           "jobs were submitted with (submit --runs-dir), or --cluster PROFILE")
+        if not path.is_dir():
+            return _refuse(f"{shown} is not a directory: give a runs directory")
     if a.prune:
         for p in prune(sd_dir_of(path, is_sd_dir=is_sd)):
             print(f"removed {p}")
@@ -253,6 +248,11 @@ def run(a: argparse.Namespace) -> int:
     sys.stdout.write(scrape_config(path, job_name=a.job_name, scrape_interval=a.scrape_interval,
                                    refresh_interval=a.refresh_interval, is_sd_dir=is_sd))
     return 0
+
+
+def _refuse(why: str) -> int:
+    print(f"error: {' '.join(why.split())}", file=sys.stderr)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:

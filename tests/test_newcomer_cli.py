@@ -1,0 +1,421 @@
+"""Issue 28, items 7, 9b, 11 and 12: commands that do what the README says, one damaged file
+that costs only itself, output into a closed pipe, `logs -f` that ends with its run, and
+errors in the launcher's own words with the name that was probably meant."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import json
+import re
+import subprocess
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+from helpers import plan_doc, profile_copy
+
+from launcher import cli as cli_mod
+from launcher.run import figures, results
+from launcher.run.rundir import (
+    CancelRecord,
+    ProcessRecord,
+    Reconciled,
+    RunDir,
+    RunRecord,
+    Submission,
+    write_json,
+)
+from launcher.run.vocab import Kind, Stage, State
+
+REPO = Path(__file__).resolve().parents[1]
+PROC = "decode-0@n1"
+T0 = 1_764_400_000.0
+
+
+def one_error_line(rc: int, out: str, err: str) -> str:
+    """A refusal as the CLI must give it: exit 2, nothing on stdout, one line 'error: ...'."""
+    assert rc == 2, (rc, out, err)
+    assert out == "" and "Traceback" not in err, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+# --- 7: prometheus-config ------------------------------------------------------------------
+
+
+def test_prometheus_config_takes_what_the_readme_documents(cli, tmp_path):
+    rc, out, err = cli("prometheus-config", "--help")
+    assert rc == 0 and "--cluster" in out and "unrecognized" not in err, (out, err)
+    # the shipped GB200 profile names no shared folder: said in one line, not "unrecognized"
+    line = one_error_line(*cli("prometheus-config", "--cluster", "gb200-nvl72"))
+    assert "prometheus_sd_dir" in line and "unrecognized" not in line
+    line = one_error_line(*cli("prometheus-config", "/nonexistent"))
+    assert "/nonexistent does not exist" in line
+    (tmp_path / "a-file").write_text("x")
+    one_error_line(*cli("prometheus-config", str(tmp_path / "a-file")))
+    one_error_line(*cli("prometheus-config"))  # ./runs does not exist in tmp_path either
+    # every invocation the README and docs/prometheus.md show, on real paths, works
+    runs = tmp_path / "lustre-runs"
+    runs.mkdir()
+    sd = tmp_path / "shared-sd"
+    profile = profile_copy(tmp_path / "your-profile.yaml", "gb200-nvl72",
+                           prometheus_sd_dir=str(sd))
+    shown = []
+    for doc in (REPO / "README.md", REPO / "docs" / "prometheus.md"):
+        shown += re.findall(r"python -m launcher (prometheus-config [^\n`]*)", doc.read_text())
+    assert len(shown) >= 3, shown
+    for line in shown:
+        words = line.split("#")[0].split()
+        words = [str(runs) if w.startswith("/lustre") else profile if w.endswith(
+            "profile.yaml") else w for w in words]
+        if "RUNS_DIR" in words:
+            words[words.index("RUNS_DIR")] = str(runs)
+        rc, out, err = cli(*words)
+        assert rc == 0 and "scrape_configs:" in out, (line, err)
+        want = f"{sd}/*.json" if "--cluster" in words else f"{runs}/prometheus/*.json"
+        assert json.dumps(want) in out, (line, out)
+    one_error_line(*cli("prometheus-config", str(runs), "--cluster", profile))
+
+
+# --- 9b: a record file of the right JSON but the wrong types ---------------------------------
+
+
+def _bench_result() -> dict:
+    return {
+        "date": "20251129-070704", "num_prompts": 320, "max_concurrency": 64,
+        "duration": 100.0, "completed": 320, "failed": 0, "total_input_tokens": 320 * 8192,
+        "total_output_tokens": 320 * 1024, "driver": "builtin", "status": "ok",
+        "failure_reason": None, "window_start": T0 + 10, "window_end": T0 + 110,
+        "errors": [""] * 2, "ttfts": [0.3, 0.4], "latencies": [20.0, 21.0],
+        "output_lens": [1024, 1024],
+        **{f"{q}_{m}_ms": 20.0 for m in ("ttft", "tpot", "itl", "e2el")
+           for q in ("mean", "median", "p50", "p90", "p99")},
+    }  # fmt: skip
+
+
+def _accuracy() -> dict:
+    return {"task": "gsm8k", "harness": "lm-eval", "accuracy": 0.9, "threshold": 0.88,
+            "passed": True, "metric": "strict-match",
+            "scores": {"strict-match": {"accuracy": 0.9}}, "num_questions": 10,
+            "num_shots": 5, "chat": False, "invalid_rate": 0.0, "status": "ok",
+            "failure_reason": None, "repeat": 1, "spread": {},
+            "comparable_with_lm_eval": True, "timestamp": T0 + 200}  # fmt: skip
+
+
+@functools.cache
+def _plan_json() -> dict:
+    return plan_doc(prefill=1, decode_dp=4).to_json()
+
+
+def write_run(root: Path, name: str, *, summary: bool = True) -> RunDir:
+    """A finished run with every record file, each field set (so each can be damaged)."""
+    rd = RunDir(root / name)
+    rd.path.mkdir(parents=True)
+    write_json(rd.plan, {**_plan_json(), "run_id": name})
+    proc = ProcessRecord(node="n1", kind=Kind.ENGINE, pid=4321, started=T0, exit_code=0,
+                         stopped=True, log=f"logs/{PROC}.log", lost=False)
+    rd.write_record(RunRecord(
+        state=State.SUCCEEDED, stage=Stage.REPORT, started=T0, ended=T0 + 300, host="login",
+        orchestrator_pid=1234, slurm_job_id="77", error="no error", culprit=PROC,
+        failed_stage=Stage.SWEEP, serving=False, router_url="http://n1:8000",
+        processes={PROC: proc}, progress={"sweep": {}}, accuracy=0.9, accuracy_passed=True,
+        notes=["a note"], identity={"vllm": "0.33.0"},
+    ))  # fmt: skip
+    rd.write_submission(Submission(created=T0 - 60, study=None, by="me", slurm_job_id="77",
+                                   submitted=T0 - 50, error=None))
+    rd.write_cancel(CancelRecord(by="me@login", ts=T0 + 299, outcome="scancel"))
+    rd.write_reconciled(Reconciled(State.CANCELLED, "cancelled", T0 + 301, "slurm"))
+    write_json(rd.bench_result(64), _bench_result())
+    write_json(rd.accuracy_result(), _accuracy())
+    rd.logs.mkdir()
+    rd.log(PROC).write_text("".join(f"line {i}\n" for i in range(50)))
+    if summary:
+        figures.write_summary(rd.path)
+    return rd
+
+
+def _wrong(type_text: str):
+    """A JSON value that is not of the annotation `type_text`."""
+    first = type_text.split(" | ")[0]
+    if first.startswith("dict"):
+        return ["not", "a", "mapping"]
+    if first.startswith("list"):
+        return {"not": "a list"}
+    return {"str": 5, "int": "5", "float": "fast", "real": "fast", "bool": "yes"}.get(first, 5)
+
+
+def damage_cases() -> list[tuple[str, tuple, object]]:
+    """(file, key path, wrong value): every field of every record file, a wrong type each."""
+    out = [("run.json", (), [1, 2])]
+    for f in fields(RunRecord):
+        out.append(("run.json", (f.name,), _wrong(str(f.type))))
+        if "None" not in str(f.type):
+            out.append(("run.json", (f.name,), None))
+    for f in fields(ProcessRecord):
+        out.append(("run.json", ("processes", PROC, f.name), _wrong(str(f.type))))
+    for file, cls in (("submission.json", Submission), ("cancel.json", CancelRecord),
+                      ("reconciled.json", Reconciled)):
+        out.append((file, (), "text"))
+        out += [(file, (f.name,), _wrong(str(f.type))) for f in fields(cls)]
+    out += [("summary.json", (k,), _wrong(t)) for k, t in figures.SUMMARY_TYPES.items()]
+    out += [("summary.json", ("points", 0, k), _wrong(t)) for k, t in figures.POINT_TYPES.items()]
+    out += [("bench/c00064.json", (k,), _wrong(t)) for k, t in results.RESULT_TYPES.items()]
+    out += [("accuracy/gsm8k.json", (k,), _wrong(t)) for k, t in figures.ACCURACY_TYPES.items()]
+    out += [("plan.json", (k,), {"a": 1}) for k in ("run_id", "recipe", "cluster", "engine",
+                                                    "mode", "engine_platform")]
+    out += [("plan.json", ("capacity",), "x"), ("plan.json", ("model", "path"), 5)]
+    return out
+
+
+def _damage(rd: RunDir, file: str, path: tuple, value) -> None:
+    target = rd.path / file
+    doc = json.loads(target.read_text())
+    if not path:
+        doc = value
+    else:
+        node = doc
+        for part in path[:-1]:
+            node = node[part]
+        node[path[-1]] = value
+    target.write_text(json.dumps(doc))
+    if file.startswith(("bench/", "accuracy/")):
+        rd.summary.unlink()  # else the report shows the summary, not these files
+
+
+def _main(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli_mod.main(list(argv))
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_a_wrong_type_in_run_json_is_named_not_a_traceback(cli, tmp_path):
+    # the issue's held-out case: valid JSON, "state": 5
+    runs = tmp_path / "runs"
+    bad = write_run(runs, "20251129-000001-bad")
+    write_run(runs, "20251129-000002-good")
+    doc = json.loads(bad.state_file.read_text())
+    doc["state"] = 5
+    bad.state_file.write_text(json.dumps(doc))
+    for args in (("status", bad.run_id), ("runs",), ("report", bad.run_id)):
+        rc, out, err = cli(*args, "--runs-dir", str(runs))
+        assert rc == 0 and "Traceback" not in err and "is not a valid State" not in err, err
+        if args[0] == "report":
+            out = Path(out.strip()).read_text()
+        assert "run.json is damaged (state is 5" in out, out
+    rc, out, _ = cli("runs", "--runs-dir", str(runs))
+    good = next(x for x in out.splitlines() if "-good" in x)
+    assert "succeeded" in good and "damaged" not in good  # the other run still lists as it is
+    # nothing was written over the damaged record's run (no reconciled end from it)
+    assert json.loads(bad.state_file.read_text())["state"] == 5
+    # the dashboard reads the same status: the run's notes name the file, nothing raises
+    from dashboard import load
+
+    assert any("run.json is damaged (state is 5" in n for n in load.run_info(bad.path).notes)
+    assert len(load.list_run_dirs(runs)) == 2
+
+
+def test_every_record_file_with_a_wrong_type_costs_only_itself(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    good = write_run(runs, "20251128-000000-good")
+    cases = damage_cases()
+    damaged = {}
+    for i, (file, path, value) in enumerate(cases):
+        rd = write_run(runs, f"20251129-{i:06d}-case")
+        _damage(rd, file, path, value)
+        damaged[rd.run_id] = (file, path, value)
+    # one listing shows every run, each damaged one naming its file, the good one as it is
+    rc, out, err = _main("runs", "--runs-dir", str(runs))
+    assert rc == 0 and err == "", err
+    rows = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert set(rows) == {*damaged, good.run_id}
+    assert "succeeded" in rows[good.run_id] and "damaged" not in rows[good.run_id]
+    for run_id, (file, path, value) in damaged.items():
+        case = f"{file} {'.'.join(map(str, path))}={value!r}"
+        shows = file in ("run.json", "submission.json", "cancel.json", "reconciled.json",
+                         "plan.json")
+        if shows:
+            assert file in rows[run_id], (case, rows[run_id])
+        rc, out, err = _main("status", run_id, "--runs-dir", str(runs))
+        assert rc == 0 and err == "", (case, err)
+        if shows:
+            assert file in out and ("damaged" in out or "malformed" in out), (case, out)
+        rc, out, err = _main("report", run_id, "--runs-dir", str(runs))
+        assert rc == 0 and err == "", (case, err)
+        page = Path(out.strip()).read_text()
+        assert file in page and ("damaged" in page or "malformed" in page), case
+
+
+def test_event_lines_of_the_wrong_types_are_shown_as_far_as_they_go():
+    from launcher import text
+
+    for row in ({"ts": "x", "event": 5}, {"ts": 1e300}, {"ts": float("nan"), "stage": [1]},
+                {"ts": True}, {}):
+        assert text.event_line(row).startswith("[")
+
+
+def test_a_damaged_study_json_keeps_its_runs(tmp_path):
+    runs = tmp_path / "runs"
+    study = runs / "20251129-000000-s-study"
+    for i in (1, 2):
+        write_run(study, f"20251129-00000{i}-s_p{i}")
+    for doc in ({"axes": {"prefill.endpoints": 5}}, {"runs": 5}, {"runs": [{"run": []}]},
+                {"recipe": ["x"]}, ["not", "an", "object"]):
+        (study / "study.json").write_text(json.dumps(doc))
+        rc, out, err = _main("runs", "--runs-dir", str(runs))
+        assert rc == 0 and "study.json is damaged" in out and out.count("_p") == 2, (doc, out)
+        rc, out, err = _main("report", str(study), "--runs-dir", str(runs))
+        assert rc == 0 and "study.json is damaged" in Path(out.strip()).read_text(), doc
+
+
+# --- 11: a closed pipe, and logs -f --------------------------------------------------------
+
+
+def _into_closed_pipe(args: list[str], cwd: Path, read_first: bool = False) -> tuple[int, str]:
+    p = subprocess.Popen([sys.executable, "-m", "launcher", *args], cwd=cwd,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if read_first:
+        p.stdout.readline()  # `| head -1`
+    p.stdout.close()  # the reader is gone before (or while) the command writes
+    err = p.stderr.read().decode()
+    return p.wait(timeout=60), err
+
+
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
+    runs = tmp_path / "runs"
+    rd = write_run(runs, "20251129-000000-pipe")
+    rd.log(PROC).write_text("".join(f"line {i} {'x' * 80}\n" for i in range(20000)))
+    r = ["--runs-dir", str(runs)]
+    commands = [["status", rd.run_id, *r], ["runs", *r], ["logs", rd.run_id, *r],
+                ["logs", rd.run_id, PROC, "-n", "20000", *r], ["recipes"],
+                ["report", rd.run_id, *r], ["prometheus-config", str(runs)],
+                ["submit", "local-sim", "--dry-run", *r], ["--help"]]
+    for args in commands:
+        for read_first in (False, True):
+            rc, err = _into_closed_pipe(args, tmp_path, read_first)
+            assert "Traceback" not in err and "BrokenPipe" not in err, (args, err)
+            assert rc == 0, (args, rc, err)
+
+
+def test_logs_follow_returns_when_the_run_has_ended(cli, tmp_path):
+    runs = tmp_path / "runs"
+    rd = write_run(runs, "20251129-000000-done")
+    t = time.monotonic()
+    rc, out, err = cli("logs", rd.run_id, PROC, "-f", "-n", "5", "--runs-dir", str(runs),
+                       timeout=30)
+    assert rc == 0 and out.splitlines() == [f"line {i}" for i in range(45, 50)], (out, err)
+    assert time.monotonic() - t < 20 and "succeeded" in err
+
+
+def test_logs_follow_prints_everything_up_to_the_end_of_a_live_run(tmp_path):
+    runs = tmp_path / "runs"
+    rd = RunDir(runs / "20251129-000000-live")
+    rd.path.mkdir(parents=True)
+    rec = RunRecord(state=State.RUNNING, stage=Stage.SWEEP, started=time.time())
+    rd.write_record(rec)  # no pid, no job: nothing to reconcile, it is running
+    rd.logs.mkdir()
+    rd.log(PROC).write_text("first\n")
+    p = subprocess.Popen([sys.executable, "-m", "launcher", "logs", rd.run_id, PROC, "-f",
+                          "--runs-dir", str(runs)], cwd=tmp_path, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline() == "first\n"
+        with open(rd.log(PROC), "a") as f:
+            f.write("second\n")
+        assert p.stdout.readline() == "second\n"
+        with open(rd.log(PROC), "a") as f:
+            f.write("last words\n")
+        rec.state, rec.ended = State.FAILED, time.time()
+        rd.write_record(rec)
+        out, err = p.communicate(timeout=20)
+    finally:
+        p.kill() if p.poll() is None else None
+    assert p.returncode == 0 and out == "last words\n", (out, err)
+
+
+# --- 12: the name probably meant, the real bound, the accepted form --------------------------
+
+
+SEED = "qwen3.5-397b-gb200-disagg"
+
+
+def _refused(cli, tmp_path, *args) -> str:
+    line = one_error_line(*cli("submit", *args, "--dry-run", "--runs-dir",
+                               str(tmp_path / "runs")))
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    for leak in ("Input should", "String should", "validation error", "type=", "pydantic",
+                 "should match pattern", "^["):
+        assert leak not in line, line
+    return line
+
+
+def test_misspelled_names_and_keys_get_a_suggestion(cli, tmp_path):
+    assert "did you mean 'qwen3.5-397b-gb200-disagg'?" in _refused(
+        cli, tmp_path, "qwen3.5-397b-gb200-dissagg")
+    assert "did you mean 'local-sim'?" in _refused(cli, tmp_path, "local-simm")
+    for override, meant in [("prefil.endpoints=4", "prefill"),
+                            ("prefill.endpointz=4", "endpoints"),
+                            ("slurm.time_limt=10", "time_limit"),
+                            ("model.facts.weightbits=4", "weight_bits"),
+                            ("mode=dissagg", "disagg"), ("engine=vlm", "vllm"),
+                            ("cluster=gb200-nvl27", "gb200-nvl72")]:
+        line = _refused(cli, tmp_path, SEED, "--set", override)
+        assert f"did you mean '{meant}'?" in line, (override, line)
+    line = _refused(cli, tmp_path, "local-sim", "--set", "sim.speeed=2")
+    assert "did you mean 'speed'?" in line
+    profile = profile_copy(tmp_path / "p.json", "local", port_bsae=9000)
+    line = _refused(cli, tmp_path, "local-sim", "--set", f"cluster={profile}")
+    assert "unknown key 'port_bsae'; did you mean 'port_base'?" in line
+
+
+def test_an_empty_sweep_value_is_refused(cli, tmp_path):
+    for spec in ("prefill.endpoints=4,,6", "prefill.endpoints=4,6,", "prefill.endpoints=,4"):
+        line = _refused(cli, tmp_path, SEED, "--sweep", spec)
+        assert "is empty" in line and spec in line, line
+
+
+def test_a_bound_message_states_the_real_bound(cli, tmp_path):
+    line = _refused(cli, tmp_path, SEED, "--set", "prefill.endpoints=-1")
+    assert "prefill.endpoints: must be 1 or more with mode disagg" in line, line
+    assert ">= 0" not in line and "0 or more" not in line
+    assert ">= 1" in _refused(cli, tmp_path, SEED, "--set", "prefill.endpoints=0")
+    line = _refused(cli, tmp_path, SEED, "--set", "agg.endpoints=-1")
+    assert "agg.endpoints: must be 0 with mode disagg" in line, line
+    line = _refused(cli, tmp_path, "qwen3.5-397b-gb200-agg", "--set", "decode.endpoints=-2")
+    assert "decode.endpoints: must be 0 with mode agg" in line, line
+    line = _refused(cli, tmp_path, SEED, "--set", "prefill.endpoints=100000")
+    assert "must be 512 or less" in line, line
+
+
+@pytest.mark.parametrize("override, words", [
+    ("benchmark.concurrency=64,128", "must be a list, written [64,128]"),
+    ("benchmark.concurrency=64", "must be a list, written [64]"),
+    ("benchmark.concurrency=[]", "must hold at least 1 value"),
+    ("slurm.partition=a b", "must be a Slurm name"),
+    ("name=a b", "must be letters, digits"),
+    ("engine_version=v1", "must be a version such as 0.33"),
+    ("name=12", "must be text: quote it"),
+    ("prefill.endpoints=1.5", "must be a whole number"),
+    ("accuracy.enabled=maybe", "must be true or false"),
+    ("model.facts.weight_bits=x", "must be a number"),
+    ("health.timeout_s=.inf", "must be a finite number"),
+    ("prefill=3", "must be a section of keys and values"),
+    ("vllm_args.max-num-seqs=[1,2]", "must be text, a number or true/false"),
+])  # fmt: skip
+def test_validation_errors_say_the_accepted_form(cli, tmp_path, override, words):
+    line = _refused(cli, tmp_path, SEED, "--set", override)
+    assert words in line and override.partition("=")[0] in line, line
+
+
+def test_a_wrong_run_or_process_name_gets_a_suggestion(cli, tmp_path):
+    runs = tmp_path / "runs"
+    rd = write_run(runs, "20251129-000000-named")
+    line = one_error_line(*cli("status", "20251129-000000-namde", "--runs-dir", str(runs)))
+    assert f"did you mean '{rd.run_id}'?" in line
+    line = one_error_line(*cli("logs", rd.run_id, "decode-0@m1", "--runs-dir", str(runs)))
+    assert f"did you mean '{PROC}'?" in line
