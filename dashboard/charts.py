@@ -315,12 +315,16 @@ def topology(df: pd.DataFrame) -> alt.Chart:
 
 def pareto(df: pd.DataFrame, frontier: pd.DataFrame, *, y: str, y_title: str,
            color: str = "run", color_title: str = "run", curves: bool = False,
-           title: str | None = None, height: int = 440) -> alt.LayerChart:
+           title: str | None = None, height: int = 440,
+           reference: pd.DataFrame | None = None) -> alt.LayerChart:
     """Throughput per GPU vs tokens/s per user, points labelled by concurrency.
 
     `curves`: one line per `color` through its points in concurrency order (a study's
     configurations). `frontier` with a `color` column: a dashed frontier per colour; without
-    it, one black dashed frontier over everything (the study's envelope)."""
+    it, one black dashed frontier over everything (the study's envelope). `reference`: the
+    published Pareto (`color`, tokens_per_s_per_user, `y`, concurrency, point, published),
+    drawn as dotted curves with hollow diamonds in the colour of the configuration it
+    belongs to."""
     x = alt.X("tokens_per_s_per_user:Q", title="tok/s per user (1000 ÷ median TPOT ms)",
               scale=alt.Scale(zero=False))
     # A study's few configurations: distinct hues, legend beside the plot (below it, a
@@ -351,6 +355,18 @@ def pareto(df: pd.DataFrame, frontier: pd.DataFrame, *, y: str, y_title: str,
         else:
             layers.append(fbase.mark_line(strokeDash=[6, 4], strokeWidth=1.5,
                                           color="#333333", stroke="#333333"))
+    if reference is not None and not reference.empty:
+        rbase = alt.Chart(reference).encode(x="tokens_per_s_per_user:Q", y=f"{y}:Q",
+                                            color=alt.Color(f"{color}:N"))
+        layers.append(rbase.mark_line(strokeDash=[2, 3], strokeWidth=2, opacity=0.9).encode(
+            order=alt.Order("concurrency:Q")))
+        layers.append(rbase.mark_point(shape="diamond", filled=False, size=90,
+                                       strokeWidth=2).encode(
+            tooltip=[alt.Tooltip("published:N", title="published (read off Figure 1)"),
+                     "point:N",
+                     alt.Tooltip(f"{y}:Q", format=",.0f", title="published tok/s/GPU ±300"),
+                     alt.Tooltip("tokens_per_s_per_user:Q", format=",.1f",
+                                 title="tok/s per user")]))
     what = ("dashed: Pareto frontier over every configuration" if curves else
             "dashed: Pareto frontier per run")
     return alt.layer(*layers, pts, labels).properties(

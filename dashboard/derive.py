@@ -261,7 +261,8 @@ def headline(point: dict, plan: PlanDoc | None) -> dict[str, float]:
     from launcher.run import figures
 
     fig = figures.point_figures(point, figures.gpu_denominators(plan),
-                                plan.mode if plan else "disagg")
+                                plan.mode if plan else "disagg",
+                                figures.allocated_gpus(plan) if plan else None)
     out = {k: _num(fig.get(k)) for k in HEADLINE_TITLES}
     for m in ("ttft", "tpot"):
         for q in (50, 90, 99):
@@ -274,7 +275,9 @@ def headline(point: dict, plan: PlanDoc | None) -> dict[str, float]:
 
 
 HEADLINE_TITLES = {
-    "total_tokens_per_s_per_gpu": "Total tok/s per GPU (input+output ÷ all GPUs)",
+    "total_tokens_per_s_per_gpu": "Total tok/s per working GPU (input+output ÷ P+D GPUs)",
+    "total_tokens_per_s_per_allocated_gpu": "Total tok/s per allocated GPU (input+output ÷ "
+                                            "nodes × GPUs per node, idle GPUs included)",
     "output_tokens_per_s_per_decode_gpu": "Output tok/s per decode GPU",
     "input_tokens_per_s_per_prefill_gpu": "Input tok/s per prefill GPU",
     "tokens_per_s_per_user": "tok/s per user (1000 ÷ median TPOT ms)",

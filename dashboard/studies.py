@@ -18,11 +18,14 @@ if TYPE_CHECKING:
 # The headline measures a study can be compared on (y of the Pareto chart); x is always
 # tokens/s per user. Names and denominators as launcher.run.figures defines them.
 MEASURES = {
-    "total_tokens_per_s_per_gpu": "Total tok/s per GPU (input+output ÷ all GPUs)",
+    "total_tokens_per_s_per_gpu": "Total tok/s per working GPU (input+output ÷ P+D GPUs)",
+    "total_tokens_per_s_per_allocated_gpu": "Total tok/s per allocated GPU (input+output ÷ "
+                                            "nodes × GPUs per node, idle GPUs included)",
     "output_tokens_per_s_per_decode_gpu": "Output tok/s per decode GPU",
     "input_tokens_per_s_per_prefill_gpu": "Input tok/s per prefill GPU",
 }
-SHORT = {"total_tokens_per_s_per_gpu": "tok/s/GPU",
+SHORT = {"total_tokens_per_s_per_gpu": "tok/s/working GPU",
+         "total_tokens_per_s_per_allocated_gpu": "tok/s/allocated GPU",
          "output_tokens_per_s_per_decode_gpu": "out tok/s/decode GPU",
          "input_tokens_per_s_per_prefill_gpu": "in tok/s/prefill GPU"}
 X = "tokens_per_s_per_user"
@@ -165,3 +168,99 @@ def recommendation(run_path: Path, target: float | None = None) -> tuple[dict | 
         return None, (f"no recommendation for {Path(run_path).name}: the run lacks what "
                       "the recommender needs (a finished sweep with decode telemetry)")
     return rec, ""
+
+
+# --- the published Pareto beside a study (launcher.run.published) ----------------------------
+
+RATIO_COLUMNS = {
+    "configuration": "configuration", "published_as": "published as",
+    "concurrency": "max concurrency",
+    "measured": "measured tok/s per working GPU",
+    "measured_per_allocated_gpu": "measured tok/s per allocated GPU",
+    "published": "published tok/s/GPU (read off, ±0.3k)",
+    "ratio": "ratio measured ÷ published",
+    "ratio_range": "ratio within ±0.3k",
+    "measured_tokens_per_s_per_user": "measured tok/s per user",
+    "published_tokens_per_s_per_user": "published tok/s per user",
+    "note": "note",
+}
+
+
+def points_of_table(t: pd.DataFrame) -> list[dict]:
+    """A page's point table (derive.point_table) as summary.json-style points, the shape
+    `launcher.run.published.ratios` reads."""
+    out = []
+    for r in t.to_dict("records"):
+        c = r.get("concurrency")
+        if not isinstance(c, (int, float)) or not math.isfinite(c):
+            continue
+        out.append({"max_concurrency": int(c), "status": r.get("status"),
+                    "failure_reason": r.get("failure_reason"),
+                    **{k: _finite(r.get(k)) for k in (
+                        "total_tokens_per_s_per_gpu", "total_tokens_per_s_per_allocated_gpu",
+                        "tokens_per_s_per_user")}})
+    return out
+
+
+def _finite(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) \
+        and math.isfinite(v) else None
+
+
+def published_comparison(members: list[tuple[str, Any, list[dict]]]) -> dict[str, Any]:
+    """`members`: (configuration label, PlanDoc or None, its points as summary.json holds
+    them). Returns {"matched": {label: published configuration name}, "not_comparable":
+    {label: why}, "simulated": bool, "ratios": DataFrame (RATIO_COLUMNS' keys plus
+    ratio_low/ratio_high), "reference": DataFrame (config, tokens_per_s_per_user,
+    total_tokens_per_s_per_gpu, concurrency, point, published, approximate)}: the published
+    curve of each comparable configuration, drawn in the colour of that configuration."""
+    import pandas as pd
+
+    from launcher.run import published
+
+    matched, reasons, ratio_rows, ref_rows = {}, {}, [], []
+    simulated = False
+    for label, plan, points in members:
+        m, why = published.comparable(plan)
+        if m is None:
+            reasons[label] = why
+            continue
+        matched[label] = m.name
+        simulated = simulated or m.simulated
+        for r in published.ratios(m.config, points):
+            lo, hi = r["ratio_low"], r["ratio_high"]
+            r = dict(r, configuration=label, published_as=m.name,
+                     ratio_range=(f"{lo:.2f}–{hi:.2f}" if lo is not None and hi is not None
+                                  else f"≥ {lo:.2f}" if lo is not None else "—"))
+            ratio_rows.append(r)
+        for x, y, c in published.series(m.config):
+            ref_rows.append({"config": label, "tokens_per_s_per_user": x,
+                             "total_tokens_per_s_per_gpu": y, "concurrency": c,
+                             "point": f"c={c}", "published": f"{m.name} c={c}"})
+    ratios = pd.DataFrame(ratio_rows)
+    return {"matched": matched, "not_comparable": reasons, "simulated": simulated,
+            "ratios": ratios, "reference": pd.DataFrame(ref_rows)}
+
+
+def ratio_grid(ratios: pd.DataFrame) -> pd.DataFrame:
+    """The ratios as one row per configuration and one column per max concurrency ("c=N"):
+    the ratio with 2 decimals, or why there is none (no published point, not measured,
+    failed)."""
+    import pandas as pd
+
+    if ratios.empty:
+        return pd.DataFrame(columns=["configuration", "published as"])
+    concs = sorted({int(c) for c in ratios["concurrency"]})
+    rows = []
+    for (label, name), g in ratios.groupby(["configuration", "published_as"], sort=False):
+        row = {"configuration": label, "published as": name}
+        by = {int(r["concurrency"]): r for r in g.to_dict("records")}
+        for c in concs:
+            r = by.get(c)
+            ratio = _finite(r["ratio"]) if r else None
+            row[f"c={c}"] = (f"{ratio:.2f}" if ratio is not None else "—" if r is None
+                             else "no published point" if _finite(r["published"]) is None
+                             else "not measured" if r["note"] == "not measured in this run"
+                             else "failed")
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -33,7 +33,8 @@ from launcher.run.rundir import REPORT, RunDir, read_json
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
            "#ff9da7", "#9c755f", "#bab0ac")
 MEASURE = "total_tokens_per_s_per_gpu"
-MEASURE_TITLE = "Total tok/s per GPU (input+output ÷ all GPUs)"
+MEASURE_TITLE = "Total tok/s per working GPU (input+output ÷ P+D GPUs)"
+ALLOCATED = "total_tokens_per_s_per_allocated_gpu"
 X_TITLE = "tok/s per user (1000 ÷ median TPOT ms)"
 
 
@@ -53,7 +54,10 @@ def num(v: Any, digits: int = 0) -> str:
 def when(ts: Any) -> str:
     if not isinstance(ts, (int, float)) or not ts:
         return "–"
-    t = time.localtime(ts)
+    try:
+        t = time.localtime(ts)
+    except (OverflowError, OSError, ValueError):  # no date of this calendar
+        return "–"
     return time.strftime("%Y-%m-%d %H:%M:%S ", t) + (t.tm_zone or "")
 
 
@@ -177,15 +181,18 @@ def svg_chart(series: list[dict], *, x_title: str, y_title: str, frontier: list 
         out.append(f'<polyline points="{path}" class="frontier"><title>Pareto frontier'
                    "</title></polyline>")
     for s in series:
-        good = [p for p in s["points"] if math.isfinite(p[0]) and math.isfinite(p[1])]
+        good = [p for p in s["points"] if math.isfinite(p[0]) and math.isfinite(p[1])
+                and (p[0] > 0 or not log2_x)]
         if s.get("line") and len(good) > 1:
             path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y, *_ in good)
             dash = ' stroke-dasharray="5 3"' if s.get("dash") else ""
             out.append(f'<polyline points="{path}" class="curve" stroke="{s["color"]}"{dash}>'
                        f"<title>{esc(s['name'])}</title></polyline>")
         for x, y, label, tip in good:
-            out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="4.5" fill="{s["color"]}" '
-                       f'class="pt"><title>{esc(tip)}</title></circle>')
+            fill = (f'fill="#fff" stroke="{s["color"]}" stroke-width="2" class="pt ref"'
+                    if s.get("hollow") else f'fill="{s["color"]}" class="pt"')
+            out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="4.5" {fill}>'
+                       f"<title>{esc(tip)}</title></circle>")
             if label:
                 out.append(f'<text x="{px(x) + 7:.1f}" y="{py(y) - 7:.1f}" class="lab">'
                            f"{esc(label)}</text>")
@@ -205,12 +212,19 @@ def svg_chart(series: list[dict], *, x_title: str, y_title: str, frontier: list 
 
 def run_summary(rd: RunDir) -> tuple[dict, str]:
     """summary.json as written (the record), else computed now by the same function."""
-    doc = read_json(rd.summary)
-    if isinstance(doc, dict) and isinstance(doc.get("points"), list):
-        return doc, "summary.json"
     from launcher.run import figures
 
-    return figures.summary(rd.path), "computed now by launcher.run.figures (no summary.json)"
+    doc = read_json(rd.summary)
+    why = figures.summary_problem(doc) if doc is not None else None
+    if why is None and doc is not None and not isinstance(doc.get("points"), list):
+        why = "it has no points"
+    if doc is not None and why is None:
+        return doc, "summary.json"
+    if doc is None and rd.summary.exists():
+        why = "not valid JSON"
+    # a damaged summary.json costs nothing but itself: the figures are computed again
+    had = f"summary.json is damaged ({why})" if why else "no summary.json"
+    return figures.summary(rd.path), f"computed now by launcher.run.figures ({had})"
 
 
 def verdicts(rd: RunDir) -> tuple[dict[Any, dict], str | None]:
@@ -239,6 +253,15 @@ def _plan(rd: RunDir):
         return None
 
 
+def _plan_problem(rd: RunDir) -> str | None:
+    """Why an existing plan.json cannot be read (the report goes on without it)."""
+    try:
+        read_plan(rd.plan)
+    except PlanError as e:
+        return str(e).replace(f"{rd.plan}: ", "") if rd.plan.exists() else None
+    return None
+
+
 # --- sections ----------------------------------------------------------------------------------
 
 
@@ -256,6 +279,9 @@ def identity(rd: RunDir, s: dict, source: str) -> str:
     rec = st.record
     den = s.get("denominators") or {}
     gpus = ", ".join(f"{k.removeprefix('gpus_')} {v}" for k, v in den.items())
+    if isinstance(s.get("gpus_allocated"), int) and s["gpus_allocated"] > 0:
+        gpus += (f"; working = total (the endpoints' GPUs); allocated {s['gpus_allocated']} "
+                 "(nodes × GPUs per node)")
     pairs = [
         ("run", f"<code>{esc(s.get('run_id') or rd.run_id)}</code>"),
         ("recipe", esc(s.get("recipe") or (plan.recipe if plan else "–"))),
@@ -270,6 +296,9 @@ def identity(rd: RunDir, s: dict, source: str) -> str:
         ("topology", esc(plan.topology() if plan else "–")),
         ("GPUs (denominators)", esc(gpus or "–")),
         ("state", esc(st.state) + (f" — {esc(st.error)}" if st.error else "")),
+        *[("damaged", esc(f"{why}: left out")) for why in st.damaged.values()],
+        *([("damaged", esc(f"{why}: left out"))] if plan is None and (
+            why := _plan_problem(rd)) else []),
         ("started", esc(when(rec.started if rec else None))),
         ("ended", esc(when(rec.ended if rec else None))),
         ("duration", esc(duration(rec.started if rec else None, rec.ended if rec else None))),
@@ -279,9 +308,19 @@ def identity(rd: RunDir, s: dict, source: str) -> str:
     return kv_table(pairs)
 
 
+def both_per_gpu(s: dict) -> bool:
+    """Whether the allocation has GPUs that do not work (per working ≠ per allocated)."""
+    alloc = s.get("gpus_allocated")
+    return isinstance(alloc, int) and alloc > 0 and \
+        alloc != (s.get("denominators") or {}).get("gpus_total")
+
+
 def summary_table(s: dict, vmap: dict) -> str:
     agg = s.get("mode") == "agg"
-    head = ["conc", "status", "tok/s/GPU (all)"]
+    both = both_per_gpu(s)
+    head = ["conc", "status", "tok/s per working GPU"]
+    if both:
+        head.append("tok/s per allocated GPU")
     if not agg:
         head += ["out tok/s / decode GPU", "in tok/s / prefill GPU"]
     head += ["tok/s/user", "TTFT p50", "TTFT p90", "TTFT p99", "TPOT p50", "TPOT p90",
@@ -293,6 +332,8 @@ def summary_table(s: dict, vmap: dict) -> str:
         r = [f'<td class="n" data-key="max_concurrency" data-value="{esc(c)}">{esc(c)}</td>',
              f'<td class="{"ok" if ok else "bad"}">{"ok" if ok else "FAILED"}</td>',
              cell(p.get("total_tokens_per_s_per_gpu"), "total_tokens_per_s_per_gpu")]
+        if both:
+            r.append(cell(p.get(ALLOCATED), ALLOCATED))
         if not agg:
             r += [cell(p.get("output_tokens_per_s_per_decode_gpu"),
                        "output_tokens_per_s_per_decode_gpu"),
@@ -306,17 +347,22 @@ def summary_table(s: dict, vmap: dict) -> str:
         v = vmap.get(c) or {}
         r.append(f"<td>{esc(v.get('short') or ('failed' if not ok else '–'))}</td>")
         rows.append("".join(r))
+    alloc = (f"; per allocated GPU: ÷ the {s.get('gpus_allocated')} GPUs of the allocation's "
+             "nodes, idle ones included" if both else "")
     return table(head, rows, "summary") + ('<p class="note">TTFT and TPOT in ms; per-GPU '
                                            "figures name their denominator (plan.json's "
-                                           "gpu_count).</p>")
+                                           "gpu_count): per working GPU ÷ the GPUs of the "
+                                           f"prefill and decode endpoints{esc(alloc)}.</p>")
 
 
 def headline(s: dict) -> str:
     h = s.get("headline") or {}
     if not h:
         return '<p class="note">No ok sweep point: no headline figure.</p>'
-    tiles = [("tok/s per GPU (best point)", h.get("total_tokens_per_s_per_gpu"), 0,
+    tiles = [("tok/s per working GPU (best point)", h.get("total_tokens_per_s_per_gpu"), 0,
               "total_tokens_per_s_per_gpu"),
+             *([("tok/s per allocated GPU there", h.get(ALLOCATED), 0, ALLOCATED)]
+               if both_per_gpu(s) else []),
              ("out tok/s per decode GPU", h.get("output_tokens_per_s_per_decode_gpu"), 0,
               "output_tokens_per_s_per_decode_gpu"),
              ("tok/s per user there", h.get("tokens_per_s_per_user"), 1,
@@ -370,7 +416,7 @@ def bottlenecks(vmap: dict, why: str | None) -> str:
 def pareto_series(points: list[dict], name: str, color: str, vmap: dict,
                   line: bool = True) -> dict:
     pts = []
-    for p in sorted(points, key=lambda p: p.get("max_concurrency") or 0):
+    for p in sorted(points, key=lambda p: _conc(p.get("max_concurrency"))):
         x, y = p.get("tokens_per_s_per_user"), p.get(MEASURE)
         if p.get("status") != "ok" or not isinstance(x, (int, float)) or \
                 not isinstance(y, (int, float)):
@@ -381,6 +427,10 @@ def pareto_series(points: list[dict], name: str, color: str, vmap: dict,
                f"{num(p.get('ttft_p99_ms'))} ms; verdict {v}")
         pts.append((float(x), float(y), f"c={c}", tip))
     return {"name": name, "color": color, "points": pts, "line": line}
+
+
+def _conc(c: Any) -> float:
+    return float(c) if isinstance(c, (int, float)) and not isinstance(c, bool) else 0.0
 
 
 def frontier(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -474,7 +524,96 @@ def render_run(path: Path) -> str:
             "<h2>TTFT vs concurrency</h2>",
             ttft_chart([("", PALETTE[0], s.get("points") or [])]),
             "<h2>Bottleneck per sweep point</h2>", bottlenecks(vmap, why)]
+    cmp = comparison([(name, _plan(rd), s.get("points") or [])])
+    if cmp is not None and cmp["matched"]:
+        ser = pareto_series(s.get("points") or [], "this run", PALETTE[0], vmap)
+        i = body.index("<h2>TTFT vs concurrency</h2>")
+        body[i:i] = published_block(cmp, [ser], {name: PALETTE[0]})
     return page(f"Run {name}", "".join(body))
+
+
+def comparison(members: list[tuple[str, Any, list[dict]]]) -> dict | None:
+    """dashboard.studies.published_comparison, or None without the dashboard's pandas."""
+    try:
+        from dashboard import studies
+    except ImportError:
+        return None
+    return studies.published_comparison(members)
+
+
+def published_series(cmp: dict, colors: dict[str, str]) -> list[dict]:
+    """The published curve of each matched configuration, dotted and hollow, in its colour."""
+    out = []
+    ref = cmp["reference"]
+    for label, name in cmp["matched"].items():
+        rows = ref[ref["config"] == label].sort_values("concurrency").to_dict("records")
+        pts = [(float(r["tokens_per_s_per_user"]), float(r[MEASURE]), "",
+                f"published {name} c={r['concurrency']}: {r[MEASURE]:,.0f} tok/s/GPU (±300, "
+                f"read off the figure) at {r['tokens_per_s_per_user']:g} tok/s/user")
+               for r in rows]
+        out.append({"name": f"published {name}", "color": colors.get(label, "#333"),
+                    "points": pts, "line": True, "dash": True, "hollow": True})
+    return out
+
+
+def ratio_table(cmp: dict) -> str:
+    from dashboard import studies
+
+    rows = []
+    for r in cmp["ratios"].to_dict("records"):
+        rows.append(f"<td>{esc(r['configuration'])}</td><td>{esc(r['published_as'])}</td>"
+                    + cell(r["concurrency"], "published.concurrency")
+                    + cell(_nan_none(r["measured"]), "published.measured")
+                    + cell(_nan_none(r["measured_per_allocated_gpu"]),
+                           "published.measured_per_allocated_gpu")
+                    + cell(_nan_none(r["published"]), "published.published")
+                    + cell(_nan_none(r["ratio"]), "published.ratio", 2)
+                    + f"<td>{esc(r['ratio_range'])}</td>"
+                    + cell(_nan_none(r["measured_tokens_per_s_per_user"]),
+                           "published.measured_tokens_per_s_per_user", 1)
+                    + cell(_nan_none(r["published_tokens_per_s_per_user"]),
+                           "published.published_tokens_per_s_per_user", 1)
+                    + f"<td>{esc(r['note'])}</td>")
+    return table(list(studies.RATIO_COLUMNS.values()), rows, "ratios wrap")
+
+
+def _nan_none(v: Any) -> Any:
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def published_block(cmp: dict, measured: list[dict], colors: dict[str, str]) -> list[str]:
+    """The measured curves beside the published ones, and the ratio per point."""
+    from launcher.run import published
+
+    src = f"{published.precision_text()}; {published.source_text()}"
+    out = ["<h2>Against the published Pareto</h2>"]
+    if cmp["simulated"]:
+        out.append('<p class="sim"><b>SIMULATION</b>: the measured side of these ratios is the '
+                   "launcher's simulated engine (a speed model), not a GB200 measurement; they "
+                   "check the comparison, not performance.</p>")
+    out += [svg_chart(measured + published_series(cmp, colors), x_title=X_TITLE,
+                      y_title=MEASURE_TITLE, title="Measured and published Pareto"),
+            f'<p class="note">Solid: measured. Dotted with hollow points: the published Pareto, '
+            f"{esc(src)}. Ratio = measured total tok/s per working GPU ÷ published total "
+            "tok/s/GPU at the same configuration and max concurrency (both divide by the GPUs "
+            "of the prefill and decode endpoints); no interpolation: where the figure has no "
+            "point at a concurrency the row says so. The range is the ratio over the reading "
+            "precision.</p>"]
+    if cmp["not_comparable"]:
+        out.append('<p class="note">Not compared: ' + esc("; ".join(
+            f"{k}: {v}" for k, v in cmp["not_comparable"].items())) + "</p>")
+    from dashboard import studies
+
+    grid = studies.ratio_grid(cmp["ratios"])
+    out.append(table(list(grid.columns), ["".join(
+        f'<td class="n">{esc(v)}</td>' if str(k).startswith("c=") else f"<td>{esc(v)}</td>"
+        for k, v in r.items()) for r in grid.to_dict("records")], "grid"))
+    out.append('<p class="note">Measured ÷ published total tok/s per working GPU per '
+               "configuration and max concurrency; <i>no published point</i>: the figure has "
+               "none there; <i>not measured</i>: this run did not run it.</p>")
+    out.append(f"<details><summary>Every point: measured, published, ratio and its range "
+               f"({len(cmp['ratios'])} rows)</summary>{ratio_table(cmp)}</details>")
+    return out
 
 
 def render_study(path: Path) -> str:
@@ -503,19 +642,23 @@ def render_study(path: Path) -> str:
     for label, rd, s, _src, _v, _w, color in data:
         plan = _plan(rd)
         h = s.get("headline") or {}
+        from launcher.run.figures import allocated_gpus
         rows.append(f'<td><i style="display:inline-block;width:10px;height:10px;'
                     f'background:{color}"></i> {esc(label)}</td><td><code>{esc(rd.run_id)}'
                     f"</code></td><td>{esc(rd.status().state)}</td>"
                     f"<td>{esc(plan.topology() if plan else '–')}</td>"
+                    + (f"<td>{plan.gpus()} / {allocated_gpus(plan)}</td>" if plan
+                       else "<td>–</td>")
                     + cell(h.get(MEASURE), "headline." + MEASURE)
                     + f"<td>c={esc(h.get('max_concurrency', '–'))}</td>"
                     + f"<td>{esc(s.get('verdict'))}</td>")
     body += ["<h2>Identity</h2>", kv_table([
         ("study", f"<code>{esc(study.name)}</code>"),
         ("recipe", esc(study.doc.get("recipe") or "–")),
-        ("swept", esc(axes or "–")), ("configurations", str(len(data)))]),
-        table(["configuration", "run", "state", "topology", "best tok/s/GPU", "at",
-               "run verdict"], rows)]
+        ("swept", esc(axes or "–")), ("configurations", str(len(data))),
+        *([("damaged", esc(f"{study.damaged}: left out"))] if study.damaged else [])]),
+        table(["configuration", "run", "state", "topology", "GPUs working / allocated",
+               "best tok/s per working GPU", "at", "run verdict"], rows)]
 
     all_series, all_pts, flat = [], [], []
     for label, _rd, s, _src, vmap, _w, color in data:
@@ -533,6 +676,17 @@ def render_study(path: Path) -> str:
                        frontier=frontier(all_pts), title="Pareto, all configurations"),
              '<p class="note">One curve per configuration (points labelled with max '
              "concurrency); dashed: the frontier over all of them.</p>"]
+    cmp = comparison([(label, _plan(rd), s.get("points") or []) for label, rd, s, *_ in data])
+    if cmp is not None:
+        if cmp["matched"]:
+            body += published_block(cmp, all_series, {d[0]: d[6] for d in data})
+        else:
+            from launcher.run import published
+
+            body.append('<p class="note">The published Pareto ('
+                        + esc(published.precision_text()) + ") is not drawn: no configuration "
+                        "of this study is the published workload (" + esc("; ".join(
+                            f"{k}: {v}" for k, v in cmp["not_comparable"].items())) + ").</p>")
 
     body.append("<h2>Best configuration per interactivity band</h2>")
     import pandas as pd
@@ -550,7 +704,8 @@ def render_study(path: Path) -> str:
                  + cell(b[studies.X], studies.X, 1) + f"<td>{esc(b['verdict'])}</td>"
                  for b in bands.to_dict("records")]
         body.append(table(["interactivity", "best configuration", "at point",
-                           "tok/s/GPU (all)", "tok/s/user", "verdict there"], brows, "bands"))
+                           "tok/s per working GPU", "tok/s/user", "verdict there"], brows,
+                          "bands"))
 
     body.append("<h2>P:D recommendation</h2>")
     best = max(((lab, rd, (s.get("headline") or {}).get(MEASURE) or -1) for lab, rd, s, *_

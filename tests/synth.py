@@ -72,6 +72,7 @@ class Scenario:
     seed: int = 0
     tpot_scale: float = 1.0           # decode speed of this configuration (studies)
     recipe: str | None = None         # recipe name (default synthetic-<signature>)
+    gb200: bool = False               # GB200-scale speeds (gb200_speed), for published_study
 
 
 # --- plan ----------------------------------------------------------------------------------
@@ -181,6 +182,21 @@ def point_model(sig: str, conc: int, conc_max: int) -> PointModel:
         m.prefill_kv = 0.2 + 0.5 * x  # blocks wait longer to be pulled
         m.nixl_fail_rate = 0.05 * x
     return m
+
+
+# Prefill input tok/s one GPU sustains in the GB200-scale model: about what the published
+# 4 x DEP2 plateau (~22k total tok/s per working GPU on 16 GPUs) implies for 8 prefill GPUs.
+PREFILL_TOK_S_PER_GPU = 38_000.0
+
+
+def gb200_speed(m: PointModel, prefill_gpus: int) -> None:
+    """A DEP8 decode whose TPOT grows with the batch (12 ms + 5.2 us per request in flight)
+    and prefill endpoints that cap the request rate at their input tok/s: beyond the cap the
+    requests queue for prefill (Little's law: TTFT = concurrency / rate - decode time)."""
+    m.tpot = 0.012 + 5.2e-6 * m.conc
+    cap = prefill_gpus * PREFILL_TOK_S_PER_GPU / ISL
+    if m.req_rate > cap:
+        m.prefill_queue += m.conc / cap - (m.ttft + m.tpot * (OSL - 1))
 
 
 # --- telemetry generation ------------------------------------------------------------------
@@ -541,6 +557,8 @@ def write_run(root: Path, sc: Scenario, *, t0: float | None = None,
     models = [point_model(sc.signature, c, cmax) for c in sc.concurrencies]
     for m in models:
         m.tpot *= sc.tpot_scale
+        if sc.gb200:
+            gb200_speed(m, sc.topology.n_prefill * sc.topology.prefill_dp)
     n_points = len(models) if sc.fail_at_point is None else sc.fail_at_point + 1
     models = models[:n_points]
     failed_at = tl.windows[sc.fail_at_point][0] + 20 if sc.fail_at_point is not None else None
@@ -660,29 +678,50 @@ STUDY_PREFILL = (1, 2, 3)
 
 
 def study(root: Path, prefill_endpoints: tuple[int, ...] = STUDY_PREFILL,
-          duration_s: float = 300.0, name: str | None = None, **kw: Any) -> Path:
+          duration_s: float = 300.0, name: str | None = None, decode_dp: int = 4,
+          concurrencies: tuple[int, ...] | None = None, gb200: bool = False,
+          recipe: str = "synthetic-study", **kw: Any) -> Path:
     """A `--sweep prefill.endpoints=1,2,3` study: a directory with study.json and one run
-    per configuration, each planned by the real planner (1 decode DEP4 + N prefill DEP2).
-    Fewer prefill endpoints make prefill the bottleneck and leave decode less batched
-    (faster TPOT); more make decode the slower side. Returns the study directory."""
+    per configuration, each planned by the real planner (1 decode DEP`decode_dp` + N
+    prefill DEP2, 4 GPUs per node). Fewer prefill endpoints make prefill the bottleneck and
+    leave decode less batched (faster TPOT); more make decode the slower side. `gb200`:
+    the GB200-scale speed model instead (`gb200_speed`). Returns the study directory."""
     t0 = 1_764_500_000.0
     name = name or f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime(t0))}-synthetic-study"
     sdir = Path(root) / name
     sdir.mkdir(parents=True, exist_ok=True)
     runs = []
     for k, n in enumerate(prefill_endpoints):
-        sig = "prefill" if n == min(prefill_endpoints) and len(prefill_endpoints) > 1 else \
-            "healthy"
-        sc = Scenario(f"study-p{n}", sig, topology=Topology(n_prefill=n), duration_s=duration_s,
-                      tpot_scale=0.8 + 0.15 * k, seed=k, recipe="synthetic-study", **kw)
+        sig = "prefill" if n == min(prefill_endpoints) and len(prefill_endpoints) > 1 \
+            and not gb200 else "healthy"
+        extra = {"concurrencies": concurrencies} if concurrencies else {}
+        sc = Scenario(f"study-p{n}", sig, topology=Topology(n_prefill=n, decode_dp=decode_dp),
+                      duration_s=duration_s, tpot_scale=1.0 if gb200 else 0.8 + 0.15 * k,
+                      seed=k, recipe=recipe, gb200=gb200, **extra, **kw)
         start = t0 + k * (duration_s + 240.0)
         run_id = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime(start))}-synthetic-study-p{n}"
         path = write_run(sdir, sc, t0=start, run_id=run_id)
         runs.append({"run": path.name, "values": {"prefill.endpoints": n}})
-    write_json(sdir / "study.json", {"study": name, "recipe": "synthetic-study",
+    write_json(sdir / "study.json", {"study": name, "recipe": recipe,
                                      "axes": {"prefill.endpoints": list(prefill_endpoints)},
                                      "runs": runs})
     return sdir
+
+
+PUBLISHED_PREFILL = (4, 5, 6, 7, 8)
+PUBLISHED_CONCURRENCY = (64, 128, 256, 512, 1024, 2048, 3072, 4096)
+
+
+def published_study(root: Path, prefill_endpoints: tuple[int, ...] = PUBLISHED_PREFILL,
+                    concurrencies: tuple[int, ...] = PUBLISHED_CONCURRENCY,
+                    duration_s: float = 240.0, name: str | None = None) -> Path:
+    """The published study's five configurations, simulated: 4..8 prefill DEP2 + 1 decode
+    DEP8 (2 nodes) on 4-GPU nodes, Qwen3.5-397B-A17B-NVFP4 at ISL/OSL 8192/1024, engine sim,
+    GB200-scale speeds. 5 x and 7 x DEP2 leave 2 GPUs of a prefill node idle."""
+    return study(root, prefill_endpoints, duration_s=duration_s, decode_dp=8,
+                 concurrencies=concurrencies, gb200=True,
+                 name=name or "20251130-160000-published-seed-study",
+                 recipe="qwen3.5-397b-gb200-disagg-sim")
 
 
 def live(root: Path, index: int = 1, total: int = 4, **kw: Any) -> Path:

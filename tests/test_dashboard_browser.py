@@ -47,7 +47,7 @@ DRAWN = f"{CHART} canvas, {CHART} svg.marks"
 # metrics, captions, tabs and static tables.
 PAGES = [
     ("", "Runs", 0, ["SIMULATION", "Simulated", "Failed", "Studies"]),
-    ("overview", "Run overview", 2, ["tok/s per GPU, best", "GSM8K accuracy",
+    ("overview", "Run overview", 2, ["tok/s per working GPU, best", "GSM8K accuracy",
                                      "Bottleneck per sweep point", "Report to share"]),
     ("sweep", "Sweep", 3, ["x = 1000 ÷ median TPOT", "Throughput measure"]),
     ("kv", "KV cache", 6, ["KV cache usage", "NIXL KV transfer (decode side)",
@@ -243,9 +243,11 @@ def test_seconds_since_job_start(server, browser, shots):
         page.goto(f"{base}/kv?run={run.name}", timeout=60_000)
         settle(page, "KV cache", 6)
         page.get_by_text("seconds since job start", exact=True).click()
+        # every chart redrawn on the new axis (they repaint one after another)
         page.wait_for_function(
-            "[...document.querySelectorAll('.role-axis-title text')].some("
-            "t => t.textContent === 'seconds since job start')", timeout=60_000)
+            "(() => { const t = [...document.querySelectorAll('.role-axis-title text')]"
+            ".map(x => x.textContent); return t.filter(x => x === 'seconds since job start')"
+            ".length >= 6 && !t.some(x => x.startsWith('time (')); })()", timeout=60_000)
         settle(page, "KV cache", 6)
         axes = page.evaluate(AXES_JS)
         page.screenshot(path=str(shots / "healthy-kv-elapsed.png"), full_page=True)
@@ -311,7 +313,11 @@ def test_runs_page_lists_the_study_as_one_item(server, browser, shots):
         page.goto(f"{base}/", timeout=60_000)
         settle(page, "Runs", 0)
         page.screenshot(path=str(shots / "runs-list.png"), full_page=True)
-        # the table is a canvas; its accessible copy is a grid of cells
+        # the table is a canvas; its accessible copy is a grid of cells, filled in a moment
+        # after the canvas is drawn: wait for it, not for a fixed time
+        page.wait_for_function("""() => [...document.querySelectorAll(
+            '[data-testid="stDataFrame"] [role="gridcell"]')].some(c => c.innerText.trim())""",
+                               timeout=60_000)
         cells = page.evaluate("""() => [...document.querySelectorAll(
             '[data-testid="stDataFrame"] [role="gridcell"]')].map(c => c.innerText.trim())""")
     finally:

@@ -31,7 +31,7 @@ def body(info) -> None:  # the run as re-read at each live refresh
     cols = st.columns(5)
     if not ok.empty and ok["total_tokens_per_s_per_gpu"].notna().any():
         best = ok.loc[ok["total_tokens_per_s_per_gpu"].idxmax()]
-        cols[0].metric("tok/s per GPU, best", ui.num(best["total_tokens_per_s_per_gpu"]),
+        cols[0].metric("tok/s per working GPU, best", ui.num(best["total_tokens_per_s_per_gpu"]),
                        help=derive.HEADLINE_TITLES["total_tokens_per_s_per_gpu"] +
                        f"; denominator: {derive.gpu_count(plan, 'total')} GPUs; the best "
                        "sweep point by this measure")
@@ -43,7 +43,7 @@ def body(info) -> None:  # the run as re-read at each live refresh
                        help="1000 ÷ median TPOT (ms) at the same point")
         cols[3].metric("at concurrency", ui.num(best["concurrency"]))
     else:
-        cols[0].metric("Total tok/s per GPU", "—")
+        cols[0].metric("Total tok/s per working GPU", "—")
         cols[1].caption("No successful sweep point yet." if table.empty or ok.empty else "")
     if acc:
         from launcher.run.figures import accuracy_line, harness_of

@@ -7,7 +7,8 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, load, studies, ui
-from launcher.run.figures import harness_of
+from launcher.run import published
+from launcher.run.figures import allocated_gpus, harness_of
 
 ui.header("Study", need_run=False)
 all_studies = ui.studies()
@@ -90,12 +91,25 @@ def body() -> None:
                 "per-decode figure).")
         return
     front = studies.envelope(table, y)
+    cmp = studies.published_comparison(
+        [(lab, ui.plan(m), studies.points_of_table(table[table["config"] == lab]))
+         for lab, m in members])
+    ref = cmp["reference"] if y == published.MEASURE and cmp["matched"] else None
     ui.altair(charts.pareto(ok.dropna(subset=[y]), front, y=y, y_title=studies.MEASURES[y],
                             color="config", color_title=axis_title, curves=True,
+                            reference=ref,
                             title=f"{studies.MEASURES[y]} vs tok/s per user: one curve per "
-                                  "configuration (dashed: the frontier over all of them)"))
+                                  "configuration (dashed: the frontier over all of them)"
+                            if ref is None else
+                            f"{studies.SHORT[y]} vs tok/s per user: one curve per "
+                            "configuration; dotted ◇: the published Pareto, read off a figure "
+                            "±0.3k"))
     st.caption("Each curve is one configuration's sweep (points labelled with max "
-               "concurrency, shaped by their verdict); x = 1000 ÷ median TPOT (ms).")
+               "concurrency, shaped by their verdict); x = 1000 ÷ median TPOT (ms)."
+               + (" Dotted curves with hollow diamonds, in the colour of the configuration "
+                  f"they match: the published Pareto ({published.precision_text()})."
+                  if ref is not None else ""))
+    published_section(cmp, y)
 
     best = ok.loc[ok[y].idxmax()]
     c2.markdown(f"**Best configuration:** :green[**{best['config']}**]  \n"
@@ -126,8 +140,11 @@ def body() -> None:
         t = ok[ok["run"] == m.run_id]
         b = t.loc[t[y].idxmax()] if not t.empty and t[y].notna().any() else None
         acc = load.read_accuracy(m.path)
+        plan = ui.plan(m)
+        gpus = (f"{plan.gpus()} / {allocated_gpus(plan)}" if plan else "—")
         rows.append({"configuration": lab, "run": f"./overview?run={m.run_id}",
                      "state": ui.STATE_BADGE.get(m.state, m.state), "topology": m.topology,
+                     "GPUs working / allocated": gpus,
                      "best y": None if b is None else b[y],
                      "at": "—" if b is None else b["point"],
                      "tok/s/user": None if b is None else b["tokens_per_s_per_user"],
@@ -179,6 +196,50 @@ def body() -> None:
 
     recommendation_section(best, members)
     ui.report_panel(study.path, "study")
+
+
+def published_section(cmp: dict, y: str) -> None:
+    """The ratio of each measured point to the published one (launcher.run.published)."""
+    st.subheader("Against the published Pareto")
+    src = f"{published.precision_text()}; {published.source_text()}"
+    if not cmp["matched"]:
+        why = "; ".join(f"{lab}: {w}" for lab, w in cmp["not_comparable"].items())
+        st.caption(f"The published Pareto ({src}) is not drawn: no configuration of this "
+                   f"study is the published workload ({why}).")
+        return
+    if cmp["simulated"]:
+        st.warning("**SIMULATION** — the measured side of these ratios is the launcher's "
+                   "simulated engine (a speed model), not a GB200 measurement: they check the "
+                   "comparison, not performance.", icon=":material/science:")
+    st.caption(f"Published points {src}. Ratio = measured total tok/s per **working** GPU "
+               "(÷ GPUs of the prefill and decode endpoints, as the published figure divides) "
+               "÷ the published total tok/s/GPU at the same configuration and max "
+               "concurrency; where the figure has no point at a concurrency the row says so "
+               "(nothing is interpolated). The range is the ratio over the reading "
+               "precision." + ("" if y == published.MEASURE else
+                               " The published curves are drawn on the per-working-GPU "
+                               "measure only."))
+    if cmp["not_comparable"]:
+        st.caption("Not compared: " + "; ".join(f"{lab}: {w}"
+                                                for lab, w in cmp["not_comparable"].items()))
+    r = cmp["ratios"]
+    ui.table(studies.ratio_grid(r))
+    st.caption("Measured ÷ published total tok/s per working GPU, per configuration and max "
+               "concurrency. *no published point*: the figure has none at that concurrency; "
+               "*not measured*: this study did not run it; *failed*: the point failed; —: "
+               "neither measured nor published.")
+    with st.expander(f"Every point: measured, published, ratio and its range ({len(r)} rows)"):
+        show = r[list(studies.RATIO_COLUMNS)].rename(columns=studies.RATIO_COLUMNS)
+        for k in ("measured", "measured_per_allocated_gpu", "published", "ratio",
+                  "measured_tokens_per_s_per_user", "published_tokens_per_s_per_user"):
+            show[studies.RATIO_COLUMNS[k]] = pd.to_numeric(show[studies.RATIO_COLUMNS[k]],
+                                                           errors="coerce")
+        fmt = {studies.RATIO_COLUMNS[k]: st.column_config.NumberColumn(format=f)
+               for k, f in (("measured", "%.0f"), ("measured_per_allocated_gpu", "%.0f"),
+                            ("published", "%.0f"), ("ratio", "%.2f"),
+                            ("measured_tokens_per_s_per_user", "%.1f"),
+                            ("published_tokens_per_s_per_user", "%.1f"))}
+        ui.table(show, column_config=fmt)
 
 
 def recommendation_section(best: pd.Series, members: list) -> None:

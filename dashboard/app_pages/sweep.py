@@ -13,7 +13,7 @@ if info is None:
     st.stop()
 
 Y_CHOICES = {
-    "total_tokens_per_s_per_gpu": "Total tok/s per GPU (÷ all GPUs)",
+    "total_tokens_per_s_per_gpu": "Total tok/s per working GPU (÷ prefill + decode GPUs)",
     "output_tokens_per_s_per_decode_gpu": "Output tok/s per decode GPU (÷ decode GPUs)",
     "input_tokens_per_s_per_prefill_gpu": "Input tok/s per prefill GPU (÷ prefill GPUs)",
 }
@@ -97,8 +97,9 @@ def body(info) -> None:  # the run as re-read at each live refresh
         show[c] = show[c] * 1000.0
     num = st.column_config.NumberColumn
     ui.table(show, column_config={
-        "total_tokens_per_s_per_gpu": num("tok/s/GPU", format="%.0f",
-                                          help="total tok/s ÷ all GPUs"),
+        "total_tokens_per_s_per_gpu": num("tok/s/working GPU", format="%.0f",
+                                          help="total tok/s ÷ the GPUs of the endpoints "
+                                               "(prefill + decode), the published measure"),
         "output_tokens_per_s_per_decode_gpu": num("out/decode GPU", format="%.0f",
                                                   help="output tok/s ÷ decode GPUs"),
         "input_tokens_per_s_per_prefill_gpu": num("in/prefill GPU", format="%.0f",

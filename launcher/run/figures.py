@@ -3,14 +3,19 @@ both call these functions.
 
 Definitions (docs/figures.md; every per-GPU figure names its denominator):
 
-- total tokens/s per GPU          = (input + output tokens) / duration / all GPUs (P + D)
+- total tokens/s per GPU          = (input + output tokens) / duration / working GPUs, i.e.
+                                    the GPUs of the endpoints (P + D): the published metric
+- total tokens/s per allocated GPU = the same / allocated GPUs (plan.json's nodes x their
+                                    GPUs): what the allocation costs. They differ where a
+                                    node has idle GPUs (5 x DEP2 prefill: 18 working of 20)
 - output tokens/s per decode GPU  = output tokens / duration / decode GPUs   (disagg only)
 - input tokens/s per prefill GPU  = input tokens / duration / prefill GPUs   (disagg only)
 - output tokens/s per GPU         = output tokens / duration / all GPUs (srt-slurm's figure)
 - tokens/s per user               = 1000 / median TPOT (ms); TPOT excludes the first token
 - TTFT and TPOT p50/p90/p99 (ms), request throughput (req/s)
 
-GPU counts are plan.json's `gpu_count` (docs/contracts.md). In aggregated mode every GPU
+GPU counts are plan.json's `gpu_count` (working GPUs) and `nodes[].gpus` (allocated;
+`allocated_gpus`) (docs/contracts.md). In aggregated mode every GPU
 does both phases, so the per-prefill and per-decode figures are None, with the reason in
 `not_applicable`.
 
@@ -27,7 +32,14 @@ from typing import Any
 
 from launcher.run.plandoc import CPU_LABEL, PlanDoc, PlanError, engine_label, read_plan
 from launcher.run.results import load_results, percentile
-from launcher.run.rundir import RunDir, concurrency_of, read_json, write_json
+from launcher.run.rundir import (
+    ACCURACY,
+    RunDir,
+    concurrency_of,
+    read_json,
+    shape_problem,
+    write_json,
+)
 from launcher.run.vocab import Kind, State
 
 PERCENTILES = (50, 90, 99)
@@ -45,12 +57,31 @@ PUBLISHED_GSM8K = 0.88
 PUBLISHED_GSM8K_HARNESS = "vllm"
 LM_EVAL = "lm-eval"  # the harness of a result file that names none (written before harnesses)
 NOT_AGG = "aggregated mode: every GPU runs prefill and decode, so there is no such split"
+# What each per-GPU figure divides by, as every place that shows one names it.
+WORKING = "per working GPU"
+ALLOCATED = "per allocated GPU"
+PER_GPU = {
+    "total_tokens_per_s_per_gpu": f"{WORKING}: (input + output tok/s) / GPUs of the prefill "
+                                  "and decode endpoints (gpus_total; the published metric)",
+    "total_tokens_per_s_per_allocated_gpu": f"{ALLOCATED}: (input + output tok/s) / nodes x "
+                                            "GPUs per node of the allocation (gpus_allocated)",
+    "output_tokens_per_s_per_decode_gpu": "per decode GPU: output tok/s / decode GPUs",
+    "input_tokens_per_s_per_prefill_gpu": "per prefill GPU: input tok/s / prefill GPUs",
+    "output_tokens_per_s_per_gpu": f"{WORKING}: output tok/s / gpus_total (srt-slurm's)",
+}
 
 
 def gpu_denominators(plan: PlanDoc | None) -> dict[str, int]:
     """{"gpus_total", "gpus_prefill", "gpus_decode", "gpus_agg"} from plan.json's gpu_count
     (all 0 without a plan: per-GPU figures are then None, never divided by a guess)."""
     return {f"gpus_{k}": plan.gpus(k) if plan else 0 for k in ("total", "prefill", "decode", "agg")}
+
+
+def allocated_gpus(plan: PlanDoc | None) -> int:
+    """GPUs of the allocation: the plan's nodes x the GPUs of each (0 without a plan). More
+    than gpus_total where a node has idle GPUs (an odd number of DEP2 prefill endpoints on
+    4-GPU nodes)."""
+    return sum(n.gpus for n in plan.nodes) if plan else 0
 
 
 def _per(value: float | None, gpus: int) -> float | None:
@@ -85,8 +116,10 @@ def _per_request(result: dict[str, Any], metric: str) -> list[float]:
 
 
 def point_figures(result: dict[str, Any], denominators: dict[str, int],
-                  mode: str = "disagg") -> dict[str, Any]:
-    """The headline figures of one sweep point (a `load_results` entry)."""
+                  mode: str = "disagg", allocated: int | None = None) -> dict[str, Any]:
+    """The headline figures of one sweep point (a `load_results` entry). `allocated`: the
+    allocation's GPUs (`allocated_gpus`); None (not given) leaves the per-allocated-GPU
+    figure None without a reason, 0 gives the reason."""
     na: dict[str, str] = {}
     duration = float(result.get("duration") or 0.0)
     total_in = result.get("total_input_tokens") or 0
@@ -139,7 +172,11 @@ def point_figures(result: dict[str, Any], denominators: dict[str, int],
         "output_tokens_per_s_per_decode_gpu": per_decode,
         "input_tokens_per_s_per_prefill_gpu": per_prefill,
         "output_tokens_per_s_per_gpu": _per(out_tps, gpus_total),
+        "total_tokens_per_s_per_allocated_gpu": _per(tot_tps, allocated or 0),
+        "gpus_allocated": allocated,
     }
+    if allocated is not None and allocated <= 0:
+        na["total_tokens_per_s_per_allocated_gpu"] = "the plan has no nodes with GPUs"
     for metric in ("ttft", "tpot"):
         for p in PERCENTILES:
             value, why = _stat(result, metric, p)
@@ -157,12 +194,66 @@ def point_figures(result: dict[str, Any], denominators: dict[str, int],
     return fig
 
 
-def load_accuracy(run_dir: str | Path) -> dict[str, Any] | None:
-    """The newest GSM8K result in `<run_dir>/accuracy/` (launcher.accuracy's file), or None."""
+# The types readers rely on in a GSM8K result (accuracy/<task>.json, summary.json's
+# "accuracy"); a file with another type in one of them is damaged.
+ACCURACY_TYPES = {
+    "task": "str | None", "harness": "str | None", "accuracy": "float | None",
+    "threshold": "float | None", "passed": "bool | None", "metric": "str | None",
+    "scores": "dict[str, dict] | None", "num_questions": "int | None", "num_shots": "int | None",
+    "chat": "bool | None", "invalid_rate": "float | None", "status": "str | None",
+    "failure_reason": "str | None", "repeat": "int | None", "spread": "dict | None",
+    "comparable_with_lm_eval": "bool | None", "timestamp": "float | None",
+}  # fmt: skip
+_NUMBER = "float | None"
+POINT_TYPES = {
+    "max_concurrency": "int | None", "file": "str | None", "driver": "str | None",
+    "status": "str | None", "failure_reason": "str | None", "num_prompts": "int | None",
+    "completed": "int | None", "failed": "int | None", "labels": "list[str]",
+    "gpus_allocated": "int | None",
+    "denominators": "dict", "not_applicable": "dict",
+    **{k: _NUMBER for k in (
+        "window_start", "window_end", "duration_s", "request_throughput", "input_throughput",
+        "output_throughput", "total_token_throughput", "total_tokens_per_s_per_gpu",
+        "output_tokens_per_s_per_decode_gpu", "input_tokens_per_s_per_prefill_gpu",
+        "output_tokens_per_s_per_gpu", "tokens_per_s_per_user",
+        "total_tokens_per_s_per_allocated_gpu",
+        *(f"{m}_p{p}_ms" for m in ("ttft", "tpot") for p in PERCENTILES))},
+}  # fmt: skip
+SUMMARY_TYPES = {
+    **{k: "str | None" for k in ("run_id", "recipe", "engine", "engine_platform",
+                                 "engine_label", "mode", "model", "state", "verdict")},
+    "simulated": "bool", "vllm_cpu": "bool", "denominators": "dict[str, int]",
+    "points": "list[dict]", "planned_concurrency": "list[int]", "headline": "dict | None",
+    "accuracy": "dict | None", "verdict_reasons": "list[str]", "notes": "list[str]",
+    "generated": _NUMBER, "gpus_allocated": "int | None", "per_gpu": "dict[str, str]",
+}  # fmt: skip
+
+
+def summary_problem(doc: Any) -> str | None:
+    """What is wrong with the shape of a summary.json, in words, or None."""
+    why = shape_problem(doc, SUMMARY_TYPES)
+    if why is None:
+        for i, p in enumerate(doc.get("points") or []):
+            why = why or shape_problem(p, POINT_TYPES, f"points[{i}].")
+        why = why or shape_problem(doc.get("headline") or {}, POINT_TYPES, "headline.")
+        why = why or shape_problem(doc.get("accuracy") or {}, ACCURACY_TYPES, "accuracy.")
+    return why
+
+
+def load_accuracy(run_dir: str | Path, problems: list | None = None) -> dict[str, Any] | None:
+    """The newest GSM8K result in `<run_dir>/accuracy/` (launcher.accuracy's file), or None.
+    A damaged file is left out; (file name, why) goes to `problems` when given."""
     best: dict[str, Any] | None = None
     for path in sorted((Path(run_dir) / "accuracy").glob("*.json")):
         obj = read_json(path)
-        if not isinstance(obj, dict) or "accuracy" not in obj:
+        why = (f"{ACCURACY}/{path.name} is damaged (not valid JSON)" if obj is None
+               else None if not isinstance(obj, dict) or "accuracy" not in obj
+               else shape_problem(obj, ACCURACY_TYPES))
+        if why and obj is not None:
+            why = f"{ACCURACY}/{path.name} is damaged ({why})"
+        if why and problems is not None:
+            problems.append((f"{ACCURACY}/{path.name}", why))
+        if why or not isinstance(obj, dict) or "accuracy" not in obj:
             continue
         obj = dict(obj, file=path.name)
         if best is None or (obj.get("timestamp") or 0) >= (best.get("timestamp") or 0):
@@ -184,8 +275,10 @@ def summary(
     run.json's and are kept in the summary's notes.
     """
     rd = RunDir(Path(run_dir))
+    damaged: list = []  # record files left out: (name, why)
     if state is None or notes is None:
         st = rd.status()
+        damaged += st.damaged.items()
         if state is None:
             state, error = st.state, st.error
         if notes is None:
@@ -199,7 +292,8 @@ def summary(
     engine = plan.engine if plan else None
     platform = plan.engine_platform if plan else None
     on_cpu = bool(plan and plan.on_cpu)
-    points = [point_figures(r, den, mode) for r in load_results(rd.path)]
+    alloc = allocated_gpus(plan) if plan else None
+    points = [point_figures(r, den, mode, alloc) for r in load_results(rd.path, damaged)]
 
     reasons: list[str] = []
     run_notes, notes = list(notes or []), []
@@ -220,11 +314,13 @@ def summary(
         if p["status"] != "ok":
             reasons.append(f"point max_concurrency={p['max_concurrency']} failed: "
                            f"{p['failure_reason']}")
-    acc = load_accuracy(rd.path)
+    bench_damaged = len(damaged)
+    acc = load_accuracy(rd.path, damaged)
     gate_planned = bool(plan and plan.of_kind(Kind.ACCURACY))
     accuracy = None
+    reasons += [f"{why}: left out" for _, why in damaged]
     if acc is None:
-        if gate_planned:
+        if gate_planned and len(damaged) == bench_damaged:
             reasons.append("the accuracy gate did not run")
         else:
             notes.append("accuracy was not checked (accuracy.enabled is false)")
@@ -254,6 +350,7 @@ def summary(
     if ok:
         best = max(ok, key=lambda p: p["total_tokens_per_s_per_gpu"])
         headline = {k: best[k] for k in ("max_concurrency", "total_tokens_per_s_per_gpu",
+                                         "total_tokens_per_s_per_allocated_gpu",
                                          "output_tokens_per_s_per_decode_gpu",
                                          "tokens_per_s_per_user", "ttft_p99_ms",
                                          "tpot_p50_ms")}
@@ -282,6 +379,8 @@ def summary(
         "state": str(state) if state else None,
         "denominators": ({"gpus_total": den["gpus_total"]} if mode == "agg" else
                          {k: den[k] for k in ("gpus_total", "gpus_prefill", "gpus_decode")}),
+        "gpus_allocated": alloc,
+        "per_gpu": dict(PER_GPU),
         "points": points,
         "planned_concurrency": planned,
         "headline": headline,
@@ -367,9 +466,15 @@ def render_table(s: dict[str, Any], console: Any = None) -> None:
     sim = " [bold yellow](SIMULATED)[/]" if s.get("simulated") else ""
     if s.get("vllm_cpu"):
         sim = f" [bold yellow]({CPU_LABEL}: not a GPU measurement)[/]"
+    alloc = s.get("gpus_allocated")
+    both = isinstance(alloc, int) and alloc > 0 and alloc != den.get("gpus_total")
+    if isinstance(alloc, int) and alloc > 0:
+        den_text += f"; allocated {alloc}"
     table = Table(title=f"{s.get('run_id')}{sim} - GPUs: {den_text}", title_justify="left")
     agg = s.get("mode") == "agg"
-    cols = [("conc", "right"), ("status", "left"), ("tok/s/GPU\n(all)", "right")]
+    cols = [("conc", "right"), ("status", "left"), ("tok/s/GPU\n(working)", "right")]
+    if both:
+        cols.append(("tok/s/GPU\n(allocated)", "right"))
     if not agg:
         cols += [("out tok/s/\ndecode GPU", "right"), ("in tok/s/\nprefill GPU", "right")]
     cols += [("tok/s/user", "right"), ("TTFT ms\np50/p90/p99", "right"),
@@ -380,6 +485,8 @@ def render_table(s: dict[str, Any], console: Any = None) -> None:
         failed = p.get("status") != "ok"
         status = "[red]FAILED[/]" if failed else "[green]ok[/]"
         row = [str(p.get("max_concurrency")), status, _f(p["total_tokens_per_s_per_gpu"])]
+        if both:
+            row.append(_f(p.get("total_tokens_per_s_per_allocated_gpu")))
         if not agg:
             row += [_f(p["output_tokens_per_s_per_decode_gpu"]),
                     _f(p["input_tokens_per_s_per_prefill_gpu"])]
@@ -389,6 +496,10 @@ def render_table(s: dict[str, Any], console: Any = None) -> None:
                 _f(p["request_throughput"], 2)]
         table.add_row(*row, style="dim" if failed else None)
     console.print(table)
+    console.print("tok/s/GPU (working): ÷ the GPUs of the prefill and decode endpoints (the "
+                  "published metric)" + ("; (allocated): ÷ nodes x GPUs per node, idle GPUs "
+                                         f"included ({alloc} vs {den.get('gpus_total')})"
+                                         if both else ""))
     for p in s.get("points", []):
         if p.get("status") != "ok":
             console.print(f"[red]point {p.get('max_concurrency')} failed:[/] "
