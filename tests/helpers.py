@@ -191,3 +191,32 @@ def completions_server(handle) -> Iterator[str]:
 
     with aiohttp_in_thread(make_app) as url:
         yield url
+
+
+def streamlit_healthy(base: str, proc, log: Path, timeout: float = 60) -> None:
+    """Streamlit at `base` answers its health check; fails with its log if it died or hung."""
+    import urllib.request
+
+    import pytest
+
+    deadline = time.time() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base}/_stcore/health", timeout=2) as r:
+                if r.read().strip() == b"ok":
+                    return
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            pytest.fail(f"streamlit did not start: {Path(log).read_text()}")
+        time.sleep(0.3)
+
+
+def stop(proc, grace_s: float = 10) -> None:
+    """SIGTERM, then SIGKILL after `grace_s`: a stuck server must not hang the suite."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()

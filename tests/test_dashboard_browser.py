@@ -17,12 +17,11 @@ import os
 import re
 import shutil
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import synth
+from helpers import stop, streamlit_healthy
 
 import dashboard
 from dashboard import studies, ui
@@ -101,29 +100,10 @@ def server(tmp_path_factory):
         else:
             os.environ["TZ"] = env_tz
     base = dashboard.url("127.0.0.1", port)
-    wait_healthy(base, proc, root / "streamlit.log")
+    streamlit_healthy(base, proc, root / "streamlit.log")
     yield base, runs
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:  # a stuck server must not hang the suite
-        proc.kill()
+    stop(proc)
     log.close()
-
-
-def wait_healthy(base: str, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.time() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"{base}/_stcore/health", timeout=2) as r:
-                if r.read().strip() == b"ok":
-                    return
-        except OSError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            pytest.fail(f"streamlit did not start: {log.read_text()}")
-        time.sleep(0.3)
 
 
 @pytest.fixture(scope="module")
@@ -339,7 +319,7 @@ def test_live_run_shows_sweep_progress_that_advances(tmp_path_factory, browser, 
                                stderr=subprocess.STDOUT)
         try:
             url = dashboard.url("127.0.0.1", port)
-            wait_healthy(url, proc, log_path)
+            streamlit_healthy(url, proc, log_path)
             page = browser.new_page(viewport={"width": 1440, "height": 1400})
             try:
                 page.goto(f"{url}/overview?run={live.name}", timeout=60_000)
@@ -364,11 +344,7 @@ def test_live_run_shows_sweep_progress_that_advances(tmp_path_factory, browser, 
             finally:
                 page.close()
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop(proc)
 
 
 def test_kv_and_ttft_pages_of_the_72_gpu_run(server, browser, shots):

@@ -13,12 +13,11 @@ import json
 import os
 import re
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import synth
+from helpers import stop, streamlit_healthy
 
 from launcher.run import figures, listing, published
 from launcher.run.plandoc import PlanDoc, read_plan
@@ -290,16 +289,7 @@ def test_study_page_in_chromium(study, tmp_path_factory):
                                stderr=subprocess.STDOUT)
         try:
             base = dashboard.url("127.0.0.1", port)
-            deadline = time.time() + 60
-            while True:
-                try:
-                    with urllib.request.urlopen(f"{base}/_stcore/health", timeout=2) as r:
-                        if r.read().strip() == b"ok":
-                            break
-                except OSError:
-                    pass
-                assert proc.poll() is None and time.time() < deadline, log_path.read_text()
-                time.sleep(0.3)
+            streamlit_healthy(base, proc, log_path)
             with sync_playwright() as p:
                 b = p.chromium.launch(executable_path=synth.CHROMIUM, args=synth.CHROMIUM_ARGS)
                 try:
@@ -334,11 +324,7 @@ def test_study_page_in_chromium(study, tmp_path_factory):
                 finally:
                     b.close()
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop(proc)
     assert "SIMULATION" in text and "Against the published Pareto" in text
     assert "read off Figure 1" in text
     assert diamonds == sum(len(c["points"]) for c in published.configurations()), diamonds

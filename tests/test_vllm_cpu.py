@@ -565,11 +565,7 @@ def test_vllm_cpu_pages_in_chromium(pd_runs, tmp_path):
             finally:
                 browser.close()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        helpers.stop(proc)
         log.close()
     for path, text in pages.items():
         assert f"{src.name}" in text and "vLLM (CPU)" in text, path
