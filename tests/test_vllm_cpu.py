@@ -533,7 +533,7 @@ def test_vllm_cpu_pages_in_chromium(pd_runs, tmp_path):
     import shutil
 
     import synth
-    from test_dashboard_browser import free_port, visit, wait_healthy
+    from test_dashboard_browser import free_port, visit
 
     import dashboard
 
@@ -551,7 +551,7 @@ def test_vllm_cpu_pages_in_chromium(pd_runs, tmp_path):
     shots = synth.screenshot_dir(tmp_path)
     try:
         base = dashboard.url("127.0.0.1", port)
-        wait_healthy(base, proc, tmp_path / "streamlit.log")
+        helpers.streamlit_healthy(base, proc, tmp_path / "streamlit.log")
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=synth.CHROMIUM,
                                          args=synth.CHROMIUM_ARGS)
