@@ -177,6 +177,28 @@ def test_cancel_request_stops_the_run_at_the_next_check(setup):
         orch.run_all()
 
 
+def test_a_step_ended_by_scancel_before_the_jobs_own_signal_reads_as_cancelled(setup):
+    # scancel signals the steps and the batch shell at once: a step's SIGTERM exit (143) may
+    # be seen a moment before the orchestrator's own SIGTERM arrives
+    import threading
+
+    orch, backend, run, alive = setup({"decode-0@local-2": (143, 0.05)})
+    alive.update({p.url: False for p in orch.procs if p.url})
+    threading.Timer(0.5, lambda: setattr(orch, "cancel_reason",
+                                         "cancelled (SIGTERM: scancel or shutdown)")).start()
+    with pytest.raises(orchestrator.Cancelled, match="SIGTERM: scancel"):
+        orch.run_all()
+
+
+def test_a_step_killed_by_sigterm_with_no_cancel_still_fails_the_run(setup, monkeypatch):
+    monkeypatch.setattr(orchestrator, "CANCEL_GRACE_S", 0.3)
+    orch, backend, run, alive = setup({"decode-0@local-2": (143, 0.05)})
+    alive.update({p.url: False for p in orch.procs if p.url})
+    with pytest.raises(orchestrator.RunFailed, match="decode-0@local-2 on local-2 exited with "
+                                                     "status 143"):
+        orch.run_all()
+
+
 def test_a_dead_agent_is_named_and_the_run_goes_on(setup):
     orch, backend, run, _ = setup({"agent@local-2": (1, 0.0)})
     orch.run_all()

@@ -76,6 +76,10 @@ class Cancelled(Exception):
     pass
 
 
+# How long a step's SIGTERM exit waits for the job's own cancel signal (scancel's race).
+CANCEL_GRACE_S = 3.0
+
+
 def say(msg: str) -> None:
     """A line on the orchestrator's output. That output can be a file on the full disk (the
     batch step's log): a failing print must never stop a teardown."""
@@ -379,6 +383,8 @@ class Orchestrator:
                 )
                 self._write_processes()
                 continue
+            if code in (128 + signal.SIGTERM, -signal.SIGTERM) and self.cancel_arrives():
+                raise Cancelled(self.cancel_reason)
             lines = tail(h.log_path, 15)
             self.book.event(
                 "process_exited", process=h.proc.name, node=h.proc.node, exit_code=code,
@@ -389,6 +395,17 @@ class Orchestrator:
                 f"{h.proc.log}:\n" + "\n".join(f"  | {x}" for x in lines),
                 culprit=h.proc.name,
             )
+
+    def cancel_arrives(self) -> bool:
+        """A step ended by SIGTERM: scancel signals the steps and the batch shell at once, so
+        the orchestrator's own SIGTERM may come a moment after a step's exit. Wait for it
+        briefly; a cancel must read as cancelled, not as a failed engine."""
+        deadline = time.monotonic() + CANCEL_GRACE_S
+        while self.cancel_reason is None and time.monotonic() < deadline:
+            if (req := self.run.read_cancel()) is not None:
+                self.cancel_reason = f"cancelled by `launcher cancel` ({req.by})"
+            time.sleep(0.1)  # the signal handler runs here
+        return self.cancel_reason is not None
 
     def note_partial_telemetry(self, final: bool = False) -> None:
         """A node whose agent cannot write its telemetry directory is said once in the run's
