@@ -210,7 +210,10 @@ KV_KEYS = ["Num successful transfers", "Avg xfer time (ms)", "P90 xfer time (ms)
 def _check_lines(text: str) -> tuple[int, int]:
     """Stats/KV lines of a log, checked with the telemetry parser's and the strict regexes."""
     engines = kv = 0
-    for line in text.splitlines():
+    lines = text.splitlines()
+    if not text.endswith("\n"):
+        lines = lines[:-1]  # a line the engine is still writing is not a line yet
+    for line in lines:
         rec = statslog.parse_prefix(line)
         if rec is None or not ("[loggers.py:" in line or "[metrics.py:" in line):
             continue
