@@ -234,7 +234,8 @@ def test_stats_log_lines_parse_like_the_fixtures(pd):
         engines, kv = _check_lines(text)
         assert engines > 0 and kv > 0
     # ... and the simulator's lines (traffic ran in the previous tests; interval is 1 s)
-    wait_for(lambda: all(_check_lines(pd["decode"].log_text())), 10, "the decode's stats lines")
+    wait_for(lambda: all(_check_lines(pd["decode"].log_text()))
+             and _check_lines(pd["prefills"][0].log_text())[0], 10, "both engines' stats lines")
     d_log = pd["decode"].log_text()
     engines, kv = _check_lines(d_log)
     assert engines > 0 and kv > 0
