@@ -123,7 +123,7 @@ def log_interval(engines: Sequence[Engine], aggregate: bool) -> None:
             merged.notifs_after_expiry += iv.notifs_after_expiry
         kv = kv_message(merged) if engines[0].cfg.kv_connector else None
         if kv:
-            vlog.info(KV_WHERE, kv)
+            vlog.log(level, KV_WHERE, kv)
         return
     for e, iv, elapsed in taken:
         prompt_tp = iv.prompt_tokens / elapsed
@@ -133,10 +133,11 @@ def log_interval(engines: Sequence[Engine], aggregate: bool) -> None:
             f"Engine {e.rank:03d}: ", prompt_tp, gen_tp, running, waiting, deferred, fetch,
             iv.preemptions, e.kv_usage(), _prefix_hit([e]), e.external_hit_rate())
         idle = not (prompt_tp or gen_tp or iv.last_prompt_tp or iv.last_gen_tp)
-        vlog.log("DEBUG" if idle else "INFO", STATS_WHERE, msg)
+        level = "DEBUG" if idle else "INFO"
+        vlog.log(level, STATS_WHERE, msg)
         kv = kv_message(iv) if e.cfg.kv_connector else None
-        if kv:
-            vlog.info(KV_WHERE, kv)
+        if kv:  # vLLM logs it with the stats line's level: an idle engine's is DEBUG too
+            vlog.log(level, KV_WHERE, kv)
 
 
 def _prefix_hit(engines: Sequence[Engine]) -> float | None:
