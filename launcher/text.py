@@ -121,8 +121,10 @@ def plan_text(prepared: Prepared) -> str:
                 f"on PATH; no container runtime on this profile: they see the whole host)"
             )
         else:
+            image = ("the job's own environment (image {compute_env})"
+                     if r.container.image == render.COMPUTE_ENV_IMAGE else r.container.image)
             lines.append(
-                f"Engines and clients run in {r.container.image}{pin} ({k.runtime}), seeing "
+                f"Engines and clients run in {image}{pin} ({k.runtime}), seeing "
                 f"only the image and "
                 + ", ".join(d for _, d, _ in render.container_mounts(plan))
             )

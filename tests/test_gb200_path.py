@@ -132,14 +132,22 @@ def test_a_named_interface_gives_the_addresses(tmp_path):
 
 
 def test_a_time_limit_mid_sweep_ends_with_teardown_and_an_honest_summary(tmp_path):
-    # 3 minutes, told 60 s before: Slurm's signal timer has one-minute granularity, so
-    # USR2 comes 60-120 s in, while the long sweep runs.
+    # Submitted with 10 minutes, told 110 s before the end; once the sweep runs the limit is
+    # cut to 2 minutes (`scontrol update`, as an admin or a reservation would), so Slurm's own
+    # timer sends USR2 at its next check, mid-sweep, without a fixed wait for it.
     code, out, run = submit(
-        tmp_path, "--set", "slurm.time_limit=3", "--set", "slurm.signal_lead_s=60",
+        tmp_path, "--set", "slurm.time_limit=10", "--set", "slurm.signal_lead_s=110",
         "--set", "benchmark.concurrency=[4,8,16,32]", "--set", "benchmark.prompts_per_point=4000",
-        "--set", "sim.speed=1", "--set", "accuracy.enabled=false",
+        "--set", "sim.speed=1", "--set", "accuracy.enabled=false", wait=False,
     )  # fmt: skip
-    st = rundir.RunDir(run).status()
+    assert code == 0 and run is not None, out
+    deadline = time.monotonic() + 180
+    while (st := rundir.RunDir(run).status()).stage != "sweep" and not st.final:
+        assert time.monotonic() < deadline, st
+        time.sleep(0.3)
+    assert not st.final, st
+    subprocess.run(["scontrol", "update", f"JobId={st.slurm_job_id}", "TimeLimit=2"], check=True)
+    st = wait_end(run, timeout=240)
     assert st.state == "cancelled", (st, out[-2000:])
     assert st.error == "stopped: the Slurm time limit is near"
     assert st.stage == "sweep"

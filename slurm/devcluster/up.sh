@@ -114,7 +114,8 @@ KillWait=30
 UnkillableStepTimeout=30
 MinJobAge=1800
 MessageTimeout=10
-SlurmdTimeout=60
+# A lost node is NODE_FAIL after 30 s (sites: 300); the node-loss tests wait for it.
+SlurmdTimeout=30
 InactiveLimit=0
 MaxStepCount=100000
 NodeName=$NODE_EXPR NodeAddr=127.0.0.1 Port=$PORT_EXPR CPUs=$CPUS RealMemory=$MEM_MB Gres=gpu:$GPUS State=UNKNOWN
