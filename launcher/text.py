@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from launcher.control import compute_env, staging
 from launcher.planning import capacity, render
+from launcher.planning.plan import job_port_slots
 from launcher.run import listing, rundir
 from launcher.run.plandoc import CPU_LABEL, PlanError, read_plan
 from launcher.run.rundir import RunDir, RunStatus
@@ -73,6 +74,13 @@ def plan_text(prepared: Prepared) -> str:
         lines.append(
             "Node names are placeholders: the real ones are planned inside the allocation."
         )
+    if plan.cluster.scheduler == "slurm" and plan.job_id is None:
+        slots, block = job_port_slots(plan.router_port, plan.port_span)
+        if slots > 1:
+            lines.append(
+                f"Ports: each job adds (its job id mod {slots}) x {block:,} to those below, so "
+                "jobs that share a host do not collide."
+            )
     rows = [("NODE", "GPUS", "PROCESS", "PORTS")] + process_rows(prepared)
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     for row in rows:
@@ -121,10 +129,10 @@ def plan_text(prepared: Prepared) -> str:
                 f"on PATH; no container runtime on this profile: they see the whole host)"
             )
         else:
-            image = ("the job's own environment (image {compute_env})"
+            image = ("the job's own environment ({compute_env})"
                      if r.container.image == render.COMPUTE_ENV_IMAGE else r.container.image)
             lines.append(
-                f"Engines and clients run in {image}{pin} ({k.runtime}), seeing "
+                f"Engines and clients run in {image}{pin} under the {k.runtime} runtime, seeing "
                 f"only the image and "
                 + ", ".join(d for _, d, _ in render.container_mounts(plan))
             )

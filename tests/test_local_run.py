@@ -5,6 +5,7 @@ status, run.json, `status`, the logs, the results, and that no process of the ru
 """
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -180,7 +181,8 @@ def test_a_busy_port_is_named_before_anything_starts(tmp_path):
         s.listen()
         code, out = launcher(tmp_path, "submit", RECIPE)
     assert code == 2, out
-    assert f"{port} (decode-0 http)" in out and "another run still up" in out
+    assert f"{port} (decode-0 http, held by pid {os.getpid()} (" in out, out
+    assert "another run still up" in out
     run = the_run(tmp_path)
     assert rundir.RunDir(run).status().state == "failed"
     assert not list((run / "logs").glob("*@*.log")), "a process started"

@@ -57,6 +57,46 @@ def test_ports_unique_across_job_on_single_host_devcluster():
     assert len(ports) == len(set(ports))
 
 
+def all_port_numbers(p):
+    """all_ports plus each part's vLLM internal range (VLLM_PORT .. + span)."""
+    ports = set(all_ports(p))
+    for ep in p.endpoints:
+        for part in ep.parts:
+            ports |= set(range(part.vllm_port, part.vllm_port + plan.VLLM_PORT_SPAN))
+    return ports
+
+
+@pytest.mark.parametrize("ref, prof, sets", [
+    ("devcluster-sim", "devcluster", ["prefill.endpoints=1"]),
+    ("devcluster-sim", "devcluster", ["prefill.endpoints=2"]),
+    (SEED, "gb200-nvl72", ["prefill.endpoints=8"]),
+])
+def test_jobs_that_share_a_host_plan_disjoint_ports(ref, prof, sets):
+    """Jobs of any shape, with consecutive ids (a study's), never share a port; outside a job
+    (the dry-run) the ports are the profile's own; every port stays below the ephemeral range."""
+    c = cluster.load(prof)
+    nodes = cluster.expand_nodelist("gb200-[01-06]") if prof == "devcluster" else NODES
+    r_small = recipe.load(ref, list(sets))
+    r_big = recipe.load(ref, ["prefill.endpoints=4"] if ref != SEED else [])
+    dry = plan.make_plan(r_small, c, nodes)
+    assert dry.router_port == c.port_base
+    slots, block = plan.job_port_slots(c.port_base, dry.port_span)
+    assert slots > 1 and block >= dry.port_span
+    seen: dict[int, str] = {}
+    for i, job in enumerate(range(4100, 4100 + slots)):
+        r = r_small if i % 2 else r_big  # shapes alternate, as in a study
+        p = plan.make_plan(r, c, nodes, job_id=str(job))
+        ports = all_port_numbers(p)
+        assert max(ports) < plan.EPHEMERAL_FLOOR
+        clash = {q: seen[q] for q in ports if q in seen}
+        assert not clash, f"job {job} reuses ports of {set(clash.values())}"
+        seen.update(dict.fromkeys(ports, str(job)))
+    # the same job id plans the same ports (the plan is made twice inside the allocation)
+    a = plan.make_plan(r_small, c, nodes, job_id="4242")
+    assert all_port_numbers(a) == all_port_numbers(plan.make_plan(r_small, c, nodes, job_id="4242"))
+    assert plan.make_plan(r_small, c, nodes, job_id="4242_7").router_port == a.router_port
+
+
 def test_multinode_rendezvous_flags():
     p = make()
     procs = {pr.name: pr for pr in render.processes(p, "/runs/x")}

@@ -155,27 +155,49 @@ def test_cancel_tears_down(tmp_path):
     assert leftovers(run) == []
 
 
-def test_a_study_submits_one_job_per_value(tmp_path):
+def all_idle(timeout=90) -> None:
+    """Every dev-cluster node idle (a previous test's job may still be ending)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True,
+                                text=True).stdout.split()
+        if states and all(s == "idle" for s in states):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"dev cluster nodes not idle in {timeout} s: {states}")
+
+
+def test_a_study_submits_one_job_per_value_and_jobs_sharing_a_host_do_not_collide(tmp_path):
+    """1 and 2 prefill endpoints take 3 + 3 of the 6 nodes: the two jobs run side by side on
+    this one host, and each plans its ports inside its allocation."""
+    all_idle()
     code, out = launcher(
-        tmp_path, "submit", RECIPE, *SERVE_ONLY, "--sweep", "prefill.endpoints=2,4", "--wait"
-    )
+        tmp_path, "submit", RECIPE, *SERVE_ONLY, "--set", "hold_s=4",
+        "--sweep", "prefill.endpoints=1,2", "--wait"
+    )  # fmt: skip
     assert code == 0, out
     (study,) = [p.parent for p in (tmp_path / "runs").glob("*/study.json")]
     doc = json.loads((study / "study.json").read_text())
     assert [r["values"] for r in doc["runs"]] == [
+        {"prefill.endpoints": 1},
         {"prefill.endpoints": 2},
-        {"prefill.endpoints": 4},
     ]
-    jobs = set()
+    jobs, spans, ports = set(), [], []
     for r in doc["runs"]:
         run = study / r["run"]
         st = rundir.RunDir(run).status()
         assert st.state == "succeeded", st.error
         jobs.add(st.slurm_job_id)
+        rec = rundir.RunDir(run).read_record()
+        spans.append((rec.started, rec.ended))
         plan = json.loads((run / "plan.json").read_text())
         n = r["values"]["prefill.endpoints"]
         assert sum(1 for e in plan["endpoints"] if e["role"] == "prefill") == n
+        router_port = int(plan["router"]["url"].rsplit(":", 1)[1])
+        ports.append({e["http_port"] for e in plan["endpoints"]} | {router_port})
         assert leftovers(run) == []
     assert len(jobs) == 2
+    assert max(a for a, _ in spans) < min(b for _, b in spans), f"not side by side: {spans}"
+    assert not ports[0] & ports[1], ports
     code, out = launcher(tmp_path, "runs")
     assert code == 0 and out.count("succeeded") == 2

@@ -222,8 +222,24 @@ def busy_ports(plan: Plan) -> list[str]:
             try:
                 s.bind((plan.cluster.bind_host, port))
             except OSError:
-                busy.append(f"{port} ({what})")
+                busy.append(f"{port} ({what}{port_holder(port)})")
     return busy
+
+
+def port_holder(port: int) -> str:
+    """', held by pid N (name)' for a listening port, where this user may see its owner."""
+    import psutil
+
+    try:
+        for c in psutil.net_connections(kind="inet"):
+            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
+                try:
+                    return f", held by pid {c.pid} ({psutil.Process(c.pid).name()})"
+                except psutil.Error:
+                    return f", held by pid {c.pid}"
+    except (psutil.Error, OSError):
+        pass
+    return ""
 
 
 # --- HTTP checks -------------------------------------------------------------------------------

@@ -128,6 +128,7 @@ class Plan:
     runtime: Runtime = LOCAL_RUNTIME
     job_id: str | None = None  # the Slurm job, once inside the allocation
     run_dir: str = "<RUN_DIR>"  # set once the run directory exists
+    port_span: int = 0  # ports from router_port up that the plan uses
 
     def address(self, node: str) -> str:
         return self.addresses.get(node, node)
@@ -317,29 +318,9 @@ def _too_many(n: str) -> str:
     )
 
 
-def make_plan(
-    recipe: Recipe,
-    cluster: Cluster,
-    nodes: list[str],
-    addresses: dict[str, str] | None = None,
-    runtime: Runtime | None = None,
-    job_id: str | None = None,
-) -> Plan:
-    need = nodes_needed(recipe, cluster)
-    if len(nodes) < need:
-        raise UserError(
-            f"the plan needs {need} nodes of {cluster.gpus_per_node} GPUs but only "
-            f"{len(nodes)} are available ({', '.join(nodes) or 'none'})"
-        )
-    nodes = list(nodes[:need])
-    if len(set(nodes)) != len(nodes):
-        raise UserError(f"the node list names a node twice: {', '.join(nodes)}")
-    if runtime is None:
-        runtime = LOCAL_RUNTIME
-    if addresses is None:
-        local = cluster.scheduler == "local"
-        addresses = {n: ("127.0.0.1" if local else n) for n in nodes}
-    base = cluster.port_base
+def _endpoints(recipe: Recipe, cluster: Cluster, nodes: list[str],
+               base: int) -> tuple[list[Endpoint], int]:
+    """Every endpoint with its ports from ``base`` up, and the span of ports they take."""
     next_port = base + ENDPOINT_SLOT
     counters = dict.fromkeys(Role, 0)
     endpoints = []
@@ -367,6 +348,66 @@ def make_plan(
         next_port += 2 + pool.data_parallel + VLLM_PORT_SPAN * len(parts)
     if next_port > 65535:
         raise UserError(f"ports run past 65535: lower the cluster profile's port_base ({base})")
+    return endpoints, next_port - base
+
+
+JOB_PORT_SLOTS = 16
+EPHEMERAL_FLOOR = 32768  # Linux's default ip_local_port_range starts here
+
+
+def port_block(span: int) -> int:
+    """A job's block of ports: 1,000 (its span rounded up to thousands if more), the same for
+    jobs of every shape so their blocks never overlap."""
+    return max(1, -(-span // 1000)) * 1000
+
+
+def job_port_slots(base: int, span: int) -> tuple[int, int]:
+    """(slots, block): how many blocks of ports fit from ``base`` below the ephemeral range
+    (at most 16), and the block's size."""
+    block = port_block(span)
+    ceiling = EPHEMERAL_FLOOR if base + span <= EPHEMERAL_FLOOR else 65536
+    return min(JOB_PORT_SLOTS, max(1, (ceiling - base) // block)), block
+
+
+def job_port_shift(job_id: str | None, base: int, span: int) -> int:
+    """How far a Slurm job's ports sit above port_base: (job id mod slots) x block, so jobs
+    that share a host (a dev cluster, a partition that is not exclusive) do not plan the same
+    ports. 0 outside a job."""
+    head = (job_id or "").split("_")[0]
+    if not head.isdigit():
+        return 0
+    slots, block = job_port_slots(base, span)
+    return int(head) % slots * block
+
+
+def make_plan(
+    recipe: Recipe,
+    cluster: Cluster,
+    nodes: list[str],
+    addresses: dict[str, str] | None = None,
+    runtime: Runtime | None = None,
+    job_id: str | None = None,
+) -> Plan:
+    need = nodes_needed(recipe, cluster)
+    if len(nodes) < need:
+        raise UserError(
+            f"the plan needs {need} nodes of {cluster.gpus_per_node} GPUs but only "
+            f"{len(nodes)} are available ({', '.join(nodes) or 'none'})"
+        )
+    nodes = list(nodes[:need])
+    if len(set(nodes)) != len(nodes):
+        raise UserError(f"the node list names a node twice: {', '.join(nodes)}")
+    if runtime is None:
+        runtime = LOCAL_RUNTIME
+    if addresses is None:
+        local = cluster.scheduler == "local"
+        addresses = {n: ("127.0.0.1" if local else n) for n in nodes}
+    base = cluster.port_base
+    endpoints, span = _endpoints(recipe, cluster, nodes, base)
+    shift = job_port_shift(job_id, base, span)
+    if shift:
+        base += shift
+        endpoints, _ = _endpoints(recipe, cluster, nodes, base)
     return Plan(
         recipe=recipe,
         cluster=cluster,
@@ -378,4 +419,5 @@ def make_plan(
         exporter_ports={n: base + EXPORTER_SLOT + i for i, n in enumerate(nodes)},
         runtime=runtime,
         job_id=job_id,
+        port_span=span,
     )
