@@ -213,9 +213,10 @@ def test_runs_dir_that_cannot_hold_runs_is_one_sentence(tmp_path, runs, words):
 
 def test_a_value_that_reads_like_the_jobid_placeholder_stays_literal(tmp_path):
     # commands.sh replaced the placeholder as text, so this value turned into the job id
-    (p,) = prepare.prepare_all(SEED, ["vllm_args.x=--jobid=$SLURM_JOB_ID"], [], tmp_path)
+    (p,) = prepare.prepare_all(SEED, ["vllm_args.tokenizer=/m/--jobid=$SLURM_JOB_ID"], [],
+                               tmp_path)
     text = p.run.commands.read_text()
-    assert " --x '--jobid=$SLURM_JOB_ID'" in text
+    assert " --tokenizer '/m/--jobid=$SLURM_JOB_ID'" in text
     assert text.count(render.JOBID_BY_HAND) == text.count("srun ")
 
 

@@ -419,3 +419,57 @@ def test_a_wrong_run_or_process_name_gets_a_suggestion(cli, tmp_path):
     assert f"did you mean '{rd.run_id}'?" in line
     line = one_error_line(*cli("logs", rd.run_id, "decode-0@m1", "--runs-dir", str(runs)))
     assert f"did you mean '{PROC}'?" in line
+
+
+# --- 1: engine flags and values the engine would refuse, refused at dry-run ------------------
+
+
+@pytest.mark.parametrize("override, words", [
+    ("vllm_args.max-num-sequences=512", "unrecognized arguments: --max-num-sequences 512: fix "
+     "vllm_args.max-num-sequences (did you mean '--max-num-seqs'?)"),
+    ("vllm_args.max-num-seqs=abc", "argument --max-num-seqs: invalid int value: 'abc': fix "
+     "vllm_args.max-num-seqs"),
+    ("prefill.args.gdn-prefill-backend=auto", "argument --gdn-prefill-backend: invalid choice: "
+     "'auto' (choose from 'flashinfer', 'triton'"),
+    ("decode.args.max_num_batchd_tokens=8", "fix decode.args.max_num_batchd_tokens (did you "
+     "mean '--max-num-batched-tokens'?)"),
+])  # fmt: skip
+def test_a_flag_vllm_would_refuse_fails_the_dry_run(cli, tmp_path, override, words):
+    """vLLM 0.33's own parser (its flag table) reads every kind of engine command line before
+    anything is written: the sentence names the engines, vLLM's words and the key to fix."""
+    line = _refused(cli, tmp_path, SEED, "--set", override, "--dry-run")
+    assert "`vllm serve` 0.33.0 would refuse the command line of " in line, line
+    assert words in line, line
+    role = override.split(".")[0]
+    named = {"prefill": ["prefill-0"], "decode": ["decode-0", "decode-0 (headless part)"]}.get(
+        role, ["decode-0", "decode-0 (headless part)", "prefill-0"])
+    assert all(n in line for n in named), line
+    assert not list(tmp_path.rglob("plan.json")), "a refused dry-run wrote a run directory"
+
+
+@pytest.mark.parametrize("override, words", [
+    ("kv_connector.kv_buffer_devic=cuda", "kv_connector.kv_buffer_devic is not a key of vLLM "
+     "0.33.0's KV-transfer config: did you mean 'kv_buffer_device'?"),
+    ("kv_connector.kv_load_failure_policy=retry", "kv_connector.kv_load_failure_policy must be "
+     "one of 'recompute', 'fail' (got 'retry')"),
+    ("sim.speed=0", "sim.speed: must be > 0"),
+    ("sim.kv_fail_fraction=1.5", "sim.kv_fail_fraction: must be between 0 and 1"),
+    ("sim.start_delay_s=-3", "sim.start_delay_s: must be >= 0"),
+    ("slurm.time_limit=99999999999", "slurm.time_limit: at most 365 days"),
+    ("slurm.time_limit=01:75:00", "minutes and seconds go up to 59"),
+    ("model.facts.weight_bits=1e-300", "model.facts.weight_bits: must be 1 or more"),
+])  # fmt: skip
+def test_values_the_engine_or_slurm_would_refuse_fail_the_dry_run(cli, tmp_path, override, words):
+    recipe = "devcluster-sim" if override.startswith("sim.") else SEED
+    line = _refused(cli, tmp_path, recipe, "--set", override, "--dry-run")
+    assert words in line, line
+
+
+def test_the_simulator_refuses_what_the_recipe_refuses():
+    """One rule for both: what the dry-run refuses in `sim:` the engine refuses in SIM_*."""
+    from launcher.sim import knobs
+
+    for name, bad in (("speed", "0"), ("kv_fail_fraction", "1.5"), ("start_delay_s", "-3")):
+        with pytest.raises(ValueError, match=f"SIM_{name.upper()} must be"):
+            knobs.load({f"SIM_{name.upper()}": bad})
+    assert knobs.load({"SIM_SPEED": "2"}).speed == 2.0

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from launcher.control import compute_env
 from launcher.errors import UserError
-from launcher.planning import render
+from launcher.planning import engine_argv, render
 from launcher.planning.capacity import estimates
 from launcher.planning.kv_cache import KvCapacity
 from launcher.planning.plan import Plan, make_plan, nodes_needed
@@ -86,7 +86,9 @@ def plan_run(
             raise UserError(f"--nodelist names {len(names)} nodes but the plan needs {need}")
     else:
         names = cluster_mod.profile_nodes(cluster, need)
-    return make_plan(recipe, cluster, names, runtime=rt), need
+    plan = make_plan(recipe, cluster, names, runtime=rt)
+    engine_argv.check(plan)
+    return plan, need
 
 
 def write_run(plan: Plan, need: int, root: Path, name: str, study: str | None) -> Prepared:

@@ -406,6 +406,12 @@ def build(extra: Callable[[argparse.ArgumentParser], None] | None = None
     return top, serve
 
 
+@functools.lru_cache(maxsize=1)
+def _plain() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """build() without extras, once: the dry-run reads several command lines with it."""
+    return build()
+
+
 # ----- what FlexibleArgumentParser does before argparse ---------------------------------------
 
 Warn = Callable[[str, str], None]  # (where, message): a WARNING log line
@@ -575,7 +581,7 @@ def parse(argv: list[str], warn: Warn,
 
     Raises VllmArgError (argparse's text, exit 2) or VllmStartupError (exit 1).
     """
-    top, serve = build(extra)
+    top, serve = build(extra) if extra is not None else _plain()
     option_strings = set(serve._option_string_actions)
     args = preprocess(argv, option_strings, warn)
     top._task_hint = args[:1] == ["serve"] and any(  # type: ignore[attr-defined]

@@ -161,14 +161,30 @@ def load(env: dict[str, str] | None = None, flags: dict[str, str] | None = None)
             raw = flags[f.name]
         if raw is not None:
             values[f.name] = _convert(f.name, f.type, raw)
-    knobs = Knobs(**values)
-    if knobs.speed <= 0:
-        raise ValueError("SIM_SPEED must be > 0")
-    if knobs.checkpoint_shards < 1:
-        raise ValueError("SIM_CHECKPOINT_SHARDS must be >= 1")
-    if not 0.0 <= knobs.kv_fail_fraction <= 1.0:
-        raise ValueError("SIM_KV_FAIL_FRACTION must be between 0 and 1")
-    return knobs
+    for name, value in values.items():
+        if why := out_of_range(name, value):
+            raise ValueError(f"{env_name(name)} {why}")
+    return Knobs(**values)
+
+
+POSITIVE = frozenset({"speed", "prefill_tokens_per_s", "kv_bandwidth_gbps", "chars_per_token",
+                      "default_block_size", "kv_capacity_tokens", "checkpoint_shards"})
+FRACTIONS = frozenset({"kv_fail_fraction", "accuracy"})
+
+
+def out_of_range(name: str, value: Any) -> str | None:
+    """Why a knob's value cannot be simulated ('must be > 0', ...), or None. One rule for the
+    simulator's environment and the recipe's `sim:` section, so the dry-run refuses what the
+    engine would."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if name in POSITIVE and not value > 0:
+        return "must be > 0"
+    if name in FRACTIONS and not 0 <= value <= 1:
+        return "must be between 0 and 1"
+    if value < 0:
+        return "must be >= 0"
+    return None
 
 
 def unknown_env(env: dict[str, str] | None = None) -> list[str]:

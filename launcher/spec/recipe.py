@@ -130,7 +130,7 @@ class ModelFacts(Strict):
 
     total_params_b: float = Field(gt=0, le=100_000, description="parameters, billions")
     weight_bits: float = Field(
-        default=16, gt=0, le=64, description="bits per weight as stored (NVFP4 ~4.5)"
+        default=16, ge=1, le=64, description="bits per weight as stored (NVFP4 ~4.5, ternary ~1.6)"
     )
     full_attention_layers: int = Field(ge=0, le=10_000)
     num_kv_heads: int = Field(ge=1, le=65_536)
@@ -391,19 +391,33 @@ class Slurm(Strict):
     def _time(cls, v: object) -> str:
         if isinstance(v, bool) or not isinstance(v, str | int):
             raise ValueError("use minutes or [D-]HH:MM[:SS], e.g. 02:00:00")
-        if not re.fullmatch(r"\d+|(\d+-)?\d{1,2}:\d{2}(:\d{2})?", str(v)):
+        m = re.fullmatch(r"\d+|(\d+-)?(\d{1,2}):(\d{2})(:(\d{2}))?", str(v))
+        if not m:
             raise ValueError("use minutes or [D-]HH:MM[:SS], e.g. 02:00:00")
+        if m.group(2) is not None and (int(m.group(2)) > 23 and m.group(1) or
+                                       int(m.group(3)) > 59 or int(m.group(5) or 0) > 59):
+            raise ValueError("minutes and seconds go up to 59 (hours to 23 after a day count)")
+        if _minutes(str(v)) > MAX_TIME_LIMIT_MIN:
+            raise ValueError(f"at most {MAX_TIME_LIMIT_MIN // 1440} days (Slurm keeps minutes in "
+                             "32 bits and sites cap far below that)")
         return str(v)
 
     @property
     def minutes(self) -> int:
-        v = self.time_limit
-        if v.isdigit():
-            return int(v)
-        days, _, hms = v.rpartition("-")
-        parts = [int(p) for p in hms.split(":")] + [0]
-        h, m, s = (parts + [0, 0])[:3]
-        return int(days or 0) * 1440 + h * 60 + m + (1 if s else 0)
+        return _minutes(self.time_limit)
+
+
+MAX_TIME_LIMIT_MIN = 365 * 1440
+
+
+def _minutes(v: str) -> int:
+    """A Slurm time limit in whole minutes (seconds round up)."""
+    if v.isdigit():
+        return int(v)
+    days, _, hms = v.rpartition("-")
+    parts = [int(p) for p in hms.split(":")] + [0]
+    h, m, s = (parts + [0, 0])[:3]
+    return int(days or 0) * 1440 + h * 60 + m + (1 if s else 0)
 
 
 class Health(Strict):
@@ -439,7 +453,16 @@ def _sim_knobs_model() -> type[BaseModel]:
         for f in fields(Knobs)
     }
     config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    return create_model("SimKnobs", __config__=config, **spec)
+    return create_model("SimKnobs", __config__=config, __validators__={
+        "in_range": field_validator("*")(_knob_in_range)}, **spec)
+
+
+def _knob_in_range(v: Any, info: Any) -> Any:
+    from launcher.sim.knobs import out_of_range
+
+    if v is not None and (why := out_of_range(info.field_name, v)):
+        raise ValueError(why)
+    return v
 
 
 SimKnobs = _sim_knobs_model()

@@ -1,0 +1,134 @@
+"""Each engine's `vllm serve` command line, read by vLLM's own flag table before submitting.
+
+The table (``launcher.sim.vllm_flags``) is vLLM 0.33.0's parser; a recipe for that version
+(or with none named) gets every unknown flag, bad value and bad choice refused at dry-run,
+in vLLM's words, with the recipe key to fix. Other versions are left to the preflight, which
+runs the real container's parser on the nodes.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from launcher.errors import UserError
+from launcher.spec.wording import did_you_mean
+
+if TYPE_CHECKING:
+    from launcher.planning.plan import Plan
+
+
+def table_version() -> str:
+    from launcher.sim import vllm_flags
+
+    return vllm_flags.VLLM_VERSION
+
+
+def applies(plan: Plan) -> bool:
+    """Whether the table is the version the recipe's engine runs."""
+    want = plan.recipe.engine_version
+    if plan.recipe.engine == "sim" or not want:
+        return True
+    return table_version().startswith(want) or want.startswith(table_version())
+
+
+def _flag_names(option: str) -> list[str]:
+    return [option.lstrip("-"), option.lstrip("-").replace("_", "-")]
+
+
+def _source(plan: Plan, role: str, flag: str) -> str:
+    """The recipe key that put ``--flag`` on the command line."""
+    r = plan.recipe
+    name = flag.lstrip("-")
+    base = name.removeprefix("no-")
+    for where, args in ((f"{role}.args", getattr(r, role).args), ("vllm_args", r.vllm_args)):
+        for key in args:
+            k = key.lstrip("-").replace("_", "-")
+            if k in (name, base):
+                return f"{where}.{key}"
+    if base == "kv-transfer-config":
+        return "kv_connector"
+    return ""
+
+
+def _first_flag(message: str) -> str | None:
+    m = re.search(r"argument (--[A-Za-z0-9_.-]+)", message)
+    return m.group(1) if m else None
+
+
+def _one_line(text: str) -> str:
+    """argparse's error without its usage lines; a pydantic report folded into one line."""
+    lines = text.strip().splitlines()
+    at = next((i for i, line in enumerate(lines) if ": error: " in line), len(lines) - 1)
+    msg = lines[at].split(": error: ", 1)[-1]
+    rest = [re.sub(r"\s*\[type=[^\]]*\]", "", line).strip() for line in lines[at + 1:]]
+    rest = [x for x in rest if x and not x.startswith("For further information")]
+    return msg + (f" ({' '.join(rest)})" if rest else "")
+
+
+def problems(plan: Plan) -> list[str]:
+    """One sentence per refusal, naming the engines whose argv vLLM would refuse (one of each
+    kind is read: role, head or headless part) and the recipe key to fix."""
+    if not applies(plan):
+        return []
+    from launcher.planning import render
+    from launcher.sim import argv as vllm_argv
+    from launcher.sim import vllm_flags
+
+    if plan.recipe.mode == "disagg" and (bad := _kv_config_problems(plan.recipe.kv_connector)):
+        return bad
+    known = [o for rec in vllm_flags.FLAGS for o in rec["options"]]
+    found: dict[str, list[str]] = {}
+    seen = set()
+    for ep in plan.endpoints:
+        for proc in render.engine_processes(plan, ep, plan.run_dir):
+            kind = (ep.role, proc.headless)
+            if kind in seen:
+                continue
+            seen.add(kind)
+            try:
+                vllm_argv.parse(proc.argv[proc.argv.index("serve"):], warn=lambda w, m: None)
+                continue
+            except vllm_argv.VllmArgError as e:
+                msg = _one_line(e.text)
+            except vllm_argv.VllmStartupError as e:
+                msg = str(e)
+            if "unrecognized arguments" in msg:
+                wrong = re.findall(r"--[A-Za-z0-9_.-]+", msg)
+            else:
+                wrong = [f] if (f := _first_flag(msg)) else []
+            fixes = []
+            for flag in wrong:
+                where = _source(plan, str(ep.role), flag) or f"the launcher's {flag}"
+                hint = did_you_mean(flag, known) if "unrecognized" in msg else ""
+                fixes.append(f"fix {where}" + (f" ({hint})" if hint else ""))
+            text = f"{msg}: {', '.join(fixes) or 'fix the recipe'}"
+            found.setdefault(text, []).append(
+                ep.name + (" (headless part)" if proc.headless else ""))
+    return [f"`vllm serve` {table_version()} would refuse the command line of "
+            f"{', '.join(who)}: {text}" for text, who in found.items()]
+
+
+def _kv_config_problems(kv: dict) -> list[str]:
+    """kv_connector's keys and choices as vLLM's KVTransferConfig takes them (it forbids
+    unknown keys: the engine would exit at start-up), in the recipe's words."""
+    from launcher.sim import vllm_flags
+
+    spec = vllm_flags.CONFIG_CLASSES["KVTransferConfig"]
+    out = []
+    for key, value in kv.items():
+        if key not in spec["fields"]:
+            hint = did_you_mean(key, spec["fields"])
+            out.append(f"kv_connector.{key} is not a key of vLLM {table_version()}'s KV-transfer "
+                       f"config" + (f": {hint}" if hint else
+                                    f"; it takes {', '.join(spec['fields'])}"))
+        elif key in spec["literals"] and value not in spec["literals"][key]:
+            choices = ", ".join(repr(c) for c in spec["literals"][key] if c is not None)
+            out.append(f"kv_connector.{key} must be one of {choices} (got {value!r})")
+    return out
+
+
+def check(plan: Plan) -> None:
+    found = problems(plan)
+    if found:
+        raise UserError("; ".join(found))
