@@ -199,9 +199,10 @@ def cmd_submit(args) -> int:
 
     if args.format == "json":
         print(json.dumps([text.plan_json(r) for r in runs], indent=2))
+    elif len(runs) == 1:
+        print(text.plan_text(runs[0]))
     else:
-        for r in runs:
-            print(text.plan_text(r))
+        print(text.study_plan_text(runs))
     if args.dry_run:
         return 0
     from launcher.control import submit

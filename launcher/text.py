@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING
 
 from launcher.control import compute_env, staging
-from launcher.planning import capacity, render
+from launcher.planning import capacity, cost, render
 from launcher.planning.plan import job_port_slots
 from launcher.run import listing, rundir
 from launcher.run.plandoc import CPU_LABEL, PlanError, read_plan
@@ -57,6 +57,40 @@ def process_rows(prepared: Prepared) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def study_plan_text(runs: list[Prepared]) -> str:
+    """A study's runs: the first in full, the others without the lines it already showed
+    (one warning once), then what the study reserves in all."""
+    first = plan_text(runs[0]).splitlines()
+    shown = set(first)
+    out = first
+    for r in runs[1:]:
+        out.append("")
+        out += [line for line in plan_text(r).splitlines() if line not in shown]
+    costs = [cost.estimate(r.plan) for r in runs]
+    hours = sum(c.gpu_hours() for c in costs)
+    worst = sum(c.gpu_hours(c.worst_s) for c in costs)
+    out += ["", f"Study: {len(runs)} runs as {len(runs)} jobs (lines the same as the first "
+            f"run's are shown once): {sum(c.gpus_allocated for c in costs)} GPUs allocated "
+            f"over the jobs, {sum(c.gpus_working for c in costs)} working; about "
+            f"{cost.duration(sum(c.expected_s for c in costs))} of job time, "
+            f"{hours:,.1f} GPU-hours" + (f" ({worst:,.1f} if every load takes its health "
+                                          "timeout)" if worst > hours else "")
+            + f"; {sum(c.requests for c in costs):,} requests"]
+    return "\n".join(out)
+
+
+def length_range(b) -> str:
+    """The token lengths vLLM's random dataset draws from, as its range ratio makes them."""
+    import math
+
+    def span(n: int) -> str:
+        return f"{math.floor(n * (1 - b.range_ratio)):,}-{math.ceil(n * (1 + b.range_ratio)):,}"
+
+    if not b.range_ratio:
+        return "every input and output exactly that long"
+    return f"inputs {span(b.input_len)}, outputs {span(b.output_len)} tokens"
+
+
 def plan_text(prepared: Prepared) -> str:
     """What `submit` (and `--dry-run`) prints: the plan table, the sweep, the estimate."""
     plan, r = prepared.plan, prepared.plan.recipe
@@ -91,7 +125,8 @@ def plan_text(prepared: Prepared) -> str:
     if b.enabled:
         lines.append(
             f"Sweep: concurrency {', '.join(map(str, b.concurrency))} at ISL/OSL "
-            f"{b.input_len}/{b.output_len} (range ratio {b.range_ratio:g}), driver {b.driver}"
+            f"{b.input_len}/{b.output_len} (range ratio {b.range_ratio:g}: {length_range(b)}), "
+            f"driver {b.driver}"
         )
     a = r.accuracy
     if a.enabled and a.harness == "vllm":
@@ -117,6 +152,10 @@ def plan_text(prepared: Prepared) -> str:
         lines.append(gap)
     for warning in capacity.warnings(plan, prepared.capacity):
         lines.append(f"warning: {warning}")
+    spend = cost.estimate(plan)
+    lines.append(cost.text(spend))
+    if (late := cost.time_limit_problems(plan, spend)[1]) is not None:
+        lines.append(f"warning: {late}")
     rt = plan.runtime
     lines.append(f"Launcher programs on the compute nodes: {compute_env.describe(rt)}")
     if r.container is not None:
@@ -156,6 +195,7 @@ def plan_json(prepared: Prepared) -> dict:
         "plan": rundir.read_json(prepared.run.plan),
         "sbatch": prepared.sbatch,
         "capacity": [c.to_json() for c in prepared.capacity],
+        "cost": cost.estimate(prepared.plan).to_json(),
     }
 
 

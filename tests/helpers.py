@@ -129,11 +129,18 @@ def nvml_gpu_count() -> int:
         return 0
 
 
+EPHEMERAL_FLOOR = 32768  # Linux's ip_local_port_range starts here
+
+
 def free_port_base(bases: Iterable[int], span: int) -> int:
     """The first of `bases` whose `span` ports all bind on 127.0.0.1 now (SO_REUSEADDR, as the
-    servers bind). Each suite passes its own bases, so suites sharing a host stay apart."""
+    servers bind). Each suite passes its own bases, so suites sharing a host stay apart.
+    Blocks reaching into the ephemeral range are skipped: a client's outgoing connection can
+    take any port there after the check (a demo's prefill once lost its port that way)."""
     tried = []
     for base in bases:
+        if base + span > EPHEMERAL_FLOOR:
+            continue
         tried.append(base)
         if all(_binds(port) for port in range(base, base + span)):
             return base

@@ -778,7 +778,7 @@ def local_demo(tmp_root: Path) -> Path:
 
     from helpers import free_port_base, profile_copy
 
-    bases = random.Random().sample(range(30000, 59800, 100), 100)  # apart from other runs
+    bases = random.Random().sample(range(27000, 32500, 100), 55)  # apart from other runs
     profile_copy(tmp / "local-demo.yaml", "local", port_base=free_port_base(bases, 200))
     p = subprocess.run([sys.executable, "-m", "launcher", "submit", "local-sim",
                         "--set", f"cluster={tmp / 'local-demo.yaml'}",

@@ -132,11 +132,11 @@ def test_a_named_interface_gives_the_addresses(tmp_path):
 
 
 def test_a_time_limit_mid_sweep_ends_with_teardown_and_an_honest_summary(tmp_path):
-    # Submitted with 10 minutes, told 110 s before the end; once the sweep runs the limit is
+    # Submitted with 30 minutes, told 110 s before the end; once the sweep runs the limit is
     # cut to 2 minutes (`scontrol update`, as an admin or a reservation would), so Slurm's own
     # timer sends USR2 at its next check, mid-sweep, without a fixed wait for it.
     code, out, run = submit(
-        tmp_path, "--set", "slurm.time_limit=10", "--set", "slurm.signal_lead_s=110",
+        tmp_path, "--set", "slurm.time_limit=30", "--set", "slurm.signal_lead_s=110",
         "--set", "benchmark.concurrency=[4,8,16,32]", "--set", "benchmark.prompts_per_point=4000",
         "--set", "sim.speed=1", "--set", "accuracy.enabled=false", wait=False,
     )  # fmt: skip

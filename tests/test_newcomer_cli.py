@@ -473,3 +473,72 @@ def test_the_simulator_refuses_what_the_recipe_refuses():
         with pytest.raises(ValueError, match=f"SIM_{name.upper()} must be"):
             knobs.load({f"SIM_{name.upper()}": bad})
     assert knobs.load({"SIM_SPEED": "2"}).speed == 2.0
+
+
+# --- 2, 5, 20: what a job costs, a time limit that cannot fit, what the lengths are ---------
+
+
+def test_a_time_limit_that_cannot_fit_is_refused_and_a_tight_one_warned(cli, tmp_path):
+    line = _refused(cli, tmp_path, SEED, "--set", "slurm.time_limit=00:20:00")
+    assert "slurm.time_limit 00:20:00 (20 min) cannot fit this run" in line, line
+    assert "from the published Pareto's tokens/s/user" in line and "raise slurm.time_limit" in line
+    rc, out, err = cli("submit", SEED, "--set", "slurm.time_limit=01:00:00", "--dry-run",
+                       "--runs-dir", str(tmp_path / "runs"))
+    assert rc == 0, err
+    assert ("warning: slurm.time_limit 01:00:00 (1 h 00 min) leaves" in out
+            and "less than health.timeout_s (40 min): a slow load ends the job" in out), out
+    rc, out, err = cli("submit", SEED, "--dry-run", "--runs-dir", str(tmp_path / "runs"))
+    assert rc == 0 and "warning: slurm.time_limit" not in out, out
+
+
+def test_a_study_dry_run_says_what_it_reserves_once(cli, tmp_path):
+    rc, out, err = cli("submit", SEED, "--sweep", "prefill.endpoints=4,5,6,7,8", "--dry-run",
+                       "--format", "json", "--runs-dir", str(tmp_path / "j"))
+    assert rc == 0, err
+    costs = [r["cost"] for r in json.loads(out)]
+    assert [(c["gpus_allocated"], c["gpus_working"]) for c in costs] == [
+        (16, 16), (20, 18), (20, 20), (24, 22), (24, 24)]  # 5 and 7 x DEP2 leave 2 GPUs idle
+    rc, out, err = cli("submit", SEED, "--sweep", "prefill.endpoints=4,5,6,7,8", "--dry-run",
+                       "--runs-dir", str(tmp_path / "runs"))
+    assert rc == 0, err
+    lines = out.splitlines()
+    # every line once but the process tables' rows (each run has its own table)
+    repeated = {ln for ln in lines if lines.count(ln) > 1 and ln.strip()
+                and not ln.startswith("gb200-")}
+    assert not repeated, repeated
+    assert sum(1 for ln in lines if ln.startswith("Cost: ")) == 5
+    assert "Cost: 5 nodes, 20 GPUs allocated, 18 working (2 idle)" in out
+    (total,) = [ln for ln in lines if ln.startswith("Study: ")]
+    hours = sum(c["gpu_hours"] for c in costs)
+    m = re.search(r"([\d,.]+) GPU-hours", total)
+    assert m and abs(float(m.group(1).replace(",", "")) - hours) < 0.2, (total, hours)
+    assert "104 GPUs allocated over the jobs, 100 working" in total
+    assert f"{sum(c['requests'] for c in costs):,} requests" in total
+
+
+def test_the_sweep_line_says_the_lengths_the_range_ratio_draws():
+    from launcher import text
+    from launcher.spec import recipe
+
+    b = recipe.load(SEED).benchmark
+    assert text.length_range(b) == "inputs 1,638-14,746, outputs 204-1,844 tokens"
+    assert "exactly" in text.length_range(b.model_copy(update={"range_ratio": 0}))
+
+
+def test_the_estimate_is_near_what_the_demo_took(tmp_path_factory):
+    """The cost line's figure for the demo (simulator's speed model) against the demo's own
+    record: within a factor of two, preflight to teardown."""
+    import synth
+
+    from launcher.planning import cost
+    from launcher.planning import plan as plan_mod
+    from launcher.spec import cluster, recipe
+
+    run = synth.local_demo(tmp_path_factory.getbasetemp() / "local-demo")
+    rec = RunDir(run).read_record()
+    took = rec.ended - rec.started
+    r = recipe.load(str(run / "recipe.yaml"))
+    c = cluster.load(r.cluster)
+    p = plan_mod.make_plan(r, c, cluster.profile_nodes(c, plan_mod.nodes_needed(r, c)))
+    est = cost.estimate(p)
+    assert took / 2 < est.expected_s < took * 2, (est, took)

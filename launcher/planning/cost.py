@@ -1,0 +1,224 @@
+"""What a job reserves and about how long it holds it, before it is submitted.
+
+The estimate is phases in sequence: preflight, loading (bounded by the health timeout), each
+sweep point's warm-up and measured requests, the accuracy gate, teardown. A request's time
+is TTFT + output tokens x TPOT; where those come from is said in ``basis``: the simulator's
+own speed model (engine sim), the published Pareto's tokens/s/user (the published workload),
+or an assumption stated in the text (anything else). It is a planning figure, not a
+measurement: its use is catching a time limit that cannot fit and showing GPU-hours.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from launcher.planning.plan import Plan
+
+PREFLIGHT_S = {"sim": 2.0, "vllm": 60.0}
+TEARDOWN_S = {"sim": 5.0, "vllm": 30.0}
+GSM8K_TEST_QUESTIONS = 1319  # the test split, when num_questions is unset
+GSM8K_ANSWER_TOKENS = {"vllm": 200, "sim": 20}  # a model's 5-shot answer: ~100-250 tokens;
+# the simulator's is the key's "... #### N"
+# Assumed where nothing better is known: a busy GPU decode step and a long prompt's prefill.
+ASSUMED_TPOT_S = {"gpu": 0.025, "cpu": 0.2}
+ASSUMED_TTFT_S = {"gpu": 1.5, "cpu": 2.0}
+
+
+@dataclass(frozen=True)
+class Cost:
+    nodes: int
+    gpus_per_node: int
+    gpus_working: int
+    load_expected_s: float  # what loading is assumed to take
+    load_bound_s: float  # health.timeout_s: the most it may take before the run fails
+    phases: tuple[tuple[str, float], ...]  # (name, seconds) after loading
+    requests: int
+    tokens: int
+    basis: str
+
+    @property
+    def gpus_allocated(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def expected_s(self) -> float:
+        return self.load_expected_s + sum(s for _, s in self.phases)
+
+    @property
+    def worst_s(self) -> float:
+        return self.load_bound_s + sum(s for _, s in self.phases)
+
+    @property
+    def after_load_s(self) -> float:
+        return sum(s for _, s in self.phases if s and _ != "preflight")
+
+    def gpu_hours(self, seconds: float | None = None) -> float:
+        return self.gpus_allocated * (self.expected_s if seconds is None else seconds) / 3600
+
+    def to_json(self) -> dict:
+        return {"nodes": self.nodes, "gpus_allocated": self.gpus_allocated,
+                "gpus_working": self.gpus_working, "expected_s": round(self.expected_s, 1),
+                "worst_s": round(self.worst_s, 1), "load_bound_s": self.load_bound_s,
+                "phases_s": {name: round(sec, 1) for name, sec in self.phases},
+                "gpu_hours": round(self.gpu_hours(), 2), "requests": self.requests,
+                "sweep_tokens": self.tokens, "basis": self.basis}
+
+
+def _sim_times(plan: Plan, concurrency: int) -> tuple[float, float]:
+    """(TTFT s, TPOT s) from the simulator's speed model for one decode rank's share."""
+    from dataclasses import fields
+
+    from launcher.sim.knobs import Knobs
+
+    knobs = {f.name: f.default for f in fields(Knobs)}
+    knobs.update(plan.recipe.sim.model_dump(exclude_none=True))
+    r = plan.recipe
+    ranks = sum(ep.pool.data_parallel for ep in plan.endpoints if ep.role != "prefill") or 1
+    per_rank = max(1.0, concurrency / ranks)
+    b = r.benchmark
+    ctx = b.input_len + b.output_len / 2
+    tpot_ms = (knobs["step_base_ms"] + knobs["decode_per_seq_ms"] * per_rank
+               + knobs["decode_per_ktoken_ms"] * per_rank * ctx / 1000)
+    prefill_ranks = sum(ep.pool.data_parallel for ep in plan.endpoints
+                        if ep.role != "decode") or 1
+    arrivals = max(1.0, concurrency / prefill_ranks)
+    ttft = b.input_len / knobs["prefill_tokens_per_s"] * min(arrivals, 4)
+    speed = knobs["speed"]
+    return ttft / speed, tpot_ms / 1000 / speed
+
+
+def _published_tpot(plan: Plan, concurrency: int) -> float | None:
+    """1 / the published tokens/s/user at the nearest concurrency, for the published
+    workload's model and lengths (the configuration with as many prefill endpoints, else the
+    nearest)."""
+    from launcher.run import published
+
+    r = plan.recipe
+    model = r.model.path.lower()
+    w = published.reference()["workload"]
+    if published.MODEL_MARK not in model or (r.benchmark.input_len, r.benchmark.output_len) != (
+            w["input_len"], w["output_len"]):
+        return None
+    n = sum(1 for ep in plan.endpoints if ep.role == "prefill")
+    configs = published.configurations()
+    config = min(configs, key=lambda c: abs(c["prefill_endpoints"] - n))
+    point = min(config["points"], key=lambda p: abs(p["concurrency"] - concurrency))
+    return 1.0 / point["tokens_per_s_per_user"]
+
+
+def _times(plan: Plan, concurrency: int) -> tuple[float, float, str]:
+    r = plan.recipe
+    if r.engine == "sim":
+        return (*_sim_times(plan, concurrency), "the simulator's speed model")
+    tpot = _published_tpot(plan, concurrency)
+    if tpot is not None:
+        return ASSUMED_TTFT_S["gpu"], tpot, "the published Pareto's tokens/s/user"
+    p = r.engine_platform
+    return (ASSUMED_TTFT_S[p], ASSUMED_TPOT_S[p],
+            f"assumed TTFT {ASSUMED_TTFT_S[p]:g} s and TPOT {ASSUMED_TPOT_S[p] * 1000:g} ms")
+
+
+def _lines(path: str | None) -> int:
+    """Questions in a GSM8K jsonl readable here (0 when it is not: the test split is assumed)."""
+    try:
+        with open(path or "", "rb") as f:
+            return sum(1 for line in f if line.strip())
+    except (OSError, ValueError):
+        return 0
+
+
+def _batch_s(n: int, concurrency: int, ttft: float, tpot: float, out_tokens: float) -> float:
+    """n requests kept `concurrency` at a time."""
+    return math.ceil(n / concurrency) * (ttft + out_tokens * tpot) if n else 0.0
+
+
+def estimate(plan: Plan) -> Cost:
+    r = plan.recipe
+    b, a = r.benchmark, r.accuracy
+    phases: list[tuple[str, float]] = [("preflight", PREFLIGHT_S[r.engine])]
+    requests = tokens = 0
+    basis = ""
+    if b.enabled:
+        sweep = 0.0
+        for c in b.concurrency:
+            ttft, tpot, basis = _times(plan, c)
+            n = b.warmups(c) + b.prompts(c)
+            sweep += _batch_s(n, c, ttft, tpot, b.output_len)
+            requests += n
+            tokens += n * (b.input_len + b.output_len)
+        phases.append(("sweep", sweep))
+    if r.hold_s:
+        phases.append(("hold", float(r.hold_s)))
+    if a.enabled:
+        q = (a.num_questions or _lines(a.data) or GSM8K_TEST_QUESTIONS) * a.repeat
+        ttft, tpot, basis2 = _times(plan, a.concurrency)
+        basis = basis or basis2
+        out = min(a.max_tokens, GSM8K_ANSWER_TOKENS[r.engine])
+        phases.append(("accuracy gate", _batch_s(q, a.concurrency, ttft, tpot, out)))
+        requests += q
+    phases.append(("teardown", TEARDOWN_S[r.engine]))
+    bound = r.health.timeout_s
+    load = min(bound, float(plan.recipe.sim.start_delay_s or 0) + 5) if r.engine == "sim" else bound
+    return Cost(
+        nodes=len(plan.nodes), gpus_per_node=plan.cluster.gpus_per_node,
+        gpus_working=plan.gpu_count()["total"], load_expected_s=load, load_bound_s=bound,
+        phases=tuple(phases), requests=requests, tokens=tokens, basis=basis,
+    )  # fmt: skip
+
+
+def duration(seconds: float) -> str:
+    """'1 h 05 min', '12 min', '40 s'."""
+    s = int(round(seconds))
+    if seconds < 1:
+        return "<1 s"
+    if s < 60:
+        return f"{s} s"
+    m = math.ceil(s / 60)
+    return f"{m // 60} h {m % 60:02d} min" if m >= 60 else f"{m} min"
+
+
+def text(cost: Cost) -> str:
+    """One line for the dry-run."""
+    idle = cost.gpus_allocated - cost.gpus_working
+    parts = ", ".join(f"{name} {duration(s)}" for name, s in cost.phases if s)
+    load = (f"loading up to {duration(cost.load_bound_s)} (health.timeout_s)"
+            if cost.load_expected_s >= cost.load_bound_s else
+            f"loading ~{duration(cost.load_expected_s)}")
+    return (f"Cost: {cost.nodes} nodes, {cost.gpus_allocated} GPUs allocated, "
+            f"{cost.gpus_working} working" + (f" ({idle} idle)" if idle else "")
+            + f"; about {duration(cost.expected_s)} ({load}; {parts}; per request from "
+            f"{cost.basis or 'no request'}): {cost.gpu_hours():,.1f} GPU-hours; "
+            f"{cost.requests:,} requests, {_tokens(cost.tokens)} sweep tokens")
+
+
+def _tokens(n: int) -> str:
+    return f"{n / 1e6:,.1f} M" if n >= 1e6 else f"{n / 1e3:,.0f} k" if n >= 1e3 else str(n)
+
+
+def time_limit_problems(plan: Plan, cost: Cost) -> tuple[str | None, str | None]:
+    """(refusal, warning) for the recipe's time limit. Refused when the run cannot fit even
+    with an instant load (by the simulator's model or the published figures); warned when a
+    load as long as the health timeout would not fit, or when the request times are assumed."""
+    if plan.cluster.scheduler != "slurm":
+        return None, None
+    s = plan.recipe.slurm
+    limit = s.minutes * 60
+    room = limit - s.signal_lead_s
+    least = sum(sec for _, sec in cost.phases)
+    need = math.ceil((least + cost.load_bound_s + s.signal_lead_s) / 60)
+    if room < least:
+        why = (f"slurm.time_limit {s.time_limit} ({duration(limit)}) cannot fit this run: "
+               f"preflight, sweep and gate take about {duration(least)} (from {cost.basis}) "
+               f"before any loading, and the launcher stops {s.signal_lead_s} s before the "
+               f"limit; with loading up to health.timeout_s that is {need} minutes: raise "
+               "slurm.time_limit or measure fewer points")
+        return (None, why) if cost.basis.startswith("assumed") else (why, None)
+    if room < cost.worst_s:
+        return None, (f"slurm.time_limit {s.time_limit} ({duration(limit)}) leaves "
+                      f"{duration(room - least)} for loading, less than health.timeout_s "
+                      f"({duration(cost.load_bound_s)}): a slow load ends the job before "
+                      f"the sweep ({need} minutes would cover it)")
+    return None, None
