@@ -98,6 +98,7 @@ class RunInfo:
     engine_platform: str | None = None  # plan.json's: "cpu" is real vLLM on a host CPU
     plan_error: str | None = None  # plan.json exists but cannot be read: the sentence why
     processes: dict[str, str] = field(default_factory=dict)  # name -> "stopped", "exit 137", ...
+    dry_run: bool = False  # `submit --dry-run`'s directory: never runs, never refreshed
 
     @property
     def simulated(self) -> bool:
@@ -110,7 +111,7 @@ class RunInfo:
 
     @property
     def live(self) -> bool:
-        return self.state in (State.PLANNED, State.SUBMITTED, State.RUNNING)
+        return not self.dry_run and self.state in (State.PLANNED, State.SUBMITTED, State.RUNNING)
 
 
 # --- fingerprints --------------------------------------------------------------------------
@@ -189,6 +190,7 @@ def run_info(path: Path) -> RunInfo:
         run_id=rd.run_id,
         path=rd.path,
         state=st.state,
+        dry_run=st.dry_run,
         stage=st.stage,
         recipe=plan.recipe if plan else None,
         engine=plan.engine if plan else None,

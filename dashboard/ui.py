@@ -23,9 +23,10 @@ RUNS_ENV = "PD_DASHBOARD_RUNS"
 LIVE_EVERY_S = 5
 STATE_BADGE = {"succeeded": "succeeded", "failed": "FAILED", "cancelled": "cancelled",
                "running": "running", "submitted": "submitted", "planned": "planned",
-               "empty": "empty", "unknown": "unknown"}
+               "dry-run": "dry-run", "empty": "empty", "unknown": "unknown"}
 STATE_COLOR = {"succeeded": "green", "failed": "red", "cancelled": "gray", "running": "blue",
-               "submitted": "orange", "planned": "orange", "empty": "gray", "unknown": "gray"}
+               "submitted": "orange", "planned": "orange", "dry-run": "violet", "empty": "gray",
+               "unknown": "gray"}
 PAGES = (  # (file, title, icon, url path); Material icons ship with Streamlit's font
     ("app_pages/runs.py", "Runs", ":material/list:", "runs"),
     ("app_pages/study.py", "Study", ":material/compare_arrows:", "study"),
@@ -260,8 +261,9 @@ def header(title: str, *, need_run: bool = True) -> load.RunInfo | None:
         else:
             st.info("Pick a run in the sidebar.")
         return None
-    badge = STATE_BADGE.get(info.state, info.state)
-    bits = [f"**{info.run_id}**", f":{STATE_COLOR.get(info.state, 'gray')}[**{badge}**]"]
+    state = "dry-run" if info.dry_run else info.state
+    badge = STATE_BADGE.get(state, state)
+    bits = [f"**{info.run_id}**", f":{STATE_COLOR.get(state, 'gray')}[**{badge}**]"]
     if info.stage and info.state not in ("succeeded",):
         bits.append(f"stage: {info.stage}")
     if info.recipe:
@@ -288,6 +290,9 @@ def header(title: str, *, need_run: bool = True) -> load.RunInfo | None:
                  "What it recorded before failing is shown below; see the Logs page.")
     elif info.state == "cancelled":
         st.warning("This run was cancelled; the data stops where it was cancelled.")
+    elif info.dry_run:
+        st.info("A dry-run: its plan and command lines were written, nothing was submitted. "
+                "Submit the recipe without --dry-run to run it.", icon=":material/draft:")
     elif info.live:
         st.info(f"Live run: this page refreshes every {LIVE_EVERY_S} s (state, stage and "
                 "progress just below).", icon=":material/autorenew:")

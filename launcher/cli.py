@@ -204,6 +204,10 @@ def cmd_submit(args) -> int:
     else:
         print(text.study_plan_text(runs))
     if args.dry_run:
+        for r in runs:
+            sub = r.run.read_submission()
+            sub.dry_run = True
+            r.run.write_submission(sub)
         return 0
     from launcher.control import submit
 

@@ -233,9 +233,15 @@ def status_text(run: RunDir, st: RunStatus, slurm: str | None = None) -> str:
             lines.append(f"note: {e}")
     rec = st.record
     started = rec.started if rec else None
-    lines.append(
-        f"state {st.state}  stage {st.stage or '-'}  started {age(started)} ago{sim}"
-    )
+    if st.dry_run:
+        lines.append(f"state dry-run (planned and written; nothing was submitted){sim}")
+    elif st.state == "planned" and not started:
+        lines.append(f"state planned (not submitted yet){sim}")
+    else:
+        took = (f"  took {cost.duration(rec.ended - started)}"
+                if rec and rec.ended and started else "")
+        lines.append(f"state {st.state}  stage {st.stage or '-'}  started {age(started)} ago"
+                     f"{took}{sim}")
     if st.slurm_job_id:
         lines.append(f"slurm job {st.slurm_job_id}" + (f": {slurm}" if slurm else ""))
     if rec and rec.serving and rec.router_url and not st.final:
@@ -245,15 +251,51 @@ def status_text(run: RunDir, st: RunStatus, slurm: str | None = None) -> str:
         lines.append(progress)
     if st.error:
         lines.append("error: " + st.error)
+    if st.final:
+        lines += result_lines(run)
     for why in st.damaged.values():
         lines.append(f"warning: {why}: left out, so what is shown comes from the other files")
     for note in rec.notes if rec else []:
         lines.append("note: " + note)
     if rec and rec.processes:
-        lines.append(f"{'PROCESS':28} {'NODE':16} {'STATE':10} LOG")
+        lines.append(f"{'PROCESS':28} {'NODE':16} {'STATE':12} LOG")
         for name, p in rec.processes.items():
-            lines.append(f"{name:28} {p.node:16} {p.status:10} {p.log}")
+            state = p.status
+            if state == "stopped" and p.exit_code not in (None, 0):
+                state = f"stopped ({p.exit_code})"  # the signal or code it ended with
+            lines.append(f"{name:28} {p.node:16} {state:12} {p.log}")
     return "\n".join(lines)
+
+
+def result_lines(run: RunDir) -> list[str]:
+    """A finished run's result from summary.json: verdict, best point, accuracy, report."""
+    from launcher.run import figures
+
+    doc = rundir.read_json(run.summary)
+    if not isinstance(doc, dict) or figures.summary_problem(doc):
+        return []
+    out = [f"verdict {doc.get('verdict', '-')}"
+           + (": " + "; ".join(doc["verdict_reasons"]) if doc.get("verdict_reasons") else "")]
+    h = doc.get("headline") or {}
+    if h.get("total_tokens_per_s_per_gpu") is not None:
+        out.append(
+            f"best {h['total_tokens_per_s_per_gpu']:,.0f} tok/s/GPU (working GPUs"
+            + (f"; {h['total_tokens_per_s_per_allocated_gpu']:,.0f} per allocated GPU"
+               if h.get("total_tokens_per_s_per_allocated_gpu") is not None else "")
+            + f") at concurrency {h.get('max_concurrency')}"
+            + (f", {h['tokens_per_s_per_user']:,.1f} tok/s/user"
+               if h.get("tokens_per_s_per_user") is not None else "")
+            + (f", TTFT p99 {h['ttft_p99_ms']:,.0f} ms" if h.get("ttft_p99_ms") is not None
+               else ""))
+    a = doc.get("accuracy") or {}
+    if a.get("accuracy") is not None:
+        out.append(f"accuracy {a.get('task', 'gsm8k')} {a.get('metric') or ''} "
+                   f"{a['accuracy']:.3f} (threshold {a.get('threshold', 0):g}, "
+                   f"{'passed' if a.get('passed') else 'failed'}; {a.get('harness')} harness)")
+    report = run.path / "report.html"
+    out.append(f"report: {report}" if report.is_file() else
+               f"report: python -m launcher report {run.path}")
+    return out
 
 
 def progress_text(progress: dict) -> str:
@@ -307,7 +349,7 @@ def runs_text(entries: list[listing.Entry], statuses: dict[str, RunStatus], root
         err = err.splitlines()[0][:60] if err else ""
         created = st.submission.created or (st.record.started if st.record else None)
         name = indent + run.run_id
-        return (f"{name:60} {st.state:10} {st.stage or '-':10} {age(created):>8}  "
+        return (f"{name:60} {st.shown_state:10} {st.stage or '-':10} {age(created):>8}  "
                 f"{engine:10}  {err}")
 
     for e in entries:

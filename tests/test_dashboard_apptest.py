@@ -303,3 +303,21 @@ def test_a_dead_agent_is_named_with_its_exit_status(tmp_path, monkeypatch):
     assert dict(zip(df["process"], df["state"], strict=True))[agent] == "exit 137"
     at = open_page(tmp_path, run.name, "app_pages/sweep.py", monkeypatch)
     assert note not in [w.value for w in at.warning]  # said where it matters, not everywhere
+
+
+def test_a_dry_run_is_not_live_and_says_what_it_is(tmp_path, monkeypatch):
+    """Issue 28 item 9: dry-runs were counted as live and refreshed forever."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "launcher", "submit", "local-sim", "--dry-run",
+                        "--runs-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    (run,) = [r.parent for r in tmp_path.glob("*/plan.json")]
+    at = open_page(tmp_path, run.name, "app_pages/runs.py", monkeypatch)
+    live = [m for m in at.metric if m.label == "Live"]
+    assert live and live[0].value == "0", [(m.label, m.value) for m in at.metric]
+    at = open_page(tmp_path, run.name, "app_pages/overview.py", monkeypatch)
+    assert any("A dry-run" in i.value for i in at.info)
+    assert not any("refreshes every" in i.value for i in at.info)
+    assert "dry-run" in texts(at)

@@ -542,3 +542,39 @@ def test_the_estimate_is_near_what_the_demo_took(tmp_path_factory):
     p = plan_mod.make_plan(r, c, cluster.profile_nodes(c, plan_mod.nodes_needed(r, c)))
     est = cost.estimate(p)
     assert took / 2 < est.expected_s < took * 2, (est, took)
+
+
+# --- 6, 9: a finished run's status says its result; a dry-run says what it is ---------------
+
+
+def test_status_of_a_finished_run_shows_its_result_and_exit_codes(cli, tmp_path_factory):
+    import synth
+
+    run = synth.local_demo(tmp_path_factory.getbasetemp() / "local-demo")
+    rc, out, err = cli("status", str(run), "--runs-dir", str(run.parent))
+    assert rc == 0, err
+    summary = json.loads((run / "summary.json").read_text())
+    best = summary["headline"]["total_tokens_per_s_per_gpu"]
+    assert re.search(r"state succeeded .* took \d+ s", out), out
+    assert "verdict passed" in out
+    assert f"best {best:,.0f} tok/s/GPU (working GPUs; " in out, out
+    assert f"at concurrency {summary['headline']['max_concurrency']}" in out
+    acc = summary["accuracy"]
+    assert f"accuracy gsm8k strict-match {acc['accuracy']:.3f} (threshold 0.7, passed" in out
+    assert f"report: python -m launcher report {run}" in out or "report.html" in out
+    codes = {n: p for n, p in RunRecord.from_json(
+        json.loads((run / "run.json").read_text())).processes.items()}
+    for name, p in codes.items():
+        if p.stopped and p.exit_code not in (None, 0):
+            assert re.search(rf"{re.escape(name)}\s+\S+\s+stopped \({p.exit_code}\)", out), out
+
+
+def test_status_and_runs_of_a_dry_run_say_dry_run(cli, tmp_path):
+    rc, out, err = cli("submit", "local-sim", "--dry-run", "--runs-dir", str(tmp_path))
+    assert rc == 0, err
+    (run,) = [r.parent for r in tmp_path.glob("*/plan.json")]
+    rc, out, err = cli("status", str(run), "--runs-dir", str(tmp_path))
+    assert "state dry-run (planned and written; nothing was submitted)" in out, out
+    assert "ago" not in out.splitlines()[1]
+    rc, out, err = cli("runs", "--runs-dir", str(tmp_path))
+    assert re.search(rf"{run.name}\s+dry-run\s", out), out

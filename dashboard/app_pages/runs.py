@@ -30,7 +30,7 @@ def duration(i: load.RunInfo) -> str:
 def run_row(i: load.RunInfo, name: str, config: str = "") -> dict:
     return {
         "run": name, "open": f"./overview?run={i.run_id}", "configuration": config,
-        "state": ui.STATE_BADGE.get(i.state, i.state),
+        "state": "dry-run" if i.dry_run else ui.STATE_BADGE.get(i.state, i.state),
         "engine": "SIMULATION" if i.simulated else "vLLM (CPU)" if i.on_cpu else (i.engine or "—"),
         "recipe": i.recipe or "—", "topology": i.topology, "GPUs": i.gpus,
         "sweep points": i.points,

@@ -338,6 +338,7 @@ class Submission:
     slurm_job_id: str | None = None
     submitted: float | None = None
     error: str | None = None  # sbatch refused it
+    dry_run: bool = False  # `submit --dry-run`: planned and written, never to be submitted
 
 
 @dataclass
@@ -378,6 +379,16 @@ class RunStatus:
     @property
     def final(self) -> bool:
         return self.state in FINAL_STATES
+
+    @property
+    def dry_run(self) -> bool:
+        """A dry-run's directory: planned, and nothing will ever run it."""
+        return self.state == State.PLANNED and self.submission.dry_run
+
+    @property
+    def shown_state(self) -> str:
+        """The state as lists show it: "dry-run" for a dry-run's planned directory."""
+        return "dry-run" if self.dry_run else str(self.state)
 
 
 # --- the directory ---------------------------------------------------------------------------
