@@ -57,6 +57,21 @@ def process_rows(prepared: Prepared) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def engine_lines(prepared: Prepared) -> list[str]:
+    """One engine command line per role (its head part), as it will run; commands.sh has
+    every process with its environment."""
+    seen, out = set(), []
+    for proc in render.processes(prepared.plan, str(prepared.run.path)):
+        if proc.kind != Kind.ENGINE or proc.headless or proc.role in seen:
+            continue
+        seen.add(proc.role)
+        out.append(f"{proc.role} ({proc.name}): {render.shell_line(proc.argv)}")
+    if out:
+        out.append("(the other engines differ in ports, ranks and addresses; commands.sh has "
+                   "every process with its environment)")
+    return out
+
+
 def study_plan_text(runs: list[Prepared]) -> str:
     """A study's runs: the first in full, the others without the lines it already showed
     (one warning once), then what the study reserves in all."""
@@ -121,6 +136,7 @@ def plan_text(prepared: Prepared) -> str:
         lines.append(
             "  ".join(x.ljust(w) for x, w in zip(row[:3], widths, strict=False)) + "  " + row[3]
         )
+    lines += engine_lines(prepared)
     b = r.benchmark
     if b.enabled:
         lines.append(

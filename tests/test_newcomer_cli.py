@@ -578,3 +578,31 @@ def test_status_and_runs_of_a_dry_run_say_dry_run(cli, tmp_path):
     assert "ago" not in out.splitlines()[1]
     rc, out, err = cli("runs", "--runs-dir", str(tmp_path))
     assert re.search(rf"{run.name}\s+dry-run\s", out), out
+
+
+# --- 14: the dry-run shows an engine command line; commands.sh is not run whole by mistake --
+
+
+def test_the_dry_run_shows_engine_command_lines_and_commands_sh_refuses_to_run_whole(
+        cli, tmp_path):
+    import os
+    import stat
+    import subprocess
+
+    rc, out, err = cli("submit", SEED, "--dry-run", "--runs-dir", str(tmp_path))
+    assert rc == 0, err
+    (run,) = [r.parent for r in tmp_path.glob("*/plan.json")]
+    plan = json.loads((run / "plan.json").read_text())
+    for role in ("decode", "prefill"):
+        head = next(p for p in plan["processes"]
+                    if p["kind"] == "engine" and p["role"] == role and not p["headless"])
+        line = next(ln for ln in out.splitlines() if ln.startswith(f"{role} ({head['name']}): "))
+        import shlex
+
+        assert shlex.split(line.split(": ", 1)[1]) == head["argv"], line
+    commands = run / "commands.sh"
+    assert not os.stat(commands).st_mode & (stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    p = subprocess.run(["bash", str(commands)], capture_output=True, text=True, timeout=10,
+                       cwd=tmp_path)
+    assert p.returncode == 2 and "for reading and for copying one line" in p.stderr, p
+    assert not (run / "logs").exists() or not any((run / "logs").iterdir()), "something ran"

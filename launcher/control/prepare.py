@@ -46,7 +46,7 @@ def write_run_files(
     doc = dataclasses.replace(doc, capacity=[c.to_json() for c in capacity])
     rundir.write_json(run.plan, doc.to_json(), sync=False)
     rundir.write_atomic(run.commands, render.commands_sh(plan, run_dir), sync=False)
-    run.commands.chmod(0o755)
+    run.commands.chmod(0o644)  # not to be run whole (it says so at its top)
     sbatch = None
     if with_sbatch and plan.cluster.scheduler == "slurm":
         sbatch = render.sbatch_text(plan, len(plan.nodes), str(run.slurm))

@@ -708,6 +708,8 @@ def commands_sh(plan: Plan, run_dir: str) -> str:
         "# this file is for reading and for starting one process by hand.",
         "# Secrets are passed by name only: export them before running a line.",
         _comment(f"Launcher programs (orchestrator, agents, router, clients) run {rt.python}"),
+        "# Run whole, it would start every process, the benchmarks included, at once:",
+        'echo "commands.sh is for reading and for copying one line at a time" >&2; exit 2',
     ]
     if c is not None:
         lines.append(

