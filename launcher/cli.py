@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("run_dir", type=Path)
     s.set_defaults(func=cmd_run)
 
-    s = sub.add_parser("status", help="state of a run (default: the newest)")
+    s = sub.add_parser("status", help="state of a run or a study (default: the newest run)")
     s.add_argument("run", nargs="?")
     s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS)
     s.set_defaults(func=cmd_status)
@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS)
     s.set_defaults(func=cmd_logs)
 
-    s = sub.add_parser("cancel", help="stop a run (scancel, or signal a local run)")
+    s = sub.add_parser("cancel", help="stop a run, or every run of a study (scancel, or signal a local run)")
     s.add_argument("run")
     s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS)
     s.set_defaults(func=cmd_cancel)
@@ -257,6 +257,11 @@ def cmd_status(args) -> int:
     from launcher import text
     from launcher.control import runs as runs_mod
 
+    study = runs_mod.find_study(args.runs_dir, args.run)
+    if study is not None:
+        statuses = {str(r.path): runs_mod.reconcile(r) for r in study.runs}
+        print(text.runs_text([study], statuses, args.runs_dir))
+        return 0
     run = _find_run(args.runs_dir, args.run)
     st = runs_mod.reconcile(run)
     slurm = runs_mod.slurm_state(st.slurm_job_id) if st.slurm_job_id else None
@@ -267,6 +272,16 @@ def cmd_status(args) -> int:
 def cmd_logs(args) -> int:
     from launcher.control import runs as runs_mod
 
+    study = runs_mod.find_study(args.runs_dir, args.run)
+    if study is not None:
+        if args.follow:
+            raise UserError(f"{study.name} is a study of {len(study.runs)} runs: follow one "
+                            f"of them ({', '.join(r.run_id for r in study.runs[:4])})")
+        code = 0
+        for r in study.runs:
+            print(f"== {r.run_id}")
+            code = max(code, runs_mod.show_logs(r, args.process, False, args.lines))
+        return code
     return runs_mod.show_logs(
         _find_run(args.runs_dir, args.run), args.process, args.follow, args.lines
     )
@@ -275,6 +290,9 @@ def cmd_logs(args) -> int:
 def cmd_cancel(args) -> int:
     from launcher.control import runs as runs_mod
 
+    study = runs_mod.find_study(args.runs_dir, args.run)
+    if study is not None:
+        return runs_mod.cancel_study(study)
     return runs_mod.cancel(_find_run(args.runs_dir, args.run))
 
 
@@ -308,7 +326,13 @@ def cmd_report(args) -> int:
 def cmd_recommend(args) -> int:
     from dashboard import recommend
 
-    run = _find_run(args.runs_dir, args.run)
+    from launcher.control import runs as runs_mod
+
+    study = runs_mod.find_study(args.runs_dir, args.run)
+    if study is not None and not study.runs:
+        raise UserError(f"study {study.name} has no runs to recommend from")
+    # a study's recommendation reads all of its runs from any one of them
+    run = study.runs[0] if study is not None else _find_run(args.runs_dir, args.run)
     argv = [str(run.path), "--format", args.format]
     if args.target_tok_s_user is not None:
         argv += ["--target-tok-s-user", str(args.target_tok_s_user)]

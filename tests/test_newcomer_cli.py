@@ -606,3 +606,30 @@ def test_the_dry_run_shows_engine_command_lines_and_commands_sh_refuses_to_run_w
                        cwd=tmp_path)
     assert p.returncode == 2 and "for reading and for copying one line" in p.stderr, p
     assert not (run / "logs").exists() or not any((run / "logs").iterdir()), "something ran"
+
+
+# --- 8: a study is a target of status, logs, cancel and recommend ---------------------------
+
+
+def test_a_study_is_a_target_of_status_logs_cancel_and_recommend(cli, tmp_path):
+    rc, out, err = cli("submit", "local-sim", "--sweep", "prefill.endpoints=1,2", "--dry-run",
+                       "--runs-dir", str(tmp_path))
+    assert rc == 0, err
+    (study,) = [p.parent for p in tmp_path.glob("*/study.json")]
+    runs = sorted(p.parent.name for p in study.glob("*/plan.json"))
+    for ref in (study.name, str(study)):
+        rc, out, err = cli("status", ref, "--runs-dir", str(tmp_path))
+        assert rc == 0, err
+        assert f"{study.name}/  (study: 2 runs over prefill.endpoints=1,2)" in out, out
+        assert all(re.search(rf"  {r}\s+dry-run", out) for r in runs), out
+    rc, out, err = cli("logs", study.name, "--runs-dir", str(tmp_path))
+    assert rc == 0 and all(f"== {r}" in out for r in runs), (out, err)
+    line = one_error_line(*cli("logs", study.name, "-f", "--runs-dir", str(tmp_path)))
+    assert "is a study of 2 runs: follow one of them" in line, line
+    rc, out, err = cli("recommend", study.name, "--runs-dir", str(tmp_path))
+    assert "no run" not in err and "Traceback" not in err, err
+    rc, out, err = cli("cancel", study.name, "--runs-dir", str(tmp_path))
+    assert rc == 0, err
+    assert f"study {study.name}: nothing to cancel (2 dry-run(s), 0 run(s) already ended)" in out
+    rc, out, err = cli("status", study.name, "--runs-dir", str(tmp_path))
+    assert out.count(" dry-run ") == 2, out

@@ -62,6 +62,40 @@ def find(runs_dir: Path, ref: str | None) -> RunDir:
     return runs[0]
 
 
+def find_study(runs_dir: Path, ref: str | None) -> listing.Study | None:
+    """The study `ref` names (its folder's path or exact name), or None when it names none."""
+    if not ref:
+        return None
+    for p in (Path(ref), Path(runs_dir) / ref.rstrip("/")):
+        if listing.is_study(p):
+            return listing.entries(p)[0]  # type: ignore[return-value]
+    return None
+
+
+def cancel_study(study: listing.Study, grace_s: float = 45.0) -> int:
+    """Cancel every run of the study that has not ended, together (one grace period)."""
+    import threading
+
+    codes: list[int] = []
+    status = {r.run_id: reconcile(r) for r in study.runs}
+    live = [r for r in study.runs if not status[r.run_id].final and not status[r.run_id].dry_run]
+    if not live:
+        dry = sum(st.dry_run for st in status.values())
+        print(f"study {study.name}: nothing to cancel ("
+              + (f"{dry} dry-run(s), " if dry else "")
+              + f"{len(study.runs) - dry} run(s) already ended)")
+        return 0
+    threads = [threading.Thread(target=lambda r=r: codes.append(cancel(r, grace_s)))
+               for r in live]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(f"study {study.name}: {len(live)} run(s) cancelled, "
+          f"{len(study.runs) - len(live)} had already ended")
+    return max(codes, default=0)
+
+
 def slurm_state(job_id: str | None) -> str | None:
     """The job's state from squeue, then scontrol (no accounting database needed)."""
     return slurm_job(job_id)[0]
@@ -333,6 +367,9 @@ def cancel(run: RunDir, grace_s: float = 45.0) -> int:
     st = reconcile(run)
     if st.final:
         print(f"run {run.run_id} already ended: {st.state}")
+        return 0
+    if st.dry_run:
+        print(f"run {run.run_id} is a dry-run: nothing was submitted, nothing to cancel")
         return 0
     by = f"{os.environ.get('USER', 'someone')}@{socket.gethostname()}"
     req = CancelRecord(by=by, ts=time.time())
