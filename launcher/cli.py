@@ -325,7 +325,6 @@ def cmd_report(args) -> int:
 
 def cmd_recommend(args) -> int:
     from dashboard import recommend
-
     from launcher.control import runs as runs_mod
 
     study = runs_mod.find_study(args.runs_dir, args.run)
