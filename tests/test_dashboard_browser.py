@@ -272,8 +272,13 @@ def test_the_study_page(server, browser, shots):
     assert {"prefill.endpoints=1", "prefill.endpoints=2", "prefill.endpoints=3"} <= set(legend)
 
 
-@pytest.mark.parametrize("path, title, min_charts, wanted", RUN_PAGES,
-                         ids=[p[0] for p in RUN_PAGES])
+# A study run's pages are the demo's pages on another run; these three carry what is its
+# own (its study, its configuration's charts).
+STUDY_RUN_PAGES = [p for p in RUN_PAGES if p[0] in ("overview", "sweep", "kv")]
+
+
+@pytest.mark.parametrize("path, title, min_charts, wanted", STUDY_RUN_PAGES,
+                         ids=[p[0] for p in STUDY_RUN_PAGES])
 def test_every_page_of_a_study_run(server, browser, shots, path, title, min_charts, wanted):
     base, runs = server
     study = next(e for e in listing.entries(runs["study"].parent)

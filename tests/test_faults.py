@@ -461,7 +461,7 @@ def test_killed_server_is_named(tmp_path, victim):
 @pytest.mark.slurm
 def test_killed_agent_is_a_named_gap_not_a_failed_benchmark(tmp_path):
     need_cluster()
-    run = submit(tmp_path, *slurm_run(tmp_path, hold_s=15))
+    run = submit(tmp_path, *slurm_run(tmp_path, hold_s=8))
     wait_stage(run, "hold")
     plan = json.loads((run / "plan.json").read_text())
     node = plan["nodes"][-1]["name"]
@@ -587,7 +587,7 @@ class Ext4:
 def test_read_only_telemetry_directory_keeps_the_run_and_says_telemetry_is_partial(tmp_path):
     need_cluster()
     run = submit(tmp_path, *slurm_run(tmp_path, "--set", "slurm.directives.hold=true",
-                                      hold_s=20))
+                                      hold_s=12))
     job = rundir.RunDir(run).read_submission().slurm_job_id
     fs = None
     try:

@@ -157,8 +157,12 @@ def test_a_time_limit_mid_sweep_ends_with_teardown_and_an_honest_summary(tmp_pat
     events = [e["event"] for e in rundir.RunDir(run).events()]
     assert "process_stopped" in events and events[-1] == "cancelled"
     assert leftovers(run) == []
-    out = subprocess.run(["squeue", "-h", "-j", st.slurm_job_id], capture_output=True, text=True)
-    assert not out.stdout.strip()
+    # the job itself ends too (its batch shell exits after the orchestrator's last record)
+    deadline = time.monotonic() + 60
+    while (job := subprocess.run(["squeue", "-h", "-j", st.slurm_job_id], capture_output=True,
+                                 text=True).stdout.strip()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not job, job
 
 
 def test_the_wheelhouse_for_aarch64_trays_is_fetched_here(tmp_path):

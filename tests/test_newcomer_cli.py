@@ -633,3 +633,38 @@ def test_a_study_is_a_target_of_status_logs_cancel_and_recommend(cli, tmp_path):
     assert f"study {study.name}: nothing to cancel (2 dry-run(s), 0 run(s) already ended)" in out
     rc, out, err = cli("status", study.name, "--runs-dir", str(tmp_path))
     assert out.count(" dry-run ") == 2, out
+
+
+# --- 19: tables fitted to what they hold, a headline figure, CSV exports --------------------
+
+
+def test_runs_and_recipes_tables_and_csv_exports(cli, tmp_path_factory):
+    import csv
+    import io
+
+    import synth
+
+    demo = synth.local_demo(tmp_path_factory.getbasetemp() / "local-demo")
+    runs_dir = demo.parent
+    rc, out, err = cli("runs", "--runs-dir", str(runs_dir))
+    assert rc == 0, err
+    head, *rows = out.splitlines()
+    assert head.split() == ["RUN", "STATE", "STAGE", "AGE", "ENGINE", "TOK/S/GPU"], head
+    assert head.index("STATE") == len(demo.name) + 1, head  # RUN as wide as the name
+    best = json.loads((demo / "summary.json").read_text())["headline"]
+    (row,) = [r for r in rows if r.startswith(demo.name)]
+    assert row.endswith(f"{best['total_tokens_per_s_per_gpu']:,.0f} @{best['max_concurrency']}")
+    rc, out, err = cli("runs", "--runs-dir", str(runs_dir), "--format", "csv")
+    (rec,) = [r for r in csv.DictReader(io.StringIO(out)) if r["run"] == demo.name]
+    assert rec["state"] == "succeeded" and rec["engine"] == "sim" and rec["error"] == ""
+    rc, out, err = cli("report", str(demo), "--format", "csv")
+    assert rc == 0, err
+    points = list(csv.DictReader(io.StringIO(out)))
+    summary = json.loads((demo / "summary.json").read_text())
+    assert [int(p["max_concurrency"]) for p in points] == [
+        p["max_concurrency"] for p in summary["points"]]
+    assert abs(float(points[-1]["total_tokens_per_s_per_gpu"])
+               - summary["points"][-1]["total_tokens_per_s_per_gpu"]) < 1e-6
+    rc, out, err = cli("recipes")
+    head = out.splitlines()[0]
+    assert head.split() == ["RECIPE", "CLUSTER", "ENGINE", "DESCRIPTION"], head

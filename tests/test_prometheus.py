@@ -594,7 +594,7 @@ def test_local_run_is_found_scraped_and_forgotten(tmp_path, prometheus):
     t0 = time.time()
     # sim.speed 0.5: decode steps of ~25 ms, so 8 requests of 4000 tokens outlast the hold
     proc = submit(tmp_path, "local-sim", f"cluster={prof}", "accuracy.enabled=false",
-                  "benchmark.enabled=false", "sim.speed=0.5", "hold_s=28")
+                  "benchmark.enabled=false", "sim.speed=0.5", "hold_s=20")
     run = None
     try:
         run = the_run(tmp_path)

@@ -211,3 +211,33 @@ def test_demo_report_opens_offline_in_chromium(tmp_path_factory):
     assert float(tiles["headline.total_tokens_per_s_per_gpu"]) == h["total_tokens_per_s_per_gpu"]
     assert float(tiles["accuracy.accuracy"]) == summary["accuracy"]["accuracy"]
     assert svg_points >= 2 * len(summary["points"])  # Pareto + TTFT charts drawn
+
+
+def test_the_report_says_what_was_measured_marks_its_charts_and_writes_where_asked(
+        tmp_path, tmp_path_factory):
+    """Issue 28 item 13, on the shared demo run: the settings the figures come from, a
+    SIMULATION mark inside every chart (a chart copied out still says it), and -o."""
+    import re
+    import subprocess
+    import sys
+
+    from launcher.spec import recipe as recipe_mod
+
+    demo = synth.local_demo(tmp_path_factory.getbasetemp() / "local-demo")
+    out = tmp_path / "elsewhere" / "demo.html"
+    out.parent.mkdir()
+    p = subprocess.run([sys.executable, "-m", "launcher", "report", str(demo), "-o", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == str(out), p
+    html = out.read_text()
+    i = html.index("<h2>What was measured</h2>")
+    section = re.sub(r"<[^>]+>", " ", html[i:html.index("<h2>", i + 10)])
+    b = recipe_mod.load(str(demo / "recipe.yaml")).benchmark
+    assert f"ISL/OSL {b.input_len}/{b.output_len}" in section
+    assert f"range ratio {b.range_ratio:g}" in section
+    assert ", ".join(map(str, b.concurrency)) in section
+    assert all(f"{c}: {b.prompts(c):,}" in section for c in b.concurrency), section
+    assert "decode engine flags" in section and "prefill engine flags" in section
+    assert "--kv-transfer-config" in section and "time limit" in section
+    charts = html.count('<svg class="chart"')
+    assert charts >= 2 and html.count('class="mark">SIMULATION</text>') == charts

@@ -69,7 +69,7 @@ def serving(st):
 
 
 def test_serving_through_slurm_then_clean_end(tmp_path):
-    run = submit(tmp_path, *SERVE_ONLY, "--set", "hold_s=20")
+    run = submit(tmp_path, *SERVE_ONLY, "--set", "hold_s=8")
     st = wait_for(run, serving, what="serving")
     assert st.record.serving, st
     plan = json.loads((run / "plan.json").read_text())
@@ -97,7 +97,7 @@ def test_serving_through_slurm_then_clean_end(tmp_path):
     # What was submitted is what the dry-run showed.
     (tmp_path / "dry").mkdir()
     code, out = launcher(
-        tmp_path / "dry", "submit", RECIPE, *SERVE_ONLY, "--set", "hold_s=20", "--dry-run"
+        tmp_path / "dry", "submit", RECIPE, *SERVE_ONLY, "--set", "hold_s=8", "--dry-run"
     )
     assert code == 0, out
     (dry,) = [p.parent for p in (tmp_path / "dry" / "runs").glob("*/plan.json")]

