@@ -8,9 +8,10 @@ import os
 import sys
 from pathlib import Path
 
+from launcher.control.visibility import default_runs_dir
 from launcher.errors import UserError
 
-DEFAULT_RUNS = Path("runs")
+DEFAULT_RUNS = default_runs_dir()  # $PD_RUNS_DIR, else ./runs
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -212,6 +213,13 @@ def cmd_submit(args) -> int:
         print(text.plan_text(runs[0]))
     else:
         print(text.study_plan_text(runs))
+    if args.format != "json" and runs:
+        from launcher.control import visibility
+
+        # this host's filesystem, once per submission (not part of the plan)
+        far = visibility.runs_dir_warning(runs[0].plan, args.runs_dir)
+        if far:
+            print(f"warning: {far}")
     if args.dry_run:
         for r in runs:
             sub = r.run.read_submission()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from launcher.control import compute_env, staging
+from launcher.control import compute_env, staging, visibility
 from launcher.planning import capacity, cost, render
 from launcher.planning.plan import job_port_slots
 from launcher.run import listing, rundir
@@ -167,6 +167,8 @@ def plan_text(prepared: Prepared) -> str:
     if (gap := capacity.missing(plan, prepared.capacity)) is not None:
         lines.append(gap)
     for warning in capacity.warnings(plan, prepared.capacity):
+        lines.append(f"warning: {warning}")
+    for warning in visibility.input_warnings(plan):
         lines.append(f"warning: {warning}")
     spend = cost.estimate(plan)
     lines.append(cost.text(spend))

@@ -668,3 +668,40 @@ def test_runs_and_recipes_tables_and_csv_exports(cli, tmp_path_factory):
     rc, out, err = cli("recipes")
     head = out.splitlines()[0]
     assert head.split() == ["RECIPE", "CLUSTER", "ENGINE", "DESCRIPTION"], head
+
+
+# --- 3, 4: inputs the containers cannot see; a runs directory the nodes cannot see ---------
+
+
+def test_inputs_outside_every_container_mount_are_named(cli, tmp_path):
+    rc, out, err = cli("submit", SEED, "--dry-run", "--runs-dir", str(tmp_path / "a"))
+    assert rc == 0, err
+    for key, name in (("data", "test"), ("train", "train")):
+        assert (f"warning: accuracy.{key} /datasets/gsm8k/{name}.jsonl is not readable here and "
+                "is under none of the container mounts") in out, out
+    rc, out, err = cli("submit", SEED, "--dry-run", "--runs-dir", str(tmp_path / "b"),
+                       "--set", 'container.mounts=["/datasets/gsm8k:/datasets/gsm8k:ro"]')
+    assert rc == 0, err
+    assert "warning: accuracy." not in out, out
+
+
+def test_a_runs_directory_on_a_local_disk_is_named_for_a_multi_host_profile(cli, tmp_path):
+    from launcher.control import visibility
+    from launcher.planning import plan as plan_mod
+    from launcher.spec import cluster, recipe
+
+    mounts = ("/dev/sda1 / ext4 rw 0 0\ntmpfs /tmp tmpfs rw 0 0\n"
+              "fs1@o2ib:/lustre /lustre lustre rw 0 0\n")
+    gb = cluster.load("gb200-nvl72")
+    p = plan_mod.make_plan(recipe.load(SEED), gb, cluster.expand_nodelist("gb200-[001-004]"))
+    why = visibility.runs_dir_warning(p, Path("/tmp/me/runs"), mounts)
+    assert why and "is on this host's local tmpfs (/tmp)" in why and "PD_RUNS_DIR" in why
+    assert visibility.runs_dir_warning(p, Path("/lustre/me/runs"), mounts) is None
+    dev = cluster.load("devcluster")  # every node is this host: a local disk is shared
+    p = plan_mod.make_plan(recipe.load("devcluster-sim"), dev,
+                           cluster.expand_nodelist("gb200-[01-04]"))
+    assert visibility.runs_dir_warning(p, Path("/tmp/me/runs"), mounts) is None
+    # the default runs directory comes from PD_RUNS_DIR
+    rc, out, err = cli("submit", "local-sim", "--dry-run", env={"PD_RUNS_DIR": str(tmp_path / "r")})
+    assert rc == 0, err
+    assert list((tmp_path / "r").glob("*/plan.json")), out
