@@ -321,3 +321,41 @@ def test_a_dry_run_is_not_live_and_says_what_it_is(tmp_path, monkeypatch):
     assert any("A dry-run" in i.value for i in at.info)
     assert not any("refreshes every" in i.value for i in at.info)
     assert "dry-run" in texts(at)
+
+
+def test_a_planned_runs_kv_page_shows_the_planners_estimate(tmp_path, monkeypatch):
+    """Issue 28 item 17: a dry-run of the seed has no telemetry but plan.json holds the KV
+    estimate; the KV page shows it instead of nothing."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "launcher", "submit", "qwen3.5-397b-gb200-disagg",
+                        "--dry-run", "--runs-dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    (run,) = [r.parent for r in tmp_path.glob("*/plan.json")]
+    cap = json.loads((run / "plan.json").read_text())["capacity"][0]
+    at = open_page(tmp_path, run.name, "app_pages/kv_cache.py", monkeypatch)
+    body = texts(at)
+    assert "No telemetry in this run" in body
+    assert "KV capacity: predicted vs observed" in [h.value for h in at.subheader]
+    tables = " ".join(str(t.value) for t in at.table) + " ".join(
+        m.value for m in at.markdown)
+    assert f"{cap['endpoint_at_mean_length']:,.0f}" in tables, tables
+
+
+def test_a_simulated_runs_kv_transport_is_not_claimed_as_ucx(runs, tmp_path, monkeypatch):
+    import shutil
+
+    run = tmp_path / runs["healthy"].name
+    shutil.copytree(runs["healthy"], run)
+    rec = json.loads((run / "run.json").read_text())
+    rec.setdefault("identity", {})["kv_transport"] = {"decode-0@n1": ["cuda_ipc/cuda"]}
+    (run / "run.json").write_text(json.dumps(rec))
+    for engine, words in (("sim", "the simulator's stand-in for UCX's report"),
+                          ("vllm", "KV transfers over cuda_ipc/cuda (UCX's own report)")):
+        plan = json.loads((run / "plan.json").read_text())
+        plan["engine"] = engine
+        (run / "plan.json").write_text(json.dumps(plan))
+        at = open_page(tmp_path, run.name, "app_pages/overview.py", monkeypatch)
+        assert words in texts(at), (engine, texts(at))

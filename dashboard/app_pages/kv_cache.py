@@ -110,6 +110,8 @@ def capacity_section(info, ss: derive.SeriesSet, cap) -> None:
 
 def body(info) -> None:  # the run as re-read at each live refresh
     if ui.no_telemetry(info, "KV-cache telemetry"):
+        if info.state != "empty":  # a planned run still has the planner's estimate
+            capacity_section(info, derive.SeriesSet(pd.DataFrame(), ui.plan(info)), None)
         return
     ss = ui.series(info, "kv")
     if len(ss) == 0:
