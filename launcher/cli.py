@@ -21,7 +21,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    s = sub.add_parser("recipes", help="list the shipped recipes")
+    s = sub.add_parser("recipes", help="list the shipped recipes; `show NAME`: one resolved; "
+                       "`fields`: every recipe key with its default")
+    s.add_argument("action", nargs="?", choices=("list", "show", "fields"), default="list")
+    s.add_argument("name", nargs="?", help="for show: a recipe path or shipped name")
+    s.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     s.set_defaults(func=cmd_recipes)
 
     s = sub.add_parser("submit", help="allocate nodes and run a recipe (or --dry-run)")
@@ -190,6 +194,20 @@ def _one_line(text: str) -> str:
 
 def cmd_recipes(args) -> int:
     from launcher.spec import recipe as rmod
+
+    if args.action == "show":
+        if not args.name:
+            raise UserError("recipes show NAME: name a shipped recipe or a recipe file")
+        print(rmod.dump(rmod.load(args.name, args.overrides)), end="")
+        return 0
+    if args.action == "fields":
+        from launcher.spec.wording import field_reference
+
+        rows = field_reference(rmod.Recipe)
+        width = max(len(r[0]) for r in rows)
+        for path, kind, default, doc in rows:
+            print(f"{path:{width}}  {kind:28.28}  {default:20.20}  {doc}".rstrip())
+        return 0
 
     rows = [(name, rmod.load(str(path))) for name, path in rmod.shipped().items()]
     width = max(len(n) for n, _ in rows + [("RECIPE", None)])

@@ -705,3 +705,28 @@ def test_a_runs_directory_on_a_local_disk_is_named_for_a_multi_host_profile(cli,
     rc, out, err = cli("submit", "local-sim", "--dry-run", env={"PD_RUNS_DIR": str(tmp_path / "r")})
     assert rc == 0, err
     assert list((tmp_path / "r").glob("*/plan.json")), out
+
+
+# --- 18: a reference of recipe fields; a recipe shown resolved -----------------------------
+
+
+def test_recipes_fields_and_show(cli, tmp_path):
+    import yaml
+
+    from launcher.spec import recipe as recipe_mod
+
+    rc, out, err = cli("recipes", "fields")
+    assert rc == 0, err
+    keys = {line.split()[0] for line in out.splitlines() if line.strip()}
+    for key in ("slurm.account", "slurm.qos", "slurm.partition", "slurm.time_limit",
+                "benchmark.range_ratio", "accuracy.harness", "prefill.endpoints", "cluster"):
+        assert key in keys, key
+    assert re.search(r"^slurm\.time_limit\s+str\s+'02:00:00'\s+HH:MM:SS", out, re.M), out
+    rc, out, err = cli("recipes", "show", "local-sim", "--set", "prefill.endpoints=3")
+    assert rc == 0, err
+    doc = yaml.safe_load(out)
+    assert doc["prefill"]["endpoints"] == 3 and doc["name"] == "local-sim"
+    (tmp_path / "r.yaml").write_text(out)
+    assert recipe_mod.load(str(tmp_path / "r.yaml")).prefill.endpoints == 3
+    line = one_error_line(*cli("recipes", "show"))
+    assert "recipes show NAME" in line

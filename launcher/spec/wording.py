@@ -141,3 +141,25 @@ def real_bound(loc: str, data: Any) -> str | None:
     if (pool == "agg") == (mode == "agg"):
         return f"must be 1 or more with mode {mode}"
     return f"must be 0 with mode {mode} (it takes no {pool} endpoints)"
+
+
+def field_reference(model: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """(key path, type, default, description) of every field of pydantic `model`, nested
+    sections flattened: the reference `recipes fields` prints."""
+    out = []
+    for name, f in model.model_fields.items():
+        path = f"{prefix}{name}"
+        sub = _model_of(f.annotation)
+        if sub is not None and not path.startswith("sim"):
+            out.append((path, "section", "", f.description or ""))
+            out += field_reference(sub, path + ".")
+            continue
+        kind = re.sub(r"typing\.|<class '([^']+)'>", r"\1", str(f.annotation))
+        if f.is_required():
+            default = "(required)"
+        elif f.default_factory is not None:
+            default = repr(f.default_factory())
+        else:
+            default = repr(f.default)
+        out.append((path, kind, default, " ".join((f.description or "").split())))
+    return out
