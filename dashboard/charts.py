@@ -393,19 +393,20 @@ def latency_vs_concurrency(df: pd.DataFrame, *, metric: str, title: str,
 
 
 def ttft_breakdown(parts: pd.DataFrame, client: pd.DataFrame) -> alt.Chart:
-    """Stacked horizontal bars per point (seconds) plus a tick at the client mean TTFT."""
+    """Stacked horizontal bars per point (ms, as the table beside it) plus a tick at the
+    client mean TTFT. `parts`: point, part, ms, order, share; `client`: point, ttft_mean_ms."""
     bars = alt.Chart(parts).mark_bar().encode(
         y=alt.Y("point:N", sort=None, title="sweep point"),
-        x=alt.X("seconds:Q", title="mean seconds per request", stack="zero"),
+        x=alt.X("ms:Q", title="mean ms per request", stack="zero"),
         color=alt.Color("part:N", scale=PART_COLORS, title="TTFT part",
                         legend=alt.Legend(orient="bottom", columns=3, labelLimit=360)),
         order=alt.Order("order:Q"),
-        tooltip=["point:N", "part:N", alt.Tooltip("seconds:Q", format=".3f"),
+        tooltip=["point:N", "part:N", alt.Tooltip("ms:Q", format=",.0f", title="ms"),
                  alt.Tooltip("share:Q", format=".0%", title="share of client TTFT")])
     tick = alt.Chart(client).mark_tick(color="black", thickness=2, size=22).encode(
-        y=alt.Y("point:N", sort=None), x="ttft_mean_s:Q",
-        tooltip=["point:N", alt.Tooltip("ttft_mean_s:Q", format=".3f",
-                                        title="client mean TTFT (s)")])
+        y=alt.Y("point:N", sort=None), x="ttft_mean_ms:Q",
+        tooltip=["point:N", alt.Tooltip("ttft_mean_ms:Q", format=",.0f",
+                                        title="client mean TTFT (ms)")])
     return (bars + tick).properties(
         title="Client TTFT split per sweep point (black tick: client mean TTFT)",
         height=alt.Step(32))

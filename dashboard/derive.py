@@ -791,7 +791,8 @@ def observed_capacity(ss: SeriesSet, window: Window | None) -> pd.DataFrame:
                 row.update({
                     "engines": row.get("engines") or len(pairs),
                     "kv_peak": float(peaks.max()), "running_at_peak": float(np.median(runs)),
-                    "per_rank": float(np.median(per_rank)),
+                    # per rank = the endpoint's figure ÷ its ranks, so the two always agree
+                    "per_rank": float(per_rank.mean()),
                     "per_endpoint": float(per_rank.sum()),
                     "how": how,
                     "source": source})

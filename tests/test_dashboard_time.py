@@ -225,6 +225,11 @@ def test_kv_page_compares_predicted_and_observed_capacity(runs, monkeypatch):
     assert rows["KV blocks per DP rank, vLLM (num_gpu_blocks)"] == f"{synth.DECODE_BLOCKS:,}"
     observed = float(rows["per DP rank, observed"].replace(",", ""))
     assert 10 < observed < 60  # ~16 requests per rank at ~70 % KV at the top point
+    # the endpoint's figure is its ranks' sum, the rank's figure its share (they agree)
+    plan = json.loads((runs["healthy"] / "plan.json").read_text())
+    dp = next(e["dp_size"] for e in plan["endpoints"] if e["name"] == "decode-0")
+    endpoint = float(rows["concurrent requests, observed (top sweep point)"].replace(",", ""))
+    assert abs(endpoint - observed * dp) <= 1, (endpoint, observed, dp)
     body = "\n".join(m.value for m in at.markdown)
     assert "extrapolated: running ÷ KV usage" in body
     assert "prediction assumes: every request reaches ISL + OSL tokens" in body

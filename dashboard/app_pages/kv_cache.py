@@ -95,9 +95,10 @@ def capacity_section(info, ss: derive.SeriesSet, cap) -> None:
             notes.append(f"{p['endpoint']} prediction assumes: {a}")
     for o in obs.to_dict("records"):
         if isinstance(o.get("how"), str):
-            notes.append(f"{o['endpoint']} observed ({o['source']}): {o['how']}; "
-                         f"{o['running_at_peak']:.0f} requests running per DP rank "
-                         "(median) at the peak.")
+            notes.append(f"{o['endpoint']} observed ({o['source']}): {o['how']}; when KV "
+                         f"usage peaked the median DP rank was running "
+                         f"{o['running_at_peak']:.0f} requests (the figures above are per "
+                         "rank and their sum over the endpoint's ranks).")
     if obs.empty or obs["blocks_per_rank"].isna().all():
         notes.append("vLLM's num_gpu_blocks unknown: vllm:cache_config_info was not scraped "
                      "and no stats-log line gave it.")

@@ -36,9 +36,10 @@ def body(info) -> None:  # the run as re-read at each live refresh
                 v = getattr(r, f"{c}_s")
                 if pd.notna(v):
                     rows.append({"point": r.point, "part": derive.COMPONENT_TITLES[c],
-                                 "seconds": max(float(v), 0.0), "order": k,
+                                 "ms": max(float(v), 0.0) * 1000, "order": k,
                                  "share": float(v) / r.ttft_mean_s if r.ttft_mean_s else None})
-        ui.altair(charts.ttft_breakdown(pd.DataFrame(rows), ok[["point", "ttft_mean_s"]]))
+        client = ok[["point"]].assign(ttft_mean_ms=ok["ttft_mean_s"] * 1000)
+        ui.altair(charts.ttft_breakdown(pd.DataFrame(rows), client))
         show = ok[["point", "ttft_mean_s", *parts_cols, "decode_engine_ttft_s",
                    "kv_transfer_p99_s"]].copy()
         short = {"prefill_queue": "prefill queue", "prefill_compute": "prefill compute",
