@@ -792,10 +792,25 @@ def _recommend(run_dir: Path, target: float | None) -> dict[str, Any]:
     start = min(p.concurrency for p in points)
     concs = concurrency_list(start, best["top_concurrency"])
     recipe = run_dir / "recipe.yaml"
-    sweep = ",".join(str(p) for p in range(max(1, P - 1), P + 2))
+    values = list(range(max(1, P - 1), P + 2))
+    from launcher.run import listing
+    from launcher.run.rundir import RunDir
+
+    study = listing.study_of(RunDir(run_dir))
+    runs_root = (study.path if study else run_dir).parent
     cmd = ["python", "-m", "launcher", "submit", str(recipe),
-           "--set", f"benchmark.concurrency=[{','.join(map(str, concs))}]",
-           "--sweep", f"prefill.endpoints={sweep}"]
+           "--set", f"benchmark.concurrency=[{','.join(map(str, concs))}]"]
+    measured = study.axes.get("prefill.endpoints") if study else None
+    if isinstance(measured, list) and set(values) <= set(measured):
+        # the study this run belongs to measured those counts already: one run of the pick
+        cmd += ["--set", f"prefill.endpoints={P}"]
+        assumptions.append(f"Study {study.name} already measured prefill.endpoints="
+                           f"{','.join(map(str, measured))}: compare them on its Study page; "
+                           f"the command runs only the recommended {P}, at the concurrencies "
+                           "that reach the target.")
+    else:
+        cmd += ["--sweep", f"prefill.endpoints={','.join(map(str, values))}"]
+    cmd += ["--runs-dir", str(runs_root)]
     next_command = " ".join(shlex.quote(a) for a in cmd)
 
     capacities = {

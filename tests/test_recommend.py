@@ -389,5 +389,13 @@ def test_first_run_recommends_the_count_the_study_measures_best(tmp_path):
     assert abs(rec["prefill_endpoints"] - best) <= 1, report
     assert rec["capacities"]["prefill"]["knee"] is not None, report  # run 1 is prefill-bound
     assert rec["ratio"] == f"{rec['prefill_endpoints']}:1"
-    assert "--sweep prefill.endpoints=" in rec["next_command"]
+    # the study measured 1..4 already: the next step is the pick, not the same study again
+    P = rec["prefill_endpoints"]
+    if P + 1 <= 4:
+        assert f"--set prefill.endpoints={P}" in rec["next_command"], rec["next_command"]
+        assert "--sweep" not in rec["next_command"]
+        assert any(f"Study {study.name} already measured" in a for a in rec["assumptions"])
+    else:
+        assert "--sweep prefill.endpoints=" in rec["next_command"]
     assert str(runs[0].path / "recipe.yaml") in rec["next_command"]
+    assert f"--runs-dir {study.path.parent}" in rec["next_command"]
