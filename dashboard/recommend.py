@@ -762,6 +762,19 @@ def _recommend(run_dir: Path, target: float | None) -> dict[str, Any]:
         confidence = "medium"
     else:
         confidence = "low"
+    confidence_why = []  # what keeps it from "high", in the order it matters
+    if not pre["saturated"]:
+        confidence_why.append("the prefill side never reached its knee in this run, so its "
+                              "capacity is a bound, not a measurement")
+    if model["running_measured_full"] is None and reach > 1.2:
+        confidence_why.append(f"the decode side is extrapolated to {reach:.1f}x the most "
+                              "requests this run held")
+    if model["kv_footprint_basis"] != "measured":
+        confidence_why.append("KV per request is estimated, not measured")
+    # TTFT: the lowest this run measured plus M/D/1 queueing at the predicted prefill load
+    rho = dcap["request_rate"] * model["isl"] / (P * pre["tokens_per_s"])
+    service = model["isl"] / pre["tokens_per_s"]
+    ttft_pred = ttft0 + (rho * service / (2 * (1 - rho)) if rho < 1 else math.inf)
 
     assumptions = [
         "Prefill capacity grows linearly with prefill endpoints (the router spreads prompts "
@@ -862,6 +875,7 @@ def _recommend(run_dir: Path, target: float | None) -> dict[str, Any]:
         "concurrency_at_capacity": best["concurrency_at_capacity"],
         "prefill_endpoints_needed": need,
         "this_run_measured_total_tokens_per_s_per_gpu": measured,
+        "ttft_s": ttft_pred, "prefill_utilisation": rho, "ttft_floor_s": ttft0,
     }
     return {
         "run": str(run_dir), "run_id": plan.run_id, "recipe": plan.recipe,
@@ -872,7 +886,7 @@ def _recommend(run_dir: Path, target: float | None) -> dict[str, Any]:
         "isl": isl, "osl": osl,
         "capacities": capacities, "evidence": ev, "next_command": next_command,
         "next_concurrency": concs, "predicted": predicted, "assumptions": assumptions,
-        "candidates": cands, "confidence": confidence,
+        "candidates": cands, "confidence": confidence, "confidence_why": confidence_why,
         "points": [asdict(p) for p in points],
     }
 
@@ -913,10 +927,14 @@ def render_text(rec: dict[str, Any]) -> str:
         f"{tgt}:",
         f"  {rec['prefill_endpoints']} prefill {pf['shape']} per {rec['decode_endpoints']} decode "
         f"{dc['shape']} (ratio {rec['ratio']}, {pr['gpus']} GPUs), top concurrency "
-        f"{rec['top_concurrency']}; confidence {rec['confidence']}",
+        f"{rec['top_concurrency']}; confidence {rec['confidence']}"
+        + (f" ({'; '.join(rec['confidence_why'])})" if rec.get("confidence_why") else ""),
         f"  predicted {pr['total_tokens_per_s_per_gpu']:,.0f} tok/s/GPU "
         f"({pr['steady_total_tokens_per_s_per_gpu']:,.0f} steady state) at "
         f"{pr['tokens_per_s_per_user']:,.1f} tok/s/user, {pr['bound']}-bound",
+        "  TTFT " + (f"about {pr['ttft_s'] * 1000:,.0f} ms" if math.isfinite(pr["ttft_s"])
+                     else "unbounded") + f" (this run's lowest, {pr['ttft_floor_s'] * 1000:,.0f}"
+        f" ms, plus queueing at prefill utilisation {pr['prefill_utilisation']:.0%}, M/D/1)",
         "",
         "What each side carries:",
         f"  prefill endpoint ({pf['shape']}, {_gpus(pf['gpus_per_endpoint'])}): "

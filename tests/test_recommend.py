@@ -399,3 +399,20 @@ def test_first_run_recommends_the_count_the_study_measures_best(tmp_path):
         assert "--sweep prefill.endpoints=" in rec["next_command"]
     assert str(runs[0].path / "recipe.yaml") in rec["next_command"]
     assert f"--runs-dir {study.path.parent}" in rec["next_command"]
+
+
+def test_a_recommendation_says_its_ttft_and_why_its_confidence_is_not_high(synth_root):
+    """Issue 28 item 10: a TTFT prediction with its basis, and the reasons behind a
+    confidence below high."""
+    for run in (synth.prefill_bound(synth_root), synth.kv_capacity_bound(synth_root)):
+        rec = recommend.recommend(run)
+        pr = rec["predicted"]
+        assert 0 < pr["prefill_utilisation"]
+        if pr["prefill_utilisation"] < 1:
+            assert pr["ttft_s"] >= pr["ttft_floor_s"] > 0
+        if rec["confidence"] != "high":
+            assert rec["confidence_why"], rec
+        text = recommend.render_text(rec)
+        assert "  TTFT " in text and "M/D/1" in text, text
+        if rec["confidence"] != "high":
+            assert f"confidence {rec['confidence']} (" in text, text
