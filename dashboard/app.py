@@ -56,7 +56,7 @@ def main() -> None:
         st.markdown(f"**Runs directory**  \n`{ui.runs_dir()}`")
         if ids:
             by_id = {i.run_id: i for i in infos}
-            st.selectbox("Run", ids, key="run", on_change=picked,
+            st.selectbox("Run", ids, key="run", on_change=picked, format_func=ui.run_label,
                          help="The run the Overview, Sweep, KV cache, TTFT, GPUs and Logs "
                               "pages show. Studies are listed on the Runs page.")
             cur = by_id.get(st.session_state.get("run"))

@@ -387,6 +387,7 @@ def latency_vs_concurrency(df: pd.DataFrame, *, metric: str, title: str,
         color=alt.Color(f"{color}:N", scale=scheme, legend=alt.Legend(
             orient="right" if legend_right else "bottom", columns=1, labelLimit=480)),
         strokeDash=alt.StrokeDash("stat:N", title="percentile"),
+        shape=alt.Shape("stat:N", title="percentile"),  # a legend symbol per percentile
         tooltip=[f"{color}:N", "concurrency:Q", "stat:N",
                  alt.Tooltip("value:Q", format=",.1f")],
     ).properties(title=title, height=340)

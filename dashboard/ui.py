@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +41,17 @@ PAGES = (  # (file, title, icon, url path); Material icons ship with Streamlit's
 
 
 # --- runs dir and selection ----------------------------------------------------------------
+
+
+def run_label(run_id: str) -> str:
+    """A run's name for narrow places, what tells runs apart first: a study's configuration
+    ('endpoints2 · local-sim · 20261201-235105'), else the recipe, then the time."""
+    m = re.match(r"^(\d{8}-\d{6})-(.+)$", run_id)
+    if not m:
+        return run_id
+    when, rest = m.groups()
+    recipe, sep, config = rest.rpartition("_")
+    return f"{config} · {recipe} · {when}" if sep else f"{rest} · {when}"
 
 
 def runs_dir() -> Path:
