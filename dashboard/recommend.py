@@ -719,8 +719,11 @@ def _recommend(run_dir: Path, target: float | None) -> dict[str, Any]:
                   f"{model['kv_tokens_per_request']:,.0f} ({model['kv_footprint_basis']}), so "
                   f"about {model['running_at_kv_limit']:.1f} requests fit.")
     if model["running_measured_full"] is not None:
+        modelled = model["running_at_kv_limit"]
         ev.append(f"The decode KV was full at {', '.join(model['measured_full_at'])} with "
-                  f"{model['running_measured_full']:.1f} requests running.")
+                  f"{model['running_measured_full']:.1f} requests running"
+                  + (f": that measurement, not the {modelled:.1f} modelled above, is the "
+                     "KV limit used below." if modelled is not None else "."))
     tgt = f">= {target:g} tok/s/user" if target else "no tok/s/user target"
     limit_text = ", ".join(f"{name} {v:.1f}" for name, v in sorted(dcap["limits"].items(),
                                                                  key=lambda kv: kv[1]))

@@ -69,7 +69,8 @@ def family_section(family: str, what: str, plan_fp: str, step: float) -> None:
     ss = ui.series(info, family)
     if len(ss) == 0:
         st.info(f"No {what} samples (`{family}*`) in this run's telemetry." +
-                (" The agent notes below say why." if family == "gpu:" else ""))
+                (" Why: the agent notices on the **Gaps and agent notes** tab of this page "
+                 "(e.g. NVML not found on the node)." if family == "gpu:" else ""))
         return
     names = sorted(ss.meta["name"].unique())
     default = next((i for p in PREFERRED for i, n in enumerate(names) if p in n), 0)
