@@ -41,6 +41,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from launcher import cli
+from launcher.planning import render
 from launcher.spec import recipe as recipe_mod
 
 REPO = Path(__file__).resolve().parents[1]
@@ -606,6 +607,8 @@ def run_with_recorder(script: Path, case_dir: Path, run_dir: Path, label: str) -
     rec_dir.mkdir()
     lines = []
     for line in script.read_text(encoding="utf-8").split("\n"):
+        if line == render.COMMANDS_GUARD:  # commands.sh's refusal to run whole
+            continue
         lines.append(
             line if not line.strip() or line.lstrip().startswith("#") else "pd-exec " + line
         )
@@ -634,7 +637,7 @@ def check_commands(run_dir: Path, plan: dict, slurm: bool, case_dir: Path) -> No
     command_lines = [
         x
         for x in script.read_text(encoding="utf-8").split("\n")
-        if x.strip() and not x.startswith("#")
+        if x.strip() and not x.startswith("#") and x != render.COMMANDS_GUARD
     ]
     assert len(records) == len(command_lines), "a line is not one command"
     left = list(records)

@@ -697,6 +697,9 @@ def _comment(text: str) -> str:
     return "# " + re.sub(r"[\x00-\x1f\x7f]", "?", text)
 
 
+COMMANDS_GUARD = 'echo "commands.sh is for reading and for copying one line at a time" >&2; exit 2'
+
+
 def commands_sh(plan: Plan, run_dir: str) -> str:
     """A readable script of every process, in start order (what the orchestrator runs)."""
     rt = plan.runtime
@@ -709,7 +712,7 @@ def commands_sh(plan: Plan, run_dir: str) -> str:
         "# Secrets are passed by name only: export them before running a line.",
         _comment(f"Launcher programs (orchestrator, agents, router, clients) run {rt.python}"),
         "# Run whole, it would start every process, the benchmarks included, at once:",
-        'echo "commands.sh is for reading and for copying one line at a time" >&2; exit 2',
+        COMMANDS_GUARD,
     ]
     if c is not None:
         lines.append(
