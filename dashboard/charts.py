@@ -210,6 +210,13 @@ def with_windows(chart: alt.Chart, tm: _Timed) -> alt.Chart | alt.LayerChart:
     return layer + chart if layer is not None else chart
 
 
+def legend_columns(labels: pd.Series, width_px: int = 440, most: int = 4) -> int:
+    """As many legend columns as fit a half-page chart (~7 px a character, 30 px of
+    symbol and gap): long labels wrap into fewer columns instead of being cut off."""
+    longest = max((len(str(x)) for x in labels.dropna().unique()), default=8)
+    return max(1, min(most, width_px // (longest * 7 + 30)))
+
+
 def line(df: pd.DataFrame, *, title: str, y_title: str, color: str = "group",
          color_title: str = "", y_format: str | None = None, height: int = 300,
          windows: pd.DataFrame | None = None, stacked: bool = False,
@@ -223,7 +230,8 @@ def line(df: pd.DataFrame, *, title: str, y_title: str, color: str = "group",
         x=tm.x("t"),
         y=alt.Y("value:Q", axis=axis, stack="zero" if stacked else None),
         color=alt.Color(f"{color}:N", title=color_title or None,
-                        legend=alt.Legend(orient="bottom", columns=4, labelLimit=360)),
+                        legend=alt.Legend(orient="bottom", columns=legend_columns(d[color]),
+                                          labelLimit=360)),
         tooltip=[tm.tooltip(), f"{color}:N", alt.Tooltip("value:Q", format=",.3~f")],
     )
     return with_windows(ch, tm).properties(title=title, height=height)

@@ -32,8 +32,8 @@ def run_row(i: load.RunInfo, name: str, config: str = "") -> dict:
         "run": name, "open": f"./overview?run={i.run_id}", "configuration": config,
         "state": "dry-run" if i.dry_run else ui.STATE_BADGE.get(i.state, i.state),
         "engine": "SIMULATION" if i.simulated else "vLLM (CPU)" if i.on_cpu else (i.engine or "—"),
-        "recipe": i.recipe or "—", "topology": i.topology, "GPUs": i.gpus,
-        "sweep points": i.points,
+        "topology": i.topology, "GPUs": i.gpus,  # the recipe is in the run's name
+        "points": i.points,
         "started": ui.fmt_time(i.started), "duration": duration(i),
         "stage / error": i.error or (ui.progress_line(i) or i.stage if i.live else "") or "",
         "_page": "app_pages/overview.py", "_query": {"run": i.run_id},
@@ -95,7 +95,10 @@ event = st.dataframe(
         "stage / error": st.column_config.TextColumn(width="large"),
         "configuration": st.column_config.TextColumn(
             width="medium", help="a study's swept values; under it, each run's"),
-        "GPUs": st.column_config.NumberColumn(format="%d"),
+        "GPUs": st.column_config.NumberColumn(format="%d", width="small"),
+        "points": st.column_config.NumberColumn(format="%d", width="small",
+                                                help="sweep points measured"),
+        "started": st.column_config.TextColumn(width="medium"),
     })
 st.caption("Select a row to open it here (a study opens its Study page, a run its Overview), "
            "or use *open ↗* for a new tab. A study (`submit --sweep`) is one item with its "

@@ -96,6 +96,7 @@ def body(info) -> None:  # the run as re-read at each live refresh
     for c in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s"):
         show[c] = show[c] * 1000.0
     num = st.column_config.NumberColumn
+    st.caption("TTFT and TPOT in ms; per-GPU figures in tokens/s.")
     ui.table(show, column_config={
         "total_tokens_per_s_per_gpu": num("tok/s/working GPU", format="%.0f",
                                           help="total tok/s ÷ the GPUs of the endpoints "
@@ -105,11 +106,12 @@ def body(info) -> None:  # the run as re-read at each live refresh
         "input_tokens_per_s_per_prefill_gpu": num("in/prefill GPU", format="%.0f",
                                                   help="input tok/s ÷ prefill GPUs"),
         "tokens_per_s_per_user": num("tok/s/user", format="%.1f"),
-        "ttft_p50_s": num("TTFT p50 (ms)", format="%.0f"),
-        "ttft_p99_s": num("TTFT p99 (ms)", format="%.0f"),
-        "tpot_p50_s": num("TPOT p50 (ms)", format="%.1f"),
-        "tpot_p99_s": num("TPOT p99 (ms)", format="%.1f"),
+        "ttft_p50_s": num("TTFT p50", format="%.0f"),
+        "ttft_p99_s": num("TTFT p99", format="%.0f"),
+        "tpot_p50_s": num("TPOT p50", format="%.1f"),
+        "tpot_p99_s": num("TPOT p99", format="%.1f"),
         "request_rate": num("req/s", format="%.2f"),
+        "verdict": st.column_config.TextColumn(width="medium"),
     })
 
 ui.live(info, body)

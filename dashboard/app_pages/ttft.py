@@ -42,20 +42,22 @@ def body(info) -> None:  # the run as re-read at each live refresh
         ui.altair(charts.ttft_breakdown(pd.DataFrame(rows), client))
         show = ok[["point", "ttft_mean_s", *parts_cols, "decode_engine_ttft_s",
                    "kv_transfer_p99_s"]].copy()
-        short = {"prefill_queue": "prefill queue", "prefill_compute": "prefill compute",
-                 "kv_transfer": "KV transfer", "decode_admission": "decode admission",
-                 "remainder": "remainder"}  # short headers: the table fits the page
-        ms_cfg = {c: st.column_config.NumberColumn(short.get(c[:-2], c) + " (ms)",
-                                                   format="%.0f") for c in parts_cols}
+        short = {"prefill_queue": "P queue", "prefill_compute": "P compute",
+                 "kv_transfer": "KV transfer", "decode_admission": "D admission",
+                 "remainder": "remainder"}  # short headers, ms in the caption: it fits 1440 px
+        ms_cfg = {c: st.column_config.NumberColumn(short.get(c[:-2], c), format="%.0f",
+                                                   help=derive.COMPONENT_TITLES.get(c[:-2]))
+                  for c in parts_cols}
         for c in show.columns[1:]:
             show[c] = show[c] * 1000.0
+        st.caption("Milliseconds, means per request (P = prefill, D = decode).")
         ui.table(show, column_config={
             "ttft_mean_s": st.column_config.NumberColumn(
-                "client TTFT (ms)", format="%.0f", help="client mean TTFT"),
+                "client TTFT", format="%.0f", help="client mean TTFT"),
             "decode_engine_ttft_s": st.column_config.NumberColumn(
-                "decode TTFT (ms)", format="%.0f", help="decode engine's own mean TTFT"),
+                "D TTFT", format="%.0f", help="decode engine's own mean TTFT"),
             "kv_transfer_p99_s": st.column_config.NumberColumn(
-                "NIXL p99 (ms)", format="%.0f", help="NIXL transfer time p99"),
+                "NIXL p99", format="%.0f", help="NIXL transfer time p99"),
             **ms_cfg})
     with st.expander("How the split is made, and its caveats", expanded=not has_parts):
         for c in derive.TTFT_CAVEATS:
