@@ -7,6 +7,7 @@ Pure (pandas, no Streamlit): the study page and `launcher.report` both call thes
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,27 @@ def config_label(values: dict[str, Any], fallback: str) -> str:
     if not values:
         return fallback
     return ", ".join(f"{k}={v}" for k, v in values.items())
+
+
+def lead_and_spread(ok: pd.DataFrame, y: str) -> dict[str, Any] | None:
+    """How far the best configuration is ahead of the next, against the spread between
+    repeated runs of one configuration ("lab (run id)" labels share their base): None with
+    fewer than two configurations."""
+    if ok.empty or y not in ok:
+        return None
+    per_run = ok.groupby("config")[y].max().dropna()
+    base = {c: re.sub(r" \(\d{8}-\d{6}[^)]*\)$", "", c) for c in per_run.index}
+    per_config = per_run.groupby(base).max().sort_values(ascending=False)
+    if len(per_config) < 2:
+        return None
+    spreads = [g.max() / g.min() - 1 for _, g in per_run.groupby(base) if len(g) > 1
+               and g.min() > 0]
+    best, second = per_config.index[0], per_config.index[1]
+    lead = per_config.iloc[0] / per_config.iloc[1] - 1 if per_config.iloc[1] > 0 else None
+    spread = max(spreads) if spreads else None
+    return {"best": best, "second": second, "lead": lead, "spread": spread,
+            "repeated": len(spreads),
+            "outside": None if spread is None or lead is None else bool(lead > spread)}
 
 
 def find_study(runs_dir: Path, name: str | None) -> listing.Study | None:

@@ -215,3 +215,21 @@ def test_best_per_band_picks_the_most_throughput_at_each_interactivity():
     assert studies.bands([30.0, 45.0, 80.0, 90.0]) == [30, 40, 50, 60, 75]
     th = studies.bands([3.0, 12.0, 800.0])
     assert len(th) <= 5 and th[0] <= 3.0 and th[-1] <= 800.0 and th == sorted(th)
+
+
+def test_the_best_configurations_lead_is_set_against_the_repeats_spread():
+    """Issue 28 item 10: a "best configuration" is only as good as its lead over the
+    run-to-run spread."""
+    y = "total_tokens_per_s_per_gpu"
+    rows = [("prefill.endpoints=1", 4000), ("prefill.endpoints=2", 5100),
+            ("prefill.endpoints=2 (20261201-000000-x_endpoints2)", 4700),
+            ("prefill.endpoints=3", 5000)]
+    ok = pd.DataFrame([{"config": c, y: v} for c, v in rows])
+    m = studies.lead_and_spread(ok, y)
+    assert m["best"] == "prefill.endpoints=2" and m["second"] == "prefill.endpoints=3"
+    assert abs(m["lead"] - 0.02) < 1e-9 and abs(m["spread"] - (5100 / 4700 - 1)) < 1e-9
+    assert m["outside"] is False and m["repeated"] == 1
+    once = ok[~ok["config"].str.contains(r"\(")]
+    m = studies.lead_and_spread(once, y)
+    assert m["spread"] is None and m["outside"] is None and m["lead"] > 0
+    assert studies.lead_and_spread(ok[ok["config"] == "prefill.endpoints=1"], y) is None

@@ -115,6 +115,16 @@ def body() -> None:
     c2.markdown(f"**Best configuration:** :green[**{best['config']}**]  \n"
                 f"{ui.num(best[y])} {studies.SHORT[y]} at {best['point']}, "
                 f"{ui.num(best['tokens_per_s_per_user'], ',.1f')} tok/s per user")
+    margin = studies.lead_and_spread(ok, y)
+    if margin is not None and margin["lead"] is not None:
+        lead = f"{margin['lead']:.1%} ahead of {margin['second']}"
+        if margin["spread"] is None:
+            c2.caption(f"{lead}; each configuration ran once, so the run-to-run spread is "
+                       "not measured: repeat the top two to know whether the lead is real.")
+        else:
+            where = "outside" if margin["outside"] else "inside"
+            c2.caption(f"{lead}; repeats of one configuration differ by up to "
+                       f"{margin['spread']:.1%}: the lead is **{where}** that spread.")
 
     st.subheader("Best configuration per interactivity band")
     bands = studies.best_per_band(table, y)
