@@ -438,11 +438,6 @@ def num(x: Any, fmt: str = ",.0f", unit: str = "") -> str:
 
 
 def altair(chart: Any) -> None:
-    # fit *including* the axes' labels and titles: with the default a wide y label (1,000
-    # on a log axis) pushed the y title and the chart title out of the frame
-    import altair as alt
-
-    chart = chart.properties(autosize=alt.AutoSizeParams(type="fit", contains="padding"))
     st.altair_chart(chart, width="stretch")
 
 

@@ -231,13 +231,13 @@ def cmd_submit(args) -> int:
         print(text.plan_text(runs[0]))
     else:
         print(text.study_plan_text(runs))
-    if args.format != "json" and runs:
+    if runs:
         from launcher.control import visibility
 
-        # this host's filesystem, once per submission (not part of the plan)
+        # this host's filesystem, once per submission: not part of the plan, so on stderr
         far = visibility.runs_dir_warning(runs[0].plan, args.runs_dir)
         if far:
-            print(f"warning: {far}")
+            print(f"warning: {far}", file=sys.stderr)
     if args.dry_run:
         for r in runs:
             sub = r.run.read_submission()

@@ -701,6 +701,13 @@ def test_a_runs_directory_on_a_local_disk_is_named_for_a_multi_host_profile(cli,
     p = plan_mod.make_plan(recipe.load("devcluster-sim"), dev,
                            cluster.expand_nodelist("gb200-[01-04]"))
     assert visibility.runs_dir_warning(p, Path("/tmp/me/runs"), mounts) is None
+    # through the CLI: on stderr (stdout stays the plan, or JSON), once for a study
+    fs = visibility.filesystem(tmp_path)
+    if fs is not None and fs[1] in visibility.LOCAL_FS:
+        rc, out, err = cli("submit", SEED, "--sweep", "prefill.endpoints=4,5", "--dry-run",
+                           "--format", "json", "--runs-dir", str(tmp_path / "j"))
+        assert rc == 0 and json.loads(out), err
+        assert err.count(f"warning: --runs-dir {tmp_path / 'j'} is on this host's local") == 1
     # the default runs directory comes from PD_RUNS_DIR
     rc, out, err = cli("submit", "local-sim", "--dry-run", env={"PD_RUNS_DIR": str(tmp_path / "r")})
     assert rc == 0, err
