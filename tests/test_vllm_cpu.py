@@ -364,10 +364,10 @@ def fidelity_differences(real: Path, sim: Path, probes: tuple[dict, dict]) -> se
     return diffs
 
 
-def listed_exceptions() -> set[tuple[str, str]]:
-    """The table under "Known differences" in docs/vllm-cpu.md: | kind | item | why |."""
+def listed_exceptions(block: str = "fidelity-exceptions") -> set[tuple[str, str]]:
+    """A table of docs/vllm-cpu.md between <!-- block --> markers: | kind | item | why |."""
     text = DOC.read_text()
-    section = text.split("<!-- fidelity-exceptions -->", 1)[1].split("<!-- /fidelity-exceptions -->")[0]
+    section = text.split(f"<!-- {block} -->", 1)[1].split(f"<!-- /{block} -->")[0]
     rows = set()
     for line in section.splitlines():
         cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
@@ -381,7 +381,9 @@ def test_fidelity_listed_differences_are_exactly_what_differs(pd_runs):
     assert sim["code"] == 0, sim["out"][-3000:]
     diffs = fidelity_differences(real["run"], sim["run"], (real["probes"], sim["probes"]))
     listed = listed_exceptions()
+    sometimes = listed_exceptions("fidelity-sometimes")  # in some runs, not all
     assert listed, "docs/vllm-cpu.md lists no fidelity exceptions"
+    diffs -= sometimes
     assert diffs - listed == set(), f"differences not in docs/vllm-cpu.md: {sorted(diffs - listed)}"
     assert listed - diffs == set(), f"listed but no longer different: {sorted(listed - diffs)}"
 
