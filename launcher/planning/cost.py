@@ -11,6 +11,7 @@ measurement: its use is catching a time limit that cannot fit and showing GPU-ho
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -124,7 +125,9 @@ def _times(plan: Plan, concurrency: int) -> tuple[float, float, str]:
 def _lines(path: str | None) -> int:
     """Questions in a GSM8K jsonl readable here (0 when it is not: the test split is assumed)."""
     try:
-        with open(path or "", "rb") as f:
+        if not path or not os.path.isfile(path):  # a FIFO or /dev/zero would never end
+            return 0
+        with open(path, "rb") as f:
             return sum(1 for line in f if line.strip())
     except (OSError, ValueError):
         return 0
