@@ -285,7 +285,9 @@ def test_tail_partial_lines_rotation_and_truncation(tmp_path: Path) -> None:
 
 def test_scrape_rows_reproduce_every_scrape_by_interpolation() -> None:
     """Rows from `TargetState.ingest` obey the store's rule: per series, linear interpolation
-    between stored rows gives back every sampled value (buckets at their own cadence)."""
+    between stored rows gives back every sampled value (buckets at their own cadence, plus
+    their first sight and their last observation, which the flush writes: a histogram that
+    appears or moves after the last bucket pass is not lost)."""
     import random
 
     import numpy as np
@@ -296,13 +298,18 @@ def test_scrape_rows_reproduce_every_scrape_by_interpolation() -> None:
     st = TargetState(Target("decode-0@n1", "u"), "n1", keyframe_s=20.0, bucket_every_s=3.0)
     keys = [f'vllm:g{i}{{engine="{i % 2}",model_name="m"}}' for i in range(6)]
     keys += [f'vllm:h_bucket{{engine="0",le="{b}",model_name="m"}}' for b in ("1.0", "+Inf")]
-    vals = {k: 0.0 for k in keys}
+    late = [f'vllm:late_bucket{{engine="0",le="{b}",model_name="m"}}' for b in ("1.0", "+Inf")]
+    vals = {k: 0.0 for k in keys + late}
+    first_seen: dict[str, float] = {}
     truth: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
     rows: list[str] = []
     bucket_times = []
     for i in range(120):
         ts = 1000.0 + i
+        if i == 61:  # between two bucket passes
+            keys += late
         for k in keys:
+            first_seen.setdefault(k, ts)
             if rng.random() < (0.5 if i % 7 else 0.0):
                 vals[k] += rng.randint(1, 3)
         text = "# HELP x\n" + "".join(f"{k} {vals[k]!r}\n" for k in keys) + \
@@ -320,9 +327,12 @@ def test_scrape_rows_reproduce_every_scrape_by_interpolation() -> None:
         assert (node, proc) == ("n1", "decode-0@n1")
         stored.setdefault((name, engine, labels), []).append((float(ts), float(value)))
     assert not [k for k in stored if k[0].endswith("_created")]
+    assert 1061.0 not in bucket_times
+    seen = {st.parser.key(k): t for k, t in first_seen.items()}
     for key, samples in truth.items():
         if key[0].endswith("_bucket"):
-            samples = [s for s in samples if s[0] in bucket_times]
+            samples = [s for s in samples if s[0] in bucket_times or s[0] == seen[key]] + \
+                [samples[-1]]
         xs, ys = zip(*sorted(stored[key]), strict=True)
         tx, ty = zip(*samples, strict=True)
         assert np.allclose(np.interp(tx, xs, ys), ty), key

@@ -11,7 +11,9 @@ is regular (one sample per line, `name{labels} value`, labels sorted, no timesta
   rule, fused into the same pass);
 - histogram `_bucket` series are taken every `bucket_every_s` (default 5 s) while `_sum`,
   `_count`, counters and gauges are taken every scrape: buckets are ~80% of the lines and
-  quantiles are read over windows of tens of seconds, while means (`_sum/_count`) keep 1 s.
+  quantiles are read over windows of tens of seconds, while means (`_sum/_count`) keep 1 s;
+  a bucket's first sight and its last observation (at a gap or the stop) are always written,
+  so a histogram that appears or moves after the last pass is kept.
 
 Rules (docs/contracts.md, docs/vllm-metrics.md): `<family>_created` companion gauges are dropped;
 `le` buckets are kept as a label (verbatim, e.g. `"+Inf"`); `engine` leaves the labels and fills
@@ -197,7 +199,8 @@ class TargetState:
     bucket_every_s: float = 0.0
     parser: MetricsParser = field(default_factory=MetricsParser)
     # series key -> [value str | None, ts str of that observation, written?, row middle,
-    # is a bucket?, value as stored]; None for a dropped key (e.g. `_created`)
+    # is a bucket?, value as stored, (ts str, value str) of a bucket's last skipped
+    # observation or None]; None for a dropped key (e.g. `_created`)
     series: dict[str, list | None] = field(default_factory=dict)
     next_keyframe: float = 0.0
     next_buckets: float = 0.0
@@ -221,7 +224,7 @@ class TargetState:
             else:
                 name, engine, labels = parsed
                 st = [None, "", True, f"\t{self.node}\t{self.target.process}\t{engine}\t"
-                                      f"{name}\t{labels}\t", name.endswith("_bucket"), ""]
+                                      f"{name}\t{labels}\t", name.endswith("_bucket"), "", None]
             self.series[k] = st
         return k, v, st
 
@@ -247,8 +250,14 @@ class TargetState:
                 if new is None:
                     continue
                 k, v, st = new
-            if st is None or (st[4] and not buckets):
+            if st is None:
                 continue
+            if st[4] and not buckets and st[0] is not None:
+                # between bucket passes; kept for a flush, so a run's last buckets (a
+                # histogram that appeared or moved after the last pass) are not lost
+                st[6] = (ts_s, v)
+                continue
+            st[6] = None
             if st[0] == v and not keyframe:
                 st[1] = ts_s
                 st[2] = False
@@ -275,6 +284,17 @@ class TargetState:
         for st in self.series.values():
             if st is None:
                 continue
+            skipped, st[6] = st[6], None
+            if skipped is not None and st[0] is not None:
+                ts_s, v = skipped
+                vt = value_text(v) if v != st[0] else None
+                if vt is not None:  # a bucket moved after the last pass
+                    if not st[2]:
+                        out.append(f"{st[1]}{st[3]}{st[5]}\n")
+                    out.append(f"{ts_s}{st[3]}{vt}\n")
+                    st[2] = True
+                elif v == st[0]:  # unchanged since the pass: its hold extends to here
+                    st[1], st[2] = ts_s, False
             if not st[2] and st[0] is not None:
                 out.append(f"{st[1]}{st[3]}{st[5]}\n")
             st[2] = True

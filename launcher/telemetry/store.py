@@ -28,7 +28,8 @@ observation only when
 The scraper applies the same rule with one refinement: histogram `_bucket` series are taken
 every `bucket_every_s` (agent default max(interval, 5 s)) while `_sum`, `_count`, counters and
 gauges are taken every scrape (buckets are ~80% of a vLLM scrape; quantiles are read over
-windows, means keep full resolution). GPU and host series go through `ChangeFilter` as is.
+windows, means keep full resolution), except a bucket's first sight and its last observation
+before a gap or the close, which are always written. GPU and host series go through `ChangeFilter` as is.
 
 Consequence for readers: linear interpolation between two consecutive rows of one series gives
 back every sampled value exactly (constant runs are stored as their two ends). Counter rates
