@@ -37,7 +37,7 @@ def submit(tmp: Path, recipe: Path, *sets: str) -> Path:
 
 
 def measured_at(run: Path, target: float) -> float:
-    from dashboard import recommend
+    from launcher.analysis import recommend
 
     points = json.loads((run / "summary.json").read_text())["points"]
     return recommend.tok_s_gpu_at_target(points, target)
@@ -49,7 +49,7 @@ def main() -> int:
     a = ap.parse_args()
     from test_recommend import TARGET, _study_recipe
 
-    from dashboard import recommend
+    from launcher.analysis import recommend
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-recommend-"))
     recipe = _study_recipe(tmp)

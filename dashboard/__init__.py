@@ -1,5 +1,5 @@
 """Streamlit dashboard over run directories: runs, overview, sweep, KV cache, TTFT breakdown,
-GPUs and hosts, logs; plus a pure bottleneck diagnosis (`dashboard.diagnose`).
+GPUs and hosts, logs; plus a pure bottleneck diagnosis (`launcher.analysis.diagnose`).
 
 Importing this package is cheap (no Streamlit, pandas or pyarrow): the CLI imports it to
 start the server, which runs `dashboard/app.py` in its own process.

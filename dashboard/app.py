@@ -77,8 +77,17 @@ def main() -> None:
                       "events.jsonl. Or seconds since the job started (run.json).")
     if st.session_state.get("run"):
         st.query_params["run"] = st.session_state["run"]
-    pages = [st.Page(path, title=title, icon=icon, url_path=url, default=(url == "runs"))
-             for path, title, icon, url in ui.PAGES]
+    (home_path, home_title, home_icon, home_url), *rest = ui.PAGES
+    # Streamlit serves the default page at "/" only; "/runs", like every other page's own
+    # path, would open "Page not found". A hidden page there hands over to it.
+    home = st.Page(home_path, title=home_title, icon=home_icon, url_path="home", default=True)
+
+    def to_home() -> None:
+        st.switch_page(home, query_params=st.query_params.to_dict())
+
+    pages = [home, *(st.Page(path, title=title, icon=icon, url_path=url)
+                     for path, title, icon, url in rest),
+             st.Page(to_home, title=home_title, url_path=home_url, visibility="hidden")]
     st.navigation(pages, position="sidebar", expanded=True).run()
 
 

@@ -15,7 +15,8 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, derive, load
+from dashboard import charts
+from launcher.analysis import derive, load
 from launcher.run import listing
 from launcher.run.plandoc import PlanDoc
 from launcher.run.rundir import RunDir
@@ -202,7 +203,7 @@ def points(info: load.RunInfo) -> pd.DataFrame:
 
 
 def verdicts(info: load.RunInfo) -> list:
-    from dashboard import diagnose
+    from launcher.analysis import diagnose
 
     table = _points(str(info.path), load.fingerprint(info.path / "bench"),
                     load.telemetry_fingerprint(info.path))  # points() already said any damage

@@ -246,7 +246,15 @@ def cmd_submit(args) -> int:
         return 0
     from launcher.control import submit
 
-    return submit.submit_all(runs, wait=args.wait, check=args.check)
+    code = submit.submit_all(runs, check=args.check)
+    if args.wait and not args.check:
+        from launcher import text
+        from launcher.planning import schedulers
+
+        for r in runs:  # local runs ended in submit_all; allocations are followed here
+            if schedulers.of(r.plan.cluster).allocates:
+                code = max(code, text.follow(r.run))
+    return code
 
 
 def cmd_env(args) -> int:
@@ -377,7 +385,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_recommend(args) -> int:
-    from dashboard import recommend
+    from launcher.analysis import recommend
     from launcher.control import runs as runs_mod
 
     study = runs_mod.find_study(args.runs_dir, args.run)

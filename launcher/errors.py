@@ -5,3 +5,21 @@ class UserError(Exception):
     """A problem the user can fix; the message is one sentence naming what to change."""
 
     exit_code = 2
+
+
+class Problem(str):
+    """One problem's sentence, with whom it is about kept as data (`node`, `processes`), so
+    a culprit is never parsed back out of the text."""
+
+    node: str | None
+    processes: tuple[str, ...]
+
+    def __new__(cls, text: str, *, node: str | None = None, processes: tuple[str, ...] = ()):
+        self = super().__new__(cls, text)
+        self.node, self.processes = node, tuple(processes)
+        return self
+
+    @property
+    def culprit(self) -> str | None:
+        """The first process named, else the node."""
+        return self.processes[0] if self.processes else self.node

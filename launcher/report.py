@@ -7,10 +7,10 @@ A run's report: its identity (recipe, model, topology, GPUs, times, state, verdi
 headline figures and the per-point summary table exactly as summary.json holds them (the
 file the orchestrator wrote, or `launcher.run.figures.summary` when there is none yet), the
 GSM8K gate, the Pareto chart (tok/s per GPU vs tok/s per user) and TTFT percentiles as
-inline SVG, and each point's bottleneck verdict with its evidence (`dashboard.diagnose`,
+inline SVG, and each point's bottleneck verdict with its evidence (`launcher.analysis.diagnose`,
 the dashboard's rules on the same telemetry). A study's report: the same per
 configuration, all configurations on one Pareto chart, the best configuration per
-interactivity band and the P:D recommendation when `dashboard.recommend` gives one.
+interactivity band and the P:D recommendation when `launcher.analysis.recommend` gives one.
 
 Charts are drawn here as SVG (no Vega, no JavaScript): nothing to fetch, nothing that a
 mail client or an HTML sanitiser strips. Every number cell carries its exact value in
@@ -240,7 +240,7 @@ def run_summary(rd: RunDir) -> tuple[dict, str]:
 def verdicts(rd: RunDir) -> tuple[dict[Any, dict], str | None]:
     """Per concurrency: the dashboard's verdict (short, title, evidence), or why none."""
     try:
-        from dashboard import studies
+        from launcher.analysis import studies
     except ImportError as e:  # the dashboard's pandas stack is not installed
         return {}, f"verdicts need the dashboard's dependencies ({e})"
     try:
@@ -596,9 +596,9 @@ def render_run(path: Path) -> str:
 
 
 def comparison(members: list[tuple[str, Any, list[dict]]]) -> dict | None:
-    """dashboard.studies.published_comparison, or None without the dashboard's pandas."""
+    """launcher.analysis.studies.published_comparison, or None without the dashboard's pandas."""
     try:
-        from dashboard import studies
+        from launcher.analysis import studies
     except ImportError:
         return None
     return studies.published_comparison(members)
@@ -620,7 +620,7 @@ def published_series(cmp: dict, colors: dict[str, str]) -> list[dict]:
 
 
 def ratio_table(cmp: dict) -> str:
-    from dashboard import studies
+    from launcher.analysis import studies
 
     rows = []
     for r in cmp["ratios"].to_dict("records"):
@@ -665,7 +665,7 @@ def published_block(cmp: dict, measured: list[dict], colors: dict[str, str]) -> 
     if cmp["not_comparable"]:
         out.append('<p class="note">Not compared: ' + esc("; ".join(
             f"{k}: {v}" for k, v in cmp["not_comparable"].items())) + "</p>")
-    from dashboard import studies
+    from launcher.analysis import studies
 
     grid = studies.ratio_grid(cmp["ratios"])
     out.append(table(list(grid.columns), ["".join(
@@ -682,7 +682,7 @@ def published_block(cmp: dict, measured: list[dict], colors: dict[str, str]) -> 
 def render_study(path: Path) -> str:
     study = listing.entries(Path(path))[0]
     assert isinstance(study, listing.Study)
-    from dashboard import studies
+    from launcher.analysis import studies
 
     configs = studies.configs(study)
     data = []
@@ -818,7 +818,7 @@ def results_csv(path: Path) -> str:
 
     path = Path(path)
     if listing.is_study(path):
-        from dashboard import studies
+        from launcher.analysis import studies
 
         study = listing.entries(path)[0]
         members = [(label, RunDir(p)) for label, p in studies.configs(study)]

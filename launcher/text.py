@@ -10,12 +10,12 @@ import time
 from typing import TYPE_CHECKING
 
 from launcher.control import compute_env, staging, visibility
-from launcher.planning import capacity, cost, render
+from launcher.planning import capacity, containers, cost, render, schedulers
 from launcher.planning.plan import job_port_slots
 from launcher.run import listing, rundir
 from launcher.run.plandoc import CPU_LABEL, PlanError, read_plan
 from launcher.run.rundir import RunDir, RunStatus
-from launcher.run.vocab import Kind
+from launcher.run.vocab import Kind, State
 
 if TYPE_CHECKING:
     from launcher.control.prepare import Prepared
@@ -32,7 +32,7 @@ def process_rows(prepared: Prepared) -> list[tuple[str, str, str, str]]:
     plan = prepared.plan
     eps = {ep.name: ep for ep in plan.endpoints}
     rows = []
-    for proc in render.processes(plan, str(prepared.run.path)):
+    for proc in prepared.rendered.processes:
         if proc.kind == Kind.ENGINE:
             ep = eps[proc.endpoint]
             ranks = proc.dp_ranks
@@ -61,7 +61,7 @@ def engine_lines(prepared: Prepared) -> list[str]:
     """One engine command line per role (its head part), as it will run; commands.sh has
     every process with its environment."""
     seen, out = set(), []
-    for proc in render.processes(prepared.plan, str(prepared.run.path)):
+    for proc in prepared.rendered.processes:
         if proc.kind != Kind.ENGINE or proc.headless or proc.role in seen:
             continue
         seen.add(proc.role)
@@ -123,7 +123,7 @@ def plan_text(prepared: Prepared) -> str:
         lines.append(
             "Node names are placeholders: the real ones are planned inside the allocation."
         )
-    if plan.cluster.scheduler == "slurm" and plan.job_id is None:
+    if schedulers.of(plan.cluster).allocates and plan.job_id is None:
         slots, block = job_port_slots(plan.router_port, plan.port_span)
         if slots > 1:
             lines.append(
@@ -177,22 +177,7 @@ def plan_text(prepared: Prepared) -> str:
     rt = plan.runtime
     lines.append(f"Launcher programs on the compute nodes: {compute_env.describe(rt)}")
     if r.container is not None:
-        k = plan.cluster.containers
-        pin = "" if "@sha256:" in r.container.image or r.container.image.startswith(("/", "{")) else (
-            " (not pinned by digest: a moved tag changes what runs; use repo@sha256:...)")
-        if k.runtime == "none":  # no container: the image is an environment on PATH
-            lines.append(
-                f"Engines and clients use the environment {r.container.image} (its bin/ first "
-                f"on PATH; no container runtime on this profile: they see the whole host)"
-            )
-        else:
-            image = ("the job's own environment ({compute_env})"
-                     if r.container.image == render.COMPUTE_ENV_IMAGE else r.container.image)
-            lines.append(
-                f"Engines and clients run in {image}{pin} under the {k.runtime} runtime, seeing "
-                f"only the image and "
-                + ", ".join(d for _, d, _ in render.container_mounts(plan))
-            )
+        lines.append(containers.of(plan.cluster).describe(plan))
     refuse, note = staging.check(r, plan.cluster)
     if refuse or note:
         lines.append(f"Model: {refuse or note}")
@@ -417,3 +402,21 @@ def runs_text(entries: list[listing.Entry], statuses: dict[str, RunStatus], root
         else:
             lines.append(line(e, ""))
     return "\n".join(lines)
+
+
+def follow(run: RunDir, poll_s: float = 2.0) -> int:
+    """Show events until the run ends; 0 only if it succeeded."""
+    from launcher.control.runs import reconcile
+
+    seen = 0
+    while True:
+        events = run.events()
+        for e in events[seen:]:
+            print(event_line(e))
+        seen = len(events)
+        st = reconcile(run)
+        if st.final:
+            if st.state != State.SUCCEEDED:
+                print(status_text(run, st))
+            return 0 if st.state == State.SUCCEEDED else 1
+        time.sleep(poll_s)

@@ -77,7 +77,7 @@ def plan_doc(prefill: int = 4, *, decode_dp: int = 8, prefill_dp: int = 2, agg: 
     c = cluster.load("gb200-nvl72")
     names = nodes or cluster.profile_nodes(c, plan.nodes_needed(r, c))
     p = plan.make_plan(r, c, names)
-    return render.plan_doc(p, run_id, f"/runs/{run_id}", placeholder_nodes=False)
+    return render.plan_doc(p.at(f"/runs/{run_id}"), run_id, placeholder_nodes=False)
 
 
 @contextmanager

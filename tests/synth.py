@@ -108,7 +108,7 @@ def make_plan(run_id: str, sc: Scenario) -> dict:
     addresses = {n: f"10.0.0.{i}" for i, n in enumerate(nodes, 1)}
     p = plan_mod.make_plan(recipe, cluster, nodes, addresses)
     run_dir = f"/synthetic/{run_id}"
-    doc = render.plan_doc(p, run_id, run_dir, placeholder_nodes=False).to_json()
+    doc = render.plan_doc(p.at(run_dir), run_id, placeholder_nodes=False).to_json()
     doc["capacity"] = predicted_capacity(doc)
     return doc
 

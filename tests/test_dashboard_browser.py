@@ -24,7 +24,8 @@ import synth
 from helpers import stop, streamlit_healthy
 
 import dashboard
-from dashboard import studies, ui
+from dashboard import ui
+from launcher.analysis import studies
 from launcher.run import figures, listing
 
 pytestmark = pytest.mark.browser
@@ -45,7 +46,9 @@ DRAWN = f"{CHART} canvas, {CHART} svg.marks"
 # demo run. Tables are drawn on a canvas (glide grid), so the checked text is titles,
 # metrics, captions, tabs and static tables.
 PAGES = [
-    ("", "Runs", 0, ["SIMULATION", "Simulated", "Failed", "Studies"]),
+    # "/runs" (not "/"): the default page's own path must open it too, with no "Page not
+    # found" (the root is visited by the other browser tests)
+    ("runs", "Runs", 0, ["SIMULATION", "Simulated", "Failed", "Studies"]),
     ("overview", "Run overview", 2, ["tok/s per working GPU, best", "GSM8K accuracy",
                                      "Bottleneck per sweep point", "Report to share"]),
     ("sweep", "Sweep", 3, ["x = 1000 ÷ median TPOT", "Throughput measure"]),
@@ -55,7 +58,7 @@ PAGES = [
     ("gpus", "GPUs and hosts", 0, ["GPUs (NVML)", "Hosts"]),
     ("logs", "Logs", 0, ["Processes with logs", "Tail"]),
 ]
-RUN_PAGES = [p for p in PAGES if p[0]]
+RUN_PAGES = [p for p in PAGES if p[0] != "runs"]
 AXES_JS = """() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg.marks')]
   .map(s => [...s.querySelectorAll('g.role-axis')].map(ax => ({
     title: [...ax.querySelectorAll('.role-axis-title text')].map(t => t.textContent).join(' '),
@@ -171,6 +174,7 @@ def visit(browser, url: str, title: str, min_charts: int, shot: Path) -> dict:
         print(f"screenshot: {shot}")
         exc = page.locator('[data-testid="stException"]')
         assert exc.count() == 0, exc.first.inner_text()
+        assert page.get_by_text("Page not found").count() == 0, url
         assert page.locator('[data-testid="stAppDeployButton"]').count() == 0
         assert page.get_by_text("Deploy", exact=True).count() == 0  # no developer toolbar
         for t in page.evaluate(TABLES_JS):  # as tall as their rows: no empty filler rows
@@ -184,17 +188,17 @@ def visit(browser, url: str, title: str, min_charts: int, shot: Path) -> dict:
 
 
 @pytest.mark.parametrize("path, title, min_charts, wanted", PAGES,
-                         ids=[p[0] or "runs" for p in PAGES])
+                         ids=[p[0] for p in PAGES])
 def test_every_page_of_the_demo_run(server, browser, shots, path, title, min_charts,
                                     wanted):
     base, runs = server
     run = runs["demo"]
     got = visit(browser, f"{base}/{path}?run={run.name}", title, min_charts,
-                shots / f"demo-{path or 'runs'}.png")
+                shots / f"demo-{path}.png")
     assert got["drawn"] >= min_charts
     for w in wanted:
-        assert w in got["text"], f"{w!r} missing on {path or 'runs'}"
-    if path:
+        assert w in got["text"], f"{w!r} missing on {path}"
+    if path != "runs":
         assert run.name in got["text"] and "SIMULATION" in got["text"]
     if path in ("overview", "kv"):
         assert got["time_axes"] >= 1

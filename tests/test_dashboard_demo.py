@@ -12,7 +12,8 @@ pytest.importorskip("streamlit")
 import synth  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from dashboard import derive, diagnose, load, ui  # noqa: E402
+from dashboard import ui  # noqa: E402
+from launcher.analysis import derive, diagnose, load  # noqa: E402
 from launcher.run import figures  # noqa: E402
 
 APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")

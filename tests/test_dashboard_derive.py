@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from helpers import plan_doc
 
-from dashboard import derive, load
+from launcher.analysis import derive, load
 from launcher.telemetry.store import ChangeFilter, SampleWriter
 
 # decode-0 DEP4 on node n1 (one prefill DP1 on n2), as the planner makes it.

@@ -17,7 +17,8 @@ import pandas as pd  # noqa: E402
 import synth  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from dashboard import studies, ui  # noqa: E402
+from dashboard import ui  # noqa: E402
+from launcher.analysis import studies  # noqa: E402
 from launcher.run import figures, listing  # noqa: E402
 
 APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
@@ -109,13 +110,13 @@ def test_study_page_draws_every_configuration(root, study, monkeypatch):
 
 
 def test_study_page_without_the_recommender(root, study, monkeypatch):
-    monkeypatch.setitem(sys.modules, "dashboard.recommend", None)  # import fails
+    monkeypatch.setitem(sys.modules, "launcher.analysis.recommend", None)  # import fails
     at = open_page(root, "app_pages/study.py", monkeypatch, study=study.name)
     assert any("recommendation is not available" in i.value for i in at.info)
 
 
 def test_study_page_shows_the_recommendation(root, study, monkeypatch):
-    fake = types.ModuleType("dashboard.recommend")
+    fake = types.ModuleType("launcher.analysis.recommend")
     seen = []
 
     def recommend(run_dir, target_tokens_per_s_per_user=None):
@@ -126,7 +127,7 @@ def test_study_page_shows_the_recommendation(root, study, monkeypatch):
                 "target_tokens_per_s_per_user": target_tokens_per_s_per_user}
 
     fake.recommend = recommend
-    monkeypatch.setitem(sys.modules, "dashboard.recommend", fake)
+    monkeypatch.setitem(sys.modules, "launcher.analysis.recommend", fake)
     at = open_page(root, "app_pages/study.py", monkeypatch, study=study.name)
     assert any("5 prefill : 1 decode endpoints" in s.value for s in at.success)
     assert "prefill knee at c=32" in texts(at)
@@ -137,9 +138,9 @@ def test_study_page_shows_the_recommendation(root, study, monkeypatch):
 
 
 def test_recommender_that_fails_or_says_nothing(tmp_path, monkeypatch):
-    fake = types.ModuleType("dashboard.recommend")
+    fake = types.ModuleType("launcher.analysis.recommend")
     fake.recommend = lambda run_dir, target=None: None
-    monkeypatch.setitem(sys.modules, "dashboard.recommend", fake)
+    monkeypatch.setitem(sys.modules, "launcher.analysis.recommend", fake)
     rec, why = studies.recommendation(tmp_path)
     assert rec is None and "no recommendation" in why
 

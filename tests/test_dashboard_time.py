@@ -19,7 +19,8 @@ pytest.importorskip("streamlit")
 import synth  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from dashboard import charts, derive, load, ui  # noqa: E402
+from dashboard import charts, ui  # noqa: E402
+from launcher.analysis import derive, load  # noqa: E402
 
 APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
 T0 = 1_764_400_000.0

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import synth
 
-from dashboard import derive, diagnose, load
+from launcher.analysis import derive, diagnose, load
 
 
 def verdicts_of(run: Path) -> list[diagnose.Verdict]:

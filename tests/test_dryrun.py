@@ -96,9 +96,9 @@ def _hostile_plan():
 
 
 def test_hostile_values_survive_quoting_exactly(tmp_path):
-    p = _hostile_plan()
-    text = render.commands_sh(p, str(tmp_path))
-    engines = [pr for pr in render.processes(p, str(tmp_path)) if pr.name.startswith("prefill-0@")]
+    p = _hostile_plan().at(str(tmp_path))
+    text = render.commands_sh(p)
+    engines = [pr for pr in render.processes(p) if pr.name.startswith("prefill-0@")]
     (proc,) = engines
     line = shlex.join(render.command_line(p, proc))
     assert line.replace(render.JOBID_PLACEHOLDER, render.JOBID_BY_HAND) in text
@@ -135,7 +135,7 @@ def test_hostile_values_run_exactly_through_bash(tmp_path):
         argv=[sys.executable, "-c", "import sys,json,os;print(json.dumps([sys.argv[1:], os.environ['V']]))", *HOSTILE],
         env={"V": HOSTILE[5] + HOSTILE[3]},
     )  # fmt: skip
-    line = shlex.join(render.command_line(p, proc)[len(render.srun_prefix(p, proc)) :])
+    line = shlex.join(render.command_line(p, proc)[len(render.step_prefix(p, proc)) :])
     out = subprocess.run(["bash", "-c", line], capture_output=True, text=True, check=True).stdout
     assert json.loads(out) == [HOSTILE, HOSTILE[5] + HOSTILE[3]]
     assert not Path("/tmp/pwned").exists()

@@ -214,7 +214,7 @@ def test_a_wrong_type_in_run_json_is_named_not_a_traceback(cli, tmp_path):
     # nothing was written over the damaged record's run (no reconciled end from it)
     assert json.loads(bad.state_file.read_text())["state"] == 5
     # the dashboard reads the same status: the run's notes name the file, nothing raises
-    from dashboard import load
+    from launcher.analysis import load
 
     assert any("run.json is damaged (state is 5" in n for n in load.run_info(bad.path).notes)
     assert len(load.list_run_dirs(runs)) == 2

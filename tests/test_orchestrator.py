@@ -124,7 +124,7 @@ def setup(tmp_path, monkeypatch):
         run = p.run
         book = orchestrator.Book(run, RunRecord(state=State.RUNNING, started=time.time()))
         backend = FakeBackend(p.plan, run.path, script or {})
-        orch = orchestrator.Orchestrator(run, p.plan, backend, book)
+        orch = orchestrator.Orchestrator(run, p.rendered, backend, book)
         return orch, backend, run, alive
 
     return make

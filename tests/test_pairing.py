@@ -59,7 +59,7 @@ def _seed_doc(*sets: str):
     r = recipe.load(SEED, list(sets))
     c = cluster.load("gb200-nvl72")
     p = plan.make_plan(r, c, cluster.profile_nodes(c, plan.nodes_needed(r, c)))
-    return p, render.plan_doc(p, "r1", "/runs/r1", placeholder_nodes=False)
+    return p, render.plan_doc(p.at("/runs/r1"), "r1", placeholder_nodes=False)
 
 
 def test_the_rendered_seed_commands_agree():

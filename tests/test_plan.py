@@ -99,7 +99,7 @@ def test_jobs_that_share_a_host_plan_disjoint_ports(ref, prof, sets):
 
 def test_multinode_rendezvous_flags():
     p = make()
-    procs = {pr.name: pr for pr in render.processes(p, "/runs/x")}
+    procs = {pr.name: pr for pr in render.processes(p.at("/runs/x"))}
     head = procs[f"decode-0@{NODES[0]}"].argv
     tail = procs[f"decode-0@{NODES[1]}"].argv
     d = p.endpoints[0]
@@ -128,7 +128,7 @@ def test_multinode_rendezvous_flags():
 
 def test_router_gets_every_endpoint():
     p = make("prefill.endpoints=6")
-    router = next(pr for pr in render.processes(p, "/r") if pr.kind == "router")
+    router = next(pr for pr in render.processes(p.at("/r")) if pr.kind == "router")
     assert "--vllm-pd-disaggregation" in router.argv
     assert router.argv.count("--prefill") == 6 and router.argv.count("--decode") == 1
     assert router.argv[router.argv.index("--kv-connector") + 1] == "nixl"
@@ -138,7 +138,7 @@ def test_addresses_override_names():
     r = recipe.load(SEED)
     addrs = {n: f"10.0.0.{i}" for i, n in enumerate(NODES)}
     p = plan.make_plan(r, GB200, NODES, addrs)
-    head = next(pr for pr in render.processes(p, "/r") if pr.name == f"decode-0@{NODES[1]}")
+    head = next(pr for pr in render.processes(p.at("/r")) if pr.name == f"decode-0@{NODES[1]}")
     assert head.argv[head.argv.index("--data-parallel-address") + 1] == "10.0.0.0"
     assert head.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.0.0.1"
 

@@ -170,7 +170,7 @@ def test_the_named_interface_gives_the_address_and_pins_every_library():
     addrs = preflight.addresses(p, _facts(resolved="127.0.1.1", interface_address="10.1.2.3"))
     assert set(addrs.values()) == {"10.1.2.3"}
     p = plan.make_plan(p.recipe, p.cluster, list(p.nodes), addrs)
-    env = render.engine_processes(p, p.endpoints[0], "/r")[0].env
+    env = render.engine_processes(p.at("/r"), p.endpoints[0])[0].env
     assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "ib0"
     assert env["UCX_NET_DEVICES"] == "ib0" and env["VLLM_HOST_IP"] == "10.1.2.3"
     try:
@@ -193,9 +193,32 @@ def test_host_checks_name_node_and_fix():
                for x in problems)
 
 
+def test_each_problem_carries_its_culprit_as_data():
+    """The culprit run.json names comes from the problem's fields, not from its text: a
+    file unreadable on a node names the node (the sentence starts with the path), a flag
+    rejected on several engines names the first of them, a host problem its node."""
+    p = _plan()
+    doc = render.plan_doc(p.at("/runs/r1"), "r1", placeholder_nodes=False)
+    engines = [x.name for x in doc.of_kind("engine") if x.node == "n2"]
+    facts = {n: {"engine_version": "0.33.0", "argv_checks": [], "model": {"ok": True},
+                 "files": []} for n in p.nodes}
+    facts["n2"]["files"] = [{"ok": False, "path": "/datasets/gsm8k/test.jsonl",
+                             "process": "gsm8k", "what": "accuracy.data"}]
+    facts["n2"]["argv_checks"] = [{"ok": False, "process": e, "message": "unrecognized"}
+                                  for e in engines]
+    problems = preflight.judge_container(p, doc, facts, None)
+    (unreadable,) = [x for x in problems if x.startswith("/datasets/gsm8k/test.jsonl")]
+    assert unreadable.culprit == "n2" and unreadable.node == "n2"
+    (rejected,) = [x for x in problems if "rejects its command line" in x]
+    assert rejected.processes == tuple(engines) and rejected.culprit == engines[0]
+    only_n3 = _facts(arch="x86_64", imex_channel=True) | {"n0": {}, "n1": {}, "n2": {}}
+    (host,) = preflight.judge_host(p, only_n3, 1)
+    assert host.culprit == "n3" and str(host) == "n3 is x86_64 but the profile's arch is aarch64"
+
+
 def test_colocated_engines_get_their_own_vllm_port_range():
     p = _plan()
-    procs = [x for x in render.processes(p, "/r") if x.kind == "engine"]
+    procs = [x for x in render.processes(p.at("/r")) if x.kind == "engine"]
     by_node: dict[str, list[int]] = {}
     for x in procs:
         by_node.setdefault(x.node, []).append(int(x.env["VLLM_PORT"]))
@@ -213,11 +236,11 @@ def test_gres_sites_ask_for_gres_on_the_job_and_every_gpu_step():
     p = plan.make_plan(recipe.load("qwen3.5-397b-gb200-disagg"), c, [f"n{i}" for i in range(4)])
     sbatch = render.sbatch_text(p, 4, "/r/slurm")
     assert "#SBATCH --gres=gpu:gb200:4" in sbatch and "gpus-per-node" not in sbatch
-    text = render.commands_sh(p, "/r")
+    text = render.commands_sh(p.at("/r"))
     assert "--gpus-per-node" not in text and text.count("--gres=gpu:gb200:4") >= 9
 
 
 def test_every_srun_line_names_its_job():
-    text = render.commands_sh(_plan(), "/r")
+    text = render.commands_sh(_plan().at("/r"))
     lines = [x for x in text.splitlines() if x.startswith("srun ")]
     assert lines and all(shlex.split(x)[1].startswith("--jobid=") for x in lines)

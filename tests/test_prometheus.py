@@ -331,7 +331,7 @@ def test_sd_files_appear_and_go_with_the_right_labels(tmp_path):
     r, c = recipe.load("local-sim"), cluster.load("local")
     run = rundir.create(tmp_path / "runs", "r")
     p = plan.make_plan(r, c, cluster.profile_nodes(c, plan.nodes_needed(r, c)))
-    doc = render.plan_doc(p, run.run_id, str(run.path), placeholder_nodes=False)
+    doc = render.plan_doc(p.at(str(run.path)), run.run_id, placeholder_nodes=False)
     assert any(x.headless for x in doc.processes), "local-sim: decode spans two nodes"
     heads = [p.name for p in doc.processes if p.kind == "engine" and p.url]
     healthy = heads + ["router"] + [p.name for p in doc.processes if p.kind == "agent"] + \

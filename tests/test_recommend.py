@@ -1,4 +1,4 @@
-"""The prefill:decode recommendation (dashboard.recommend).
+"""The prefill:decode recommendation (launcher.analysis.recommend).
 
 Unit tests check each step of the method on hand-computed numbers; the acceptance test runs
 a real simulated study on the local profile (1 decode endpoint, prefill endpoints 1..4,
@@ -20,8 +20,8 @@ import synth
 import yaml
 from helpers import launcher, leftovers, plan_doc
 
-from dashboard import recommend
-from dashboard.recommend import Point, Topology
+from launcher.analysis import recommend
+from launcher.analysis.recommend import Point, Topology
 from launcher.run import figures
 from launcher.run.listing import entries
 from launcher.run.rundir import RunDir, write_json

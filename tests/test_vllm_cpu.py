@@ -496,7 +496,7 @@ def test_the_preflight_holds_the_recipe_to_the_engines_platform(declared, found,
     r = recipe_mod.load(AGG_RECIPE, [f"engine_platform={declared}", "engine_version=null"])
     c = cluster_mod.load(r.cluster)
     p = plan_mod.make_plan(r, c, cluster_mod.profile_nodes(c, plan_mod.nodes_needed(r, c)))
-    doc = render.plan_doc(p, "r1", "/runs/r1", placeholder_nodes=False)
+    doc = render.plan_doc(p.at("/runs/r1"), "r1", placeholder_nodes=False)
     assert doc.engine_platform == declared and doc.on_cpu == (declared == "cpu")
     assert doc.engine_label == ("vLLM (CPU)" if declared == "cpu" else "vLLM")
     version = "0.32.0+cpu" if found == "cpu" else "0.33.0"
@@ -637,7 +637,7 @@ def shipped_engine_argvs() -> list[tuple[str, str, list[str]]]:
         r = recipe_mod.load(str(path))
         c = cluster_mod.load(r.cluster)
         p = plan_mod.make_plan(r, c, cluster_mod.profile_nodes(c, plan_mod.nodes_needed(r, c)))
-        for proc in render.processes(p, "/runs/argcheck"):
+        for proc in render.processes(p.at("/runs/argcheck")):
             if proc.kind == Kind.ENGINE:
                 out.append((name, proc.name, proc.argv[proc.argv.index("serve"):]))
     return out

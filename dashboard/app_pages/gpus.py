@@ -7,7 +7,8 @@ import re
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, derive, load, ui
+from dashboard import charts, ui
+from launcher.analysis import derive, load
 from launcher.run.rundir import RunDir
 
 info = ui.header("GPUs and hosts")

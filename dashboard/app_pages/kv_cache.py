@@ -6,7 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, derive, load, ui
+from dashboard import charts, ui
+from launcher.analysis import derive, load
 from launcher.run.rundir import RunDir
 
 info = ui.header("KV cache")

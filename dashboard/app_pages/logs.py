@@ -7,7 +7,8 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from dashboard import load, ui
+from dashboard import ui
+from launcher.analysis import load
 
 info = ui.header("Logs")
 if info is None:

@@ -7,7 +7,8 @@ import math
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, derive, load, ui
+from dashboard import charts, ui
+from launcher.analysis import derive, load
 from launcher.run.plandoc import PlanDoc
 
 info = ui.header("Run overview")

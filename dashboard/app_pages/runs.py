@@ -8,7 +8,8 @@ import time
 import pandas as pd
 import streamlit as st
 
-from dashboard import load, studies, ui
+from dashboard import ui
+from launcher.analysis import load, studies
 from launcher.run import listing
 
 ui.header("Runs", need_run=False)

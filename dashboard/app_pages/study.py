@@ -6,7 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, load, studies, ui
+from dashboard import charts, ui
+from launcher.analysis import load, studies
 from launcher.run import published
 from launcher.run.figures import allocated_gpus, harness_of
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, derive, ui
+from dashboard import charts, ui
+from launcher.analysis import derive
 
 info = ui.header("Sweep")
 if info is None:
@@ -25,7 +26,7 @@ def run_points(run) -> pd.DataFrame:
         return t
     t = t.copy()
     t["run"] = run.run_id + (" (SIM)" if run.simulated else "")
-    v = {x.point: x.title.split(":")[0] for x in ui.verdicts(run)}
+    v = {x.point: x.label for x in ui.verdicts(run)}
     t["verdict"] = t["point"].map(v).fillna("—")
     return t
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, derive, diagnose, ui
+from dashboard import charts, ui
+from launcher.analysis import derive, diagnose
 
 info = ui.header("TTFT breakdown")
 if info is None:

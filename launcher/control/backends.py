@@ -204,6 +204,7 @@ def _signal_group(popen: subprocess.Popen, sig: int) -> None:
 
 
 def make_backend(plan: Plan, run_dir: Path) -> Backend:
-    return (
-        SrunBackend(plan, run_dir) if plan.cluster.scheduler == "slurm" else Backend(plan, run_dir)
-    )
+    from launcher.planning import schedulers
+
+    steps = schedulers.of(plan.cluster).allocates  # every process an srun step of the job
+    return SrunBackend(plan, run_dir) if steps else Backend(plan, run_dir)

@@ -43,10 +43,10 @@ from launcher.control.backends import Backend, Handle, make_backend
 from launcher.control.prepare import write_run_files
 from launcher.control.watch import NodeWatch
 from launcher.errors import UserError
-from launcher.planning import render
+from launcher.planning import render, schedulers
 from launcher.planning.plan import Plan, make_plan, nodes_needed
 from launcher.run import rundir
-from launcher.run.plandoc import Process, read_plan
+from launcher.run.plandoc import Process
 from launcher.run.results import point_failure
 from launcher.run.rundir import ProcessRecord, RunRecord, concurrency_of, tail
 from launcher.run.vocab import TEARDOWN_ORDER, Kind, Role, Stage, State
@@ -273,20 +273,21 @@ def api_ready(url: str, model: str) -> tuple[bool, str]:
 
 
 class Orchestrator:
-    def __init__(self, run: rundir.RunDir, plan: Plan, backend: Backend, book: Book):
+    def __init__(self, run: rundir.RunDir, rendered: render.Rendered, backend: Backend,
+                 book: Book):
         self.run = run
         self.book = book
         self.record = book.record
-        self.plan = plan
+        self.plan = rendered.plan
         self.backend = backend
         self.handles: list[Handle] = []
-        self.procs = render.processes(plan, str(run.path))
-        self.doc = read_plan(run.plan)
+        self.procs = rendered.processes
+        self.doc = rendered.doc
         self.healthy: set[str] = set()
         self.cancel_reason: str | None = None
         self.teardown_budget_s: float = 60.0
         self.failed_points: list[str] = []
-        self.watch = NodeWatch(list(plan.nodes), plan.cluster.scheduler == "slurm")
+        self.watch = NodeWatch(list(self.plan.nodes), schedulers.of(self.plan.cluster).allocates)
         self.partial: dict[str, str] = {}  # node -> why its telemetry is partial (noted once)
 
     # --- bookkeeping ---
@@ -333,24 +334,23 @@ class Orchestrator:
                 )
         return "\n".join(out)
 
-    def node_loss(self, exited: list[Handle] | None = None) -> str | None:
-        """'gb200-03 (its slurmd at ... does not answer ...)' when nodes were lost, else None.
+    def node_loss(self, exited: list[Handle] | None = None) -> dict[str, str]:
+        """{lost node: why}, empty when none was lost.
         Every node is asked when a process exited (a lost node's own sruns may not end for
         minutes; the first to exit is often a healthy process on another node)."""
         lost = self.watch.confirm() if exited is not None else dict(self.watch.lost)
-        if not lost:
-            return None
         for h in self.handles:
             if h.proc.node in lost:
                 h.lost = True
-        return "; ".join(f"{n} ({why})" for n, why in sorted(lost.items()))
+        return lost
 
-    def node_lost(self, lost: str) -> RunFailed:
-        node = lost.split(" ")[0]
+    def node_lost(self, lost: dict[str, str]) -> RunFailed:
+        node = min(lost)
+        detail = "; ".join(f"{n} ({why})" for n, why in sorted(lost.items()))
         gone = [h.proc.name for h in self.handles if h.lost and h.proc.node == node]
-        self.book.event("node_lost", node=node, detail=lost, processes=gone)
+        self.book.event("node_lost", node=node, detail=detail, processes=gone)
         return RunFailed(
-            f"node lost: {lost}; with it went {', '.join(gone) or 'no process yet'}: check "
+            f"node lost: {detail}; with it went {', '.join(gone) or 'no process yet'}: check "
             f"the node (scontrol show node {node}) and submit again",
             culprit=node,
         )
@@ -545,8 +545,7 @@ class Orchestrator:
             self.plan, self.doc, facts, self.plan.recipe.engine_version
         )
         if problems:
-            culprit = problems[0].split(":")[0].split(",")[0]  # a node or the first process
-            raise RunFailed("preflight: " + "; ".join(problems), culprit=culprit)
+            raise RunFailed("preflight: " + "; ".join(problems), culprit=problems[0].culprit)
         took = time.monotonic() - t0
         self.record.identity = identity(self.plan, facts)
         self.save()
@@ -841,13 +840,16 @@ def write_window(result_file: Path, ended: float) -> None:
 # --- planning inside the allocation ------------------------------------------------------------
 
 
-def plan_here(run: rundir.RunDir, book: Book, step: Callable[[str, list[list[str]]], None]) -> Plan:
-    """Plan on the real nodes with the addresses each node reports for itself (the same pure
-    planner as the dry-run), and write plan.json and commands.sh for them."""
+def plan_here(run: rundir.RunDir, book: Book,
+              step: Callable[[str, list[list[str]]], None]) -> render.Rendered:
+    """Plan on the real nodes (the same pure planner as the dry-run), complete the plan with
+    the address each node reports for itself, and render it once: plan.json and
+    commands.sh for them, and what the orchestrator starts."""
     recipe = recipe_mod.load(str(run.recipe))
     cluster = cluster_mod.load(recipe.cluster)
-    job = os.environ.get("SLURM_JOB_ID") if cluster.scheduler == "slurm" else None
-    if cluster.scheduler == "slurm":
+    sched = schedulers.of(cluster)
+    job = os.environ.get(sched.job_id_env) if sched.job_id_env else None
+    if sched.allocates:
         nodes = allocation_nodes()
         if nodes is None:
             raise UserError(
@@ -859,23 +861,21 @@ def plan_here(run: rundir.RunDir, book: Book, step: Callable[[str, list[list[str
     from launcher.control import compute_env
 
     rt = compute_env.current(run.plan)
-    first = make_plan(recipe, cluster, nodes, runtime=rt, job_id=job)
-    first = dataclasses.replace(first, run_dir=str(run.path))
+    first = make_plan(recipe, cluster, nodes, runtime=rt, job_id=job).at(str(run.path))
     step("preflight-host", render.check_steps(first)[0][1])
     facts = preflight.read_facts(run.path, list(first.nodes), "host")
     try:
         addresses = preflight.addresses(first, facts)
     except preflight.PreflightFailed as e:
-        raise RunFailed("preflight: " + str(e), culprit=e.problems[0].split(" ")[0]) from None
+        raise RunFailed("preflight: " + str(e), culprit=e.problems[0].culprit) from None
     problems = preflight.judge_host(first, facts, cluster.nofile)
     if problems:
-        raise RunFailed("preflight: " + "; ".join(problems), culprit=problems[0].split(" ")[0])
-    plan = make_plan(recipe, cluster, nodes, addresses, runtime=rt, job_id=job)
-    plan = dataclasses.replace(plan, run_dir=str(run.path))
+        raise RunFailed("preflight: " + "; ".join(problems), culprit=problems[0].culprit)
+    plan = dataclasses.replace(first, addresses=dict(addresses))
     # job.sbatch stays as it was submitted; the rest now names the real nodes.
-    write_run_files(run, plan, placeholder_nodes=False, with_sbatch=False)
+    rendered, _ = write_run_files(run, plan, placeholder_nodes=False, with_sbatch=False)
     book.event("planned", nodes=list(plan.nodes), addresses=addresses)
-    return plan
+    return rendered
 
 
 # --- signals ---------------------------------------------------------------------------------
@@ -959,7 +959,7 @@ def run(run_dir: Path) -> int:
         say(f"run {state}: {error}")
 
     try:
-        plan = plan_here(run, book, early_step)
+        rendered = plan_here(run, book, early_step)
     except UserError as e:
         finish_early(State.FAILED, str(e))
         book.drop_reserve()
@@ -978,6 +978,7 @@ def run(run_dir: Path) -> int:
         finish_early(State.CANCELLED, str(e))
         book.drop_reserve()
         return 1
+    plan = rendered.plan
     busy = busy_ports(plan)
     if busy:
         error = (
@@ -990,7 +991,7 @@ def run(run_dir: Path) -> int:
         book.drop_reserve()
         raise UserError(error)
     raise_open_files(plan.cluster.nofile)
-    orch = Orchestrator(run, plan, make_backend(plan, run.path), book)
+    orch = Orchestrator(run, rendered, make_backend(plan, run.path), book)
     signals.orch = orch
     if signals.reason:
         orch.cancel_reason, orch.teardown_budget_s = signals.reason, signals.budget_s or 30

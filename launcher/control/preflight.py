@@ -23,6 +23,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.errors import Problem
+from launcher.planning import schedulers
 from launcher.planning.plan import Plan
 from launcher.run.plandoc import PlanDoc
 from launcher.run.rundir import read_json
@@ -34,7 +36,7 @@ PREFLIGHT_DIR = "preflight"
 class PreflightFailed(Exception):
     """One or more problems, each one sentence; str() joins them."""
 
-    def __init__(self, problems: list[str]):
+    def __init__(self, problems: list[Problem]):
         super().__init__("; ".join(problems))
         self.problems = problems
 
@@ -59,30 +61,31 @@ def addresses(plan: Plan, facts: dict[str, dict | None]) -> dict[str, str]:
     for node in plan.nodes:
         f = facts.get(node)
         if f is None:
-            problems.append(f"{node}: the host check wrote nothing (see logs/preflight-host.log)")
+            problems.append(Problem(
+                f"{node}: the host check wrote nothing (see logs/preflight-host.log)", node=node))
             continue
         if c.network.interface:
             addr = f.get("interface_address")
             if not addr:
-                problems.append(
+                problems.append(Problem(
                     f"{node} has no IPv4 address on interface {c.network.interface}: set the "
-                    f"profile's network.interface to the NIC that connects the nodes"
-                )
+                    f"profile's network.interface to the NIC that connects the nodes",
+                    node=node))
                 continue
         else:
             addr = f.get("resolved")
             if not addr:
-                problems.append(
+                problems.append(Problem(
                     f"{node} cannot resolve its own name: fix its DNS or /etc/hosts, or set "
-                    f"the profile's network.interface"
-                )
+                    f"the profile's network.interface",
+                    node=node))
                 continue
             if addr.startswith("127.") and not c.network.loopback_ok:
-                problems.append(
+                problems.append(Problem(
                     f"{node} resolves its own name to {addr} (loopback), which other nodes "
                     f"cannot reach: set the profile's network.interface (e.g. ib0) or fix "
-                    f"/etc/hosts on the nodes"
-                )
+                    f"/etc/hosts on the nodes",
+                    node=node))
                 continue
         out[node] = addr
     if problems:
@@ -90,7 +93,7 @@ def addresses(plan: Plan, facts: dict[str, dict | None]) -> dict[str, str]:
     return out
 
 
-def judge_host(plan: Plan, facts: dict[str, dict | None], needed_fds: int) -> list[str]:
+def judge_host(plan: Plan, facts: dict[str, dict | None], needed_fds: int) -> list[Problem]:
     c = plan.cluster
     problems = []
     want_arch = c.arch
@@ -100,26 +103,27 @@ def judge_host(plan: Plan, facts: dict[str, dict | None], needed_fds: int) -> li
             continue  # addresses() already said so
         gpus = (f.get("gpus") or {}).get("count")
         # the local profile's "GPUs" are slots on a machine that may have none
-        if c.scheduler == "slurm" and gpus is not None and gpus != c.gpus_per_node:
-            problems.append(
+        if schedulers.of(c).counts_gpus and gpus is not None and gpus != c.gpus_per_node:
+            problems.append(Problem(
                 f"{node} shows {gpus} GPUs ({f['gpus'].get('source')}) but the plan needs "
                 f"{c.gpus_per_node}: check the job's GPU request (profile gpu_directive) or "
-                f"the node's health"
-            )
+                f"the node's health",
+                node=node))
         if c.imex and not f.get("imex_channel"):
-            problems.append(
+            problems.append(Problem(
                 f"{node} has no IMEX channel (/dev/nvidia-caps-imex-channels/channel0): "
                 f"multi-node NVLink needs the IMEX service; ask for it in the job (e.g. "
-                f"--network=... per site) or set the profile's imex: false"
-            )
+                f"--network=... per site) or set the profile's imex: false",
+                node=node))
         if want_arch != "any" and f.get("arch") and f["arch"] != want_arch:
-            problems.append(f"{node} is {f['arch']} but the profile's arch is {want_arch}")
+            problems.append(Problem(
+                f"{node} is {f['arch']} but the profile's arch is {want_arch}", node=node))
         hard = (f.get("nofile") or {}).get("hard")
         if isinstance(hard, int) and 0 < hard < needed_fds:
-            problems.append(
+            problems.append(Problem(
                 f"{node} allows {hard} open files but the router and clients need "
-                f"{needed_fds}: raise the hard limit (limits.conf) or lower the profile's nofile"
-            )
+                f"{needed_fds}: raise the hard limit (limits.conf) or lower the profile's nofile",
+                node=node))
     return problems
 
 
@@ -128,7 +132,7 @@ def judge_host(plan: Plan, facts: dict[str, dict | None], needed_fds: int) -> li
 
 def judge_container(
     plan: Plan, doc: PlanDoc, facts: dict[str, dict | None], expect_version: str | None
-) -> list[str]:
+) -> list[Problem]:
     problems = []
     engine_nodes = {p.node for p in doc.of_kind(Kind.ENGINE)}
     mounts = "{run_dir}"
@@ -136,65 +140,68 @@ def judge_container(
     for node in plan.nodes:
         f = facts.get(node)
         if f is None:
-            problems.append(
+            problems.append(Problem(
                 f"{node}: the container check left no result in {plan.run_dir}/{PREFLIGHT_DIR}: "
                 f"container steps do not see the run directory; add {mounts}:{mounts} to the "
-                f"profile's containers.mounts (see logs/preflight-container.log)"
-            )
+                f"profile's containers.mounts (see logs/preflight-container.log)",
+                node=node))
             continue
         if node in engine_nodes and not f.get("engine_version"):
             what = "the simulator" if doc.engine == "sim" else "vLLM"
-            problems.append(f"{node}: {what} cannot be imported in the engine's environment")
+            problems.append(Problem(
+                f"{node}: {what} cannot be imported in the engine's environment", node=node))
         elif (
             expect_version
             and doc.engine == "vllm"  # the simulator stands in for the version it imitates
             and f.get("engine_version")
             and not f["engine_version"].startswith(expect_version)
         ):
-            problems.append(
+            problems.append(Problem(
                 f"{node}: the engine is vLLM {f['engine_version']} but the recipe expects "
-                f"{expect_version}: use the matching image or set engine_version"
-            )
+                f"{expect_version}: use the matching image or set engine_version",
+                node=node))
         found = f.get("engine_platform")
         if node in engine_nodes and doc.engine == "vllm" and found and doc.engine_platform \
                 and found != doc.engine_platform:
             build = "a CPU build of vLLM" if found == "cpu" else "a GPU build of vLLM"
-            problems.append(
+            problems.append(Problem(
                 f"{node}: the engine's environment is {build} ({f.get('engine_version')}) but "
                 f"the recipe says engine_platform: {doc.engine_platform}: set engine_platform: "
                 f"{found} (CPU runs are labelled vLLM (CPU), never a GPU measurement) or use "
-                f"the other image"
-            )
+                f"the other image",
+                node=node))
         for chk in f.get("argv_checks") or []:
             if not chk.get("ok"):
                 msg = " ".join((chk.get("message") or "rejected").split())
                 rejected.setdefault(msg, []).append(chk["process"])
         model = f.get("model") or {}
         if node in engine_nodes and model.get("ok") is False:
-            problems.append(
+            problems.append(Problem(
                 f"{node}: the model {model.get('path')} is not readable in the engine's "
-                f"container ({model.get('how')}): stage it, or mount its folder"
-            )
+                f"container ({model.get('how')}): stage it, or mount its folder",
+                node=node))
         unreadable: dict[str, list[str]] = {}
         for fr in f.get("files") or []:
             if not fr.get("ok"):
                 unreadable.setdefault(fr["path"], []).append(f"{fr['process']} ({fr['what']})")
         for path, who in unreadable.items():
-            problems.append(
+            problems.append(Problem(
                 f"{path} is not readable on {node} for {', '.join(who)}: put it on the "
-                f"shared filesystem and, with containers, mount its folder (container.mounts)"
-            )
+                f"shared filesystem and, with containers, mount its folder (container.mounts)",
+                node=node))
         if any(p.node == node and p.container and p.kind.client for p in doc.processes) and (
             f.get("aiohttp") is False
         ):
-            problems.append(f"{node}: the engine's image has no aiohttp for the launcher's clients")
+            problems.append(Problem(
+                f"{node}: the engine's image has no aiohttp for the launcher's clients",
+                node=node))
     # A flag every engine carries is one problem, not one per engine.
-    problems += [f"{', '.join(who)}: the engine rejects its command line: {msg}"
-                 for msg, who in rejected.items()]
+    problems += [Problem(f"{', '.join(who)}: the engine rejects its command line: {msg}",
+                         processes=tuple(who)) for msg, who in rejected.items()]
     return problems + judge_pairing(plan, doc, facts)
 
 
-def judge_pairing(plan: Plan, doc: PlanDoc, facts: dict[str, dict | None]) -> list[str]:
+def judge_pairing(plan: Plan, doc: PlanDoc, facts: dict[str, dict | None]) -> list[Problem]:
     """What prefill and decode must agree on, from their rendered command lines and what the
     engines' containers saw: the model's config.json there (hybrid or not) and the real
     vLLM version (launcher.planning.pairing)."""
@@ -215,7 +222,9 @@ def judge_pairing(plan: Plan, doc: PlanDoc, facts: dict[str, dict | None]) -> li
         version = None  # the simulator stands in for the version it imitates
     sides = [pairing.side_of_argv(r, heads[r].argv, heads[r].env)
              for r in (Role.PREFILL, Role.DECODE)]
-    return pairing.disagreements(*sides, hybrid=bool(hybrid), engine_version=version)
+    who = (heads[Role.PREFILL].name, heads[Role.DECODE].name)
+    return [Problem(text, processes=who)
+            for text in pairing.disagreements(*sides, hybrid=bool(hybrid), engine_version=version)]
 
 
 # --- serving ------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from launcher.control import compute_env
 from launcher.errors import UserError
-from launcher.planning import cost, engine_argv, render
+from launcher.planning import cost, engine_argv, render, schedulers
 from launcher.planning.capacity import estimates
 from launcher.planning.kv_cache import KvCapacity
 from launcher.planning.plan import Plan, make_plan, nodes_needed
@@ -25,33 +25,37 @@ from launcher.spec.recipe import show
 @dataclass
 class Prepared:
     run: rundir.RunDir
-    plan: Plan
+    rendered: render.Rendered
     nodes: int
     capacity: list[KvCapacity]
-    sbatch: str | None
     placeholder_nodes: bool
     study: str | None = None
+
+    @property
+    def plan(self) -> Plan:
+        return self.rendered.plan
+
+    @property
+    def sbatch(self) -> str | None:
+        return self.rendered.sbatch
 
 
 def write_run_files(
     run: rundir.RunDir, plan: Plan, placeholder_nodes: bool, with_sbatch: bool = True
-) -> tuple[str | None, list[KvCapacity]]:
-    """recipe.yaml, plan.json, commands.sh and (Slurm profiles) job.sbatch.
-    Returns the sbatch text and the KV-capacity estimates written into plan.json."""
-    run_dir = str(run.path)
-    assert plan.run_dir == run_dir, "plan for another run directory"
+) -> tuple[render.Rendered, list[KvCapacity]]:
+    """recipe.yaml, plan.json, commands.sh and (Slurm profiles) job.sbatch, from one
+    render of the plan. Returns it and the KV-capacity estimates written into plan.json."""
+    assert plan.run_dir == str(run.path), "plan for another run directory"
     rundir.write_atomic(run.recipe, recipe_mod.dump(plan.recipe), sync=False)
     capacity = estimates(plan)
-    doc = render.plan_doc(plan, run.run_id, run_dir, placeholder_nodes)
-    doc = dataclasses.replace(doc, capacity=[c.to_json() for c in capacity])
-    rundir.write_json(run.plan, doc.to_json(), sync=False)
-    rundir.write_atomic(run.commands, render.commands_sh(plan, run_dir), sync=False)
+    out = render.render(plan, run.run_id, placeholder_nodes=placeholder_nodes,
+                        capacity=[c.to_json() for c in capacity], with_sbatch=with_sbatch)
+    rundir.write_json(run.plan, out.doc.to_json(), sync=False)
+    rundir.write_atomic(run.commands, out.commands, sync=False)
     run.commands.chmod(0o644)  # not to be run whole (it says so at its top)
-    sbatch = None
-    if with_sbatch and plan.cluster.scheduler == "slurm":
-        sbatch = render.sbatch_text(plan, len(plan.nodes), str(run.slurm))
-        rundir.write_atomic(run.sbatch, sbatch, sync=False)
-    return sbatch, capacity
+    if out.sbatch is not None:
+        rundir.write_atomic(run.sbatch, out.sbatch, sync=False)
+    return out, capacity
 
 
 def prepare(
@@ -99,11 +103,11 @@ def write_run(plan: Plan, need: int, root: Path, name: str, study: str | None) -
     run = create_dir(root, name)
     recipe = stage_inputs(plan.recipe, run)
     plan = dataclasses.replace(plan, run_dir=str(run.path), recipe=recipe)
-    # Slurm nodes are known only inside the allocation, where the plan is made again.
-    placeholder = plan.cluster.scheduler == "slurm"
-    sbatch, capacity = write_run_files(run, plan, placeholder)
+    # Allocated nodes are known only inside the allocation, where the plan is made for them.
+    placeholder = schedulers.of(plan.cluster).allocates
+    rendered, capacity = write_run_files(run, plan, placeholder)
     run.write_submission(rundir.Submission(created=time.time(), study=study))
-    return Prepared(run, plan, need, capacity, sbatch, placeholder, study)
+    return Prepared(run, rendered, need, capacity, placeholder, study)
 
 
 MAX_STUDY_RUNS = 64
@@ -191,15 +195,9 @@ def runs_dir(runs_root: Path) -> Path:
 def check_runs_dir(root: Path, cluster: cluster_mod.Cluster, recipe: recipe_mod.Recipe) -> None:
     """Characters the runs directory's path cannot hold where this run writes it."""
     text = str(root)
-    if cluster.scheduler == "slurm":
-        if "%" in text:
-            raise UserError(
-                f"--runs-dir {show(text)} contains '%', which Slurm reads as a pattern in the "
-                "batch output's file name: choose a directory without it"
-            )
-        why = recipe_mod.sbatch_problem(text)
-        if why:
-            raise UserError(f"--runs-dir {show(text)} goes into the #SBATCH lines: {why}")
+    why = schedulers.of(cluster).runs_dir_problem(text)
+    if why:
+        raise UserError(f"--runs-dir {show(text)} {why}")
     shared = cluster.compute_env.mode == "shared" and not cluster.compute_env.dir
     if recipe.container is not None and ("," in text or ":" in text) or shared and ":" in text:
         where = "container mounts (SRC:DST,...)" if recipe.container else "PYTHONPATH"

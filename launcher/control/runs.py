@@ -404,21 +404,3 @@ def cancel(run: RunDir, grace_s: float = 45.0) -> int:
     run.write_cancel(req)
     print(f"run {run.run_id}: no orchestrator was running; marked cancelled")
     return 0
-
-
-def follow(run: RunDir, poll_s: float = 2.0) -> int:
-    """Show events until the run ends; 0 only if it succeeded."""
-    from launcher import text
-
-    seen = 0
-    while True:
-        events = run.events()
-        for e in events[seen:]:
-            print(text.event_line(e))
-        seen = len(events)
-        st = reconcile(run)
-        if st.final:
-            if st.state != State.SUCCEEDED:
-                print(text.status_text(run, st))
-            return 0 if st.state == State.SUCCEEDED else 1
-        time.sleep(poll_s)

@@ -16,7 +16,7 @@ import time
 from launcher.control import compute_env, staging
 from launcher.control.prepare import Prepared
 from launcher.errors import UserError
-from launcher.planning import render
+from launcher.planning import render, schedulers
 from launcher.run import rundir
 
 
@@ -88,19 +88,17 @@ def _who() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def submit_all(runs: list[Prepared], wait: bool = False, check: bool = False) -> int:
-    from launcher.control import runs as runs_mod
-
+def submit_all(runs: list[Prepared], check: bool = False) -> int:
     code = 0
     if check:
         for p in runs:
-            if p.plan.cluster.scheduler == "slurm":
+            if schedulers.of(p.plan.cluster).allocates:
                 print(f"{p.run.run_id}: {check_slurm(p)}")
             else:
                 print(f"{p.run.run_id}: the local profile has no scheduler to ask; plan is valid")
         return 0
     for p in runs:
-        if p.plan.cluster.scheduler == "local":
+        if not schedulers.of(p.plan.cluster).allocates:  # the orchestrator runs here
             from launcher.control import orchestrator
 
             ready(p)
@@ -112,8 +110,4 @@ def submit_all(runs: list[Prepared], wait: bool = False, check: bool = False) ->
         print(
             f"  follow: python -m launcher status {p.run.path}   logs: python -m launcher logs {p.run.path}"
         )
-    if wait:
-        for p in runs:
-            if p.plan.cluster.scheduler == "slurm":
-                code = max(code, runs_mod.follow(p.run))
     return code

@@ -43,7 +43,9 @@ def filesystem(path: Path, mounts: str | None = None) -> tuple[str, str] | None:
 def runs_dir_warning(plan: Plan, runs_root: Path, mounts: str | None = None) -> str | None:
     """A Slurm profile whose nodes are other hosts, and a runs directory on a local disk."""
     c = plan.cluster
-    if c.scheduler != "slurm" or c.network.loopback_ok:
+    from launcher.planning import schedulers
+
+    if not schedulers.of(c).remote_nodes(c):
         return None
     fs = filesystem(runs_root, mounts)
     if fs is None or fs[1] not in LOCAL_FS:
@@ -66,11 +68,12 @@ def input_warnings(plan: Plan) -> list[str]:
     """Accuracy inputs that are neither copied into the run directory (readable here) nor
     under a container mount: the gate's client would not find them."""
     r = plan.recipe
-    if r.container is None or not r.accuracy.enabled or plan.cluster.containers.runtime == "none":
-        return []
-    from launcher.planning import render
+    from launcher.planning import containers
 
-    dests = [Path(dst) for _, dst, _ in render.container_mounts(plan)]
+    if r.container is None or not r.accuracy.enabled or not containers.of(plan.cluster).isolated:
+        return []
+
+    dests = [Path(dst) for _, dst, _ in containers.mounts(plan)]
     out = []
     for key in ("data", "train"):
         path = getattr(r.accuracy, key)

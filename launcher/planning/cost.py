@@ -205,7 +205,9 @@ def time_limit_problems(plan: Plan, cost: Cost) -> tuple[str | None, str | None]
     """(refusal, warning) for the recipe's time limit. Refused when the run cannot fit even
     with an instant load (by the simulator's model or the published figures); warned when a
     load as long as the health timeout would not fit, or when the request times are assumed."""
-    if plan.cluster.scheduler != "slurm":
+    from launcher.planning import schedulers
+
+    if not schedulers.of(plan.cluster).time_limited:
         return None, None
     s = plan.recipe.slurm
     limit = s.minutes * 60

@@ -81,13 +81,14 @@ def problems(plan: Plan) -> list[str]:
     found: dict[str, list[str]] = {}
     seen = set()
     for ep in plan.endpoints:
-        for proc in render.engine_processes(plan, ep, plan.run_dir):
-            kind = (ep.role, proc.headless)
+        for part in ep.parts:
+            kind = (ep.role, not part.head)
             if kind in seen:
                 continue
             seen.add(kind)
+            argv = render.serve_argv(plan, ep, part)
             try:
-                vllm_argv.parse(proc.argv[proc.argv.index("serve"):], warn=lambda w, m: None)
+                vllm_argv.parse(argv[argv.index("serve"):], warn=lambda w, m: None)
                 continue
             except vllm_argv.VllmArgError as e:
                 msg = _one_line(e.text)
@@ -104,7 +105,7 @@ def problems(plan: Plan) -> list[str]:
                 fixes.append(f"fix {where}" + (f" ({hint})" if hint else ""))
             text = f"{msg}: {', '.join(fixes) or 'fix the recipe'}"
             found.setdefault(text, []).append(
-                ep.name + (" (headless part)" if proc.headless else ""))
+                ep.name + ("" if part.head else " (headless part)"))
     return [f"`vllm serve` {table_version()} would refuse the command line of "
             f"{', '.join(who)}: {text}" for text, who in found.items()]
 

@@ -130,6 +130,12 @@ class Plan:
     run_dir: str = "<RUN_DIR>"  # set once the run directory exists
     port_span: int = 0  # ports from router_port up that the plan uses
 
+    def at(self, run_dir: str) -> Plan:
+        """This plan for the run directory `run_dir`."""
+        import dataclasses
+
+        return dataclasses.replace(self, run_dir=run_dir)
+
     def address(self, node: str) -> str:
         return self.addresses.get(node, node)
 
@@ -227,7 +233,7 @@ def model_is_hybrid(recipe: Recipe) -> bool:
     """Mamba/GDN layers: declared in model.facts, or seen in the checkpoint's config.json
     when its folder is on this machine (preflight asks again where the engines run)."""
     facts = recipe.model.facts
-    if facts is not None and facts.hybrid:
+    if facts is not None and (facts.hybrid or facts.gdn_layers > 0):
         return True
     from launcher.planning import kv_cache
 
@@ -273,25 +279,9 @@ def place(recipe: Recipe, cluster: Cluster) -> list[tuple[Role, Pool, list[tuple
 
 def check_container(recipe: Recipe, cluster: Cluster) -> None:
     """The recipe's image must be something the profile's container runtime can run."""
-    runtime, c = cluster.containers.runtime, recipe.container
-    if c is None:
-        if runtime == "pyxis" and recipe.engine == "vllm":
-            raise UserError(
-                f"{cluster.name} runs engines in containers (pyxis): set container.image to a "
-                "vLLM image, pinned by digest (e.g. vllm/vllm-openai@sha256:...)"
-            )
-        return
-    directory = c.image == "{compute_env}" or c.image.startswith("/")
-    if runtime == "pyxis" and c.image == "{compute_env}":
-        raise UserError(
-            "container.image {compute_env} is the sandbox's stand-in; on pyxis give a vLLM image"
-        )
-    if runtime in ("sandbox", "none") and not directory:
-        raise UserError(
-            f"container.image {c.image!r}: the cluster profile {cluster.name} runs "
-            + ("no containers" if runtime == "none" else "containers in a sandbox")
-            + ", so the image must be a directory (an environment folder, or {compute_env})"
-        )
+    from launcher.planning import containers
+
+    containers.of(cluster).check_image(recipe, cluster)
 
 
 def nodes_needed(recipe: Recipe, cluster: Cluster) -> int:
@@ -400,8 +390,9 @@ def make_plan(
     if runtime is None:
         runtime = LOCAL_RUNTIME
     if addresses is None:
-        local = cluster.scheduler == "local"
-        addresses = {n: ("127.0.0.1" if local else n) for n in nodes}
+        from launcher.planning import schedulers
+
+        addresses = schedulers.of(cluster).addresses(nodes)
     base = cluster.port_base
     endpoints, span = _endpoints(recipe, cluster, nodes, base)
     shift = job_port_shift(job_id, base, span)

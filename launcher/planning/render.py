@@ -13,6 +13,7 @@ import re
 import shlex
 from pathlib import Path
 
+from launcher.planning import containers, schedulers
 from launcher.planning.plan import Endpoint, Plan, engine_args
 from launcher.run import rundir
 from launcher.run.plandoc import EndpointDoc, NodeDoc, PlanDoc, Process
@@ -23,9 +24,6 @@ SIM_MODULE = "launcher.sim"
 BENCH_MODULE = "launcher.clients.bench"
 ACCURACY_MODULE = "launcher.clients.accuracy"
 AGENT_MODULE = "launcher.telemetry.agent"
-COMPUTE_ENV_IMAGE = "{compute_env}"
-LAUNCHER_MOUNT = "/opt/pd-launcher"  # where container steps see the launcher (read-only)
-SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 KV_CONNECTOR_FLAG = {"nixl": "nixl", "mooncake": "mooncake", "moriio": "moriio"}
 # The stats-log parser needs plain text (a forced colour would break it), and CUDA must
 # number GPUs as NVML does, so CUDA_VISIBLE_DEVICES and the telemetry mean the same GPU.
@@ -110,33 +108,40 @@ def host_env(plan: Plan) -> dict[str, str]:
     return {"PYTHONPATH": plan.runtime.src} if plan.runtime.mode == "shared" else {}
 
 
-def engine_processes(plan: Plan, ep: Endpoint, run_dir: str) -> list[Process]:
+def serve_argv(plan: Plan, ep: Endpoint, part) -> list[str]:
+    """`vllm serve ...` of one part of an endpoint (the simulator takes the same argv)."""
     r = plan.recipe
     pool = ep.pool
-    boxed = r.container is not None
-    exe = ["vllm"] if r.engine == "vllm" else launcher_cmd(plan, SIM_MODULE, boxed)
+    exe = ["vllm"] if r.engine == "vllm" else launcher_cmd(plan, SIM_MODULE,
+                                                          r.container is not None)
+    argv = [*exe, "serve", r.model.path, "--served-model-name", r.model.name]
+    if part.head:
+        argv += ["--host", plan.cluster.bind_host, "--port", str(ep.http_port)]
+    argv += ["--tensor-parallel-size", str(pool.tensor_parallel)]
+    if pool.data_parallel > 1:
+        argv += ["--data-parallel-size", str(pool.data_parallel)]
+        argv += ["--data-parallel-size-local", str(len(part.dp_ranks))]
+    if ep.multi_node:
+        argv += ["--data-parallel-address", plan.address(ep.head.node)]
+        argv += ["--data-parallel-rpc-port", str(ep.dp_rpc_port)]
+    if pool.expert_parallel:
+        argv.append("--enable-expert-parallel")
+    if part.head:
+        argv += ["--api-server-count", str(pool.api_servers)]
+    else:
+        argv += ["--headless", "--data-parallel-start-rank", str(part.dp_ranks[0])]
+    if ep.role.disaggregated:
+        argv += ["--kv-transfer-config", kv_transfer_config(plan, ep.role)]
+    return argv + flags(engine_args(r, pool))
+
+
+def engine_processes(plan: Plan, ep: Endpoint) -> list[Process]:
+    r = plan.recipe
+    pool = ep.pool
     procs = []
     for part in ep.parts:
         name = f"{ep.name}@{part.node}"
-        argv = [*exe, "serve", r.model.path, "--served-model-name", r.model.name]
-        if part.head:
-            argv += ["--host", plan.cluster.bind_host, "--port", str(ep.http_port)]
-        argv += ["--tensor-parallel-size", str(pool.tensor_parallel)]
-        if pool.data_parallel > 1:
-            argv += ["--data-parallel-size", str(pool.data_parallel)]
-            argv += ["--data-parallel-size-local", str(len(part.dp_ranks))]
-        if ep.multi_node:
-            argv += ["--data-parallel-address", plan.address(ep.head.node)]
-            argv += ["--data-parallel-rpc-port", str(ep.dp_rpc_port)]
-        if pool.expert_parallel:
-            argv.append("--enable-expert-parallel")
-        if part.head:
-            argv += ["--api-server-count", str(pool.api_servers)]
-        else:
-            argv += ["--headless", "--data-parallel-start-rank", str(part.dp_ranks[0])]
-        if ep.role.disaggregated:
-            argv += ["--kv-transfer-config", kv_transfer_config(plan, ep.role)]
-        argv += flags(engine_args(r, pool))
+        argv = serve_argv(plan, ep, part)
 
         env = dict(ENGINE_BASE_ENV)
         env.update(plan.cluster.env)
@@ -153,8 +158,8 @@ def engine_processes(plan: Plan, ep: Endpoint, run_dir: str) -> list[Process]:
             env.setdefault("UCX_PROTO_INFO", "y")  # UCX names the transport it picked
         if r.engine == "sim":
             env.update(sim_env(plan, ep))
-        env.update(container_env(plan))
-        env.update(_base_env(name, run_dir))
+        env.update(containers.of(plan.cluster).env(plan))
+        env.update(_base_env(name, plan.run_dir))
         url = plan.endpoint_url(ep) if part.head else None
         procs.append(
             Process(
@@ -203,30 +208,7 @@ def model_env(plan: Plan) -> dict[str, str]:
     return env
 
 
-def image_dir(plan: Plan) -> str | None:
-    """A directory image (sandbox, or no runtime): the job's compute environment for
-    `{compute_env}`, else the path the recipe names. None for a registry image."""
-    c = plan.recipe.container
-    if c is None:
-        return None
-    if c.image == COMPUTE_ENV_IMAGE:
-        return f"{plan.runtime.env}/venv" if plan.runtime.env else str(Path(plan.runtime.python).parent.parent)
-    return c.image if c.image.startswith("/") and not c.image.endswith(".sqsh") else None
-
-
-def container_env(plan: Plan) -> dict[str, str]:
-    """Inside a container the launcher is the read-only mount LAUNCHER_MOUNT; a directory
-    image's bin/ comes first on PATH, as an image's own PATH would."""
-    if plan.recipe.container is None:
-        return {}
-    env = {"PYTHONPATH": LAUNCHER_MOUNT if plan.cluster.containers.runtime != "none" else plan.runtime.src}
-    d = image_dir(plan)
-    if d:
-        env["PATH"] = f"{d}/bin:{SYSTEM_PATH}"
-    return env
-
-
-def router_process(plan: Plan, run_dir: str) -> Process:
+def router_process(plan: Plan) -> Process:
     r = plan.recipe
     bind = plan.cluster.bind_host
     router = "vllm-router" if plan.runtime.python == "python" else f"{plan.runtime.bindir}/vllm-router"
@@ -254,20 +236,20 @@ def router_process(plan: Plan, run_dir: str) -> Process:
         kind=Kind.ROUTER,
         node=node,
         argv=argv,
-        env={**host_env(plan), **_base_env("router", run_dir)},
+        env={**host_env(plan), **_base_env("router", plan.run_dir)},
         log="logs/router.log",
         url=plan.router_url,
         metrics_url=plan.url(node, plan.router_metrics_port) + "/metrics",
     )
 
 
-def agent_processes(plan: Plan, run_dir: str) -> list[Process]:
+def agent_processes(plan: Plan) -> list[Process]:
     procs = []
     for node in plan.nodes:
         name = f"agent@{node}"
         argv = [
             *launcher_cmd(plan, AGENT_MODULE, False),
-            "--run-dir", run_dir,
+            "--run-dir", plan.run_dir,
             "--node", node,
             "--interval", f"{plan.recipe.telemetry.interval_s:g}",
             "--exporter-addr", plan.cluster.bind_host,
@@ -279,7 +261,7 @@ def agent_processes(plan: Plan, run_dir: str) -> list[Process]:
                 kind=Kind.AGENT,
                 node=node,
                 argv=argv,
-                env={**host_env(plan), **_base_env(name, run_dir)},
+                env={**host_env(plan), **_base_env(name, plan.run_dir)},
                 log=f"logs/{name}.log",
                 url=plan.url(node, plan.exporter_ports[node]),
                 metrics_url=plan.url(node, plan.exporter_ports[node]) + "/metrics",
@@ -288,14 +270,14 @@ def agent_processes(plan: Plan, run_dir: str) -> list[Process]:
     return procs
 
 
-def bench_processes(plan: Plan, run_dir: str) -> list[Process]:
+def bench_processes(plan: Plan) -> list[Process]:
     """One client run per concurrency point, against the router, from the first node."""
     r = plan.recipe
     b = r.benchmark
-    run = rundir.RunDir(Path(run_dir))
+    run = rundir.RunDir(Path(plan.run_dir))
     boxed = r.container is not None
     exe = ["vllm", "bench", "serve"] if b.driver == "vllm" else launcher_cmd(plan, BENCH_MODULE, boxed)
-    env = container_env(plan) if boxed else host_env(plan)
+    env = containers.of(plan.cluster).env(plan) if boxed else host_env(plan)
     procs = []
     for c in b.concurrency:
         name = f"bench-c{c}"
@@ -329,7 +311,7 @@ def bench_processes(plan: Plan, run_dir: str) -> list[Process]:
                 kind=Kind.BENCH,
                 node=plan.nodes[0],
                 argv=argv,
-                env={**model_env(plan), **env, **_base_env(name, run_dir)},
+                env={**model_env(plan), **env, **_base_env(name, plan.run_dir)},
                 log=f"logs/{name}.log",
                 env_from_host=list(r.env_from_host),
                 container=boxed,
@@ -339,7 +321,7 @@ def bench_processes(plan: Plan, run_dir: str) -> list[Process]:
     return procs
 
 
-def accuracy_process(plan: Plan, run_dir: str) -> Process | None:
+def accuracy_process(plan: Plan) -> Process | None:
     """The GSM8K gate through the router, scored by the recipe's harness: lm-eval's gsm8k
     task (the default: its command line is the one it always was) or vLLM's own GSM8K
     harness (docs/gsm8k.md)."""
@@ -347,7 +329,7 @@ def accuracy_process(plan: Plan, run_dir: str) -> Process | None:
     if not a.enabled:
         return None
     boxed = plan.recipe.container is not None
-    result = rundir.RunDir(Path(run_dir)).accuracy_result(a.task)
+    result = rundir.RunDir(Path(plan.run_dir)).accuracy_result(a.task)
     argv = [
         *launcher_cmd(plan, ACCURACY_MODULE, boxed),
         "--base-url", plan.router_url,
@@ -374,36 +356,37 @@ def accuracy_process(plan: Plan, run_dir: str) -> Process | None:
     if a.chat and a.harness == "lm-eval":
         argv += ["--chat", "multiturn"]
     argv += ["--output", str(result)]
-    env = container_env(plan) if boxed else host_env(plan)
+    env = containers.of(plan.cluster).env(plan) if boxed else host_env(plan)
     return Process(
         name="accuracy",
         kind=Kind.ACCURACY,
         node=plan.nodes[0],
         argv=argv,
-        env={**env, **_base_env("accuracy", run_dir)},
+        env={**env, **_base_env("accuracy", plan.run_dir)},
         log="logs/accuracy.log",
         container=boxed,
-        result=str(result.relative_to(run_dir)),
+        result=str(result.relative_to(plan.run_dir)),
     )
 
 
-def processes(plan: Plan, run_dir: str) -> list[Process]:
+def processes(plan: Plan) -> list[Process]:
     """Every process of the run, in start order: agents, engines, router, bench, accuracy."""
     out: list[Process] = []
     if plan.recipe.telemetry.enabled:
-        out += agent_processes(plan, run_dir)
+        out += agent_processes(plan)
     for ep in plan.endpoints:
-        out += engine_processes(plan, ep, run_dir)
-    out.append(router_process(plan, run_dir))
+        out += engine_processes(plan, ep)
+    out.append(router_process(plan))
     if plan.recipe.benchmark.enabled:
-        out += bench_processes(plan, run_dir)
-    acc = accuracy_process(plan, run_dir)
+        out += bench_processes(plan)
+    acc = accuracy_process(plan)
     if acc:
         out.append(acc)
     return out
 
 
-def plan_doc(plan: Plan, run_id: str, run_dir: str, placeholder_nodes: bool) -> PlanDoc:
+def plan_doc(plan: Plan, run_id: str, placeholder_nodes: bool,
+             procs: list[Process] | None = None, capacity: list[dict] | None = None) -> PlanDoc:
     r = plan.recipe
     return PlanDoc(
         run_id=run_id,
@@ -432,13 +415,40 @@ def plan_doc(plan: Plan, run_id: str, run_dir: str, placeholder_nodes: bool) -> 
             )
             for ep in plan.endpoints
         ],
-        processes=processes(plan, run_dir),
+        processes=processes(plan) if procs is None else procs,
         router_url=plan.router_url,
         router_metrics_url=plan.url(plan.nodes[0], plan.router_metrics_port) + "/metrics",
         gpu_count=plan.gpu_count(),
         placeholder_nodes=placeholder_nodes,
         runtime=dataclasses.asdict(plan.runtime),
+        capacity=list(capacity or []),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class Rendered:
+    """A plan rendered once: the dry-run text, the run's files, the submitter and the
+    orchestrator all read this."""
+
+    plan: Plan
+    doc: PlanDoc          # plan.json, every process in start order
+    commands: str         # commands.sh
+    sbatch: str | None    # job.sbatch (schedulers that allocate), else None
+
+    @property
+    def processes(self) -> list[Process]:
+        return self.doc.processes
+
+
+def render(plan: Plan, run_id: str, *, placeholder_nodes: bool,
+           capacity: list[dict] | None = None, with_sbatch: bool = True) -> Rendered:
+    """Every process once, then what is made of them."""
+    procs = processes(plan)
+    sbatch = None
+    if with_sbatch and schedulers.of(plan.cluster).allocates:
+        sbatch = sbatch_text(plan, len(plan.nodes), str(rundir.RunDir(Path(plan.run_dir)).slurm))
+    return Rendered(plan=plan, doc=plan_doc(plan, run_id, placeholder_nodes, procs, capacity),
+                    commands=commands_sh(plan, procs), sbatch=sbatch)
 
 
 # --- Slurm ----------------------------------------------------------------------------------
@@ -523,99 +533,19 @@ def gpu_request(plan: Plan) -> str:
     return f"--gpus-per-node={c.gpus_per_node}"
 
 
-def srun_prefix(plan: Plan, proc: Process) -> list[str]:
-    """The srun step a process runs in (Slurm profiles). --jobid makes the line runnable by
-    hand from a login node (without it, srun would ask for a new allocation)."""
-    argv = [
-        "srun", f"--jobid={plan.job_id or '$SLURM_JOB_ID'}", "--overlap", "--nodes=1",
-        "--ntasks=1", f"--nodelist={proc.node}", f"--job-name={proc.name}",
-        "--kill-on-bad-exit=1",
-    ]  # fmt: skip
-    if proc.gpus or proc.kind == Kind.AGENT:  # with device cgroups a step sees what it asks for
-        argv.append(gpu_request(plan))
-    if proc.container and plan.cluster.containers.runtime == "pyxis":
-        argv += pyxis_flags(plan)
-    return argv
-
-
-def container_mounts(plan: Plan) -> list[tuple[str, str, bool]]:
-    """(source, destination, read-only) of every container step: the profile's mounts (the
-    run directory by default), the recipe's, the shared model cache, the launcher."""
-    run_dir = plan.run_dir
-    out = []
-    for m in [*plan.cluster.containers.mounts, *plan.recipe.container.mounts]:
-        parts = m.replace("{run_dir}", run_dir).split(":")
-        out.append((parts[0], parts[1], len(parts) > 2 and parts[2] == "ro"))
-    hf = plan.cluster.models.hf_home
-    if hf and not any(dst == hf for _, dst, _ in out):
-        out.append((hf, hf, False))
-    out.append((plan.runtime.src + "/launcher", LAUNCHER_MOUNT + "/launcher", True))
-    return out
-
-
-def container_name(image: str) -> str:
-    """One named container per image and job: the first step on a node imports it, every
-    later step reuses it (pyxis skips the import when the name exists)."""
-    import hashlib
-
-    slug = re.sub(r"[^a-z0-9]+", "-", image.lower().rsplit("/", 1)[-1]).strip("-")[:24]
-    return f"pd-{slug}-{hashlib.sha256(image.encode()).hexdigest()[:8]}"
-
-
-def pyxis_image(plan: Plan) -> str:
-    """The image as pyxis imports it: the shared pre-imported squashfs when the profile
-    keeps an image cache, else the reference itself."""
-    c, cache = plan.recipe.container, plan.cluster.containers.image_cache
-    if cache and not c.image.endswith(".sqsh"):
-        return f"{cache}/{container_name(c.image)}.sqsh"
-    return c.image
-
-
-def pyxis_flags(plan: Plan) -> list[str]:
-    c, k = plan.recipe.container, plan.cluster.containers
-    flags_ = [
-        f"--container-image={pyxis_image(plan)}",
-        f"--container-name={container_name(c.image)}",
-        "--container-mounts="
-        + ",".join(f"{s}:{d}" + (":ro" if ro else "") for s, d, ro in container_mounts(plan)),
-        "--no-container-mount-home",
-        "--no-container-entrypoint",
-    ]
-    if k.writable:
-        flags_.append("--container-writable")
-    if k.remap_root:
-        flags_.append("--container-remap-root")
-    if c.workdir:
-        flags_.append(f"--container-workdir={c.workdir}")
-    return flags_
-
-
-def sandbox_argv(plan: Plan) -> list[str]:
-    """The dev cluster's stand-in for pyxis (bubblewrap): the step sees the image (its
-    operating-system layers and its own folder) and the declared mounts, nothing else of
-    the host, so a missing mount fails here as it would on a real cluster."""
-    k, c = plan.cluster.containers, plan.recipe.container
-    argv = ["bwrap", "--die-with-parent"]
-    for layer in k.sandbox_layers:
-        argv += ["--ro-bind-try", layer, layer]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp"]
-    argv += ["--tmpfs", "/root", "--tmpfs", "/home"]  # the image's own writable home
-    image = image_dir(plan)  # mounted after the tmpfs layers, which would hide it
-    if image:
-        argv += ["--ro-bind", image, image]
-    for src, dst, ro in container_mounts(plan):
-        argv += ["--ro-bind" if ro else "--bind", src, dst]
-    argv += ["--chdir", c.workdir or "/"]
-    return [*argv, "--"]
+def step_prefix(plan: Plan, proc: Process) -> list[str]:
+    """What `proc`'s command line starts with: its scheduler's step (srun on Slurm, with the
+    container runtime's step options), then the runtime's wrap (a sandbox)."""
+    rt = containers.of(plan.cluster)
+    prefix = schedulers.of(plan.cluster).step_prefix(
+        plan, proc, rt.step_flags(plan) if proc.container else [])
+    return [*prefix, *rt.wrap(plan)] if proc.container else prefix
 
 
 def command_line(plan: Plan, proc: Process) -> list[str]:
     """The full command that starts `proc`: [srun ...] [sandbox --] env K=V ... argv."""
-    env = ["env", *[f"{k}={v}" for k, v in proc.env.items()]]
-    prefix = srun_prefix(plan, proc) if plan.cluster.scheduler == "slurm" else []
-    if proc.container and plan.cluster.containers.runtime == "sandbox":
-        prefix += sandbox_argv(plan)
-    return [*prefix, *env, *proc.argv]
+    return [*step_prefix(plan, proc), "env", *[f"{k}={v}" for k, v in proc.env.items()],
+            *proc.argv]
 
 
 NODECHECK_MODULE = "launcher.control.nodecheck"
@@ -640,32 +570,12 @@ def check_steps(plan: Plan) -> list[tuple[str, list[list[str]]]]:
         "--engine", plan.recipe.engine,
     ]  # fmt: skip
     env_host = env_prefix(host_env(plan))
-    env_box = env_prefix({**model_env(plan), **(container_env(plan) if boxed else host_env(plan))})
-    if c.scheduler != "slurm":
-        steps = [("preflight-host", [[*env_host, *host, "--node", n] for n in plan.nodes])]
-        if stage_command(plan):
-            steps.append(("stage-model", [[*env_box, *stage_command(plan)]]))
-        return [
-            *steps,
-            ("preflight-container", [[*env_box, *inside, "--node", n] for n in plan.nodes]),
-        ]
-    step = [
-        "srun", f"--jobid={plan.job_id or '$SLURM_JOB_ID'}", "--overlap",
-        f"--nodes={len(plan.nodes)}", "--ntasks-per-node=1",
-        f"--nodelist={','.join(plan.nodes)}", gpu_request(plan),
-    ]  # fmt: skip
-    box = []
-    if boxed and c.containers.runtime == "pyxis":
-        box = pyxis_flags(plan)
-    elif boxed and c.containers.runtime == "sandbox":
-        box = sandbox_argv(plan)
-    container = [*step, "--job-name=preflight-container", *box, *env_box, *inside]
-    steps = [("preflight-host", [[*step, "--job-name=preflight-host", *env_host, *host]])]
+    rt = containers.of(c)
+    env_box = env_prefix({**model_env(plan), **(rt.env(plan) if boxed else host_env(plan))})
+    box = [*rt.step_flags(plan), *rt.wrap(plan)] if boxed else []
     stage = stage_command(plan)
-    if stage:
-        one = [*step[:3], "--nodes=1", "--ntasks=1", f"--nodelist={plan.nodes[0]}"]
-        steps.append(("stage-model", [[*one, "--job-name=stage-model", *box, *env_box, *stage]]))
-    return [*steps, ("preflight-container", [container])]
+    return schedulers.of(c).preflight_steps(plan, [*env_host, *host], [*env_box, *inside],
+                                           [*env_box, *stage] if stage else None, box)
 
 
 def stage_command(plan: Plan) -> list[str] | None:
@@ -700,8 +610,9 @@ def _comment(text: str) -> str:
 COMMANDS_GUARD = 'echo "commands.sh is for reading and for copying one line at a time" >&2; exit 2'
 
 
-def commands_sh(plan: Plan, run_dir: str) -> str:
+def commands_sh(plan: Plan, procs: list[Process] | None = None) -> str:
     """A readable script of every process, in start order (what the orchestrator runs)."""
+    run_dir = plan.run_dir
     rt = plan.runtime
     c = plan.recipe.container
     lines = [
@@ -719,7 +630,7 @@ def commands_sh(plan: Plan, run_dir: str) -> str:
             _comment(
                 f"Container steps ({plan.cluster.containers.runtime}): image {c.image}; "
                 f"they see only the image and: "
-                + ", ".join(f"{d}{' (ro)' if ro else ''}" for _, d, ro in container_mounts(plan))
+                + ", ".join(f"{d}{' (ro)' if ro else ''}" for _, d, ro in containers.mounts(plan))
             )
         )
     lines.append("")
@@ -728,7 +639,7 @@ def commands_sh(plan: Plan, run_dir: str) -> str:
         for cmd in commands:
             lines.append(shell_line(cmd))
         lines.append("")
-    for proc in processes(plan, run_dir):
+    for proc in processes(plan) if procs is None else procs:
         where = f"{proc.node}" + (f" gpus {','.join(map(str, proc.gpus))}" if proc.gpus else "")
         boxed = " in the container" if proc.container else ""
         lines.append(_comment(f"{proc.name} ({proc.kind}) on {where}{boxed} -> {run_dir}/{proc.log}"))

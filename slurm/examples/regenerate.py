@@ -38,7 +38,8 @@ def render_all() -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, path in recipe.shipped().items():
-            p = prepare.prepare(recipe.load(str(path)), Path(tmp))
+            # the CLI's own entry point: `submit NAME --dry-run` plans through prepare_all
+            [p] = prepare.prepare_all(str(path), [], [], Path(tmp))
             files = {"dry-run.txt": text.plan_text(p) + "\n"}
             for f in FILES:
                 src = p.run.path / f

@@ -23,17 +23,21 @@ DECODE_COMPUTE = "decode-compute"
 CLIENT = "client-router"
 IMBALANCE = "dp-imbalance"
 
-TITLES = {
-    HEALTHY: "healthy",
-    FAILED: "failed point",
-    UNKNOWN: "no engine telemetry",
-    PREFILL: "prefill-bound: add prefill endpoints",
-    KV_CAPACITY: "decode KV capacity: add decode GPUs or lower concurrency",
-    KV_TRANSFER: "KV transfer: check the NIXL/UCX path (NVLink/IB), descriptor counts",
-    DECODE_COMPUTE: "decode compute: decode batch-bound (a trade-off; read it on the Pareto)",
-    CLIENT: "client/router: time is spent outside the engines",
-    IMBALANCE: "DP imbalance: one decode engine is much fuller than the rest (routing)",
+# kind -> (short label, what to do); the title is "label: advice"
+_WORDS = {
+    HEALTHY: ("healthy", ""),
+    FAILED: ("failed point", ""),
+    UNKNOWN: ("no engine telemetry", ""),
+    PREFILL: ("prefill-bound", "add prefill endpoints"),
+    KV_CAPACITY: ("decode KV capacity", "add decode GPUs or lower concurrency"),
+    KV_TRANSFER: ("KV transfer", "check the NIXL/UCX path (NVLink/IB), descriptor counts"),
+    DECODE_COMPUTE: ("decode compute",
+                     "decode batch-bound (a trade-off; read it on the Pareto)"),
+    CLIENT: ("client/router", "time is spent outside the engines"),
+    IMBALANCE: ("DP imbalance", "one decode engine is much fuller than the rest (routing)"),
 }
+LABELS = {k: label for k, (label, _) in _WORDS.items()}
+TITLES = {k: f"{label}: {advice}" if advice else label for k, (label, advice) in _WORDS.items()}
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,11 @@ class Verdict:
     title: str
     evidence: list[str] = field(default_factory=list)
     also: list[str] = field(default_factory=list)   # other rules that fired, weaker
+
+    @property
+    def label(self) -> str:
+        """The verdict's short name (its title without the advice)."""
+        return LABELS.get(self.kind, self.title)
 
 
 def _f(row: dict, key: str) -> float:

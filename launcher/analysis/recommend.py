@@ -1,11 +1,11 @@
 """How many prefill endpoints per decode endpoint: a recommendation from one measured run.
 
-    python -m dashboard.recommend RUN_DIR [--target-tok-s-user X] [--format text|json]
+    python -m launcher.analysis.recommend RUN_DIR [--target-tok-s-user X] [--format text|json]
 
 The method works from first principles on what one run measured (docs/recommend.md says
 it plainly, with its limits). Per sweep point we know the request rate, the prompt and
 output tokens, the client's TTFT and TPOT, and from telemetry the engine-side parts of
-TTFT (the dashboard's `dashboard.derive.window_evidence`), the decode side's running
+TTFT (the dashboard's `launcher.analysis.derive.window_evidence`), the decode side's running
 requests and KV usage, and each engine's KV capacity (`vllm:cache_config_info`).
 
 1. **Prefill capacity per endpoint** = the prompt tokens/s one prefill endpoint delivers
@@ -35,7 +35,7 @@ requests and KV usage, and each engine's KV capacity (`vllm:cache_config_info`).
 
 Pure analysis: reads the run directory (and, for a node-count note, the recipe's cluster
 profile) and writes nothing. pandas and numpy are imported inside the
-functions that need them (the CLI's start-up stays light). `dashboard.derive` (pure, no
+functions that need them (the CLI's start-up stays light). `launcher.analysis.derive` (pure, no
 Streamlit) supplies the per-window telemetry numbers, so the dashboard and this module read
 telemetry the same way.
 """
@@ -523,7 +523,7 @@ def _steady_mean(ss: Any, ids: Any, a: float, b: float, step: float, how: str) -
 
 def observe(run_dir: Path, plan: Any, topo: Topology) -> tuple[list[Point], list[str]]:
     """The run's ok points with their telemetry numbers, and notes on what was left out."""
-    from dashboard import derive
+    from launcher.analysis import derive
     from launcher.run import figures
     from launcher.run.results import load_results
     from launcher.telemetry import store
@@ -984,7 +984,7 @@ def main(argv: list[str] | None = None) -> int:
     import json
 
     ap = argparse.ArgumentParser(
-        prog="python -m dashboard.recommend",
+        prog="python -m launcher.analysis.recommend",
         description="Recommend the prefill:decode endpoint ratio from one measured run.")
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--target-tok-s-user", type=float, default=None, metavar="X",

@@ -88,8 +88,8 @@ def configs(study: listing.Study) -> list[tuple[str, Path]]:
 
 def verdict_columns(table: pd.DataFrame) -> pd.DataFrame:
     """`table` (derive.point_table) with verdict (short), verdict_title, verdict_kind and
-    evidence columns from dashboard.diagnose."""
-    from dashboard import diagnose
+    evidence columns from launcher.analysis.diagnose."""
+    from launcher.analysis import diagnose
 
     t = table.copy()
     if t.empty:
@@ -97,7 +97,7 @@ def verdict_columns(table: pd.DataFrame) -> pd.DataFrame:
             t[c] = []
         return t
     vs = {v.point: v for v in diagnose.diagnose(t.to_dict("records"))}
-    t["verdict"] = [vs[p].title.split(":")[0] if p in vs else "—" for p in t["point"]]
+    t["verdict"] = [vs[p].label if p in vs else "—" for p in t["point"]]
     t["verdict_title"] = [vs[p].title if p in vs else "—" for p in t["point"]]
     t["verdict_kind"] = [vs[p].kind if p in vs else "" for p in t["point"]]
     t["evidence"] = ["; ".join(vs[p].evidence) if p in vs else "" for p in t["point"]]
@@ -106,7 +106,7 @@ def verdict_columns(table: pd.DataFrame) -> pd.DataFrame:
 
 def run_table(path: Path) -> pd.DataFrame:
     """One run's per-point table with verdicts, read from its directory (no caches)."""
-    from dashboard import derive, load
+    from launcher.analysis import derive, load
 
     plan = load.read_plan_safe(path)[0]
     info = load.run_info(path)
@@ -164,24 +164,24 @@ def best_per_band(df: pd.DataFrame, y: str, by: str = "config",
 
 def envelope(df: pd.DataFrame, y: str) -> pd.DataFrame:
     """The Pareto frontier over every configuration's ok points (max x, max y)."""
-    from dashboard import derive
+    from launcher.analysis import derive
 
     ok = df[df["status"] == "ok"] if not df.empty else df
     return derive.pareto_frontier(ok, X, y) if not ok.empty else ok
 
 
 def recommendation(run_path: Path, target: float | None = None) -> tuple[dict | None, str]:
-    """`dashboard.recommend.recommend(run_path, target)` or why there is none: the module
+    """`launcher.analysis.recommend.recommend(run_path, target)` or why there is none: the module
     may be missing (it is written in parallel), may fail or may find nothing to say."""
     import importlib
 
     try:
-        mod = importlib.import_module("dashboard.recommend")
+        mod = importlib.import_module("launcher.analysis.recommend")
     except ImportError as e:
-        return None, f"dashboard.recommend is not available in this version ({e})"
+        return None, f"launcher.analysis.recommend is not available in this version ({e})"
     fn = getattr(mod, "recommend", None)
     if not callable(fn):
-        return None, "dashboard.recommend has no recommend() function in this version"
+        return None, "launcher.analysis.recommend has no recommend() function in this version"
     try:
         rec = fn(Path(run_path), target)
     except Exception as e:  # noqa: BLE001 - a recommender bug must not take the page down

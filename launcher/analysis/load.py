@@ -25,7 +25,7 @@ from launcher.run.rundir import RunDir, read_json, read_jsonl
 from launcher.run.rundir import tail as rundir_tail
 from launcher.run.vocab import FINAL_STATES, State
 
-if TYPE_CHECKING:  # pandas is imported lazily: `import dashboard` stays cheap
+if TYPE_CHECKING:  # pandas is imported lazily: importing this module stays cheap
     import pandas as pd
 
 # The vLLM series the KV and TTFT pages need (0.33 names; the store maps older ones).

@@ -1,0 +1,126 @@
+"""Schedulers (pure): where a run's nodes come from and how a process is started on one.
+
+One object per `scheduler` of a cluster profile; what differs between them is decided here
+(the renderer, the planner, the submitter and the orchestrator ask `of(cluster)`):
+
+- `local`: this host; the profile's nodes are names of slots on it, and the orchestrator
+  runs here, in the submitting process.
+- `slurm`: an allocation (submitit's sbatch); nodes are known only inside it, every
+  process is an `srun` step of the job, and the job has a time limit.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from launcher.errors import UserError
+
+if TYPE_CHECKING:
+    from launcher.planning.plan import Plan
+    from launcher.run.plandoc import Process
+    from launcher.spec.cluster import Cluster
+
+Commands = list[list[str]]
+
+
+class Local:
+    """This host: the orchestrator runs in the submitting process."""
+
+    name = "local"
+    allocates = False   # nodes come from a batch allocation, known only inside it
+    job_id_env: str | None = None  # the variable that holds the job's id inside it
+    time_limited = False
+    # the profile's GPUs are slots on a machine that may have none: no count to check
+    counts_gpus = False
+
+    def addresses(self, nodes: list[str]) -> dict[str, str]:
+        """Each node's address before the nodes report their own."""
+        return {n: "127.0.0.1" for n in nodes}
+
+    def step_prefix(self, plan: Plan, proc: Process, container_flags: list[str]) -> list[str]:
+        """What a process's command line starts with (before the container's wrap)."""
+        return []
+
+    def preflight_steps(self, plan: Plan, host: list[str], inside: list[str],
+                        stage: list[str] | None, box: list[str]) -> list[tuple[str, Commands]]:
+        """(name, commands) of the preflight: the host check on every node, the model's
+        staging if any, then the check inside the engine's container on every node. Here:
+        one command per node."""
+        steps = [("preflight-host", [[*host, "--node", n] for n in plan.nodes])]
+        if stage:
+            steps.append(("stage-model", [stage]))
+        return [*steps, ("preflight-container", [[*inside, "--node", n] for n in plan.nodes])]
+
+    def remote_nodes(self, cluster: Cluster) -> bool:
+        """Whether the compute nodes are other hosts (a local disk here is not theirs)."""
+        return False
+
+    def runs_dir_problem(self, text: str) -> str | None:
+        """Why the runs directory's path cannot be written where this scheduler writes it."""
+        return None
+
+
+class Slurm(Local):
+    """A Slurm allocation: every process is an srun step of the job."""
+
+    name = "slurm"
+    allocates = True
+    job_id_env = "SLURM_JOB_ID"
+    time_limited = True
+    counts_gpus = True
+
+    def addresses(self, nodes: list[str]) -> dict[str, str]:
+        return {n: n for n in nodes}
+
+    def job_step(self, plan: Plan) -> list[str]:
+        """srun's options that put a step in this job. --jobid makes a line runnable by hand
+        from a login node (without it, srun would ask for a new allocation)."""
+        return ["srun", f"--jobid={plan.job_id or '$SLURM_JOB_ID'}", "--overlap"]
+
+    def step_prefix(self, plan: Plan, proc: Process, container_flags: list[str]) -> list[str]:
+        from launcher.planning.render import gpu_request
+        from launcher.run.vocab import Kind
+
+        argv = [*self.job_step(plan), "--nodes=1", "--ntasks=1", f"--nodelist={proc.node}",
+                f"--job-name={proc.name}", "--kill-on-bad-exit=1"]
+        if proc.gpus or proc.kind == Kind.AGENT:  # with device cgroups a step sees what it asks for
+            argv.append(gpu_request(plan))
+        return [*argv, *container_flags]
+
+    def preflight_steps(self, plan: Plan, host: list[str], inside: list[str],
+                        stage: list[str] | None, box: list[str]) -> list[tuple[str, Commands]]:
+        """Each check is one step over every node (the container check, with pyxis, imports
+        the image into the job's named container once per node)."""
+        from launcher.planning.render import gpu_request
+
+        step = [*self.job_step(plan), f"--nodes={len(plan.nodes)}", "--ntasks-per-node=1",
+                f"--nodelist={','.join(plan.nodes)}", gpu_request(plan)]
+        steps = [("preflight-host", [[*step, "--job-name=preflight-host", *host]])]
+        if stage:
+            one = [*self.job_step(plan), "--nodes=1", "--ntasks=1",
+                   f"--nodelist={plan.nodes[0]}"]
+            steps.append(("stage-model", [[*one, "--job-name=stage-model", *box, *stage]]))
+        container = [*step, "--job-name=preflight-container", *box, *inside]
+        return [*steps, ("preflight-container", [container])]
+
+    def remote_nodes(self, cluster: Cluster) -> bool:
+        return not cluster.network.loopback_ok
+
+    def runs_dir_problem(self, text: str) -> str | None:
+        from launcher.spec import recipe
+
+        if "%" in text:
+            return ("contains '%', which Slurm reads as a pattern in the batch output's file "
+                    "name: choose a directory without it")
+        why = recipe.sbatch_problem(text)
+        return f"goes into the #SBATCH lines: {why}" if why else None
+
+
+SCHEDULERS: dict[str, Local] = {s.name: s for s in (Local(), Slurm())}
+
+
+def of(cluster: Cluster) -> Local:
+    try:
+        return SCHEDULERS[cluster.scheduler]
+    except KeyError:
+        raise UserError(f"cluster {cluster.name}: unknown scheduler {cluster.scheduler!r}") from None

@@ -1,0 +1,89 @@
+"""The layer rule the README states: which part of the project may import which. Every
+import counts, the lazy ones inside functions too (they are dependencies all the same)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# part -> the parts it may import (besides itself); `errors` and the package root are free.
+ALLOWED = {
+    "sim": set(),
+    "run": set(),
+    "spec": {"run", "sim"},
+    "planning": {"spec", "run", "sim"},
+    "telemetry": {"spec", "run"},
+    "clients": {"run"},
+    "analysis": {"planning", "spec", "run", "telemetry"},
+    "control": {"planning", "spec", "run", "sim", "telemetry"},
+    "text": {"control", "planning", "analysis", "spec", "run"},
+    "report": {"analysis", "text", "spec", "run"},
+    "dashboard": {"analysis", "report", "spec", "run"},
+    "cli": {"control", "text", "report", "analysis", "dashboard", "planning", "spec", "run",
+            "telemetry"},
+}
+FREE = {"errors", "launcher"}
+TOP = {"cli": "cli", "__main__": "cli", "text": "text", "report": "report", "errors": "errors"}
+
+
+def part_of(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] == "dashboard":
+        return "dashboard"
+    if parts[0] != "launcher":
+        return None
+    if len(parts) == 1:
+        return "launcher"
+    return TOP.get(parts[1], parts[1])
+
+
+def imports() -> dict[tuple[str, str], list[str]]:
+    """(importer part, imported part) -> the files where it happens."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for f in sorted([*REPO.glob("launcher/**/*.py"), *REPO.glob("dashboard/**/*.py")]):
+        rel = f.relative_to(REPO)
+        src = part_of(".".join(rel.with_suffix("").parts))
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                # `from launcher import text` imports launcher.text
+                names = [f"{node.module}.{a.name}" for a in node.names] \
+                    if node.module in ("launcher", "dashboard") else [node.module]
+            else:
+                continue
+            for name in names:
+                dst = part_of(name)
+                if dst and dst != src:
+                    out.setdefault((src, dst), []).append(str(rel))
+    return out
+
+
+def test_every_import_points_down():
+    wrong = {f"{a} -> {b} ({', '.join(sorted(set(files)))})"
+             for (a, b), files in imports().items()
+             if b not in FREE and b not in ALLOWED.get(a, set())}
+    assert not wrong, "imports the layer rule forbids:\n" + "\n".join(sorted(wrong))
+
+
+def test_no_part_is_missing_from_the_rule():
+    seen = {a for a, _ in imports()} | {b for _, b in imports()}
+    assert seen - FREE <= set(ALLOWED), sorted(seen - FREE - set(ALLOWED))
+
+
+def test_the_rule_itself_has_no_cycle():
+    state: dict[str, int] = {}
+
+    def visit(n: str, path: list[str]) -> None:
+        state[n] = 1
+        for m in ALLOWED.get(n, ()):
+            assert state.get(m) != 1, " -> ".join([*path, n, m])
+            if m not in state:
+                visit(m, [*path, n])
+        state[n] = 2
+
+    for n in ALLOWED:
+        if n not in state:
+            visit(n, [])
