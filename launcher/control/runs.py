@@ -29,6 +29,7 @@ from launcher.run.rundir import (
     RunStatus,
     plain,
     tail,
+    tail_of,
 )
 from launcher.run.vocab import State
 
@@ -326,9 +327,9 @@ def show_logs(run: RunDir, process: str | None, follow: bool, lines: int) -> int
         hint = f"; {hint}" if hint else ""
         raise UserError(f"no log for process {process!r} in {run.logs}{hint}")
     with open(path, "rb") as f:
-        for line in tail(path, lines):
+        # the tail and the follow read one open file: a line written between them is not lost
+        for line in tail_of(f, lines, whole=follow):
             print(line)
-        f.seek(0, os.SEEK_END)
         if follow:
             try:
                 _follow(run, f)

@@ -127,14 +127,24 @@ def tail(path: Path, lines: int = 20, max_bytes: int = 256 * 1024) -> list[str]:
     without colour codes."""
     try:
         with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            data = f.read()
+            return tail_of(f, lines, max_bytes)
     except OSError:
         return []
+
+
+def tail_of(f, lines: int = 20, max_bytes: int = 256 * 1024, whole: bool = False) -> list[str]:
+    """The last lines of the open binary file `f`, which is left just after them, so a
+    follower goes on from exactly there: nothing appended meanwhile is skipped. `whole`:
+    a last line without its newline yet is left for the follower to print whole."""
+    size = f.seek(0, os.SEEK_END)
+    start = f.seek(max(0, size - max_bytes))
+    data = f.read(size - start)
+    if whole and data and not data.endswith(b"\n"):
+        cut = data.rfind(b"\n") + 1
+        f.seek(start + cut)
+        data = data[:cut]
     out = data.splitlines()
-    if size > max_bytes and out:
+    if start > 0 and out:
         out = out[1:]  # the first one is probably cut
     return [plain(x.decode("utf-8", "replace")) for x in out[-lines:]]
 
