@@ -3,7 +3,7 @@ time to just read that run's telemetry files. Aim: under 3.
 
     python benchmarks/bench_dashboard.py [--runs DIR] [--duration 7200]
 
-The run is dashboard.synth's 72-GPU topology (18 nodes × 4 GPUs: 2 decode DEP16 + 20
+The run is tests/synth.py's 72-GPU topology (18 nodes × 4 GPUs: 2 decode DEP16 + 20
 prefill DEP2 = 72 engines), written through the telemetry store with its change-point
 encoding. "Render" is the page's script run under Streamlit's AppTest with every cache
 cleared (what the first visitor waits for), and again warm (what every rerun costs).

@@ -23,3 +23,15 @@ class Problem(str):
     def culprit(self) -> str | None:
         """The first process named, else the node."""
         return self.processes[0] if self.processes else self.node
+
+
+class RunFailed(Exception):
+    """The run cannot go on; the message is what run.json and `status` say, culprit first."""
+
+    def __init__(self, message: str, culprit: str | None = None):
+        super().__init__(message)
+        self.culprit = culprit
+
+
+class Cancelled(Exception):
+    pass

@@ -1,7 +1,7 @@
 """What the CLI prints: the plan table, a run's status, the runs list, event lines.
 
-Pure functions of what they are given (no Slurm calls, no writes), so `status` and the
-dashboard can show the same words.
+No Slurm calls and no writes, so `status` and the dashboard can show the same words; they
+read the run's own files (plan.json, the records) and the model cache's state (staging).
 """
 
 from __future__ import annotations

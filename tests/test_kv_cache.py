@@ -391,14 +391,20 @@ def test_full_attention_interval_and_recipe_facts():
               "full_attention_layers": 15, "num_kv_heads": 2, "head_dim": 256, "gdn_layers": 45,
               "gdn_key_heads": 16, "gdn_value_heads": 64, "gdn_key_head_dim": 128,
               "gdn_value_head_dim": 128, "conv_kernel": 4, "ssm_state_dtype": "float32"}  # fmt: skip
-    facts = kv.ModelFacts.from_recipe(recipe)
+    from launcher.spec.recipe import DeclaredFacts
+
+    facts = kv.ModelFacts.from_declared(DeclaredFacts(**recipe))
     assert facts.weights.expert_params == 387_000_000_000
     assert facts.weights.expert_format == "nvfp4" and facts.sources["head_dim"] == "recipe"
     engine = kv.EngineArgs.from_flags(SEED_FLAGS)
     r = kv.estimate(facts, engine, DEP8, kv.Device(184), SWEEP)
     assert r.block_size == 1088 and r.mamba_state_bytes == 2_170_880  # no KV algo: bf16
-    facts = kv.ModelFacts.from_recipe({**recipe, "kv_cache_quant_algo": "FP8"})
+    facts = kv.ModelFacts.from_declared(DeclaredFacts(**recipe, kv_cache_quant_algo="FP8"))
     assert kv.estimate(facts, engine, DEP8, kv.Device(184), SWEEP).block_size == 2176
+    # one fact, not two that could disagree: `hybrid` follows from the GDN layer count
+    assert kv.ModelFacts.from_declared(DeclaredFacts(**recipe)).hybrid
+    with pytest.raises(ValueError, match="hybrid: true but gdn_layers is 0"):
+        DeclaredFacts(**{**recipe, "gdn_layers": 0}, hybrid=True)
 
 
 def test_unmodelled_layers_are_refused():

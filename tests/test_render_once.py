@@ -12,8 +12,8 @@ from collections import Counter
 import pytest
 
 from launcher import text
-from launcher.control import orchestrator, prepare
-from launcher.planning import render
+from launcher.control import allocation, backends, orchestrator, prepare, record
+from launcher.planning import kv_cache, render
 from launcher.run.rundir import RunRecord
 from launcher.run.vocab import State
 
@@ -31,8 +31,9 @@ def counts(monkeypatch) -> Counter:
 
         monkeypatch.setattr(module, name, wrapper)
 
-    for module in (prepare, orchestrator):
+    for module in (prepare, allocation):
         count(module, "make_plan")
+    count(kv_cache, "read_checkpoint")  # the model folder: once per plan, not per engine
     for name in ("processes", "engine_processes", "sbatch_text", "commands_sh", "plan_doc"):
         count(render, name)
     return seen
@@ -43,7 +44,7 @@ def test_the_submitting_side_plans_once_and_renders_once(tmp_path, counts):
     shown = text.plan_text(p)
     assert "job.sbatch" in shown or p.sbatch
     assert counts == Counter(make_plan=1, processes=1, engine_processes=len(p.plan.endpoints),
-                             sbatch_text=1, commands_sh=1, plan_doc=1), counts
+                             sbatch_text=1, commands_sh=1, plan_doc=1, read_checkpoint=1), counts
     # what was printed and written is that one render
     assert p.run.commands.read_text() == p.rendered.commands
     assert p.run.sbatch.read_text() == p.rendered.sbatch
@@ -63,13 +64,13 @@ def test_inside_the_allocation_the_plan_is_completed_not_made_again(tmp_path, co
                 subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=120,
                                check=True)
 
-    book = orchestrator.Book(run, RunRecord(state=State.RUNNING, started=time.time()))
-    rendered = orchestrator.plan_here(run, book, step)
-    orch = orchestrator.Orchestrator(run, rendered, orchestrator.make_backend(
+    book = record.Book(run, RunRecord(state=State.RUNNING, started=time.time()))
+    rendered = allocation.plan_here(run, book, step)
+    orch = orchestrator.Orchestrator(run, rendered, backends.make_backend(
         rendered.plan, run.path), book)
     assert counts == Counter(make_plan=1, processes=1,
                              engine_processes=len(rendered.plan.endpoints),
-                             commands_sh=1, plan_doc=1), counts
+                             commands_sh=1, plan_doc=1, read_checkpoint=1), counts
     assert orch.procs is rendered.processes
     assert run.commands.read_text() == rendered.commands
     assert {n.name: n.address for n in rendered.doc.nodes} == dict(rendered.plan.addresses)

@@ -11,17 +11,25 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
-HEALTHY = "healthy"
-FAILED = "failed"
-UNKNOWN = "unknown"
-PREFILL = "prefill-bound"
-KV_CAPACITY = "decode-kv-capacity"
-KV_TRANSFER = "kv-transfer"
-DECODE_COMPUTE = "decode-compute"
-CLIENT = "client-router"
-IMBALANCE = "dp-imbalance"
+
+class VerdictKind(StrEnum):
+    HEALTHY = "healthy"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+    PREFILL = "prefill-bound"
+    KV_CAPACITY = "decode-kv-capacity"
+    KV_TRANSFER = "kv-transfer"
+    DECODE_COMPUTE = "decode-compute"
+    CLIENT = "client-router"
+    IMBALANCE = "dp-imbalance"
+
+
+# the kinds by their short names, as the rules below use them
+(HEALTHY, FAILED, UNKNOWN, PREFILL, KV_CAPACITY, KV_TRANSFER, DECODE_COMPUTE, CLIENT,
+ IMBALANCE) = VerdictKind
 
 # kind -> (short label, what to do); the title is "label: advice"
 _WORDS = {
@@ -42,10 +50,21 @@ TITLES = {k: f"{label}: {advice}" if advice else label for k, (label, advice) in
 
 @dataclass(frozen=True)
 class Thresholds:
+    """Every threshold of the verdicts and of the P:D recommendation (launcher.analysis.
+    recommend), in one table (docs/figures.md, docs/recommend.md)."""
+
     kv_full: float = 0.90            # decode KV usage (fraction) that counts as full
     waiting_capacity: float = 1.0    # mean requests waiting for KV room on decode
     share: float = 0.25              # a TTFT part this large a share of client TTFT matters
     min_part_s: float = 0.10         # ... and at least this long (s): ignore tiny TTFTs
+    queue_vs_compute: float = 0.5    # prefill queue >= this fraction of the prefill compute
+    min_queue_s: float = 0.02        # recommend: a prefill queue at least this long (s)
+    prefill_kv_full: float = 0.90    # recommend: prefill KV full of un-pulled blocks
+    plateau_gain: float = 0.10       # recommend: prompt tok/s grew less than this while
+                                     # concurrency grew >= 1.5x
+    trim: float = 0.2                # recommend: steady part of a window (drop this share
+                                     # at each end: ramp, drain)
+    top_margin: float = 1.5          # recommend: the next sweep goes this far past the knee
     remainder_share: float = 0.50    # unexplained share of TTFT that points at client/router
     min_remainder_s: float = 0.20
     tpot_growth: float = 1.5         # TPOT vs the run's best point: decode slowed by batching
@@ -57,7 +76,7 @@ class Thresholds:
 class Verdict:
     point: str
     concurrency: float
-    kind: str
+    kind: VerdictKind
     title: str
     evidence: list[str] = field(default_factory=list)
     also: list[str] = field(default_factory=list)   # other rules that fired, weaker
@@ -137,7 +156,7 @@ def diagnose_point(row: dict[str, Any], th: Thresholds, tpot_ref: float) -> Verd
         strength = 1.0 + (share(da) if _ok(share(da)) else 0.0)
         found.append((strength, KV_CAPACITY, ev))
 
-    if big(pq) and (not _ok(pc) or pq >= 0.5 * pc):
+    if big(pq) and (not _ok(pc) or pq >= th.queue_vs_compute * pc):
         ev = [f"prefill queue {_s(pq)} = {_pct(share(pq))} of {base} "
               f"(≥ {_pct(th.share)} and ≥ {_s(th.min_part_s)})"]
         if _ok(pc):

@@ -9,7 +9,6 @@ that need the plan say so), a bad telemetry segment is left out and named in the
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import os
@@ -23,7 +22,7 @@ from launcher.run import listing
 from launcher.run.plandoc import PlanDoc, PlanError, read_plan
 from launcher.run.rundir import RunDir, read_json, read_jsonl
 from launcher.run.rundir import tail as rundir_tail
-from launcher.run.vocab import FINAL_STATES, State
+from launcher.run.vocab import State
 
 if TYPE_CHECKING:  # pandas is imported lazily: importing this module stays cheap
     import pandas as pd
@@ -248,10 +247,6 @@ def read_json_safe(path: Path) -> Any:
     return read_json(path)
 
 
-def is_final(state: str) -> bool:
-    return state in FINAL_STATES
-
-
 def read_events(path: Path) -> list[dict]:
     return read_jsonl(RunDir(Path(path)).events_file)
 
@@ -264,11 +259,6 @@ def read_accuracy(path: Path) -> dict | None:
         return load_accuracy(Path(path))
     except (json.JSONDecodeError, UnicodeDecodeError, OSError):
         return None
-
-
-def read_summary(path: Path) -> dict | None:
-    doc = read_json_safe(RunDir(Path(path)).summary)
-    return doc if isinstance(doc, dict) else None
 
 
 # --- bench results -------------------------------------------------------------------------
@@ -484,9 +474,3 @@ def read_agent_info(path: Path) -> Any:
         return fn(Path(path)) if fn else None
     except (OSError, ValueError):
         return None
-
-
-def telemetry_files(path: Path) -> list[Path]:
-    tel = RunDir(Path(path)).telemetry()
-    return [Path(p) for p in glob.glob(str(tel / "**" / "*"), recursive=True)
-            if os.path.isfile(p)]

@@ -50,17 +50,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher.analysis.diagnose import Thresholds
+
 # --- thresholds (printed in the evidence where they decide something) ----------------------
 
-QUEUE_SHARE = 0.25        # prefill queue >= this share of client TTFT: the queue dominates
-QUEUE_VS_COMPUTE = 0.5    # ... and >= this fraction of the prefill compute time
-MIN_QUEUE_S = 0.02        # ... and at least this long (s): ignore noise on tiny TTFTs
-PLATEAU_GAIN = 0.10       # prompt tok/s grew less than this while concurrency grew >= 1.5x
-KV_FULL = 0.90            # decode KV usage (fraction) that counts as full
-WAITING_CAPACITY = 1.0    # mean requests waiting for KV room on decode
-PREFILL_KV_FULL = 0.90    # prefill KV full of un-pulled blocks: the decode is the limit
-TRIM = 0.2                # steady part of a window: drop this share at each end (ramp, drain)
-TOP_MARGIN = 1.5          # the next sweep goes this far past the concurrency of the knee
+_T = Thresholds()  # the verdicts' own table: one set of numbers
+QUEUE_SHARE = _T.share                  # prefill queue >= this share of client TTFT
+QUEUE_VS_COMPUTE = _T.queue_vs_compute  # ... and >= this fraction of the prefill compute
+MIN_QUEUE_S = _T.min_queue_s            # ... and at least this long (s)
+PLATEAU_GAIN = _T.plateau_gain
+KV_FULL = _T.kv_full
+WAITING_CAPACITY = _T.waiting_capacity
+PREFILL_KV_FULL = _T.prefill_kv_full
+TRIM = _T.trim
+TOP_MARGIN = _T.top_margin
 
 NEEDS = (
     "vllm:request_queue_time_seconds_sum", "vllm:request_queue_time_seconds_count",

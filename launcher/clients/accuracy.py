@@ -33,7 +33,6 @@ import asyncio
 import json
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -142,14 +141,6 @@ async def ask_all(url: str, bodies: list[dict[str, Any]], *, chat: bool = False,
     counts.update(questions=len(bodies), answered=sum(r is not None for r in results),
                   failed=0 if fail is None else 1, failure=fail)
     return results, counts
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def _lm_eval_equivalent(a: argparse.Namespace, n: int) -> str:
@@ -433,7 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     except gsm8k.DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    _write_json(a.output, res)
+    from launcher.run.rundir import write_json
+
+    write_json(a.output, res)
     if status == 0:
         if a.progress and a.repeat > 1:
             for r in res["runs"]:

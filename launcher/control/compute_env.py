@@ -112,7 +112,7 @@ def env_root(cluster: Cluster, runs_root: Path) -> Path:
 
 
 def runtime(cluster: Cluster, runs_root: Path) -> Runtime:
-    """Pure: the paths a job of this profile uses (nothing is created)."""
+    """The paths a job of this profile uses; nothing is created (the source is hashed)."""
     if cluster.compute_env.mode == "submitter":  # this interpreter, whatever its arch
         return Runtime("submitter", sys.executable, str(source_dir().parent), None, "", "")
     arch, ver = _arch(cluster), _version(cluster)

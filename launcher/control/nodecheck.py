@@ -232,10 +232,9 @@ def main(argv: list[str] | None = None) -> int:
         facts = container_facts(node, a.run_dir, a.engine)
     facts["seconds"] = round(time.monotonic() - t0, 2)
     out = a.run_dir / "preflight" / f"{node}.{a.where}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(facts, indent=2) + "\n")
-    os.replace(tmp, out)
+    from launcher.run.rundir import write_json
+
+    write_json(out, facts)
     print(json.dumps(facts))
     return 0
 

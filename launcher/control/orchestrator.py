@@ -19,32 +19,33 @@ is removed. Bookkeeping never stops it: a write that fails (full or read-only di
 once and the run goes on; a run directory that takes no write for WRITE_FAIL_S fails the run
 (nothing more could be recorded), and a small reserve file freed after teardown leaves room
 for the final record. A run directory is written by one attempt only.
+
+This module is the stage control; around it: `allocation` (the allocation's nodes, the plan
+made for them), `probes` (this host's ports, HTTP health), `record` (run.json, events),
+`watch` (node loss), `backends` (how a process is started and stopped).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import resource
 import signal
 import socket
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from launcher.control import preflight
+from launcher.control.allocation import plan_here, raise_open_files
 from launcher.control.backends import Backend, Handle, make_backend
-from launcher.control.prepare import write_run_files
+from launcher.control.probes import api_ready, busy_ports, http_ok
+from launcher.control.record import Book, say
 from launcher.control.watch import NodeWatch
-from launcher.errors import UserError
+from launcher.errors import Cancelled, RunFailed, UserError
 from launcher.planning import render, schedulers
-from launcher.planning.plan import Plan, make_plan, nodes_needed
+from launcher.planning.plan import Plan
 from launcher.run import rundir
 from launcher.run.plandoc import Process
 from launcher.run.results import point_failure
@@ -59,214 +60,11 @@ POLL_S = 0.25
 PROGRESS_S = 5.0  # how often loading progress is read from the engines' logs
 STEP_TIMEOUT_S = 1800.0  # a preflight step (a container image import can take minutes)
 TAIL_LINES = 8
-SAVE_EVERY_S = 5.0  # run.json is rewritten at least this often: its `updated` is a heartbeat
 WRITE_FAIL_S = 10.0  # a run directory refusing every write this long fails the run
-RESERVE_BYTES = 1 << 20  # freed after teardown so the final record fits on a full disk
-
-
-class RunFailed(Exception):
-    """The run cannot go on; the message is what run.json and `status` say, culprit first."""
-
-    def __init__(self, message: str, culprit: str | None = None):
-        super().__init__(message)
-        self.culprit = culprit
-
-
-class Cancelled(Exception):
-    pass
 
 
 # How long a step's SIGTERM exit waits for the job's own cancel signal (scancel's race).
 CANCEL_GRACE_S = 3.0
-
-
-def say(msg: str) -> None:
-    """A line on the orchestrator's output. That output can be a file on the full disk (the
-    batch step's log): a failing print must never stop a teardown."""
-    try:
-        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-    except (OSError, ValueError):
-        pass
-
-
-# --- bookkeeping that never stops a run ------------------------------------------------------
-
-
-class Book:
-    """run.json and events.jsonl, written best-effort: a failing write (disk full, read-only)
-    is said once on the orchestrator's output and in the record's notes, never raised."""
-
-    def __init__(self, run: rundir.RunDir, record: RunRecord):
-        self.run = run
-        self.record = record
-        self.failed: set[str] = set()
-        self.failing_since: float | None = None  # run.json has not been written since
-        self.last_error: str | None = None
-        self.last_save = 0.0
-        self.reserve = run.path / rundir.RESERVE
-
-    def _trouble(self, what: str, e: OSError) -> None:
-        self.last_error = f"{e.strerror or e} ({what})"
-        if what not in self.failed:
-            self.failed.add(what)
-            msg = f"could not write {what}: {e.strerror or e}"
-            if msg not in self.record.notes:
-                self.record.notes.append(msg)
-            say(f"warning: {msg} (the run goes on)")
-
-    def save(self) -> bool:
-        self.last_save = time.monotonic()
-        try:
-            self.run.write_record(self.record)
-        except OSError as e:
-            self._trouble(rundir.RUN, e)
-            self.failing_since = self.failing_since or time.monotonic()
-            return False
-        self.failing_since = None
-        return True
-
-    def heartbeat(self) -> None:
-        """Rewrite run.json when it has not been written for SAVE_EVERY_S (its `updated`
-        says the orchestrator is alive; a disk that stopped taking writes is found here)."""
-        if time.monotonic() - self.last_save >= SAVE_EVERY_S:
-            self.save()
-
-    def failing_for(self) -> float:
-        return time.monotonic() - self.failing_since if self.failing_since else 0.0
-
-    def make_reserve(self) -> None:
-        try:
-            with open(self.reserve, "wb") as f:
-                f.write(b"\0" * RESERVE_BYTES)
-        except OSError:
-            self.drop_reserve()
-
-    def drop_reserve(self) -> None:
-        try:
-            self.reserve.unlink(missing_ok=True)
-        except OSError:
-            pass
-
-    def event(self, kind: str, **fields) -> None:
-        try:
-            self.run.event(kind, **fields)
-        except OSError as e:
-            self._trouble(rundir.EVENTS, e)
-
-    def note(self, message: str) -> None:
-        if message not in self.record.notes:
-            self.record.notes.append(message)
-            say(f"note: {message}")
-            self.save()
-
-
-# --- where am I -------------------------------------------------------------------------------
-
-
-def allocation_nodes() -> list[str] | None:
-    """The allocation's node names in Slurm's order, or None outside an allocation."""
-    nodelist = os.environ.get("SLURM_JOB_NODELIST")
-    if not nodelist:
-        return None
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "hostnames", nodelist],
-            capture_output=True, text=True, timeout=30, check=True,
-        ).stdout  # fmt: skip
-        return out.split()
-    except (OSError, subprocess.SubprocessError):
-        return cluster_mod.expand_nodelist(nodelist)
-
-
-def raise_open_files(want: int) -> None:
-    """The router and the clients hold a socket per stream: up to the hard limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
-    if soft < target:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        except (ValueError, OSError):
-            pass
-
-
-def busy_ports(plan: Plan) -> list[str]:
-    """Planned ports already taken on this host, for the nodes that are this host (local
-    and dev-cluster runs: a run still up, or another program, would make ours fail late)."""
-    here = {"127.0.0.1", "localhost", socket.gethostname()}
-    try:
-        here.add(socket.gethostbyname(socket.gethostname()))
-    except OSError:
-        pass
-    local = {n for n in plan.nodes if plan.address(n) in here or plan.address(n).startswith("127.")}
-    wanted: list[tuple[int, str]] = []
-    if plan.nodes[0] in local:
-        wanted += [(plan.router_port, "router http"), (plan.router_metrics_port, "router metrics")]
-    wanted += [(p, f"agent@{n} exporter") for n, p in plan.exporter_ports.items() if n in local]
-    for ep in plan.endpoints:
-        for part in ep.parts:
-            if part.node not in local:
-                continue
-            if part.head:
-                wanted.append((ep.http_port, f"{ep.name} http"))
-            if ep.role.disaggregated:
-                wanted += [
-                    (ep.nixl_port_base + r, f"{ep.name} nixl rank {r}") for r in part.dp_ranks
-                ]
-        if ep.multi_node and ep.head.node in local:
-            wanted.append((ep.dp_rpc_port, f"{ep.name} dp rpc"))
-    busy = []
-    for port, what in sorted(set(wanted)):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            # Servers set SO_REUSEADDR too: a recent run's TIME_WAIT connections are no clash.
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind((plan.cluster.bind_host, port))
-            except OSError:
-                busy.append(f"{port} ({what}{port_holder(port)})")
-    return busy
-
-
-def port_holder(port: int) -> str:
-    """', held by pid N (name)' for a listening port, where this user may see its owner."""
-    import psutil
-
-    try:
-        for c in psutil.net_connections(kind="inet"):
-            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
-                try:
-                    return f", held by pid {c.pid} ({psutil.Process(c.pid).name()})"
-                except psutil.Error:
-                    return f", held by pid {c.pid}"
-    except (psutil.Error, OSError):
-        pass
-    return ""
-
-
-# --- HTTP checks -------------------------------------------------------------------------------
-
-
-def http_ok(url: str, timeout: float = 2.0) -> tuple[bool, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            body = resp.read(65536).decode("utf-8", "replace")
-            return 200 <= resp.status < 300, body
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        return False, str(getattr(e, "reason", e))
-
-
-def api_ready(url: str, model: str) -> tuple[bool, str]:
-    """vLLM is ready when /health answers and /v1/models lists the served model."""
-    ok, why = http_ok(f"{url}/health")
-    if not ok:
-        return False, f"/health: {why}"
-    ok, body = http_ok(f"{url}/v1/models")
-    if not ok:
-        return False, f"/v1/models: {body}"
-    try:
-        ids = [m.get("id") for m in json.loads(body).get("data", [])]
-    except (json.JSONDecodeError, AttributeError):
-        return False, "/v1/models: not JSON"
-    return (model in ids), f"/v1/models lists {ids}"
 
 
 # --- the run -----------------------------------------------------------------------------------
@@ -835,47 +633,6 @@ def write_window(result_file: Path, ended: float) -> None:
             result_file.with_name(result_file.stem + WINDOW_SUFFIX),
             {"window_start": end - duration, "window_end": end},
         )
-
-
-# --- planning inside the allocation ------------------------------------------------------------
-
-
-def plan_here(run: rundir.RunDir, book: Book,
-              step: Callable[[str, list[list[str]]], None]) -> render.Rendered:
-    """Plan on the real nodes (the same pure planner as the dry-run), complete the plan with
-    the address each node reports for itself, and render it once: plan.json and
-    commands.sh for them, and what the orchestrator starts."""
-    recipe = recipe_mod.load(str(run.recipe))
-    cluster = cluster_mod.load(recipe.cluster)
-    sched = schedulers.of(cluster)
-    job = os.environ.get(sched.job_id_env) if sched.job_id_env else None
-    if sched.allocates:
-        nodes = allocation_nodes()
-        if nodes is None:
-            raise UserError(
-                f"recipe {recipe.name} is for Slurm cluster {cluster.name}: run it inside an "
-                f"allocation (submit does that), or use a recipe for the local profile"
-            )
-    else:
-        nodes = cluster_mod.profile_nodes(cluster, nodes_needed(recipe, cluster))
-    from launcher.control import compute_env
-
-    rt = compute_env.current(run.plan)
-    first = make_plan(recipe, cluster, nodes, runtime=rt, job_id=job).at(str(run.path))
-    step("preflight-host", render.check_steps(first)[0][1])
-    facts = preflight.read_facts(run.path, list(first.nodes), "host")
-    try:
-        addresses = preflight.addresses(first, facts)
-    except preflight.PreflightFailed as e:
-        raise RunFailed("preflight: " + str(e), culprit=e.problems[0].culprit) from None
-    problems = preflight.judge_host(first, facts, cluster.nofile)
-    if problems:
-        raise RunFailed("preflight: " + "; ".join(problems), culprit=problems[0].culprit)
-    plan = dataclasses.replace(first, addresses=dict(addresses))
-    # job.sbatch stays as it was submitted; the rest now names the real nodes.
-    rendered, _ = write_run_files(run, plan, placeholder_nodes=False, with_sbatch=False)
-    book.event("planned", nodes=list(plan.nodes), addresses=addresses)
-    return rendered
 
 
 # --- signals ---------------------------------------------------------------------------------

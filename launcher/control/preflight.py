@@ -206,7 +206,7 @@ def judge_pairing(plan: Plan, doc: PlanDoc, facts: dict[str, dict | None]) -> li
     engines' containers saw: the model's config.json there (hybrid or not) and the real
     vLLM version (launcher.planning.pairing)."""
     from launcher.planning import pairing
-    from launcher.planning.plan import model_is_hybrid
+    from launcher.planning.plan import is_hybrid
 
     heads = {}
     for p in doc.of_kind(Kind.ENGINE):
@@ -216,7 +216,7 @@ def judge_pairing(plan: Plan, doc: PlanDoc, facts: dict[str, dict | None]) -> li
         return []
     seen = [f for f in (facts.get(p.node) or {} for p in heads.values())]
     hybrid = (any((f.get("model") or {}).get("hybrid") for f in seen)
-              or model_is_hybrid(plan.recipe))
+              or is_hybrid(plan.recipe, plan.model))
     version = next((f["engine_version"] for f in seen if f.get("engine_version")), None)
     if doc.engine != "vllm":
         version = None  # the simulator stands in for the version it imitates

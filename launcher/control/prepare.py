@@ -13,7 +13,7 @@ from pathlib import Path
 from launcher.control import compute_env
 from launcher.errors import UserError
 from launcher.planning import cost, engine_argv, render, schedulers
-from launcher.planning.capacity import estimates
+from launcher.planning.capacity import estimates, resolve_model
 from launcher.planning.kv_cache import KvCapacity
 from launcher.planning.plan import Plan, make_plan, nodes_needed
 from launcher.run import rundir
@@ -84,13 +84,14 @@ def plan_run(
     cluster, rt = profiles[recipe.cluster]
     check_runs_dir(root, cluster, recipe)
     recipe_mod.dump(recipe)  # refuses a recipe too large to be read back in the allocation
-    need = nodes_needed(recipe, cluster)
+    model = resolve_model(recipe)  # the model folder, read once for this plan
+    need = nodes_needed(recipe, cluster, model)
     if names is not None:
         if len(names) < need:
             raise UserError(f"--nodelist names {len(names)} nodes but the plan needs {need}")
     else:
         names = cluster_mod.profile_nodes(cluster, need)
-    plan = make_plan(recipe, cluster, names, runtime=rt)
+    plan = make_plan(recipe, cluster, names, runtime=rt, model=model)
     engine_argv.check(plan)
     refusal, _ = cost.time_limit_problems(plan, cost.estimate(plan))
     if refusal:

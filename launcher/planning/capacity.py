@@ -14,24 +14,27 @@ import dataclasses
 from launcher.planning import kv_cache
 from launcher.planning.plan import Endpoint, Plan, engine_args
 from launcher.run.vocab import Role
+from launcher.spec.recipe import Recipe
 
 
 def model_facts(plan: Plan) -> kv_cache.ModelFacts | None:
-    recipe = plan.recipe
+    """The model's facts as the plan was made with them (read once, at the boundary)."""
+    return plan.model
+
+
+def resolve_model(recipe: Recipe) -> kv_cache.ModelFacts | None:
+    """What the checkpoint's config.json says when its folder is on this machine (the
+    recipe's declared parameter counts filling in for the weights), else the recipe's
+    `model.facts`, else None. The one read of the model folder for a plan."""
     found = kv_cache.read_checkpoint(recipe.model.path)
     facts = recipe.model.facts
     if found is not None:
         if found.weights is None and facts is not None:
             # config.json has no parameter counts: the recipe's stand in for them
-            from_recipe = kv_cache.ModelFacts.from_recipe(facts.model_dump(exclude_none=True))
-            found = dataclasses.replace(found, weights=from_recipe.weights)
+            found = dataclasses.replace(
+                found, weights=kv_cache.ModelFacts.from_declared(facts).weights)
         return found
-    if facts is None:
-        return None
-    out = kv_cache.ModelFacts.from_recipe(facts.model_dump(exclude_none=True))
-    if facts.max_position_embeddings:
-        out = dataclasses.replace(out, max_position_embeddings=facts.max_position_embeddings)
-    return out
+    return None if facts is None else kv_cache.ModelFacts.from_declared(facts)
 
 
 def device_kind(plan: Plan) -> str:

@@ -12,6 +12,7 @@ import re
 from typing import TYPE_CHECKING
 
 from launcher.errors import UserError
+from launcher.spec.recipe import flag_key
 from launcher.spec.wording import did_you_mean
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ def applies(plan: Plan) -> bool:
 
 
 def _flag_names(option: str) -> list[str]:
-    return [option.lstrip("-"), option.lstrip("-").replace("_", "-")]
+    return [option.lstrip("-"), flag_key(option)]
 
 
 def _source(plan: Plan, role: str, flag: str) -> str:
@@ -43,8 +44,7 @@ def _source(plan: Plan, role: str, flag: str) -> str:
     base = name.removeprefix("no-")
     for where, args in ((f"{role}.args", getattr(r, role).args), ("vllm_args", r.vllm_args)):
         for key in args:
-            k = key.lstrip("-").replace("_", "-")
-            if k in (name, base):
+            if flag_key(key) in (name, base):
                 return f"{where}.{key}"
     if base == "kv-transfer-config":
         return "kv_connector"

@@ -1,6 +1,7 @@
 """KV-cache capacity of one vLLM 0.33 engine, mirroring vLLM's own accounting.
 
-Pure and stdlib only. Every rule here restates a fact of vLLM 0.33.0 that
+Pure arithmetic on facts (`read_checkpoint` is the one function that reads files: the
+checkpoint's config.json and quantization config). Every rule here restates a fact of vLLM 0.33.0 that
 docs/kv-capacity.md cites by file and line; nothing is copied from vLLM. The shape:
 
 1. memory for the cache per GPU = ceil(total x gpu-memory-utilization) - weights
@@ -29,6 +30,10 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from launcher.spec.recipe import DeclaredFacts
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -159,32 +164,33 @@ class ModelFacts:
         )
 
     @classmethod
-    def from_recipe(cls, facts: dict, architecture: str = "") -> ModelFacts:
+    def from_declared(cls, facts: DeclaredFacts, architecture: str = "") -> ModelFacts:
         """From a recipe's `model.facts` (counts instead of layer_types): the fallback when
         the checkpoint is not on this machine. Non-expert parameters are stored in the
         model dtype; the rest are routed experts, NVFP4 when weight_bits is under 8.
         `kv_cache_quant_algo` stands in for the checkpoint's quant config."""
-        weights, kv_algo = None, facts.get("kv_cache_quant_algo")  # e.g. "FP8", as ModelOpt
-        if facts.get("total_params_b"):
-            dense_b = facts.get("dense_params_b", 0)
-            fmt = "nvfp4" if facts.get("weight_bits", 16) < 8 else "bf16"
-            expert_b = facts["total_params_b"] - dense_b
-            weights = WeightFacts.from_billions(dense_b, expert_b, expert_format=fmt)
+        weights, kv_algo = None, facts.kv_cache_quant_algo  # e.g. "FP8", as ModelOpt
+        if facts.total_params_b:
+            fmt = "nvfp4" if facts.weight_bits < 8 else "bf16"
+            weights = WeightFacts.from_billions(facts.dense_params_b,
+                                                facts.total_params_b - facts.dense_params_b,
+                                                expert_format=fmt)
         return cls(
-            full_attention_layers=facts["full_attention_layers"],
-            linear_attention_layers=facts.get("gdn_layers", 0),
-            num_kv_heads=facts["num_kv_heads"],
-            head_dim=facts["head_dim"],
-            linear_num_key_heads=facts.get("gdn_key_heads", 0),
-            linear_num_value_heads=facts.get("gdn_value_heads", 0),
-            linear_key_head_dim=facts.get("gdn_key_head_dim", 0),
-            linear_value_head_dim=facts.get("gdn_value_head_dim", 0),
-            linear_conv_kernel_dim=facts.get("conv_kernel", 4),
-            mamba_ssm_dtype=facts.get("ssm_state_dtype"),
+            full_attention_layers=facts.full_attention_layers,
+            linear_attention_layers=facts.gdn_layers,
+            num_kv_heads=facts.num_kv_heads,
+            head_dim=facts.head_dim,
+            linear_num_key_heads=facts.gdn_key_heads,
+            linear_num_value_heads=facts.gdn_value_heads,
+            linear_key_head_dim=facts.gdn_key_head_dim,
+            linear_value_head_dim=facts.gdn_value_head_dim,
+            linear_conv_kernel_dim=facts.conv_kernel,
+            mamba_ssm_dtype=facts.ssm_state_dtype,
             architecture=architecture,
             kv_cache_quant_algo=MODELOPT_KV.get(str(kv_algo).lower(), "auto") if kv_algo else None,
+            max_position_embeddings=facts.max_position_embeddings or 0,
             weights=weights,
-            sources={k: "recipe" for k in facts},
+            sources={k: "recipe" for k in facts.model_dump(exclude_none=True)},
         )
 
 
@@ -599,7 +605,7 @@ def kv_cache_groups(attn_layers: int, mamba_layers: int) -> tuple[int, int, int]
 @dataclass(frozen=True)
 class Lengths:
     """Integer-uniform input and output lengths of the random dataset (inclusive bounds,
-    benchmarks/datasets/utils.py:62-97), prefix included in the input."""
+    vllm/benchmarks/datasets/utils.py:62-97), prefix included in the input."""
 
     input_low: int
     input_high: int

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from launcher.errors import UserError
 from launcher.planning import pairing
 from launcher.run.vocab import Role
 from launcher.spec.cluster import Cluster
-from launcher.spec.recipe import Pool, Recipe
+from launcher.spec.recipe import Pool, Recipe, flag_key
+
+if TYPE_CHECKING:
+    from launcher.planning.kv_cache import ModelFacts
 
 # Flags and env the launcher derives itself; a user setting them would break the rendezvous.
 OWNED_FLAGS = {
@@ -129,6 +133,7 @@ class Plan:
     job_id: str | None = None  # the Slurm job, once inside the allocation
     run_dir: str = "<RUN_DIR>"  # set once the run directory exists
     port_span: int = 0  # ports from router_port up that the plan uses
+    model: ModelFacts | None = None  # config.json and model.facts, read when it was made
 
     def at(self, run_dir: str) -> Plan:
         """This plan for the run directory `run_dir`."""
@@ -157,8 +162,6 @@ class Plan:
         return counts
 
 
-def _arg_key(key: str) -> str:
-    return key.lstrip("-").replace("_", "-")
 
 
 def check_owned(recipe: Recipe) -> None:
@@ -168,7 +171,7 @@ def check_owned(recipe: Recipe) -> None:
     ]
     for where, args in sources:
         for key in args:
-            k = _arg_key(key)
+            k = flag_key(key)
             base = k.removeprefix("no-")
             if base in OWNED_FLAGS:
                 why = OWNED_FLAGS[base].replace("<pool>", where.split(".")[0])
@@ -184,12 +187,12 @@ def check_owned(recipe: Recipe) -> None:
 
 def engine_args(recipe: Recipe, pool: Pool) -> dict:
     """vllm_args merged with the pool's args (the pool wins); None removes a flag."""
-    merged = {_arg_key(k): v for k, v in recipe.vllm_args.items()}
-    merged.update({_arg_key(k): v for k, v in pool.args.items()})
+    merged = {flag_key(k): v for k, v in recipe.vllm_args.items()}
+    merged.update({flag_key(k): v for k, v in pool.args.items()})
     return {k: v for k, v in merged.items() if v is not None}
 
 
-def _check_fit(recipe: Recipe, cluster: Cluster) -> None:
+def _check_fit(recipe: Recipe, cluster: Cluster, model: ModelFacts | None) -> None:
     gpn = cluster.gpus_per_node
     for role, pool in recipe.pools():
         use = pool.gpus_per_node or gpn
@@ -217,7 +220,7 @@ def _check_fit(recipe: Recipe, cluster: Cluster) -> None:
     if recipe.mode == "disagg":
         problems = pairing.disagreements(*(_side(recipe, role) for role in (Role.PREFILL,
                                                                           Role.DECODE)),
-                                         hybrid=model_is_hybrid(recipe))
+                                         hybrid=is_hybrid(recipe, model))
         if problems:
             raise UserError("; ".join(problems))
 
@@ -229,16 +232,26 @@ def _side(recipe: Recipe, role: Role) -> pairing.Side:
                                 {**recipe.env, **pool.env})
 
 
-def model_is_hybrid(recipe: Recipe) -> bool:
+def is_hybrid(recipe: Recipe, model: ModelFacts | None) -> bool:
     """Mamba/GDN layers: declared in model.facts, or seen in the checkpoint's config.json
     when its folder is on this machine (preflight asks again where the engines run)."""
     facts = recipe.model.facts
-    if facts is not None and (facts.hybrid or facts.gdn_layers > 0):
-        return True
-    from launcher.planning import kv_cache
+    return bool(facts is not None and facts.gdn_layers > 0 or model and model.hybrid)
 
-    found = kv_cache.read_checkpoint(recipe.model.path)
-    return bool(found and found.hybrid)
+
+class _Read:
+    """The default model facts: read from the model folder when the plan is made."""
+
+
+READ = _Read()
+
+
+def _model(recipe: Recipe, model: ModelFacts | None | _Read) -> ModelFacts | None:
+    if isinstance(model, _Read):
+        from launcher.planning import capacity
+
+        return capacity.resolve_model(recipe)
+    return model
 
 
 def place(recipe: Recipe, cluster: Cluster) -> list[tuple[Role, Pool, list[tuple[int, list[int]]]]]:
@@ -284,10 +297,11 @@ def check_container(recipe: Recipe, cluster: Cluster) -> None:
     containers.of(cluster).check_image(recipe, cluster)
 
 
-def nodes_needed(recipe: Recipe, cluster: Cluster) -> int:
+def nodes_needed(recipe: Recipe, cluster: Cluster,
+                 model: ModelFacts | None | _Read = READ) -> int:
     check_owned(recipe)
     check_container(recipe, cluster)
-    _check_fit(recipe, cluster)
+    _check_fit(recipe, cluster, _model(recipe, model))
     slots = {slot for _, _, parts in place(recipe, cluster) for slot, _ in parts}
     n = len(slots)
     if cluster.segment and n > cluster.nodes_per_rack:
@@ -377,8 +391,10 @@ def make_plan(
     addresses: dict[str, str] | None = None,
     runtime: Runtime | None = None,
     job_id: str | None = None,
+    model: ModelFacts | None | _Read = READ,
 ) -> Plan:
-    need = nodes_needed(recipe, cluster)
+    model = _model(recipe, model)
+    need = nodes_needed(recipe, cluster, model)
     if len(nodes) < need:
         raise UserError(
             f"the plan needs {need} nodes of {cluster.gpus_per_node} GPUs but only "
@@ -411,4 +427,5 @@ def make_plan(
         runtime=runtime,
         job_id=job_id,
         port_span=span,
+        model=model,
     )

@@ -18,6 +18,7 @@ from launcher.planning.plan import Endpoint, Plan, engine_args
 from launcher.run import rundir
 from launcher.run.plandoc import EndpointDoc, NodeDoc, PlanDoc, Process
 from launcher.run.vocab import Kind, Role
+from launcher.spec.recipe import flag_key
 
 # The launcher's own modules behind each program (the simulator stands in for `vllm`).
 SIM_MODULE = "launcher.sim"
@@ -73,8 +74,7 @@ def sim_env(plan: Plan, ep: Endpoint) -> dict[str, str]:
         # topology meets its KV limit where the dry-run said it would.
         from launcher.planning import capacity
 
-        facts = capacity.model_facts(plan)
-        cap = capacity.estimate(plan, ep, facts) if facts else None
+        cap = capacity.estimate(plan, ep, plan.model) if plan.model else None
         if cap is not None:
             from launcher.planning.kv_cache import simulator_kv_blocks
 
@@ -229,7 +229,7 @@ def router_process(plan: Plan) -> Process:
         value = getattr(r.router, key)
         if value:
             argv += [f"--{key.replace('_', '-')}", value]
-    argv += flags({k.lstrip("-"): v for k, v in r.router.args.items() if v is not None})
+    argv += flags({flag_key(k): v for k, v in r.router.args.items() if v is not None})
     node = plan.nodes[0]
     return Process(
         name="router",

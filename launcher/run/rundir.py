@@ -30,6 +30,7 @@ import json
 import math
 import os
 import re
+import threading
 import time
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
@@ -65,7 +66,8 @@ def write_atomic(path: Path, text: str, sync: bool = True) -> None:
     also survives a crash of this host; files rendered again from the plan skip it (an fsync
     costs tens of ms on a parallel file system)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # one name per writer: processes and threads may replace the same file at once
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)

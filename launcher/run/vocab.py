@@ -35,7 +35,6 @@ class Stage(StrEnum):
     """What a running orchestrator is doing, in order."""
 
     PLAN = "plan"
-    ENVIRONMENT = "environment"  # compute environment and containers on every node
     PREFLIGHT = "preflight"  # checks that need no model: GPUs, addresses, argv, model dir
     AGENTS = "agents"
     ENDPOINTS = "endpoints"

@@ -118,13 +118,19 @@ def _env_values(v: Any) -> Any:
 EnvMap = Annotated[dict[str, str], BeforeValidator(_env_values)]
 
 
+def flag_key(key: str) -> str:
+    """A command-line option's name as written by users (`--max_num_seqs`, `max-num-seqs`)
+    in the one form vLLM, vllm-router and sbatch document: no dashes before, '-' inside."""
+    return key.lstrip("-").replace("_", "-")
+
+
 class Strict(BaseModel):
     # No NaN or infinity: every number reaches arithmetic (the plan, the KV estimate) or a
     # command line, where neither means anything.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
-class ModelFacts(Strict):
+class DeclaredFacts(Strict):
     """Architecture facts for the KV-capacity estimate (read config.json when you can).
     Bounded far above any real model, so the estimate's arithmetic stays finite."""
 
@@ -148,7 +154,11 @@ class ModelFacts(Strict):
         description="non-expert parameters (replicated on every EP rank), billions",
     )  # fmt: skip
     ssm_state_dtype: str = Field(default="float32", description="config's mamba_ssm_dtype")
-    hybrid: bool = Field(default=False, description="hybrid SSM model: P and D need equal TP")
+    hybrid: bool | None = Field(
+        default=None,
+        description="hybrid SSM model (P and D need equal TP); follows from gdn_layers, and "
+        "must agree with it when given",
+    )
     kv_cache_quant_algo: str | None = Field(
         default=None, description="the checkpoint's KV-cache quantization (e.g. FP8), if any"
     )
@@ -157,13 +167,23 @@ class ModelFacts(Strict):
         description="the model's context (vLLM's default max-model-len)",
     )  # fmt: skip
 
+    @model_validator(mode="after")
+    def _hybrid_agrees(self) -> DeclaredFacts:
+        if self.hybrid is not None and self.hybrid != (self.gdn_layers > 0):
+            raise ValueError(
+                f"hybrid: {str(self.hybrid).lower()} but gdn_layers is {self.gdn_layers}: a "
+                "hybrid model has GDN (linear-attention) layers; give their count, or leave "
+                "hybrid out (it follows from gdn_layers)"
+            )
+        return self
+
 
 class Model(Strict):
     path: str = Field(
         min_length=1, max_length=4096, description="HF id or path; the same literal on P and D"
     )
     served_name: str | None = Field(default=None, max_length=256)
-    facts: ModelFacts | None = None
+    facts: DeclaredFacts | None = None
     revision: str | None = Field(default=None, description="hub revision to stage (hub ids)")
 
     @field_validator("path", "served_name", "revision")
@@ -363,7 +383,7 @@ class Slurm(Strict):
     def _directives(cls, v: dict[str, ArgValue]) -> dict[str, ArgValue]:
         seen: dict[str, str] = {}
         for key, value in v.items():
-            k = key.lstrip("-").replace("_", "-")
+            k = flag_key(key)
             if not re.fullmatch(r"[a-z][a-z0-9-]{1,40}", k):
                 raise ValueError(
                     f"{show(key)} is not an sbatch option name (the long name: lower-case "

@@ -247,11 +247,6 @@ def series_for(name: str) -> Series:
                          f"{name} (pd-launcher telemetry; unit as recorded)"))
 
 
-def prom_name(name: str) -> str:
-    """`gpu:power_w` -> `pd_gpu_power_watts` (the family name; counters end in _total)."""
-    return series_for(name).family.name
-
-
 def _source(name: str) -> str:
     return "gpu" if name.startswith("gpu:") else "host"
 

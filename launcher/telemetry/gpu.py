@@ -68,7 +68,6 @@ NVLINK_COUNTERS: list[tuple[int, int, float]] = [
     (202, 204, 1.0),  # NVML_FI_DEV_NVLINK_COUNT_XMIT_BYTES / _RCV_BYTES
     (138, 139, 1024.0),  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / _RX, KiB
 ]
-NVLINK_MAX_LINKS = 18  # NVLink-5 on GB200; fewer links are probed per GPU from link count
 FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
 
 

@@ -74,11 +74,6 @@ def shared_file(run: RunDir, sd_dir: str | None) -> Path:
     return Path(sd_dir) / f"{run.run_id}.{digest}.json"
 
 
-def sd_file(run: RunDir, sd_dir: str | None) -> Path:
-    """The file a site's Prometheus reads for this run."""
-    return shared_file(run, sd_dir)
-
-
 # --- what they hold -------------------------------------------------------------------------
 
 

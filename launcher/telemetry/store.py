@@ -461,10 +461,9 @@ def _close_quietly(fd: int, sync: bool = False) -> None:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    from launcher.run.rundir import write_atomic
+
+    write_atomic(path, text, sync=False)  # rewritten every few seconds: no fsync
 
 
 def write_agent_info(node_dir: Path, info: dict) -> None:
@@ -777,19 +776,6 @@ def _keyframe_s(run_dir: Path, nodes: Iterable[str] | None) -> float:
         except (OSError, KeyError, ValueError, TypeError):
             continue
     return best
-
-
-def list_series(run_dir: Path, *, nodes: Iterable[str] | None = None) -> pd.DataFrame:
-    """Distinct (node, process, engine, name) with row counts and time range: what a page
-    can offer without loading values."""
-    df = read_samples(run_dir, nodes=nodes)
-    if df.empty:
-        import pandas as pd
-
-        return pd.DataFrame(columns=["node", "process", "engine", "name", "rows", "first",
-                                     "last"])
-    g = df.groupby(["node", "process", "engine", "name"], sort=True)
-    return g.agg(rows=("value", "size"), first=("ts", "min"), last=("ts", "max")).reset_index()
 
 
 def read_gaps(run_dir: Path, *, nodes: Iterable[str] | None = None) -> pd.DataFrame:

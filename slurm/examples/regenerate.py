@@ -3,7 +3,7 @@
 For every shipped recipe this writes what `python -m launcher submit NAME --dry-run` emits
 (job.sbatch, commands.sh, plan.json and the printed plan) into slurm/examples/NAME/, with the
 machine-specific parts (run directory, interpreter, run id) replaced by placeholders.
-tests/test_golden.py fails when these files are stale; review the diff, then commit.
+tests/test_dryrun.py (test_golden_examples_are_current) fails when these files are stale; review the diff, then commit.
 """
 
 from __future__ import annotations

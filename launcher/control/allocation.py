@@ -1,0 +1,87 @@
+"""Inside the allocation: its nodes, this process's limits, and the plan for the real
+nodes, completed with the address each node reports for itself."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import resource
+import subprocess
+from collections.abc import Callable
+
+from launcher.control import preflight
+from launcher.control.prepare import write_run_files
+from launcher.control.record import Book
+from launcher.errors import RunFailed, UserError
+from launcher.planning import render, schedulers
+from launcher.planning.plan import make_plan, nodes_needed
+from launcher.run import rundir
+from launcher.spec import cluster as cluster_mod
+from launcher.spec import recipe as recipe_mod
+
+
+def allocation_nodes() -> list[str] | None:
+    """The allocation's node names in Slurm's order, or None outside an allocation."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        return None
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout  # fmt: skip
+        return out.split()
+    except (OSError, subprocess.SubprocessError):
+        return cluster_mod.expand_nodelist(nodelist)
+
+
+def raise_open_files(want: int) -> None:
+    """The router and the clients hold a socket per stream: up to the hard limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            pass
+
+
+def plan_here(run: rundir.RunDir, book: Book,
+              step: Callable[[str, list[list[str]]], None]) -> render.Rendered:
+    """Plan on the real nodes (the same pure planner as the dry-run), complete the plan with
+    the address each node reports for itself, and render it once: plan.json and
+    commands.sh for them, and what the orchestrator starts."""
+    recipe = recipe_mod.load(str(run.recipe))
+    cluster = cluster_mod.load(recipe.cluster)
+    sched = schedulers.of(cluster)
+    job = os.environ.get(sched.job_id_env) if sched.job_id_env else None
+    if sched.allocates:
+        nodes = allocation_nodes()
+        if nodes is None:
+            raise UserError(
+                f"recipe {recipe.name} is for Slurm cluster {cluster.name}: run it inside an "
+                f"allocation (submit does that), or use a recipe for the local profile"
+            )
+    from launcher.control import compute_env
+    from launcher.planning.capacity import resolve_model
+
+    model = resolve_model(recipe)  # where the orchestrator runs: the model folder, once
+    if not sched.allocates:
+        nodes = cluster_mod.profile_nodes(cluster, nodes_needed(recipe, cluster, model))
+    rt = compute_env.current(run.plan)
+    first = make_plan(recipe, cluster, nodes, runtime=rt, job_id=job, model=model).at(
+        str(run.path))
+    step("preflight-host", render.check_steps(first)[0][1])
+    facts = preflight.read_facts(run.path, list(first.nodes), "host")
+    try:
+        addresses = preflight.addresses(first, facts)
+    except preflight.PreflightFailed as e:
+        raise RunFailed("preflight: " + str(e), culprit=e.problems[0].culprit) from None
+    problems = preflight.judge_host(first, facts, cluster.nofile)
+    if problems:
+        raise RunFailed("preflight: " + "; ".join(problems), culprit=problems[0].culprit)
+    plan = dataclasses.replace(first, addresses=dict(addresses))
+    # job.sbatch stays as it was submitted; the rest now names the real nodes.
+    rendered, _ = write_run_files(run, plan, placeholder_nodes=False, with_sbatch=False)
+    book.event("planned", nodes=list(plan.nodes), addresses=addresses)
+    return rendered

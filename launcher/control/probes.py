@@ -1,0 +1,88 @@
+"""What the orchestrator asks of this host and of the run's servers: planned ports already
+taken here (and by whom), HTTP health, an OpenAI-compatible server's readiness."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+
+from launcher.planning.plan import Plan
+
+
+def busy_ports(plan: Plan) -> list[str]:
+    """Planned ports already taken on this host, for the nodes that are this host (local
+    and dev-cluster runs: a run still up, or another program, would make ours fail late)."""
+    here = {"127.0.0.1", "localhost", socket.gethostname()}
+    try:
+        here.add(socket.gethostbyname(socket.gethostname()))
+    except OSError:
+        pass
+    local = {n for n in plan.nodes if plan.address(n) in here or plan.address(n).startswith("127.")}
+    wanted: list[tuple[int, str]] = []
+    if plan.nodes[0] in local:
+        wanted += [(plan.router_port, "router http"), (plan.router_metrics_port, "router metrics")]
+    wanted += [(p, f"agent@{n} exporter") for n, p in plan.exporter_ports.items() if n in local]
+    for ep in plan.endpoints:
+        for part in ep.parts:
+            if part.node not in local:
+                continue
+            if part.head:
+                wanted.append((ep.http_port, f"{ep.name} http"))
+            if ep.role.disaggregated:
+                wanted += [
+                    (ep.nixl_port_base + r, f"{ep.name} nixl rank {r}") for r in part.dp_ranks
+                ]
+        if ep.multi_node and ep.head.node in local:
+            wanted.append((ep.dp_rpc_port, f"{ep.name} dp rpc"))
+    busy = []
+    for port, what in sorted(set(wanted)):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            # Servers set SO_REUSEADDR too: a recent run's TIME_WAIT connections are no clash.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((plan.cluster.bind_host, port))
+            except OSError:
+                busy.append(f"{port} ({what}{port_holder(port)})")
+    return busy
+
+
+def port_holder(port: int) -> str:
+    """', held by pid N (name)' for a listening port, where this user may see its owner."""
+    import psutil
+
+    try:
+        for c in psutil.net_connections(kind="inet"):
+            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
+                try:
+                    return f", held by pid {c.pid} ({psutil.Process(c.pid).name()})"
+                except psutil.Error:
+                    return f", held by pid {c.pid}"
+    except (psutil.Error, OSError):
+        pass
+    return ""
+
+
+def http_ok(url: str, timeout: float = 2.0) -> tuple[bool, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            body = resp.read(65536).decode("utf-8", "replace")
+            return 200 <= resp.status < 300, body
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        return False, str(getattr(e, "reason", e))
+
+
+def api_ready(url: str, model: str) -> tuple[bool, str]:
+    """vLLM is ready when /health answers and /v1/models lists the served model."""
+    ok, why = http_ok(f"{url}/health")
+    if not ok:
+        return False, f"/health: {why}"
+    ok, body = http_ok(f"{url}/v1/models")
+    if not ok:
+        return False, f"/v1/models: {body}"
+    try:
+        ids = [m.get("id") for m in json.loads(body).get("data", [])]
+    except (json.JSONDecodeError, AttributeError):
+        return False, "/v1/models: not JSON"
+    return (model in ids), f"/v1/models lists {ids}"
