@@ -65,6 +65,16 @@ AXES_JS = """() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"
     labels: [...ax.querySelectorAll('.role-axis-label text')]
       .filter(t => t.getAttribute('opacity') !== '0' && getComputedStyle(t).opacity !== '0')
       .map(t => t.textContent)})))"""
+# Every chart's title, axis titles and legend titles inside its SVG: nothing cut off.
+CLIPPED_JS = """() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')]
+  .flatMap(c => { const svg = c.querySelector('svg.marks'); if (!svg) return [];
+    const b = svg.getBoundingClientRect();
+    return [...svg.querySelectorAll('.role-title-text, .role-axis-title text, .role-legend-title text')]
+      .map(t => [t.textContent, t.getBoundingClientRect()])
+      .filter(([_, r]) => r.width > 0 && (r.left < b.left - 1 || r.top < b.top - 1 ||
+                                          r.right > b.right + 1 || r.bottom > b.bottom + 1))
+      .map(([text, r]) => text + ' @ ' + [r.left - b.left, r.top - b.top, b.right - r.right,
+                                           b.bottom - r.bottom].map(Math.round).join(',')) })"""
 TABLES_JS = """() => [...document.querySelectorAll('[data-testid="stDataFrame"]')]
   .map(d => { const g = d.querySelector('[role="grid"][aria-rowcount]');
               return g ? {h: d.getBoundingClientRect().height,
@@ -177,6 +187,8 @@ def visit(browser, url: str, title: str, min_charts: int, shot: Path) -> dict:
         assert page.get_by_text("Page not found").count() == 0, url
         assert page.locator('[data-testid="stAppDeployButton"]').count() == 0
         assert page.get_by_text("Deploy", exact=True).count() == 0  # no developer toolbar
+        clipped = page.evaluate(CLIPPED_JS)  # (left, top, right, bottom) room, px
+        assert not clipped, (url, clipped)
         for t in page.evaluate(TABLES_JS):  # as tall as their rows: no empty filler rows
             assert t["h"] <= ui.HEADER_PX + ui.ROW_PX * max(t["rows"] - 1, 1) + 4, (url, t)
         axes = page.evaluate(AXES_JS)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from helpers import wait_for
 
+from launcher.run import rundir
 from launcher.telemetry import agent as agent_mod
 from launcher.telemetry import store
 from launcher.telemetry.store import SampleWriter, read_agent_info, read_samples
@@ -61,8 +62,9 @@ def test_writer_keeps_rows_through_a_full_disk_and_counts_what_it_gives_up(tmp_p
 
 
 class Faulty:
-    """The store module's view of the filesystem, made read-only on demand (EROFS for every
-    write, open-for-write, create and rename), the rest untouched."""
+    """The filesystem as the store and the run directory's atomic writer (which the store
+    uses for agent.json) see it, made read-only on demand (EROFS for every write,
+    open-for-write, create and rename), the rest untouched."""
 
     def __init__(self, monkeypatch) -> None:
         self.on = False
@@ -96,8 +98,9 @@ class Faulty:
                 raise fail(path)
             return real_open(path, mode, *a, **k)
 
-        monkeypatch.setattr(store, "os", OS())
-        monkeypatch.setattr(store, "open", fake_open, raising=False)
+        for module in (store, rundir):
+            monkeypatch.setattr(module, "os", OS())
+            monkeypatch.setattr(module, "open", fake_open, raising=False)
 
 
 def free_port() -> int:
