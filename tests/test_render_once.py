@@ -41,8 +41,7 @@ def counts(monkeypatch) -> Counter:
 
 def test_the_submitting_side_plans_once_and_renders_once(tmp_path, counts):
     [p] = prepare.prepare_all("devcluster-sim", [], [], tmp_path / "runs")
-    shown = text.plan_text(p)
-    assert "job.sbatch" in shown or p.sbatch
+    text.plan_text(p)
     assert counts == Counter(make_plan=1, processes=1, engine_processes=len(p.plan.endpoints),
                              sbatch_text=1, commands_sh=1, plan_doc=1, read_checkpoint=1), counts
     # what was printed and written is that one render

@@ -70,6 +70,7 @@ class Containers:
     """No container runtime: the image is an environment folder, the step sees the host."""
 
     name = "none"
+    what = "no containers"  # what the profile runs, as a refusal names it
     isolated = False  # True: a step sees only the image and the mounts
 
     def check_image(self, recipe: Recipe, cluster: Cluster) -> None:
@@ -81,8 +82,6 @@ class Containers:
                 f"{self.what}, so the image must be a directory (an environment folder, "
                 "or {compute_env})"
             )
-
-    what = "no containers"
 
     def step_flags(self, plan: Plan) -> list[str]:
         """Options of the srun step a container process runs in."""

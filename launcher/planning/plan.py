@@ -6,7 +6,7 @@ the allocation (on the real one), so what the dry-run shows is what runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -137,9 +137,7 @@ class Plan:
 
     def at(self, run_dir: str) -> Plan:
         """This plan for the run directory `run_dir`."""
-        import dataclasses
-
-        return dataclasses.replace(self, run_dir=run_dir)
+        return replace(self, run_dir=run_dir)
 
     def address(self, node: str) -> str:
         return self.addresses.get(node, node)

@@ -524,15 +524,6 @@ def sbatch_text(plan: Plan, nodes: int, folder: str) -> str:
 # --- commands.sh ----------------------------------------------------------------------------
 
 
-def gpu_request(plan: Plan) -> str:
-    """The same GPU request on the job and on every step that needs GPUs (sites that reject
-    --gpus-per-node reject it on steps too)."""
-    c = plan.cluster
-    if c.gpu_directive == "gres":
-        return f"--gres=gpu:{c.gres_type + ':' if c.gres_type else ''}{c.gpus_per_node}"
-    return f"--gpus-per-node={c.gpus_per_node}"
-
-
 def step_prefix(plan: Plan, proc: Process) -> list[str]:
     """What `proc`'s command line starts with: its scheduler's step (srun on Slurm, with the
     container runtime's step options), then the runtime's wrap (a sandbox)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from launcher.errors import UserError
+from launcher.run.vocab import Kind
 
 if TYPE_CHECKING:
     from launcher.planning.plan import Plan
@@ -21,6 +21,15 @@ if TYPE_CHECKING:
     from launcher.spec.cluster import Cluster
 
 Commands = list[list[str]]
+
+
+def gpu_request(plan: Plan) -> str:
+    """The same GPU request on the job and on every step that needs GPUs (sites that reject
+    --gpus-per-node reject it on steps too)."""
+    c = plan.cluster
+    if c.gpu_directive == "gres":
+        return f"--gres=gpu:{c.gres_type + ':' if c.gres_type else ''}{c.gpus_per_node}"
+    return f"--gpus-per-node={c.gpus_per_node}"
 
 
 class Local:
@@ -78,9 +87,6 @@ class Slurm(Local):
         return ["srun", f"--jobid={plan.job_id or '$SLURM_JOB_ID'}", "--overlap"]
 
     def step_prefix(self, plan: Plan, proc: Process, container_flags: list[str]) -> list[str]:
-        from launcher.planning.render import gpu_request
-        from launcher.run.vocab import Kind
-
         argv = [*self.job_step(plan), "--nodes=1", "--ntasks=1", f"--nodelist={proc.node}",
                 f"--job-name={proc.name}", "--kill-on-bad-exit=1"]
         if proc.gpus or proc.kind == Kind.AGENT:  # with device cgroups a step sees what it asks for
@@ -91,8 +97,6 @@ class Slurm(Local):
                         stage: list[str] | None, box: list[str]) -> list[tuple[str, Commands]]:
         """Each check is one step over every node (the container check, with pyxis, imports
         the image into the job's named container once per node)."""
-        from launcher.planning.render import gpu_request
-
         step = [*self.job_step(plan), f"--nodes={len(plan.nodes)}", "--ntasks-per-node=1",
                 f"--nodelist={','.join(plan.nodes)}", gpu_request(plan)]
         steps = [("preflight-host", [[*step, "--job-name=preflight-host", *host]])]
@@ -120,7 +124,4 @@ SCHEDULERS: dict[str, Local] = {s.name: s for s in (Local(), Slurm())}
 
 
 def of(cluster: Cluster) -> Local:
-    try:
-        return SCHEDULERS[cluster.scheduler]
-    except KeyError:
-        raise UserError(f"cluster {cluster.name}: unknown scheduler {cluster.scheduler!r}") from None
+    return SCHEDULERS[cluster.scheduler]  # the profile's schema admits only these

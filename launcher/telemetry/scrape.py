@@ -292,7 +292,7 @@ class TargetState:
                     if not st[2]:
                         out.append(f"{st[1]}{st[3]}{st[5]}\n")
                     out.append(f"{ts_s}{st[3]}{vt}\n")
-                    st[2] = True
+                    st[0], st[1], st[2], st[5] = v, ts_s, True, vt
                 elif v == st[0]:  # unchanged since the pass: its hold extends to here
                     st[1], st[2] = ts_s, False
             if not st[2] and st[0] is not None:
