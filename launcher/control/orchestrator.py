@@ -316,8 +316,9 @@ class Orchestrator:
             self.save()
 
     # --- stages ---
-    def run_step(self, name: str, commands: list[list[str]]) -> None:
-        """A preflight step to its end (cancellable), its output in logs/<name>.log."""
+    def run_step(self, name: str, commands: list[list[str]]) -> bool:
+        """A preflight step to its end (cancellable), its output in logs/<name>.log; whether
+        every command of it exited 0."""
         log = self.run.log(name)
         # one command per node on the local profile: together, as srun runs them on Slurm
         popens = [self.backend.spawn(cmd, log) for cmd in commands]
@@ -332,16 +333,27 @@ class Orchestrator:
                     self.backend.kill(p)
                 raise RunFailed(f"{name} did not finish in {STEP_TIMEOUT_S:g} s; see {log}")
             time.sleep(POLL_S)
+        return all(p.returncode == 0 for p in popens)
 
     def preflight(self) -> None:
         """Inside the engine's container on every node, before any model loads."""
         t0 = time.monotonic()
         for name, commands in render.check_steps(self.plan)[1:]:
-            self.run_step(name, commands)
+            if not self.run_step(name, commands):
+                log = self.run.log(name)
+                text = log.read_text(errors="replace") if log.is_file() else ""
+                if problems := preflight.step_failures(name, text, self.plan):
+                    raise RunFailed("preflight: " + "; ".join(problems),
+                                    culprit=problems[0].culprit)
+                if name.startswith("stage-"):
+                    raise RunFailed(f"preflight: {name} failed on {self.plan.nodes[0]}: "
+                                    + " | ".join(tail(log, 5)), culprit=self.plan.nodes[0])
+            elif name == "stage-image":
+                self.note_image(self.run.log(name))
         facts = preflight.read_facts(self.run.path, list(self.plan.nodes), "container")
         problems = preflight.judge_container(
-            self.plan, self.doc, facts, self.plan.recipe.engine_version
-        )
+            self.plan, self.doc, facts, self.plan.recipe.engine_version,
+            preflight.read_facts(self.run.path, list(self.plan.nodes), "host"))
         if problems:
             raise RunFailed("preflight: " + "; ".join(problems), culprit=problems[0].culprit)
         took = time.monotonic() - t0
@@ -349,6 +361,18 @@ class Orchestrator:
         self.save()
         self.book.event("preflight_ok", seconds=round(took, 2))
         say(f"preflight passed on {len(self.plan.nodes)} node(s) in {took:.1f} s")
+
+    def note_image(self, log: Path) -> None:
+        """The image step's one JSON line (imported, or found in the cache) as an event."""
+        import json
+
+        for line in reversed(tail(log, 20)):
+            if line.startswith("{"):
+                try:
+                    self.book.event("image", **json.loads(line))
+                except ValueError:
+                    pass
+                return
 
     def run_all(self) -> None:
         r = self.plan.recipe

@@ -5,11 +5,16 @@ Two kinds of checks, both through `launcher.control.nodecheck` (one entry point 
 
 - on every node's host, before planning: the node's own address (resolved on the node; a
   loopback address is refused unless the profile says every node is this host), GPUs
-  visible, the IMEX channel for multi-node NVLink, the open-files limit;
+  visible, the IMEX channel for multi-node NVLink, the open-files limit; with pyxis,
+  enroot, every container mount's source and the image cache;
 - in the engine's container on every node, before any engine starts (with pyxis this step
-  also imports the image once per node into the job's named container): the run directory
-  is visible, the engine's version, every engine argv through the engine's own parser, the
-  model and the input files.
+  also creates the job's named container once per node): the run directory is visible,
+  the step really runs in a container, the engine's version, every engine argv through the
+  engine's own parser, the model and the input files.
+
+A step that fails before it can check anything (pyxis could not import the image, a mount
+source is missing, the cache is full) is judged by its log: `step_failures` turns what
+pyxis and enroot print into one sentence each (docs/containers.md).
 
 `judge_*` are pure: facts in, one sentence per problem out (naming node, process and fix).
 """
@@ -24,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import Problem
-from launcher.planning import schedulers
+from launcher.planning import containers, schedulers
 from launcher.planning.plan import Plan
 from launcher.run.plandoc import PlanDoc
 from launcher.run.rundir import read_json
@@ -124,19 +129,125 @@ def judge_host(plan: Plan, facts: dict[str, dict | None], needed_fds: int) -> li
                 f"{node} allows {hard} open files but the router and clients need "
                 f"{needed_fds}: raise the hard limit (limits.conf) or lower the profile's nofile",
                 node=node))
+        if "pyxis" in f:
+            problems += judge_runtime(plan, node, f["pyxis"])
     return problems
+
+
+def judge_runtime(plan: Plan, node: str, f: dict) -> list[Problem]:
+    """enroot, the container mounts' sources and the image cache on one node."""
+    out = []
+    if not f.get("enroot"):
+        out.append(Problem(
+            f"{node}: enroot is not installed (not on PATH nor in /usr/local/bin, /usr/bin): "
+            f"the profile {plan.cluster.name} runs containers through pyxis and enroot; ask "
+            f"the site to install it on every node, or exclude the node (--exclude)",
+            node=node))
+    for src, there in (f.get("mount_sources") or {}).items():
+        if not there:
+            out.append(Problem(
+                f"{node}: the container mount source {src} does not exist on the node (pyxis "
+                f"fails every step with it): create it on the shared filesystem, or fix "
+                f"container.mounts / container.environment / the profile's containers.mounts",
+                node=node))
+    cache = f.get("image_cache")
+    if cache and not cache.get("exists"):
+        out.append(Problem(
+            f"{node}: the image cache {cache['path']} (the profile's containers.image_cache) "
+            f"does not exist on the node: create it on the shared filesystem", node=node))
+    return out
+
+
+# What pyxis and enroot print when a step cannot start, as (pattern, sentence); the groups
+# fill the sentence. Seen with pyxis 0.24.0 and enroot 4.1.2 (docs/containers.md).
+_STEP_ERRORS: list[tuple[str, str]] = [
+    (r"URL https?://(?P<registry>[^/\s]+)/v2/(?P<repo>\S+)/manifests/(?P<ref>sha256:[0-9a-f]+) "
+     r"returned error code: 404",
+     "the image's digest {ref} does not exist in {repo} on the registry {registry}: copy the "
+     "digest again (skopeo inspect docker://{registry}/{repo}:TAG), or push the image"),
+    (r"URL https?://(?P<registry>[^/\s]+)/v2/(?P<repo>\S+)/manifests/(?P<ref>\S+) "
+     r"returned error code: 404",
+     "the image {repo}:{ref} is not in the registry {registry}: push it, or fix "
+     "container.image (the repository or the tag)"),
+    (r"URL https?://(?P<registry>[^/\s]+)/v2/(?P<repo>\S+)/manifests/\S+ "
+     r"returned error code: 401",
+     "the registry {registry} refuses access to {repo} (401): put the site's credentials "
+     "for it in enroot's credentials file on the nodes"),
+    (r"Invalid image reference: (?P<uri>\S+)",
+     "enroot cannot read the image reference {uri}: fix container.image"),
+    (r"curl: \((?:6|7|28|35|60)\) (?P<why>[^\n]+)",
+     "the image's registry cannot be reached from the node (curl: {why}): check the "
+     "registry's address in container.image, the node's proxy or network, or import the "
+     "image into the profile's containers.image_cache from a node that reaches it"),
+    (r"--container-mounts: source path does not exist: (?P<src>\S+)",
+     "the container mount source {src} does not exist on the node: create it on the "
+     "shared filesystem, or fix the mount"),
+    (r"(?P<what>[^\n]*)No space left on device",
+     "no room left for the image ({what}No space left on device): free space in the image "
+     "cache {cache} and in enroot's data and cache folders on the node (ENROOT_DATA_PATH, "
+     "ENROOT_CACHE_PATH), or point containers.image_cache at a larger filesystem"),
+    (r"enroot: command not found|couldn't get list of containers|couldn't execute enroot",
+     "enroot is not installed or does not run on the node (pyxis could not start it): ask "
+     "the site to install it on every node, or exclude the node"),
+    (r"unrecognized option '--container-",
+     "srun does not know pyxis's options (--container-image ...): pyxis is not loaded on "
+     "this cluster (plugstack.conf); use a profile with containers.runtime: none, or ask the "
+     "site"),
+]
+
+
+def step_failures(name: str, log: str, plan: Plan) -> list[Problem]:
+    """One sentence per node for a preflight step that failed the way a site fails, read
+    off its log; [] when nothing in it is recognised (the facts then speak)."""
+    import re
+
+    default = plan.nodes[0] if name.startswith("stage-") else None
+    found: dict[str, Problem] = {}
+    for line in log.splitlines():
+        m = re.match(r"slurmstepd-(\S+?): ", line)
+        node = m.group(1) if m else default
+        for pattern, sentence in _STEP_ERRORS:
+            hit = re.search(pattern, line)
+            if hit:
+                text = sentence.format(cache=plan.cluster.containers.image_cache or "(none)",
+                                       **{k: v.strip(": ") for k, v in hit.groupdict().items()})
+                key = f"{node}|{pattern}"
+                if key not in found:
+                    where = f"{node}: " if node else ""
+                    found[key] = Problem(f"{where}{name}: {text} (see logs/{name}.log)",
+                                         node=node)
+                break
+    # one sentence per cause: the same cause on every node is said once, naming the nodes
+    by_cause: dict[str, list[Problem]] = {}
+    for key, p in found.items():
+        by_cause.setdefault(key.split("|", 1)[1], []).append(p)
+    order = {n: i for i, n in enumerate(plan.nodes)}
+    out = []
+    for probs in by_cause.values():
+        probs.sort(key=lambda p: order.get(p.node, len(order)))
+        if len(probs) == 1:
+            out.append(probs[0])
+        else:
+            nodes = ", ".join(p.node for p in probs if p.node)
+            out.append(Problem(f"{nodes}: {probs[0].split(': ', 1)[1]}", node=probs[0].node))
+    return out
 
 
 # --- container ----------------------------------------------------------------------------
 
 
 def judge_container(
-    plan: Plan, doc: PlanDoc, facts: dict[str, dict | None], expect_version: str | None
+    plan: Plan, doc: PlanDoc, facts: dict[str, dict | None], expect_version: str | None,
+    hosts: dict[str, dict | None] | None = None,
 ) -> list[Problem]:
+    """The container check's facts of every node (`hosts`: the host check's, whose root a
+    container's must differ from)."""
     problems = []
     engine_nodes = {p.node for p in doc.of_kind(Kind.ENGINE)}
     mounts = "{run_dir}"
     rejected: dict[str, list[str]] = {}  # vLLM's message -> the engines it names (once)
+    hosts = hosts or {}
+    isolated = containers.of(plan.cluster).isolated and plan.recipe.container is not None
     for node in plan.nodes:
         f = facts.get(node)
         if f is None:
@@ -146,6 +257,12 @@ def judge_container(
                 f"profile's containers.mounts (see logs/preflight-container.log)",
                 node=node))
             continue
+        host_root = (hosts.get(node) or {}).get("root")
+        if isolated and host_root and f.get("root") == host_root:
+            problems.append(Problem(
+                f"{node}: the container check ran on the node's own root filesystem, not in "
+                f"the image: pyxis did not start a container there (is it in that node's "
+                f"plugstack.conf?); ask the site, or exclude the node", node=node))
         if node in engine_nodes and not f.get("engine_version"):
             what = "the simulator" if doc.engine == "sim" else "vLLM"
             problems.append(Problem(

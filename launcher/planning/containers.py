@@ -4,9 +4,8 @@ One object per `containers.runtime` of a cluster profile; everything that differ
 them is decided here, so the renderer, the planner and the dry-run text only ask `of(cluster)`:
 
 - `none`: no container; the recipe's image is an environment folder put first on PATH.
-- `pyxis`: Slurm's SPANK plugin with enroot; the step sees the image and the mounts only.
-- `sandbox`: the dev cluster's stand-in for pyxis (bubblewrap): host folders stand for the
-  image's operating system, and the step sees those, the image folder and the mounts.
+- `pyxis`: Slurm's SPANK plugin with enroot; the step sees the image and the mounts only
+  (docs/containers.md: what real pyxis and enroot do with each of our options).
 """
 
 from __future__ import annotations
@@ -30,7 +29,8 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 def mounts(plan: Plan) -> list[tuple[str, str, bool]]:
     """(source, destination, read-only) of every container step: the profile's mounts (the
-    run directory by default), the recipe's, the shared model cache, the launcher."""
+    run directory by default), the recipe's, the shared model cache, the engine's
+    environment folder, the launcher."""
     run_dir = plan.run_dir
     out = []
     for m in [*plan.cluster.containers.mounts, *plan.recipe.container.mounts]:
@@ -39,8 +39,54 @@ def mounts(plan: Plan) -> list[tuple[str, str, bool]]:
     hf = plan.cluster.models.hf_home
     if hf and not any(dst == hf for _, dst, _ in out):
         out.append((hf, hf, False))
+    env_dir = environment_dir(plan) if plan.recipe.container.environment else None
+    if env_dir:
+        out.append((env_dir, env_dir, True))
     out.append((plan.runtime.src + "/launcher", LAUNCHER_MOUNT + "/launcher", True))
     return out
+
+
+# A registry reference as users write it (Docker's form) and as enroot 4.1 parses it:
+# [REGISTRY/]REPO[:TAG][@sha256:HEX]; REGISTRY has a '.' or a ':' (else it is a Docker Hub
+# namespace), REPO is lower case.
+_REF = re.compile(
+    r"^(?:(?P<registry>[A-Za-z0-9.-]+(?::[0-9]+)?|localhost)[/#])?"
+    r"(?P<repo>[a-z0-9]+(?:[._/-][a-z0-9]+)*)"
+    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9._-]{0,127}))?"
+    r"(?:@(?P<digest>[^@]+))?$"
+)
+DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def parse_image(ref: str) -> dict[str, str | None]:
+    """registry, repo, tag and digest of a registry reference; a UserError naming the form
+    when it is not one (enroot would fail the step on every node with "Invalid image
+    reference")."""
+    form = ("write REGISTRY/REPO:TAG or REGISTRY/REPO@sha256:<64 hex digits> (e.g. "
+            "vllm/vllm-openai@sha256:..., nvcr.io/nvidia/vllm:25.10-py3)")
+    m = _REF.match(ref)
+    if not m:
+        raise UserError(f"container.image {ref!r} is not an image reference: {form}")
+    parts = m.groupdict()
+    head = ref.split("/", 1)[0].split("#", 1)[0]
+    if "#" not in ref and parts["registry"] and not ("." in head or ":" in head
+                                                      or head == "localhost"):
+        # docker.io namespace (vllm/vllm-openai), not a registry host
+        parts["repo"], parts["registry"] = f"{parts['registry']}/{parts['repo']}", None
+    if parts["digest"] is not None and not DIGEST.match(parts["digest"]):
+        raise UserError(
+            f"container.image {ref!r}: the digest {parts['digest']!r} is not sha256:<64 "
+            f"lower-case hex digits> (copy it from `docker buildx imagetools inspect` or "
+            f"`skopeo inspect`): {form}")
+    return parts
+
+
+def enroot_uri(ref: str) -> str:
+    """The reference as pyxis passes it to enroot: REGISTRY#REPO[:TAG][@DIGEST], the form
+    pyxis documents (enroot 4.1 also reads Docker's REGISTRY/REPO, older enroot does not)."""
+    p = parse_image(ref)
+    out = f"{p['registry']}#{p['repo']}" if p["registry"] else p["repo"]
+    return out + (f":{p['tag']}" if p["tag"] else "") + (f"@{p['digest']}" if p["digest"] else "")
 
 
 def container_name(image: str) -> str:
@@ -50,20 +96,39 @@ def container_name(image: str) -> str:
     return f"pd-{slug}-{hashlib.sha256(image.encode()).hexdigest()[:8]}"
 
 
-def image_dir(plan: Plan) -> str | None:
-    """A directory image (sandbox, or no runtime): the job's compute environment for
-    `{compute_env}`, else the path the recipe names. None for a registry image."""
+def _folder(plan: Plan, path: str) -> str:
+    """`{compute_env}` is the job's own environment (a venv); any other path is itself."""
+    if path == COMPUTE_ENV_IMAGE:
+        rt = plan.runtime
+        return f"{rt.env}/venv" if rt.env else str(Path(rt.python).parent.parent)
+    return path
+
+
+def environment_dir(plan: Plan) -> str | None:
+    """The software environment whose bin/ goes first on PATH: the recipe's
+    container.environment (mounted into the container), or without a container runtime a
+    directory image. None when the image's own PATH is the engine's."""
     c = plan.recipe.container
     if c is None:
         return None
-    if c.image == COMPUTE_ENV_IMAGE:
-        rt = plan.runtime
-        return f"{rt.env}/venv" if rt.env else str(Path(rt.python).parent.parent)
-    return c.image if c.image.startswith("/") and not c.image.endswith(".sqsh") else None
+    if c.environment:
+        return _folder(plan, c.environment)
+    if is_directory_image(c.image) and not c.image.endswith(".sqsh"):
+        return _folder(plan, c.image)
+    return None
 
 
 def is_directory_image(image: str) -> bool:
     return image == COMPUTE_ENV_IMAGE or image.startswith("/")
+
+
+def cached_image(plan: Plan) -> str | None:
+    """The .sqsh the image step imports a registry image into, once for every job of the
+    cluster, when the profile keeps an image cache (None without one)."""
+    c, cache = plan.recipe.container, plan.cluster.containers.image_cache
+    if c is None or not cache or is_directory_image(c.image) or c.image.endswith(".sqsh"):
+        return None
+    return f"{cache}/{container_name(c.image)}.sqsh"
 
 
 class Containers:
@@ -87,10 +152,6 @@ class Containers:
         """Options of the srun step a container process runs in."""
         return []
 
-    def wrap(self, plan: Plan) -> list[str]:
-        """The argv prefix a container process runs behind."""
-        return []
-
     def launcher_path(self, plan: Plan) -> str:
         """The launcher's source as a container step sees it (its PYTHONPATH)."""
         return LAUNCHER_MOUNT if self.isolated else plan.runtime.src
@@ -101,7 +162,7 @@ class Containers:
         if plan.recipe.container is None:
             return {}
         env = {"PYTHONPATH": self.launcher_path(plan)}
-        d = image_dir(plan)
+        d = environment_dir(plan)
         if d:
             env["PATH"] = f"{d}/bin:{SYSTEM_PATH}"
         return env
@@ -113,23 +174,23 @@ class Containers:
                 "whole host)")
 
 
-class Isolated(Containers):
-    """A runtime whose steps see only the image and the declared mounts."""
+class Pyxis(Containers):
+    """Slurm's pyxis with enroot: a step sees only the image and the declared mounts."""
 
+    name = "pyxis"
     isolated = True
 
     def describe(self, plan: Plan) -> str:
-        image = plan.recipe.container.image
-        pin = "" if "@sha256:" in image or image.startswith(("/", "{")) else (
+        c = plan.recipe.container
+        pin = "" if "@sha256:" in c.image or c.image.startswith("/") else (
             " (not pinned by digest: a moved tag changes what runs; use repo@sha256:...)")
-        shown = ("the job's own environment ({compute_env})" if image == COMPUTE_ENV_IMAGE
-                 else image)
-        return (f"Engines and clients run in {shown}{pin} under the {self.name} runtime, "
-                "seeing only the image and " + ", ".join(d for _, d, _ in mounts(plan)))
-
-
-class Pyxis(Isolated):
-    name = "pyxis"
+        how = (f"imported once into {cached_image(plan)}" if cached_image(plan)
+               else "imported by each node's first step")
+        env = (f"; the environment {environment_dir(plan)} mounted, its bin/ first on PATH"
+               if c.environment else "")
+        return (f"Engines and clients run in {c.image}{pin} under pyxis ({how}, one named "
+                f"container per node reused by every later step{env}), seeing only the "
+                "image and " + ", ".join(d for _, d, _ in mounts(plan)))
 
     def check_image(self, recipe: Recipe, cluster: Cluster) -> None:
         c = recipe.container
@@ -138,19 +199,28 @@ class Pyxis(Isolated):
                 f"{cluster.name} runs engines in containers (pyxis): set container.image to a "
                 "vLLM image, pinned by digest (e.g. vllm/vllm-openai@sha256:...)"
             )
-        if c is not None and c.image == COMPUTE_ENV_IMAGE:
+        if c is None:
+            return
+        if c.image.endswith(".sqsh"):
+            if not c.image.startswith("/"):
+                raise UserError(f"container.image {c.image!r}: a squashfs image is a path "
+                                "on the nodes: give it from / (pyxis reads a relative "
+                                "name as a registry image)")
+            return
+        if is_directory_image(c.image):
             raise UserError(
-                "container.image {compute_env} is the sandbox's stand-in; on pyxis give a "
-                "vLLM image"
-            )
+                f"container.image {c.image!r} is a folder; pyxis runs images (a registry "
+                "reference such as vllm/vllm-openai@sha256:..., or a .sqsh file): name "
+                "the image, and put a software environment folder in container.environment")
+        parse_image(c.image)
 
     def image(self, plan: Plan) -> str:
-        """The image as pyxis imports it: the shared pre-imported squashfs when the profile
-        keeps an image cache, else the reference itself."""
-        c, cache = plan.recipe.container, plan.cluster.containers.image_cache
-        if cache and not c.image.endswith(".sqsh"):
-            return f"{cache}/{container_name(c.image)}.sqsh"
-        return c.image
+        """The image as pyxis takes it: the shared squashfs the image step imports once when
+        the profile keeps an image cache, a .sqsh path as is, else enroot's URI."""
+        ref = plan.recipe.container.image
+        if ref.endswith(".sqsh"):
+            return ref
+        return cached_image(plan) or enroot_uri(ref)
 
     def step_flags(self, plan: Plan) -> list[str]:
         c, k = plan.recipe.container, plan.cluster.containers
@@ -171,31 +241,7 @@ class Pyxis(Isolated):
         return out
 
 
-class Sandbox(Isolated):
-    """The dev cluster's stand-in for pyxis (bubblewrap): the step sees the image (its
-    operating-system layers and its own folder) and the declared mounts, nothing else of
-    the host, so a missing mount fails here as it would on a real cluster."""
-
-    name = "sandbox"
-    what = "containers in a sandbox"
-
-    def wrap(self, plan: Plan) -> list[str]:
-        k, c = plan.cluster.containers, plan.recipe.container
-        argv = ["bwrap", "--die-with-parent"]
-        for layer in k.sandbox_layers:
-            argv += ["--ro-bind-try", layer, layer]
-        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp"]
-        argv += ["--tmpfs", "/root", "--tmpfs", "/home"]  # the image's own writable home
-        image = image_dir(plan)  # mounted after the tmpfs layers, which would hide it
-        if image:
-            argv += ["--ro-bind", image, image]
-        for src, dst, ro in mounts(plan):
-            argv += ["--ro-bind" if ro else "--bind", src, dst]
-        argv += ["--chdir", c.workdir or "/"]
-        return [*argv, "--"]
-
-
-RUNTIMES: dict[str, Containers] = {r.name: r for r in (Containers(), Pyxis(), Sandbox())}
+RUNTIMES: dict[str, Containers] = {r.name: r for r in (Containers(), Pyxis())}
 
 
 def of(cluster: Cluster) -> Containers:

@@ -526,20 +526,20 @@ def sbatch_text(plan: Plan, nodes: int, folder: str) -> str:
 
 def step_prefix(plan: Plan, proc: Process) -> list[str]:
     """What `proc`'s command line starts with: its scheduler's step (srun on Slurm, with the
-    container runtime's step options), then the runtime's wrap (a sandbox)."""
+    container runtime's step options)."""
     rt = containers.of(plan.cluster)
-    prefix = schedulers.of(plan.cluster).step_prefix(
+    return schedulers.of(plan.cluster).step_prefix(
         plan, proc, rt.step_flags(plan) if proc.container else [])
-    return [*prefix, *rt.wrap(plan)] if proc.container else prefix
 
 
 def command_line(plan: Plan, proc: Process) -> list[str]:
-    """The full command that starts `proc`: [srun ...] [sandbox --] env K=V ... argv."""
+    """The full command that starts `proc`: [srun ...] env K=V ... argv."""
     return [*step_prefix(plan, proc), "env", *[f"{k}={v}" for k, v in proc.env.items()],
             *proc.argv]
 
 
 NODECHECK_MODULE = "launcher.control.nodecheck"
+IMAGE_MODULE = "launcher.control.image"
 
 
 def env_prefix(env: dict[str, str]) -> list[str]:
@@ -556,6 +556,12 @@ def check_steps(plan: Plan) -> list[tuple[str, list[list[str]]]]:
     if c.network.interface:
         host += ["--interface", c.network.interface]
     boxed = plan.recipe.container is not None
+    if boxed and containers.of(c).isolated:
+        host += ["--runtime", c.containers.runtime]
+        for src, _, _ in containers.mounts(plan):
+            host += ["--mount-source", src]
+        if c.containers.image_cache:
+            host += ["--image-cache", c.containers.image_cache]
     inside = [
         *launcher_cmd(plan, NODECHECK_MODULE, boxed), "--run-dir", rd, "--where", "container",
         "--engine", plan.recipe.engine,
@@ -563,10 +569,16 @@ def check_steps(plan: Plan) -> list[tuple[str, list[list[str]]]]:
     env_host = env_prefix(host_env(plan))
     rt = containers.of(c)
     env_box = env_prefix({**model_env(plan), **(rt.env(plan) if boxed else host_env(plan))})
-    box = [*rt.step_flags(plan), *rt.wrap(plan)] if boxed else []
-    stage = stage_command(plan)
-    return schedulers.of(c).preflight_steps(plan, [*env_host, *host], [*env_box, *inside],
-                                           [*env_box, *stage] if stage else None, box)
+    box = rt.step_flags(plan) if boxed else []
+    stages = []
+    if cached := containers.cached_image(plan):
+        stages.append(("stage-image", [*env_host, *launcher_cmd(plan, IMAGE_MODULE, False),
+                                       containers.enroot_uri(plan.recipe.container.image),
+                                       "--to", cached]))
+    if stage := stage_command(plan):
+        stages.append(("stage-model", [*box, *env_box, *stage]))
+    return schedulers.of(c).preflight_steps(plan, [*env_host, *host],
+                                           [*box, *env_box, *inside], stages)
 
 
 def stage_command(plan: Plan) -> list[str] | None:

@@ -47,17 +47,16 @@ class Local:
         return {n: "127.0.0.1" for n in nodes}
 
     def step_prefix(self, plan: Plan, proc: Process, container_flags: list[str]) -> list[str]:
-        """What a process's command line starts with (before the container's wrap)."""
+        """What a process's command line starts with (before its environment and argv)."""
         return []
 
     def preflight_steps(self, plan: Plan, host: list[str], inside: list[str],
-                        stage: list[str] | None, box: list[str]) -> list[tuple[str, Commands]]:
-        """(name, commands) of the preflight: the host check on every node, the model's
-        staging if any, then the check inside the engine's container on every node. Here:
-        one command per node."""
+                        stages: list[tuple[str, list[str]]]) -> list[tuple[str, Commands]]:
+        """(name, commands) of the preflight: the host check on every node, the stages
+        (the image's import, the model's download) on the first node, then the check inside
+        the engine's container on every node. Here: one command per node."""
         steps = [("preflight-host", [[*host, "--node", n] for n in plan.nodes])]
-        if stage:
-            steps.append(("stage-model", [stage]))
+        steps += [(name, [cmd]) for name, cmd in stages]
         return [*steps, ("preflight-container", [[*inside, "--node", n] for n in plan.nodes])]
 
     def remote_nodes(self, cluster: Cluster) -> bool:
@@ -94,17 +93,16 @@ class Slurm(Local):
         return [*argv, *container_flags]
 
     def preflight_steps(self, plan: Plan, host: list[str], inside: list[str],
-                        stage: list[str] | None, box: list[str]) -> list[tuple[str, Commands]]:
-        """Each check is one step over every node (the container check, with pyxis, imports
-        the image into the job's named container once per node)."""
+                        stages: list[tuple[str, list[str]]]) -> list[tuple[str, Commands]]:
+        """Each check is one step over every node (the container check, with pyxis, creates
+        the job's named container once per node: every later step reuses it); each stage
+        one step on the first node."""
         step = [*self.job_step(plan), f"--nodes={len(plan.nodes)}", "--ntasks-per-node=1",
                 f"--nodelist={','.join(plan.nodes)}", gpu_request(plan)]
+        one = [*self.job_step(plan), "--nodes=1", "--ntasks=1", f"--nodelist={plan.nodes[0]}"]
         steps = [("preflight-host", [[*step, "--job-name=preflight-host", *host]])]
-        if stage:
-            one = [*self.job_step(plan), "--nodes=1", "--ntasks=1",
-                   f"--nodelist={plan.nodes[0]}"]
-            steps.append(("stage-model", [[*one, "--job-name=stage-model", *box, *stage]]))
-        container = [*step, "--job-name=preflight-container", *box, *inside]
+        steps += [(name, [[*one, f"--job-name={name}", *cmd]]) for name, cmd in stages]
+        container = [*step, "--job-name=preflight-container", *inside]
         return [*steps, ("preflight-container", [container])]
 
     def remote_nodes(self, cluster: Cluster) -> bool:

@@ -54,7 +54,7 @@ class ComputeEnv(Strict):
 class Containers(Strict):
     """How container steps run and what they see (pyxis: only the image and the mounts)."""
 
-    runtime: Literal["pyxis", "sandbox", "none"] = "none"
+    runtime: Literal["pyxis", "none"] = "none"
     mounts: list[str] = Field(
         default_factory=lambda: ["{run_dir}:{run_dir}"],
         description="SRC:DST[:ro] for every container step; {run_dir} is the run directory",
@@ -64,10 +64,6 @@ class Containers(Strict):
     image_cache: str | None = Field(
         default=None,
         description="pyxis: shared folder where each image is imported once as a .sqsh",
-    )
-    sandbox_layers: list[str] = Field(
-        default_factory=lambda: ["/usr", "/bin", "/lib", "/lib64", "/etc", "/sbin"],
-        description="sandbox: host folders that stand for the image's operating system",
     )
 
     @field_validator("mounts")

@@ -206,8 +206,14 @@ class Model(Strict):
 class Container(Strict):
     image: str = Field(
         min_length=1,
-        description="the engine image: a registry reference (pin it: repo@sha256:...), a "
-        ".sqsh file, or {compute_env} (the job's own environment, for the sandbox runtime)",
+        description="the engine image: a registry reference (pin it: repo@sha256:...) or a "
+        ".sqsh file; without a container runtime, an environment folder or {compute_env}",
+    )
+    environment: str | None = Field(
+        default=None,
+        description="a software environment folder (a venv) on every node, mounted "
+        "read-only at its own path with its bin/ first on PATH; {compute_env} is the job's "
+        "own. For images that do not hold the engine (the dev cluster's)",
     )
     mounts: list[str] = Field(
         default_factory=list, description="SRC:DST[:ro] added to the profile's mounts"

@@ -35,7 +35,7 @@ case "$NODES" in ''|*[!0-9]*) die "DEVCLUSTER_NODES must be a number, got '$NODE
 
 # ---------------------------------------------------------------- packages
 need_pkgs=()
-for p in munge slurmctld slurmd slurm-client bubblewrap; do
+for p in munge slurmctld slurmd slurm-client; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_pkgs+=("$p")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then
@@ -103,6 +103,9 @@ SchedulerType=sched/backfill
 # Start batch jobs at once (default batch_sched_delay=3 adds up to 3 s).
 SchedulerParameters=batch_sched_delay=0
 MpiDefault=none
+# SPANK plugins (pyxis, written by slurm/devcluster/containers.sh). Named, because clients
+# that read /etc/slurm/slurm.conf through the link would look beside the link instead.
+PlugStackConfig=$DIR/etc/plugstack.conf
 MailProg=/bin/true
 ReturnToService=2
 # Declared CPUs/memory/GPUs win over what slurmd detects on this small host.
@@ -139,7 +142,7 @@ write_if_changed() {  # file content
 write_if_changed "$CONF" "$new_conf"
 write_if_changed "$DIR/etc/gres.conf" "$new_gres"
 write_if_changed "$DIR/etc/cgroup.conf" "$new_cgroup"
-# Plugstack is looked up next to slurm.conf; an empty one keeps SPANK quiet.
+# An empty plugstack until containers.sh loads pyxis into it.
 [ -f "$DIR/etc/plugstack.conf" ] || : >"$DIR/etc/plugstack.conf"
 
 export SLURM_CONF="$CONF"

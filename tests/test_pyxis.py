@@ -1,0 +1,251 @@
+"""The dev cluster's container steps through real pyxis 0.24.0 and enroot 4.1.2 (built from
+their release sources by slurm/devcluster/containers.sh): the image comes from a registry
+on this host by name, each node creates the job's named container once and every later step
+reuses it, and each way a site's container setup fails is one sentence in preflight, in
+seconds, before anything loads."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from helpers import leftovers
+from test_gb200_path import REPO, SERVE_ONLY, profile, submit, wait_end
+
+from launcher.run import rundir
+
+pytestmark = pytest.mark.slurm
+DEVCLUSTER = Path(os.environ.get("DEVCLUSTER_DIR", "/var/tmp/pd-devcluster"))
+ENGINE_REF = DEVCLUSTER / "images" / "engine.ref"
+TAG_IMAGE = "127.0.0.1:5000/pd/devcluster-engine:bookworm"
+
+
+def image(kind: str) -> str:
+    """The dev cluster's engine image by `tag` or by `digest`, as containers.sh pushed it."""
+    if not ENGINE_REF.is_file():
+        pytest.fail(f"{ENGINE_REF} is missing: run slurm/devcluster/containers.sh")
+    refs = dict(line.split(" ", 1) for line in ENGINE_REF.read_text().splitlines())
+    return refs[kind]
+
+
+@pytest.fixture(scope="module")
+def cache_profile(tmp_path_factory) -> str:
+    """The devcluster profile with an image cache of its own (empty at first)."""
+    d = tmp_path_factory.mktemp("pyxis")
+    (d / "cache").mkdir()
+    return profile(d, **{"image_cache: /var/tmp/pd-devcluster/images/cache":
+                         f"image_cache: {d / 'cache'}"})
+
+
+def job_of(run: Path) -> str:
+    return rundir.RunDir(run).read_submission().slurm_job_id
+
+
+def pyxis_lines(job: str) -> list[tuple[str, str]]:
+    """(node, message) of every pyxis line slurmd logged for the job's steps."""
+    out = []
+    for log in sorted((DEVCLUSTER / "log").glob("slurmd.*.log")):
+        node = log.name.split(".")[1]
+        for line in log.read_text(errors="replace").splitlines():
+            if f"] [{job}." in line and "pyxis:" in line:
+                out.append((node, line.split("pyxis:", 1)[1].strip()))
+    return out
+
+
+def image_events(run: Path) -> list[dict]:
+    return [e for e in rundir.RunDir(run).events() if e["event"] == "image"]
+
+
+def engine_pid(run: Path, process: str, timeout: float = 120) -> int:
+    """The pid of `process`'s server once it runs (found by the environment it was given)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                env = p.environ()
+            except (psutil.Error, OSError):
+                continue
+            if env.get("PD_RUN_DIR") == str(run) and env.get("PD_PROCESS") == process \
+                    and "launcher.sim" in " ".join(p.info["cmdline"] or []):
+                return p.pid
+        time.sleep(0.5)
+    raise AssertionError(f"{process} of {run} did not start in {timeout} s")
+
+
+def test_srun_lists_pyxis_options():
+    out = subprocess.run(["srun", "--help"], capture_output=True, text=True).stdout
+    for option in ("--container-image=", "--container-name=", "--container-mounts=",
+                   "--container-writable", "--container-remap-root", "--container-workdir=",
+                   "--no-container-mount-home", "--no-container-entrypoint"):
+        assert option in out, option
+
+
+def test_engines_run_in_the_image_under_pyxis_and_reuse_one_container_per_node(
+        tmp_path, cache_profile):
+    code, out, run = submit(tmp_path, "--set", f"cluster={cache_profile}", wait=False)
+    assert code == 0, out
+    job = job_of(run)
+    pid = engine_pid(run, "decode-0@gb200-01")
+    # its root is the job's named container in enroot's data folder of that node
+    (container,) = (DEVCLUSTER / "enroot" / "gb200-01" / "data").glob(
+        f"pyxis_{job}_pd-devcluster-engine-*")
+    root, there = os.stat(f"/proc/{pid}/root/"), os.stat(container)
+    assert (root.st_dev, root.st_ino) == (there.st_dev, there.st_ino)
+    assert Path(f"/proc/{pid}/root/etc/pd-image").read_text().strip() == "pd-devcluster-engine"
+    assert not Path(f"/proc/{pid}/root{REPO}").exists()  # the host's files are not there
+    assert Path(f"/proc/{pid}/root{run}/plan.json").is_file()  # the run directory is mounted
+    st = wait_end(run)
+    assert st.state == "succeeded", st.error
+    assert (run / "bench" / "c00008.json").is_file() and (run / "accuracy" / "gsm8k.json").is_file()
+    # the image came from the registry by name, once, into the profile's cache
+    (ev,) = image_events(run)
+    assert ev["imported"] is True and ev["path"].startswith(str(Path(cache_profile).parent))
+    assert "importing docker://127.0.0.1:5000#pd/devcluster-engine:bookworm" in (
+        run / "logs" / "stage-image.log").read_text()
+    # one container created per node (the preflight step); every later step reused it
+    lines = pyxis_lines(job)
+    created = [n for n, m in lines if m.startswith("creating container filesystem")]
+    reused = [n for n, m in lines if m.startswith("reusing existing container")]
+    plan = json.loads((run / "plan.json").read_text())
+    boxed = [p for p in plan["processes"] if p["container"]]
+    assert sorted(created) == sorted(n["name"] for n in plan["nodes"]), lines
+    assert len(reused) == len(boxed), (len(boxed), lines)
+    assert leftovers(run) == []
+
+
+def test_a_digest_pinned_image_runs_and_a_cached_image_is_not_imported_again(
+        tmp_path, cache_profile):
+    pinned = image("digest")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    code, out, run = submit(tmp_path / "a", "--set", f"cluster={cache_profile}", "--set",
+                            f"container.image={pinned}", *SERVE_ONLY)
+    assert code == 0, out
+    cmds = (run / "commands.sh").read_text()
+    name = re.search(r"--container-name=(\S+)", cmds).group(1)
+    (ev,) = image_events(run)
+    assert ev["imported"] is True, ev  # its own name: the digest is part of the reference
+    # Docker's repo@sha256: form, written the way pyxis documents it: REGISTRY#REPO@DIGEST
+    registry, rest = pinned.split("/", 1)
+    assert f"importing docker://{registry}#{rest}" in (run / "logs" / "stage-image.log").read_text()
+    code, out, again = submit(tmp_path / "b", "--set", f"cluster={cache_profile}", "--set",
+                              f"container.image={pinned}", *SERVE_ONLY)
+    assert code == 0, out
+    (ev,) = image_events(again)
+    assert ev["imported"] is False, ev
+    assert f"--container-name={name}" in (again / "commands.sh").read_text()
+
+
+def test_the_gb200_recipes_container_options_are_accepted_by_the_real_plugin(tmp_path):
+    """The container options of every GB200 step, as rendered, run through real pyxis: only
+    the image (the site's vLLM is not here) and the mount sources are the dev cluster's."""
+    subprocess.run(
+        ["python", "-m", "launcher", "submit", "qwen3.5-397b-gb200-disagg", "--dry-run",
+         "--runs-dir", str(tmp_path / "runs")], check=True, capture_output=True, cwd=tmp_path,
+        env=dict(os.environ, PATH=f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"))
+    (run,) = (tmp_path / "runs").iterdir()
+    line = next(x for x in (run / "commands.sh").read_text().splitlines()
+                if x.startswith("srun") and "--job-name=decode-0@" in x)
+    flags = [w for w in line.split() if w.startswith(("--container-", "--no-container-"))]
+    assert {f.split("=", 1)[0] for f in flags} >= {
+        "--container-image", "--container-name", "--container-mounts",
+        "--no-container-mount-home", "--no-container-entrypoint", "--container-writable"}
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "probe").write_text("seen\n")
+    changed = []
+    for f in flags:
+        if f.startswith("--container-image="):
+            f = "--container-image=" + image("digest").replace("/", "#", 1)
+        elif f.startswith("--container-mounts="):
+            # the same list shape: a read-write run directory and a read-only launcher mount
+            f = f"--container-mounts={tmp_path}:{tmp_path},{src}:/opt/pd-launcher/launcher:ro"
+        changed.append(f)
+    p = subprocess.run(["srun", "-N1", "--time=2", *changed, "cat",
+                        "/opt/pd-launcher/launcher/probe", "/etc/pd-image"],
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["seen", "pd-devcluster-engine"]
+
+
+# --- each way a site's container setup fails: one sentence in preflight, in seconds ---------
+
+
+def failed_preflight(tmp_path: Path, *sets: str, prof: str | None = None) -> str:
+    args = [a for s in sets for a in ("--set", s)]
+    if prof:
+        args += ["--set", f"cluster={prof}"]
+    t = time.monotonic()
+    code, out, run = submit(tmp_path, *args, *SERVE_ONLY)
+    took = time.monotonic() - t
+    assert code != 0, out
+    st = rundir.RunDir(run).status()
+    assert st.state == "failed" and st.stage in ("plan", "preflight"), st
+    assert not list((run / "logs").glob("decode-0@*.log"))  # nothing loaded
+    assert took < 90, took
+    assert leftovers(run) == []
+    return st.error
+
+
+def test_an_image_not_in_the_registry_is_one_sentence(tmp_path, cache_profile):
+    err = failed_preflight(tmp_path, "container.image=127.0.0.1:5000/pd/devcluster-engine:nope",
+                           prof=cache_profile)
+    assert "the image pd/devcluster-engine:nope is not in the registry 127.0.0.1:5000" in err, err
+    assert "gb200-01: stage-image:" in err
+
+
+def test_a_digest_that_does_not_exist_is_one_sentence(tmp_path):
+    # no image cache: pyxis itself pulls on every node, and each node says the same
+    prof = profile(tmp_path, **{"image_cache: /var/tmp/pd-devcluster/images/cache": "image_cache: null"})
+    missing = "127.0.0.1:5000/pd/devcluster-engine@sha256:" + "0" * 64
+    err = failed_preflight(tmp_path, f"container.image={missing}", prof=prof)
+    assert ("the image's digest sha256:" + "0" * 64 + " does not exist in pd/devcluster-engine "
+            "on the registry 127.0.0.1:5000") in err, err
+    assert err.count("does not exist") == 1 and "gb200-01, gb200-02" in err  # one sentence
+
+
+def test_a_malformed_image_name_is_refused_before_submission(tmp_path):
+    for bad, said in (("127.0.0.1:5000/PD/Engine:x", "is not an image reference"),
+                      ("127.0.0.1:5000/pd/devcluster-engine@sha256:abc", "is not sha256:<64")):
+        code, out, run = submit(tmp_path, "--set", f"container.image={bad}", "--dry-run")
+        assert code == 2 and said in out, out
+
+
+def test_a_missing_mount_source_is_named_with_its_node(tmp_path):
+    err = failed_preflight(tmp_path, "container.mounts=['/nonexistent/models:/models:ro']")
+    assert "gb200-01: the container mount source /nonexistent/models does not exist on the node" in err
+
+
+def test_an_image_cache_without_room_is_one_sentence(tmp_path):
+    small = tmp_path / "small-cache"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(small)], check=True)
+    try:
+        prof = profile(tmp_path, **{"image_cache: /var/tmp/pd-devcluster/images/cache":
+                                    f"image_cache: {small}"})
+        err = failed_preflight(tmp_path, prof=prof)
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+    assert "gb200-01: stage-image: no room left for the image" in err, err
+    assert "containers.image_cache" in err
+
+
+def test_enroot_missing_on_the_nodes_is_one_sentence(tmp_path):
+    exe = shutil.which("enroot")
+    assert exe, "enroot is not installed: run slurm/devcluster/containers.sh"
+    aside = exe + ".away"
+    os.rename(exe, aside)
+    try:
+        err = failed_preflight(tmp_path)
+    finally:
+        os.rename(aside, exe)
+    assert "gb200-01: enroot is not installed" in err, err
+    assert "gb200-04: enroot is not installed" in err
