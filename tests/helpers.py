@@ -227,3 +227,28 @@ def stop(proc, grace_s: float = 10) -> None:
         proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+def server_of(process: str, marker: str, under: Path, timeout: float = 120) -> int:
+    """The pid of a run's `process` (PD_PROCESS) whose command line holds `marker`, once it
+    runs, for a run directory anywhere under `under`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                env = p.environ()
+            except (psutil.Error, OSError):
+                continue
+            if env.get("PD_PROCESS") == process and env.get("PD_RUN_DIR", "").startswith(
+                    str(under)) and marker in " ".join(p.info["cmdline"] or []):
+                return p.pid
+        time.sleep(0.5)
+    raise AssertionError(f"no {marker!r} process of {process} under {under} in {timeout} s")
+
+
+def in_image(pid: int, marker: str = "pd-devcluster-engine") -> bool:
+    """Whether the process's root is the dev cluster's engine image (containers.sh writes
+    /etc/pd-image into it), not this host's."""
+    mark = Path(f"/proc/{pid}/root/etc/pd-image")
+    return mark.is_file() and mark.read_text().strip() == marker \
+        and not Path(f"/proc/{pid}/root{Path(__file__).resolve().parents[1]}").exists()

@@ -360,10 +360,17 @@ def node_pids(node: str) -> set[int]:
     return found
 
 
+def cmdline(pid: int) -> str:
+    """A process's command line, '' once it is gone (pyxis's enroot helpers come and go)."""
+    try:
+        return " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return ""
+
+
 def lose_node(node: str) -> int:
     victims = node_pids(node)
-    assert any("slurmd" in " ".join(psutil.Process(p).cmdline()) for p in victims
-               if psutil.pid_exists(p)), f"no slurmd of {node} among {victims}"
+    assert any("slurmd" in cmdline(p) for p in victims), f"no slurmd of {node} among {victims}"
     for pid in victims:
         try:
             os.kill(pid, signal.SIGKILL)

