@@ -29,7 +29,10 @@ def _parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_recipes)
 
     s = sub.add_parser("submit", help="allocate nodes and run a recipe (or --dry-run)")
-    s.add_argument("recipe", help="a recipe YAML path or the name of a shipped recipe")
+    s.add_argument("recipe", nargs="?",
+                   help="a recipe YAML path or the name of a shipped recipe")
+    s.add_argument("--again", metavar="RUN",
+                   help="submit the exact resolved recipe of an earlier run (its recipe.yaml)")
     _recipe_options(s)
     s.add_argument(
         "--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
@@ -101,6 +104,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="csv: one row per sweep point, printed (or written to -o)")
     s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS)
     s.set_defaults(func=cmd_report)
+
+    s = sub.add_parser("diff", help="two runs: settings, processes, fingerprint drift and "
+                                    "figures that differ; whether it is single-variable")
+    s.add_argument("run_a", help="run directory or id")
+    s.add_argument("run_b", help="run directory or id")
+    s.add_argument("--format", choices=("text", "json"), default="text")
+    s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS)
+    s.set_defaults(func=cmd_diff)
 
     s = sub.add_parser(
         "recommend", help="the prefill:decode ratio and top concurrency to run next, from one run"
@@ -220,6 +231,19 @@ def cmd_recipes(args) -> int:
 def cmd_submit(args) -> int:
     from launcher.control import prepare
 
+    held = None
+    if args.again:
+        if args.recipe or args.sweep:
+            raise UserError("submit --again RUN takes that run's resolved recipe: give no "
+                            "recipe and no --sweep (--set still changes it)")
+        old = _find_run(args.runs_dir, args.again)
+        args.recipe = str(old.path / "recipe.yaml")
+        if not Path(args.recipe).is_file():
+            raise UserError(f"{old.path} has no recipe.yaml to submit again")
+        held = _not_held(old)
+    elif not args.recipe:
+        raise UserError("submit needs a recipe (a shipped name or a YAML path), or --again RUN")
+
     runs = prepare.prepare_all(
         args.recipe, args.overrides, args.sweep, args.runs_dir, nodelist=args.nodelist
     )
@@ -238,6 +262,8 @@ def cmd_submit(args) -> int:
         far = visibility.runs_dir_warning(runs[0].plan, args.runs_dir)
         if far:
             print(f"warning: {far}", file=sys.stderr)
+    if held:
+        print(held, file=sys.stderr)
     if args.dry_run:
         for r in runs:
             sub = r.run.read_submission()
@@ -255,6 +281,23 @@ def cmd_submit(args) -> int:
             if schedulers.of(r.plan.cluster).allocates:
                 code = max(code, text.follow(r.run))
     return code
+
+
+def _not_held(old) -> str:
+    """What a re-run cannot hold the same as `old`, in one sentence."""
+    ident = (old.read_record().identity if old.read_record() else None) or {}
+    parts = []
+    image = ident.get("image")
+    if image and "@sha256:" not in image and not image.startswith("/"):
+        parts.append(f"the image {image} is a tag the registry may serve other bytes for "
+                     "now (pin it with --set container.image=REPO@sha256:...)")
+    if ident.get("nodes"):
+        parts.append(f"the nodes are the scheduler's choice (it ran on "
+                     f"{', '.join(ident['nodes'])})")
+    if ident.get("driver"):
+        parts.append(f"the driver is what those nodes have now (it had {', '.join(ident['driver'])})")
+    parts.append(f"`python -m launcher diff {old.path} NEW_RUN` names any drift once it ran")
+    return "again: " + "; ".join(parts)
 
 
 def cmd_env(args) -> int:
@@ -381,6 +424,20 @@ def cmd_report(args) -> int:
             print(args.output)
         return 0
     print(report.write_report(path, args.output))
+    return 0
+
+
+def cmd_diff(args) -> int:
+    from launcher.analysis import compare
+
+    a, b = _find_run(args.runs_dir, args.run_a), _find_run(args.runs_dir, args.run_b)
+    result = compare.compare(a.path, b.path)
+    if args.format == "json":
+        import json
+
+        print(json.dumps(result, indent=1, default=str))
+    else:
+        print(compare.text(result))
     return 0
 
 

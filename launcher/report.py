@@ -234,7 +234,10 @@ def run_summary(rd: RunDir) -> tuple[dict, str]:
         why = "not valid JSON"
     # a damaged summary.json costs nothing but itself: the figures are computed again
     had = f"summary.json is damaged ({why})" if why else "no summary.json"
-    return figures.summary(rd.path), f"computed now by launcher.run.figures ({had})"
+    from launcher.analysis import load
+
+    return (figures.summary(rd.path, log_signals=load.log_signals(rd.path)),
+            f"computed now by launcher.run.figures ({had})")
 
 
 def verdicts(rd: RunDir) -> tuple[dict[Any, dict], str | None]:
@@ -449,7 +452,22 @@ def headline(s: dict) -> str:
         from launcher.run.figures import accuracy_line
 
         tiles_html += f'<p class="accuracy">{esc(accuracy_line(acc))}</p>'
-    return tiles_html
+    from launcher.run.figures import signals_line
+
+    sig = signals_line(s.get("log_signals"))
+    return tiles_html + cost_line(s) + (
+        f'<p class="signals">Log signals (docs/log-signals.md): {esc(sig)}</p>' if sig else "")
+
+
+def cost_line(s: dict) -> str:
+    """Where the allocation's time and GPU-hours went (summary.json's lifecycle)."""
+    from launcher.run.figures import lifecycle_line
+
+    line = lifecycle_line(s.get("lifecycle"))
+    hours = (s.get("lifecycle") or {}).get("gpu_hours")
+    val = f' data-value="{hours!r}"' if isinstance(hours, (int, float)) else ""
+    return (f'<p class="cost" data-key="lifecycle.gpu_hours"{val}>Cost: {esc(line)}</p>'
+            if line else "")
 
 
 def verdict_block(s: dict) -> str:

@@ -295,6 +295,10 @@ def result_lines(run: RunDir) -> list[str]:
         out.append(f"accuracy {a.get('task', 'gsm8k')} {a.get('metric') or ''} "
                    f"{a['accuracy']:.3f} (threshold {a.get('threshold', 0):g}, "
                    f"{'passed' if a.get('passed') else 'failed'}; {a.get('harness')} harness)")
+    if cost := figures.lifecycle_line(doc.get("lifecycle")):
+        out.append(f"cost {cost}")
+    if sig := figures.signals_line(doc.get("log_signals")):
+        out.append(f"log signals: {sig}")
     report = run.path / "report.html"
     out.append(f"report: {report}" if report.is_file() else
                f"report: python -m launcher report {run.path}")

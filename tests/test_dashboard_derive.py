@@ -175,3 +175,29 @@ def test_incremental_reader_matches_a_full_read(tmp_path):
         full[cols].astype({"process": str, "engine": str}).reset_index(drop=True))
     ss = derive.SeriesSet(again, PLAN)
     assert len(ss) == 2 and ss.t_range == (1000.0, 1699.0)
+
+
+def test_energy_per_token_comes_from_the_energy_counter_of_the_working_gpus():
+    """Two decode GPUs at 500 W and an idle GPU of the allocation at 100 W, sampled every 5 s
+    as the agent does: the window's energy counts the working GPUs for J per token and all
+    three for the allocation; without the counter the figures are absent (NaN), not 0."""
+    t = 1_000_000.0 + np.arange(0.0, 121.0, 5.0)
+    rows = []
+    for idx, (proc, watts) in enumerate((("decode-0@n1", 500.0), ("decode-0@n1", 500.0),
+                                         ("", 100.0))):
+        labels = f'{{"index":"{idx}","uuid":"GPU-{idx}"}}'
+        for ts in t:
+            rows.append((ts, "n1", proc, "", "gpu:energy_mj", labels,
+                         7e9 + watts * (ts - t[0]) * 1000.0))
+    df = pd.DataFrame(rows, columns=["ts", "node", "process", "engine", "name", "labels", "value"])
+    ss = derive.SeriesSet(df, PLAN)
+    point = {"max_concurrency": 8, "window_start": t[0] + 12.5, "window_end": t[0] + 102.5,
+             "completed": 450, "total_output_tokens": 90_000}
+    row = derive.point_table([point], PLAN, ss).iloc[0]
+    assert row["energy_decode_j"] == pytest.approx(2 * 500 * 90.0)
+    assert row["energy_j"] == pytest.approx(90_000.0) and math.isnan(row["energy_prefill_j"])
+    assert row["energy_allocated_j"] == pytest.approx(99_000.0)
+    assert row["joules_per_output_token"] == pytest.approx(1.0)
+    assert row["joules_per_request"] == pytest.approx(200.0)
+    bare = derive.point_table([point], PLAN, derive.SeriesSet(df.iloc[0:0], PLAN)).iloc[0]
+    assert math.isnan(bare["joules_per_output_token"]) and math.isnan(bare["energy_j"])

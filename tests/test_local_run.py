@@ -6,12 +6,14 @@ status, run.json, `status`, the logs, the results, and that no process of the ru
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 import synth
 from helpers import launcher, leftovers
 
@@ -41,9 +43,25 @@ def test_demo_runs_end_to_end(tmp_path, tmp_path_factory):
         "c00004.json", "c00016.json", "c00064.json",
     ]  # fmt: skip
     summary = json.loads((run / "summary.json").read_text())
-    again = figures.summary(run)
-    again.pop("generated"), summary.pop("generated")
+    from launcher.analysis import load
+
+    again = figures.summary(run, log_signals=load.log_signals(run))
+    for s in (again, summary):
+        s.pop("generated")
+    lc = summary.pop("lifecycle")  # written at the report stage, it ends there
+    again.pop("lifecycle")
     assert again == summary
+    # a clean run: every failure signal counted, each 0 (kept when zero); preemptions are
+    # load, not a failure (the decode preempts at c=64), and counted too
+    sig = summary["log_signals"]
+    failures = {k: v for k, v in sig["totals"].items() if k != "preemptions"}
+    assert failures == dict.fromkeys(failures, 0) and len(failures) == 7, sig["totals"]
+    assert isinstance(sig["totals"]["preemptions"], int)
+    assert set(sig["processes"]) == {p["name"] for p in plan["processes"]}
+    # where the allocation's time went, adding up to the whole
+    assert sum(v["seconds"] for v in lc["phases"].values()) == pytest.approx(lc["seconds"], abs=0.05)
+    assert lc["phases"]["measuring"]["seconds"] > 0 and set(lc["engine_ready_s"]) >= {
+        p["name"] for p in plan["processes"] if p["kind"] == "engine" and p["url"]}
     assert [p["status"] for p in summary["points"]] == ["ok", "ok", "ok"]
     acc = json.loads((run / "accuracy" / "gsm8k.json").read_text())
     assert acc["passed"] and acc["accuracy"] >= 0.7
@@ -90,7 +108,7 @@ def _fail_run(tmp_path, *sets):
 def test_decode_crash_fails_fast_and_names_it(tmp_path):
     code, out, took, run = _fail_run(
         tmp_path, "benchmark.enabled=false", "accuracy.enabled=false", "hold_s=120",
-        "decode.env.SIM_CRASH_AFTER_S=6",
+        "decode.env.SIM_CRASH_AFTER_S=6", "decode.env.SIM_CRASH_CAUSE=oom",
     )  # fmt: skip
     assert code == 1, out
     assert took < 40, f"took {took:.0f} s to notice a crash"
@@ -101,6 +119,15 @@ def test_decode_crash_fails_fast_and_names_it(tmp_path):
     assert "decode-0@local-" in status and "exited with status" in status
     assert (run / "logs" / "decode-0@local-1.log").stat().st_size > 0
     assert leftovers(run) == []
+    # the engine's death (an OOM, as vLLM logs one) is counted on that process, no other
+    sig = json.loads((run / "summary.json").read_text())["log_signals"]
+    died = {k: v for k, v in sig["processes"]["decode-0@local-1"].items() if v}
+    assert died == {"engine_crashes": 1, "cuda_oom": 1, "tracebacks": 1}, sig
+    hit = {p for p, c in sig["processes"].items() if any(c.values())}
+    assert hit <= {"decode-0@local-1", "decode-0@local-2"}, hit  # both parts may crash
+    said = " ".join(status.split())
+    assert re.search(r"log signals: engine crashes [12] \(decode-0@local-1[,)].*CUDA out of "
+                     r"memory [12] \(decode-0@local-1[,)]", said), said
     # The node's agent saw the dead endpoint as a gap with a reason and kept going.
     from launcher.telemetry import store
 

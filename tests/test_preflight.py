@@ -58,6 +58,12 @@ def test_a_broken_pd_path_fails_before_the_sweep(tmp_path):
     assert not list((run / "bench").glob("c*.json")), "the sweep ran"
     events = [e["event"] for e in rundir.RunDir(run).events()]
     assert "pd_path" in events and "serving" not in events
+    # the failed read is a log signal of the decode that read it (vLLM's connector and
+    # scheduler lines, counted once), of no other process
+    sig = json.loads((run / "summary.json").read_text())["log_signals"]
+    failed = {p: c["kv_transfer_failures"] for p, c in sig["processes"].items()
+              if c["kv_transfer_failures"]}
+    assert list(failed) == ["decode-0@local-1"] and failed["decode-0@local-1"] >= 1, sig
     assert leftovers(run) == []
 
 

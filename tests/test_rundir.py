@@ -8,7 +8,7 @@ import time
 
 from launcher import text
 from launcher.control import runs
-from launcher.run import listing
+from launcher.run import listing, rundir
 from launcher.run.rundir import (
     CancelRecord,
     Reconciled,
@@ -101,3 +101,30 @@ def test_result_file_names_carry_their_point(tmp_path):
     rec = CancelRecord(by="me", ts=1.0)
     run.write_cancel(rec)
     assert run.read_cancel() == rec
+
+
+def test_the_lifecycle_splits_the_allocation_into_phases_that_add_up(tmp_path):
+    from launcher.run import figures
+
+    rd = rundir.RunDir(tmp_path)
+    t = 1_800_000_000.0
+    stages = [(0, "preflight"), (30, "agents"), (32, "endpoints"), (35, "health"),
+              (635, "router"), (640, "sweep"), (1840, "accuracy"), (2140, "teardown"),
+              (2170, "report")]
+    lines = [{"ts": t, "event": "planned"}]
+    lines += [{"ts": t + dt, "event": "stage", "stage": s} for dt, s in stages]
+    lines += [{"ts": t + 32.5, "event": "process_started", "process": "decode-0@n1"},
+              {"ts": t + 600.5, "event": "ready", "process": "decode-0@n1"},
+              {"ts": t + 2175, "event": "succeeded"}]
+    rd.events_file.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    lc = figures.lifecycle(rd, None, 16)
+    phases = {k: v["seconds"] for k, v in lc["phases"].items()}
+    assert phases == {"preflight": 30.0, "loading": 610.0, "measuring": 1500.0,
+                      "holding": 0.0, "teardown": 35.0}
+    assert sum(phases.values()) == lc["seconds"] == 2175.0
+    assert lc["gpu_hours"] == round(16 * 2175 / 3600, 4)
+    assert lc["engine_ready_s"] == {}  # without a plan no process is known as an engine
+    line = figures.lifecycle_line(lc)
+    assert line.startswith("16 GPUs for 36.2 min = 9.67 GPU-hours: preflight 30.0 s (1 %), "
+                           "loading 10.2 min (28 %), measuring 25.0 min (69 %)"), line
+    assert figures.lifecycle(rundir.RunDir(tmp_path / "none"), None, 16) is None

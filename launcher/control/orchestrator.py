@@ -351,13 +351,13 @@ class Orchestrator:
             elif name == "stage-image":
                 self.note_image(self.run.log(name))
         facts = preflight.read_facts(self.run.path, list(self.plan.nodes), "container")
+        hosts = preflight.read_facts(self.run.path, list(self.plan.nodes), "host")
         problems = preflight.judge_container(
-            self.plan, self.doc, facts, self.plan.recipe.engine_version,
-            preflight.read_facts(self.run.path, list(self.plan.nodes), "host"))
+            self.plan, self.doc, facts, self.plan.recipe.engine_version, hosts)
         if problems:
             raise RunFailed("preflight: " + "; ".join(problems), culprit=problems[0].culprit)
         took = time.monotonic() - t0
-        self.record.identity = identity(self.plan, facts)
+        self.record.identity = identity(self.plan, facts, hosts)
         self.save()
         self.book.event("preflight_ok", seconds=round(took, 2))
         say(f"preflight passed on {len(self.plan.nodes)} node(s) in {took:.1f} s")
@@ -572,8 +572,10 @@ class Orchestrator:
     def report(self, state: State, error: str | None) -> None:
         try:
             from launcher.run import figures
+            from launcher.telemetry import signals
 
-            summary = figures.summary(self.run.path, state, error, notes=self.record.notes)
+            summary = figures.summary(self.run.path, state, error, notes=self.record.notes,
+                                      log_signals=signals.scan_run(self.run.path, self.doc))
             rundir.write_json(self.run.summary, summary)
             print(figures.summary_table(summary), flush=True)
         except Exception as e:  # a report problem must not hide the run's own outcome
@@ -619,10 +621,17 @@ class Orchestrator:
         self._write_processes()
 
 
-def identity(plan: Plan, facts: dict[str, dict | None]) -> dict:
+def identity(plan: Plan, facts: dict[str, dict | None],
+             hosts: dict[str, dict | None] | None = None) -> dict:
     """What exactly ran, for anyone comparing two runs: image, engine version as the
-    engine's own environment reports it, model and revision, Slurm job and nodes."""
+    engine's own environment reports it, model and revision, Slurm job and nodes, and the
+    fingerprint taken where it ran: every package of the engine's environment (the first
+    node's; nodes whose list differs are named), torch's CUDA, the nodes' driver and GPUs."""
     found = [f for f in facts.values() if f]
+    pkgs = next((f["packages"] for f in found if f.get("packages")), None)
+    differ = sorted(n for n, f in facts.items() if f and f.get("packages") not in (None, pkgs))
+    nvidia = [(h or {}).get("nvidia") for h in (hosts or {}).values()]
+    nvidia = [x for x in nvidia if x]
     versions = sorted({f.get("engine_version") for f in found if f.get("engine_version")})
     revisions = sorted({(f.get("model") or {}).get("revision") for f in found} - {None})
     c = plan.recipe.container
@@ -637,6 +646,11 @@ def identity(plan: Plan, facts: dict[str, dict | None]) -> dict:
         "nodes": {n: plan.address(n) for n in plan.nodes},
         "launcher_python": plan.runtime.python,
         "launcher_source": plan.runtime.src,
+        "packages": pkgs,
+        "packages_differ_on": differ,
+        "torch_cuda": next((f.get("torch_cuda") for f in found if f.get("torch_cuda")), None),
+        "driver": sorted({d for x in nvidia for d in x.get("driver") or []}) or None,
+        "gpu_models": sorted({m for x in nvidia for m in x.get("gpu_models") or []}) or None,
     }
 
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
+import shlex
 import shutil
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,6 +102,32 @@ def plan_run(
     return plan, need
 
 
+def launcher_version() -> str:
+    """The launcher's version and git commit (dirty when the work tree has changes) and
+    submitit's, for the run's fingerprint."""
+    from importlib import metadata
+
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    src = Path(__file__).resolve().parents[2]
+    git = "no git checkout"
+    try:
+        head = subprocess.run(["git", "-C", str(src), "rev-parse", "--short=12", "HEAD"],
+                              capture_output=True, text=True, timeout=10)
+        if head.returncode == 0:
+            dirty = subprocess.run(["git", "-C", str(src), "status", "--porcelain",
+                                    "--untracked-files=no"], capture_output=True, text=True,
+                                   timeout=10).stdout.strip()
+            git = f"git {head.stdout.strip()}" + (" (dirty)" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return f"pd-launcher {version('pd-launcher')}, {git}, submitit {version('submitit')}"
+
+
 def write_run(plan: Plan, need: int, root: Path, name: str, study: str | None) -> Prepared:
     # Absolute: every process, srun step and the batch script refer to it from elsewhere.
     run = create_dir(root, name)
@@ -107,7 +136,9 @@ def write_run(plan: Plan, need: int, root: Path, name: str, study: str | None) -
     # Allocated nodes are known only inside the allocation, where the plan is made for them.
     placeholder = schedulers.of(plan.cluster).allocates
     rendered, capacity = write_run_files(run, plan, placeholder)
-    run.write_submission(rundir.Submission(created=time.time(), study=study))
+    run.write_submission(rundir.Submission(created=time.time(), study=study,
+                                           launcher=launcher_version(),
+                                           command=" ".join(map(shlex.quote, sys.argv))))
     return Prepared(run, rendered, need, capacity, placeholder, study)
 
 

@@ -279,10 +279,11 @@ def _honest_summary(run: RunDir, state: State, error: str) -> None:
     try:
         from launcher.run import figures
         from launcher.run.rundir import read_json
+        from launcher.telemetry import signals
 
         old = read_json(run.summary)
         if run.plan.exists() and (not isinstance(old, dict) or old.get("state") != state):
-            figures.write_summary(run.path, state, error)
+            figures.write_summary(run.path, state, error, signals.scan_run(run.path))
     except Exception:  # noqa: BLE001 - the status must still be shown
         pass
 

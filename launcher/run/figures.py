@@ -263,7 +263,7 @@ def load_accuracy(run_dir: str | Path, problems: list | None = None) -> dict[str
 
 def summary(
     run_dir: str | Path, state: State | None = None, error: str | None = None,
-    notes: list[str] | None = None,
+    notes: list[str] | None = None, log_signals: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """summary.json's content: per point the figures and status; per run accuracy, verdict.
 
@@ -383,6 +383,8 @@ def summary(
         "per_gpu": dict(PER_GPU),
         "points": points,
         "planned_concurrency": planned,
+        "lifecycle": lifecycle(rd, plan, alloc),
+        "log_signals": log_signals,  # launcher.telemetry.signals.scan_run (None: not read)
         "headline": headline,
         "accuracy": accuracy,
         "verdict": verdict,
@@ -392,11 +394,104 @@ def summary(
     }
 
 
+# What each stage's time was spent on, for the allocation's cost split.
+PHASE_OF_STAGE = {
+    "plan": "preflight", "preflight": "preflight",
+    "agents": "loading", "endpoints": "loading", "health": "loading", "router": "loading",
+    "sweep": "measuring", "accuracy": "measuring",
+    "hold": "holding", "teardown": "teardown", "report": "teardown",
+}
+PHASES = ("preflight", "loading", "measuring", "holding", "teardown")
+
+
+def lifecycle(rd: RunDir, plan: PlanDoc | None, gpus: int | None,
+              now: float | None = None) -> dict[str, Any] | None:
+    """Where the allocation's time went, from events.jsonl: seconds and GPU-hours per phase
+    (they add up to the orchestrator's time in the allocation), and each engine's time from
+    its start to its first healthy answer. None without events."""
+    events = [e for e in rd.events() if isinstance(e.get("ts"), int | float)]
+    if not events:
+        return None
+    rec = rd.read_record()
+    start = min(e["ts"] for e in events)
+    if rec and isinstance(rec.started, int | float):
+        start = min(start, rec.started)
+    end = max(e["ts"] for e in events)
+    if rec and isinstance(rec.ended, int | float):
+        end = max(end, rec.ended)
+    elif rec and rec.state in {str(x) for x in State if not x.final}:
+        end = max(end, now or time.time())  # still running: up to now
+    seconds = dict.fromkeys(PHASES, 0.0)
+    phase, since = "preflight", start
+    for e in events:
+        if e.get("event") == "stage" and e.get("stage") in PHASE_OF_STAGE:
+            seconds[phase] += e["ts"] - since
+            phase, since = PHASE_OF_STAGE[e["stage"]], e["ts"]
+    seconds[phase] += end - since
+    started = {e["process"]: e["ts"] for e in events if e.get("event") == "process_started"}
+    engines = {p.name for p in plan.of_kind(Kind.ENGINE)} if plan else set()
+    ready = {e["process"]: round(e["ts"] - started[e["process"]], 2) for e in events
+             if e.get("event") == "ready" and e.get("process") in engines
+             and e["process"] in started}
+    hours = (lambda s: round(gpus * s / 3600.0, 4)) if gpus else (lambda s: None)
+    return {
+        "seconds": round(end - start, 2),
+        "gpus_allocated": gpus,
+        "gpu_hours": hours(end - start),
+        "phases": {k: {"seconds": round(v, 2), "gpu_hours": hours(v)} for k, v in seconds.items()},
+        "engine_ready_s": ready,
+    }
+
+
+def read_plan_or_none(rd: RunDir) -> PlanDoc | None:
+    try:
+        return read_plan(rd.plan)
+    except PlanError:
+        return None
+
+
+def _dur(s: float) -> str:
+    return f"{s:.1f} s" if s < 60 else f"{s / 60:.1f} min" if s < 3600 else f"{s / 3600:.2f} h"
+
+
+def lifecycle_line(lc: dict[str, Any] | None) -> str | None:
+    """'16 GPUs for 30.2 s = 0.134 GPU-hours: preflight 16.1 s (53 %), loading ...': the
+    summary's lifecycle in one sentence (None without one)."""
+    if not lc or not lc.get("seconds"):
+        return None
+    total = lc["seconds"]
+    head = (f"{lc['gpus_allocated']} GPUs for {_dur(total)} = {lc['gpu_hours']:.3g} GPU-hours"
+            if lc.get("gpu_hours") is not None else f"{_dur(total)} in the allocation")
+    parts = [f"{k} {_dur(v['seconds'])} ({100 * v['seconds'] / total:.0f} %)"
+             for k, v in lc["phases"].items() if v["seconds"] > 0]
+    ready = lc.get("engine_ready_s") or {}
+    if ready:
+        slow = max(ready, key=ready.get)
+        parts.append(f"engines healthy {_dur(ready[slow])} after their start (slowest {slow})")
+    return f"{head}: " + ", ".join(parts)
+
+
+def signals_line(sig: dict[str, Any] | None) -> str | None:
+    """'engine crashes 0, CUDA out of memory 0, ..., Python tracebacks 1 (agg-0@n1)': every
+    log signal of a summary, zeros kept, with the processes that had one (None: not read)."""
+    if not isinstance(sig, dict) or not isinstance(sig.get("totals"), dict):
+        return None
+    labels, per = sig.get("labels") or {}, sig.get("processes") or {}
+    parts = []
+    for key, n in sig["totals"].items():
+        text = f"{labels.get(key, key)} {'-' if n is None else n}"
+        who = [p for p, c in per.items() if (c or {}).get(key)]
+        parts.append(text + (f" ({', '.join(who[:3])}{', ...' if len(who) > 3 else ''})"
+                             if n and who else ""))
+    return ", ".join(parts)
+
+
 def write_summary(
-    run_dir: str | Path, state: State | None = None, error: str | None = None
+    run_dir: str | Path, state: State | None = None, error: str | None = None,
+    log_signals: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Compute and write `<run_dir>/summary.json` (write-then-rename); return it."""
-    s = summary(run_dir, state, error)
+    s = summary(run_dir, state, error, log_signals=log_signals)
     write_json(RunDir(Path(run_dir)).summary, s)
     return s
 

@@ -351,6 +351,8 @@ class Submission:
     submitted: float | None = None
     error: str | None = None  # sbatch refused it
     dry_run: bool = False  # `submit --dry-run`: planned and written, never to be submitted
+    launcher: str | None = None  # "pd-launcher 0.1.0, git 4c1d233 (dirty), submitit 1.5.2"
+    command: str | None = None  # the command line that asked for it
 
 
 @dataclass

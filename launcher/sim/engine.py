@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.sim import vlog
 from launcher.sim.cli import SimConfig
 from launcher.sim.metrics import CACHED_SOURCES, EngineStats
 
@@ -270,6 +271,9 @@ class Engine:
             self._free(req)
             self.stats.inc("vllm:nixl_num_kv_expired_reqs")
             self.interval.expired += 1
+            vlog.warning("base_worker.py:3370", f"Releasing expired KV blocks for request "
+                         f"{req.id} which were retrieved by 0 remote worker(s) before lease "
+                         "expired.", proc="EngineCore_DP0")
 
     # ----- block accounting ----------------------------------------------------------------
     def _blocks_for(self, tokens: int) -> int:
@@ -435,6 +439,14 @@ class Engine:
             self.fetching.discard(req)
             self.stats.inc("vllm:nixl_num_failed_transfers")
             self.interval.failed += 1
+            # the connector's and the scheduler's lines, as vLLM 0.33 logs a failed read
+            # with kv_load_failure_policy fail (docs/log-signals.md)
+            vlog.error("base_worker.py:1377", f"NIXL transfer failure: transfer_failed | "
+                       f"Context: {{'failure_type': 'transfer_failed', 'request_id': "
+                       f"'{req.id}', 'error': '{exc}'}}", proc="EngineCore_DP0")
+            vlog.warning("scheduler.py:3764", "Failing 1 request(s) due to KV load failure "
+                         f"(failure_policy=fail, {req.prompt_len} tokens affected). "
+                         f"Request IDs: ['{req.id}']", proc="EngineCore_DP0")
             if not req.finished:  # not aborted meanwhile
                 req.error = f"KV transfer failed: {exc}"
                 self._finish(req, "error", time.time())

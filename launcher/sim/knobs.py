@@ -70,6 +70,10 @@ class Knobs:
     crash_after_s: float = field(default=0.0, metadata=_doc(
         "Fault: the process exits non-zero this many wall-clock seconds after start "
         "(0 = never)."))
+    crash_cause: str = field(default="", metadata=_doc(
+        "Fault: what the crash of crash_after_s logs before the engine dies, as vLLM 0.33 "
+        "would: 'oom' (CUDA out of memory), 'nccl' (an NCCL error), 'exception' (a Python "
+        "error), or '' (the process only vanishes)."))
     hang_before_healthy: bool = field(default=False, metadata=_doc(
         "Fault: the engine never finishes loading, so the HTTP port never opens and "
         "/health never answers."))
@@ -170,12 +174,15 @@ def load(env: dict[str, str] | None = None, flags: dict[str, str] | None = None)
 POSITIVE = frozenset({"speed", "prefill_tokens_per_s", "kv_bandwidth_gbps", "chars_per_token",
                       "default_block_size", "kv_capacity_tokens", "checkpoint_shards"})
 FRACTIONS = frozenset({"kv_fail_fraction", "accuracy"})
+CHOICES = {"crash_cause": ("", "oom", "nccl", "exception")}
 
 
 def out_of_range(name: str, value: Any) -> str | None:
     """Why a knob's value cannot be simulated ('must be > 0', ...), or None. One rule for the
     simulator's environment and the recipe's `sim:` section, so the dry-run refuses what the
     engine would."""
+    if name in CHOICES and value not in CHOICES[name]:
+        return "must be one of " + ", ".join(repr(c) for c in CHOICES[name])
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     if name in POSITIVE and not value > 0:

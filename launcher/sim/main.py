@@ -119,6 +119,9 @@ async def run(cfg: SimConfig) -> int:
         loop.add_signal_handler(sig, stop, 0)
     if cfg.knobs.crash_after_s > 0:
         def crash() -> None:
+            if cfg.knobs.crash_cause:
+                vlog.record("ERROR", "core.py:1586", crash_record(cfg.knobs.crash_cause),
+                            proc="EngineCore_DP0")
             vlog.error("core_client.py:716", "Engine core proc EngineCore_DP0 died "
                                              "unexpectedly (simulated crash: SIM_CRASH_AFTER_S)")
             stop(1)
@@ -157,6 +160,29 @@ async def run(cfg: SimConfig) -> int:
             pass
     return code
 
+
+# The error each crash cause ends its traceback with (PyTorch's and torch.distributed's
+# wording, docs/log-signals.md); the GPU figures are the simulated GB200's.
+CRASH_ERRORS = {
+    "oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.95 GiB. GPU 0 has "
+           "a total capacity of 184.00 GiB of which 1.12 GiB is free. (simulated: "
+           "SIM_CRASH_CAUSE=oom)",
+    "nccl": "torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/"
+            "distributed/c10d/NCCLUtils.cpp:77, unhandled system error (run with "
+            "NCCL_DEBUG=INFO for details), NCCL version 2.27.3 (simulated: SIM_CRASH_CAUSE=nccl)",
+    "exception": "RuntimeError: simulated engine failure (SIM_CRASH_CAUSE=exception)",
+}
+
+
+def crash_record(cause: str) -> list[str]:
+    """vLLM's record of a dead engine core: the fatal-error line and its traceback."""
+    error = CRASH_ERRORS.get(cause, CRASH_ERRORS["exception"])
+    return ["EngineCore encountered a fatal error.",
+            "Traceback (most recent call last):",
+            '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", '
+            "line 1570, in run_engine_core",
+            "    engine_core.run_busy_loop()",
+            error]
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv

@@ -34,6 +34,12 @@ def log(level: str, where: str, msg: str, proc: str | None = None) -> None:
     sys.stdout.flush()
 
 
+def record(level: str, where: str, lines: list[str], proc: str | None = None) -> None:
+    """A multi-line record as vLLM's NewLineFormatter writes it: the prefix on every line."""
+    sys.stdout.write("".join(line(level, where, m, proc) for m in lines))
+    sys.stdout.flush()
+
+
 def info(where: str, msg: str, proc: str | None = None) -> None:
     log("INFO", where, msg, proc)
 
