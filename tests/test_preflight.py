@@ -291,27 +291,3 @@ def test_pyxis_and_enroot_failures_read_off_a_step_log_are_one_sentence_per_caus
     (curl,) = preflight.step_failures(
         "stage-image", "curl: (7) Failed to connect to nvcr.io port 443: Connection refused", p)
     assert curl.startswith("n0: stage-image: the image's registry cannot be reached")
-
-
-def test_image_references_are_rendered_the_way_pyxis_documents_them():
-    from launcher.errors import UserError
-    from launcher.planning import containers
-
-    digest = "sha256:" + "ab" * 32
-    for ref, uri in (
-        ("vllm/vllm-openai:v0.33.0", "vllm/vllm-openai:v0.33.0"),  # Docker Hub namespace
-        (f"vllm/vllm-openai@{digest}", f"vllm/vllm-openai@{digest}"),
-        ("nvcr.io/nvidia/vllm:25.10-py3", "nvcr.io#nvidia/vllm:25.10-py3"),
-        (f"nvcr.io/nvidia/vllm@{digest}", f"nvcr.io#nvidia/vllm@{digest}"),
-        (f"127.0.0.1:5000/pd/engine:bookworm@{digest}", f"127.0.0.1:5000#pd/engine:bookworm@{digest}"),
-        ("localhost/pd/engine", "localhost#pd/engine"),
-        ("registry.site#team/vllm:1", "registry.site#team/vllm:1"),  # already enroot's form
-        ("ubuntu", "ubuntu"),
-    ):
-        assert containers.enroot_uri(ref) == uri, ref
-    for bad, said in (("nvcr.io/NVIDIA/vllm:1", "is not an image reference"),
-                      ("vllm/vllm openai:1", "is not an image reference"),
-                      ("vllm/vllm-openai@sha256:abc", "is not sha256:<64"),
-                      ("vllm/vllm-openai@md5:" + "0" * 32, "is not sha256:<64")):
-        with pytest.raises(UserError, match=said):
-            containers.enroot_uri(bad)

@@ -141,9 +141,8 @@ def judge_runtime(plan: Plan, node: str, f: dict) -> list[Problem]:
         out.append(Problem(
             f"{node}: enroot is not installed (not on PATH nor in /usr/local/bin, /usr/bin): "
             f"the profile {plan.cluster.name} runs containers through pyxis and enroot; ask "
-            f"the site to install it on every node, or exclude the node (--exclude); with "
-            f"container_scope=job pyxis's job epilog fails there too and Slurm drains the "
-            f"node ('Epilog error')",
+            f"the site to install it on every node, or exclude the node (--exclude); pyxis's "
+            f"job epilog fails there too and Slurm drains the node ('Epilog error')",
             node=node))
     for src, there in (f.get("mount_sources") or {}).items():
         if not there:

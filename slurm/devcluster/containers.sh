@@ -107,10 +107,9 @@ conf_file=/usr/local/etc/enroot/enroot.conf.d/pd-devcluster.conf
 mkdir -p "$(dirname "$conf_file")"
 [ "$(cat "$conf_file" 2>/dev/null)" = "$enroot_conf" ] || printf '%s\n' "$enroot_conf" >"$conf_file"
 
-# pyxis's default scope (global): a named container stays on its node after the job, and
-# the next job's steps reuse it (container_scope=job removes them in the job's epilog;
-# docs/containers.md has both as seen here).
-plug="required $PYXIS_SO"
+# Named containers live as long as their job (the pyxis default, global, keeps them on the
+# node across jobs; sites choose). The dev cluster takes the strict case: every job imports.
+plug="required $PYXIS_SO container_scope=job"
 [ "$(cat "$DIR/etc/plugstack.conf" 2>/dev/null)" = "$plug" ] || printf '%s\n' "$plug" >"$DIR/etc/plugstack.conf"
 export SLURM_CONF="$DIR/etc/slurm.conf"
 srun --help 2>&1 | grep -q -- '--container-image' \
@@ -167,8 +166,5 @@ if [ -z "$dg" ] || [ ! -f "$DIR/images/engine.ref" ] || ! grep -qx "digest $REGI
         || { tail -n 20 "$DIR/log/skopeo.log" >&2; die "skopeo could not push $ref"; }
     dg=$(digest)
     printf 'tag %s\ndigest %s\n' "$ref" "$REGISTRY/$IMAGE_REPO@$dg" >"$DIR/images/engine.ref"
-    # what was made from the tag's earlier bytes is stale: the cached squashfs and the
-    # nodes' named containers (the tag's name does not change with its bytes)
-    rm -rf "$DIR"/images/cache/pd-devcluster-engine-* "$DIR"/enroot/*/data/pyxis_*
 fi
 log "enroot $(enroot version), pyxis $PYXIS_VERSION in $DIR/etc/plugstack.conf, image $ref ($dg)"
