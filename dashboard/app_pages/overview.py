@@ -81,9 +81,8 @@ def body(info) -> None:  # the run as re-read at each live refresh
         from launcher.run.rundir import RunDir
 
         rd = RunDir(info.path)
-        plan_doc = figures.read_plan_or_none(rd)
         cost = figures.lifecycle_line(figures.lifecycle(
-            rd, plan_doc, figures.allocated_gpus(plan_doc) if plan_doc else None))
+            rd, plan, figures.allocated_gpus(plan) if plan else None))
         if cost:
             st.caption(f"Cost: {cost}")
         summary = load.read_json_safe(rd.summary)

@@ -144,8 +144,8 @@ def processes(a: RunDir, b: RunDir) -> list[str]:
 
 
 def drift(a: RunDir, b: RunDir) -> list[tuple[str, Any, Any]]:
-    ia = (a.read_record().identity if a.read_record() else None) or {}
-    ib = (b.read_record().identity if b.read_record() else None) or {}
+    ra, rb = a.read_record(), b.read_record()
+    ia, ib = (ra.identity if ra else None) or {}, (rb.identity if rb else None) or {}
     out = []
     for key in ("engine", "engine_version", "image", "model", "model_revision", "torch_cuda",
                 "driver", "gpu_models", "packages_differ_on"):

@@ -23,10 +23,12 @@ import sys
 import time
 from pathlib import Path
 
+# pyxis runs enroot with slurmstepd's PATH, not the job's: look where sites install it too
 ENROOT_DIRS = "/usr/local/bin:/usr/bin:/bin"
 
 
 def enroot() -> str | None:
+    """enroot's path on this node (the job's PATH, then the usual places), or None."""
     return shutil.which("enroot") or shutil.which("enroot", path=ENROOT_DIRS)
 
 

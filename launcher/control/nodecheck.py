@@ -86,12 +86,10 @@ def root_id() -> list[int]:
     return [st.st_dev, st.st_ino]
 
 
-# pyxis runs enroot with slurmstepd's PATH, not the job's: look where sites install it too
-ENROOT_DIRS = "/usr/local/bin:/usr/bin:/bin"
-
-
 def enroot_version() -> str | None:
-    exe = shutil.which("enroot") or shutil.which("enroot", path=ENROOT_DIRS)
+    from launcher.control.image import enroot
+
+    exe = enroot()
     if not exe:
         return None
     try:

@@ -443,13 +443,6 @@ def lifecycle(rd: RunDir, plan: PlanDoc | None, gpus: int | None,
     }
 
 
-def read_plan_or_none(rd: RunDir) -> PlanDoc | None:
-    try:
-        return read_plan(rd.plan)
-    except PlanError:
-        return None
-
-
 def _dur(s: float) -> str:
     return f"{s:.1f} s" if s < 60 else f"{s / 60:.1f} min" if s < 3600 else f"{s / 3600:.2f} h"
 
