@@ -291,3 +291,27 @@ def test_pyxis_and_enroot_failures_read_off_a_step_log_are_one_sentence_per_caus
     (curl,) = preflight.step_failures(
         "stage-image", "curl: (7) Failed to connect to nvcr.io port 443: Connection refused", p)
     assert curl.startswith("n0: stage-image: the image's registry cannot be reached")
+
+
+def test_a_plugin_that_fails_a_task_names_the_node_of_that_task():
+    """srun names the task, not the node: a check step runs task i on the plan's i-th
+    node. pyxis without its runtime folder (slurmd started before it was loaded) fails so."""
+    p = _plan()
+    log = "\n".join(["srun: error: task 2 launch failed: Plugin initialization failed",
+                     "srun: error: task 0 launch failed: Plugin initialization failed"])
+    (problem,) = preflight.step_failures("preflight-container", log, p)
+    assert problem.startswith("n0, n2: preflight-container: a SPANK plugin (pyxis) failed")
+    assert "restart slurmd" in problem and problem.node == "n0"
+
+
+def test_a_container_check_that_failed_for_no_known_cause_shows_its_log_not_a_guess():
+    """Missing results after a failed step are that failure (its last lines), not the
+    missing-mount sentence, which is for a step that ran and could not write."""
+    p = _plan()
+    doc = render.plan_doc(p.at("/runs/r1"), "r1", placeholder_nodes=False)
+    facts = {n: None for n in p.nodes}
+    failed = preflight.judge_container(p, doc, facts, None, None, "srun: error: boom")
+    assert [x.node for x in failed] == list(p.nodes)
+    assert all("step failed before it wrote its result: srun: error: boom" in x for x in failed)
+    ran = preflight.judge_container(p, doc, facts, None)
+    assert all("add {run_dir}:{run_dir} to the profile's containers.mounts" in x for x in ran)

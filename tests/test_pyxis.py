@@ -58,6 +58,13 @@ def pyxis_lines(job: str) -> list[tuple[str, str]]:
     return out
 
 
+def enroot_data(node: str) -> Path:
+    """enroot's data folder on a dev-cluster node, as the site's drop-in configures it."""
+    conf = Path("/usr/local/etc/enroot/enroot.conf.d/pd-devcluster.conf").read_text()
+    (value,) = [x.split(None, 1)[1] for x in conf.splitlines() if x.startswith("ENROOT_DATA_PATH ")]
+    return Path(value.replace("${SLURMD_NODENAME:-host}", node))
+
+
 def image_events(run: Path) -> list[dict]:
     return [e for e in rundir.RunDir(run).events() if e["event"] == "image"]
 
@@ -77,7 +84,7 @@ def test_engines_run_in_the_image_under_pyxis_and_reuse_one_container_per_node(
     job = job_of(run)
     pid = server_of("decode-0@gb200-01", "launcher.sim", run)
     # its root is the job's named container in enroot's data folder of that node
-    (container,) = (DEVCLUSTER / "enroot" / "gb200-01" / "data").glob(
+    (container,) = enroot_data("gb200-01").glob(
         f"pyxis_{job}_pd-devcluster-engine-*")
     root, there = os.stat(f"/proc/{pid}/root/"), os.stat(container)
     assert (root.st_dev, root.st_ino) == (there.st_dev, there.st_ino)

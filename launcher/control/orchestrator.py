@@ -338,6 +338,7 @@ class Orchestrator:
     def preflight(self) -> None:
         """Inside the engine's container on every node, before any model loads."""
         t0 = time.monotonic()
+        unexplained = None  # the container check's log tail when it failed for no known cause
         for name, commands in render.check_steps(self.plan)[1:]:
             if not self.run_step(name, commands):
                 log = self.run.log(name)
@@ -348,12 +349,14 @@ class Orchestrator:
                 if name.startswith("stage-"):
                     raise RunFailed(f"preflight: {name} failed on {self.plan.nodes[0]}: "
                                     + " | ".join(tail(log, 5)), culprit=self.plan.nodes[0])
+                if name == "preflight-container":
+                    unexplained = " | ".join(tail(log, 3)) or "its log is empty"
             elif name == "stage-image":
                 self.note_image(self.run.log(name))
         facts = preflight.read_facts(self.run.path, list(self.plan.nodes), "container")
         hosts = preflight.read_facts(self.run.path, list(self.plan.nodes), "host")
         problems = preflight.judge_container(
-            self.plan, self.doc, facts, self.plan.recipe.engine_version, hosts)
+            self.plan, self.doc, facts, self.plan.recipe.engine_version, hosts, unexplained)
         if problems:
             raise RunFailed("preflight: " + "; ".join(problems), culprit=problems[0].culprit)
         took = time.monotonic() - t0

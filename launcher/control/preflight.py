@@ -190,6 +190,11 @@ _STEP_ERRORS: list[tuple[str, str]] = [
     (r"enroot: command not found|couldn't get list of containers|couldn't execute enroot",
      "enroot is not installed or does not run on the node (pyxis could not start it): ask "
      "the site to install it on every node, or exclude the node"),
+    (r"launch failed: Plugin initialization failed",
+     "a SPANK plugin (pyxis) failed to set the step up there; slurmd's log on the node says "
+     "why. pyxis makes its runtime folder (/run/pyxis) when slurmd starts, so a slurmd "
+     "started before pyxis was loaded, or since a reboot emptied /run, fails this way: ask "
+     "the site to restart slurmd on the node, or exclude the node"),
     (r"unrecognized option '--container-",
      "srun does not know pyxis's options (--container-image ...): pyxis is not loaded on "
      "this cluster (plugstack.conf); use a profile with containers.runtime: none, or ask the "
@@ -207,6 +212,10 @@ def step_failures(name: str, log: str, plan: Plan) -> list[Problem]:
     for line in log.splitlines():
         m = re.match(r"slurmstepd-(\S+?): ", line)
         node = m.group(1) if m else default
+        # srun's own lines name a task; a check step runs task i on the plan's i-th node
+        t = re.match(r"srun: error: task (\d+) launch failed", line)
+        if t and not name.startswith("stage-") and int(t.group(1)) < len(plan.nodes):
+            node = plan.nodes[int(t.group(1))]
         for pattern, sentence in _STEP_ERRORS:
             hit = re.search(pattern, line)
             if hit:
@@ -239,10 +248,11 @@ def step_failures(name: str, log: str, plan: Plan) -> list[Problem]:
 
 def judge_container(
     plan: Plan, doc: PlanDoc, facts: dict[str, dict | None], expect_version: str | None,
-    hosts: dict[str, dict | None] | None = None,
+    hosts: dict[str, dict | None] | None = None, step_error: str | None = None,
 ) -> list[Problem]:
     """The container check's facts of every node (`hosts`: the host check's, whose root a
-    container's must differ from)."""
+    container's must differ from; `step_error`: the last lines of the check step's log when
+    it exited non-zero for a cause nothing recognised)."""
     problems = []
     engine_nodes = {p.node for p in doc.of_kind(Kind.ENGINE)}
     mounts = "{run_dir}"
@@ -251,6 +261,16 @@ def judge_container(
     isolated = containers.of(plan.cluster).isolated and plan.recipe.container is not None
     for node in plan.nodes:
         f = facts.get(node)
+        if f is None and step_error:
+            problems.append(Problem(
+                f"{node}: the container check step failed before it wrote its result: "
+                f"{step_error} (see logs/preflight-container.log)", node=node))
+            continue
+        if f is None and step_error:
+            problems.append(Problem(
+                f"{node}: the container check step failed before it wrote its result: "
+                f"{step_error} (see logs/preflight-container.log)", node=node))
+            continue
         if f is None:
             problems.append(Problem(
                 f"{node}: the container check left no result in {plan.run_dir}/{PREFLIGHT_DIR}: "
