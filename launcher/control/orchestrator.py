@@ -87,6 +87,8 @@ class Orchestrator:
         self.failed_points: list[str] = []
         self.watch = NodeWatch(list(self.plan.nodes), schedulers.of(self.plan.cluster).allocates)
         self.partial: dict[str, str] = {}  # node -> why its telemetry is partial (noted once)
+        self.image_digest: str | None = None  # the registry's, from the image step
+        self.stop_marks: dict[str, int] = {}  # process -> its log's size when told to stop
 
     # --- bookkeeping ---
     def save(self) -> None:
@@ -113,7 +115,7 @@ class Orchestrator:
             h.proc.name: ProcessRecord(
                 node=h.proc.node, kind=h.proc.kind, pid=h.pid, started=h.started,
                 exit_code=h.exit_code(), stopped=h.stopped and not h.died, log=h.proc.log,
-                lost=h.lost,
+                lost=h.lost, log_bytes_at_stop=self.stop_marks.get(h.proc.name),
             )  # fmt: skip
             for h in self.handles
         }
@@ -360,7 +362,7 @@ class Orchestrator:
         if problems:
             raise RunFailed("preflight: " + "; ".join(problems), culprit=problems[0].culprit)
         took = time.monotonic() - t0
-        self.record.identity = identity(self.plan, facts, hosts)
+        self.record.identity = identity(self.plan, facts, hosts, self.image_digest)
         self.save()
         self.book.event("preflight_ok", seconds=round(took, 2))
         say(f"preflight passed on {len(self.plan.nodes)} node(s) in {took:.1f} s")
@@ -372,9 +374,11 @@ class Orchestrator:
         for line in reversed(tail(log, 20)):
             if line.startswith("{"):
                 try:
-                    self.book.event("image", **json.loads(line))
+                    doc = json.loads(line)
                 except ValueError:
-                    pass
+                    return
+                self.image_digest = doc.get("digest")
+                self.book.event("image", **doc)
                 return
 
     def run_all(self) -> None:
@@ -608,6 +612,12 @@ class Orchestrator:
                 self.backend.abandon(lost)
             except Exception as e:  # noqa: BLE001
                 say(f"warning: abandoning {[h.proc.name for h in lost]} failed: {e!r}")
+        for h in self.handles:  # a process still running now: what it logs next is shutdown
+            if h.exit_code() is None:
+                try:
+                    self.stop_marks[h.proc.name] = h.log_path.stat().st_size
+                except OSError:
+                    pass
         for kinds in TEARDOWN_ORDER:
             group = [h for h in self.handles if h.proc.kind in kinds and not h.lost]
             grace = max(1.0, budget * share.get(kinds[0], 0.2))
@@ -625,24 +635,32 @@ class Orchestrator:
 
 
 def identity(plan: Plan, facts: dict[str, dict | None],
-             hosts: dict[str, dict | None] | None = None) -> dict:
+             hosts: dict[str, dict | None] | None = None,
+             image_digest: str | None = None) -> dict:
     """What exactly ran, for anyone comparing two runs: image, engine version as the
     engine's own environment reports it, model and revision, Slurm job and nodes, and the
     fingerprint taken where it ran: every package of the engine's environment (the first
-    node's; nodes whose list differs are named), torch's CUDA, the nodes' driver and GPUs."""
+    node's; nodes whose list differs are named), vLLM's commit, torch's CUDA, the nodes'
+    driver, GPUs and IMEX channel."""
     found = [f for f in facts.values() if f]
     pkgs = next((f["packages"] for f in found if f.get("packages")), None)
     differ = sorted(n for n, f in facts.items() if f and f.get("packages") not in (None, pkgs))
     nvidia = [(h or {}).get("nvidia") for h in (hosts or {}).values()]
     nvidia = [x for x in nvidia if x]
     versions = sorted({f.get("engine_version") for f in found if f.get("engine_version")})
+    commits = sorted({f.get("engine_commit") for f in found if f.get("engine_commit")})
+    imex = {n: bool((h or {}).get("imex_channel")) for n, h in (hosts or {}).items() if h}
     revisions = sorted({(f.get("model") or {}).get("revision") for f in found} - {None})
     c = plan.recipe.container
     return {
         "image": c.image if c else None,
         "image_pinned": bool(c and "@sha256:" in c.image),
+        # what the registry served for it when it was imported (None: not known)
+        "image_digest": image_digest or (c.image.rsplit("@", 1)[1]
+                                         if c and "@sha256:" in c.image else None),
         "engine": plan.recipe.engine,
         "engine_version": versions[0] if len(versions) == 1 else versions,
+        "engine_commit": commits[0] if len(commits) == 1 else (commits or None),
         "model": plan.recipe.model.path,
         "model_revision": revisions[0] if len(revisions) == 1 else (revisions or None),
         "slurm_job_id": plan.job_id,
@@ -654,6 +672,10 @@ def identity(plan: Plan, facts: dict[str, dict | None],
         "torch_cuda": next((f.get("torch_cuda") for f in found if f.get("torch_cuda")), None),
         "driver": sorted({d for x in nvidia for d in x.get("driver") or []}) or None,
         "gpu_models": sorted({m for x in nvidia for m in x.get("gpu_models") or []}) or None,
+        # the NVLink fabric's IMEX channel (multi-node NVLink on GB200): every node, none,
+        # or the nodes that have it
+        "imex_channel": (all(imex.values()) if len(set(imex.values())) < 2
+                         else sorted(n for n, v in imex.items() if v)) if imex else None,
     }
 
 

@@ -190,6 +190,9 @@ _STEP_ERRORS: list[tuple[str, str]] = [
     (r"enroot: command not found|couldn't get list of containers|couldn't execute enroot",
      "enroot is not installed or does not run on the node (pyxis could not start it): ask "
      "the site to install it on every node, or exclude the node"),
+    (r"nodecheck: (?P<node>\S+): the run directory (?P<dir>\S+) is not visible here",
+     "container steps do not see the run directory; add {{run_dir}}:{{run_dir}} to the "
+     "profile's containers.mounts"),
     (r"launch failed: Plugin initialization failed",
      "a SPANK plugin (pyxis) failed to set the step up there; slurmd's log on the node says "
      "why. pyxis makes its runtime folder (/run/pyxis) when slurmd starts, so a slurmd "
@@ -210,7 +213,7 @@ def step_failures(name: str, log: str, plan: Plan) -> list[Problem]:
     default = plan.nodes[0] if name.startswith("stage-") else None
     found: dict[str, Problem] = {}
     for line in log.splitlines():
-        m = re.match(r"slurmstepd-(\S+?): ", line)
+        m = re.match(r"slurmstepd-(\S+?): ", line) or re.match(r"nodecheck: (\S+?): ", line)
         node = m.group(1) if m else default
         # srun's own lines name a task; a check step runs task i on the plan's i-th node
         t = re.match(r"srun: error: task (\d+) launch failed", line)

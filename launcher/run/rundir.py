@@ -282,6 +282,9 @@ class ProcessRecord:
     stopped: bool = False  # stopped on purpose (teardown, a client that finished)
     log: str = ""
     lost: bool = False  # its node was lost: whatever it did last is unknown
+    # its log's size when teardown asked it to stop: what follows is its shutdown (a DP head
+    # that sees a headless part go first logs an engine death), not a fault of the run
+    log_bytes_at_stop: int | None = None
 
     @property
     def status(self) -> str:

@@ -80,6 +80,9 @@ _KV_LOAD_FAIL_RE = re.compile(
     r"^(?:Failing \d+ request\(s\) due to KV load failure|Recovered from KV load failure: )")
 _KV_TIMEOUT_RE = re.compile(
     r"^(?:Releasing expired KV blocks for request |Declining expired remote read for )")
+# vLLM's "Model loading took %s GiB memory and %.6f seconds" (each rank once; the engine's
+# load is its slowest rank's)
+_LOADED_RE = re.compile(r"Model loading took [\d.]+ GiB memory and (?P<s>[\d.]+) seconds")
 _STATS_FIRST = frozenset("E123456789")  # "Engine 000: ..." or "4 Engines Aggregated: ..."
 _NCCL_CODE_WINDOW = 3  # lines after an "NCCL error" line that still belong to its message
 
@@ -111,6 +114,7 @@ class _Scan:
     kv_connector: int = 0
     kv_scheduler: int = 0
     stats_lines: int = 0
+    load_s: float | None = None
     streams: dict[str | None, _Stream] = field(default_factory=dict)
     seen: dict[tuple, set[str | None]] = field(default_factory=dict)
     prefixed_sigs: set[str] = field(default_factory=set)
@@ -200,6 +204,8 @@ class _Scan:
             self._evidence("kv_transfer_failures", line)
         if _KV_TIMEOUT_RE.match(msg):
             self.hit("kv_transfer_timeouts", line)
+        if "Model loading took" in msg and (m := _LOADED_RE.search(msg)):
+            self.load_s = max(self.load_s or 0.0, float(m.group("s")))
         if msg[:1] in _STATS_FIRST and (m := STATS_HEAD_RE.match(msg)):
             self.stats_lines += 1
             body = m.group("body")
@@ -256,30 +262,37 @@ def count_signals(lines: Iterable[str]) -> dict[str, int | None]:
     return _scan(lines).result()[0]
 
 
-def scan_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> dict:
+def scan_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, until: int | None = None,
+              ) -> dict:
     """{"counts": {...}, "evidence": {key: [line, ...]}, "truncated": bool} for a log file.
     A file that cannot be read gives None for every count (absent, not zero). A file larger
-    than max_bytes is read from its end, where a crash is."""
+    than max_bytes is read from its end, where a crash is. `until`: read only its first
+    bytes (what the process logged before it was told to stop)."""
     try:
         with Path(path).open("rb") as f:
             size = f.seek(0, 2)
+            if until is not None:
+                size = min(size, max(until, 0))
             truncated = size > max_bytes
             f.seek(max(0, size - max_bytes))
-            data = f.read(max_bytes)
+            data = f.read(min(size, max_bytes))
     except OSError:
         return {"counts": dict.fromkeys(SIGNALS), "evidence": {k: [] for k in SIGNALS},
-                "truncated": False}
+                "truncated": False, "model_load_s": None}
     text = data.decode("utf-8", errors="replace")
     if truncated:
         text = text.partition("\n")[2]  # the first line is cut
-    counts, evidence = _scan([text]).result()
-    return {"counts": counts, "evidence": evidence, "truncated": truncated}
+    scan = _scan([text])
+    counts, evidence = scan.result()
+    return {"counts": counts, "evidence": evidence, "truncated": truncated,
+            "model_load_s": scan.load_s}
 
 
 def scan_run(run_dir: Path, plan=None) -> dict:
     """Every process log of a run (the plan's processes, else logs/*.log): per process its
     counts and evidence, and the run's totals (a count is None when no log had it: absent).
-    Kept when zero: a clean run shows every count at 0."""
+    Kept when zero: a clean run shows every count at 0. A log is read up to where teardown
+    told its process to stop (run.json): its shutdown is not a fault."""
     run_dir = Path(run_dir)
     if plan is None:
         from launcher.run.plandoc import PlanError, read_plan
@@ -292,17 +305,25 @@ def scan_run(run_dir: Path, plan=None) -> dict:
         logs = {p.name: run_dir / p.log for p in plan.processes}
     else:
         logs = {p.stem: p for p in sorted((run_dir / "logs").glob("*.log"))}
+    from launcher.run.rundir import RunDir
+
+    rec = RunDir(run_dir).read_record()
+    marks = {k: p.log_bytes_at_stop for k, p in (rec.processes if rec else {}).items()}
     per: dict[str, dict] = {}
     evidence: dict[str, dict] = {}
+    loads: dict[str, float] = {}
     for name, path in logs.items():
         if not path.is_file():
             continue
-        got = scan_file(path)
+        got = scan_file(path, until=marks.get(name))
         per[name] = got["counts"]
+        if got["model_load_s"] is not None:
+            loads[name] = round(got["model_load_s"], 2)
         if any(got["evidence"].values()):
             evidence[name] = {k: v for k, v in got["evidence"].items() if v}
     totals: dict[str, int | None] = {}
     for key in SIGNALS:
         vals = [c[key] for c in per.values() if c.get(key) is not None]
         totals[key] = sum(vals) if vals else None
-    return {"labels": dict(SIGNALS), "totals": totals, "processes": per, "evidence": evidence}
+    return {"labels": dict(SIGNALS), "totals": totals, "processes": per, "evidence": evidence,
+            "model_load_s": loads}
