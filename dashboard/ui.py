@@ -32,6 +32,7 @@ STATE_COLOR = {"succeeded": "green", "failed": "red", "cancelled": "gray", "runn
 PAGES = (  # (file, title, icon, url path); Material icons ship with Streamlit's font
     ("app_pages/runs.py", "Runs", ":material/list:", "runs"),
     ("app_pages/study.py", "Study", ":material/compare_arrows:", "study"),
+    ("app_pages/compare.py", "Compare", ":material/difference:", "compare"),
     ("app_pages/overview.py", "Overview", ":material/hub:", "overview"),
     ("app_pages/sweep.py", "Sweep", ":material/show_chart:", "sweep"),
     ("app_pages/kv_cache.py", "KV cache", ":material/memory:", "kv"),

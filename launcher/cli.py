@@ -240,7 +240,10 @@ def cmd_submit(args) -> int:
         args.recipe = str(old.path / "recipe.yaml")
         if not Path(args.recipe).is_file():
             raise UserError(f"{old.path} has no recipe.yaml to submit again")
-        held = _not_held(old)
+        pin = _pinned_image(old)
+        if pin:  # first: a --set of the user's still wins
+            args.overrides = [f"container.image={pin}", *(args.overrides or [])]
+        held = _not_held(old, pin)
     elif not args.recipe:
         raise UserError("submit needs a recipe (a shipped name or a YAML path), or --again RUN")
 
@@ -283,14 +286,27 @@ def cmd_submit(args) -> int:
     return code
 
 
-def _not_held(old) -> str:
+def _pinned_image(old) -> str | None:
+    """`old`'s image pinned to the digest it ran, when it ran a tag whose digest is known."""
+    rec = old.read_record()
+    ident = (rec.identity if rec else None) or {}
+    image, digest = ident.get("image"), ident.get("image_digest")
+    if image and digest and "@sha256:" not in image and not image.startswith("/"):
+        return f"{image}@{digest}"
+    return None
+
+
+def _not_held(old, pin: str | None = None) -> str:
     """What a re-run cannot hold the same as `old`, in one sentence."""
     ident = (old.read_record().identity if old.read_record() else None) or {}
     parts = []
     image = ident.get("image")
-    if image and "@sha256:" not in image and not image.startswith("/"):
+    if pin:
+        parts.append(f"the image is pinned to the digest that run used: {pin}")
+    elif image and "@sha256:" not in image and not image.startswith("/"):
         parts.append(f"the image {image} is a tag the registry may serve other bytes for "
-                     "now (pin it with --set container.image=REPO@sha256:...)")
+                     "now, and that run recorded no digest for it (pin it with --set "
+                     "container.image=REPO@sha256:...)")
     if ident.get("nodes"):
         parts.append(f"the nodes are the scheduler's choice (it ran on "
                      f"{', '.join(ident['nodes'])})")
@@ -431,7 +447,7 @@ def cmd_diff(args) -> int:
     from launcher.analysis import compare
 
     a, b = _find_run(args.runs_dir, args.run_a), _find_run(args.runs_dir, args.run_b)
-    result = compare.compare(a.path, b.path)
+    result = compare.compare(a.path, b.path, compare.pool(args.runs_dir, a.path, b.path))
     if args.format == "json":
         import json
 

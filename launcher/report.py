@@ -353,9 +353,15 @@ def measured(rd: RunDir) -> str:
             f"{a.task} {a.num_shots}-shot, {a.harness} harness, "
             f"{a.num_questions or 'all'} questions" + (f" x {a.repeat}" if a.repeat > 1 else "")
             + f", pass at >= {a.threshold:g}")))
-    image = ident.get("image") or (r.container.image if r.container else None)
-    pairs += [("image", esc(image or "none (the engines' environment is the host's)")),
-              ("engine version", esc(ident.get("engine_version") or r.engine_version or "–"))]
+    from launcher.run.figures import fingerprint_lines
+
+    found = fingerprint_lines(ident, rd.read_submission().launcher)
+    if not any(k == "image" for k, _ in found):
+        image = r.container.image if r.container else None
+        found.insert(0, ("image", image or "none (the engines' environment is the host's)"))
+    if not any(k == "engine" for k, _ in found):
+        found.insert(1, ("engine", r.engine_version or "–"))
+    pairs += [(k, esc(v)) for k, v in found]
     plan = _plan(rd)
     seen: set[str] = set()
     for p in (plan.of_kind(Kind.ENGINE) if plan else []):

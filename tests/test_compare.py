@@ -53,3 +53,50 @@ def test_again_reproduces_the_commands_of_a_run(tmp_path, tmp_path_factory):
     assert "again: " in out and f"launcher diff {a} NEW_RUN" in out
     code, out = launcher(tmp_path, "submit", "local-sim", "--again", str(a))
     assert code == 2 and "give no recipe and no --sweep" in out
+
+
+def test_a_change_is_judged_against_the_spread_of_repeats_in_the_runs_directory(
+        tmp_path, tmp_path_factory):
+    """Repeats of A (the same resolved recipe, no drift) measure run-to-run spread: B's
+    change is within it or outside it, said per figure; a run with another setting is not a
+    repeat."""
+    import yaml
+
+    a = synth.local_demo(tmp_path_factory.getbasetemp() / "local-demo")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+
+    def copy(name: str, scale: float, **setting) -> str:
+        d = runs / name
+        shutil.copytree(a, d)
+        for f in ("recipe.yaml", "plan.json"):
+            (d / f).write_text((d / f).read_text().replace(str(a), str(d)))
+        if setting:
+            doc = yaml.safe_load((d / "recipe.yaml").read_text())
+            doc["benchmark"].update(setting)
+            (d / "recipe.yaml").write_text(yaml.safe_dump(doc))
+        summ = json.loads((d / "summary.json").read_text())
+        for p in summ["points"]:
+            p["total_tokens_per_s_per_gpu"] *= scale
+        (d / "summary.json").write_text(json.dumps(summ))
+        return str(d)
+
+    base = copy("r0", 1.0)
+    copy("r1", 1.02)
+    copy("r2", 0.99)
+    other = copy("x", 1.10, warmup=3)
+    code, out = launcher(tmp_path, "diff", base, other)
+    assert code == 0, out
+    assert "run-to-run spread from repeats in the runs directory: A with 2, B with 0" in out
+    assert "single-variable: only benchmark.warmup differs" in out
+    line = next(x for x in out.splitlines() if x.strip().startswith("c=16 tok/s/working GPU"))
+    assert "(+10.0 %), outside the run-to-run spread (3.0 %)" in line, line
+    code, out = launcher(tmp_path, "diff", base, str(runs / "r1"), "--format", "json")
+    r = json.loads(out)
+    row = next(x for x in r["figures"]
+               if x["concurrency"] == 16 and x["figure"] == "tok/s/working GPU")
+    assert row["outside_spread"] is False and round(row["spread_pct"], 1) == 3.0
+    assert sorted(r["repeats"]["a"]) == [str(runs / "r1"), str(runs / "r2")]
+    # TTFT was the same in every repeat: a spread of 0, and no change is inside it
+    ttft = next(x for x in r["figures"] if x["concurrency"] == 16 and x["figure"] == "TTFT p50 ms")
+    assert ttft["spread_pct"] == 0 and ttft["change_pct"] == 0 and ttft["outside_spread"] is False

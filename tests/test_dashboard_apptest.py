@@ -17,8 +17,8 @@ from dashboard import ui  # noqa: E402
 
 APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
 PAGES = [p for p, *_ in ui.PAGES]
-# Pages about all runs or a study, not the selected run.
-NOT_RUN_PAGES = ("app_pages/runs.py", "app_pages/study.py")
+# Pages about all runs, a study or two runs, not the selected run.
+NOT_RUN_PAGES = ("app_pages/runs.py", "app_pages/study.py", "app_pages/compare.py")
 # The 72-GPU topology at a shorter span keeps CI fast; the benchmark uses the full 2 hours.
 LARGE_S = 900.0
 

@@ -288,6 +288,32 @@ def test_the_study_page(server, browser, shots):
     assert {"prefill.endpoints=1", "prefill.endpoints=2", "prefill.endpoints=3"} <= set(legend)
 
 
+def test_the_compare_page_of_two_configurations_of_a_study(server, browser, shots):
+    """Two configurations of the synthetic study (made without recipe.yaml): both curves on
+    one chart, the figures from their bench/ results with the spread unknown (no repeats),
+    and no claim that the comparison is single-variable."""
+    base, runs = server
+    study = next(e for e in listing.entries(runs["study"].parent)
+                 if isinstance(e, listing.Study))
+    one, two = sorted(study.runs, key=lambda r: r.run_id)[:2]
+    url = f"{base}/compare?a={one.run_id}&b={two.run_id}"
+    got = visit(browser, url, "Compare", 1, shots / "compare-study.png")
+    text = got["text"]
+    assert "NOT known to be single-variable: a recipe.yaml is missing" in text
+    assert "SIMULATION" in text and "Figures, B against A" in text
+    assert "Run-to-run spread unknown" in text
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    try:
+        page.goto(url, timeout=60_000)
+        settle(page, "Compare", 1)
+        curves = page.evaluate(f"""() => [...document.querySelector('{CHART} svg.marks')
+            .querySelectorAll('g.mark-line.role-mark.layer_0_marks path')]
+            .map(p => p.getAttribute('stroke'))""")
+    finally:
+        page.close()
+    assert len(curves) == 2 and len(set(curves)) == 2, curves
+
+
 # A study run's pages are the demo's pages on another run; these three carry what is its
 # own (its study, its configuration's charts).
 STUDY_RUN_PAGES = [p for p in RUN_PAGES if p[0] in ("overview", "sweep", "kv")]
@@ -398,7 +424,8 @@ def test_pages_listed_in_navigation(server, browser):
         listed = nav.inner_text()
         for _, title, _, _ in ui.PAGES:
             assert title in listed
-        assert len(ui.PAGES) == len(PAGES) + 1  # every page is visited (the study's above)
+        # every page is visited (the study's and the comparison's by their own tests)
+        assert len(ui.PAGES) == len(PAGES) + 2
     finally:
         page.close()
 
@@ -406,6 +433,7 @@ def test_pages_listed_in_navigation(server, browser):
 def test_screenshots_were_written(shots):
     names = sorted(p.name for p in shots.glob("*.png"))
     print("screenshots:\n" + "\n".join(f"  {shots / n}" for n in names))
-    for want in ("demo-overview.png", "demo-kv.png", "study-study.png", "live-overview-2.png",
+    for want in ("demo-overview.png", "demo-kv.png", "study-study.png", "compare-study.png",
+                 "live-overview-2.png",
                  "study-p2-overview.png", "runs-list.png"):
         assert want in names

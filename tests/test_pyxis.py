@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import in_image, leftovers, server_of
+from helpers import in_image, launcher, leftovers, server_of
 from test_gb200_path import REPO, SERVE_ONLY, profile, submit, wait_end
 
 from launcher.run import rundir
@@ -98,6 +98,17 @@ def test_engines_run_in_the_image_under_pyxis_and_reuse_one_container_per_node(
     assert ev["imported"] is True and ev["path"].startswith(str(Path(cache_profile).parent))
     assert "importing docker://127.0.0.1:5000#pd/devcluster-engine:bookworm" in (
         run / "logs" / "stage-image.log").read_text()
+    # with the digest the registry served for the tag, which the run keeps and --again pins
+    digest = image("digest").rsplit("@", 1)[1]
+    assert ev["digest"] == digest, ev
+    ident = rundir.RunDir(run).read_record().identity
+    assert ident["image"] == TAG_IMAGE and ident["image_digest"] == digest
+    (tmp_path / "again").mkdir()
+    code, out = launcher(tmp_path / "again", "submit", "--again", str(run), "--dry-run")
+    assert code == 0, out
+    assert f"the image is pinned to the digest that run used: {TAG_IMAGE}@{digest}" in out
+    (new,) = [p.parent for p in (tmp_path / "again" / "runs").glob("*/plan.json")]
+    assert f"image: {TAG_IMAGE}@{digest}" in (new / "recipe.yaml").read_text()
     # one container created per node (the preflight step); every later step reused it
     lines = pyxis_lines(job)
     created = [n for n, m in lines if m.startswith("creating container filesystem")]
@@ -129,6 +140,7 @@ def test_a_digest_pinned_image_runs_and_a_cached_image_is_not_imported_again(
     assert code == 0, out
     (ev,) = image_events(again)
     assert ev["imported"] is False, ev
+    assert ev["digest"] == pinned.rsplit("@", 1)[1]  # kept beside the cached file
     assert f"--container-name={name}" in (again / "commands.sh").read_text()
 
 

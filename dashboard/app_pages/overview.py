@@ -140,16 +140,13 @@ def identity_panel(info) -> None:
     ident = info.identity
     if not ident:
         return
-    bits = []
-    if ident.get("image"):
-        pin = "" if ident.get("image_pinned") else " (tag, not pinned by digest)"
-        bits.append(f"image `{ident['image']}`{pin}")
-    if ident.get("engine_version"):
-        bits.append(f"engine {ident['engine_version']}")
-    if ident.get("model_revision"):
-        bits.append(f"model revision `{ident['model_revision']}`")
+    from launcher.run.figures import fingerprint_lines
+    from launcher.run.rundir import RunDir
+
+    bits = [f"**{k}**: {v}" for k, v in
+            fingerprint_lines(ident, RunDir(info.path).read_submission().launcher)]
     if ident.get("slurm_job_id"):
-        bits.append(f"Slurm job {ident['slurm_job_id']}")
+        bits.append(f"**Slurm job**: {ident['slurm_job_id']}")
     if bits:
         st.markdown("  \n".join(bits))
     transport = ident.get("kv_transport") or {}

@@ -9,7 +9,8 @@ figures (`python -m launcher diff RUN_A RUN_B`).
   torch's CUDA, driver and GPU models (run.json's identity), the launcher's version and
   commit (submission.json);
 - per sweep point present in both: tok/s per working GPU, tok/s per user, TTFT and TPOT
-  p50/p99, and accuracy, with the change in per cent.
+  p50/p99, and accuracy, with the change in per cent and, where other runs repeat A or B
+  (the same resolved recipe, no drift), whether it is outside their run-to-run spread.
 
 A comparison is single-variable when exactly one setting differs and nothing drifted.
 """
@@ -45,13 +46,14 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: d}
 
 
-def _recipe(rd: RunDir) -> dict[str, Any]:
+def _recipe(rd: RunDir) -> dict[str, Any] | None:
+    """The resolved recipe, flat; None when recipe.yaml cannot be read."""
     import yaml
 
     try:
         doc = yaml.safe_load((rd.path / "recipe.yaml").read_text()) or {}
     except (OSError, yaml.YAMLError):
-        return {}
+        return None
     flat = _flat(doc)
     return {k: _normal(v, rd) for k, v in flat.items() if k not in SAME_BY_NATURE}
 
@@ -65,8 +67,11 @@ def _normal(v: Any, rd: RunDir) -> Any:
     return v
 
 
-def settings(a: RunDir, b: RunDir) -> list[tuple[str, Any, Any]]:
+def settings(a: RunDir, b: RunDir) -> list[tuple[str, Any, Any]] | None:
+    """The settings that differ; None when either run's recipe.yaml cannot be read."""
     ra, rb = _recipe(a), _recipe(b)
+    if ra is None or rb is None:
+        return None
     return [(k, ra.get(k), rb.get(k)) for k in sorted(set(ra) | set(rb)) if ra.get(k) != rb.get(k)]
 
 
@@ -147,8 +152,9 @@ def drift(a: RunDir, b: RunDir) -> list[tuple[str, Any, Any]]:
     ra, rb = a.read_record(), b.read_record()
     ia, ib = (ra.identity if ra else None) or {}, (rb.identity if rb else None) or {}
     out = []
-    for key in ("engine", "engine_version", "image", "model", "model_revision", "torch_cuda",
-                "driver", "gpu_models", "packages_differ_on"):
+    for key in ("engine", "engine_version", "engine_commit", "image", "model",
+                "model_revision", "torch_cuda", "driver", "gpu_models", "imex_channel",
+                "packages_differ_on"):
         if ia.get(key) != ib.get(key):
             out.append((key, ia.get(key), ib.get(key)))
     pa, pb = ia.get("packages") or {}, ib.get("packages") or {}
@@ -161,13 +167,20 @@ def drift(a: RunDir, b: RunDir) -> list[tuple[str, Any, Any]]:
     return out
 
 
-def _points(rd: RunDir) -> dict[Any, dict]:
-    s = read_json(rd.summary) or {}
+def points(rd: RunDir) -> dict[Any, dict]:
+    from launcher.run import figures
+
+    s = read_json(rd.summary)
+    if s is None:  # a run still going, or one that died before its report: from bench/
+        try:
+            s = figures.summary(rd.path)
+        except Exception:  # noqa: BLE001 - a run that cannot be summed has no points
+            s = {}
     return {p.get("max_concurrency"): p for p in s.get("points") or [] if isinstance(p, dict)}
 
 
 def figures(a: RunDir, b: RunDir) -> list[dict[str, Any]]:
-    pa, pb = _points(a), _points(b)
+    pa, pb = points(a), points(b)
     rows = []
     for c in sorted(set(pa) & set(pb), key=lambda c: (c is None, c or 0)):
         for key, label in FIGURES.items():
@@ -187,36 +200,115 @@ def figures(a: RunDir, b: RunDir) -> list[dict[str, Any]]:
     return rows
 
 
-def compare(a: Path, b: Path) -> dict[str, Any]:
+def repeats(run: RunDir, pool: list[RunDir]) -> list[RunDir]:
+    """The runs of `pool` that repeat `run`: the same resolved recipe and no fingerprint
+    drift (`run` itself included first). Only they measure run-to-run spread."""
+    here = run.path.resolve()
+    name = _recipe_name(run)
+    out, seen = [run], {here}
+    for other in pool:
+        where = other.path.resolve()
+        if where in seen or _recipe_name(other) != name:
+            continue
+        seen.add(where)
+        if settings(run, other) == [] and not drift(run, other):
+            out.append(other)
+    return out
+
+
+def _recipe_name(rd: RunDir) -> str | None:
+    import yaml
+
+    try:
+        doc = yaml.safe_load((rd.path / "recipe.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return None
+    return doc.get("name") if isinstance(doc, dict) else None
+
+
+def spread(groups: list[list[RunDir]]) -> dict[tuple[Any, str], dict[str, Any]]:
+    """Per (concurrency, figure): the widest range over each group of repeats that holds two
+    runs or more, in per cent of that group's mean, and how many runs it is from."""
+    out: dict[tuple[Any, str], dict[str, Any]] = {}
+    for group in groups:
+        if len(group) < 2:
+            continue
+        values: dict[tuple[Any, str], list[float]] = {}
+        for rd in group:
+            for c, point in points(rd).items():
+                for key, label in FIGURES.items():
+                    v = point.get(key)
+                    if isinstance(v, int | float):
+                        values.setdefault((c, label), []).append(float(v))
+        for k, vs in values.items():
+            mean = sum(vs) / len(vs)
+            if len(vs) < 2 or not mean:
+                continue
+            pct = (max(vs) - min(vs)) / mean * 100
+            if k not in out or pct > out[k]["pct"]:
+                out[k] = {"pct": pct, "runs": len(vs)}
+    return out
+
+
+def pool(runs_dir: Path, *runs: Path) -> list[RunDir]:
+    """Where repeats of `runs` are looked for: the runs directory and each run's own (a
+    study member's: the study's parent)."""
+    from launcher.run import listing
+
+    homes = {Path(runs_dir).resolve()}
+    for p in runs:
+        rd = RunDir(Path(p))
+        homes.add((rd.path.parent.parent if listing.study_of(rd) else rd.path.parent).resolve())
+    return [r for h in sorted(homes) if h.is_dir() for r in listing.all_runs(h)]
+
+
+def compare(a: Path, b: Path, pool: list[RunDir] | None = None) -> dict[str, Any]:
+    """`pool`: other runs to find repeats of A and of B in (the run-to-run spread)."""
     ra, rb = RunDir(Path(a)), RunDir(Path(b))
     sets, drifted = settings(ra, rb), drift(ra, rb)
+    rows = figures(ra, rb)
+    groups = [repeats(ra, pool or []), repeats(rb, pool or [])]
+    known = spread(groups)
+    for row in rows:
+        sp = known.get((row["concurrency"], row["figure"]))
+        row["spread_pct"] = None if sp is None else sp["pct"]
+        row["outside_spread"] = (None if sp is None or row["change_pct"] is None
+                                 else abs(row["change_pct"]) > sp["pct"])
     return {"a": str(ra.path), "b": str(rb.path), "settings": sets,
-            "processes": processes(ra, rb), "drift": drifted, "figures": figures(ra, rb),
-            "single_variable": len(sets) == 1 and not drifted,
-            "spread": None}  # run-to-run spread: not known from two runs
+            "processes": processes(ra, rb), "drift": drifted, "figures": rows,
+            "single_variable": sets is not None and len(sets) == 1 and not drifted,
+            "repeats": {"a": [str(r.path) for r in groups[0][1:]],
+                        "b": [str(r.path) for r in groups[1][1:]]}}
 
 
-def _show(v: Any) -> str:
+def show(v: Any) -> str:
     return json.dumps(v) if not isinstance(v, str) else v
+
+
+def verdict(r: dict[str, Any]) -> tuple[str, str, str]:
+    """(kind, head, rest) of the comparison: kind is single | repeat | unknown | not."""
+    sets, drifted = r["settings"], r["drift"]
+    if sets is None:
+        return ("unknown", "NOT known to be single-variable",
+                "a recipe.yaml is missing or unreadable, so the settings cannot be compared")
+    if r["single_variable"]:
+        return "single", "single-variable", f"only {sets[0][0]} differs, and nothing drifted"
+    if not sets and not drifted:
+        return ("repeat", "a repeat", "no setting differs and nothing drifted (what differs in "
+                "the figures is run-to-run)")
+    why = [f"{len(sets)} settings differ"] if len(sets) != 1 else []
+    why += [f"{len(drifted)} fingerprint item(s) drifted"] if drifted else []
+    return "not", "NOT single-variable", ", ".join(why)
 
 
 def text(r: dict[str, Any]) -> str:
     out = [f"A {r['a']}", f"B {r['b']}"]
-    sets, drifted = r["settings"], r["drift"]
-    if r["single_variable"]:
-        out.append(f"single-variable: only {sets[0][0]} differs, and nothing drifted")
-    elif not sets and not drifted:
-        out.append("a repeat: no setting differs and nothing drifted (what differs in the "
-                   "figures is run-to-run)")
-    else:
-        why = []
-        if len(sets) != 1:
-            why.append(f"{len(sets)} settings differ")
-        if drifted:
-            why.append(f"{len(drifted)} fingerprint item(s) drifted")
-        out.append("NOT single-variable: " + ", ".join(why))
-    out.append("settings (resolved recipe):" if sets else "settings: the same")
-    out += [f"  {k}: {_show(x)} -> {_show(y)}" for k, x, y in sets]
+    _, head, rest = verdict(r)
+    out.append(f"{head}: {rest}")
+    sets, drifted = r["settings"] or [], r["drift"]
+    out.append("settings (resolved recipe):" if sets else
+               "settings: the same" if r["settings"] is not None else "settings: unknown")
+    out += [f"  {k}: {show(x)} -> {show(y)}" for k, x, y in sets]
     procs = r["processes"]
     out.append("processes (argv, environment):" if procs else
                "processes: the same argv and environment (ports, run directory and node "
@@ -225,12 +317,25 @@ def text(r: dict[str, Any]) -> str:
     if len(procs) > 60:
         out.append(f"  ... and {len(procs) - 60} more")
     out.append("fingerprint drift:" if drifted else "fingerprint: no drift")
-    out += [f"  {k}: {_show(x)} -> {_show(y)}" for k, x, y in drifted]
+    out += [f"  {k}: {show(x)} -> {show(y)}" for k, x, y in drifted]
     rows = r["figures"]
-    out.append("figures (B against A; run-to-run spread unknown from one run each):" if rows
-               else "figures: no sweep point in both")
+    reps = r.get("repeats") or {}
+    n_a, n_b = len(reps.get("a") or []), len(reps.get("b") or [])
+    if not rows:
+        out.append("figures: no sweep point in both")
+    elif n_a or n_b:
+        out.append(f"figures (B against A; run-to-run spread from repeats in the runs "
+                   f"directory: A with {n_a}, B with {n_b}):")
+    else:
+        out.append("figures (B against A; run-to-run spread unknown: no repeat of either run "
+                   "in the runs directory):")
     for row in rows:
         where = "" if row["concurrency"] is None else f"c={row['concurrency']} "
         ch = "" if row["change_pct"] is None else f" ({row['change_pct']:+.1f} %)"
+        sp = row.get("spread_pct")
+        if sp is not None and row.get("outside_spread") is not None:
+            # outside: a larger change than the widest seen between repeats
+            ch += (f", outside the run-to-run spread ({sp:.1f} %)" if row["outside_spread"]
+                   else f", within the run-to-run spread ({sp:.1f} %)")
         out.append(f"  {where}{row['figure']}: {row['a']:,.4g} -> {row['b']:,.4g}{ch}")
     return "\n".join(out)

@@ -7,7 +7,8 @@ step: with the file there, pyxis only unpacks it on each node (`enroot create`) 
 every node pulling the image from the registry. Standard library only. Jobs that start
 together wait for one import (a lock beside the file); a file is only ever complete (made
 under a temporary name, then renamed). Prints one JSON line: imported (false: it was there),
-seconds, bytes. enroot's own output goes to this step's log, where the preflight reads its
+seconds, bytes, and the digest the registry served for it (kept beside the file; None when
+the registry could not be asked). enroot's own output goes to this step's log, where the preflight reads its
 errors (docs/containers.md lists them).
 """
 
@@ -32,30 +33,103 @@ def enroot() -> str | None:
     return shutil.which("enroot") or shutil.which("enroot", path=ENROOT_DIRS)
 
 
+MANIFEST_TYPES = ", ".join((  # an index first: its digest is what `docker pull` pins
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json"))
+
+
+def registry_digest(uri: str, timeout: float = 10.0) -> str | None:
+    """The digest the registry serves now for an enroot reference REGISTRY#REPO[:TAG]
+    (Docker Hub when there is no REGISTRY#): its Docker-Content-Digest, asked anonymously
+    (a bearer token when the registry asks for one, as for public images). None when it
+    cannot be told: the run then records no digest, and says so."""
+    import re
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    if "@sha256:" in uri:
+        return uri.rsplit("@", 1)[1]
+    registry, _, ref = uri.rpartition("#")
+    if not registry:
+        registry = "registry-1.docker.io"
+        ref = ref if "/" in ref else f"library/{ref}"
+    repo, _, tag = ref.partition(":")
+    tag = tag or "latest"
+
+    def head(url: str, token: str | None = None):
+        req = urllib.request.Request(url, method="HEAD", headers={"Accept": MANIFEST_TYPES})
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
+        return urllib.request.urlopen(req, timeout=timeout)
+
+    for scheme in ("https", "http"):
+        url = f"{scheme}://{registry}/v2/{repo}/manifests/{tag}"
+        try:
+            try:
+                with head(url) as r:
+                    return r.headers.get("Docker-Content-Digest")
+            except urllib.error.HTTPError as e:
+                challenge = e.headers.get("WWW-Authenticate") or ""
+                if e.code != 401 or not challenge.lower().startswith("bearer "):
+                    return None
+                params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
+                realm = params.pop("realm", None)
+                if not realm:
+                    return None
+                with urllib.request.urlopen(
+                        f"{realm}?{urllib.parse.urlencode(params)}", timeout=timeout) as t:
+                    doc = json.loads(t.read() or b"{}")
+                token = doc.get("token") or doc.get("access_token")
+                with head(url, token) as r:
+                    return r.headers.get("Docker-Content-Digest")
+        except (urllib.error.URLError, OSError, ValueError):
+            continue  # https refused (a plain-HTTP registry, as enroot's ENROOT_ALLOW_HTTP)
+    return None
+
+
+def digest_file(dest: Path) -> Path:
+    """Beside a cached .sqsh: the digest its bytes were imported from."""
+    return dest.with_name(dest.name + ".digest")
+
+
 def import_once(uri: str, dest: Path) -> dict:
     t0 = time.monotonic()
     dest.parent.mkdir(parents=True, exist_ok=True)
     with open(dest.with_name(dest.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another job importing the same image: wait
         if dest.is_file():
+            try:  # the digest of these bytes, not of what the tag names now
+                digest = digest_file(dest).read_text().strip() or None
+            except OSError:
+                digest = None
             return {"imported": False, "path": str(dest), "bytes": dest.stat().st_size,
-                    "seconds": round(time.monotonic() - t0, 2)}
+                    "seconds": round(time.monotonic() - t0, 2), "digest": digest}
         exe = enroot()
         if exe is None:
             raise SystemExit(f"enroot: command not found (looked on PATH and in {ENROOT_DIRS})")
         part = dest.with_name(f".{dest.stem}.{os.getpid()}.sqsh")
         part.unlink(missing_ok=True)
         print(f"importing docker://{uri} into {dest}", flush=True)
+        # asked before the import: a tag moved during it would give newer bytes than this
+        # says, never older ones silently named by an older digest
+        digest = registry_digest(uri)
         try:
             rc = subprocess.run([exe, "import", "--output", str(part), f"docker://{uri}"],
                                 stdin=subprocess.DEVNULL).returncode
             if rc != 0 or not part.is_file():
                 raise SystemExit(f"enroot import of {uri} failed (exit status {rc})")
+            if digest:
+                digest_file(dest).write_text(digest + "\n")
+            else:
+                digest_file(dest).unlink(missing_ok=True)
             os.replace(part, dest)
         finally:
             part.unlink(missing_ok=True)
     return {"imported": True, "path": str(dest), "bytes": dest.stat().st_size,
-            "seconds": round(time.monotonic() - t0, 2)}
+            "seconds": round(time.monotonic() - t0, 2), "digest": digest}
 
 
 def main(argv: list[str] | None = None) -> int:

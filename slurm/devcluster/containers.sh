@@ -186,7 +186,7 @@ if [ -z "$dg" ] || [ ! -f "$DIR/images/engine.ref" ] || ! grep -qx "digest $REGI
         >"$DIR/log/skopeo.log" 2>&1 \
         || { tail -n 20 "$DIR/log/skopeo.log" >&2; die "skopeo could not push $ref"; }
     # the profile's image cache holds the image by its tag: new bytes under it make it stale
-    rm -f "$DIR"/images/cache/pd-devcluster-engine-*.sqsh
+    rm -f "$DIR"/images/cache/pd-devcluster-engine-*.sqsh "$DIR"/images/cache/pd-devcluster-engine-*.sqsh.digest
     dg=$(digest)
     printf 'tag %s\ndigest %s\n' "$ref" "$REGISTRY/$IMAGE_REPO@$dg" >"$DIR/images/engine.ref"
 fi
