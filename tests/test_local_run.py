@@ -125,18 +125,20 @@ def test_decode_crash_fails_fast_and_names_it(tmp_path, cause, signal, label):
     assert "decode-0@local-" in status and "exited with status" in status
     assert (run / "logs" / "decode-0@local-1.log").stat().st_size > 0
     assert leftovers(run) == []
-    # the engine's death (an OOM or an NCCL error, as vLLM logs them) is counted on that
-    # process, no other
+    # The engine's death and its cause (an OOM or an NCCL error, as vLLM logs them) are
+    # counted on the processes that logged them. Both parts have the crash setting: the one
+    # whose timer fires first logs the cause, and the head logs the engine's death either way.
     sig = json.loads((run / "summary.json").read_text())["log_signals"]
-    died = {k: v for k, v in sig["processes"]["decode-0@local-1"].items() if v}
-    # the headless part (same setting) may crash first, and the head logs its death too
-    assert died.pop("engine_crashes") in (1, 2), sig
-    assert died == {signal: 1, "tracebacks": 1}, sig
+    decode = {p: {k: v for k, v in c.items() if v} for p, c in sig["processes"].items()
+              if p.startswith("decode-0@")}
+    assert decode["decode-0@local-1"].get("engine_crashes") in (1, 2), sig
+    assert any(c.get(signal) == 1 and c.get("tracebacks") == 1 for c in decode.values()), sig
+    assert all(set(c) <= {"engine_crashes", signal, "tracebacks"} for c in decode.values()), sig
     hit = {p for p, c in sig["processes"].items() if any(c.values())}
     assert hit <= {"decode-0@local-1", "decode-0@local-2"}, hit  # both parts may crash
     said = " ".join(status.split())
-    assert re.search(r"log signals: engine crashes [12] \(decode-0@local-1[,)].*"
-                     + label + r" [12] \(decode-0@local-1[,)]", said), said
+    assert re.search(r"log signals: engine crashes [1-3] \(decode-0@local-[12][,)].*"
+                     + label + r" [12] \(decode-0@local-[12][,)]", said), said
     # The node's agent saw the dead endpoint as a gap with a reason and kept going.
     from launcher.telemetry import store
 

@@ -273,3 +273,14 @@ def resume_drained() -> set[str]:
         subprocess.run(["scontrol", "update", f"nodename={n}", "state=resume"],
                        capture_output=True)
     return nodes
+
+
+def test_the_registry_tells_the_digest_of_a_tag_and_nothing_for_a_missing_one():
+    """What the image step records (and, without an image cache, what the orchestrator asks
+    before the nodes pull): the registry's own digest for the tag, as skopeo saw it."""
+    from launcher.control.image import registry_digest
+
+    digest = image("digest").rsplit("@", 1)[1]
+    assert registry_digest("127.0.0.1:5000#pd/devcluster-engine:bookworm") == digest
+    assert registry_digest("127.0.0.1:5000#pd/devcluster-engine:no-such-tag") is None
+    assert registry_digest(f"127.0.0.1:5000#pd/devcluster-engine@{digest}") == digest

@@ -201,3 +201,8 @@ def test_a_study_submits_one_job_per_value_and_jobs_sharing_a_host_do_not_collid
     assert not ports[0] & ports[1], ports
     code, out = launcher(tmp_path, "runs")
     assert code == 0 and out.count("succeeded") == 2
+    # two dev-cluster runs that differ in one setting: diff names it, single-variable
+    one, two = (str(study / r["run"]) for r in doc["runs"])
+    code, out = launcher(tmp_path, "diff", one, two)
+    assert code == 0, out
+    assert "single-variable: only prefill.endpoints differs, and nothing drifted" in out, out

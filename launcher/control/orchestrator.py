@@ -44,7 +44,7 @@ from launcher.control.probes import api_ready, busy_ports, http_ok
 from launcher.control.record import Book, say
 from launcher.control.watch import NodeWatch
 from launcher.errors import Cancelled, RunFailed, UserError
-from launcher.planning import render, schedulers
+from launcher.planning import containers, render, schedulers
 from launcher.planning.plan import Plan
 from launcher.run import rundir
 from launcher.run.plandoc import Process
@@ -355,6 +355,7 @@ class Orchestrator:
                     unexplained = " | ".join(tail(log, 3)) or "its log is empty"
             elif name == "stage-image":
                 self.note_image(self.run.log(name))
+        self.image_digest = self.image_digest or self.tag_digest()
         facts = preflight.read_facts(self.run.path, list(self.plan.nodes), "container")
         hosts = preflight.read_facts(self.run.path, list(self.plan.nodes), "host")
         problems = preflight.judge_container(
@@ -366,6 +367,18 @@ class Orchestrator:
         self.save()
         self.book.event("preflight_ok", seconds=round(took, 2))
         say(f"preflight passed on {len(self.plan.nodes)} node(s) in {took:.1f} s")
+
+    def tag_digest(self) -> str | None:
+        """Without an image cache pyxis pulls on each node and nobody reports a digest: ask
+        the registry what the tag names now, just before the engines pull it."""
+        c = self.plan.recipe.container
+        if (c is None or not containers.of(self.plan.cluster).isolated
+                or containers.is_directory_image(c.image) or c.image.endswith(".sqsh")
+                or "@sha256:" in c.image or containers.cached_image(self.plan)):
+            return None
+        from launcher.control import image
+
+        return image.registry_digest(containers.enroot_uri(c.image), timeout=5.0)
 
     def note_image(self, log: Path) -> None:
         """The image step's one JSON line (imported, or found in the cache) as an event."""
