@@ -286,24 +286,31 @@ def cmd_submit(args) -> int:
     return code
 
 
+def _identity(run) -> dict:
+    rec = run.read_record()
+    return (rec.identity if rec else None) or {}
+
+
+def _is_tag(image: str | None) -> bool:
+    """A registry image named by a tag, whose bytes the registry may change."""
+    return bool(image) and "@sha256:" not in image and not image.startswith("/")
+
+
 def _pinned_image(old) -> str | None:
     """`old`'s image pinned to the digest it ran, when it ran a tag whose digest is known."""
-    rec = old.read_record()
-    ident = (rec.identity if rec else None) or {}
+    ident = _identity(old)
     image, digest = ident.get("image"), ident.get("image_digest")
-    if image and digest and "@sha256:" not in image and not image.startswith("/"):
-        return f"{image}@{digest}"
-    return None
+    return f"{image}@{digest}" if digest and _is_tag(image) else None
 
 
 def _not_held(old, pin: str | None = None) -> str:
     """What a re-run cannot hold the same as `old`, in one sentence."""
-    ident = (old.read_record().identity if old.read_record() else None) or {}
+    ident = _identity(old)
     parts = []
     image = ident.get("image")
     if pin:
         parts.append(f"the image is pinned to the digest that run used: {pin}")
-    elif image and "@sha256:" not in image and not image.startswith("/"):
+    elif _is_tag(image):
         parts.append(f"the image {image} is a tag the registry may serve other bytes for "
                      "now, and that run recorded no digest for it (pin it with --set "
                      "container.image=REPO@sha256:...)")

@@ -46,13 +46,21 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: d}
 
 
-def _recipe(rd: RunDir) -> dict[str, Any] | None:
-    """The resolved recipe, flat; None when recipe.yaml cannot be read."""
+def _recipe_doc(rd: RunDir) -> dict[str, Any] | None:
+    """recipe.yaml as written; None when it cannot be read."""
     import yaml
 
     try:
         doc = yaml.safe_load((rd.path / "recipe.yaml").read_text()) or {}
     except (OSError, yaml.YAMLError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _recipe(rd: RunDir) -> dict[str, Any] | None:
+    """The resolved recipe, flat; None when recipe.yaml cannot be read."""
+    doc = _recipe_doc(rd)
+    if doc is None:
         return None
     flat = _flat(doc)
     return {k: _normal(v, rd) for k, v in flat.items() if k not in SAME_BY_NATURE}
@@ -217,13 +225,7 @@ def repeats(run: RunDir, pool: list[RunDir]) -> list[RunDir]:
 
 
 def _recipe_name(rd: RunDir) -> str | None:
-    import yaml
-
-    try:
-        doc = yaml.safe_load((rd.path / "recipe.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        return None
-    return doc.get("name") if isinstance(doc, dict) else None
+    return (_recipe_doc(rd) or {}).get("name")
 
 
 def spread(groups: list[list[RunDir]]) -> dict[tuple[Any, str], dict[str, Any]]:

@@ -8,8 +8,8 @@ every node pulling the image from the registry. Standard library only. Jobs that
 together wait for one import (a lock beside the file); a file is only ever complete (made
 under a temporary name, then renamed). Prints one JSON line: imported (false: it was there),
 seconds, bytes, and the digest the registry served for it (kept beside the file; None when
-the registry could not be asked). enroot's own output goes to this step's log, where the preflight reads its
-errors (docs/containers.md lists them).
+the registry could not be asked). enroot's own output goes to this step's log, where the
+preflight reads its errors (docs/containers.md lists them).
 """
 
 from __future__ import annotations

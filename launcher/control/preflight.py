@@ -269,11 +269,6 @@ def judge_container(
                 f"{node}: the container check step failed before it wrote its result: "
                 f"{step_error} (see logs/preflight-container.log)", node=node))
             continue
-        if f is None and step_error:
-            problems.append(Problem(
-                f"{node}: the container check step failed before it wrote its result: "
-                f"{step_error} (see logs/preflight-container.log)", node=node))
-            continue
         if f is None:
             problems.append(Problem(
                 f"{node}: the container check left no result in {plan.run_dir}/{PREFLIGHT_DIR}: "

@@ -122,13 +122,21 @@ def is_directory_image(image: str) -> bool:
     return image == COMPUTE_ENV_IMAGE or image.startswith("/")
 
 
+def registry_image(plan: Plan) -> str | None:
+    """The recipe's image when it is pulled from a registry (not a folder or a .sqsh)."""
+    c = plan.recipe.container
+    if c is None or is_directory_image(c.image) or c.image.endswith(".sqsh"):
+        return None
+    return c.image
+
+
 def cached_image(plan: Plan) -> str | None:
     """The .sqsh the image step imports a registry image into, once for every job of the
     cluster, when the profile keeps an image cache (None without one)."""
-    c, cache = plan.recipe.container, plan.cluster.containers.image_cache
-    if c is None or not cache or is_directory_image(c.image) or c.image.endswith(".sqsh"):
+    image, cache = registry_image(plan), plan.cluster.containers.image_cache
+    if image is None or not cache:
         return None
-    return f"{cache}/{container_name(c.image)}.sqsh"
+    return f"{cache}/{container_name(image)}.sqsh"
 
 
 class Containers:
