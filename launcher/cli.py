@@ -36,7 +36,14 @@ def _parser() -> argparse.ArgumentParser:
     _recipe_options(s)
     s.add_argument(
         "--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
-        help="one job per value (several --sweep: every combination), grouped as a study",
+        help="one configuration per value (several --sweep: every combination), grouped as a "
+             "study",
+    )  # fmt: skip
+    s.add_argument(
+        "--allocation", choices=("one", "each"), default=None,
+        help="a study's configurations in one allocation (each engine loaded once, a router "
+             "per configuration) or one job each; default: whichever the dry-run estimates "
+             "at fewer GPU-hours",
     )  # fmt: skip
     s.add_argument(
         "--dry-run", action="store_true", help="write and show everything, submit nothing"
@@ -64,8 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--revision", default=None)
     s.set_defaults(func=cmd_stage_model)
 
-    s = sub.add_parser("run", help="run a prepared run directory here (inside an allocation)")
-    s.add_argument("run_dir", type=Path)
+    s = sub.add_parser("run", help="run a prepared run directory, or a study prepared for one "
+                                   "allocation, here (inside an allocation, e.g. under salloc)")
+    s.add_argument("run_dir", type=Path, metavar="RUN_OR_STUDY_DIR")
     s.set_defaults(func=cmd_run)
 
     s = sub.add_parser("status", help="state of a run or a study (default: the newest run)")
@@ -248,7 +256,8 @@ def cmd_submit(args) -> int:
         raise UserError("submit needs a recipe (a shipped name or a YAML path), or --again RUN")
 
     runs = prepare.prepare_all(
-        args.recipe, args.overrides, args.sweep, args.runs_dir, nodelist=args.nodelist
+        args.recipe, args.overrides, args.sweep, args.runs_dir, nodelist=args.nodelist,
+        allocation=args.allocation,
     )
     from launcher import text
 
@@ -351,6 +360,12 @@ def cmd_stage_model(args) -> int:
 
 
 def cmd_run(args) -> int:
+    from launcher.run import listing
+
+    if listing.is_study(args.run_dir):
+        from launcher.control import study
+
+        return study.run_study(args.run_dir.resolve())
     from launcher.control import orchestrator
 
     return orchestrator.run(args.run_dir.resolve())

@@ -84,14 +84,44 @@ def study_plan_text(runs: list[Prepared]) -> str:
     costs = [cost.estimate(r.plan) for r in runs]
     hours = sum(c.gpu_hours() for c in costs)
     worst = sum(c.gpu_hours(c.worst_s) for c in costs)
-    out += ["", f"Study: {len(runs)} runs as {len(runs)} jobs (lines the same as the first "
-            f"run's are shown once): {sum(c.gpus_allocated for c in costs)} GPUs allocated "
-            f"over the jobs, {sum(c.gpus_working for c in costs)} working; about "
-            f"{cost.duration(sum(c.expected_s for c in costs))} of job time, "
-            f"{hours:,.1f} GPU-hours" + (f" ({worst:,.1f} if every load takes its health "
-                                          "timeout)" if worst > hours else "")
-            + f"; {sum(c.requests for c in costs):,} requests"]
+    shared, cmp = runs[0].shared, runs[0].compared
+    out += ["", f"Study: {len(runs)} configurations (lines the same as the first one's are "
+            f"shown once): {sum(c.gpus_working for c in costs)} GPUs working over them; "
+            f"{sum(c.requests for c in costs):,} requests"]
+    if cmp is not None:
+        out += study_ways(cmp, shared is not None, len(runs))
+    if shared is not None:
+        out += [f"Order in the allocation ({shared.nodes} nodes"
+                + (f", time limit {cost.duration(shared.minutes * 60)}" if shared.minutes else "")
+                + "):"]
+        for i, t in enumerate(shared.turns, 1):
+            parts = [f"starts {', '.join(t.start)}" if t.start else "",
+                     f"restarts {', '.join(t.restart)} (another command line)" if t.restart else "",
+                     f"keeps {', '.join(t.keep)} loaded" if t.keep else "",
+                     f"leaves {', '.join(t.idle)} idle (not counted)" if t.idle else ""]
+            out.append(f"  {i}. {t.run}: " + "; ".join(x for x in parts if x) + "; a router of "
+                       "its own")
+    else:
+        out.append(f"As {len(runs)} jobs: {cost.duration(sum(c.expected_s for c in costs))} of "
+                   f"job time, {hours:,.1f} GPU-hours" + (
+                       f" ({worst:,.1f} if every load takes its health timeout)"
+                       if worst > hours else ""))
     return "\n".join(out)
+
+
+def study_ways(cmp, one: bool, n: int) -> list[str]:
+    """Both ways of running a study, side by side, and which one this submission takes."""
+    gpu_h = lambda s: f"{s / 3600:,.1f} GPU-hours"  # noqa: E731
+    return [
+        f"  one allocation:  {cmp.one_nodes} nodes x {cost.duration(cmp.one_s)}, "
+        f"{gpu_h(cmp.one_gpu_s)}, {cmp.one_loads} engine start(s)"
+        + (" <- this submission" if one else ""),
+        f"  one job each:    {n} jobs, {cost.duration(cmp.each_s)} of job time in all, "
+        f"{gpu_h(cmp.each_gpu_s)}, {cmp.each_loads} engine start(s)"
+        + ("" if one else " <- this submission"),
+        f"  (an engine start taken as {cost.duration(cmp.load_s)}: {cmp.load_basis}; "
+        f"--allocation one|each chooses, the default is the fewer GPU-hours)",
+    ]
 
 
 def length_range(b) -> str:

@@ -245,9 +245,11 @@ def test_sweeps_are_checked_and_planned_before_anything_is_written(tmp_path):
 
 def test_swept_values_never_put_a_job_separator_into_sbatch(tmp_path):
     # the value became part of the run directory, which is in the #SBATCH --output line
-    runs = prepare.prepare_all(SEED, [], ["model.served_name=xhetjob,y"], tmp_path)
-    assert "het-job" in runs[0].run.path.name
-    assert not any("hetjob" in p.sbatch.lower() for p in runs)
+    for way in ("one", "each"):
+        runs = prepare.prepare_all(SEED, [], ["model.served_name=xhetjob,y"], tmp_path,
+                                   allocation=way)
+        assert "het-job" in runs[0].run.path.name
+        assert not any("hetjob" in p.sbatch.lower() for p in runs)
 
 
 def test_a_data_path_too_long_for_the_filesystem_is_kept_as_given(tmp_path):

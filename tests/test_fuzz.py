@@ -565,7 +565,8 @@ LAUNCHER_SBATCH = {
 }  # fmt: skip
 
 
-def check_sbatch(run_dir: Path, plan: dict, recipe: dict) -> list[str]:
+def check_sbatch(run_dir: Path, plan: dict, recipe: dict, study: bool = False) -> list[str]:
+    """`run_dir`: where job.sbatch is (a study's folder when it runs in one allocation)."""
     text = (run_dir / "job.sbatch").read_text(encoding="utf-8")
     options, body_started = [], False
     for line in text.split("\n"):
@@ -590,7 +591,7 @@ def check_sbatch(run_dir: Path, plan: dict, recipe: dict) -> list[str]:
         assert keys.count(k) == 1, f"--{k} {keys.count(k)} times"
     expected_output = f"{run_dir}/slurm/%j_0_log.out"
     assert f"--output={expected_output}" in options, (options, expected_output)
-    assert f"--job-name=pd-{recipe['name']}" in options
+    assert f"--job-name=pd-{recipe['name']}{'-study' if study else ''}" in options
     for k, v in (recipe.get("slurm", {}).get("directives") or {}).items():
         if v is None:
             continue
@@ -702,16 +703,21 @@ def check_accepted(runs: Path, out: str, case_dir: Path) -> None:
         again = recipe_mod.load(str(run_dir / "recipe.yaml"))
         assert again.model_dump() == recipe_mod.validate(recipe, "recipe.yaml").model_dump()
         scripts = [run_dir / "commands.sh"]
-        slurm = (run_dir / "job.sbatch").exists()
+        # a study in one allocation submits its folder's job.sbatch for every configuration
+        study = not (run_dir / "job.sbatch").exists() and "allocation" in json.loads(
+            (run_dir.parent / "study.json").read_text()) if (run_dir.parent / "study.json"
+                                                            ).is_file() else False
+        job_dir = run_dir.parent if study else run_dir
+        slurm = (job_dir / "job.sbatch").exists()
         if slurm:
-            scripts.append(run_dir / "job.sbatch")
+            scripts.append(job_dir / "job.sbatch")
         for s in scripts:
             p = subprocess.run(["/bin/bash", "-n", str(s)], capture_output=True, timeout=20)
             assert p.returncode == 0, (s.name, p.stderr)
         check_commands(run_dir, plan, slurm, case_dir)
         if slurm:
-            check_sbatch(run_dir, plan, recipe)
-            check_sbatch_body(run_dir, plan, case_dir)
+            check_sbatch(job_dir, plan, recipe, study)
+            check_sbatch_body(job_dir, plan, case_dir)
     if out.startswith("["):  # --format json
         assert sorted(d["run_dir"] for d in json.loads(out)) == [str(d) for d in run_dirs]
     else:

@@ -522,7 +522,7 @@ def test_a_study_dry_run_says_what_it_reserves_once(cli, tmp_path):
     assert [(c["gpus_allocated"], c["gpus_working"]) for c in costs] == [
         (16, 16), (20, 18), (20, 20), (24, 22), (24, 24)]  # 5 and 7 x DEP2 leave 2 GPUs idle
     rc, out, err = cli("submit", SEED, "--sweep", "prefill.endpoints=4,5,6,7,8", "--dry-run",
-                       "--runs-dir", str(tmp_path / "runs"))
+                       "--runs-dir", str(tmp_path / "runs"), "--allocation", "each")
     assert rc == 0, err
     lines = out.splitlines()
     # every line once but the process tables' rows (each run has its own table)
@@ -532,11 +532,23 @@ def test_a_study_dry_run_says_what_it_reserves_once(cli, tmp_path):
     assert sum(1 for ln in lines if ln.startswith("Cost: ")) == 5
     assert "Cost: 5 nodes, 20 GPUs allocated, 18 working (2 idle)" in out
     (total,) = [ln for ln in lines if ln.startswith("Study: ")]
+    (jobs,) = [ln for ln in lines if ln.startswith("As 5 jobs: ")]
     hours = sum(c["gpu_hours"] for c in costs)
-    m = re.search(r"([\d,.]+) GPU-hours", total)
-    assert m and abs(float(m.group(1).replace(",", "")) - hours) < 0.2, (total, hours)
-    assert "104 GPUs allocated over the jobs, 100 working" in total
+    m = re.search(r"([\d,.]+) GPU-hours", jobs)
+    assert m and abs(float(m.group(1).replace(",", "")) - hours) < 0.2, (jobs, hours)
+    assert "100 GPUs working over them" in total
     assert f"{sum(c['requests'] for c in costs):,} requests" in total
+    # both ways side by side: one allocation of the largest footprint loads every engine
+    # once; the default takes the fewer GPU-hours
+    (one,) = [ln for ln in lines if ln.strip().startswith("one allocation:")]
+    assert one.strip().startswith("one allocation:  6 nodes x") and "9 engine start(s)" in one
+    (each,) = [ln for ln in lines if ln.strip().startswith("one job each:")]
+    assert "5 jobs" in each and "35 engine start(s)" in each and "<- this submission" in each
+    rc, out, err = cli("submit", SEED, "--sweep", "prefill.endpoints=4,5,6,7,8", "--dry-run",
+                       "--runs-dir", str(tmp_path / "auto"))
+    assert rc == 0, err
+    assert "<- this submission" in next(ln for ln in out.splitlines()
+                                        if "one allocation:" in ln), out[-2000:]
 
 
 def test_the_sweep_line_says_the_lengths_the_range_ratio_draws():

@@ -26,8 +26,9 @@ GPUS_PER_NODE = 4
 def study(tmp_path_factory):
     """{prefill endpoints: (plan.json, commands.sh, job.sbatch)} of the one study the
     CLI's --sweep writes (the same entry point as `submit --dry-run --sweep`)."""
-    runs = prepare.prepare_all(
-        SEED, [], ["prefill.endpoints=4,5,6,7,8"], tmp_path_factory.mktemp("runs")
+    runs = prepare.prepare_all(  # as jobs of their own: each has its own allocation
+        SEED, [], ["prefill.endpoints=4,5,6,7,8"], tmp_path_factory.mktemp("runs"),
+        allocation="each",
     )
     assert len({p.study for p in runs}) == 1 and runs[0].study
     out = {}

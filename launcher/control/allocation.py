@@ -47,7 +47,9 @@ def raise_open_files(want: int) -> None:
 
 
 def plan_here(run: rundir.RunDir, book: Book,
-              step: Callable[[str, list[list[str]]], None]) -> render.Rendered:
+              step: Callable[[str, list[list[str]]], None],
+              study_span: int | None = None, mount_dir: str | None = None,
+              ) -> render.Rendered:
     """Plan on the real nodes (the same pure planner as the dry-run), complete the plan with
     the address each node reports for itself, and render it once: plan.json and
     commands.sh for them, and what the orchestrator starts."""
@@ -69,8 +71,8 @@ def plan_here(run: rundir.RunDir, book: Book,
     if not sched.allocates:
         nodes = cluster_mod.profile_nodes(cluster, nodes_needed(recipe, cluster, model))
     rt = compute_env.current(run.plan)
-    first = make_plan(recipe, cluster, nodes, runtime=rt, job_id=job, model=model).at(
-        str(run.path))
+    first = make_plan(recipe, cluster, nodes, runtime=rt, job_id=job, model=model,
+                      study_span=study_span).at(str(run.path), mount_dir)
     step("preflight-host", render.check_steps(first)[0][1])
     facts = preflight.read_facts(run.path, list(first.nodes), "host")
     try:

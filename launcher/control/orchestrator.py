@@ -40,6 +40,7 @@ from pathlib import Path
 from launcher.control import preflight
 from launcher.control.allocation import plan_here, raise_open_files
 from launcher.control.backends import Backend, Handle, make_backend
+from launcher.control.pool import EnginePool
 from launcher.control.probes import api_ready, busy_ports, http_ok
 from launcher.control.record import Book, say
 from launcher.control.watch import NodeWatch
@@ -72,7 +73,7 @@ CANCEL_GRACE_S = 3.0
 
 class Orchestrator:
     def __init__(self, run: rundir.RunDir, rendered: render.Rendered, backend: Backend,
-                 book: Book):
+                 book: Book, pool: EnginePool | None = None):
         self.run = run
         self.book = book
         self.record = book.record
@@ -89,6 +90,11 @@ class Orchestrator:
         self.partial: dict[str, str] = {}  # node -> why its telemetry is partial (noted once)
         self.image_digest: str | None = None  # the registry's, from the image step
         self.stop_marks: dict[str, int] = {}  # process -> its log's size when told to stop
+        # a study in one allocation: the engines kept loaded across its configurations
+        self.pool = pool
+        self.kept_from: dict[str, str] = {}  # process -> the run that started it
+        self.start_marks: dict[str, int] = {}  # kept process -> its log's size here at start
+        self.left_loaded: set[str] = set()  # processes left running for the next configuration
 
     # --- bookkeeping ---
     def save(self) -> None:
@@ -116,6 +122,9 @@ class Orchestrator:
                 node=h.proc.node, kind=h.proc.kind, pid=h.pid, started=h.started,
                 exit_code=h.exit_code(), stopped=h.stopped and not h.died, log=h.proc.log,
                 lost=h.lost, log_bytes_at_stop=self.stop_marks.get(h.proc.name),
+                started_by=self.kept_from.get(h.proc.name),
+                log_bytes_at_start=self.start_marks.get(h.proc.name),
+                kept=h.proc.name in self.left_loaded,
             )  # fmt: skip
             for h in self.handles
         }
@@ -400,13 +409,13 @@ class Orchestrator:
         router = next(p for p in self.procs if p.kind == Kind.ROUTER)
         self.stage(Stage.PREFLIGHT)
         self.preflight()
+        kept = self.take_over(engines)  # before the agents: they read where each log stands
         if agents:
             self.stage(Stage.AGENTS)
             for p in agents:
                 self.start(p)
         self.stage(Stage.ENDPOINTS)
-        for p in engines:
-            self.start(p)
+        self.start_engines(engines, kept)
         self.stage(Stage.HEALTH)
         t0 = time.monotonic()
         self.wait_ready([(p, p.url) for p in engines if p.url], r.health.timeout_s, "endpoints")
@@ -440,6 +449,57 @@ class Orchestrator:
             raise RunFailed(
                 f"{len(self.failed_points)} sweep point(s) failed: " + "; ".join(self.failed_points)
             )
+
+    def take_over(self, engines: list[Process]) -> set[str]:
+        """In a study's allocation: the endpoints already loaded as this configuration wants
+        them, taken over as its own (what died is dropped, what it wants with another
+        command line is stopped)."""
+        if self.pool is None:
+            return set()
+        from launcher.planning.study import signatures
+
+        want = signatures(engines, str(self.run.path))
+        kept = self.pool.settle(want, lambda hs: self.backend.stop(hs, grace_s=30.0),
+                                self.run.run_id)
+        for p in engines:
+            if p.endpoint in kept:
+                self.adopt(p)
+        if kept:
+            say(f"engines kept loaded from an earlier configuration: {', '.join(sorted(kept))}")
+        return kept
+
+    def start_engines(self, engines: list[Process], kept: set[str]) -> None:
+        """Every engine not taken over; in a study's allocation each is kept in its pool."""
+        for ep in dict.fromkeys(p.endpoint for p in engines):
+            if ep in kept:
+                continue
+            handles = [self.start(p) for p in engines if p.endpoint == ep]
+            if self.pool is not None and ep is not None:
+                from launcher.planning.study import signatures
+
+                sig = signatures([p for p in engines if p.endpoint == ep], str(self.run.path))
+                self.pool.add(ep, handles, sig[ep], self.run.run_id)
+
+    def adopt(self, proc: Process) -> None:
+        """A loaded engine of an earlier configuration, as this run's process: its log is
+        linked here and read from where it stands now."""
+        assert self.pool is not None
+        old = self.pool.handle(proc.name)
+        assert old is not None, proc.name
+        link = self.run.path / proc.log
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.exists():
+            os.symlink(os.path.relpath(old.log_path, link.parent), link)
+        try:
+            self.start_marks[proc.name] = old.log_path.stat().st_size
+        except OSError:
+            self.start_marks[proc.name] = 0
+        self.kept_from[proc.name] = self.pool.loaded[proc.endpoint].started_by
+        h = Handle(proc, old.popen, old.log_path, started=old.started)
+        self.handles.append(h)
+        self.book.event("process_kept", process=proc.name, node=proc.node, pid=h.pid,
+                        started_by=self.kept_from[proc.name])
+        self._write_processes()
 
     def wait_registered(self, router: Process, timeout_s: float) -> None:
         """The router lists every endpoint as a healthy worker of its role."""
@@ -600,10 +660,26 @@ class Orchestrator:
         except Exception as e:  # a report problem must not hide the run's own outcome
             self.book.note(f"could not write the summary: {e!r}")
 
-    def teardown(self) -> None:
+    def keepable(self) -> set[str]:
+        """Engines a study's next configuration may use: every part of the endpoint is
+        running, and its head answered healthy here."""
+        by_ep: dict[str, list[Handle]] = {}
+        for h in self.handles:
+            if h.proc.kind == Kind.ENGINE and h.proc.endpoint:
+                by_ep.setdefault(h.proc.endpoint, []).append(h)
+        return {
+            h.proc.name for hs in by_ep.values()
+            if all(h.exit_code() is None and not h.lost for h in hs)
+            and any(h.proc.name in self.healthy for h in hs)
+            for h in hs
+        }  # fmt: skip
+
+    def teardown(self, keep_engines: bool = False) -> None:
         """Every process, in order (clients, router, engines, agents last), inside the
-        budget Slurm leaves; nothing here can raise."""
+        budget Slurm leaves; nothing here can raise. `keep_engines`: a study's allocation
+        goes on, so healthy engines stay loaded for its next configuration."""
         self.stage(Stage.TEARDOWN)
+        self.left_loaded = self.keepable() if keep_engines and self.pool is not None else set()
         try:
             promsd.withdraw(self.run, self.plan.cluster.prometheus_sd_dir)
         except OSError as e:
@@ -631,7 +707,8 @@ class Orchestrator:
                 except OSError:
                     pass
         for kinds in TEARDOWN_ORDER:
-            group = [h for h in self.handles if h.proc.kind in kinds and not h.lost]
+            group = [h for h in self.handles if h.proc.kind in kinds and not h.lost
+                     and h.proc.name not in self.left_loaded]
             grace = max(1.0, budget * share.get(kinds[0], 0.2))
             if Kind.AGENT in kinds and any(h.exit_code() is None for h in group):
                 # One more sample after the servers are gone, so the end is on record too.
@@ -641,8 +718,17 @@ class Orchestrator:
             except Exception as e:  # a stop that fails must not leave the rest running
                 say(f"warning: stopping {[h.proc.name for h in group]} failed: {e!r}")
         for h in self.handles:
+            if h.proc.name in self.left_loaded:
+                self.book.event("process_kept_loaded", process=h.proc.name)
+                continue
             self.book.event("process_stopped", process=h.proc.name, exit_code=h.exit_code(),
                             **({"lost": True} if h.lost else {}))
+        if self.pool is not None:  # what this configuration stopped is no longer loaded
+            for ep, e in list(self.pool.loaded.items()):
+                if any(h.proc.name not in self.left_loaded and h.proc.name in
+                       {x.proc.name for x in self.handles} for h in e.handles):
+                    self.pool.drop(ep, lambda hs: self.backend.stop(hs, grace_s=10.0),
+                                   self.run.run_id, "stopped at the end of this configuration")
         self._write_processes()
 
 
@@ -751,7 +837,18 @@ class Signals:
             signal.signal(sig, signal.SIG_IGN)
 
 
-def run(run_dir: Path) -> int:
+@dataclasses.dataclass
+class InStudy:
+    """What a configuration of a study run in one allocation shares with the others."""
+
+    pool: EnginePool
+    signals: Signals
+    port_span: int  # the largest configuration's: every configuration plans the same ports
+    study_dir: str  # what container steps mount for the run directory (see Plan.mount_dir)
+    more: bool = True  # configurations follow: healthy engines stay loaded at the end
+
+
+def run(run_dir: Path, shared: InStudy | None = None) -> int:
     """Run a prepared run directory to its end. Returns 0 only if the run succeeded."""
     run = rundir.RunDir(Path(run_dir))
     if not run.recipe.exists():
@@ -764,12 +861,16 @@ def run(run_dir: Path) -> int:
     book = Book(run, record)
     book.save()
     book.make_reserve()
-    try:
-        prof = cluster_mod.load(recipe_mod.load(str(run.recipe)).cluster)
-        kill_wait, lead = prof.kill_wait_s, recipe_mod.load(str(run.recipe)).slurm.signal_lead_s
-    except UserError:
-        kill_wait, lead = 30.0, 120.0
-    signals = Signals(kill_wait, lead)
+    if shared is not None:
+        signals = shared.signals
+    else:
+        try:
+            prof = cluster_mod.load(recipe_mod.load(str(run.recipe)).cluster)
+            kill_wait = prof.kill_wait_s
+            lead = recipe_mod.load(str(run.recipe)).slurm.signal_lead_s
+        except UserError:
+            kill_wait, lead = 30.0, 120.0
+        signals = Signals(kill_wait, lead)
     raise_open_files(65536)
 
     def early_step(name: str, commands: list[list[str]]) -> None:
@@ -791,7 +892,9 @@ def run(run_dir: Path) -> int:
         say(f"run {state}: {error}")
 
     try:
-        rendered = plan_here(run, book, early_step)
+        rendered = plan_here(run, book, early_step,
+                             study_span=shared.port_span if shared else None,
+                             mount_dir=shared.study_dir if shared else None)
     except UserError as e:
         finish_early(State.FAILED, str(e))
         book.drop_reserve()
@@ -811,7 +914,7 @@ def run(run_dir: Path) -> int:
         book.drop_reserve()
         return 1
     plan = rendered.plan
-    busy = busy_ports(plan)
+    busy = busy_ports(plan, frozenset(shared.pool.loaded) if shared else frozenset())
     if busy:
         error = (
             f"ports in use on this host: {', '.join(busy[:6])}"
@@ -823,7 +926,8 @@ def run(run_dir: Path) -> int:
         book.drop_reserve()
         raise UserError(error)
     raise_open_files(plan.cluster.nofile)
-    orch = Orchestrator(run, rendered, make_backend(plan, run.path), book)
+    orch = Orchestrator(run, rendered, make_backend(plan, run.path), book,
+                        pool=shared.pool if shared else None)
     signals.orch = orch
     if signals.reason:
         orch.cancel_reason, orch.teardown_budget_s = signals.reason, signals.budget_s or 30
@@ -852,10 +956,13 @@ def run(run_dir: Path) -> int:
             pass
     finally:
         # Teardown first, whatever happened; what follows is bookkeeping, best effort.
-        Signals.ignore()
+        ending = shared is None or not shared.more or bool(signals.reason) or bool(
+            orch.node_loss([]) if state != State.SUCCEEDED else False)
+        if ending:
+            Signals.ignore()
         if state != State.SUCCEEDED:
             record.failed_stage = record.stage
-        orch.teardown()
+        orch.teardown(keep_engines=not ending)
         book.drop_reserve()  # room for the record of the end, on a disk that filled up
         orch.note_partial_telemetry(final=True)
         if state != State.CANCELLED or plan.recipe.benchmark.enabled:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from launcher.control import compute_env
 from launcher.errors import UserError
-from launcher.planning import cost, engine_argv, render, schedulers
+from launcher.planning import cost, engine_argv, render, schedulers, study
 from launcher.planning.capacity import estimates, resolve_model
 from launcher.planning.kv_cache import KvCapacity
 from launcher.planning.plan import Plan, make_plan, nodes_needed
@@ -33,6 +33,9 @@ class Prepared:
     capacity: list[KvCapacity]
     placeholder_nodes: bool
     study: str | None = None
+    shared: StudyJob | None = None  # the study's one allocation, when it runs in one
+    compared: study.Comparison | None = None  # a study: one allocation against a job each
+
 
     @property
     def plan(self) -> Plan:
@@ -40,7 +43,30 @@ class Prepared:
 
     @property
     def sbatch(self) -> str | None:
-        return self.rendered.sbatch
+        """What is submitted for it: its own job, or its study's one allocation."""
+        return self.shared.sbatch if self.shared else self.rendered.sbatch
+
+
+@dataclass
+class StudyJob:
+    """A study run in one allocation: its folder, the allocation's node count, time limit
+    and sbatch (Slurm), each configuration's turn, and the comparison with one job per
+    configuration that chose it."""
+
+    path: Path
+    nodes: int
+    minutes: int | None
+    sbatch: str | None
+    turns: list[study.Turn]
+    comparison: study.Comparison
+
+    @property
+    def sbatch_file(self) -> Path:
+        return self.path / rundir.SBATCH
+
+    @property
+    def slurm(self) -> Path:
+        return self.path / "slurm"
 
 
 def write_run_files(
@@ -291,10 +317,15 @@ def prepare_all(
     sweeps: list[str],
     runs_root: Path,
     nodelist: str | None = None,
+    allocation: str | None = None,
 ) -> list[Prepared]:
     """One run, or one run per combination of --sweep values, grouped in a study folder.
-    Every run is validated and planned before anything is written."""
+    Every run is validated and planned before anything is written. A study runs in one
+    allocation (`allocation` "one") or one job per configuration ("each"); None: whichever
+    the estimate says costs fewer GPU-hours."""
     root = runs_dir(runs_root)
+    if allocation is not None and not sweeps:
+        raise UserError(f"--allocation {allocation} is for a study: add --sweep KEY=V1,V2,...")
     axes = [_sweep_values(s) for s in sweeps]
     keys = [k for k, _ in axes]
     twice = next((k for k in keys if keys.count(k) > 1), None)
@@ -323,16 +354,103 @@ def prepare_all(
     for combo, (plan, need) in zip(combos, planned, strict=True):
         label = "_".join(f"{_label(k.split('.')[-1])}{_label(v)}" for k, v in combo)
         out.append(write_run(plan, need, study_dir, f"{base}_{label}", study))
-    rundir.write_json(
-        study_dir / rundir.STUDY,
-        {
-            "study": study,
-            "recipe": base,
-            "axes": {k: [_value(k, v) for v in vals] for k, vals in axes},
-            "runs": [
-                {"run": p.run.run_id, "values": {k: _value(k, v) for k, v in c}}
-                for p, c in zip(out, combos, strict=True)
-            ],
-        },
-    )
-    return out
+    doc = {
+        "study": study,
+        "recipe": base,
+        "axes": {k: [_value(k, v) for v in vals] for k, vals in axes},
+        "runs": [
+            {"run": p.run.run_id, "values": {k: _value(k, v) for k, v in c}}
+            for p, c in zip(out, combos, strict=True)
+        ],
+    }
+    shared, compared = study_job(study_dir, out, root, allocation)
+    for p in out:
+        p.compared = compared
+    if shared is None:
+        rundir.write_json(study_dir / rundir.STUDY, doc)
+        return out
+    doc["allocation"] = {
+        "mode": "one", "nodes": shared.nodes, "time_minutes": shared.minutes,
+        "port_span": max(p.plan.port_span for p in out),
+        "turns": [t.to_json() for t in shared.turns],
+        "comparison": shared.comparison.to_json(),
+    }  # fmt: skip
+    for p in out:
+        p.shared = shared
+        # every configuration's containers see the study's folder; the study's job.sbatch
+        # is the one submitted
+        p.rendered, _ = write_run_files(p.run, p.plan.at(p.plan.run_dir, str(study_dir)),
+                                        p.placeholder_nodes, with_sbatch=False)
+        p.run.sbatch.unlink(missing_ok=True)
+        sub = p.run.read_submission()
+        sub.one_allocation = True
+        p.run.write_submission(sub)
+    rundir.write_json(study_dir / rundir.STUDY, doc)
+    return out  # in the order of the values; the allocation's order is the turns'
+
+
+
+def study_job(study_dir: Path, runs: list[Prepared], root: Path, allocation: str | None,
+              ) -> tuple[StudyJob | None, study.Comparison | None]:
+    """The study's one allocation when it is asked for (or, unasked, costs fewer GPU-hours
+    than one job per configuration), else None; and the comparison of the two ways."""
+    clusters = {p.plan.cluster.name for p in runs}
+    if len(clusters) > 1:
+        if allocation == "one":
+            raise UserError(f"--allocation one: the study's configurations use different "
+                            f"cluster profiles ({', '.join(sorted(clusters))}); one "
+                            "allocation holds one cluster's nodes: use --allocation each")
+        return None, None
+    turns = study.schedule([(p.run.run_id, study.signatures(p.rendered.processes,
+                                                            str(p.run.path))) for p in runs])
+    costs = {p.run.run_id: cost.estimate(p.plan) for p in runs}
+    largest = max(runs, key=lambda p: p.nodes)
+    load_s, basis = assumed_load_s(root, largest.plan, costs[largest.run.run_id])
+    cluster = largest.plan.cluster
+    compared = study.compare(turns, costs, largest.nodes, cluster.gpus_per_node, load_s, basis)
+    if allocation == "each" or allocation is None and compared.cheaper != "one":
+        return None, compared
+    minutes = sbatch = None
+    if schedulers.of(cluster).allocates:
+        worst = study.compare(turns, costs, largest.nodes, cluster.gpus_per_node,
+                              max(c.load_bound_s for c in costs.values()), basis)
+        lead = largest.plan.recipe.slurm.signal_lead_s
+        minutes = max(max(p.plan.recipe.slurm.minutes for p in runs),
+                      -(-int(worst.one_s + lead) // 60))
+        sbatch = render.sbatch_text(largest.plan, largest.nodes, str(study_dir / "slurm"),
+                                    minutes=minutes)
+        rundir.write_atomic(study_dir / rundir.SBATCH, sbatch, sync=False)
+    return StudyJob(study_dir, largest.nodes, minutes, sbatch, turns, compared), compared
+
+
+def assumed_load_s(root: Path, plan: Plan, c: cost.Cost) -> tuple[float, str]:
+    """How long one engine start is taken to be: the slowest engine's start-to-healthy time
+    in earlier runs of this model on this cluster (their median), else the estimate's."""
+    seen = []
+    try:
+        from launcher.run import listing
+
+        recent = listing.entries(root)[:50]
+    except OSError:
+        recent = []
+    for entry in recent:
+        for run in entry.runs if isinstance(entry, listing.Study) else [entry]:
+            ready = ((rundir.read_json(run.summary) or {}).get("lifecycle") or {}).get(
+                "engine_ready_s") or {}
+            times = [v for v in ready.values() if isinstance(v, int | float)]
+            if not times:
+                continue
+            try:
+                recipe = recipe_mod.read_yaml(run.recipe, "a recipe")
+            except UserError:
+                continue
+            if ((recipe.get("model") or {}).get("path") == plan.recipe.model.path
+                    and recipe.get("cluster") == plan.cluster.name):
+                seen.append(max(times))
+    if seen:
+        seen.sort()
+        return seen[len(seen) // 2], (f"measured: the median of {len(seen)} earlier run(s) of "
+                                      f"{plan.recipe.model.path} on {plan.cluster.name}")
+    if plan.recipe.engine == "sim":
+        return c.load_expected_s, "the simulator's start-up delay (sim.start_delay_s) + 5 s"
+    return c.load_expected_s, "health.timeout_s (no earlier run of this model on this cluster)"

@@ -11,9 +11,10 @@ import urllib.request
 from launcher.planning.plan import Plan
 
 
-def busy_ports(plan: Plan) -> list[str]:
+def busy_ports(plan: Plan, ours: frozenset[str] = frozenset()) -> list[str]:
     """Planned ports already taken on this host, for the nodes that are this host (local
-    and dev-cluster runs: a run still up, or another program, would make ours fail late)."""
+    and dev-cluster runs: a run still up, or another program, would make ours fail late).
+    `ours`: endpoints already running for this run (a study's kept engines)."""
     here = {"127.0.0.1", "localhost", socket.gethostname()}
     try:
         here.add(socket.gethostbyname(socket.gethostname()))
@@ -25,6 +26,8 @@ def busy_ports(plan: Plan) -> list[str]:
         wanted += [(plan.router_port, "router http"), (plan.router_metrics_port, "router metrics")]
     wanted += [(p, f"agent@{n} exporter") for n, p in plan.exporter_ports.items() if n in local]
     for ep in plan.endpoints:
+        if ep.name in ours:
+            continue
         for part in ep.parts:
             if part.node not in local:
                 continue

@@ -39,41 +39,53 @@ def ready(p: Prepared) -> None:
 def check_slurm(p: Prepared) -> str:
     """sbatch --test-only on the exact script: the scheduler's own verdict, nothing queued."""
     _need_sbatch(p)
+    script = p.shared.sbatch_file if p.shared else p.run.sbatch
     proc = subprocess.run(
-        ["sbatch", "--test-only", str(p.run.sbatch)], capture_output=True, text=True, timeout=60
+        ["sbatch", "--test-only", str(script)], capture_output=True, text=True, timeout=60
     )
     words = " ".join((proc.stderr + proc.stdout).split())
     if proc.returncode != 0:
-        raise UserError(f"sbatch --test-only refused {p.run.sbatch}: {words}")
+        raise UserError(f"sbatch --test-only refused {script}: {words}")
     return words
 
 
-def submit_slurm(p: Prepared) -> str:
-    """sbatch through submitit; the job's payload is the orchestrator. Returns the job id."""
+def submit_slurm(p: Prepared, runs: list[Prepared] | None = None) -> str:
+    """sbatch through submitit; the job's payload is the orchestrator (a study in one
+    allocation: the study's, for every configuration in `runs`). Returns the job id."""
     _need_sbatch(p)
     ready(p)
     import submitit
 
-    from launcher.control import orchestrator
+    from launcher.control import orchestrator, study
 
+    shared = p.shared
+    folder, sbatch = (shared.slurm, shared.sbatch_file) if shared else (p.run.slurm, p.run.sbatch)
     # No requeue on timeout: a serving benchmark restarted from scratch would mislead.
     executor = submitit.SlurmExecutor(
-        folder=str(p.run.slurm), max_num_timeout=0, python=render.submitit_python(p.plan)
+        folder=str(folder), max_num_timeout=0, python=render.submitit_python(p.plan)
     )
-    executor.update_parameters(**render.slurm_parameters(p.plan, p.nodes))
+    executor.update_parameters(**render.slurm_parameters(
+        p.plan, shared.nodes if shared else p.nodes, shared.minutes if shared else None))
+    members = runs if shared and runs else [p]
     try:
-        job = executor.submit(orchestrator.run_in_allocation, str(p.run.path))
+        if shared:
+            job = executor.submit(study.run_in_allocation, str(shared.path))
+        else:
+            job = executor.submit(orchestrator.run_in_allocation, str(p.run.path))
     except Exception as e:  # sbatch's refusal comes back as a generic error: show its words
-        sub = p.run.read_submission()
-        sub.error = f"sbatch refused the job: {' '.join(str(e).split())}"
-        p.run.write_submission(sub)
-        raise UserError(sub.error) from None
-    submitted = p.run.slurm / f"{job.job_id}_submission.sh"
+        error = f"sbatch refused the job: {' '.join(str(e).split())}"
+        for m in members:
+            sub = m.run.read_submission()
+            sub.error = error
+            m.run.write_submission(sub)
+        raise UserError(error) from None
+    submitted = folder / f"{job.job_id}_submission.sh"
     if submitted.exists():  # what Slurm really got, byte for byte
-        rundir.write_atomic(p.run.sbatch, submitted.read_text())
-    sub = p.run.read_submission()
-    sub.slurm_job_id, sub.submitted, sub.by = job.job_id, time.time(), _who()
-    p.run.write_submission(sub)
+        rundir.write_atomic(sbatch, submitted.read_text())
+    for m in members:
+        sub = m.run.read_submission()
+        sub.slurm_job_id, sub.submitted, sub.by = job.job_id, time.time(), _who()
+        m.run.write_submission(sub)
     return job.job_id
 
 
@@ -90,6 +102,8 @@ def _who() -> str:
 
 def submit_all(runs: list[Prepared], check: bool = False) -> int:
     code = 0
+    if runs and runs[0].shared is not None:
+        return submit_study(runs, check)
     if check:
         for p in runs:
             if schedulers.of(p.plan.cluster).allocates:
@@ -111,3 +125,28 @@ def submit_all(runs: list[Prepared], check: bool = False) -> int:
             f"  follow: python -m launcher status {p.run.path}   logs: python -m launcher logs {p.run.path}"
         )
     return code
+
+
+def submit_study(runs: list[Prepared], check: bool) -> int:
+    """A study in one allocation: one job (or, on the local profile, one run here) for every
+    configuration."""
+    p, shared = runs[0], runs[0].shared
+    assert shared is not None
+    allocates = schedulers.of(p.plan.cluster).allocates
+    if check:
+        print(f"{shared.path.name}: " + (check_slurm(p) if allocates else
+                                         "the local profile has no scheduler to ask; plan is valid"))
+        return 0
+    from launcher.control import study
+
+    for r in runs:
+        ready(r)
+    if not allocates:
+        print(f"running study {shared.path.name} here in one allocation (local profile): "
+              f"{len(runs)} configurations", flush=True)
+        return study.run_study(shared.path)
+    job = submit_slurm(p, runs)
+    print(f"submitted job {job}: study {shared.path} ({len(runs)} configurations in one "
+          "allocation)")
+    print(f"  follow: python -m launcher status {shared.path}")
+    return 0

@@ -31,7 +31,7 @@ def mounts(plan: Plan) -> list[tuple[str, str, bool]]:
     """(source, destination, read-only) of every container step: the profile's mounts (the
     run directory by default), the recipe's, the shared model cache, the engine's
     environment folder, the launcher."""
-    run_dir = plan.run_dir
+    run_dir = plan.mount_dir or plan.run_dir
     out = []
     for m in [*plan.cluster.containers.mounts, *plan.recipe.container.mounts]:
         parts = m.replace("{run_dir}", run_dir).split(":")

@@ -132,12 +132,15 @@ class Plan:
     runtime: Runtime = LOCAL_RUNTIME
     job_id: str | None = None  # the Slurm job, once inside the allocation
     run_dir: str = "<RUN_DIR>"  # set once the run directory exists
+    # What container steps mount for {run_dir}: a study's folder when its configurations
+    # share one allocation (pyxis keeps the mounts a job's named container started with).
+    mount_dir: str | None = None
     port_span: int = 0  # ports from router_port up that the plan uses
     model: ModelFacts | None = None  # config.json and model.facts, read when it was made
 
-    def at(self, run_dir: str) -> Plan:
-        """This plan for the run directory `run_dir`."""
-        return replace(self, run_dir=run_dir)
+    def at(self, run_dir: str, mount_dir: str | None = None) -> Plan:
+        """This plan for the run directory `run_dir` (`mount_dir`: a study's folder)."""
+        return replace(self, run_dir=run_dir, mount_dir=mount_dir)
 
     def address(self, node: str) -> str:
         return self.addresses.get(node, node)
@@ -390,7 +393,10 @@ def make_plan(
     runtime: Runtime | None = None,
     job_id: str | None = None,
     model: ModelFacts | None | _Read = READ,
+    study_span: int | None = None,
 ) -> Plan:
+    """`study_span`: the port span of a study's largest configuration, so every
+    configuration of a study in one allocation plans its endpoints on the same ports."""
     model = _model(recipe, model)
     need = nodes_needed(recipe, cluster, model)
     if len(nodes) < need:
@@ -409,7 +415,7 @@ def make_plan(
         addresses = schedulers.of(cluster).addresses(nodes)
     base = cluster.port_base
     endpoints, span = _endpoints(recipe, cluster, nodes, base)
-    shift = job_port_shift(job_id, base, span)
+    shift = job_port_shift(job_id, base, max(span, study_span or 0))
     if shift:
         base += shift
         endpoints, _ = _endpoints(recipe, cluster, nodes, base)

@@ -454,12 +454,13 @@ def render(plan: Plan, run_id: str, *, placeholder_nodes: bool,
 # --- Slurm ----------------------------------------------------------------------------------
 
 
-def slurm_parameters(plan: Plan, nodes: int) -> dict:
-    """submitit SlurmExecutor parameters: the one place the allocation request is decided."""
+def slurm_parameters(plan: Plan, nodes: int, minutes: int | None = None) -> dict:
+    """submitit SlurmExecutor parameters: the one place the allocation request is decided.
+    `minutes`: a study's one allocation holds its configurations' time together."""
     r, c = plan.recipe, plan.cluster
     params: dict = {
-        "job_name": f"pd-{r.name}",
-        "time": r.slurm.minutes,
+        "job_name": f"pd-{r.name}" + ("-study" if minutes else ""),
+        "time": minutes or r.slurm.minutes,
         "partition": r.slurm.partition,
         "account": r.slurm.account,
         "qos": r.slurm.qos,
@@ -513,11 +514,11 @@ def submitit_command(plan: Plan, folder: str) -> str:
     return f"{submitit_python(plan)} -u -m submitit.core._submit {shlex.quote(folder)}"
 
 
-def sbatch_text(plan: Plan, nodes: int, folder: str) -> str:
+def sbatch_text(plan: Plan, nodes: int, folder: str, minutes: int | None = None) -> str:
     """Exactly the text submitit submits (its own renderer, same parameters)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    params = slurm_parameters(plan, nodes)
+    params = slurm_parameters(plan, nodes, minutes)
     return _make_sbatch_string(command=submitit_command(plan, folder), folder=folder, **params)
 
 

@@ -285,11 +285,19 @@ class ProcessRecord:
     # its log's size when teardown asked it to stop: what follows is its shutdown (a DP head
     # that sees a headless part go first logs an engine death), not a fault of the run
     log_bytes_at_stop: int | None = None
+    # A study in one allocation: an engine started by an earlier configuration (its run id)
+    # and used here as it was, its log read from where it stood then; an engine left
+    # running for the next configuration at this one's end.
+    started_by: str | None = None
+    log_bytes_at_start: int | None = None
+    kept: bool = False
 
     @property
     def status(self) -> str:
         if self.lost:
             return "lost"
+        if self.kept:
+            return "kept loaded"
         if self.exit_code is None:
             return "running"
         return "stopped" if self.stopped else f"exit {self.exit_code}"
@@ -356,6 +364,7 @@ class Submission:
     dry_run: bool = False  # `submit --dry-run`: planned and written, never to be submitted
     launcher: str | None = None  # "pd-launcher 0.1.0, git 4c1d233 (dirty), submitit 1.5.2"
     command: str | None = None  # the command line that asked for it
+    one_allocation: bool = False  # a configuration of a study run in one allocation
 
 
 @dataclass

@@ -114,6 +114,18 @@ def local_setup(plan: PlanDoc | None, node: str, run_dir: Path) -> dict[str, Any
     return {"targets": targets, "logs": logs, "gpus": gpus, "names": names, "ports": ports}
 
 
+def kept_log_offsets(run_dir: Path) -> dict[str, int]:
+    """process -> its log's size when this run took it over from an earlier one."""
+    from launcher.run.rundir import RunDir
+
+    try:
+        rec = RunDir(run_dir).read_record()
+    except Exception:  # noqa: BLE001 - a damaged record costs this, not the agent
+        return {}
+    return {n: p.log_bytes_at_start for n, p in (rec.processes if rec else {}).items()
+            if p.log_bytes_at_start}
+
+
 class Agent:
     def __init__(self, run_dir: Path, node: str, interval: float | None = None, *,
                  exporter_port: int | None = None, exporter_addr: str = "0.0.0.0",  # noqa: S104
@@ -140,7 +152,10 @@ class Agent:
         self.scraper = Scraper(node, self.setup["targets"], timeout=self.scrape_timeout,
                                raw_every_s=raw_every_s, keyframe_s=keyframe_s,
                                bucket_every_s=self.bucket_every_s)
-        self.tails = {name: (LogTail(path), StatsLogParser())
+        # An engine a study kept loaded from an earlier configuration: what it logged
+        # before this run began is that configuration's (run.json says where it stood).
+        skip = kept_log_offsets(self.run_dir)
+        self.tails = {name: (LogTail(path, skip=skip.get(name, 0)), StatsLogParser())
                       for name, path in self.setup["logs"].items()}
         self.exporter = None
         self.exporter_error = None

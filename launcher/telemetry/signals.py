@@ -263,19 +263,21 @@ def count_signals(lines: Iterable[str]) -> dict[str, int | None]:
 
 
 def scan_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, until: int | None = None,
-              ) -> dict:
+              since: int | None = None) -> dict:
     """{"counts": {...}, "evidence": {key: [line, ...]}, "truncated": bool} for a log file.
     A file that cannot be read gives None for every count (absent, not zero). A file larger
     than max_bytes is read from its end, where a crash is. `until`: read only its first
-    bytes (what the process logged before it was told to stop)."""
+    bytes (what the process logged before it was told to stop); `since`: from there on (an
+    engine a study kept from an earlier configuration: what it logged before is that one's)."""
     try:
         with Path(path).open("rb") as f:
             size = f.seek(0, 2)
             if until is not None:
                 size = min(size, max(until, 0))
-            truncated = size > max_bytes
-            f.seek(max(0, size - max_bytes))
-            data = f.read(min(size, max_bytes))
+            start = min(max(since or 0, 0), size)
+            truncated = size - start > max_bytes
+            f.seek(max(start, size - max_bytes))
+            data = f.read(min(size - start, max_bytes))
     except OSError:
         return {"counts": dict.fromkeys(SIGNALS), "evidence": {k: [] for k in SIGNALS},
                 "truncated": False, "model_load_s": None}
@@ -308,14 +310,16 @@ def scan_run(run_dir: Path, plan=None) -> dict:
     from launcher.run.rundir import RunDir
 
     rec = RunDir(run_dir).read_record()
-    marks = {k: p.log_bytes_at_stop for k, p in (rec.processes if rec else {}).items()}
+    procs = rec.processes if rec else {}
+    marks = {k: (p.log_bytes_at_start, p.log_bytes_at_stop) for k, p in procs.items()}
     per: dict[str, dict] = {}
     evidence: dict[str, dict] = {}
     loads: dict[str, float] = {}
     for name, path in logs.items():
         if not path.is_file():
             continue
-        got = scan_file(path, until=marks.get(name))
+        since, until = marks.get(name, (None, None))
+        got = scan_file(path, until=until, since=since)
         per[name] = got["counts"]
         if got["model_load_s"] is not None:
             loads[name] = round(got["model_load_s"], 2)

@@ -262,8 +262,12 @@ class LogTail:
     the old file's rest is read first), truncation (copytruncate: restart at 0) and a file that
     does not exist yet. A partial last line waits for its newline (capped at `max_line`)."""
 
-    def __init__(self, path: Path, *, from_start: bool = True, max_line: int = 1 << 20) -> None:
+    def __init__(self, path: Path, *, from_start: bool = True, max_line: int = 1 << 20,
+                 skip: int = 0) -> None:
+        """`skip`: bytes of the file (as first opened) that belong to someone else: a
+        study's kept engine logged them for an earlier configuration."""
         self.path = Path(path)
+        self._skip = skip
         self.max_line = max_line
         self._f = None
         self._ino: tuple[int, int] | None = None
@@ -286,6 +290,10 @@ class LogTail:
         if not self._from_start:
             f.seek(0, os.SEEK_END)
             self._from_start = True  # later (rotated) files are read whole
+        elif self._skip:
+            f.seek(min(self._skip, st.st_size))
+            self._capture_head()
+        self._skip = 0
         return True
 
     def _read_available(self) -> bytes:

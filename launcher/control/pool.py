@@ -1,0 +1,58 @@
+"""The engines a study's one allocation keeps loaded from one configuration to the next."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from launcher.control.backends import Handle
+
+
+@dataclass
+class Loaded:
+    """One endpoint's running parts and what they were started as."""
+
+    handles: list[Handle]
+    signature: tuple
+    started_by: str  # the run id of the configuration that started it
+
+    def alive(self) -> bool:
+        return all(h.exit_code() is None for h in self.handles)
+
+
+@dataclass
+class EnginePool:
+    loaded: dict[str, Loaded] = field(default_factory=dict)  # endpoint -> its engine
+    # every engine start and stop of the allocation, in order (the study's record)
+    events: list[dict] = field(default_factory=list)
+
+    def handle(self, name: str) -> Handle | None:
+        return next((h for e in self.loaded.values() for h in e.handles
+                     if h.proc.name == name), None)
+
+    def settle(self, want: dict[str, tuple], stop, run: str) -> set[str]:
+        """Before a configuration starts its engines: drop what died, stop what it needs
+        with another command line; the endpoints it may use as they are."""
+        for ep, e in list(self.loaded.items()):
+            if not e.alive():
+                self.drop(ep, stop, run, "a part of it had exited")
+            elif ep in want and want[ep] != e.signature:
+                self.drop(ep, stop, run, "this configuration starts it with another command line")
+        return {ep for ep in want if ep in self.loaded}
+
+    def drop(self, ep: str, stop, run: str, why: str) -> None:
+        e = self.loaded.pop(ep)
+        live = [h for h in e.handles if h.exit_code() is None]
+        if live:
+            stop(live)
+        self.events.append({"event": "stopped", "endpoint": ep, "run": run, "why": why,
+                            "ts": time.time()})
+
+    def add(self, ep: str, handles: list[Handle], signature: tuple, run: str) -> None:
+        self.loaded[ep] = Loaded(handles, signature, run)
+        self.events.append({"event": "started", "endpoint": ep, "run": run,
+                            "processes": [h.proc.name for h in handles], "ts": time.time()})
+
+    def stop_all(self, stop, run: str, why: str) -> None:
+        for ep in list(self.loaded):
+            self.drop(ep, stop, run, why)

@@ -1,0 +1,137 @@
+"""A study in one allocation (pure): which engines each configuration starts, keeps or
+restarts, the order that starts the fewest, and what one allocation costs against one job
+per configuration.
+
+Every configuration is planned on the same nodes and ports (decode endpoints are placed
+first, so a configuration with fewer prefill endpoints is the first nodes of a larger one).
+An endpoint is the same engine in two configurations when each of its parts has the same
+node, GPUs, argv and environment, the run directory aside: then it is started once and kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+from launcher.run.vocab import Kind
+
+if TYPE_CHECKING:
+    from launcher.planning.cost import Cost
+    from launcher.run.plandoc import Process
+
+RUN_DIR = "{run_dir}"
+
+
+def signatures(procs: list[Process], run_dir: str) -> dict[str, tuple]:
+    """endpoint -> what makes it the same engine: each part's node, GPUs, argv and env, with
+    the run directory written as {run_dir}."""
+    def neutral(text: str) -> str:
+        return text.replace(run_dir, RUN_DIR)
+
+    out: dict[str, list] = {}
+    for p in procs:
+        if p.kind != Kind.ENGINE or p.endpoint is None:
+            continue
+        env = tuple(sorted((k, neutral(v)) for k, v in p.env.items() if k != "PD_RUN_DIR"))
+        out.setdefault(p.endpoint, []).append(
+            (p.name, p.node, tuple(p.gpus), tuple(neutral(a) for a in p.argv), env))
+    return {ep: tuple(sorted(parts)) for ep, parts in out.items()}
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One configuration's turn in the allocation."""
+
+    run: str  # its run id
+    start: tuple[str, ...]  # endpoints not running before: started
+    restart: tuple[str, ...]  # running with another command line: stopped and started
+    keep: tuple[str, ...]  # running and loaded: used as they are
+    idle: tuple[str, ...]  # running, not used by this configuration: left loaded
+
+    @property
+    def loads(self) -> int:
+        return len(self.start) + len(self.restart)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> Turn:
+        return cls(run=str(d["run"]), **{k: tuple(d.get(k) or ()) for k in
+                                         ("start", "restart", "keep", "idle")})
+
+
+def _turn(run: str, want: dict[str, tuple], running: dict[str, tuple]) -> Turn:
+    return Turn(
+        run=run,
+        start=tuple(sorted(ep for ep in want if ep not in running)),
+        restart=tuple(sorted(ep for ep in want if ep in running and running[ep] != want[ep])),
+        keep=tuple(sorted(ep for ep in want if running.get(ep) == want[ep])),
+        idle=tuple(sorted(ep for ep in running if ep not in want)),
+    )
+
+
+def schedule(configs: list[tuple[str, dict[str, tuple]]]) -> list[Turn]:
+    """An order of the configurations and each one's turn. The one with the most endpoints
+    goes first: every engine it uses loads at once, in one load round rather than one per
+    configuration, and its preflight covers every node of the allocation. Then, greedily,
+    the configuration that restarts the fewest engines from what runs now, then starts the
+    fewest (the given order breaking ties): configurations that share a changed engine run
+    one after another."""
+    left = list(configs)
+    running: dict[str, tuple] = {}
+    turns = []
+    while left:
+        if not turns:
+            run, want = max(left, key=lambda c: len(c[1]))
+        else:
+            run, want = min(left, key=lambda c: (
+                len((t := _turn(c[0], c[1], running)).restart), len(t.start)))
+        left = [c for c in left if c[0] != run]
+        turns.append(_turn(run, want, running))
+        running.update(want)
+    return turns
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One allocation against one job per configuration, for the same study."""
+
+    one_nodes: int
+    one_s: float  # the allocation's wall time
+    one_gpu_s: float
+    one_loads: int  # engine starts (a DP endpoint counts once)
+    each_s: float  # the jobs' time added up
+    each_gpu_s: float
+    each_loads: int
+    load_s: float  # what one engine start was assumed to take
+    load_basis: str
+
+    @property
+    def cheaper(self) -> str:
+        return "one" if self.one_gpu_s <= self.each_gpu_s else "each"
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "cheaper": self.cheaper}
+
+
+def compare(turns: list[Turn], costs: dict[str, Cost], nodes: int, gpus_per_node: int,
+            load_s: float, load_basis: str) -> Comparison:
+    """`costs`: each configuration's own estimate (cost.estimate). One allocation runs every
+    configuration's preflight, sweep and gate in turn (a router start each, as each job has),
+    and a load round wherever a turn starts an engine; separate jobs each load every engine
+    they use."""
+    one_s = 0.0
+    for t in turns:
+        c = costs[t.run]
+        one_s += sum(s for name, s in c.phases if name != "teardown")
+        one_s += load_s if t.loads else 0.0
+    one_s += max(dict(c.phases).get("teardown", 0.0) for c in costs.values())
+    each = [(c.expected_s - c.load_expected_s + load_s, c.gpus_allocated) for c in costs.values()]
+    return Comparison(
+        one_nodes=nodes, one_s=one_s, one_gpu_s=one_s * nodes * gpus_per_node,
+        one_loads=sum(t.loads for t in turns),
+        each_s=sum(s for s, _ in each), each_gpu_s=sum(s * g for s, g in each),
+        each_loads=sum(len(t.start) + len(t.restart) + len(t.keep) for t in turns),
+        load_s=load_s, load_basis=load_basis,
+    )  # fmt: skip

@@ -1,0 +1,179 @@
+"""A study in one allocation (issue 24): the plan of which engines each configuration
+starts, keeps or restarts; the dry-run's two ways side by side; and, on the local profile
+with real processes behind the real router, a failure contained in one configuration and
+a signal that ends the study keeping what finished."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from helpers import launcher, leftovers
+
+from launcher.planning import study
+from launcher.run import rundir
+from launcher.run.plandoc import Process
+from launcher.run.vocab import Kind, Role
+
+
+def _engine(name, endpoint, node="n1", argv=("serve", "--x", "1"), run_dir="/runs/a"):
+    return Process(name=name, kind=Kind.ENGINE, node=node, argv=list(argv),
+                   env={"PD_RUN_DIR": run_dir, "SIM_ANSWER_KEY": f"{run_dir}/inputs/t.jsonl"},
+                   log=f"logs/{name}.log", endpoint=endpoint, role=Role.DECODE, gpus=[0, 1])
+
+
+def test_an_engine_is_the_same_across_configurations_whatever_its_run_directory():
+    a = study.signatures([_engine("d@n1", "d")], "/runs/a")
+    b = study.signatures([_engine("d@n1", "d", run_dir="/runs/b")], "/runs/b")
+    c = study.signatures([_engine("d@n1", "d", argv=("serve", "--x", "2"))], "/runs/a")
+    assert a == b and a != c
+
+
+def test_the_order_runs_configurations_that_share_a_changed_engine_together():
+    base, big = ("serve",), ("serve", "--max-cudagraph-capture-size", "768")
+    configs = [  # the decode's command line alternates in the given order
+        ("c1", {"decode": base, "p0": base}),
+        ("c2", {"decode": big, "p0": base}),
+        ("c3", {"decode": base, "p0": base, "p1": base}),
+        ("c4", {"decode": big, "p0": base, "p1": base}),
+    ]
+    turns = study.schedule(configs)
+    # the largest first (one load round), then what restarts nothing, then the two with the
+    # other decode together
+    assert [t.run for t in turns] == ["c3", "c1", "c2", "c4"]
+    assert sum(t.loads for t in turns) == 4  # decode, p0, p1, and the decode once more
+    assert turns[0].start == ("decode", "p0", "p1")
+    assert turns[1].keep == ("decode", "p0") and turns[1].idle == ("p1",)
+    assert turns[2].restart == ("decode",) and turns[2].keep == ("p0",)
+    naive = [study._turn(r, w, dict(p for c in configs[:i] for p in c[1].items()))
+             for i, (r, w) in enumerate(configs)]
+    assert sum(t.loads for t in naive) > 4
+
+
+def test_dry_run_shows_both_ways_and_writes_one_sbatch_for_the_study(tmp_path):
+    code, out = launcher(tmp_path, "submit", "devcluster-sim", "--dry-run",
+                         "--sweep", "prefill.endpoints=1,2,3", "--allocation", "one")
+    assert code == 0, out
+    assert "one allocation:  4 nodes x" in out and "<- this submission" in out
+    assert "one job each:    3 jobs" in out
+    assert "an engine start taken as" in out
+    (study_dir,) = (tmp_path / "runs").glob("*-study")
+    doc = json.loads((study_dir / "study.json").read_text())
+    alloc = doc["allocation"]
+    assert alloc["mode"] == "one" and alloc["nodes"] == 4
+    # the largest configuration first: every engine loads in one round
+    assert [t["start"] for t in alloc["turns"]] == [["decode-0", "prefill-0", "prefill-1",
+                                                     "prefill-2"], [], []]
+    assert [t["idle"] for t in alloc["turns"]] == [[], ["prefill-1", "prefill-2"],
+                                                   ["prefill-2"]]
+    sbatch = (study_dir / "job.sbatch").read_text()
+    assert "#SBATCH --nodes=4" in sbatch and "#SBATCH --job-name=pd-devcluster-sim-study" in sbatch
+    runs = [study_dir / t["run"] for t in alloc["turns"]]
+    assert not any((r / "job.sbatch").exists() for r in runs)
+    plans = [json.loads((r / "plan.json").read_text()) for r in runs]
+    decode = [[p for p in d["processes"] if p["endpoint"] == "decode-0"] for d in plans]
+    assert all(d == decode[0] for d in decode[1:]) or all(
+        [(p["node"], p["gpus"]) for p in d] == [(p["node"], p["gpus"]) for p in decode[0]]
+        for d in decode)
+    code, out = launcher(tmp_path, "submit", "devcluster-sim", "--dry-run",
+                         "--sweep", "prefill.endpoints=1,2", "--allocation", "each")
+    assert code == 0, out
+    assert "one job each:    2 jobs" in out and out.count("<- this submission") == 1
+    assert "As 2 jobs:" in out
+
+
+def test_allocation_without_a_sweep_is_refused(tmp_path):
+    code, out = launcher(tmp_path, "submit", "local-sim", "--dry-run", "--allocation", "one")
+    assert code == 2 and "--allocation one is for a study: add --sweep" in out, out
+
+
+def _wait(pred, timeout, what, proc=None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"{what}: the study ended first:\n{proc.stdout.read()[-4000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"{what}: not within {timeout} s")
+
+
+def _turn_record(study_dir, i):
+    alloc = json.loads((study_dir / "study.json").read_text())["allocation"]
+    run = rundir.RunDir(study_dir / alloc["turns"][i]["run"])
+    return run, run.read_record()
+
+
+def test_a_dead_engine_fails_its_configuration_only_and_a_signal_keeps_what_finished(tmp_path):
+    """Four configurations (1..4 prefill endpoints) in one local allocation, run as 4, 1, 2,
+    3 (the largest loads every engine first). A kept prefill engine is killed during the
+    second: it fails naming it, the third starts that engine again and succeeds. SIGTERM
+    during the fourth ends the study: the first and third keep their results, the fourth is
+    cancelled, nothing is left running."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher", "submit", "local-sim", "--runs-dir",
+         str(tmp_path / "runs"), "--sweep", "prefill.endpoints=1,2,3,4", "--allocation", "one",
+         "--set", "accuracy.enabled=false", "--set", "benchmark.concurrency=[4,16]",
+         "--set", "benchmark.prompts_multiplier=3", "--set", "sim.start_delay_s=2"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        study_dir = _wait(lambda: next((tmp_path / "runs").glob("*-study"), None), 60, "study",
+                          proc)
+        _wait(lambda: (study_dir / "study.json").is_file(), 60, "study.json", proc)
+
+        def in_sweep(i):
+            _, rec = _turn_record(study_dir, i)
+            return rec if rec and rec.stage == "sweep" else None
+
+        rec = _wait(lambda: in_sweep(1), 240, "configuration 2's sweep", proc)
+        victim = rec.processes["prefill-0@local-3"]
+        assert victim.started_by, "prefill-0 is kept from configuration 1"
+        os.killpg(victim.pid, signal.SIGKILL)
+        _wait(lambda: in_sweep(3), 240, "configuration 4's sweep", proc)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out[-3000:]
+    states = []
+    for i in range(4):
+        run, rec = _turn_record(study_dir, i)
+        states.append(rec.state)
+        assert leftovers(run.path) == [], run.path
+    assert states == ["succeeded", "failed", "succeeded", "cancelled"], out[-3000:]
+    run2, rec2 = _turn_record(study_dir, 1)
+    assert rec2.culprit == "prefill-0@local-3" and "prefill-0@local-3" in rec2.error
+    run3, rec3 = _turn_record(study_dir, 2)
+    first = _turn_record(study_dir, 0)[0].run_id
+    assert rec3.processes["prefill-0@local-3"].started_by is None  # started again there
+    assert rec3.processes["prefill-1@local-3"].started_by == first
+    assert rec3.processes["decode-0@local-1"].started_by == first
+    summary3 = json.loads(run3.summary.read_text())
+    assert summary3["verdict"] == "passed" and len(summary3["points"]) == 2
+    # every engine start is a process record without started_by: decode once, prefill-0
+    # twice (its death), every other prefill once
+    starts: dict[str, int] = {}
+    for i in range(4):
+        for name, p in _turn_record(study_dir, i)[1].processes.items():
+            if p.kind == Kind.ENGINE and p.started_by is None:
+                starts[name] = starts.get(name, 0) + 1
+    assert starts == {"decode-0@local-1": 1, "decode-0@local-2": 1, "prefill-0@local-3": 2,
+                      "prefill-1@local-3": 1, "prefill-2@local-4": 1,
+                      "prefill-3@local-4": 1}, starts
+    alloc = json.loads((study_dir / "allocation.json").read_text())
+    assert alloc["state"] == "cancelled"
+    assert [c["state"] for c in alloc["configurations"]] == states
+    assert alloc["summary"]["engine_starts"] == 6  # endpoints: decode, p0 twice, p1..p3
+    assert alloc["configurations"][0]["turn"]["start"] == ["decode-0", "prefill-0",
+                                                           "prefill-1", "prefill-2",
+                                                           "prefill-3"]
+    assert alloc["summary"]["succeeded"] == 2
+    # a kept engine's log is read from where it stood when the configuration began
+    kept = rec3.processes["decode-0@local-1"]
+    assert 0 < kept.log_bytes_at_start <= kept.log_bytes_at_stop
+    assert (run3.path / "logs" / "decode-0@local-1.log").is_symlink()
