@@ -173,7 +173,7 @@ def test_a_study_submits_one_job_per_value_and_jobs_sharing_a_host_do_not_collid
     all_idle()
     code, out = launcher(
         tmp_path, "submit", RECIPE, *SERVE_ONLY, "--set", "hold_s=4",
-        "--sweep", "prefill.endpoints=1,2", "--wait"
+        "--sweep", "prefill.endpoints=1,2", "--allocation", "each", "--wait"
     )  # fmt: skip
     assert code == 0, out
     (study,) = [p.parent for p in (tmp_path / "runs").glob("*/study.json")]
@@ -206,3 +206,87 @@ def test_a_study_submits_one_job_per_value_and_jobs_sharing_a_host_do_not_collid
     code, out = launcher(tmp_path, "diff", one, two)
     assert code == 0, out
     assert "single-variable: only prefill.endpoints differs, and nothing drifted" in out, out
+
+
+# A model-load delay, and the simulator's speed model slow enough that CPU contention on
+# this small host does not set the figures (at speed 2 a configuration's tok/s/GPU repeats
+# within a few per cent).
+STUDY = ["--set", "accuracy.enabled=false", "--set", "sim.start_delay_s=3",
+         "--set", "sim.speed=2", "--set", "benchmark.concurrency=[8,32]",
+         "--set", "benchmark.prompts_multiplier=2"]
+SPREAD = 0.10
+
+
+def _headline(run: Path) -> dict[int, float]:
+    summary = json.loads((run / "summary.json").read_text())
+    return {p["max_concurrency"]: p["total_tokens_per_s_per_gpu"] for p in summary["points"]}
+
+
+def _a_run_of_its_own(run: Path) -> None:
+    """What a run directory holds after a successful run, whichever way it ran."""
+    from launcher.analysis import derive, load
+
+    st = rundir.RunDir(run).status()
+    assert st.state == "succeeded", (run, st.error)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["verdict"] == "passed" and [p["status"] for p in summary["points"]] == [
+        "ok", "ok"]
+    plan = load.read_plan_safe(run)[0]
+    for proc in plan.processes:
+        assert (run / proc.log).is_file(), f"{run.name}: no log for {proc.name}"
+    for node in plan.nodes:
+        assert list((run / "telemetry" / node.name).glob("samples-*")), (run.name, node)
+    table = derive.point_table(summary["points"], plan, derive.SeriesSet(
+        load.read_telemetry(run), plan))
+    assert (table["decode_kv_max"] > 0).all() and (table["transfers"] > 0).all(), table
+    assert leftovers(run) == []
+
+
+def test_a_study_in_one_allocation_loads_each_engine_once_and_matches_runs_of_their_own(
+        tmp_path):
+    """One decode, 1..3 prefill endpoints, a load delay: one Slurm job of 4 nodes; every
+    engine starts once; each configuration's directory is a run of its own, and its
+    tok/s/GPU is that of the same configuration submitted alone."""
+    all_idle()
+    code, out = launcher(tmp_path, "submit", RECIPE, *STUDY, "--sweep",
+                         "prefill.endpoints=1,2,3", "--allocation", "one", "--wait",
+                         timeout=400)
+    assert code == 0, out[-4000:]
+    assert re.search(r"submitted job \d+: study .* \(3 configurations in one allocation\)", out)
+    (study,) = [p.parent for p in (tmp_path / "runs").glob("*/study.json")]
+    alloc = json.loads((study / "allocation.json").read_text())
+    runs = [study / c["run"] for c in alloc["configurations"]]
+    jobs = {rundir.RunDir(r).status().slurm_job_id for r in runs}
+    assert len(jobs) == 1 and alloc["slurm_job_id"] in jobs
+    assert alloc["state"] == "succeeded" and alloc["nodes"] == 4
+    starts: dict[str, int] = {}
+    for r in runs:
+        _a_run_of_its_own(r)
+        for name, p in rundir.RunDir(r).read_record().processes.items():
+            if p.kind == "engine" and p.started_by is None:
+                starts[name] = starts.get(name, 0) + 1
+    assert starts and set(starts.values()) == {1}, starts  # each engine loaded once
+    assert len(starts) == 2 + 3  # the decode's two parts, three prefill endpoints
+    s = alloc["summary"]
+    assert s["engine_starts"] == 4 and s["succeeded"] == 3
+    assert s["gpu_hours"] > 0 and s["loading_s"] > 3 and s["measuring_s"] > 0
+    # a router of its own per configuration, registered in seconds
+    for r in runs:
+        events = rundir.RunDir(r).events()
+        started = next(e["ts"] for e in events if e.get("event") == "process_started"
+                       and e.get("process") == "router")
+        serving = next(e["ts"] for e in events if e.get("event") == "serving")
+        assert serving - started < 15, (r.name, serving - started)
+    # the same configurations as jobs of their own, one after the other
+    by_n = {json.loads((r / "plan.json").read_text())["gpu_count"]["prefill"] // 2: r
+            for r in runs}
+    for n in (1, 3):
+        alone = tmp_path / f"alone{n}"
+        alone.mkdir()
+        code, out = launcher(alone, "submit", RECIPE, *STUDY, "--set",
+                             f"prefill.endpoints={n}", "--wait", timeout=300)
+        assert code == 0, out[-3000:]
+        (run,) = [p.parent for p in (alone / "runs").glob("*/summary.json")]
+        shared, own = _headline(by_n[n]), _headline(run)
+        for c, v in own.items():
+            assert abs(shared[c] - v) <= SPREAD * v, (n, c, shared[c], v)
