@@ -747,7 +747,9 @@ def render_study(path: Path) -> str:
         ("swept", esc(axes or "–")), ("configurations", str(len(data))),
         *([("damaged", esc(f"{study.damaged}: left out"))] if study.damaged else [])]),
         table(["configuration", "run", "state", "topology", "GPUs working / allocated",
-               "best tok/s per working GPU", "at", "run verdict"], rows)]
+               "best tok/s per working GPU", "at", "run verdict"], rows),
+        "<h2>Allocation</h2>",
+        kv_table([(k, esc(v)) for k, v in studies.allocation_facts(study)])]
 
     all_series, all_pts, flat = [], [], []
     for label, _rd, s, _src, vmap, _w, color in data:

@@ -431,7 +431,9 @@ def runs_text(entries: list[listing.Entry], statuses: dict[str, RunStatus], root
         if isinstance(e, listing.Study):
             axes = ", ".join(f"{k}={','.join(map(str, v))}" for k, v in e.axes.items())
             damaged = f"; {e.damaged}" if e.damaged else ""
-            lines.append(f"{e.name}/  (study: {len(e.runs)} runs over {axes or '?'}{damaged})")
+            one = ", in one allocation" if e.doc.get("allocation") else ""
+            lines.append(f"{e.name}/  (study: {len(e.runs)} runs over {axes or '?'}{one}"
+                         f"{damaged})")
             lines += [line(r, "  ") for r in e.runs]
         else:
             lines.append(line(e, ""))

@@ -833,3 +833,42 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def in_one_allocation(root: Path, study_dir: Path) -> Path:
+    """The same study as if it had run in one allocation: study.json's allocation (the plan
+    of turns, largest first) and allocation.json (the allocation's record) are what the
+    launcher writes; the configurations' run directories are left as they are. Moved under
+    `root` with a name of its own, its runs keep their names."""
+    import shutil
+
+    from launcher.planning import study as study_plan
+
+    dest = Path(root) / (study_dir.name + "-one")
+    shutil.move(str(study_dir), dest)
+    doc = json.loads((dest / "study.json").read_text())
+    runs = [r["run"] for r in doc["runs"]]
+    sigs = []
+    for run in runs:
+        plan = json.loads((dest / run / "plan.json").read_text())
+        eps = sorted({p["endpoint"] for p in plan["processes"] if p.get("endpoint")})
+        sigs.append((run, {ep: (ep,) for ep in eps}))
+    turns = study_plan.schedule(sigs)
+    doc["allocation"] = {"mode": "one", "nodes": 4, "time_minutes": 20, "port_span": 300,
+                         "turns": [t.to_json() for t in turns],
+                         "comparison": {"one_gpu_s": 3600.0, "each_gpu_s": 5400.0,
+                                        "one_loads": len(turns[0].start),
+                                        "each_loads": sum(len(w) for _, w in sigs)}}
+    (dest / "study.json").write_text(json.dumps(doc))
+    t0 = min(json.loads((dest / r / "run.json").read_text()).get("started") or 0 for r in runs)
+    (dest / "allocation.json").write_text(json.dumps({
+        "state": "succeeded", "started": t0, "ended": t0 + 900, "host": "synthetic",
+        "slurm_job_id": "4242", "nodes": 4, "gpus_per_node": 4,
+        "configurations": [{"run": t.run, "state": "succeeded", "turn": t.to_json()}
+                           for t in turns],
+        "engines": [{"event": "started", "endpoint": ep, "run": turns[0].run}
+                    for ep in turns[0].start],
+        "summary": {"wall_s": 900.0, "gpus": 16, "gpu_hours": 4.0,
+                    "engine_starts": len(turns[0].start), "succeeded": len(turns),
+                    "loading_s": 120.0, "measuring_s": 700.0}}))
+    return dest

@@ -13,6 +13,7 @@ America/New_York: a time axis must show the server's wall clock, as the logs do.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -98,6 +99,7 @@ def server(tmp_path_factory):
     shutil.copytree(demo_src, demo)
     runs = {"demo": demo, "healthy": synth.healthy(root), "failed": synth.failed(root),
             "large": synth.large(root, duration_s=1800.0), "study": synth.study(root),
+            "study_one": synth.in_one_allocation(root, synth.study(root / "one")),
             "live": synth.live(root / "live-runs", index=1, total=4)}
     # the live run sits in a runs dir of its own: a second server below serves it
     port = free_port()
@@ -286,6 +288,52 @@ def test_the_study_page(server, browser, shots):
         page.close()
     assert len(curves) == 3 and len(set(curves)) == 3, curves
     assert {"prefill.endpoints=1", "prefill.endpoints=2", "prefill.endpoints=3"} <= set(legend)
+
+
+def _main_text(browser, url: str) -> str:
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    try:
+        page.goto(url, timeout=60_000)
+        settle(page, "Study", 2)
+        return page.inner_text('[data-testid="stMain"]')
+    finally:
+        page.close()
+
+
+def test_a_study_in_one_allocation_shows_as_the_same_study_run_as_jobs(server, browser,
+                                                                        shots):
+    """The same runs, once as jobs of their own and once as one allocation: the Study page
+    and the report are the same but for the allocation's facts."""
+    base, runs = server
+    jobs, one = (listing.Study(p, json.loads((p / "study.json").read_text()))
+                 for p in (runs["study"], runs["study_one"]))
+    got = visit(browser, f"{base}/study?study={one.name}", "Study", 2,
+                shots / "study-one-allocation.png")
+    assert "Allocation: one allocation for every configuration, engines loaded once" in (
+        got["text"])
+
+    def same_part(text: str, name: str) -> str:
+        # the allocation's own line (an expander, with its icon, or a caption) left out
+        text = re.sub(r"\n(keyboard_arrow_right\n\n?)?Allocation: [^\n]*", "", text)
+        text = re.sub(re.escape(name) + r"(?![-\w])", "STUDY", text)  # not its runs' names
+        lines = [ln for ln in text.splitlines() if not ln.startswith("Ran as ")]
+        return "\n".join(lines)
+
+    a = same_part(_main_text(browser, f"{base}/study?study={jobs.name}"), jobs.name)
+    b = same_part(_main_text(browser, f"{base}/study?study={one.name}"), one.name)
+    import difflib
+
+    assert a == b, "\n".join(difflib.unified_diff(a.splitlines(), b.splitlines(), lineterm=""))
+    from launcher import report
+
+    texts = []
+    for st in (jobs, one):
+        html = report.render_study(st.path)
+        i, j = html.index("<h2>Allocation</h2>"), html.index("<h2>Pareto")
+        assert "engines loaded once" in html[i:j] if st is one else (
+            "one job per configuration" in html[i:j])
+        texts.append(re.sub(re.escape(st.name) + r"(?![-\w])", "STUDY", html[:i] + html[j:]))
+    assert texts[0] == texts[1]
 
 
 def test_the_compare_page_of_two_configurations_of_a_study(server, browser, shots):

@@ -134,7 +134,9 @@ def test_a_dead_engine_fails_its_configuration_only_and_a_signal_keeps_what_fini
         assert victim.started_by, "prefill-0 is kept from configuration 1"
         os.killpg(victim.pid, signal.SIGKILL)
         _wait(lambda: in_sweep(3), 240, "configuration 4's sweep", proc)
-        proc.send_signal(signal.SIGTERM)
+        # as scancel does to the batch step: the study's process gets SIGTERM
+        code, said = launcher(tmp_path, "cancel", str(study_dir))
+        assert code == 0 and "sent SIGTERM to its allocation's process" in said, said
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
@@ -177,3 +179,32 @@ def test_a_dead_engine_fails_its_configuration_only_and_a_signal_keeps_what_fini
     kept = rec3.processes["decode-0@local-1"]
     assert 0 < kept.log_bytes_at_start <= kept.log_bytes_at_stop
     assert (run3.path / "logs" / "decode-0@local-1.log").is_symlink()
+
+
+def test_launcher_run_takes_a_study_and_a_configuration_cancelled_before_its_turn_is_skipped(
+        tmp_path):
+    """`launcher run STUDY_DIR` (inside an allocation one already holds): a configuration
+    cancelled alone is skipped at its turn and the allocation goes on."""
+    from launcher.control import prepare
+
+    runs = prepare.prepare_all(
+        "local-sim", ["accuracy.enabled=false", "benchmark.concurrency=[4]",
+                      "benchmark.prompts_multiplier=2"],
+        ["prefill.endpoints=1,2"], tmp_path / "runs", allocation="one")
+    study_dir = runs[0].shared.path
+    first, second = (rundir.RunDir(study_dir / t.run) for t in runs[0].shared.turns)
+    code, said = launcher(tmp_path, "cancel", str(second.path))
+    assert code == 0 and "skips it when its turn comes" in said, said
+    run = [sys.executable, "-m", "launcher", "run", str(study_dir)]
+    p = subprocess.run(run, capture_output=True, text=True, timeout=200, cwd=tmp_path)
+    out = p.stdout + p.stderr
+    assert p.returncode == 1, out[-3000:]  # not every configuration succeeded
+    assert first.read_record().state == "succeeded", first.read_record().error
+    rec = second.read_record()
+    assert rec.state == "cancelled" and "cancelled by `launcher cancel` before its turn" in (
+        rec.error), rec.error
+    alloc = json.loads((study_dir / "allocation.json").read_text())
+    assert [c["state"] for c in alloc["configurations"]] == ["succeeded", "cancelled"]
+    p = subprocess.run(run, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert p.returncode == 2 and "already holds an attempt (allocation.json)" in p.stderr, (
+        p.stdout + p.stderr)

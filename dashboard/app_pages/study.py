@@ -60,6 +60,12 @@ if any(m.simulated for _, m in members):
 if not members:
     st.info("This study's directory holds no run directories yet.")
     st.stop()
+facts = studies.allocation_facts(study)
+if len(facts) > 1:
+    with st.expander("Allocation: " + facts[0][1], expanded=False):
+        st.table(pd.DataFrame(facts[1:], columns=["", "value"]).set_index(""))
+else:
+    st.caption(f"Ran as {facts[0][1]}.")
 
 
 def body() -> None:

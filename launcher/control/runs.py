@@ -28,6 +28,7 @@ from launcher.run.rundir import (
     RunDir,
     RunStatus,
     plain,
+    read_json,
     tail,
     tail_of,
 )
@@ -73,6 +74,49 @@ def find_study(runs_dir: Path, ref: str | None) -> listing.Study | None:
     return None
 
 
+def _cancel_turn(run: RunDir, grace_s: float) -> int:
+    """One configuration of a study in one allocation: it stops at its next check (or is
+    skipped at its turn); the allocation goes on with the next."""
+    if run.read_record() is None:
+        print(f"run {run.run_id}: its study's allocation skips it when its turn comes")
+        return 0
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if reconcile(run).final:
+            print(f"cancelled {run.run_id}: it tore down and recorded why; its study's "
+                  "allocation goes on with the next configuration")
+            return 0
+        time.sleep(0.5)
+    print(f"run {run.run_id}: asked to stop; its study's allocation is still tearing it down "
+          f"(cancel the study to end the allocation)")
+    return 0
+
+
+def _cancel_allocation(study: listing.Study, live: list[RunDir]) -> int:
+    """A study in one allocation: every configuration not ended is marked, then the one job
+    gets scancel (or, on the local profile, the study's process SIGTERM): the configuration
+    in progress tears down, the rest are recorded as not run."""
+    by = f"{os.environ.get('USER', 'someone')}@{socket.gethostname()}"
+    for r in live:
+        r.write_cancel(CancelRecord(by=by, ts=time.time()))
+    job = next((r.read_submission().slurm_job_id for r in live
+                if r.read_submission().slurm_job_id), None)
+    doc = read_json(study.path / "allocation.json") or {}
+    if job:
+        subprocess.run(["scancel", str(job)], capture_output=True, timeout=30)
+        print(f"study {study.name}: cancelled its allocation, slurm job {job} (scancel); "
+              f"{len(live)} configuration(s) had not ended")
+        return 0
+    pid = doc.get("pid")
+    if isinstance(pid, int) and doc.get("host") == socket.gethostname() and _pid_alive(pid):
+        os.kill(pid, signal.SIGTERM)
+        print(f"study {study.name}: sent SIGTERM to its allocation's process (pid {pid})")
+        return 0
+    print(f"study {study.name}: no allocation was running; {len(live)} configuration(s) "
+          "marked cancelled")
+    return 0
+
+
 def cancel_study(study: listing.Study, grace_s: float = 45.0) -> int:
     """Cancel every run of the study that has not ended, together (one grace period)."""
     import threading
@@ -86,6 +130,8 @@ def cancel_study(study: listing.Study, grace_s: float = 45.0) -> int:
               + (f"{dry} dry-run(s), " if dry else "")
               + f"{len(study.runs) - dry} run(s) already ended)")
         return 0
+    if study.doc.get("allocation"):
+        return _cancel_allocation(study, live)
     threads = [threading.Thread(target=lambda r=r: codes.append(cancel(r, grace_s)))
                for r in live]
     for t in threads:
@@ -375,6 +421,9 @@ def cancel(run: RunDir, grace_s: float = 45.0) -> int:
         return 0
     by = f"{os.environ.get('USER', 'someone')}@{socket.gethostname()}"
     req = CancelRecord(by=by, ts=time.time())
+    if run.read_submission().one_allocation:
+        run.write_cancel(req)
+        return _cancel_turn(run, grace_s)
     if st.state == State.PLANNED:
         req.outcome = "marked"
         run.write_cancel(req)
