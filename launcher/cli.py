@@ -292,6 +292,10 @@ def cmd_submit(args) -> int:
         for r in runs:  # local runs ended in submit_all; allocations are followed here
             if schedulers.of(r.plan.cluster).allocates:
                 code = max(code, text.follow(r.run))
+        shared = runs[0].shared if runs else None
+        if shared and schedulers.of(runs[0].plan.cluster).allocates:
+            job = runs[0].run.read_submission().slurm_job_id
+            code = max(code, text.follow_study(shared.path, job))
     return code
 
 

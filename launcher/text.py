@@ -18,6 +18,8 @@ from launcher.run.rundir import RunDir, RunStatus
 from launcher.run.vocab import Kind, State
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from launcher.control.prepare import Prepared
 
 
@@ -101,6 +103,9 @@ def study_plan_text(runs: list[Prepared]) -> str:
                      f"leaves {', '.join(t.idle)} idle (not counted)" if t.idle else ""]
             out.append(f"  {i}. {t.run}: " + "; ".join(x for x in parts if x) + "; a router of "
                        "its own")
+        out.append(f"Study folder: {shared.path}  (study.json"
+                   + (", job.sbatch: the one job of every configuration" if shared.sbatch
+                      else "") + ")")
     else:
         out.append(f"As {len(runs)} jobs: {cost.duration(sum(c.expected_s for c in costs))} of "
                    f"job time, {hours:,.1f} GPU-hours" + (
@@ -212,8 +217,7 @@ def plan_text(prepared: Prepared) -> str:
     if refuse or note:
         lines.append(f"Model: {refuse or note}")
     files = [rundir.RECIPE, rundir.PLAN, rundir.COMMANDS] + (
-        [rundir.SBATCH] if prepared.sbatch else []
-    )
+        [rundir.SBATCH] if prepared.rendered.sbatch else [])
     lines.append(f"Run directory: {prepared.run.path}  ({', '.join(files)})")
     return "\n".join(lines)
 
@@ -438,6 +442,27 @@ def runs_text(entries: list[listing.Entry], statuses: dict[str, RunStatus], root
         else:
             lines.append(line(e, ""))
     return "\n".join(lines)
+
+
+def follow_study(study: Path, job: str | None, poll_s: float = 2.0) -> int:
+    """After its configurations: until a study's one allocation has recorded its end (it
+    stops the engines left idle last), or its job is gone; 0 only if it succeeded."""
+    from launcher.control.runs import SLURM_LIVE, slurm_state
+    from launcher.run.rundir import read_json
+
+    while True:
+        doc = read_json(study / "allocation.json") or {}
+        if doc.get("state") not in (None, str(State.RUNNING)):
+            print(f"study {study.name} {doc['state']}: "
+                  f"{(doc.get('summary') or {}).get('succeeded', 0)} configuration(s) "
+                  f"succeeded (allocation.json)")
+            return 0 if doc["state"] == State.SUCCEEDED else 1
+        s = slurm_state(job) if job else None
+        if job and (s is None or not any(x in s for x in SLURM_LIVE)):
+            print(f"study {study.name}: its job {job} ended ({s or 'gone'}) before the study "
+                  f"recorded its end")
+            return 1
+        time.sleep(poll_s)
 
 
 def follow(run: RunDir, poll_s: float = 2.0) -> int:

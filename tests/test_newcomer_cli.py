@@ -655,7 +655,8 @@ def test_a_study_is_a_target_of_status_logs_cancel_and_recommend(cli, tmp_path):
     for ref in (study.name, str(study)):
         rc, out, err = cli("status", ref, "--runs-dir", str(tmp_path))
         assert rc == 0, err
-        assert f"{study.name}/  (study: 2 runs over prefill.endpoints=1,2)" in out, out
+        assert f"{study.name}/  (study: 2 runs over prefill.endpoints=1,2, in one allocation)" \
+            in out, out
         assert all(re.search(rf"  {r}\s+dry-run", out) for r in runs), out
     rc, out, err = cli("logs", study.name, "--runs-dir", str(tmp_path))
     assert rc == 0 and all(f"== {r}" in out for r in runs), (out, err)

@@ -208,3 +208,26 @@ def test_launcher_run_takes_a_study_and_a_configuration_cancelled_before_its_tur
     p = subprocess.run(run, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert p.returncode == 2 and "already holds an attempt (allocation.json)" in p.stderr, (
         p.stdout + p.stderr)
+
+
+def test_the_load_time_assumed_is_measured_by_earlier_runs_of_the_model_there(tmp_path):
+    """The dry-run's engine start: the median of the slowest engine's start-to-healthy time
+    in earlier runs of the same model on the same profile (others are not counted)."""
+    from launcher.control import prepare
+
+    runs_root = tmp_path / "runs"
+    for i, (model, cluster, slowest) in enumerate([
+            ("sim/Qwen3.5-toy", "local", 30.0), ("sim/Qwen3.5-toy", "local", 50.0),
+            ("sim/Qwen3.5-toy", "local", 70.0), ("other/model", "local", 999.0),
+            ("sim/Qwen3.5-toy", "devcluster", 999.0)]):
+        run = runs_root / f"20260101-00000{i}-earlier"
+        run.mkdir(parents=True)
+        (run / "recipe.yaml").write_text(f"name: x\ncluster: {cluster}\nmodel:\n  path: {model}\n")
+        (run / "summary.json").write_text(json.dumps({"lifecycle": {"engine_ready_s": {
+            "decode-0@local-1": slowest, "prefill-0@local-3": slowest / 2}}}))
+        (run / "plan.json").write_text("{}")
+    got = prepare.prepare_all("local-sim", ["accuracy.enabled=false"],
+                              ["prefill.endpoints=1,2"], runs_root)
+    cmp = got[0].compared
+    assert cmp.load_s == 50.0, cmp
+    assert cmp.load_basis == "measured: the median of 3 earlier run(s) of sim/Qwen3.5-toy on local"

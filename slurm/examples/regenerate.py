@@ -50,6 +50,36 @@ def render_all() -> dict[str, dict[str, str]]:
             out[name] = {
                 f: normalise(t, p.run.path).replace(root, "<REPO>") for f, t in files.items()
             }
+        out[STUDY] = render_study(Path(tmp) / "study")
+    return out
+
+
+# The published five configurations as one study in one allocation: its job.sbatch, the
+# order and turns of study.json and the dry-run's two ways side by side.
+STUDY = "qwen3.5-397b-gb200-disagg-study"
+
+
+def render_study(tmp: Path) -> dict[str, str]:
+    import json
+
+    from launcher import text
+    from launcher.control import prepare
+    from launcher.spec import recipe
+
+    runs = prepare.prepare_all(str(recipe.shipped()["qwen3.5-397b-gb200-disagg"]), [],
+                               ["prefill.endpoints=4,5,6,7,8"], tmp, allocation="one")
+    study = runs[0].shared.path
+    doc = json.loads((study / "study.json").read_text())
+    files = {"dry-run.txt": text.study_plan_text(runs) + "\n",
+             "job.sbatch": (study / "job.sbatch").read_text(),
+             "study.json": json.dumps(doc, indent=2) + "\n"}
+    out = {}
+    for f, t in files.items():
+        t = t.replace(str(study), "<STUDY_DIR>").replace(str(tmp), "<RUNS_DIR>")
+        t = t.replace(sys.executable, "<PYTHON>")
+        t = re.sub(r"\b\d{8}-\d{6}-", "<TIME>-", t)
+        t = re.sub(r"-py(\d+\.\d+)-[0-9a-f]{10}", r"-py\1-<LOCK>", t)
+        out[f] = re.sub(r"src-[0-9a-f]{12}", "src-<SOURCE>", t)
     return out
 
 
