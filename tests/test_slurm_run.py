@@ -290,3 +290,25 @@ def test_a_study_in_one_allocation_loads_each_engine_once_and_matches_runs_of_th
         shared, own = _headline(by_n[n]), _headline(run)
         for c, v in own.items():
             assert abs(shared[c] - v) <= SPREAD * v, (n, c, shared[c], v)
+
+
+def test_scancel_during_the_third_configuration_keeps_the_first_two(tmp_path):
+    """A study in one allocation ended by scancel: the configuration in progress is
+    cancelled, the finished ones keep their results, nothing is left in the job."""
+    all_idle()
+    code, out = launcher(tmp_path, "submit", RECIPE, *SERVE_ONLY, "--set", "hold_s=3",
+                         "--sweep", "prefill.endpoints=1,2,3", "--allocation", "one")
+    assert code == 0, out
+    (study,) = [p.parent for p in (tmp_path / "runs").glob("*/study.json")]
+    turns = json.loads((study / "study.json").read_text())["allocation"]["turns"]
+    runs = [study / t["run"] for t in turns]
+    st = wait_for(runs[2], serving, timeout=180, what="the third configuration serving")
+    assert not st.final, st
+    subprocess.run(["scancel", st.slurm_job_id], check=True)
+    job_gone(st.slurm_job_id)
+    alloc = json.loads((study / "allocation.json").read_text())
+    assert alloc["state"] == "cancelled", alloc
+    states = [rundir.RunDir(r).status().state for r in runs]
+    assert states == ["succeeded", "succeeded", "cancelled"], states
+    assert "scancel" in rundir.RunDir(runs[2]).status().error
+    assert all(leftovers(r) == [] for r in runs)
