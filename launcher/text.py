@@ -84,8 +84,6 @@ def study_plan_text(runs: list[Prepared]) -> str:
         out.append("")
         out += [line for line in plan_text(r).splitlines() if line not in shown]
     costs = [cost.estimate(r.plan) for r in runs]
-    hours = sum(c.gpu_hours() for c in costs)
-    worst = sum(c.gpu_hours(c.worst_s) for c in costs)
     shared, cmp = runs[0].shared, runs[0].compared
     out += ["", f"Study: {len(runs)} configurations (lines the same as the first one's are "
             f"shown once): {sum(c.gpus_working for c in costs)} GPUs working over them; "
@@ -107,6 +105,8 @@ def study_plan_text(runs: list[Prepared]) -> str:
                    + (", job.sbatch: the one job of every configuration" if shared.sbatch
                       else "") + ")")
     else:
+        hours = sum(c.gpu_hours() for c in costs)
+        worst = sum(c.gpu_hours(c.worst_s) for c in costs)
         out.append(f"As {len(runs)} jobs: {cost.duration(sum(c.expected_s for c in costs))} of "
                    f"job time, {hours:,.1f} GPU-hours" + (
                        f" ({worst:,.1f} if every load takes its health timeout)"

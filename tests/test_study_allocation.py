@@ -231,3 +231,18 @@ def test_the_load_time_assumed_is_measured_by_earlier_runs_of_the_model_there(tm
     cmp = got[0].compared
     assert cmp.load_s == 50.0, cmp
     assert cmp.load_basis == "measured: the median of 3 earlier run(s) of sim/Qwen3.5-toy on local"
+
+
+def test_a_damaged_plan_of_turns_is_one_sentence(tmp_path):
+    from launcher.control import prepare
+
+    runs = prepare.prepare_all("local-sim", [], ["prefill.endpoints=1,2"], tmp_path / "runs",
+                               allocation="one")
+    study_dir = runs[0].shared.path
+    doc = json.loads((study_dir / "study.json").read_text())
+    doc["allocation"]["turns"] = [{"start": ["decode-0"]}]  # no run
+    (study_dir / "study.json").write_text(json.dumps(doc))
+    p = subprocess.run([sys.executable, "-m", "launcher", "run", str(study_dir)],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert p.returncode == 2 and "allocation.turns is damaged" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and not (study_dir / "allocation.json").exists()

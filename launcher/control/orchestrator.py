@@ -409,13 +409,14 @@ class Orchestrator:
         router = next(p for p in self.procs if p.kind == Kind.ROUTER)
         self.stage(Stage.PREFLIGHT)
         self.preflight()
-        kept = self.take_over(engines)  # before the agents: they read where each log stands
+        want = self.signatures(engines)
+        kept = self.take_over(engines, want)  # before the agents: they read where logs stand
         if agents:
             self.stage(Stage.AGENTS)
             for p in agents:
                 self.start(p)
         self.stage(Stage.ENDPOINTS)
-        self.start_engines(engines, kept)
+        self.start_engines(engines, kept, want)
         self.stage(Stage.HEALTH)
         t0 = time.monotonic()
         self.wait_ready([(p, p.url) for p in engines if p.url], r.health.timeout_s, "endpoints")
@@ -450,17 +451,21 @@ class Orchestrator:
                 f"{len(self.failed_points)} sweep point(s) failed: " + "; ".join(self.failed_points)
             )
 
-    def take_over(self, engines: list[Process]) -> set[str]:
+    def signatures(self, engines: list[Process]) -> dict[str, tuple]:
+        """In a study's allocation: endpoint -> what makes it the same engine."""
+        if self.pool is None:
+            return {}
+        from launcher.planning.study import signatures
+
+        return signatures(engines, str(self.run.path))
+
+    def take_over(self, engines: list[Process], want: dict[str, tuple]) -> set[str]:
         """In a study's allocation: the endpoints already loaded as this configuration wants
         them, taken over as its own (what died is dropped, what it wants with another
         command line is stopped)."""
         if self.pool is None:
             return set()
-        from launcher.planning.study import signatures
-
-        want = signatures(engines, str(self.run.path))
-        kept = self.pool.settle(want, lambda hs: self.backend.stop(hs, grace_s=30.0),
-                                self.run.run_id)
+        kept = self.pool.settle(want, self.run.run_id)
         for p in engines:
             if p.endpoint in kept:
                 self.adopt(p)
@@ -468,17 +473,15 @@ class Orchestrator:
             say(f"engines kept loaded from an earlier configuration: {', '.join(sorted(kept))}")
         return kept
 
-    def start_engines(self, engines: list[Process], kept: set[str]) -> None:
+    def start_engines(self, engines: list[Process], kept: set[str],
+                      want: dict[str, tuple]) -> None:
         """Every engine not taken over; in a study's allocation each is kept in its pool."""
         for ep in dict.fromkeys(p.endpoint for p in engines):
             if ep in kept:
                 continue
             handles = [self.start(p) for p in engines if p.endpoint == ep]
             if self.pool is not None and ep is not None:
-                from launcher.planning.study import signatures
-
-                sig = signatures([p for p in engines if p.endpoint == ep], str(self.run.path))
-                self.pool.add(ep, handles, sig[ep], self.run.run_id)
+                self.pool.add(ep, handles, want[ep], self.run.run_id, self.backend)
 
     def adopt(self, proc: Process) -> None:
         """A loaded engine of an earlier configuration, as this run's process: its log is
@@ -724,11 +727,10 @@ class Orchestrator:
             self.book.event("process_stopped", process=h.proc.name, exit_code=h.exit_code(),
                             **({"lost": True} if h.lost else {}))
         if self.pool is not None:  # what this configuration stopped is no longer loaded
+            stopped = {h.proc.name for h in self.handles} - self.left_loaded
             for ep, e in list(self.pool.loaded.items()):
-                if any(h.proc.name not in self.left_loaded and h.proc.name in
-                       {x.proc.name for x in self.handles} for h in e.handles):
-                    self.pool.drop(ep, lambda hs: self.backend.stop(hs, grace_s=10.0),
-                                   self.run.run_id, "stopped at the end of this configuration")
+                if stopped & {h.proc.name for h in e.handles}:
+                    self.pool.drop(ep, self.run.run_id, "stopped at the end of this configuration")
         self._write_processes()
 
 
@@ -819,6 +821,16 @@ class Signals:
         for sig in REASONS:
             signal.signal(sig, self.handler)
 
+    @classmethod
+    def for_recipe(cls, recipe: Path) -> Signals:
+        """With the limits of the recipe's Slurm settings and its cluster profile (KillWait,
+        the signal lead); Slurm's defaults when either cannot be read."""
+        try:
+            r = recipe_mod.load(str(recipe))
+            return cls(cluster_mod.load(r.cluster).kill_wait_s, r.slurm.signal_lead_s)
+        except UserError:
+            return cls(30.0, 120.0)
+
     def handler(self, signum, _frame) -> None:
         if self.reason is not None:
             return
@@ -861,16 +873,7 @@ def run(run_dir: Path, shared: InStudy | None = None) -> int:
     book = Book(run, record)
     book.save()
     book.make_reserve()
-    if shared is not None:
-        signals = shared.signals
-    else:
-        try:
-            prof = cluster_mod.load(recipe_mod.load(str(run.recipe)).cluster)
-            kill_wait = prof.kill_wait_s
-            lead = recipe_mod.load(str(run.recipe)).slurm.signal_lead_s
-        except UserError:
-            kill_wait, lead = 30.0, 120.0
-        signals = Signals(kill_wait, lead)
+    signals = shared.signals if shared is not None else Signals.for_recipe(run.recipe)
     raise_open_files(65536)
 
     def early_step(name: str, commands: list[list[str]]) -> None:

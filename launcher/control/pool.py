@@ -5,16 +5,19 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from launcher.control.backends import Handle
+from launcher.control.backends import Backend, Handle
+
+STOP_GRACE_S = 30.0  # an engine stopped between configurations: its own shutdown
 
 
 @dataclass
 class Loaded:
-    """One endpoint's running parts and what they were started as."""
+    """One endpoint's running parts, what they were started as and by which backend."""
 
     handles: list[Handle]
     signature: tuple
     started_by: str  # the run id of the configuration that started it
+    backend: Backend  # what started them, and so stops them (srun steps or processes)
 
     def alive(self) -> bool:
         return all(h.exit_code() is None for h in self.handles)
@@ -30,29 +33,30 @@ class EnginePool:
         return next((h for e in self.loaded.values() for h in e.handles
                      if h.proc.name == name), None)
 
-    def settle(self, want: dict[str, tuple], stop, run: str) -> set[str]:
+    def settle(self, want: dict[str, tuple], run: str) -> set[str]:
         """Before a configuration starts its engines: drop what died, stop what it needs
         with another command line; the endpoints it may use as they are."""
         for ep, e in list(self.loaded.items()):
             if not e.alive():
-                self.drop(ep, stop, run, "a part of it had exited")
+                self.drop(ep, run, "a part of it had exited")
             elif ep in want and want[ep] != e.signature:
-                self.drop(ep, stop, run, "this configuration starts it with another command line")
+                self.drop(ep, run, "this configuration starts it with another command line")
         return {ep for ep in want if ep in self.loaded}
 
-    def drop(self, ep: str, stop, run: str, why: str) -> None:
+    def drop(self, ep: str, run: str, why: str) -> None:
         e = self.loaded.pop(ep)
         live = [h for h in e.handles if h.exit_code() is None]
         if live:
-            stop(live)
+            e.backend.stop(live, grace_s=STOP_GRACE_S)
         self.events.append({"event": "stopped", "endpoint": ep, "run": run, "why": why,
                             "ts": time.time()})
 
-    def add(self, ep: str, handles: list[Handle], signature: tuple, run: str) -> None:
-        self.loaded[ep] = Loaded(handles, signature, run)
+    def add(self, ep: str, handles: list[Handle], signature: tuple, run: str,
+            backend: Backend) -> None:
+        self.loaded[ep] = Loaded(handles, signature, run, backend)
         self.events.append({"event": "started", "endpoint": ep, "run": run,
                             "processes": [h.proc.name for h in handles], "ts": time.time()})
 
-    def stop_all(self, stop, run: str, why: str) -> None:
+    def stop_all(self, run: str, why: str) -> None:
         for ep in list(self.loaded):
-            self.drop(ep, stop, run, why)
+            self.drop(ep, run, why)

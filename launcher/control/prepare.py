@@ -370,7 +370,8 @@ def prepare_all(
         rundir.write_json(study_dir / rundir.STUDY, doc)
         return out
     doc["allocation"] = {
-        "mode": "one", "nodes": shared.nodes, "time_minutes": shared.minutes,
+        "mode": "one", "nodes": shared.nodes,
+        "gpus_per_node": out[0].plan.cluster.gpus_per_node, "time_minutes": shared.minutes,
         "port_span": max(p.plan.port_span for p in out),
         "turns": [t.to_json() for t in shared.turns],
         "comparison": shared.comparison.to_json(),

@@ -99,8 +99,7 @@ def _cancel_allocation(study: listing.Study, live: list[RunDir]) -> int:
     by = f"{os.environ.get('USER', 'someone')}@{socket.gethostname()}"
     for r in live:
         r.write_cancel(CancelRecord(by=by, ts=time.time()))
-    job = next((r.read_submission().slurm_job_id for r in live
-                if r.read_submission().slurm_job_id), None)
+    job = next((j for j in (r.read_submission().slurm_job_id for r in live) if j), None)
     doc = read_json(study.path / "allocation.json") or {}
     if job:
         subprocess.run(["scancel", str(job)], capture_output=True, timeout=30)

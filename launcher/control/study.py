@@ -65,27 +65,22 @@ def run_study(study_dir: Path) -> int:
     if record_file.exists():
         raise UserError(f"{study_dir} already holds an attempt ({ALLOCATION}): a study is run "
                         "by one allocation only; submit it again for a new one")
-    turns = [Turn.from_json(t) for t in alloc.get("turns") or []]
+    try:
+        turns = [Turn.from_json(t) for t in alloc.get("turns") or []]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise UserError(f"{study_dir}: study.json's allocation.turns is damaged (each is "
+                        "{run, start, restart, keep, idle}): prepare the study again") from None
     if not turns:
         raise UserError(f"{study_dir}: study.json lists no configuration to run")
-    first = RunDir(study_dir / turns[0].run)
-    try:
-        from launcher.spec import cluster as cluster_mod
-        from launcher.spec import recipe as recipe_mod
-
-        recipe = recipe_mod.load(str(first.recipe))
-        prof = cluster_mod.load(recipe.cluster)
-        kill_wait, lead, gpn = prof.kill_wait_s, recipe.slurm.signal_lead_s, prof.gpus_per_node
-    except UserError:
-        kill_wait, lead, gpn = 30.0, 120.0, 0
-    signals = Signals(kill_wait, lead)
+    signals = Signals.for_recipe(RunDir(study_dir / turns[0].run).recipe)
     pool = EnginePool()
     started = time.time()
     doc: dict = {
         "state": str(State.RUNNING), "started": started, "ended": None,
         "host": socket.gethostname(), "pid": os.getpid(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "nodes": alloc.get("nodes"),
-        "gpus_per_node": gpn, "configurations": [], "engines": pool.events,
+        "gpus_per_node": alloc.get("gpus_per_node"), "configurations": [],
+        "engines": pool.events,
     }
 
     def save() -> None:
@@ -130,7 +125,7 @@ def run_study(study_dir: Path) -> int:
             ended_by = f"a node was lost in {turn.run}"
         save()
     Signals.ignore()
-    pool.stop_all(_stopper(study_dir / turns[-1].run), "study", "the study's end")
+    pool.stop_all("study", "the study's end")
     ended = time.time()
     states = [c.get("state") for c in doc["configurations"]]
     doc["state"] = str(State.SUCCEEDED if all(s == State.SUCCEEDED for s in states)
@@ -144,15 +139,6 @@ def run_study(study_dir: Path) -> int:
         f"{s['wall_s']:.0f} s ({s['loading_s']:.0f} s loading, {s['measuring_s']:.0f} s "
         f"measuring)")
     return 0 if doc["state"] == State.SUCCEEDED else 1
-
-
-def _stopper(run_path: Path):
-    """Stops what the study still holds at its end (the last configuration's backend kind)."""
-    from launcher.control.backends import Backend, SrunBackend
-
-    backend = SrunBackend if os.environ.get("SLURM_JOB_ID") else Backend
-    b = backend(None, run_path)
-    return lambda hs: b.stop(hs, grace_s=30.0)
 
 
 MEASURING = ("measuring",)  # the run's lifecycle phases (launcher.run.figures)
