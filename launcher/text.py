@@ -68,6 +68,12 @@ def engine_lines(prepared: Prepared) -> list[str]:
             continue
         seen.add(proc.role)
         out.append(f"{proc.role} ({proc.name}): {render.shell_line(proc.argv)}")
+        steps = getattr(prepared.plan.recipe, str(proc.role)).args_from_concurrency
+        for r in proc.restarts:
+            c = r["from_concurrency"]
+            out.append(f"  restarted before concurrency {c} ({proc.role}.args_from_concurrency, "
+                       f"the other engines stay loaded), adding: "
+                       f"{render.shell_line(render.flags(steps[c]))}")
     if out:
         out.append("(the other engines differ in ports, ranks and addresses; commands.sh has "
                    "every process with its environment)")
@@ -94,11 +100,17 @@ def study_plan_text(runs: list[Prepared]) -> str:
         out += [f"Order in the allocation ({shared.nodes} nodes"
                 + (f", time limit {cost.duration(shared.minutes * 60)}" if shared.minutes else "")
                 + "):"]
+        by_run = {r.run.run_id: r for r in runs}
         for i, t in enumerate(shared.turns, 1):
+            procs = by_run[t.run].rendered.processes
+            within = sorted({x["from_concurrency"] for p in procs for x in p.restarts})
+            moved = sorted({p.endpoint for p in procs if p.restarts and p.endpoint})
             parts = [f"starts {', '.join(t.start)}" if t.start else "",
                      f"restarts {', '.join(t.restart)} (another command line)" if t.restart else "",
                      f"keeps {', '.join(t.keep)} loaded" if t.keep else "",
-                     f"leaves {', '.join(t.idle)} idle (not counted)" if t.idle else ""]
+                     f"leaves {', '.join(t.idle)} idle (not counted)" if t.idle else "",
+                     f"its sweep restarts {', '.join(moved)} before concurrency "
+                     f"{', '.join(map(str, within))} (args_from_concurrency)" if within else ""]
             out.append(f"  {i}. {t.run}: " + "; ".join(x for x in parts if x) + "; a router of "
                        "its own")
         out.append(f"Study folder: {shared.path}  (study.json"

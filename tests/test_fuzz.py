@@ -645,12 +645,13 @@ def check_commands(run_dir: Path, plan: dict, slurm: bool, case_dir: Path) -> No
     for proc in plan["processes"]:
         for k in proc["env"]:
             assert ENV_NAME.match(k), f"{proc['name']}: env name {k!r}"
-        tail = ["env", *[f"{k}={v}" for k, v in proc["env"].items()], *proc["argv"]]
-        found = [
-            r for r in left if r[-len(tail) :] == tail and _prefix_ok(r[: -len(tail)], proc, slurm)
-        ]
-        assert len(found) == 1, f"{proc['name']}: {len(found)} lines hand it exactly {tail}"
-        left.remove(found[0])
+        # its first command line, then one per restart (args_from_concurrency)
+        for argv in [proc["argv"], *[r["argv"] for r in proc.get("restarts") or []]]:
+            tail = ["env", *[f"{k}={v}" for k, v in proc["env"].items()], *argv]
+            found = [r for r in left
+                     if r[-len(tail):] == tail and _prefix_ok(r[: -len(tail)], proc, slurm)]
+            assert len(found) == 1, f"{proc['name']}: {len(found)} lines hand it exactly {tail}"
+            left.remove(found[0])
         log = run_dir / proc["log"]
         assert log.is_file() and log.parent == run_dir / "logs", f"{proc['name']} logs elsewhere"
     for r in left:  # the preflight and staging steps (the image's, the model's)

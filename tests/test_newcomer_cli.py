@@ -505,10 +505,11 @@ def test_a_time_limit_that_cannot_fit_is_refused_and_a_tight_one_warned(cli, tmp
     line = _refused(cli, tmp_path, SEED, "--set", "slurm.time_limit=00:20:00")
     assert "slurm.time_limit 00:20:00 (20 min) cannot fit this run" in line, line
     assert "from the published Pareto's tokens/s/user" in line and "raise slurm.time_limit" in line
-    rc, out, err = cli("submit", SEED, "--set", "slurm.time_limit=01:00:00", "--dry-run",
+    # the sweep takes about 2 h after loading, its two decode restarts (40 min each) included
+    rc, out, err = cli("submit", SEED, "--set", "slurm.time_limit=02:10:00", "--dry-run",
                        "--runs-dir", str(tmp_path / "runs"))
     assert rc == 0, err
-    assert ("warning: slurm.time_limit 01:00:00 (1 h 00 min) leaves" in out
+    assert ("warning: slurm.time_limit 02:10:00 (2 h 10 min) leaves" in out
             and "less than health.timeout_s (40 min): a slow load ends the job" in out), out
     rc, out, err = cli("submit", SEED, "--dry-run", "--runs-dir", str(tmp_path / "runs"))
     assert rc == 0 and "warning: slurm.time_limit" not in out, out
@@ -539,16 +540,24 @@ def test_a_study_dry_run_says_what_it_reserves_once(cli, tmp_path):
     assert "100 GPUs working over them" in total
     assert f"{sum(c['requests'] for c in costs):,} requests" in total
     # both ways side by side: one allocation of the largest footprint loads every engine
-    # once; the default takes the fewer GPU-hours
+    # once, and each configuration's sweep restarts the decode twice (4096, 5120) in either
+    # way; the next configuration restarts it once more to its first command line
     (one,) = [ln for ln in lines if ln.strip().startswith("one allocation:")]
-    assert one.strip().startswith("one allocation:  6 nodes x") and "9 engine start(s)" in one
+    assert one.strip().startswith("one allocation:  6 nodes x") and "23 engine start(s)" in one
     (each,) = [ln for ln in lines if ln.strip().startswith("one job each:")]
-    assert "5 jobs" in each and "35 engine start(s)" in each and "<- this submission" in each
-    rc, out, err = cli("submit", SEED, "--sweep", "prefill.endpoints=4,5,6,7,8", "--dry-run",
-                       "--runs-dir", str(tmp_path / "auto"))
-    assert rc == 0, err
-    assert "<- this submission" in next(ln for ln in out.splitlines()
-                                        if "one allocation:" in ln), out[-2000:]
+    assert "5 jobs" in each and "45 engine start(s)" in each and "<- this submission" in each
+    # the default takes the fewer GPU-hours (without the two top points: one allocation)
+    for sets, way in [([], "one job each:"),
+                      (["--set", "benchmark.concurrency=[64,128,256,512,1024,2048,3072]"],
+                       "one allocation:")]:
+        rc, out, err = cli("submit", SEED, "--sweep", "prefill.endpoints=4,5,6,7,8", *sets,
+                           "--dry-run", "--runs-dir", str(tmp_path / f"auto{len(sets)}"))
+        assert rc == 0, err
+        both = {ln.strip().split(":")[0] + ":": ln for ln in out.splitlines()
+                if ln.strip().startswith(("one allocation:", "one job each:"))}
+        hours = {k: float(re.search(r"([\d,.]+) GPU-hours", v).group(1).replace(",", ""))
+                 for k, v in both.items()}
+        assert min(hours, key=hours.get) == way and "<- this submission" in both[way], out
 
 
 def test_the_sweep_line_says_the_lengths_the_range_ratio_draws():

@@ -94,6 +94,39 @@ def test_engine_settings_of_each_configuration(study, n):
 
 
 @pytest.mark.parametrize("n", [4, 5, 6, 7, 8])
+def test_settings_that_follow_the_concurrency(study, n):
+    """The -cc4096/-cc5120 recipes as the last two points of one sweep: from each point on,
+    the engines of the row's sides run its flag (and only they); below it, none does."""
+    from launcher.run.plandoc import Process
+
+    doc, cmds, _ = study[n]
+    concs = TABLE["benchmark"]["concurrencies"]
+    for role in ("prefill", "decode"):
+        for raw in engines(doc, role):
+            proc = Process.from_json(raw)
+            for c in concs:
+                flags = serve_flags(proc.argv_at(c))
+                for row in TABLE["from_concurrency"]:
+                    if role in row["sides"] and c >= row["concurrency"]:
+                        later = [r for r in TABLE["from_concurrency"]
+                                 if r["flag"] == row["flag"] and r["concurrency"] <= c]
+                        want = later[-1]["value"]
+                        assert value_of(flags, row["flag"]) == want, (proc.name, c, row["source"])
+                    elif role not in row["sides"] or not any(
+                            r["concurrency"] <= c for r in TABLE["from_concurrency"]
+                            if r["flag"] == row["flag"] and role in r["sides"]):
+                        assert row["flag"] not in flags, (proc.name, c)
+            if role == "prefill":
+                assert proc.restarts == [], proc.name  # prefills stay loaded the whole sweep
+            else:
+                assert [r["from_concurrency"] for r in proc.restarts] == [4096, 5120]
+                # the restart runs the line commands.sh shows, appending to the same log
+                for r in proc.restarts:
+                    assert shlex.join(r["argv"]) in cmds, (proc.name, r["from_concurrency"])
+    assert cmds.count(">= 5120 and started again") == len(engines(doc, "decode"))
+
+
+@pytest.mark.parametrize("n", [4, 5, 6, 7, 8])
 def test_prefill_only_and_decode_only_settings(study, n):
     doc, _, _ = study[n]
     for proc in engines(doc, "decode"):
@@ -170,6 +203,7 @@ def test_table_holds_every_published_engine_key():
     }  # fmt: skip
     assert {r["flag"].removeprefix("--") for r in TABLE["engine"]} == published
     assert all(r["source"] for r in [*TABLE["engine"], *TABLE["absent"], *TABLE["env"],
+                                     *TABLE["from_concurrency"],
                                      *TABLE["benchmark"]["flags"], *TABLE["layout"]])
 
 

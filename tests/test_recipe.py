@@ -34,7 +34,11 @@ def test_seed_recipe_holds_every_seed_setting():
     assert (r.prefill.endpoints, r.prefill.data_parallel) == (4, 2)
     b = r.benchmark
     assert (b.input_len, b.output_len, b.range_ratio) == (8192, 1024, 0.8)
-    assert b.concurrency == [64, 128, 256, 512, 1024, 2048, 3072]
+    # the base recipes' points, then the -cc4096/-cc5120 recipes' with their decode setting
+    assert b.concurrency == [64, 128, 256, 512, 1024, 2048, 3072, 4096, 5120]
+    assert r.decode.args_from_concurrency == {4096: {"max-cudagraph-capture-size": 640},
+                                              5120: {"max-cudagraph-capture-size": 768}}
+    assert r.prefill.args_from_concurrency == {}
     assert (b.prompts_multiplier, b.warmup_multiplier) == (8, 1)
     assert r.accuracy.threshold == 0.88 and r.accuracy.task == "gsm8k"
     assert (r.accuracy.harness, r.accuracy.repeat) == ("vllm", 5)

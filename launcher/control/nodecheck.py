@@ -303,11 +303,14 @@ def container_facts(node: str, run_dir: Path, engine: str) -> dict:
         facts["aiohttp"] = True
     except ImportError:
         facts["aiohttp"] = False
-    argvs = [
-        (p["name"], p["argv"][p["argv"].index("serve"):])
-        for p in plan.get("processes", [])
-        if p.get("node") == node and p.get("kind") == "engine" and "serve" in p.get("argv", [])
-    ]
+    argvs = []  # every command line an engine here runs, its restarts' too
+    for p in plan.get("processes", []):
+        if p.get("node") != node or p.get("kind") != "engine":
+            continue
+        lines = [(p["name"], p.get("argv", []))] + [
+            (f"{p['name']} (from concurrency {r.get('from_concurrency')})", r.get("argv", []))
+            for r in p.get("restarts") or [] if isinstance(r, dict)]
+        argvs += [(n, a[a.index("serve"):]) for n, a in lines if "serve" in a]
     facts["argv_checks"] = []
     if argvs and facts["engine_version"]:
         from launcher.control import argcheck

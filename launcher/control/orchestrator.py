@@ -40,7 +40,7 @@ from pathlib import Path
 from launcher.control import preflight
 from launcher.control.allocation import plan_here, raise_open_files
 from launcher.control.backends import Backend, Handle, make_backend
-from launcher.control.pool import EnginePool
+from launcher.control.pool import STOP_GRACE_S, EnginePool
 from launcher.control.probes import api_ready, busy_ports, http_ok
 from launcher.control.record import Book, say
 from launcher.control.watch import NodeWatch
@@ -595,6 +595,7 @@ class Orchestrator:
                 "started": time.time(), "seconds_left": round(left) if left else None,
             }  # fmt: skip
             self.save()
+            self.follow_concurrency(concurrency_of(proc.result))
             start = time.time()
             code = self.run_client(proc)
             end = time.time()
@@ -614,6 +615,56 @@ class Orchestrator:
             else:
                 say(f"{proc.name}: done in {end - start:.1f} s")
         self.record.progress["sweep"] = {**self.record.progress["sweep"], "seconds_left": 0}
+
+    def follow_concurrency(self, c: int) -> None:
+        """Before a sweep point: restart the endpoints whose command line at this
+        concurrency differs from the one running (args_from_concurrency), whole endpoints,
+        while the others stay loaded; then health, the router's registration and the P->D
+        path again, so no point is measured on a half-started deployment."""
+        current = {h.proc.name: h for h in self.handles if h.proc.kind == Kind.ENGINE}
+        eps = sorted({h.proc.endpoint for h in current.values()
+                      if h.proc.argv_at(c) != h.proc.argv and h.proc.endpoint})
+        if not eps:
+            return
+        old = [h for h in current.values() if h.proc.endpoint in eps]
+        r = self.plan.recipe
+        steps = {f"{h.proc.role}.args_from_concurrency.{x['from_concurrency']}"
+                 for h in old for x in h.proc.restarts if x["from_concurrency"] <= c}
+        say(f"concurrency {c}: restarting {', '.join(eps)} with its command line from "
+            f"{', '.join(sorted(steps))}; the other engines stay loaded")
+        t0 = time.monotonic()
+        self.stage(Stage.RESTART)
+        self.backend.stop(old, grace_s=STOP_GRACE_S)
+        for h in old:
+            self.book.event("process_stopped", process=h.proc.name, exit_code=h.exit_code(),
+                            why=f"restart before concurrency {c}")
+            self.healthy.discard(h.proc.name)
+            # a kept engine is this run's own from here on; its log goes on where it was
+            self.kept_from.pop(h.proc.name, None)
+        self.handles = [h for h in self.handles if h not in old]
+        if self.pool is not None:
+            for ep in eps:
+                if ep in self.pool.loaded:
+                    self.pool.drop(ep, self.run.run_id, f"restarted before concurrency {c}")
+        started = [self.start(dataclasses.replace(h.proc, argv=h.proc.argv_at(c))) for h in old]
+        if self.pool is not None:
+            from launcher.planning.study import signatures
+
+            want = signatures([h.proc for h in started], str(self.run.path))
+            for ep in eps:
+                self.pool.add(ep, [h for h in started if h.proc.endpoint == ep], want[ep],
+                              self.run.run_id, self.backend)
+        self.wait_ready([(h.proc, h.proc.url) for h in started if h.proc.url],
+                        r.health.timeout_s, f"endpoints restarted for concurrency {c}")
+        router = next(p for p in self.procs if p.kind == Kind.ROUTER)
+        self.wait_registered(router, r.health.router_timeout_s)
+        if r.mode == "disagg" and r.health.pd_check:
+            self.check_pd_path()
+        seconds = round(time.monotonic() - t0, 2)
+        self.book.event("engines_restarted", concurrency=c, endpoints=eps, seconds=seconds,
+                        processes=[h.proc.name for h in started])
+        say(f"concurrency {c}: {', '.join(eps)} healthy again after {seconds:g} s")
+        self.stage(Stage.SWEEP)
 
     def hold(self, seconds: float) -> None:
         self.stage(Stage.HOLD)

@@ -402,8 +402,11 @@ def study_job(study_dir: Path, runs: list[Prepared], root: Path, allocation: str
                             f"cluster profiles ({', '.join(sorted(clusters))}); one "
                             "allocation holds one cluster's nodes: use --allocation each")
         return None, None
-    turns = study.schedule([(p.run.run_id, study.signatures(p.rendered.processes,
-                                                            str(p.run.path))) for p in runs])
+    turns = study.schedule(
+        [(p.run.run_id, study.signatures(p.rendered.processes, str(p.run.path))) for p in runs],
+        ends={p.run.run_id: study.signatures(p.rendered.processes, str(p.run.path),
+                                             at=p.plan.recipe.benchmark.concurrency[-1])
+              for p in runs if p.plan.recipe.restart_points()})
     costs = {p.run.run_id: cost.estimate(p.plan) for p in runs}
     largest = max(runs, key=lambda p: p.nodes)
     load_s, basis = assumed_load_s(root, largest.plan, costs[largest.run.run_id])

@@ -26,6 +26,7 @@ GSM8K_ANSWER_TOKENS = {"vllm": 200, "sim": 20}  # a model's 5-shot answer: ~100-
 # Assumed where nothing better is known: a busy GPU decode step and a long prompt's prefill.
 ASSUMED_TPOT_S = {"gpu": 0.025, "cpu": 0.2}
 ASSUMED_TTFT_S = {"gpu": 1.5, "cpu": 2.0}
+RESTARTS = "engine restarts"  # the phase of args_from_concurrency's restarts
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,8 @@ class Cost:
     requests: int
     tokens: int
     basis: str
+    restarts: int = 0  # restart rounds in the sweep (args_from_concurrency), a load each
+    restart_loads: int = 0  # endpoint starts they take (a DP endpoint counts once)
 
     @property
     def gpus_allocated(self) -> int:
@@ -50,7 +53,8 @@ class Cost:
 
     @property
     def worst_s(self) -> float:
-        return self.load_bound_s + sum(s for _, s in self.phases)
+        extra = self.restarts * (self.load_bound_s - self.load_expected_s)
+        return self.load_bound_s + extra + sum(s for _, s in self.phases)
 
     @property
     def after_load_s(self) -> float:
@@ -162,13 +166,19 @@ def estimate(plan: Plan) -> Cost:
         out = min(a.max_tokens, GSM8K_ANSWER_TOKENS[r.engine])
         phases.append(("accuracy gate", _batch_s(q, a.concurrency, ttft, tpot, out)))
         requests += q
-    phases.append(("teardown", TEARDOWN_S[r.engine]))
     bound = r.health.timeout_s
     load = min(bound, float(plan.recipe.sim.start_delay_s or 0) + 5) if r.engine == "sim" else bound
+    restarts = len(r.restart_points()) if b.enabled else 0
+    restart_loads = sum(pool.endpoints for c in r.restart_points() for _, pool in r.pools()
+                        if c in pool.args_from_concurrency) if b.enabled else 0
+    if restarts:  # a load of the restarted engines each (the others stay loaded meanwhile)
+        phases.append((RESTARTS, restarts * load))
+    phases.append(("teardown", TEARDOWN_S[r.engine]))
     return Cost(
         nodes=len(plan.nodes), gpus_per_node=plan.cluster.gpus_per_node,
         gpus_working=plan.gpu_count()["total"], load_expected_s=load, load_bound_s=bound,
         phases=tuple(phases), requests=requests, tokens=tokens, basis=basis,
+        restarts=restarts, restart_loads=restart_loads,
     )  # fmt: skip
 
 

@@ -169,6 +169,9 @@ def check_owned(recipe: Recipe) -> None:
     """Reject user args/env that the launcher derives, naming the field to use instead."""
     sources = [("vllm_args", recipe.vllm_args)] + [
         (f"{role}.args", getattr(recipe, role).args) for role in Role
+    ] + [
+        (f"{role}.args_from_concurrency.{c}", a) for role in Role
+        for c, a in getattr(recipe, role).args_from_concurrency.items()
     ]
     for where, args in sources:
         for key in args:
@@ -186,10 +189,12 @@ def check_owned(recipe: Recipe) -> None:
                 raise UserError(f"{where}: remove {key}: {OWNED_ENV[key]}")
 
 
-def engine_args(recipe: Recipe, pool: Pool) -> dict:
-    """vllm_args merged with the pool's args (the pool wins); None removes a flag."""
+def engine_args(recipe: Recipe, pool: Pool, concurrency: int | None = None) -> dict:
+    """vllm_args merged with the pool's args (the pool wins) at this sweep concurrency
+    (None: what the engines start with, at the first point); None removes a flag."""
+    at = recipe.first_point() if concurrency is None else concurrency
     merged = {flag_key(k): v for k, v in recipe.vllm_args.items()}
-    merged.update({flag_key(k): v for k, v in pool.args.items()})
+    merged.update({flag_key(k): v for k, v in pool.args_at(at).items()})
     return {k: v for k, v in merged.items() if v is not None}
 
 
@@ -219,17 +224,20 @@ def _check_fit(recipe: Recipe, cluster: Cluster, model: ModelFacts | None) -> No
                     f"whole nodes of {use} GPUs; make it a multiple of {use} or at most {use}"
                 )
     if recipe.mode == "disagg":
-        problems = pairing.disagreements(*(_side(recipe, role) for role in (Role.PREFILL,
-                                                                          Role.DECODE)),
-                                         hybrid=is_hybrid(recipe, model))
-        if problems:
-            raise UserError("; ".join(problems))
+        # as the engines start, and from each point where some restart (args_from_concurrency)
+        for c in [None, *recipe.restart_points()]:
+            problems = pairing.disagreements(
+                *(_side(recipe, role, c) for role in (Role.PREFILL, Role.DECODE)),
+                hybrid=is_hybrid(recipe, model))
+            if problems:
+                at = f"from sweep concurrency {c} on (args_from_concurrency): " if c else ""
+                raise UserError(at + "; ".join(problems))
 
 
-def _side(recipe: Recipe, role: Role) -> pairing.Side:
+def _side(recipe: Recipe, role: Role, concurrency: int | None = None) -> pairing.Side:
     pool = getattr(recipe, role)
     return pairing.side_of_pool(role, recipe.model.path, recipe.model.served_name,
-                                pool.tensor_parallel, engine_args(recipe, pool),
+                                pool.tensor_parallel, engine_args(recipe, pool, concurrency),
                                 {**recipe.env, **pool.env})
 
 

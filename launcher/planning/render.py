@@ -108,8 +108,9 @@ def host_env(plan: Plan) -> dict[str, str]:
     return {"PYTHONPATH": plan.runtime.src} if plan.runtime.mode == "shared" else {}
 
 
-def serve_argv(plan: Plan, ep: Endpoint, part) -> list[str]:
-    """`vllm serve ...` of one part of an endpoint (the simulator takes the same argv)."""
+def serve_argv(plan: Plan, ep: Endpoint, part, concurrency: int | None = None) -> list[str]:
+    """`vllm serve ...` of one part of an endpoint at a sweep concurrency (None: as it
+    starts); the simulator takes the same argv."""
     r = plan.recipe
     pool = ep.pool
     exe = ["vllm"] if r.engine == "vllm" else launcher_cmd(plan, SIM_MODULE,
@@ -132,7 +133,18 @@ def serve_argv(plan: Plan, ep: Endpoint, part) -> list[str]:
         argv += ["--headless", "--data-parallel-start-rank", str(part.dp_ranks[0])]
     if ep.role.disaggregated:
         argv += ["--kv-transfer-config", kv_transfer_config(plan, ep.role)]
-    return argv + flags(engine_args(r, pool))
+    return argv + flags(engine_args(r, pool, concurrency))
+
+
+def restarts(plan: Plan, ep: Endpoint, part, argv: list[str]) -> list[dict]:
+    """The argv of each args_from_concurrency step that changes this part's command line."""
+    out = []
+    for c in plan.recipe.restart_points():
+        later = serve_argv(plan, ep, part, c)
+        if later != argv:
+            out.append({"from_concurrency": c, "argv": later})
+            argv = later
+    return out
 
 
 def engine_processes(plan: Plan, ep: Endpoint) -> list[Process]:
@@ -178,6 +190,7 @@ def engine_processes(plan: Plan, ep: Endpoint) -> list[Process]:
                 metrics_url=f"{url}/metrics" if url else None,
                 env_from_host=list(r.env_from_host),
                 container=r.container is not None,
+                restarts=restarts(plan, ep, part, argv),
             )
         )
     return procs
@@ -653,5 +666,12 @@ def commands_sh(plan: Plan, procs: list[Process] | None = None) -> str:
             )
         line = shell_line(command_line(plan, proc))
         lines.append(line + f" > {shlex.quote(run_dir + '/' + proc.log)} 2>&1 &")
+        for r in proc.restarts:
+            lines.append(_comment(
+                f"  stopped before the first sweep point at concurrency >= "
+                f"{r['from_concurrency']} and started again as ({proc.role}.args_from_concurrency):"))
+            again = dataclasses.replace(proc, argv=list(r["argv"]), restarts=[])
+            lines.append(shell_line(command_line(plan, again))
+                         + f" >> {shlex.quote(run_dir + '/' + proc.log)} 2>&1 &")
         lines.append("")
     return "\n".join(lines)

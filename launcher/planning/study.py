@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from launcher.planning.cost import RESTARTS
 from launcher.run.vocab import Kind
 
 if TYPE_CHECKING:
@@ -22,9 +23,10 @@ if TYPE_CHECKING:
 RUN_DIR = "{run_dir}"
 
 
-def signatures(procs: list[Process], run_dir: str) -> dict[str, tuple]:
+def signatures(procs: list[Process], run_dir: str, at: int | None = None) -> dict[str, tuple]:
     """endpoint -> what makes it the same engine: each part's node, GPUs, argv and env, with
-    the run directory written as {run_dir}."""
+    the run directory written as {run_dir}; `at`: as it runs at that sweep concurrency
+    (args_from_concurrency), else as it starts."""
     def neutral(text: str) -> str:
         return text.replace(run_dir, RUN_DIR)
 
@@ -34,7 +36,8 @@ def signatures(procs: list[Process], run_dir: str) -> dict[str, tuple]:
             continue
         env = tuple(sorted((k, neutral(v)) for k, v in p.env.items() if k != "PD_RUN_DIR"))
         out.setdefault(p.endpoint, []).append(
-            (p.name, p.node, tuple(p.gpus), tuple(neutral(a) for a in p.argv), env))
+            (p.name, p.node, tuple(p.gpus),
+             tuple(neutral(a) for a in (p.argv if at is None else p.argv_at(at))), env))
     return {ep: tuple(sorted(parts)) for ep, parts in out.items()}
 
 
@@ -71,13 +74,16 @@ def _turn(run: str, want: dict[str, tuple], running: dict[str, tuple]) -> Turn:
     )
 
 
-def schedule(configs: list[tuple[str, dict[str, tuple]]]) -> list[Turn]:
+def schedule(configs: list[tuple[str, dict[str, tuple]]],
+             ends: dict[str, dict[str, tuple]] | None = None) -> list[Turn]:
     """An order of the configurations and each one's turn. The one with the most endpoints
     goes first: every engine it uses loads at once, in one load round rather than one per
     configuration, and its preflight covers every node of the allocation. Then, greedily,
     the configuration that restarts the fewest engines from what runs now, then starts the
     fewest (the given order breaking ties): configurations that share a changed engine run
-    one after another."""
+    one after another. `ends`: run -> its engines as its sweep leaves them, where
+    args_from_concurrency restarted some (the next configuration finds those)."""
+    ends = ends or {}
     left = list(configs)
     running: dict[str, tuple] = {}
     turns = []
@@ -89,7 +95,7 @@ def schedule(configs: list[tuple[str, dict[str, tuple]]]) -> list[Turn]:
                 len((t := _turn(c[0], c[1], running)).restart), len(t.start)))
         left = [c for c in left if c[0] != run]
         turns.append(_turn(run, want, running))
-        running.update(want)
+        running.update(ends.get(run, want))
     return turns
 
 
@@ -124,14 +130,17 @@ def compare(turns: list[Turn], costs: dict[str, Cost], nodes: int, gpus_per_node
     one_s = 0.0
     for t in turns:
         c = costs[t.run]
-        one_s += sum(s for name, s in c.phases if name != "teardown")
+        one_s += sum(s for name, s in c.phases if name not in ("teardown", RESTARTS))
         one_s += load_s if t.loads else 0.0
+        one_s += c.restarts * load_s  # restarts within its sweep, in either way
     one_s += max(dict(c.phases).get("teardown", 0.0) for c in costs.values())
-    each = [(c.expected_s - c.load_expected_s + load_s, c.gpus_allocated) for c in costs.values()]
+    each = [(c.expected_s - (1 + c.restarts) * c.load_expected_s + (1 + c.restarts) * load_s,
+             c.gpus_allocated) for c in costs.values()]
+    within = sum(c.restart_loads for c in costs.values())
     return Comparison(
         one_nodes=nodes, one_s=one_s, one_gpu_s=one_s * nodes * gpus_per_node,
-        one_loads=sum(t.loads for t in turns),
+        one_loads=sum(t.loads for t in turns) + within,
         each_s=sum(s for s, _ in each), each_gpu_s=sum(s * g for s, g in each),
-        each_loads=sum(len(t.start) + len(t.restart) + len(t.keep) for t in turns),
+        each_loads=sum(len(t.start) + len(t.restart) + len(t.keep) for t in turns) + within,
         load_s=load_s, load_basis=load_basis,
     )  # fmt: skip

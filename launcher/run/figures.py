@@ -399,7 +399,7 @@ def summary(
 PHASE_OF_STAGE = {
     "plan": "preflight", "preflight": "preflight",
     "agents": "loading", "endpoints": "loading", "health": "loading", "router": "loading",
-    "sweep": "measuring", "accuracy": "measuring",
+    "sweep": "measuring", "accuracy": "measuring", "restart": "loading",
     "hold": "holding", "teardown": "teardown", "report": "teardown",
 }
 PHASES = ("preflight", "loading", "measuring", "holding", "teardown")

@@ -52,6 +52,17 @@ class Process:
     env_from_host: list[str] = field(default_factory=list)
     container: bool = False  # runs inside the recipe's container image
     result: str | None = None  # the file a client writes, relative to the run directory
+    # An engine whose pool sets args_from_concurrency: [{"from_concurrency": c, "argv": [...]}],
+    # ascending; before the first sweep point at or above c it is restarted with that argv.
+    restarts: list[dict] = field(default_factory=list)
+
+    def argv_at(self, concurrency: int) -> list[str]:
+        """The argv this process runs with at a sweep point of this concurrency."""
+        argv = self.argv
+        for r in self.restarts:
+            if int(r["from_concurrency"]) <= concurrency:
+                argv = list(r["argv"])
+        return argv
 
     def to_json(self) -> dict:
         return asdict(self)

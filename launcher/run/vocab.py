@@ -41,6 +41,7 @@ class Stage(StrEnum):
     HEALTH = "health"
     ROUTER = "router"
     SWEEP = "sweep"
+    RESTART = "restart"  # between sweep points: engines restarted (args_from_concurrency)
     HOLD = "hold"
     ACCURACY = "accuracy"
     TEARDOWN = "teardown"

@@ -240,11 +240,25 @@ class Pool(Strict):
         default=1, ge=1, le=64, description="--api-server-count; >1 turns stats logs off"
     )
     args: dict[str, ArgValue] = Field(default_factory=dict, description="extra `vllm serve` flags")
+    args_from_concurrency: dict[int, dict[str, ArgValue]] = Field(
+        default_factory=dict,
+        description="`vllm serve` flags from this sweep concurrency up, over args: the "
+        "pool's engines restart with them before that point",
+    )
     env: EnvMap = Field(default_factory=dict)
 
     @property
     def gpus(self) -> int:
         return self.data_parallel * self.tensor_parallel
+
+    def args_at(self, concurrency: int | None) -> dict[str, ArgValue]:
+        """args with every args_from_concurrency step at or below `concurrency` on top, in
+        ascending order (None: args alone, what the engines start with)."""
+        out = dict(self.args)
+        for c in sorted(self.args_from_concurrency):
+            if concurrency is not None and c <= concurrency:
+                out.update(self.args_from_concurrency[c])
+        return out
 
 
 class Router(Strict):
@@ -637,6 +651,9 @@ class Recipe(Strict):
                 raise ValueError(f"env_from_host: {key!r} is not a valid environment variable name")
         args = [("vllm_args", self.vllm_args), ("router.args", self.router.args)] + [
             (f"{p}.args", getattr(self, p).args) for p in POOLS
+        ] + [
+            (f"{p}.args_from_concurrency.{c}", a) for p in POOLS
+            for c, a in getattr(self, p).args_from_concurrency.items()
         ]
         for where, a in args:
             for key in a:
@@ -646,10 +663,46 @@ class Recipe(Strict):
                         "listed under env_from_host (its value then never lands in the run "
                         "directory); vLLM reads e.g. VLLM_API_KEY and HF_TOKEN"
                     )
+        self._check_steps()
         if self.sim.model_dump(exclude_none=True) and self.engine != "sim":
             raise ValueError("sim knobs are only for engine: sim")
         _no_control_chars(self.model_dump(mode="json", exclude={"description"}), "")
         return self
+
+    def _check_steps(self) -> None:
+        """args_from_concurrency: a step inside the sweep restarts engines between two
+        points, so the sweep must ascend; a step at or below its first point is how the
+        engines start, one above its top is never reached."""
+        b = self.benchmark
+        for p in POOLS:
+            steps = getattr(self, p).args_from_concurrency
+            if not steps:
+                continue
+            where = f"{p}.args_from_concurrency"
+            if not getattr(self, p).endpoints:
+                raise ValueError(f"{where}: {p} has no endpoints in mode {self.mode}; remove it")
+            empty = next((c for c, flags in sorted(steps.items()) if not flags), None)
+            if empty is not None:
+                raise ValueError(f"{where}.{empty} sets no flag: give it flags or remove it")
+            inside = [c for c in steps if b.concurrency[0] < c <= max(b.concurrency)]
+            if b.enabled and inside and b.concurrency != sorted(b.concurrency):
+                raise ValueError(
+                    f"{where}: list benchmark.concurrency in ascending order (now "
+                    f"{', '.join(map(str, b.concurrency))}), so each step restarts the {p} "
+                    "engines once")
+
+    def first_point(self) -> int | None:
+        """The concurrency the engines start at (None: no sweep, they start with args)."""
+        return self.benchmark.concurrency[0] if self.benchmark.enabled else None
+
+    def restart_points(self) -> list[int]:
+        """The sweep concurrencies before which some engines restart (args_from_concurrency
+        steps above the first point, up to the top one)."""
+        b = self.benchmark
+        if not b.enabled:
+            return []
+        return sorted({c for _, pool in self.pools() for c in pool.args_from_concurrency
+                       if b.concurrency[0] < c <= b.concurrency[-1]})
 
     def pools(self) -> list[tuple[Role, Pool]]:
         """(role, pool) for the pools that have endpoints, decode first (it spans nodes)."""
