@@ -103,14 +103,22 @@ def study_plan_text(runs: list[Prepared]) -> str:
         by_run = {r.run.run_id: r for r in runs}
         for i, t in enumerate(shared.turns, 1):
             procs = by_run[t.run].rendered.processes
-            within = sorted({x["from_concurrency"] for p in procs for x in p.restarts})
+            points = list(by_run[t.run].plan.recipe.benchmark.concurrency)
+            if t.descending:
+                points.reverse()
+            within = sorted({c for p in procs for c in _changes(p, points)},
+                            reverse=t.descending)
             moved = sorted({p.endpoint for p in procs if p.restarts and p.endpoint})
             parts = [f"starts {', '.join(t.start)}" if t.start else "",
                      f"restarts {', '.join(t.restart)} (another command line)" if t.restart else "",
                      f"keeps {', '.join(t.keep)} loaded" if t.keep else "",
                      f"leaves {', '.join(t.idle)} idle (not counted)" if t.idle else "",
-                     f"its sweep restarts {', '.join(moved)} before concurrency "
-                     f"{', '.join(map(str, within))} (args_from_concurrency)" if within else ""]
+                     " and ".join(x for x in [
+                         f"its sweep runs from {points[0]} down" if t.descending else "",
+                         ("restarts" if t.descending else "its sweep restarts")
+                         + f" {', '.join(moved)} before concurrency "
+                         f"{', '.join(map(str, within))} (args_from_concurrency)"
+                         if within else ""] if x)]
             out.append(f"  {i}. {t.run}: " + "; ".join(x for x in parts if x) + "; a router of "
                        "its own")
         out.append(f"Study folder: {shared.path}  (study.json"
@@ -124,6 +132,16 @@ def study_plan_text(runs: list[Prepared]) -> str:
                        f" ({worst:,.1f} if every load takes its health timeout)"
                        if worst > hours else ""))
     return "\n".join(out)
+
+
+def _changes(proc, points: list[int]) -> list[int]:
+    """The points, in sweep order, before which this engine restarts."""
+    out, cur = [], proc.argv_at(points[0]) if points else proc.argv
+    for c in points[1:]:
+        if proc.argv_at(c) != cur:
+            out.append(c)
+            cur = proc.argv_at(c)
+    return out
 
 
 def study_ways(cmp, one: bool, n: int) -> list[str]:

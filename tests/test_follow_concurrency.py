@@ -110,14 +110,21 @@ def test_dry_run_shows_each_restart_and_what_it_costs(tmp_path):
             assert top == p.argv and p.restarts == [], p.name
 
 
-def test_a_study_counts_restarts_and_the_next_configuration_finds_them():
-    """Configurations run one after another: the decode a sweep left at its top point's
-    command line is restarted by the next (counted), not taken as kept."""
+def test_in_a_study_the_next_sweep_runs_down_from_where_the_last_one_left_its_engines():
+    """The decode a sweep left at its top point's command line is kept by the next
+    configuration, whose sweep runs from its top point down (restarting on the way), and
+    the one after runs upwards again; without such a start, a sweep runs upwards."""
     base = {"decode-0": ("base",), "prefill-0": ("p",)}
     top = {"decode-0": ("768",), "prefill-0": ("p",)}
-    turns = study_plan.schedule([("a", base), ("b", base)], ends={"a": top, "b": top})
-    assert [t.restart for t in turns] == [(), ("decode-0",)]
-    assert turns[1].keep == ("prefill-0",)
+    turns = study_plan.schedule([("a", base), ("b", base), ("c", base)],
+                                ends={"a": top, "b": top, "c": top})
+    assert [(t.run, t.descending, t.restart) for t in turns] == [
+        ("a", False, ()), ("b", True, ()), ("c", False, ())]
+    assert turns[1].keep == ("decode-0", "prefill-0")
+    # without ends (no args_from_concurrency) nothing changes
+    assert not any(t.descending for t in study_plan.schedule([("a", base), ("b", base)]))
+    # the plan of turns keeps the direction
+    assert study_plan.Turn.from_json(turns[1].to_json()) == turns[1]
 
 
 def test_cost_holds_a_load_per_restart_round():
@@ -215,7 +222,7 @@ def test_in_one_allocation_a_restarted_engine_is_the_pools_and_the_next_configur
                       "decode.args_from_concurrency={16: {num-gpu-blocks-override: 640}}"],
         ["prefill.endpoints=1,2"], tmp_path / "runs", allocation="one")
     shared = runs[0].shared
-    assert [t.restart for t in shared.turns] == [(), ("decode-0",)]
+    assert [(t.restart, t.descending) for t in shared.turns] == [((), False), ((), True)]
     p = subprocess.run([sys.executable, "-m", "launcher", "run", str(shared.path)],
                        capture_output=True, text=True, timeout=300, cwd=tmp_path)
     out = p.stdout + p.stderr
@@ -224,19 +231,32 @@ def test_in_one_allocation_a_restarted_engine_is_the_pools_and_the_next_configur
     assert [c["state"] for c in alloc["configurations"]] == ["succeeded", "succeeded"]
     seen = [(e["event"], e["endpoint"], e.get("why", "")) for e in alloc["engines"]
             if e["endpoint"] == "decode-0"]
+    # the second configuration keeps the decode the first left at 16, measures 16 first,
+    # then restarts it back for 4: three decode starts in all, not four
     assert seen == [
         ("started", "decode-0", ""),
         ("stopped", "decode-0", "restarted before concurrency 16"),
         ("started", "decode-0", ""),
-        ("stopped", "decode-0", "this configuration starts it with another command line"),
-        ("started", "decode-0", ""),
-        ("stopped", "decode-0", "restarted before concurrency 16"),
+        ("stopped", "decode-0", "restarted before concurrency 4"),
         ("started", "decode-0", ""),
         ("stopped", "decode-0", "stopped at the end of this configuration"),
     ], seen
-    for t in shared.turns:
+    for t, order, restart in zip(shared.turns, (["bench-c4", "bench-c16"],
+                                                ["bench-c16", "bench-c4"]), (16, 4),
+                                 strict=True):
         rd = rundir.RunDir(shared.path / t.run)
         events = [json.loads(x) for x in (rd.path / "events.jsonl").read_text().splitlines()]
-        assert [e["concurrency"] for e in events if e["event"] == "engines_restarted"] == [16]
-        assert all(e["status"] == "ok" for e in events if e["event"] == "sweep_point")
+        assert [e["concurrency"] for e in events if e["event"] == "engines_restarted"] == [
+            restart]
+        points = [e for e in events if e["event"] == "sweep_point"]
+        assert [e["process"] for e in points] == order
+        assert all(e["status"] == "ok" for e in points)
         assert leftovers(rd.path) == [], t.run
+        summary = json.loads((rd.path / "summary.json").read_text())
+        assert sorted(p["max_concurrency"] for p in summary["points"]) == [4, 16]
+    # the kept decode's log in the second run is the first run's file, read from where the
+    # second began; the restart appended to it, and nothing was written to another run's log
+    second = rundir.RunDir(shared.path / shared.turns[1].run)
+    rec = second.read_record()
+    head = rec.processes["decode-0@local-1"]
+    assert head.log_bytes_at_start and (second.path / head.log).is_symlink()

@@ -67,7 +67,7 @@ class FakeBackend(Backend):
         out.write_text(json.dumps(facts))
         return FakePopen(0)
 
-    def start(self, proc: Process) -> Handle:
+    def start(self, proc: Process, argv: list[str] | None = None) -> Handle:
         self.started.append(proc.name)
         code, after = self.script.get(proc.name, (None, 0.0))
         if proc.kind.client and proc.name not in self.script:

@@ -38,6 +38,11 @@ class Handle:
     stopped: bool = False  # nothing more is expected of it (stopped, finished, or noted dead)
     died: bool = False  # exited on its own before teardown (an agent: noted, not fatal)
     lost: bool = False  # its node was lost
+    argv: list[str] | None = None  # what it runs, where not proc.argv (a restart's)
+
+    @property
+    def running_argv(self) -> list[str]:
+        return self.proc.argv if self.argv is None else self.argv
 
     def exit_code(self) -> int | None:
         return self.popen.poll()
@@ -84,9 +89,14 @@ class Backend:
         finally:
             log.close()
 
-    def start(self, proc: Process) -> Handle:
+    def start(self, proc: Process, argv: list[str] | None = None) -> Handle:
+        """`proc` as commands.sh shows it; `argv`: one of its restarts' command lines."""
+        import dataclasses
+
         log_path = self.run_dir / proc.log
-        return Handle(proc, self.spawn(command_line(self.plan, proc), log_path), log_path)
+        line = command_line(self.plan, proc if argv is None else
+                            dataclasses.replace(proc, argv=argv))
+        return Handle(proc, self.spawn(line, log_path), log_path, argv=argv)
 
     def abandon(self, handles: list[Handle]) -> None:
         """Processes whose node is lost: nothing can be asked of them; SIGKILL what runs here

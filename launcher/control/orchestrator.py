@@ -95,6 +95,7 @@ class Orchestrator:
         self.kept_from: dict[str, str] = {}  # process -> the run that started it
         self.start_marks: dict[str, int] = {}  # kept process -> its log's size here at start
         self.left_loaded: set[str] = set()  # processes left running for the next configuration
+        self.descending = False  # the sweep from its top point down (Orchestrator.direction)
 
     # --- bookkeeping ---
     def save(self) -> None:
@@ -106,11 +107,11 @@ class Orchestrator:
         self.book.event("stage", stage=name)
         say(f"stage {name}")
 
-    def start(self, proc: Process) -> Handle:
+    def start(self, proc: Process, argv: list[str] | None = None) -> Handle:
         missing = [n for n in proc.env_from_host if n not in os.environ]
         if missing:
             self.book.event("warning", process=proc.name, message=f"not set here: {missing}")
-        h = self.backend.start(proc)
+        h = self.backend.start(proc, argv)
         self.handles.append(h)
         self.book.event("process_started", process=proc.name, node=proc.node, pid=h.pid)
         self._write_processes()
@@ -410,6 +411,7 @@ class Orchestrator:
         self.stage(Stage.PREFLIGHT)
         self.preflight()
         want = self.signatures(engines)
+        engines, want = self.direction(engines, want)
         kept = self.take_over(engines, want)  # before the agents: they read where logs stand
         if agents:
             self.stage(Stage.AGENTS)
@@ -459,6 +461,35 @@ class Orchestrator:
 
         return signatures(engines, str(self.run.path))
 
+    def direction(self, engines: list[Process], want: dict[str, tuple],
+                  ) -> tuple[list[Process], dict[str, tuple]]:
+        """In a study's allocation: when the pool holds engines as an earlier sweep left
+        them at its top point (args_from_concurrency), this sweep runs from the top down and
+        its engines start with their top command lines (the rule of the plan of turns)."""
+        b = self.plan.recipe.benchmark
+        if self.pool is None or not b.enabled or not any(p.restarts for p in engines):
+            return engines, want
+        from launcher.planning.study import best_start, signatures
+
+        top_c = max(b.concurrency)
+        top = signatures(engines, str(self.run.path), at=top_c)
+        running = {ep: e.signature for ep, e in self.pool.loaded.items() if e.alive()}
+        if not best_start(self.run.run_id, want, top, running).descending:
+            return engines, want
+        self.descending = True
+        self.book.event("sweep_order", order="descending", reason="engines loaded as the "
+                        "top point's command line")
+        say(f"the sweep runs from concurrency {top_c} down: engines are loaded as an earlier "
+            "configuration's top point left them (args_from_concurrency)")
+        return engines, top
+
+    def first_argv(self, proc: Process) -> list[str] | None:
+        """The command line an engine starts with: its top point's on a sweep run
+        downwards, else its own (None)."""
+        if not self.descending or not proc.restarts:
+            return None
+        return proc.argv_at(max(self.plan.recipe.benchmark.concurrency))
+
     def take_over(self, engines: list[Process], want: dict[str, tuple]) -> set[str]:
         """In a study's allocation: the endpoints already loaded as this configuration wants
         them, taken over as its own (what died is dropped, what it wants with another
@@ -479,7 +510,7 @@ class Orchestrator:
         for ep in dict.fromkeys(p.endpoint for p in engines):
             if ep in kept:
                 continue
-            handles = [self.start(p) for p in engines if p.endpoint == ep]
+            handles = [self.start(p, self.first_argv(p)) for p in engines if p.endpoint == ep]
             if self.pool is not None and ep is not None:
                 self.pool.add(ep, handles, want[ep], self.run.run_id, self.backend)
 
@@ -498,7 +529,7 @@ class Orchestrator:
         except OSError:
             self.start_marks[proc.name] = 0
         self.kept_from[proc.name] = self.pool.loaded[proc.endpoint].started_by
-        h = Handle(proc, old.popen, old.log_path, started=old.started)
+        h = Handle(proc, old.popen, old.log_path, started=old.started, argv=old.argv)
         self.handles.append(h)
         self.book.event("process_kept", process=proc.name, node=proc.node, pid=h.pid,
                         started_by=self.kept_from[proc.name])
@@ -584,6 +615,8 @@ class Orchestrator:
     def sweep(self) -> None:
         b = self.plan.recipe.benchmark
         points = [p for p in self.procs if p.kind == Kind.BENCH]
+        if self.descending:
+            points.reverse()
         prompts = [b.prompts(concurrency_of(p.result)) for p in points]
         sweep_start = time.time()
         for i, proc in enumerate(points):
@@ -623,15 +656,16 @@ class Orchestrator:
         path again, so no point is measured on a half-started deployment."""
         current = {h.proc.name: h for h in self.handles if h.proc.kind == Kind.ENGINE}
         eps = sorted({h.proc.endpoint for h in current.values()
-                      if h.proc.argv_at(c) != h.proc.argv and h.proc.endpoint})
+                      if h.proc.argv_at(c) != h.running_argv and h.proc.endpoint})
         if not eps:
             return
         old = [h for h in current.values() if h.proc.endpoint in eps]
         r = self.plan.recipe
         steps = {f"{h.proc.role}.args_from_concurrency.{x['from_concurrency']}"
                  for h in old for x in h.proc.restarts if x["from_concurrency"] <= c}
-        say(f"concurrency {c}: restarting {', '.join(eps)} with its command line from "
-            f"{', '.join(sorted(steps))}; the other engines stay loaded")
+        say(f"concurrency {c}: restarting {', '.join(eps)} with its command line "
+            + (f"from {', '.join(sorted(steps))}" if steps else f"of {eps[0].split('-')[0]}.args")
+            + "; the other engines stay loaded")
         t0 = time.monotonic()
         self.stage(Stage.RESTART)
         self.backend.stop(old, grace_s=STOP_GRACE_S)
@@ -646,11 +680,12 @@ class Orchestrator:
             for ep in eps:
                 if ep in self.pool.loaded:
                     self.pool.drop(ep, self.run.run_id, f"restarted before concurrency {c}")
-        started = [self.start(dataclasses.replace(h.proc, argv=h.proc.argv_at(c))) for h in old]
+        started = [self.start(h.proc, h.proc.argv_at(c)) for h in old]
         if self.pool is not None:
             from launcher.planning.study import signatures
 
-            want = signatures([h.proc for h in started], str(self.run.path))
+            want = signatures([dataclasses.replace(h.proc, argv=h.running_argv)
+                               for h in started], str(self.run.path))
             for ep in eps:
                 self.pool.add(ep, [h for h in started if h.proc.endpoint == ep], want[ep],
                               self.run.run_id, self.backend)

@@ -50,6 +50,9 @@ class Turn:
     restart: tuple[str, ...]  # running with another command line: stopped and started
     keep: tuple[str, ...]  # running and loaded: used as they are
     idle: tuple[str, ...]  # running, not used by this configuration: left loaded
+    # its sweep runs from the top point down: it finds its engines as an earlier sweep left
+    # them at the top (args_from_concurrency), and restarts them on the way down instead
+    descending: bool = False
 
     @property
     def loads(self) -> int:
@@ -60,13 +63,14 @@ class Turn:
 
     @classmethod
     def from_json(cls, d: dict) -> Turn:
-        return cls(run=str(d["run"]), **{k: tuple(d.get(k) or ()) for k in
-                                         ("start", "restart", "keep", "idle")})
+        return cls(run=str(d["run"]), descending=bool(d.get("descending")),
+                   **{k: tuple(d.get(k) or ()) for k in ("start", "restart", "keep", "idle")})
 
 
-def _turn(run: str, want: dict[str, tuple], running: dict[str, tuple]) -> Turn:
+def _turn(run: str, want: dict[str, tuple], running: dict[str, tuple],
+          descending: bool = False) -> Turn:
     return Turn(
-        run=run,
+        run=run, descending=descending,
         start=tuple(sorted(ep for ep in want if ep not in running)),
         restart=tuple(sorted(ep for ep in want if ep in running and running[ep] != want[ep])),
         keep=tuple(sorted(ep for ep in want if running.get(ep) == want[ep])),
@@ -86,17 +90,35 @@ def schedule(configs: list[tuple[str, dict[str, tuple]]],
     ends = ends or {}
     left = list(configs)
     running: dict[str, tuple] = {}
-    turns = []
+    turns: list[Turn] = []
     while left:
         if not turns:
             run, want = max(left, key=lambda c: len(c[1]))
+            t = _turn(run, want, running)
         else:
-            run, want = min(left, key=lambda c: (
-                len((t := _turn(c[0], c[1], running)).restart), len(t.start)))
+            t = min((best_start(run, want, ends.get(run), running) for run, want in left),
+                    key=lambda t: (len(t.restart), len(t.start)))
+            run = t.run
+            want = dict(configs)[run]
         left = [c for c in left if c[0] != run]
-        turns.append(_turn(run, want, running))
-        running.update(ends.get(run, want))
+        turns.append(t)
+        end = ends.get(run, want)
+        running.update(want if t.descending else end)
     return turns
+
+
+def best_start(run: str, want: dict[str, tuple], top: dict[str, tuple] | None,
+               running: dict[str, tuple]) -> Turn:
+    """A configuration's turn from what runs: its sweep upwards from its first command
+    lines, or, where args_from_concurrency gives it others at the top, downwards from those
+    when that restarts fewer engines (then starts fewer; upwards on a tie). The orchestrator
+    decides the same way from what its pool holds."""
+    up = _turn(run, want, running)
+    if not top or top == want:
+        return up
+    down = _turn(run, top, running, descending=True)
+    return down if (len(down.restart), len(down.start)) < (len(up.restart), len(up.start)) \
+        else up
 
 
 @dataclass(frozen=True)
