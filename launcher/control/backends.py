@@ -7,6 +7,7 @@ and the real run cannot drift apart: local runs it as a child process group, Slu
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -91,8 +92,6 @@ class Backend:
 
     def start(self, proc: Process, argv: list[str] | None = None) -> Handle:
         """`proc` as commands.sh shows it; `argv`: one of its restarts' command lines."""
-        import dataclasses
-
         log_path = self.run_dir / proc.log
         line = command_line(self.plan, proc if argv is None else
                             dataclasses.replace(proc, argv=argv))

@@ -411,7 +411,7 @@ class Orchestrator:
         self.stage(Stage.PREFLIGHT)
         self.preflight()
         want = self.signatures(engines)
-        engines, want = self.direction(engines, want)
+        want = self.direction(engines, want)
         kept = self.take_over(engines, want)  # before the agents: they read where logs stand
         if agents:
             self.stage(Stage.AGENTS)
@@ -453,35 +453,36 @@ class Orchestrator:
                 f"{len(self.failed_points)} sweep point(s) failed: " + "; ".join(self.failed_points)
             )
 
-    def signatures(self, engines: list[Process]) -> dict[str, tuple]:
-        """In a study's allocation: endpoint -> what makes it the same engine."""
+    def signatures(self, engines: list[Process], at: int | None = None) -> dict[str, tuple]:
+        """In a study's allocation: endpoint -> what makes it the same engine (`at`: as it
+        runs at that sweep concurrency)."""
         if self.pool is None:
             return {}
         from launcher.planning.study import signatures
 
-        return signatures(engines, str(self.run.path))
+        return signatures(engines, str(self.run.path), at=at)
 
-    def direction(self, engines: list[Process], want: dict[str, tuple],
-                  ) -> tuple[list[Process], dict[str, tuple]]:
+    def direction(self, engines: list[Process], want: dict[str, tuple]) -> dict[str, tuple]:
         """In a study's allocation: when the pool holds engines as an earlier sweep left
         them at its top point (args_from_concurrency), this sweep runs from the top down and
-        its engines start with their top command lines (the rule of the plan of turns)."""
+        its engines start with their top command lines (the rule of the plan of turns);
+        the signatures its engines start with."""
         b = self.plan.recipe.benchmark
         if self.pool is None or not b.enabled or not any(p.restarts for p in engines):
-            return engines, want
-        from launcher.planning.study import best_start, signatures
+            return want
+        from launcher.planning.study import best_start
 
         top_c = max(b.concurrency)
-        top = signatures(engines, str(self.run.path), at=top_c)
+        top = self.signatures(engines, at=top_c)
         running = {ep: e.signature for ep, e in self.pool.loaded.items() if e.alive()}
         if not best_start(self.run.run_id, want, top, running).descending:
-            return engines, want
+            return want
         self.descending = True
         self.book.event("sweep_order", order="descending", reason="engines loaded as the "
                         "top point's command line")
         say(f"the sweep runs from concurrency {top_c} down: engines are loaded as an earlier "
             "configuration's top point left them (args_from_concurrency)")
-        return engines, top
+        return top
 
     def first_argv(self, proc: Process) -> list[str] | None:
         """The command line an engine starts with: its top point's on a sweep run
@@ -663,9 +664,9 @@ class Orchestrator:
         r = self.plan.recipe
         steps = {f"{h.proc.role}.args_from_concurrency.{x['from_concurrency']}"
                  for h in old for x in h.proc.restarts if x["from_concurrency"] <= c}
-        say(f"concurrency {c}: restarting {', '.join(eps)} with its command line "
-            + (f"from {', '.join(sorted(steps))}" if steps else f"of {eps[0].split('-')[0]}.args")
-            + "; the other engines stay loaded")
+        roles = sorted({f"{h.proc.role}.args" for h in old})
+        say(f"concurrency {c}: restarting {', '.join(eps)} with its command line from "
+            f"{', '.join(sorted(steps) or roles)}; the other engines stay loaded")
         t0 = time.monotonic()
         self.stage(Stage.RESTART)
         self.backend.stop(old, grace_s=STOP_GRACE_S)
@@ -682,10 +683,8 @@ class Orchestrator:
                     self.pool.drop(ep, self.run.run_id, f"restarted before concurrency {c}")
         started = [self.start(h.proc, h.proc.argv_at(c)) for h in old]
         if self.pool is not None:
-            from launcher.planning.study import signatures
-
-            want = signatures([dataclasses.replace(h.proc, argv=h.running_argv)
-                               for h in started], str(self.run.path))
+            want = self.signatures([dataclasses.replace(h.proc, argv=h.running_argv)
+                                    for h in started])
             for ep in eps:
                 self.pool.add(ep, [h for h in started if h.proc.endpoint == ep], want[ep],
                               self.run.run_id, self.backend)

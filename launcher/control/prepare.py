@@ -405,7 +405,7 @@ def study_job(study_dir: Path, runs: list[Prepared], root: Path, allocation: str
     turns = study.schedule(
         [(p.run.run_id, study.signatures(p.rendered.processes, str(p.run.path))) for p in runs],
         ends={p.run.run_id: study.signatures(p.rendered.processes, str(p.run.path),
-                                             at=p.plan.recipe.benchmark.concurrency[-1])
+                                             at=max(p.plan.recipe.benchmark.concurrency))
               for p in runs if p.plan.recipe.restart_points()})
     costs = {p.run.run_id: cost.estimate(p.plan) for p in runs}
     largest = max(runs, key=lambda p: p.nodes)

@@ -168,9 +168,9 @@ def estimate(plan: Plan) -> Cost:
         requests += q
     bound = r.health.timeout_s
     load = min(bound, float(plan.recipe.sim.start_delay_s or 0) + 5) if r.engine == "sim" else bound
-    restarts = len(r.restart_points()) if b.enabled else 0
+    restarts = len(r.restart_points())  # none without a sweep
     restart_loads = sum(pool.endpoints for c in r.restart_points() for _, pool in r.pools()
-                        if c in pool.args_from_concurrency) if b.enabled else 0
+                        if c in pool.args_from_concurrency)
     if restarts:  # a load of the restarted engines each (the others stay loaded meanwhile)
         phases.append((RESTARTS, restarts * load))
     phases.append(("teardown", TEARDOWN_S[r.engine]))

@@ -167,13 +167,7 @@ class Plan:
 
 def check_owned(recipe: Recipe) -> None:
     """Reject user args/env that the launcher derives, naming the field to use instead."""
-    sources = [("vllm_args", recipe.vllm_args)] + [
-        (f"{role}.args", getattr(recipe, role).args) for role in Role
-    ] + [
-        (f"{role}.args_from_concurrency.{c}", a) for role in Role
-        for c, a in getattr(recipe, role).args_from_concurrency.items()
-    ]
-    for where, args in sources:
+    for where, args in recipe.engine_arg_sources():
         for key in args:
             k = flag_key(key)
             base = k.removeprefix("no-")

@@ -649,13 +649,7 @@ class Recipe(Strict):
         for key in self.env_from_host:
             if not ENV_NAME.match(key):
                 raise ValueError(f"env_from_host: {key!r} is not a valid environment variable name")
-        args = [("vllm_args", self.vllm_args), ("router.args", self.router.args)] + [
-            (f"{p}.args", getattr(self, p).args) for p in POOLS
-        ] + [
-            (f"{p}.args_from_concurrency.{c}", a) for p in POOLS
-            for c, a in getattr(self, p).args_from_concurrency.items()
-        ]
-        for where, a in args:
+        for where, a in [("router.args", self.router.args), *self.engine_arg_sources()]:
             for key in a:
                 if SECRET_FLAG.search(key):
                     raise ValueError(
@@ -690,6 +684,15 @@ class Recipe(Strict):
                     f"{where}: list benchmark.concurrency in ascending order (now "
                     f"{', '.join(map(str, b.concurrency))}), so each step restarts the {p} "
                     "engines once")
+
+    def engine_arg_sources(self) -> list[tuple[str, dict[str, ArgValue]]]:
+        """(recipe key, flags) of every place that sets `vllm serve` flags."""
+        return [("vllm_args", self.vllm_args)] + [
+            (f"{p}.args", getattr(self, p).args) for p in POOLS
+        ] + [
+            (f"{p}.args_from_concurrency.{c}", a) for p in POOLS
+            for c, a in getattr(self, p).args_from_concurrency.items()
+        ]
 
     def first_point(self) -> int | None:
         """The concurrency the engines start at (None: no sweep, they start with args)."""
