@@ -260,3 +260,18 @@ def test_in_one_allocation_a_restarted_engine_is_the_pools_and_the_next_configur
     rec = second.read_record()
     head = rec.processes["decode-0@local-1"]
     assert head.log_bytes_at_start and (second.path / head.log).is_symlink()
+
+
+@pytest.mark.parametrize("restarts", [
+    "later", [{"argv": ["vllm"]}], [{"from_concurrency": "16", "argv": ["vllm"]}],
+    [{"from_concurrency": 16, "argv": "vllm serve"}], [{"from_concurrency": True, "argv": []}]])
+def test_a_damaged_restart_in_plan_json_is_one_sentence(tmp_path, restarts):
+    from launcher.run.plandoc import PlanError, read_plan
+
+    doc = json.loads((REPO / "slurm/examples/local-sim/plan.json").read_text())
+    engine = next(p for p in doc["processes"] if p["kind"] == "engine")
+    engine["restarts"] = restarts
+    (tmp_path / "plan.json").write_text(json.dumps(doc))
+    with pytest.raises(PlanError, match=r"processes\[\d+\]\.restarts is .*not a list of "
+                                        r"\{from_concurrency: int, argv: \[str\]\}"):
+        read_plan(tmp_path / "plan.json")

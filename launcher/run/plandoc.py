@@ -232,7 +232,18 @@ class PlanDoc:
                             ("processes", doc.processes)):
             for i, item in enumerate(items):
                 _check_types(item, f"{what}[{i}]")
+        for i, p in enumerate(doc.processes):
+            if not isinstance(p.restarts, list) or not all(_restart_ok(r) for r in p.restarts):
+                raise PlanError(f"plan.json is malformed (processes[{i}].restarts is "
+                                f"{p.restarts!r}, not a list of {{from_concurrency: int, "
+                                f"argv: [str]}})")
         return doc
+
+
+def _restart_ok(r: Any) -> bool:
+    c, argv = (r.get("from_concurrency"), r.get("argv")) if isinstance(r, dict) else (None, None)
+    return (isinstance(c, int) and not isinstance(c, bool) and isinstance(argv, list)
+            and all(isinstance(x, str) for x in argv))
 
 
 # The field types readers rely on: a plan.json with a wrong one is refused with the field's
