@@ -42,6 +42,8 @@ import sys
 import time
 
 EXIT_OK, EXIT_REJECTED, EXIT_NO_ENGINE, EXIT_USAGE = 0, 2, 3, 4
+ASKS_HELP = "the argv asks for help or the version; vllm would print it and exit 0 without " \
+    "serving"
 
 # Where vLLM has kept `make_arg_parser` (newest first): a fallback for when the serve
 # subcommand module cannot be imported (it imports the engine at module level).
@@ -158,8 +160,7 @@ def _vllm_engine():
                 # argparse printed "usage: ..." then "PROG: error: ..."; the error lines
                 # are the verdict, word for word.
                 if exc.code in (0, None):
-                    return False, "parse", "the argv asks for help or the version; vllm " \
-                        "would print it and exit 0 without serving", collect.lines
+                    return False, "parse", ASKS_HELP, collect.lines
                 return False, "parse", _error_lines(out.getvalue()), collect.lines
             except Exception as exc:  # vLLM raises some parse problems as exceptions
                 return False, "parse", f"{type(exc).__name__}: {exc}", collect.lines
@@ -287,6 +288,8 @@ def _sim_engine():
                 text = out.getvalue().strip() or f"exit {exc.code}"
                 return False, "parse", text, []
             except Exception as exc:  # UsageError, or the argparse-style error it raises
+                if getattr(exc, "code", None) == 0:  # VllmArgError of --help / --version
+                    return False, "parse", ASKS_HELP, []
                 text = str(exc)
                 if ": error: " in text:
                     return False, "parse", _error_lines(text), []

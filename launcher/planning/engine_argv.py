@@ -37,12 +37,18 @@ def _flag_names(option: str) -> list[str]:
     return [option.lstrip("-"), flag_key(option)]
 
 
-def _source(plan: Plan, role: str, flag: str) -> str:
-    """The recipe key that put ``--flag`` on the command line."""
+def _source(plan: Plan, role: str, flag: str, concurrency: int | None = None) -> str:
+    """The recipe key that put ``--flag`` on the command line (at a restart's concurrency,
+    its args_from_concurrency step first)."""
     r = plan.recipe
     name = flag.lstrip("-")
     base = name.removeprefix("no-")
-    for where, args in ((f"{role}.args", getattr(r, role).args), ("vllm_args", r.vllm_args)):
+    pool = getattr(r, role)
+    places = [(f"{role}.args_from_concurrency.{c}", pool.args_from_concurrency[c])
+              for c in sorted(pool.args_from_concurrency, reverse=True)
+              if concurrency is not None and c <= concurrency]
+    places += [(f"{role}.args", pool.args), ("vllm_args", r.vllm_args)]
+    for where, args in places:
         for key in args:
             if flag_key(key) in (name, base):
                 return f"{where}.{key}"
@@ -52,13 +58,15 @@ def _source(plan: Plan, role: str, flag: str) -> str:
 
 
 def _first_flag(message: str) -> str | None:
-    m = re.search(r"argument (--[A-Za-z0-9_.-]+)", message)
+    m = re.search(r"(?:argument|ambiguous option:) (--[A-Za-z0-9_.-]+)", message)
     return m.group(1) if m else None
 
 
 def _one_line(text: str) -> str:
     """argparse's error without its usage lines; a pydantic report folded into one line."""
     lines = text.strip().splitlines()
+    if not lines:
+        return "it exits with no message"
     at = next((i for i, line in enumerate(lines) if ": error: " in line), len(lines) - 1)
     msg = lines[at].split(": error: ", 1)[-1]
     rest = [re.sub(r"\s*\[type=[^\]]*\]", "", line).strip() for line in lines[at + 1:]]
@@ -66,13 +74,43 @@ def _one_line(text: str) -> str:
     return msg + (f" ({' '.join(rest)})" if rest else "")
 
 
+def _options(argv: list[str]) -> list[str]:
+    """The option names on a command line (a value, even one with '-' after '=', is not)."""
+    return [a.split("=", 1)[0] for a in argv if a.startswith("-")]
+
+
+def _help_options(argv: list[str]) -> list[str]:
+    """The options argparse reads as its own -h/--help (an unambiguous prefix too)."""
+    from launcher.sim import argv as vllm_argv
+
+    serve = vllm_argv._plain()[1]
+    names = [o for o in serve._option_string_actions if o.startswith("--")]
+    return [o for o in _options(argv) if o == "-h" or o == "--help" or (
+        o.startswith("--") and [n for n in names if n.startswith(o)] == ["--help"])]
+
+
+def _refusal(argv: list[str]) -> str | None:
+    """vLLM's own words for why it would not serve with this argv (None: it would)."""
+    from launcher.sim import argv as vllm_argv
+
+    try:
+        vllm_argv.parse(argv, warn=lambda w, m: None)
+    except vllm_argv.VllmArgError as e:
+        if e.code == 0:  # help or version: printed, then exit 0 without serving
+            return "it would print its help and exit without serving"
+        return _one_line(e.text)
+    except vllm_argv.VllmStartupError as e:
+        return str(e)
+    return None
+
+
 def problems(plan: Plan) -> list[str]:
     """One sentence per refusal, naming the engines whose argv vLLM would refuse (one of each
-    kind is read: role, head or headless part) and the recipe key to fix."""
+    kind is read: role, head or headless part; as each starts and at each restart) and the
+    recipe key to fix."""
     if not applies(plan):
         return []
     from launcher.planning import render
-    from launcher.sim import argv as vllm_argv
     from launcher.sim import vllm_flags
 
     if plan.recipe.mode == "disagg" and (bad := _kv_config_problems(plan.recipe.kv_connector)):
@@ -86,26 +124,33 @@ def problems(plan: Plan) -> list[str]:
             if kind in seen:
                 continue
             seen.add(kind)
-            argv = render.serve_argv(plan, ep, part)
-            try:
-                vllm_argv.parse(argv[argv.index("serve"):], warn=lambda w, m: None)
-                continue
-            except vllm_argv.VllmArgError as e:
-                msg = _one_line(e.text)
-            except vllm_argv.VllmStartupError as e:
-                msg = str(e)
-            if "unrecognized arguments" in msg:
-                wrong = re.findall(r"--[A-Za-z0-9_.-]+", msg)
-            else:
-                wrong = [f] if (f := _first_flag(msg)) else []
-            fixes = []
-            for flag in wrong:
-                where = _source(plan, str(ep.role), flag) or f"the launcher's {flag}"
-                hint = did_you_mean(flag, known) if "unrecognized" in msg else ""
-                fixes.append(f"fix {where}" + (f" ({hint})" if hint else ""))
-            text = f"{msg}: {', '.join(fixes) or 'fix the recipe'}"
-            found.setdefault(text, []).append(
-                ep.name + ("" if part.head else " (headless part)"))
+            start = render.serve_argv(plan, ep, part)
+            lines = [(None, start)] + [(r["from_concurrency"], r["argv"])
+                                       for r in render.restarts(plan, ep, part, start)]
+            for at, full in lines:
+                argv = full[full.index("serve"):]
+                msg = _refusal(argv)
+                if msg is None:
+                    continue
+                given = _options(argv)
+                if msg.startswith("it would print its help"):
+                    wrong = _help_options(argv)
+                elif "unrecognized arguments" in msg:
+                    words = msg.split("unrecognized arguments:", 1)[1].split()
+                    wrong = [w.split("=", 1)[0] for w in words]
+                    wrong = [w for w in wrong if w in given]
+                else:
+                    wrong = [f] if (f := _first_flag(msg)) else []
+                fixes = []
+                for flag in wrong:
+                    where = _source(plan, str(ep.role), flag, at) or f"the launcher's {flag}"
+                    hint = did_you_mean(flag, known) if "unrecognized" in msg else ""
+                    fixes.append(f"fix {where}" + (f" ({hint})" if hint else ""))
+                text = f"{msg}: {', '.join(fixes) or 'fix the recipe'}"
+                who = ep.name + ("" if part.head else " (headless part)")
+                found.setdefault(text, []).append(
+                    who + (f" as it restarts before concurrency {at}" if at else ""))
+                break  # a start it refuses: its restarts are not reached
     return [f"`vllm serve` {table_version()} would refuse the command line of "
             f"{', '.join(who)}: {text}" for text, who in found.items()]
 

@@ -31,6 +31,14 @@ KV_CONNECTOR_FLAG = {"nixl": "nixl", "mooncake": "mooncake", "moriio": "moriio"}
 ENGINE_BASE_ENV = {"VLLM_LOGGING_COLOR": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
+def option(flag: str, value) -> list[str]:
+    """["--flag", "value"], or ["--flag=value"] for a value starting with '-': argparse
+    (vLLM, vllm-router, the launcher's clients) would read that one as an option of its own
+    (--help would print the help and exit); after '=' it is always the flag's value."""
+    text = str(value)
+    return [f"{flag}={text}"] if text.startswith("-") else [flag, text]
+
+
 def flags(args: dict) -> list[str]:
     """{"async-scheduling": True, "max-num-seqs": 256} -> ["--async-scheduling", ...]."""
     out: list[str] = []
@@ -40,7 +48,7 @@ def flags(args: dict) -> list[str]:
         elif value is False:
             out.append(f"--no-{key}")
         else:
-            out += [f"--{key}", str(value)]
+            out += option(f"--{key}", value)
     return out
 
 
@@ -241,7 +249,7 @@ def router_process(plan: Plan) -> Process:
     for key in ("policy", "prefill_policy", "decode_policy"):
         value = getattr(r.router, key)
         if value:
-            argv += [f"--{key.replace('_', '-')}", value]
+            argv += option(f"--{key.replace('_', '-')}", value)
     argv += flags({flag_key(k): v for k, v in r.router.args.items() if v is not None})
     node = plan.nodes[0]
     return Process(
@@ -347,10 +355,10 @@ def accuracy_process(plan: Plan) -> Process | None:
         *launcher_cmd(plan, ACCURACY_MODULE, boxed),
         "--base-url", plan.router_url,
         "--model", plan.recipe.model.name,
-        "--test", a.data or "",
+        *option("--test", a.data or ""),
     ]  # fmt: skip
     if a.train:
-        argv += ["--train", a.train]
+        argv += option("--train", a.train)
     if a.num_questions:
         argv += ["--num-questions", str(a.num_questions)]
     if a.harness == "vllm":  # one figure and no chat: --metric and --chat are lm-eval's

@@ -55,12 +55,14 @@ PROG = vf.PARSER["prog"]
 
 
 class VllmArgError(Exception):
-    """An argparse error: ``text`` is exactly what vLLM prints on stderr; exit status 2."""
+    """An argparse error: ``text`` is exactly what vLLM prints on stderr; exit status 2.
+    Help and version end the parse too: ``out`` is what vLLM prints on stdout, status 0."""
 
-    def __init__(self, text: str, code: int = 2) -> None:
-        super().__init__(text)
+    def __init__(self, text: str, code: int = 2, out: str = "") -> None:
+        super().__init__(text or out)
         self.text = text
         self.code = code
+        self.out = out
 
 
 class VllmStartupError(Exception):
@@ -340,8 +342,13 @@ class _Parser(argparse.ArgumentParser):
                         "--convert reward.")
         raise VllmArgError(self.format_usage() + f"{self.prog}: error: {message}\n")
 
+    def _print_message(self, message: str, file: Any = None) -> None:
+        # help and version text go to the caller with the exit: a check must not print it
+        self._printed = getattr(self, "_printed", "") + (message or "")
+
     def exit(self, status: int = 0, message: str | None = None) -> Any:  # type: ignore[override]
-        raise VllmArgError(message or "", status)
+        out, self._printed = getattr(self, "_printed", ""), ""
+        raise VllmArgError(message or "", status, out)
 
 
 def _add_flag(p: argparse.ArgumentParser, rec: dict[str, Any]) -> None:

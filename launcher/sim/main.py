@@ -189,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse(argv)
     except VllmArgError as exc:  # argparse's own text, as vLLM prints it
+        sys.stdout.write(exc.out)
         sys.stderr.write(exc.text)
         return exc.code
     except VllmStartupError as exc:  # vLLM raises these (a traceback, exit 1)
