@@ -93,7 +93,8 @@ def study_plan_text(runs: list[Prepared]) -> str:
     shared, cmp = runs[0].shared, runs[0].compared
     out += ["", f"Study: {len(runs)} configurations (lines the same as the first one's are "
             f"shown once): {sum(c.gpus_working for c in costs)} GPUs working over them; "
-            f"{sum(c.requests for c in costs):,} requests"]
+            f"{sum(c.requests for c in costs):,} requests"
+            + (f" ({warm:,} of them warm-up)" if (warm := sum(c.warmups for c in costs)) else "")]
     if cmp is not None:
         out += study_ways(cmp, shared is not None, len(runs))
     if shared is not None:
@@ -124,13 +125,12 @@ def study_plan_text(runs: list[Prepared]) -> str:
         out.append(f"Study folder: {shared.path}  (study.json"
                    + (", job.sbatch: the one job of every configuration" if shared.sbatch
                       else "") + ")")
-    else:
-        hours = sum(c.gpu_hours() for c in costs)
-        worst = sum(c.gpu_hours(c.worst_s) for c in costs)
-        out.append(f"As {len(runs)} jobs: {cost.duration(sum(c.expected_s for c in costs))} of "
-                   f"job time, {hours:,.1f} GPU-hours" + (
-                       f" ({worst:,.1f} if every load takes its health timeout)"
-                       if worst > hours else ""))
+    else:  # the Cost lines above, added up
+        shares = [(c.work_s, c.loads, c.gpus_allocated) for c in costs]
+        load = cmp.load_s if cmp is not None else max(c.load_expected_s for c in costs)
+        out.append(f"As {len(runs)} jobs: the Cost lines above added up, " + cost.spend(
+            shares, load, max(c.load_bound_s for c in costs)).replace(
+                " of work", " of job time", 1))
     return "\n".join(out)
 
 
@@ -144,19 +144,46 @@ def _changes(proc, points: list[int]) -> list[int]:
     return out
 
 
+def _shares(shares) -> list[tuple[float, int, int]]:
+    return [(x.work_s, x.rounds, x.gpus) for x in shares]
+
+
 def study_ways(cmp, one: bool, n: int) -> list[str]:
     """Both ways of running a study, side by side, and which one this submission takes."""
-    gpu_h = lambda s: f"{s / 3600:,.1f} GPU-hours"  # noqa: E731
     return [
-        f"  one allocation:  {cmp.one_nodes} nodes x {cost.duration(cmp.one_s)}, "
-        f"{gpu_h(cmp.one_gpu_s)}, {cmp.one_loads} engine start(s)"
-        + (" <- this submission" if one else ""),
-        f"  one job each:    {n} jobs, {cost.duration(cmp.each_s)} of job time in all, "
-        f"{gpu_h(cmp.each_gpu_s)}, {cmp.each_loads} engine start(s)"
-        + ("" if one else " <- this submission"),
+        f"  one allocation:  {cmp.one_nodes} nodes x "
+        + cost.spend(_shares(cmp.turns), cmp.load_s, cmp.load_bound_s)
+        + f"; {cmp.one_loads} engine start(s)" + (" <- this submission" if one else ""),
+        f"  one job each:    {n} jobs, "
+        + cost.spend(_shares(cmp.jobs), cmp.load_s, cmp.load_bound_s).replace(
+            " of work", " of job time in all", 1)
+        + f"; {cmp.each_loads} engine start(s)" + ("" if one else " <- this submission"),
         f"  (an engine start taken as {cost.duration(cmp.load_s)}: {cmp.load_basis}; "
         f"--allocation one|each chooses, the default is the fewer GPU-hours)",
     ]
+
+
+def cost_line(prepared: Prepared, c: cost.Cost) -> str:
+    """The run's Cost line; in a study, what it adds to the way the study is submitted: its
+    job (at the study's load time), or its turn in the one allocation."""
+    cmp = prepared.compared
+    if cmp is None:
+        return cost.text(c)
+    if prepared.shared is None:
+        return cost.text(c, load_s=cmp.load_s)
+    i, share = next((i, t) for i, t in enumerate(cmp.turns) if t.run == prepared.run.run_id)
+    starts = share.rounds - c.restarts
+    why = ", ".join(x for x in [
+        "its engines' start" if starts else "",
+        f"{c.restarts} restart{'s' * (c.restarts > 1)}, args_from_concurrency"
+        if c.restarts else ""] if x)
+    last = i == len(cmp.turns) - 1
+    return (f"Cost, its turn in the one allocation ({i + 1} of {len(cmp.turns)}; "
+            f"{cmp.one_nodes} nodes, {share.gpus} GPUs allocated, {c.gpus_working} working"
+            + ("" if starts else ", its engines kept loaded") + "): "
+            + cost.spend(_shares([share]), cmp.load_s, cmp.load_bound_s,
+                         cost.detail(c, teardown=last), why)
+            + "; " + cost.requests_text(c))
 
 
 def length_range(b) -> str:
@@ -236,7 +263,7 @@ def plan_text(prepared: Prepared) -> str:
     for warning in visibility.input_warnings(plan):
         lines.append(f"warning: {warning}")
     spend = cost.estimate(plan)
-    lines.append(cost.text(spend))
+    lines.append(cost_line(prepared, spend))
     if (late := cost.time_limit_problems(plan, spend)[1]) is not None:
         lines.append(f"warning: {late}")
     rt = plan.runtime

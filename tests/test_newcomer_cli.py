@@ -535,7 +535,7 @@ def test_a_study_dry_run_says_what_it_reserves_once(cli, tmp_path):
     (total,) = [ln for ln in lines if ln.startswith("Study: ")]
     (jobs,) = [ln for ln in lines if ln.startswith("As 5 jobs: ")]
     hours = sum(c["gpu_hours"] for c in costs)
-    m = re.search(r"([\d,.]+) GPU-hours", jobs)
+    m = re.search(r"at most ([\d,.]+) GPU-hours", jobs)
     assert m and abs(float(m.group(1).replace(",", "")) - hours) < 0.2, (jobs, hours)
     assert "100 GPUs working over them" in total
     assert f"{sum(c['requests'] for c in costs):,} requests" in total
@@ -555,7 +555,7 @@ def test_a_study_dry_run_says_what_it_reserves_once(cli, tmp_path):
         assert rc == 0, err
         both = {ln.strip().split(":")[0] + ":": ln for ln in out.splitlines()
                 if ln.strip().startswith(("one allocation:", "one job each:"))}
-        hours = {k: float(re.search(r"([\d,.]+) GPU-hours", v).group(1).replace(",", ""))
+        hours = {k: float(re.search(r"at most ([\d,.]+) GPU-hours", v).group(1).replace(",", ""))
                  for k, v in both.items()}
         assert min(hours, key=hours.get) == way and "<- this submission" in both[way], out
 

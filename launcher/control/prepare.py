@@ -416,11 +416,9 @@ def study_job(study_dir: Path, runs: list[Prepared], root: Path, allocation: str
         return None, compared
     minutes = sbatch = None
     if schedulers.of(cluster).allocates:
-        worst = study.compare(turns, costs, largest.nodes, cluster.gpus_per_node,
-                              max(c.load_bound_s for c in costs.values()), basis)
         lead = largest.plan.recipe.slurm.signal_lead_s
         minutes = max(max(p.plan.recipe.slurm.minutes for p in runs),
-                      -(-int(worst.one_s + lead) // 60))
+                      -(-int(compared.one_most_s + lead) // 60))
         sbatch = render.sbatch_text(largest.plan, largest.nodes, str(study_dir / "slurm"),
                                     minutes=minutes)
         rundir.write_atomic(study_dir / rundir.SBATCH, sbatch, sync=False)

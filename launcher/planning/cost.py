@@ -42,10 +42,21 @@ class Cost:
     basis: str
     restarts: int = 0  # restart rounds in the sweep (args_from_concurrency), a load each
     restart_loads: int = 0  # endpoint starts they take (a DP endpoint counts once)
+    warmups: int = 0  # of `requests`: warm-up requests, not measured
 
     @property
     def gpus_allocated(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def loads(self) -> int:
+        """Load rounds: the start, and a restart round each."""
+        return 1 + self.restarts
+
+    @property
+    def work_s(self) -> float:
+        """Everything but loading: what the request times estimate."""
+        return sum(s for name, s in self.phases if name != RESTARTS)
 
     @property
     def expected_s(self) -> float:
@@ -69,7 +80,9 @@ class Cost:
                 "worst_s": round(self.worst_s, 1), "load_bound_s": self.load_bound_s,
                 "phases_s": {name: round(sec, 1) for name, sec in self.phases},
                 "gpu_hours": round(self.gpu_hours(), 2), "requests": self.requests,
-                "sweep_tokens": self.tokens, "basis": self.basis}
+                "sweep_tokens": self.tokens, "basis": self.basis,
+                "work_s": round(self.work_s, 1), "loads": self.loads,
+                "load_expected_s": self.load_expected_s, "warmup_requests": self.warmups}
 
 
 def _sim_times(plan: Plan, concurrency: int) -> tuple[float, float]:
@@ -166,6 +179,7 @@ def estimate(plan: Plan) -> Cost:
         out = min(a.max_tokens, GSM8K_ANSWER_TOKENS[r.engine])
         phases.append(("accuracy gate", _batch_s(q, a.concurrency, ttft, tpot, out)))
         requests += q
+    warmups = sum(b.warmups(c) for c in b.concurrency) if b.enabled else 0
     bound = r.health.timeout_s
     load = min(bound, float(plan.recipe.sim.start_delay_s or 0) + 5) if r.engine == "sim" else bound
     restarts = len(r.restart_points())  # none without a sweep
@@ -178,7 +192,7 @@ def estimate(plan: Plan) -> Cost:
         nodes=len(plan.nodes), gpus_per_node=plan.cluster.gpus_per_node,
         gpus_working=plan.gpu_count()["total"], load_expected_s=load, load_bound_s=bound,
         phases=tuple(phases), requests=requests, tokens=tokens, basis=basis,
-        restarts=restarts, restart_loads=restart_loads,
+        restarts=restarts, restart_loads=restart_loads, warmups=warmups,
     )  # fmt: skip
 
 
@@ -193,18 +207,63 @@ def duration(seconds: float) -> str:
     return f"{m // 60} h {m % 60:02d} min" if m >= 60 else f"{m} min"
 
 
-def text(cost: Cost) -> str:
-    """One line for the dry-run."""
+def text(cost: Cost, load_s: float | None = None) -> str:
+    """One line for the dry-run; `load_s`: what one load is taken to be (a study's
+    assumption), else the estimate's."""
     idle = cost.gpus_allocated - cost.gpus_working
-    parts = ", ".join(f"{name} {duration(s)}" for name, s in cost.phases if s)
-    load = (f"loading up to {duration(cost.load_bound_s)} (health.timeout_s)"
-            if cost.load_expected_s >= cost.load_bound_s else
-            f"loading ~{duration(cost.load_expected_s)}")
-    return (f"Cost: {cost.nodes} nodes, {cost.gpus_allocated} GPUs allocated, "
-            f"{cost.gpus_working} working" + (f" ({idle} idle)" if idle else "")
-            + f"; about {duration(cost.expected_s)} ({load}; {parts}; per request from "
-            f"{cost.basis or 'no request'}): {cost.gpu_hours():,.1f} GPU-hours; "
-            f"{cost.requests:,} requests, {_tokens(cost.tokens)} sweep tokens")
+    why = "the start" + (f" and {cost.restarts} restart{'s' * (cost.restarts > 1)}, "
+                         "args_from_concurrency" if cost.restarts else "")
+    return (f"Cost: {_nodes(cost.nodes)}, {cost.gpus_allocated} GPUs allocated, "
+            f"{cost.gpus_working} working" + (f" ({idle} idle)" if idle else "") + "; "
+            + spend([(cost.work_s, cost.loads, cost.gpus_allocated)],
+                    cost.load_expected_s if load_s is None else load_s, cost.load_bound_s,
+                    detail(cost), why)
+            + "; " + requests_text(cost))
+
+
+def _nodes(n: int) -> str:
+    return f"{n} node" + "s" * (n != 1)
+
+
+def detail(cost: Cost, teardown: bool = True) -> str:
+    """The phases after loading and where the request times come from."""
+    parts = ", ".join(f"{name} {duration(s)}" for name, s in cost.phases
+                      if s and name != RESTARTS and (teardown or name != "teardown"))
+    return f"{parts}; per request from {cost.basis or 'no request'}"
+
+
+def requests_text(cost: Cost) -> str:
+    warm = f" ({cost.warmups:,} of them warm-up, not measured)" if cost.warmups else ""
+    return f"{cost.requests:,} requests{warm}, {_tokens(cost.tokens)} sweep tokens"
+
+
+def spend(shares: list[tuple[float, int, int]], load_s: float, bound_s: float,
+          detail: str = "", why: str = "") -> str:
+    """What is estimated and what is only bounded, for `shares` of (work seconds, load
+    rounds, GPUs allocated) one after another: the work (requests, checks, teardown), then
+    the load rounds, each at most `bound_s` (health.timeout_s: the run fails past it) and
+    taken as `load_s`. A load known only by its bound is not added to the estimate."""
+    work = sum(w for w, _, _ in shares)
+    loads = sum(n for _, n, _ in shares)
+    most = work + loads * bound_s
+    hours = lambda load: f"{sum(g * (w + n * load) for w, n, g in shares) / 3600:,.1f}"  # noqa: E731
+    what = f"{loads} load round{'s' * (loads != 1)}" + (f" ({why})" if why else "")
+    more = f" ({detail})" if detail else ""
+    if not loads:
+        return (f"about {duration(work)} of work{more}, no load round: {hours(0)} GPU-hours "
+                f"of work, at most {hours(0)} GPU-hours")
+    if load_s >= bound_s:
+        return (f"about {duration(work)} of work{more} and loading up to {duration(bound_s)} "
+                f"(health.timeout_s) for {'each of ' * (loads > 1)}{what}, so at most "
+                f"{duration(most)}: "
+                f"{hours(0)} GPU-hours of work, at most {hours(bound_s)} GPU-hours")
+    loading = (f"loading ~{duration(load_s)}" if loads == 1 else
+               f"loading ~{duration(load_s)} each for {what}")
+    return (f"about {duration(work + loads * load_s)} ({loading}" + (f"; {detail}" if detail
+                                                                     else "")
+            + f"), at most {duration(most)} if each load takes its health.timeout_s "
+            f"({duration(bound_s)}): about {hours(load_s)} GPU-hours, at most {hours(bound_s)} "
+            "GPU-hours")
 
 
 def _tokens(n: int) -> str:

@@ -122,6 +122,17 @@ def best_start(run: str, want: dict[str, tuple], top: dict[str, tuple] | None,
 
 
 @dataclass(frozen=True)
+class Share:
+    """What one configuration takes of a way of running the study: its work (everything but
+    loading) and its load rounds; in one allocation its turn, as a job its whole job."""
+
+    run: str
+    work_s: float
+    rounds: int
+    gpus: int  # allocated while it runs
+
+
+@dataclass(frozen=True)
 class Comparison:
     """One allocation against one job per configuration, for the same study."""
 
@@ -134,13 +145,32 @@ class Comparison:
     each_loads: int
     load_s: float  # what one engine start was assumed to take
     load_basis: str
+    load_bound_s: float = 0.0  # health.timeout_s: the most one load may take
+    turns: tuple[Share, ...] = ()  # one allocation, in its order; they add up to it
+    jobs: tuple[Share, ...] = ()  # one job each, in the study's order
 
     @property
     def cheaper(self) -> str:
         return "one" if self.one_gpu_s <= self.each_gpu_s else "each"
 
+    @property
+    def one_work_s(self) -> float:
+        return sum(t.work_s for t in self.turns)
+
+    @property
+    def one_most_s(self) -> float:
+        """The allocation's time if every load round takes the health timeout."""
+        return sum(t.work_s + t.rounds * self.load_bound_s for t in self.turns)
+
+    def longest_job(self, bound: bool = False) -> float:
+        """The longest job of one job each (every load at the health timeout: `bound`)."""
+        load = self.load_bound_s if bound else self.load_s
+        return max((j.work_s + j.rounds * load for j in self.jobs), default=0.0)
+
     def to_json(self) -> dict:
-        return {**asdict(self), "cheaper": self.cheaper}
+        return {**asdict(self), "cheaper": self.cheaper, "one_work_s": self.one_work_s,
+                "one_most_s": self.one_most_s, "longest_job_s": self.longest_job(),
+                "longest_job_most_s": self.longest_job(bound=True)}
 
 
 def compare(turns: list[Turn], costs: dict[str, Cost], nodes: int, gpus_per_node: int,
@@ -148,16 +178,19 @@ def compare(turns: list[Turn], costs: dict[str, Cost], nodes: int, gpus_per_node
     """`costs`: each configuration's own estimate (cost.estimate). One allocation runs every
     configuration's preflight, sweep and gate in turn (a router start each, as each job has),
     and a load round wherever a turn starts an engine; separate jobs each load every engine
-    they use."""
-    one_s = 0.0
-    for t in turns:
+    they use. The allocation's teardown is its last turn's."""
+    shares = []
+    for i, t in enumerate(turns):
         c = costs[t.run]
-        one_s += sum(s for name, s in c.phases if name not in ("teardown", RESTARTS))
-        one_s += load_s if t.loads else 0.0
-        one_s += c.restarts * load_s  # restarts within its sweep, in either way
-    one_s += max(dict(c.phases).get("teardown", 0.0) for c in costs.values())
-    each = [(c.expected_s - (1 + c.restarts) * c.load_expected_s + (1 + c.restarts) * load_s,
-             c.gpus_allocated) for c in costs.values()]
+        work = sum(s for name, s in c.phases if name not in ("teardown", RESTARTS))
+        if i == len(turns) - 1:
+            work += max(dict(c.phases).get("teardown", 0.0) for c in costs.values())
+        # a load round where it starts engines, and its sweep's restarts in either way
+        shares.append(Share(t.run, work, (1 if t.loads else 0) + c.restarts,
+                            nodes * gpus_per_node))
+    jobs = tuple(Share(run, c.work_s, c.loads, c.gpus_allocated) for run, c in costs.items())
+    one_s = sum(t.work_s + t.rounds * load_s for t in shares)
+    each = [(j.work_s + j.rounds * load_s, j.gpus) for j in jobs]
     within = sum(c.restart_loads for c in costs.values())
     return Comparison(
         one_nodes=nodes, one_s=one_s, one_gpu_s=one_s * nodes * gpus_per_node,
@@ -165,4 +198,6 @@ def compare(turns: list[Turn], costs: dict[str, Cost], nodes: int, gpus_per_node
         each_s=sum(s for s, _ in each), each_gpu_s=sum(s * g for s, g in each),
         each_loads=sum(len(t.start) + len(t.restart) + len(t.keep) for t in turns) + within,
         load_s=load_s, load_basis=load_basis,
+        load_bound_s=max(c.load_bound_s for c in costs.values()),
+        turns=tuple(shares), jobs=jobs,
     )  # fmt: skip

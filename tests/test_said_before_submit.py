@@ -1,0 +1,116 @@
+"""Issue 41, items 2, 5 and 8: what the launcher says before anything is submitted. The cost
+split into what is estimated and what is only a bound, a study's lines adding up to what
+is submitted; every change to what was asked (time limit, nodes, way) said, with the
+partition's MaxTime asked of Slurm; a submit blocker shown as one at dry-run, and a refused
+submission recorded as refused."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from launcher.control import prepare
+from launcher.planning import cost
+from launcher.spec import recipe
+
+REPO = Path(__file__).resolve().parents[1]
+SEED = "qwen3.5-397b-gb200-disagg"
+STUDY = ["prefill.endpoints=4,5,6,7,8"]
+
+
+def _hours(line: str) -> tuple[float, float]:
+    """(GPU-hours of work, at most GPU-hours) of a cost line."""
+    m = re.search(r"([\d,.]+) GPU-hours of work, at most ([\d,.]+) GPU-hours", line)
+    assert m, line
+    return tuple(float(x.replace(",", "")) for x in m.groups())
+
+
+# --- 8: the cost split into what is estimated and what is a bound ---------------------------
+
+
+def test_the_cost_line_splits_the_work_from_the_loading_bound(cli, tmp_path):
+    rc, out, err = cli("submit", SEED, "--dry-run", "--runs-dir", str(tmp_path))
+    assert rc == 0, err
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("Cost: ")]
+    [p] = prepare.prepare_all(SEED, [], [], tmp_path / "again")
+    c = cost.estimate(p.plan)
+    # the sweep, gate, preflight and teardown are estimated; the three loads (the start and
+    # the decode's two restarts) are only bounded by the health timeout
+    assert c.work_s < 45 * 60 < c.worst_s, c
+    assert f"about {cost.duration(c.work_s)} of work" in line, line
+    assert "loading up to 40 min (health.timeout_s) for each of 3 load rounds (the start and 2 restarts" in line, line
+    assert f"so at most {cost.duration(c.worst_s)}" in line, line
+    assert f"about {cost.duration(c.worst_s)}" not in line, line
+    assert "engine restarts 1 h 20 min" not in line, line  # a bound is not a phase
+    work, most = _hours(line)
+    assert abs(work - c.gpu_hours(c.work_s)) < 0.06 and abs(most - c.gpu_hours(c.worst_s)) < 0.06
+    b = p.plan.recipe.benchmark
+    warm = sum(b.warmups(x) for x in b.concurrency)
+    assert warm and c.warmups == warm
+    assert f"{c.requests:,} requests ({warm:,} of them warm-up, not measured)" in line, line
+
+
+def test_an_estimated_load_is_said_as_one_with_its_bound(cli, tmp_path):
+    rc, out, err = cli("submit", "local-sim", "--dry-run", "--runs-dir", str(tmp_path))
+    assert rc == 0, err
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("Cost: ")]
+    assert re.search(r"; about \d+ s \(loading ~5 s;", line), line
+    assert "at most" in line and "if each load takes its health.timeout_s" in line, line
+
+
+def _study_lines(runs) -> tuple[list[str], list[str]]:
+    from launcher import text
+
+    out = text.study_plan_text(runs).splitlines()
+    return ([ln for ln in out if ln.startswith("Cost")],
+            [ln for ln in out if ln.strip().startswith(("one allocation:", "one job each:"))])
+
+
+def test_a_studys_cost_lines_add_up_to_what_is_submitted(tmp_path):
+    runs = prepare.prepare_all(SEED, [], STUDY, tmp_path / "one", allocation="one")
+    lines, ways = _study_lines(runs)
+    assert len(lines) == 5 and all("its turn in the one allocation" in ln for ln in lines), lines
+    one = next(w for w in ways if "one allocation:" in w)
+    sums = [sum(x) for x in zip(*map(_hours, lines), strict=True)]
+    assert all(abs(s - t) < 0.3 for s, t in zip(sums, _hours(one), strict=True)), (sums, one)
+    # in seconds, exactly: the turns are the allocation
+    cmp = runs[0].compared
+    assert abs(sum(t.work_s for t in cmp.turns) - cmp.one_work_s) < 1e-6
+    assert abs(sum(t.work_s + t.rounds * cmp.load_s for t in cmp.turns) - cmp.one_s) < 1e-6
+    # the first turn loads every engine at once; a later one keeps them (its decode's
+    # restarts its only loads)
+    assert [t.rounds for t in cmp.turns] == [3, 2, 2, 2, 2]
+
+    runs = prepare.prepare_all(SEED, [], STUDY, tmp_path / "each", allocation="each")
+    lines, ways = _study_lines(runs)
+    assert len(lines) == 5 and not any("turn" in ln for ln in lines), lines
+    each = next(w for w in ways if "one job each:" in w)
+    sums = [sum(x) for x in zip(*map(_hours, lines), strict=True)]
+    assert all(abs(s - t) < 0.3 for s, t in zip(sums, _hours(each), strict=True)), (sums, each)
+
+
+def test_a_studys_lines_take_the_measured_load_where_there_is_one(tmp_path, monkeypatch):
+    """With a load time measured by earlier runs, each configuration's line counts its
+    loads at it, as the comparison does, and still says the bound."""
+    monkeypatch.setattr(prepare, "assumed_load_s",
+                        lambda root, plan, c: (600.0, "measured: the median of 3 earlier runs"))
+    runs = prepare.prepare_all(SEED, [], STUDY, tmp_path, allocation="each")
+    lines, ways = _study_lines(runs)
+    each = next(w for w in ways if "one job each:" in w)
+    m = [re.search(r"about ([\d,.]+) GPU-hours, at most ([\d,.]+)", x) for x in lines + [each]]
+    assert all(m), lines + [each]
+    got = [tuple(float(g.replace(",", "")) for g in x.groups()) for x in m]
+    assert all(abs(sum(x[i] for x in got[:-1]) - got[-1][i]) < 0.3 for i in (0, 1)), got
+    assert all("~10 min each" in ln and "health.timeout_s (40 min)" in ln for ln in lines)
+
+
+def test_the_json_cost_says_the_work_the_bound_and_the_warm_ups(cli, tmp_path):
+    rc, out, err = cli("submit", SEED, "--dry-run", "--format", "json", "--runs-dir",
+                       str(tmp_path))
+    assert rc == 0, err
+    [doc] = json.loads(out)
+    c = doc["cost"]
+    assert c["work_s"] < c["worst_s"] and c["loads"] == 3 and c["warmup_requests"] > 0, c
+    r = recipe.load(SEED)
+    assert c["warmup_requests"] == sum(r.benchmark.warmups(x) for x in r.benchmark.concurrency)
