@@ -23,9 +23,11 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("recipes", help="list the shipped recipes; `show NAME`: one resolved; "
                        "`fields`: every recipe key with its default")
-    s.add_argument("action", nargs="?", choices=("list", "show", "fields"), default="list")
+    s.add_argument("action", nargs="?", choices=("list", "show", "fields"), default="list",
+                   help="list (default), show one recipe resolved, or every recipe field")
     s.add_argument("name", nargs="?", help="for show: a recipe path or shipped name")
-    s.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    s.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="for show: override a field (a.b.c=value), as submit takes it")
     s.set_defaults(func=cmd_recipes)
 
     s = sub.add_parser("submit", help="allocate nodes and run a recipe (or --dry-run)")
@@ -48,7 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--dry-run", action="store_true", help="write and show everything, submit nothing"
     )
-    s.add_argument("--format", choices=("text", "json"), default="text")
+    s.add_argument("--format", choices=("text", "json"), default="text",
+                   help="the plan as text (default) or as JSON, one object per run")
     s.add_argument("--wait", action="store_true", help="follow a Slurm job until it ends")
     s.add_argument(
         "--check", action="store_true",
@@ -60,44 +63,52 @@ def _parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_submit)
 
     s = sub.add_parser("env", help="the compute nodes' environment (shared compute_env mode)")
-    s.add_argument("action", choices=("prepare", "show"))
+    s.add_argument("action", choices=("prepare", "show"),
+                   help="prepare: fetch the wheels for the nodes; show: what is there")
     s.add_argument("--cluster", required=True, help="a cluster profile name or YAML path")
-    s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS)
+    s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS, help="where runs live (default: %(default)s)")
     s.set_defaults(func=cmd_env)
 
     s = sub.add_parser("stage-model", help="fetch a hub model once into the profile's HF cache")
     s.add_argument("model", help="org/name on the Hugging Face hub")
     s.add_argument("--cluster", required=True, help="a cluster profile name or YAML path")
-    s.add_argument("--revision", default=None)
+    s.add_argument("--revision", default=None,
+                   help="a branch, tag or commit of the model (default: the hub's main)")
     s.set_defaults(func=cmd_stage_model)
 
     s = sub.add_parser("run", help="run a prepared run directory, or a study prepared for one "
                                    "allocation, here (inside an allocation, e.g. under salloc)")
-    s.add_argument("run_dir", type=Path, metavar="RUN_OR_STUDY_DIR")
+    s.add_argument("run_dir", type=Path, metavar="RUN_OR_STUDY_DIR",
+                   help="a directory submit --dry-run wrote")
     s.set_defaults(func=cmd_run)
 
     s = sub.add_parser("status", help="state of a run or a study (default: the newest run)")
-    s.add_argument("run", nargs="?")
-    s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS)
+    s.add_argument("run", nargs="?", help="run or study: a path, a run id (or its prefix) or "
+                                          "a study name (default: the newest run)")
+    s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS, help="where runs live (default: %(default)s)")
     s.set_defaults(func=cmd_status)
 
     s = sub.add_parser("logs", help="a process's log (or the list of logs)")
-    s.add_argument("run")
-    s.add_argument("process", nargs="?")
-    s.add_argument("-f", "--follow", action="store_true")
-    s.add_argument("-n", "--lines", type=int, default=40)
-    s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS)
+    s.add_argument("run", help="run or study: a path, a run id (or its prefix) or a study name")
+    s.add_argument("process", nargs="?",
+                   help="a process name, e.g. decode-0@node01 (default: list the logs)")
+    s.add_argument("-f", "--follow", action="store_true",
+                   help="keep printing as the log grows, until the run ends")
+    s.add_argument("-n", "--lines", type=int, default=40,
+                   help="lines from the end to print first (default: %(default)s)")
+    s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS, help="where runs live (default: %(default)s)")
     s.set_defaults(func=cmd_logs)
 
     s = sub.add_parser(
         "cancel", help="stop a run, or every run of a study (scancel, or signal a local run)")
-    s.add_argument("run")
-    s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS)
+    s.add_argument("run", help="run or study: a path, a run id (or its prefix) or a study name")
+    s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS, help="where runs live (default: %(default)s)")
     s.set_defaults(func=cmd_cancel)
 
     s = sub.add_parser("runs", help="list runs")
-    s.add_argument("--format", choices=("text", "csv"), default="text")
-    s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS)
+    s.add_argument("--format", choices=("text", "csv"), default="text",
+                   help="a table (default) or CSV for a spreadsheet")
+    s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS, help="where runs live (default: %(default)s)")
     s.set_defaults(func=cmd_runs)
 
     s = sub.add_parser("report", help="write one self-contained HTML report of a run or a study")
@@ -110,24 +121,32 @@ def _parser() -> argparse.ArgumentParser:
                         "report.html in the run or study")
     s.add_argument("--format", choices=("html", "csv"), default="html",
                    help="csv: one row per sweep point, printed (or written to -o)")
-    s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS)
+    s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS, help="where runs live (default: %(default)s)")
     s.set_defaults(func=cmd_report)
 
     s = sub.add_parser("diff", help="two runs: settings, processes, fingerprint drift and "
                                     "figures that differ; whether it is single-variable")
     s.add_argument("run_a", help="run directory or id")
     s.add_argument("run_b", help="run directory or id")
-    s.add_argument("--format", choices=("text", "json"), default="text")
-    s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS)
+    s.add_argument("--format", choices=("text", "json"), default="text",
+                   help="text for people (default), json for scripts")
+    s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS, help="where runs live (default: %(default)s)")
     s.set_defaults(func=cmd_diff)
 
     s = sub.add_parser(
         "recommend", help="the prefill:decode ratio and top concurrency to run next, from one run"
     )
-    s.add_argument("run", nargs="?", help="run directory or id (default: the newest)")
-    s.add_argument("--target-tok-s-user", type=float, default=None, metavar="X")
-    s.add_argument("--format", choices=("text", "json"), default="text")
-    s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS)
+    from launcher.analysis import recommend  # its options' help only
+
+    s.add_argument("run", nargs="?", help="run directory or id, or a study name (default: "
+                                          "the newest run)")
+    s.add_argument("--target-tok-s-user", type=float, default=None, metavar="X",
+                   help=recommend.TARGET_HELP)
+    s.add_argument("--target-ttft-ms", type=float, default=None, metavar="MS",
+                   help=recommend.TTFT_HELP)
+    s.add_argument("--format", choices=("text", "json"), default="text",
+                   help=recommend.FORMAT_HELP)
+    s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS, help="where runs live (default: %(default)s)")
     s.set_defaults(func=cmd_recommend)
 
     from launcher.telemetry import promconfig  # its arguments only: promsd loads on use
@@ -142,9 +161,10 @@ def _parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_prometheus_config)
 
     s = sub.add_parser("dashboard", help="open the Streamlit dashboard on a runs directory")
-    s.add_argument("runs_dir", nargs="?", type=Path, default=DEFAULT_RUNS)
+    s.add_argument("runs_dir", nargs="?", type=Path, default=DEFAULT_RUNS,
+                   help="where runs live (default: %(default)s)")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    s.add_argument("--port", type=int, default=8501)
+    s.add_argument("--port", type=int, default=8501, help="port (default: %(default)s)")
     s.set_defaults(func=cmd_dashboard)
     return p
 
@@ -495,6 +515,8 @@ def cmd_recommend(args) -> int:
     argv = [str(run.path), "--format", args.format]
     if args.target_tok_s_user is not None:
         argv += ["--target-tok-s-user", str(args.target_tok_s_user)]
+    if args.target_ttft_ms is not None:
+        argv += ["--target-ttft-ms", str(args.target_ttft_ms)]
     return recommend.main(argv)
 
 

@@ -550,6 +550,8 @@ max-width:1180px;margin:24px auto;padding:0 20px}
 h1{font-size:24px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid
 #ddd;padding-bottom:4px}h3{font-size:15px;margin:18px 0 6px}
 .sim{background:#fff4d6;border:1px solid #f0c36d;padding:8px 12px;border-radius:6px}
+.warn{background:#fff4d6;border:1px solid #f0c36d;padding:2px 12px;border-radius:6px}
+.good{background:#e8f5ec;border:1px solid #9fd3ae;padding:2px 12px;border-radius:6px}
 table{border-collapse:collapse;margin:6px 0;font-size:13px}th,td{border:1px solid #ddd;
 padding:4px 8px;vertical-align:top;text-align:left}thead th{background:#f4f5f7}
 td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
@@ -808,12 +810,17 @@ def render_study(path: Path) -> str:
         if rec is None:
             body.append(f'<p class="note">Not available: {esc(why)}.</p>')
         else:
+            adv = studies.advice(rec)
+            # a low-confidence advice or one with caveats reads as a warning, never as a fact
             body.append(
-                f"<p>From the run of <b>{esc(best[0])}</b>: <b>{esc(rec.get('prefill_endpoints'))}"
-                f" prefill : {esc(rec.get('decode_endpoints'))} decode endpoints</b>"
-                + (f" (ratio {esc(rec.get('ratio'))})" if rec.get("ratio") is not None else "")
-                + (f", up to concurrency {esc(rec.get('top_concurrency'))}"
-                   if rec.get("top_concurrency") is not None else "") + ".</p>"
+                f'<div class="{"good" if adv["good"] else "warn"}">'
+                f"<p>From the run of <b>{esc(best[0])}</b>: <b>{esc(adv['head'])}</b>"
+                + (f"; confidence <b>{esc(adv['confidence'])}</b>" if adv["confidence"] else "")
+                + ".</p>"
+                + ("<ul>" + "".join(f"<li>{esc(c)}</li>" for c in adv["caveats"]) + "</ul>"
+                   if adv["caveats"] else "") + "</div>"
+                + (f"<p>{esc(adv['figures'][0].upper() + adv['figures'][1:])}.</p>"
+                   if adv["figures"] else "")
                 + "<ul>" + "".join(f"<li>{esc(e)}</li>" for e in rec.get("evidence") or [])
                 + "</ul>"
                 + (f"<p>Next run: <code>{esc(rec.get('next_command'))}</code></p>"

@@ -123,6 +123,7 @@ def test_study_page_shows_the_recommendation(root, study, monkeypatch):
         seen.append((Path(run_dir).name, target_tokens_per_s_per_user))
         return {"prefill_endpoints": 5, "decode_endpoints": 1, "ratio": "5:1",
                 "top_concurrency": 512, "evidence": ["prefill knee at c=32"],
+                "confidence": "high", "caveats": [],
                 "next_command": "python -m launcher submit r --sweep prefill.endpoints=4,5,6",
                 "target_tokens_per_s_per_user": target_tokens_per_s_per_user}
 
@@ -135,6 +136,23 @@ def test_study_page_shows_the_recommendation(root, study, monkeypatch):
     assert seen and seen[0][1] is None
     at.number_input(key="study_rec_target").set_value(40.0).run()
     assert seen[-1][1] == 40.0
+
+
+def test_study_page_carries_every_caveat_of_the_advice(root, study, monkeypatch):
+    """Issue 41 item 3: the advice of the best configuration's run with its confidence, TTFT
+    and every caveat the CLI prints, as a warning, never as a success box."""
+    from launcher.analysis import recommend
+
+    at = open_page(root, "app_pages/study.py", monkeypatch, study=study.name)
+    best, _ = expected_best(study)
+    rec = recommend.recommend(dict(studies.configs(study))[best])
+    assert rec["caveats"], rec  # the synthetic study's best run has some
+    assert not [s.value for s in at.success if "prefill :" in s.value]
+    (box,) = [w.value for w in at.warning if "prefill :" in w.value]
+    assert f"confidence {rec['confidence']}" in box
+    for c in rec["caveats"]:
+        assert c in box, box
+    assert recommend.ttft_text(rec["predicted"]) in texts(at)
 
 
 def test_recommender_that_fails_or_says_nothing(tmp_path, monkeypatch):

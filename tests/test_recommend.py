@@ -416,3 +416,82 @@ def test_a_recommendation_says_its_ttft_and_why_its_confidence_is_not_high(synth
         assert "  TTFT " in text and "M/D/1" in text, text
         if rec["confidence"] != "high":
             assert f"confidence {rec['confidence']} (" in text, text
+
+
+# --- issue 41 item 3: an advice carries its caveats; every option says what it does --------
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    import argparse
+
+    from launcher import cli
+
+    missing = []
+    for action in cli._parser()._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                missing += [f"{name} {'/'.join(a.option_strings) or a.dest}"
+                            for a in sub._actions
+                            if not a.help and not isinstance(a, argparse._HelpAction)]
+    assert not missing, missing
+
+
+@pytest.fixture(scope="module")
+def prefill_short(synth_root) -> Path:
+    """One GB200-scale configuration (4 prefill DEP2 per decode DEP8) whose best count is
+    prefill-bound, so its predicted TTFT is unbounded."""
+    study = synth.study(synth_root, (4,), decode_dp=8, concurrencies=synth.PUBLISHED_CONCURRENCY,
+                        gb200=True, duration_s=240.0, name="gb200-prefill-4")
+    (run,) = [p for p in study.iterdir() if p.is_dir()]
+    return run
+
+
+def test_the_cli_prints_every_caveat_of_its_advice(prefill_short, capsys):
+    rec = recommend.recommend(prefill_short)
+    caveats = rec["caveats"]
+    assert any(c.startswith("TTFT unbounded: ") and "% utilised" in c for c in caveats), caveats
+    assert any(c.startswith(f"Confidence {rec['confidence']}: ") for c in caveats), caveats
+    from launcher import cli
+
+    assert cli.main(["recommend", str(prefill_short)]) == 0
+    out = capsys.readouterr().out
+    assert "Caveats:" in out
+    for c in caveats:
+        assert f"! {c}" in out, out
+
+
+def test_a_diagnosis_that_disagrees_with_the_advice_is_a_caveat():
+    from launcher.analysis.diagnose import TITLES, Verdict, VerdictKind
+
+    kv = Verdict("c=64", 64, VerdictKind.KV_CAPACITY, TITLES[VerdictKind.KV_CAPACITY])
+    # the demo: 2 prefill endpoints, decode KV full at c=64; the advice 1, prefill-bound
+    said = recommend.diagnosis_caveat(kv, 2, "decode", 1, "prefill")
+    assert said and "decode KV capacity at c=64" in said and "prefill-bound" in said
+    assert recommend.diagnosis_caveat(kv, 2, "decode", 2, "decode") is None
+    assert "as prefill-bound, but" in recommend.diagnosis_caveat(kv, 2, "prefill", 3, "prefill")
+    xfer = Verdict("c=8", 8, VerdictKind.KV_TRANSFER, TITLES[VerdictKind.KV_TRANSFER])
+    assert "not limits" in recommend.diagnosis_caveat(xfer, 2, "decode", 2, "decode")
+    ok = Verdict("c=8", 8, VerdictKind.HEALTHY, TITLES[VerdictKind.HEALTHY])
+    assert recommend.diagnosis_caveat(ok, 2, "decode", 1, "prefill") is None
+
+
+def test_a_ttft_target_is_honoured(prefill_short, capsys):
+    free = recommend.recommend(prefill_short)
+    assert not math.isfinite(free["predicted"]["ttft_s"])
+    rec = recommend.recommend(prefill_short, target_ttft_ms=3000)
+    P = rec["prefill_endpoints"]
+    assert P > free["prefill_endpoints"] and rec["target_ttft_ms"] == 3000
+    assert rec["predicted"]["ttft_s"] <= 3.0
+    assert not any(c.startswith("TTFT unbounded") for c in rec["caveats"])
+    by_p = {c["prefill_endpoints"]: c for c in rec["candidates"]}
+    assert by_p[P]["ttft_s"] == rec["predicted"]["ttft_s"]
+    assert by_p[P - 1]["ttft_s"] > 3.0  # the next count down misses it
+    from launcher import cli
+
+    assert cli.main(["recommend", str(prefill_short), "--target-ttft-ms", "3000"]) == 0
+    out = capsys.readouterr().out
+    assert "TTFT <= 3,000 ms:" in out and f"  {P} prefill DEP2 per 1 decode DEP8" in out
+    floor = free["predicted"]["ttft_floor_s"] * 1000
+    why = recommend.why_not(prefill_short, target_ttft_ms=floor / 2)
+    assert "below this run's lowest TTFT" in why, why
+    assert "positive" in recommend.why_not(prefill_short, target_ttft_ms=-1)

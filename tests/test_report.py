@@ -13,6 +13,7 @@ import pytest
 import synth
 
 from launcher import report
+from launcher.analysis import studies
 from launcher.run import figures, listing
 from launcher.run.rundir import RunDir
 
@@ -131,6 +132,27 @@ def test_study_report(root):
     assert "P:D recommendation" in text
     for k, r in enumerate(sorted(study.runs, key=lambda r: r.run_id)):
         check_numbers(c.tables[k], figures.summary(r.path)["points"])
+
+
+def test_study_report_carries_every_caveat_of_the_advice(root):
+    """Issue 41 item 3: the report's P:D recommendation says its confidence, TTFT and every
+    caveat, in a warning box, not as good news."""
+    import html as html_mod
+    import re
+
+    from launcher.analysis import recommend
+
+    (study,) = [e for e in listing.entries(root) if isinstance(e, listing.Study)]
+    text = report.render_study(study.path)
+    part = text[text.index("<h2>P:D recommendation</h2>"):text.index("<h2>Each configuration")]
+    label = html_mod.unescape(re.search(r"From the run of <b>(.*?)</b>", part).group(1))
+    rec = recommend.recommend(dict(studies.configs(study))[label])
+    assert rec["caveats"]
+    assert '<div class="warn">' in part and 'class="good"' not in part
+    assert f"confidence <b>{rec['confidence']}</b>" in part
+    for c in rec["caveats"]:
+        assert html_mod.escape(c, quote=True) in part, part
+    assert html_mod.escape(recommend.ttft_text(rec["predicted"]), quote=True) in part
 
 
 def test_cli_main(root, capsys, tmp_path):

@@ -263,26 +263,30 @@ def recommendation_section(best: pd.Series, members: list) -> None:
     st.subheader("P:D recommendation")
     labels = [lab for lab, _ in members]
     runs = {lab: m for lab, m in members}
-    c1, c2 = st.columns([2, 1])
+    c1, c2, c3 = st.columns([2, 1, 1])
     default = labels.index(best["config"]) if best["config"] in labels else 0
     lab = c1.selectbox("From the run of configuration", labels, index=default,
                        key="study_rec_config",
                        help="The recommender reads one run (its KV capacity and sweep).")
     target = c2.number_input("Target tok/s per user (0: none)", min_value=0.0, value=0.0,
                              step=5.0, key="study_rec_target")
-    rec, why = studies.recommendation(runs[lab].path, target or None)
+    ttft = c3.number_input("Target TTFT ms (0: none)", min_value=0.0, value=0.0, step=100.0,
+                           key="study_rec_ttft", help="Mean time to first token to stay under.")
+    rec, why = studies.recommendation(runs[lab].path, target or None, ttft or None)
     if rec is None:
         st.info(f"The P:D recommendation is not available: {why}.")
         return
-    ratio = rec.get("ratio")
-    st.success(f"**{rec.get('prefill_endpoints', '?')} prefill : "
-               f"{rec.get('decode_endpoints', '?')} decode endpoints**"
-               + (f" (ratio {ratio})" if ratio is not None else "")
-               + (f", up to concurrency {rec['top_concurrency']}"
-                  if rec.get("top_concurrency") is not None else "")
-               + (f", for ≥ {rec['target_tokens_per_s_per_user']:g} tok/s per user"
-                  if rec.get("target_tokens_per_s_per_user") else ""),
-               icon=":material/recommend:")
+    adv = studies.advice(rec)
+    # only a high-confidence advice without caveats is good news; the rest is a warning
+    text = f"**{adv['head']}**" + (f"; confidence {adv['confidence']}"
+                                   if adv["confidence"] else "")
+    if adv["good"]:
+        st.success(text, icon=":material/recommend:")
+    else:
+        st.warning(text + "".join(f"\n- {c}" for c in adv["caveats"]),
+                   icon=":material/warning:")
+    if adv["figures"]:
+        st.markdown(adv["figures"][0].upper() + adv["figures"][1:] + ".")
     for e in rec.get("evidence") or []:
         st.markdown(f"- {e}")
     if rec.get("next_command"):

@@ -1,6 +1,7 @@
 """How many prefill endpoints per decode endpoint: a recommendation from one measured run.
 
-    python -m launcher.analysis.recommend RUN_DIR [--target-tok-s-user X] [--format text|json]
+    python -m launcher.analysis.recommend RUN_DIR [--target-tok-s-user X] [--target-ttft-ms MS]
+        [--format text|json]
 
 The method works from first principles on what one run measured (docs/recommend.md says
 it plainly, with its limits). Per sweep point we know the request rate, the prompt and
@@ -64,6 +65,7 @@ WAITING_CAPACITY = _T.waiting_capacity
 PREFILL_KV_FULL = _T.prefill_kv_full
 TRIM = _T.trim
 TOP_MARGIN = _T.top_margin
+MAX_PREFILL_ENDPOINTS = 64  # the most prefill endpoints a TTFT target may ask for
 
 NEEDS = (
     "vllm:request_queue_time_seconds_sum", "vllm:request_queue_time_seconds_count",
@@ -385,6 +387,7 @@ def predict(p: int, prefill: dict[str, Any], model: dict[str, Any], dcap: dict[s
         n, tpot = dcap["running"], dcap["tpot_s"]
         lost = ttft0_s + n * isl / (2 * p * k) + osl * tpot / 2
     in_flight = rate * (ttft0_s + model["kv_transfer_s"] + osl * tpot)
+    rho, ttft = ttft_at(p, prefill, model, dcap, ttft0_s)
     top = top or nice_up(TOP_MARGIN * in_flight)
     n_prompts = prompts[1] if prompts[0] == "fixed" else prompts[1] * top
     measured_rate = n_prompts / (n_prompts / rate + lost) if rate > 0 else 0.0
@@ -396,26 +399,66 @@ def predict(p: int, prefill: dict[str, Any], model: dict[str, Any], dcap: dict[s
         "steady_total_tokens_per_s_per_gpu": rate * (isl + osl) / gpus,
         "tokens_per_s_per_user": 1.0 / tpot, "decode_running": n,
         "concurrency_at_capacity": in_flight, "top_concurrency": top,
-        "prompts_at_top": n_prompts,
+        "prompts_at_top": n_prompts, "prefill_utilisation": rho, "ttft_s": ttft,
     }
+
+
+def ttft_at(p: int, prefill: dict[str, Any], model: dict[str, Any], dcap: dict[str, Any],
+            ttft0_s: float) -> tuple[float, float]:
+    """(prefill utilisation, TTFT s) with `p` prefill endpoints: the lowest TTFT the run
+    measured plus M/D/1 queueing at the decode side's request rate, Wq = rho s / (2 (1 - rho))
+    with s one prompt's prefill (ISL / prompt tok/s per endpoint); unbounded at rho >= 1."""
+    k = prefill["tokens_per_s"]
+    rho = dcap["request_rate"] * model["isl"] / (p * k)
+    service = model["isl"] / k
+    return rho, ttft0_s + (rho * service / (2 * (1 - rho)) if rho < 1 else math.inf)
+
+
+def endpoints_for_ttft(prefill: dict[str, Any], model: dict[str, Any], dcap: dict[str, Any],
+                       ttft0_s: float, ttft_target_s: float) -> int | None:
+    """The fewest prefill endpoints whose predicted TTFT meets the target (the inverse of
+    `ttft_at`: rho <= 2m / (s + 2m) for m = target - TTFT0); None when TTFT0 is above it."""
+    m = ttft_target_s - ttft0_s
+    if m <= 0:
+        return None
+    service = model["isl"] / prefill["tokens_per_s"]
+    need = dcap["request_rate"] * model["isl"] / prefill["tokens_per_s"]
+    return max(1, math.ceil(need * (service + 2 * m) / (2 * m) - 1e-9))
 
 
 def candidates(prefill: dict[str, Any], model: dict[str, Any], dcap: dict[str, Any],
                topo: Topology, ttft0_s: float, prompts: tuple[str, float],
-               max_endpoints: int | None = None) -> list[dict[str, Any]]:
-    """`predict` for 1 .. a couple past the balanced count of prefill endpoints."""
+               max_endpoints: int | None = None,
+               ttft_target_s: float | None = None) -> list[dict[str, Any]]:
+    """`predict` for 1 .. a couple past the balanced count of prefill endpoints, or past the
+    count a TTFT target needs."""
     need = dcap["request_rate"] * model["isl"] / prefill["tokens_per_s"]
     top_p = max_endpoints or max(math.ceil(need) + 2, topo.prefill_endpoints + 1)
+    if ttft_target_s and not max_endpoints:
+        for_ttft = endpoints_for_ttft(prefill, model, dcap, ttft0_s, ttft_target_s)
+        if for_ttft is not None:  # a target far below the queueing needs many: cap it
+            top_p = max(top_p, min(for_ttft + 1, MAX_PREFILL_ENDPOINTS))
     return [predict(p, prefill, model, dcap, topo, ttft0_s, prompts)
             for p in range(1, top_p + 1)]
 
 
-def choose(cands: list[dict[str, Any]], target: float | None) -> dict[str, Any]:
-    """The count with the most total tok/s/GPU among those meeting the target; a tie (within
-    0.5 %) goes to fewer GPUs."""
+def choose(cands: list[dict[str, Any]], target: float | None,
+           ttft_target_s: float | None = None) -> dict[str, Any]:
+    """The count with the most total tok/s/GPU among those meeting the targets (tokens/s per
+    user, TTFT); a tie (within 0.5 %) goes to fewer GPUs."""
     ok = [c for c in cands if not target or c["tokens_per_s_per_user"] >= target * 0.999]
     if not ok:
         raise NoRecommendation("no prefill endpoint count meets the tokens/s/user target")
+    if ttft_target_s:
+        fast = [c for c in ok if c["ttft_s"] <= ttft_target_s * 1.001]
+        if not fast:
+            low = min(ok, key=lambda c: c["ttft_s"])
+            raise NoRecommendation(
+                f"no prefill endpoint count up to {max(c['prefill_endpoints'] for c in ok)} "
+                f"meets the TTFT target of {ttft_target_s * 1000:,.0f} ms: the lowest "
+                f"predicted is {_ttft_words(low['ttft_s'])} (this run's lowest TTFT plus "
+                "prefill queueing); raise the target")
+        ok = fast
     best = max(c["total_tokens_per_s_per_gpu"] for c in ok)
     return min((c for c in ok if c["total_tokens_per_s_per_gpu"] >= best * 0.995),
                key=lambda c: c["gpus"])
@@ -456,6 +499,14 @@ def tok_s_gpu_at_target(points: list[dict[str, Any]], target: float | None) -> f
 
 def _ms(x: float) -> str:
     return f"{x * 1000:.0f} ms" if abs(x) < 10 else f"{x:.1f} s"
+
+
+def _ttft_ms(x: float | None) -> str:
+    return f"{x * 1000:,.0f}" if _ok(x) else "unbounded"
+
+
+def _ttft_words(x: float) -> str:
+    return f"{x * 1000:,.0f} ms" if math.isfinite(x) else "unbounded"
 
 
 def _num(x: Any) -> float:
@@ -524,9 +575,10 @@ def _steady_mean(ss: Any, ids: Any, a: float, b: float, step: float, how: str) -
         return float(np.nanmean(m))
 
 
-def observe(run_dir: Path, plan: Any, topo: Topology) -> tuple[list[Point], list[str]]:
-    """The run's ok points with their telemetry numbers, and notes on what was left out."""
-    from launcher.analysis import derive
+def observe(run_dir: Path, plan: Any, topo: Topology) -> tuple[list[Point], list[str], list]:
+    """The run's ok points with their telemetry numbers, notes on what was left out, and
+    the diagnosis of every point (`launcher.analysis.diagnose`, as the TTFT page has it)."""
+    from launcher.analysis import derive, diagnose, load
     from launcher.run import figures
     from launcher.run.results import load_results
     from launcher.telemetry import store
@@ -553,7 +605,7 @@ def observe(run_dir: Path, plan: Any, topo: Topology) -> tuple[list[Point], list
     if not ok:
         raise NoRecommendation("no sweep point of this run is ok")
     try:
-        df = store.read_samples(run_dir, names=NEEDS)
+        df = store.read_samples(run_dir, names=tuple(dict.fromkeys(NEEDS + load.TTFT_NAMES)))
     except Exception as e:  # unreadable telemetry is a reason, not a crash
         raise NoRecommendation(f"the run's telemetry could not be read ({e})") from None
     if df.empty:
@@ -602,7 +654,10 @@ def observe(run_dir: Path, plan: Any, topo: Topology) -> tuple[list[Point], list
     if not any(_ok(p.decode_running) for p in points):
         raise NoRecommendation("no sweep window has decode telemetry "
                                "(vllm:num_requests_running on the decode endpoints)")
-    return points, notes
+    table = derive.point_table(load.load_bench(run_dir), plan, ss,
+                               step_s=plan.telemetry_interval_s)
+    verdicts = diagnose.diagnose(table.to_dict("records")) if not table.empty else []
+    return points, notes, verdicts
 
 
 def prompts_rule(points: list[Point]) -> tuple[str, float]:
@@ -633,37 +688,72 @@ def concurrency_list(start: float, top: int) -> list[int]:
 
 
 def analyse(run_dir: str | Path, target_tokens_per_s_per_user: float | None = None,
+            target_ttft_ms: float | None = None,
             ) -> tuple[dict[str, Any] | None, str | None]:
     """(recommendation, None), or (None, the one-sentence reason there is none)."""
     try:
-        return _recommend(Path(run_dir), target_tokens_per_s_per_user), None
+        return _recommend(Path(run_dir), target_tokens_per_s_per_user, target_ttft_ms), None
     except NoRecommendation as e:
         return None, str(e)
 
 
 def recommend(run_dir: Path, target_tokens_per_s_per_user: float | None = None,
-              ) -> dict[str, Any] | None:
-    """The prefill:decode endpoint ratio for this run's recipe, ISL/OSL and a tokens/s per
-    user target (None: no latency target, the decode side's KV or sequence limit decides),
-    with the evidence and the command to run next; None when the run cannot support one
-    (`why_not` says why). Keys: prefill_endpoints, decode_endpoints, ratio, top_concurrency,
-    target_tokens_per_s_per_user, capacities, evidence, next_command, predicted,
-    assumptions; also candidates, confidence, run, recipe, simulated."""
-    return analyse(run_dir, target_tokens_per_s_per_user)[0]
+              target_ttft_ms: float | None = None) -> dict[str, Any] | None:
+    """The prefill:decode endpoint ratio for this run's recipe, ISL/OSL, a tokens/s per user
+    target (None: no latency target, the decode side's KV or sequence limit decides) and a
+    mean TTFT target in ms (None: none), with the evidence, the caveats and the command to
+    run next; None when the run cannot support one (`why_not` says why). Keys:
+    prefill_endpoints, decode_endpoints, ratio, top_concurrency,
+    target_tokens_per_s_per_user, target_ttft_ms, capacities, evidence, next_command,
+    predicted, assumptions, confidence, caveats; also candidates, run, recipe, simulated."""
+    return analyse(run_dir, target_tokens_per_s_per_user, target_ttft_ms)[0]
 
 
 def why_not(run_dir: str | Path, target_tokens_per_s_per_user: float | None = None,
-            ) -> str | None:
+            target_ttft_ms: float | None = None) -> str | None:
     """Why `recommend` returns None for this run (None when it does not)."""
-    return analyse(run_dir, target_tokens_per_s_per_user)[1]
+    return analyse(run_dir, target_tokens_per_s_per_user, target_ttft_ms)[1]
 
 
-def _recommend(run_dir: Path, target: float | None) -> dict[str, Any]:
+# the side of the run each verdict puts the bottleneck on (None: none, or outside the method)
+_SIDE = {"prefill-bound": "prefill", "decode-kv-capacity": "decode",
+         "decode-compute": "decode", "dp-imbalance": "decode"}
+
+
+def diagnosis_caveat(verdict: Any, run_p: int, this_bound: str, best_p: int,
+                     best_bound: str) -> str | None:
+    """A sentence when this run's own diagnosis (the TTFT page's verdict at its heaviest
+    point) does not agree with how the method reads the run or the advice; else None."""
+    if verdict is None:
+        return None
+    kind, where = str(verdict.kind), f"{verdict.label} at {verdict.point}"
+    if kind in ("kv-transfer", "client-router"):
+        return (f"This run's diagnosis (TTFT page) is {where}: the method assumes KV "
+                "transfer and the router are not limits, so its figures may not hold.")
+    side = _SIDE.get(kind)
+    if side is None:
+        return None
+    if side != this_bound:
+        return (f"The method reads this run ({run_p} prefill endpoint(s)) as "
+                f"{this_bound}-bound, but its diagnosis (TTFT page) is {where}.")
+    if best_p != run_p and side != best_bound:
+        return (f"This run ({run_p} prefill endpoint(s)) was {where} (TTFT page); the advice "
+                f"({best_p}) is predicted {best_bound}-bound, which no point of this run "
+                "measured.")
+    return None
+
+
+def _recommend(run_dir: Path, target: float | None,
+               target_ttft_ms: float | None = None) -> dict[str, Any]:
     from launcher.run.plandoc import PlanError, read_plan
 
     if target is not None and not (_ok(target) and target > 0):
         raise NoRecommendation(f"the tokens/s per user target must be a positive number, "
                                f"not {target!r}")
+    if target_ttft_ms is not None and not (_ok(target_ttft_ms) and target_ttft_ms > 0):
+        raise NoRecommendation(f"the TTFT target must be a positive number of milliseconds, "
+                               f"not {target_ttft_ms!r}")
+    ttft_target = target_ttft_ms / 1000 if target_ttft_ms else None
     if not run_dir.is_dir():
         raise NoRecommendation(f"{run_dir} is not a run directory")
     try:
@@ -674,7 +764,7 @@ def _recommend(run_dir: Path, target: float | None) -> dict[str, Any]:
         raise NoRecommendation("the run is in aggregated mode: every GPU does prefill and "
                                "decode, so there is no prefill:decode ratio to recommend")
     topo = topology_of(plan)
-    points, notes = observe(run_dir, plan, topo)
+    points, notes, verdicts = observe(run_dir, plan, topo)
     if len(points) < 2:
         raise NoRecommendation("the run has one ok sweep point; the method needs at least "
                                "two concurrencies to see how each side responds to load")
@@ -685,8 +775,12 @@ def _recommend(run_dir: Path, target: float | None) -> dict[str, Any]:
     dcap = decode_capacity(model, target)
     ttft0 = min(p.ttft_s for p in points)
     rule = prompts_rule(points)
-    cands = candidates(pre, model, dcap, topo, ttft0, rule)
-    best = choose(cands, target)
+    if ttft_target and ttft_target <= ttft0:
+        raise NoRecommendation(
+            f"the TTFT target of {target_ttft_ms:,.0f} ms is below this run's lowest TTFT "
+            f"({ttft0 * 1000:,.0f} ms, at its lightest point): no prefill count can meet it")
+    cands = candidates(pre, model, dcap, topo, ttft0, rule, ttft_target_s=ttft_target)
+    best = choose(cands, target, ttft_target)
     P, D = best["prefill_endpoints"], topo.decode_endpoints
     g = math.gcd(P, D)
     need = dcap["request_rate"] * model["isl"] / pre["tokens_per_s"]
@@ -728,6 +822,7 @@ def _recommend(run_dir: Path, target: float | None) -> dict[str, Any]:
                   + (f": that measurement, not the {modelled:.1f} modelled above, is the "
                      "KV limit used below." if modelled is not None else "."))
     tgt = f">= {target:g} tok/s/user" if target else "no tok/s/user target"
+    ttft_tgt = f" and TTFT <= {target_ttft_ms:,.0f} ms" if target_ttft_ms else ""
     limit_text = ", ".join(f"{name} {v:.1f}" for name, v in sorted(dcap["limits"].items(),
                                                                  key=lambda kv: kv[1]))
     ev.append(f"At {tgt} the decode side carries {dcap['running']:.1f} running requests "
@@ -754,7 +849,10 @@ def _recommend(run_dir: Path, target: float | None) -> dict[str, Any]:
               f"{best['total_tokens_per_s_per_gpu']:,.0f} tok/s/GPU predicted "
               f"({best['bound']}-bound) vs " + ", ".join(
                   f"{c['prefill_endpoints']}: {c['total_tokens_per_s_per_gpu']:,.0f}"
-                  for c in cands if c is not best) + ".")
+                  for c in cands if c is not best) + "."
+              + (f" Every count below {P} misses the TTFT target." if ttft_tgt and any(
+                  c["ttft_s"] > ttft_target * 1.001 for c in cands
+                  if c["prefill_endpoints"] < P) else ""))
     fit = nodes_for(run_dir / "recipe.yaml", P)
     if fit:
         ev.append(fit)
@@ -778,9 +876,22 @@ def _recommend(run_dir: Path, target: float | None) -> dict[str, Any]:
     if model["kv_footprint_basis"] != "measured":
         confidence_why.append("KV per request is estimated, not measured")
     # TTFT: the lowest this run measured plus M/D/1 queueing at the predicted prefill load
-    rho = dcap["request_rate"] * model["isl"] / (P * pre["tokens_per_s"])
-    service = model["isl"] / pre["tokens_per_s"]
-    ttft_pred = ttft0 + (rho * service / (2 * (1 - rho)) if rho < 1 else math.inf)
+    rho, ttft_pred = best["prefill_utilisation"], best["ttft_s"]
+
+    # Caveats: what a reader must see wherever the advice is shown (CLI, Study page, report)
+    caveats = []
+    if confidence != "high":
+        caveats.append(f"Confidence {confidence}" + (
+            f": {'; '.join(confidence_why)}." if confidence_why else "."))
+    if not math.isfinite(ttft_pred):
+        caveats.append(f"TTFT unbounded: at the predicted rate the prefill side is "
+                       f"{rho:.0%} utilised, so prompts queue for prefill without limit "
+                       "(set a TTFT target, --target-ttft-ms, to size the prefill side).")
+    heaviest = max((v for v in verdicts if str(v.kind) != "failed"),
+                   key=lambda v: v.concurrency if _ok(v.concurrency) else -1, default=None)
+    said = diagnosis_caveat(heaviest, topo.prefill_endpoints, this["bound"], P, best["bound"])
+    if said:
+        caveats.append(said)
 
     assumptions = [
         "Prefill capacity grows linearly with prefill endpoints (the router spreads prompts "
@@ -888,11 +999,12 @@ def _recommend(run_dir: Path, target: float | None) -> dict[str, Any]:
         "simulated": topo.simulated,
         "prefill_endpoints": P, "decode_endpoints": D, "ratio": f"{P // g}:{D // g}",
         "top_concurrency": best["top_concurrency"],
-        "target_tokens_per_s_per_user": target,
+        "target_tokens_per_s_per_user": target, "target_ttft_ms": target_ttft_ms,
         "isl": isl, "osl": osl,
         "capacities": capacities, "evidence": ev, "next_command": next_command,
         "next_concurrency": concs, "predicted": predicted, "assumptions": assumptions,
         "candidates": cands, "confidence": confidence, "confidence_why": confidence_why,
+        "caveats": caveats,
         "points": [asdict(p) for p in points],
     }
 
@@ -925,8 +1037,7 @@ def _gpus(n: int) -> str:
 def render_text(rec: dict[str, Any]) -> str:
     c, pr = rec["capacities"], rec["predicted"]
     pf, dc = c["prefill"], c["decode"]
-    tgt = (f">= {rec['target_tokens_per_s_per_user']:g} tok/s/user"
-           if rec["target_tokens_per_s_per_user"] else "no tok/s/user target")
+    tgt = targets_text(rec)
     sim = " (SIMULATED)" if rec["simulated"] else ""
     lines = [
         f"Recommendation from {rec['run_id']}{sim}, ISL/OSL {rec['isl']:,.0f}/{rec['osl']:,.0f}, "
@@ -938,10 +1049,10 @@ def render_text(rec: dict[str, Any]) -> str:
         f"  predicted {pr['total_tokens_per_s_per_gpu']:,.0f} tok/s/GPU "
         f"({pr['steady_total_tokens_per_s_per_gpu']:,.0f} steady state) at "
         f"{pr['tokens_per_s_per_user']:,.1f} tok/s/user, {pr['bound']}-bound",
-        "  TTFT " + (f"about {pr['ttft_s'] * 1000:,.0f} ms" if math.isfinite(pr["ttft_s"])
-                     else "unbounded") + f" (this run's lowest, {pr['ttft_floor_s'] * 1000:,.0f}"
-        f" ms, plus queueing at prefill utilisation {pr['prefill_utilisation']:.0%}, M/D/1)",
+        "  " + ttft_text(pr),
         "",
+        *(["Caveats:", *[f"  ! {c}" for c in rec["caveats"]], ""] if rec.get("caveats")
+          else []),
         "What each side carries:",
         f"  prefill endpoint ({pf['shape']}, {_gpus(pf['gpus_per_endpoint'])}): "
         f"{pf['prompt_tokens_per_s_per_endpoint']:,.0f} prompt tok/s "
@@ -952,7 +1063,7 @@ def render_text(rec: dict[str, Any]) -> str:
         f"{dc['tokens_per_s_per_user']:.1f} tok/s/user (bound: {dc['bound']}; {dc['basis']})",
         "",
         "Prefill endpoints per decode side:",
-        "     P  GPUs  tok/s/GPU  steady  tok/s/user  bound    top conc",
+        "     P  GPUs  tok/s/GPU  steady  tok/s/user  bound    top conc   TTFT ms",
     ]
     cands = rec["candidates"]
     if len(cands) > 8:  # the neighbourhood of the recommendation and this run's count
@@ -965,11 +1076,30 @@ def render_text(rec: dict[str, Any]) -> str:
             f"  {mark}{cd['prefill_endpoints']:>3}  {cd['gpus']:>4}  "
             f"{cd['total_tokens_per_s_per_gpu']:>9,.0f}  "
             f"{cd['steady_total_tokens_per_s_per_gpu']:>6,.0f}  "
-            f"{cd['tokens_per_s_per_user']:>10,.1f}  {cd['bound']:<7}  {cd['top_concurrency']:>8}")
+            f"{cd['tokens_per_s_per_user']:>10,.1f}  {cd['bound']:<7}  {cd['top_concurrency']:>8}"
+            f"  {_ttft_ms(cd.get('ttft_s')):>8}")
     lines += ["", "Evidence:"] + [f"  - {e}" for e in rec["evidence"]]
     lines += ["", "Assumptions:"] + [f"  - {a}" for a in rec["assumptions"]]
     lines += ["", "Next:", f"  {rec['next_command']}"]
     return "\n".join(lines)
+
+
+def targets_text(rec: dict[str, Any]) -> str:
+    """The targets the advice was made for, in words ("no tok/s/user target", ">= 45
+    tok/s/user and TTFT <= 800 ms")."""
+    u, t = rec.get("target_tokens_per_s_per_user"), rec.get("target_ttft_ms")
+    words = [f">= {u:g} tok/s/user"] if u else []
+    words += [f"TTFT <= {t:,.0f} ms"] if t else []
+    return " and ".join(words) or "no tok/s/user or TTFT target"
+
+
+def ttft_text(pr: dict[str, Any]) -> str:
+    """The predicted TTFT with its basis: the same words on the CLI, the Study page and the
+    report."""
+    return ("TTFT " + (f"about {pr['ttft_s'] * 1000:,.0f} ms" if _ok(pr.get("ttft_s"))
+                       else "unbounded")
+            + f" (this run's lowest, {pr['ttft_floor_s'] * 1000:,.0f} ms, plus queueing at "
+              f"prefill utilisation {pr['prefill_utilisation']:.0%}, M/D/1)")
 
 
 def _json_safe(obj: Any) -> Any:
@@ -982,6 +1112,14 @@ def _json_safe(obj: Any) -> Any:
     return obj
 
 
+# the options' help, shared with `python -m launcher recommend`
+TARGET_HELP = ("tokens/s per user each request must get (1000 / median TPOT ms); "
+               "default: none, the decode side's KV or sequence limit decides")
+TTFT_HELP = ("mean time to first token to stay under, in ms: only prefill counts whose "
+             "predicted TTFT meets it are advised; default: none")
+FORMAT_HELP = "text for people (default), json for scripts"
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
@@ -989,12 +1127,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m launcher.analysis.recommend",
         description="Recommend the prefill:decode endpoint ratio from one measured run.")
-    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("run_dir", type=Path, help="the run directory to read")
     ap.add_argument("--target-tok-s-user", type=float, default=None, metavar="X",
-                    help="tokens/s per user to meet (1000 / median TPOT ms); default: none")
-    ap.add_argument("--format", choices=("text", "json"), default="text")
+                    help=TARGET_HELP)
+    ap.add_argument("--target-ttft-ms", type=float, default=None, metavar="MS",
+                    help=TTFT_HELP)
+    ap.add_argument("--format", choices=("text", "json"), default="text", help=FORMAT_HELP)
     a = ap.parse_args(argv)
-    rec, why = analyse(a.run_dir, a.target_tok_s_user)
+    rec, why = analyse(a.run_dir, a.target_tok_s_user, a.target_ttft_ms)
     if rec is None:
         where = "" if not a.run_dir.is_dir() else f"no recommendation from {a.run_dir}: "
         print(f"error: {where}{why}", file=sys.stderr)

@@ -208,9 +208,11 @@ def envelope(df: pd.DataFrame, y: str) -> pd.DataFrame:
     return derive.pareto_frontier(ok, X, y) if not ok.empty else ok
 
 
-def recommendation(run_path: Path, target: float | None = None) -> tuple[dict | None, str]:
-    """`launcher.analysis.recommend.recommend(run_path, target)` or why there is none: the module
-    may be missing (it is written in parallel), may fail or may find nothing to say."""
+def recommendation(run_path: Path, target: float | None = None,
+                   target_ttft_ms: float | None = None) -> tuple[dict | None, str]:
+    """`launcher.analysis.recommend.recommend(run_path, target, target_ttft_ms)` or why there
+    is none: the module may be missing (it is written in parallel), may fail or may find
+    nothing to say."""
     import importlib
 
     try:
@@ -221,13 +223,48 @@ def recommendation(run_path: Path, target: float | None = None) -> tuple[dict | 
     if not callable(fn):
         return None, "launcher.analysis.recommend has no recommend() function in this version"
     try:
-        rec = fn(Path(run_path), target)
+        rec = (fn(Path(run_path), target, target_ttft_ms) if target_ttft_ms
+               else fn(Path(run_path), target))
     except Exception as e:  # noqa: BLE001 - a recommender bug must not take the page down
         return None, f"recommend() failed on {Path(run_path).name}: {type(e).__name__}: {e}"
     if not rec or not isinstance(rec, dict):
         return None, (f"no recommendation for {Path(run_path).name}: the run lacks what "
                       "the recommender needs (a finished sweep with decode telemetry)")
     return rec, ""
+
+
+def advice(rec: dict) -> dict[str, Any]:
+    """What the Study page and the report show of a recommendation, in the CLI's words:
+    the advice, its predicted figures and TTFT, its caveats, and whether it is shown as
+    plain good news (confidence high and no caveat; anything else is a warning)."""
+    def known(v: Any) -> bool:
+        return v is not None and not (isinstance(v, float) and not math.isfinite(v))
+
+    pr = rec.get("predicted") or {}
+    head = (f"{rec.get('prefill_endpoints', '?')} prefill : {rec.get('decode_endpoints', '?')}"
+            " decode endpoints" + (f" (ratio {rec['ratio']})" if known(rec.get("ratio")) else "")
+            + (f", up to concurrency {rec['top_concurrency']}"
+               if known(rec.get("top_concurrency")) else ""))
+    targets = []
+    if rec.get("target_tokens_per_s_per_user"):
+        targets.append(f"≥ {rec['target_tokens_per_s_per_user']:g} tok/s per user")
+    if rec.get("target_ttft_ms"):
+        targets.append(f"TTFT ≤ {rec['target_ttft_ms']:,.0f} ms")
+    if targets:
+        head += ", for " + " and ".join(targets)
+    figures_line = None
+    if known(pr.get("total_tokens_per_s_per_gpu")) and known(pr.get("tokens_per_s_per_user")):
+        figures_line = (f"predicted {pr['total_tokens_per_s_per_gpu']:,.0f} tok/s/GPU at "
+                        f"{pr['tokens_per_s_per_user']:,.1f} tok/s/user"
+                        + (f", {pr['bound']}-bound" if pr.get("bound") else ""))
+        if {"ttft_floor_s", "prefill_utilisation"} <= set(pr):
+            from launcher.analysis.recommend import ttft_text
+
+            figures_line += "; " + ttft_text(pr)
+    confidence = rec.get("confidence")
+    caveats = [str(c) for c in rec.get("caveats") or []]
+    return {"head": head, "figures": figures_line, "confidence": confidence,
+            "caveats": caveats, "good": confidence == "high" and not caveats}
 
 
 # --- the published Pareto beside a study (launcher.run.published) ----------------------------

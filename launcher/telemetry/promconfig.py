@@ -19,8 +19,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="instead of PATH: the prometheus_sd_dir of this cluster profile "
                     "(a name or a YAML path), where all its jobs list their targets")
     ap.add_argument("--sd-dir", action="store_true", help="PATH is a directory of target files")
-    ap.add_argument("--job-name", default=JOB_NAME)
-    ap.add_argument("--scrape-interval", default="5s")
+    ap.add_argument("--job-name", default=JOB_NAME,
+                    help="the scrape job's name (default: %(default)s)")
+    ap.add_argument("--scrape-interval", default="5s",
+                    help="how often Prometheus scrapes each target (default: %(default)s)")
     ap.add_argument("--refresh-interval", default="10s",
                     help="how often Prometheus re-reads the files (what inotify misses on NFS)")
     ap.add_argument("--prune", action="store_true",
