@@ -95,8 +95,11 @@ def study_plan_text(runs: list[Prepared]) -> str:
             f"shown once): {sum(c.gpus_working for c in costs)} GPUs working over them; "
             f"{sum(c.requests for c in costs):,} requests"
             + (f" ({warm:,} of them warm-up)" if (warm := sum(c.warmups for c in costs)) else "")]
+    choice = runs[0].choice
     if cmp is not None:
         out += study_ways(cmp, shared is not None, len(runs))
+    if choice is not None:
+        out += choice.reason()
     if shared is not None:
         out += [f"Order in the allocation ({shared.nodes} nodes"
                 + (f", time limit {cost.duration(shared.minutes * 60)}" if shared.minutes else "")
@@ -131,6 +134,9 @@ def study_plan_text(runs: list[Prepared]) -> str:
         out.append(f"As {len(runs)} jobs: the Cost lines above added up, " + cost.spend(
             shares, load, max(c.load_bound_s for c in costs)).replace(
                 " of work", " of job time", 1))
+    if choice is not None and (changed := choice.changes()):
+        out.append("What this submission changes from what was asked:")
+        out += [f"  - {x}" for x in changed]
     return "\n".join(out)
 
 
@@ -158,8 +164,7 @@ def study_ways(cmp, one: bool, n: int) -> list[str]:
         + cost.spend(_shares(cmp.jobs), cmp.load_s, cmp.load_bound_s).replace(
             " of work", " of job time in all", 1)
         + f"; {cmp.each_loads} engine start(s)" + ("" if one else " <- this submission"),
-        f"  (an engine start taken as {cost.duration(cmp.load_s)}: {cmp.load_basis}; "
-        f"--allocation one|each chooses, the default is the fewer GPU-hours)",
+        f"  (an engine start taken as {cost.duration(cmp.load_s)}: {cmp.load_basis})",
     ]
 
 

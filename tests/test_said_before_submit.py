@@ -10,6 +10,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from launcher.control import prepare
 from launcher.planning import cost
 from launcher.spec import recipe
@@ -114,3 +116,118 @@ def test_the_json_cost_says_the_work_the_bound_and_the_warm_ups(cli, tmp_path):
     assert c["work_s"] < c["worst_s"] and c["loads"] == 3 and c["warmup_requests"] > 0, c
     r = recipe.load(SEED)
     assert c["warmup_requests"] == sum(r.benchmark.warmups(x) for x in r.benchmark.concurrency)
+
+
+# --- 2: every change to what was asked said, the partition's limits asked of Slurm -----------
+
+
+def _block(out: str) -> list[str]:
+    lines = out.splitlines()
+    i = lines.index("What this submission changes from what was asked:")
+    return [ln for ln in lines[i + 1:] if ln.startswith("  - ")]
+
+
+def _fake_scontrol(tmp_path: Path, line: str) -> dict:
+    """PATH with an scontrol that answers `show partition` with `line` (Slurm's -o form)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "scontrol"
+    fake.write_text(f"#!/bin/sh\necho '{line}'\n")
+    fake.chmod(0o755)
+    import os
+
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def test_a_study_says_every_change_from_what_was_asked(cli, tmp_path):
+    rc, out, err = cli("submit", SEED, "--sweep", *STUDY, "--dry-run",
+                       "--runs-dir", str(tmp_path / "runs"), env=_fake_scontrol(
+                           tmp_path, "Partition batch not found"))
+    assert rc == 0, err
+    changes = _block(out)
+    assert any(x.startswith("  - time limit: 11 h 04 min (--time=664) for the one job, where "
+                            "the recipe says 4 h 00 min (slurm.time_limit)") for x in changes), out
+    assert any(x.startswith("  - nodes: 6 nodes held for every configuration, where they need "
+                            "4 to 6") for x in changes), changes
+    assert any(x.startswith("  - way: one allocation for the 5 configurations (no --allocation "
+                            "given") for x in changes), changes
+    # the choice's reasons: GPU-hours both ways, and what each way asks of the queue
+    (chosen,) = [ln for ln in out.splitlines() if ln.startswith("Chosen: ")]
+    assert "the fewer GPU-hours (264.7 against 287.0 as one job each, 8 % fewer" in chosen
+    (queue,) = [ln for ln in out.splitlines() if ln.startswith("  queue: ")]
+    assert ("the one allocation asks for 6 nodes for 11 h 04 min (--time=664)" in queue
+            and "one job each asks for 4 to 6 nodes for 4 h 00 min each" in queue
+            and "the longest running at most 2 h 52 min" in queue), queue
+    assert "partition batch's MaxTime and MaxNodes are not known here" in out
+    (study,) = (tmp_path / "runs").glob("*-study")
+    doc = json.loads((study / "study.json").read_text())
+    assert doc["choice"]["way"] == "one" and doc["choice"]["time_minutes"] == 664
+    assert len(doc["choice"]["changes"]) == 3
+    # a real submission says the same before it is refused (the model is not staged)
+    rc, out, err = cli("submit", SEED, "--sweep", *STUDY, "--runs-dir", str(tmp_path / "real"))
+    assert rc == 2 and "is a hub id" in err, (out, err)
+    assert len(_block(out)) == 3, out
+
+
+def test_past_the_partitions_max_time_one_allocation_falls_back_or_is_refused(cli, tmp_path):
+    env = _fake_scontrol(tmp_path, "PartitionName=batch Default=NO MaxNodes=UNLIMITED "
+                                   "MaxTime=08:00:00 State=UP")
+    rc, out, err = cli("submit", SEED, "--sweep", *STUDY, "--dry-run",
+                       "--runs-dir", str(tmp_path / "auto"), env=env)
+    assert rc == 0, err
+    (chosen,) = [ln for ln in out.splitlines() if ln.startswith("Chosen: ")]
+    assert chosen.startswith("Chosen: one job each, not one allocation (264.7 against 287.0 "
+                             "GPU-hours"), chosen
+    assert ("because the study's one allocation would need a time limit of 11 h 04 min (664 "
+            "min), longer than partition batch's MaxTime of 8 h 00 min (480 min)") in chosen
+    assert "partition batch (scontrol show partition): MaxTime 08:00:00" in out
+    assert [x.split(":")[0] for x in _block(out)] == ["  - way"], out
+    (study,) = (tmp_path / "auto").glob("*-study")
+    doc = json.loads((study / "study.json").read_text())
+    assert "allocation" not in doc and doc["choice"]["way"] == "each"
+    assert not (study / "job.sbatch").exists() and len(list(study.glob("*/job.sbatch"))) == 5
+    # asked for: refused in one sentence naming both numbers and the flag; nothing written
+    rc, out, err = cli("submit", SEED, "--sweep", *STUDY, "--allocation", "one", "--dry-run",
+                       "--runs-dir", str(tmp_path / "one"), env=env)
+    assert rc == 2 and out == "", (out, err)
+    (line,) = err.strip().splitlines()
+    assert line.startswith("error: --allocation one: the study's one allocation would need a "
+                           "time limit of 11 h 04 min (664 min), longer than partition batch's "
+                           "MaxTime of 8 h 00 min (480 min): use --allocation each"), line
+    assert not list((tmp_path / "one").glob("*-study")), "a refused study left its folder"
+    # MaxNodes: the same rule
+    env = _fake_scontrol(tmp_path, "PartitionName=batch MaxNodes=5 MaxTime=UNLIMITED")
+    rc, out, err = cli("submit", SEED, "--sweep", *STUDY, "--dry-run",
+                       "--runs-dir", str(tmp_path / "nodes"), env=env)
+    assert rc == 0 and "6 nodes, more than partition batch's MaxNodes of 5" in out, out
+
+
+@pytest.mark.slurm
+def test_the_partitions_limits_are_asked_of_the_real_slurm(cli, tmp_path):
+    """On the dev cluster: a partition made for the test with a MaxTime the one allocation
+    passes and each job fits, then one it fits."""
+    import os
+    import shutil
+    import subprocess
+
+    if shutil.which("scontrol") is None or os.geteuid() != 0:
+        pytest.fail("needs the dev cluster's scontrol, as root (make test)")
+    name = f"pd41-{os.getpid()}"
+    made = subprocess.run(["scontrol", "create", f"PartitionName={name}", "Nodes=ALL",
+                           "MaxTime=12", "Default=NO", "State=UP"], capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    try:
+        args = ["submit", "devcluster-sim", "--sweep", "prefill.endpoints=1,2,3", "--dry-run",
+                "--set", f"slurm.partition={name}", "--set", "slurm.time_limit=00:10:00",
+                "--set", "health.timeout_s=600"]
+        rc, out, err = cli(*args, "--runs-dir", str(tmp_path / "a"))
+        assert rc == 0, err
+        assert f"partition {name} (scontrol show partition): MaxTime 00:12:00" in out, out
+        assert f"longer than partition {name}'s MaxTime of 12 min" in out, out
+        subprocess.run(["scontrol", "update", f"PartitionName={name}", "MaxTime=60"], check=True)
+        rc, out, err = cli(*args, "--runs-dir", str(tmp_path / "b"))
+        assert rc == 0, err
+        assert "MaxTime 01:00:00" in out and out.count("<- this submission") == 1, out
+        assert "Chosen: one allocation" in out, out
+    finally:
+        subprocess.run(["scontrol", "delete", f"PartitionName={name}"], capture_output=True)

@@ -35,6 +35,7 @@ class Prepared:
     study: str | None = None
     shared: StudyJob | None = None  # the study's one allocation, when it runs in one
     compared: study.Comparison | None = None  # a study: one allocation against a job each
+    choice: study.Choice | None = None  # a study: the way it runs, why, what that changes
 
 
     @property
@@ -363,9 +364,15 @@ def prepare_all(
             for p, c in zip(out, combos, strict=True)
         ],
     }
-    shared, compared = study_job(study_dir, out, root, allocation)
+    try:
+        shared, compared, choice = study_job(study_dir, out, root, allocation)
+    except UserError:
+        shutil.rmtree(study_dir, ignore_errors=True)  # refused: nothing left that reads planned
+        raise
     for p in out:
-        p.compared = compared
+        p.compared, p.choice = compared, choice
+    if choice is not None:
+        doc["choice"] = choice.to_json()
     if shared is None:
         rundir.write_json(study_dir / rundir.STUDY, doc)
         return out
@@ -392,16 +399,17 @@ def prepare_all(
 
 
 def study_job(study_dir: Path, runs: list[Prepared], root: Path, allocation: str | None,
-              ) -> tuple[StudyJob | None, study.Comparison | None]:
+              ) -> tuple[StudyJob | None, study.Comparison | None, study.Choice | None]:
     """The study's one allocation when it is asked for (or, unasked, costs fewer GPU-hours
-    than one job per configuration), else None; and the comparison of the two ways."""
+    than one job per configuration and fits the partition), else None; the comparison of
+    the two ways, and the choice with its reasons."""
     clusters = {p.plan.cluster.name for p in runs}
     if len(clusters) > 1:
         if allocation == "one":
             raise UserError(f"--allocation one: the study's configurations use different "
                             f"cluster profiles ({', '.join(sorted(clusters))}); one "
                             "allocation holds one cluster's nodes: use --allocation each")
-        return None, None
+        return None, None, None
     turns = study.schedule(
         [(p.run.run_id, study.signatures(p.rendered.processes, str(p.run.path))) for p in runs],
         ends={p.run.run_id: study.signatures(p.rendered.processes, str(p.run.path),
@@ -412,17 +420,47 @@ def study_job(study_dir: Path, runs: list[Prepared], root: Path, allocation: str
     load_s, basis = assumed_load_s(root, largest.plan, costs[largest.run.run_id])
     cluster = largest.plan.cluster
     compared = study.compare(turns, costs, largest.nodes, cluster.gpus_per_node, load_s, basis)
-    if allocation == "each" or allocation is None and compared.cheaper != "one":
-        return None, compared
-    minutes = sbatch = None
-    if schedulers.of(cluster).allocates:
-        lead = largest.plan.recipe.slurm.signal_lead_s
-        minutes = max(max(p.plan.recipe.slurm.minutes for p in runs),
-                      -(-int(compared.one_most_s + lead) // 60))
+    choice = choose(allocation, compared, runs, largest)
+    if choice.way == "each":
+        return None, compared, choice
+    sbatch = None
+    if choice.one_minutes is not None:
         sbatch = render.sbatch_text(largest.plan, largest.nodes, str(study_dir / "slurm"),
-                                    minutes=minutes)
+                                    minutes=choice.one_minutes)
         rundir.write_atomic(study_dir / rundir.SBATCH, sbatch, sync=False)
-    return StudyJob(study_dir, largest.nodes, minutes, sbatch, turns, compared), compared
+    return (StudyJob(study_dir, largest.nodes, choice.one_minutes, sbatch, turns, compared),
+            compared, choice)
+
+
+def choose(allocation: str | None, compared: study.Comparison, runs: list[Prepared],
+           largest: Prepared) -> study.Choice:
+    """One allocation or one job each: as asked, else the fewer GPU-hours where the
+    partition admits the one job (its MaxTime and MaxNodes, asked of Slurm where it answers);
+    --allocation one past them is refused, naming both numbers."""
+    from launcher.control import site
+
+    way = allocation or compared.cheaper
+    minutes = limits = None
+    lead = largest.plan.recipe.slurm.signal_lead_s
+    recipe_minutes = None
+    if schedulers.of(largest.plan.cluster).allocates:
+        # the one job covers its worst case: every load round at health.timeout_s
+        recipe_minutes = max(p.plan.recipe.slurm.minutes for p in runs)
+        minutes = max(recipe_minutes, -(-int(compared.one_most_s + lead) // 60))
+        part = site.partition(largest.plan.recipe.slurm.partition)
+        limits = (study.Limits(True, part.name, part.max_minutes, part.max_nodes,
+                               part.max_time) if part else
+                  study.Limits(partition=largest.plan.recipe.slurm.partition))
+    choice = study.Choice(way, allocation, compared, tuple(p.nodes for p in runs),
+                          recipe_minutes, minutes, lead, limits)
+    over = choice.over() if way == "one" else None
+    if over and allocation == "one":
+        raise UserError(f"--allocation one: {over}: use --allocation each (a job each, "
+                        f"{cost.duration(recipe_minutes * 60)} of slurm.time_limit), or "
+                        "sweep fewer values")
+    if over:
+        return dataclasses.replace(choice, way="each", fallback=over)
+    return choice
 
 
 def assumed_load_s(root: Path, plan: Plan, c: cost.Cost) -> tuple[float, str]:

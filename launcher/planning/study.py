@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from launcher.planning.cost import RESTARTS
+from launcher.planning.cost import RESTARTS, duration
 from launcher.run.vocab import Kind
 
 if TYPE_CHECKING:
@@ -201,3 +201,137 @@ def compare(turns: list[Turn], costs: dict[str, Cost], nodes: int, gpus_per_node
         load_bound_s=max(c.load_bound_s for c in costs.values()),
         turns=tuple(shares), jobs=jobs,
     )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The partition's limits as Slurm has them (launcher.control.site), or unknown."""
+
+    known: bool = False
+    partition: str | None = None
+    max_minutes: int | None = None  # None: no limit
+    max_nodes: int | None = None
+    max_time: str = ""  # as Slurm writes it
+
+    def text(self) -> str:
+        where = f"partition {self.partition}" if self.partition else "the default partition"
+        if not self.known:
+            return (f"{where}'s MaxTime and MaxNodes are not known here (no Slurm here "
+                    "answered for it): `submit --check` asks the scheduler (sbatch --test-only)")
+        return (f"{where} (scontrol show partition): MaxTime {self.max_time}, MaxNodes "
+                f"{self.max_nodes or 'UNLIMITED'}")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """How a study runs and why, and what that changes from what was asked: the time limit,
+    the nodes each configuration holds, the way itself when --allocation was not given."""
+
+    way: str  # "one" | "each"
+    asked: str | None  # --allocation, None when not given
+    cmp: Comparison
+    nodes: tuple[int, ...]  # each configuration's own node count
+    recipe_minutes: int | None  # the configurations' slurm.time_limit (the largest)
+    one_minutes: int | None  # the one allocation's time limit, where there is a scheduler
+    lead_s: int = 0  # slurm.signal_lead_s
+    limits: Limits | None = None  # None: no scheduler (the local profile)
+    fallback: str | None = None  # why one allocation was not taken although cheaper
+
+    def over(self) -> str | None:
+        """Why one allocation does not fit the partition, or None."""
+        lim = self.limits
+        if lim is None or not lim.known or self.one_minutes is None:
+            return None
+        why = []
+        if lim.max_minutes is not None and self.one_minutes > lim.max_minutes:
+            why.append(f"a time limit of {_minutes(self.one_minutes)}, longer than "
+                       f"partition {lim.partition}'s MaxTime of {_minutes(lim.max_minutes)}")
+        if lim.max_nodes is not None and self.cmp.one_nodes > lim.max_nodes:
+            why.append(f"{self.cmp.one_nodes} nodes, more than partition {lim.partition}'s "
+                       f"MaxNodes of {lim.max_nodes}")
+        return ("the study's one allocation would need " + " and ".join(why)) if why else None
+
+    def reason(self) -> list[str]:
+        """Lines: the way and why; what each way asks of the queue; the partition's limits."""
+        c = self.cmp
+        gh = lambda s: f"{s / 3600:,.{2 if s < 36000 else 1}f}"  # noqa: E731
+        load = f"every load taken as {_dur(c.load_s)}"
+        if self.fallback:
+            head = (f"Chosen: one job each, not one allocation ({gh(c.one_gpu_s)} against "
+                    f"{gh(c.each_gpu_s)} GPU-hours, {load}), because {self.fallback} "
+                    "(--allocation one is refused there)")
+        elif self.asked:
+            head = f"Asked: {WAYS[self.way]} (--allocation {self.asked})"
+        else:
+            few, many = ((c.one_gpu_s, c.each_gpu_s) if self.way == "one" else
+                         (c.each_gpu_s, c.one_gpu_s))
+            other = "one job each" if self.way == "one" else "one allocation"
+            head = (f"Chosen: {WAYS[self.way]}, the fewer GPU-hours ({gh(few)} against "
+                    f"{gh(many)} as {other}, {100 * (1 - few / many) if many else 0:.0f} % "
+                    f"fewer; {load}); --allocation one|each chooses")
+        parts = [head]
+        if self.one_minutes is not None and self.recipe_minutes is not None:
+            parts.append(
+                f"queue: the one allocation asks for {c.one_nodes} nodes for "
+                f"{_hm(self.one_minutes)} (--time={self.one_minutes}) and runs at most "
+                f"{_dur(c.one_most_s)}; one job each asks for "
+                f"{_span(self.nodes)} nodes for {_hm(self.recipe_minutes)} each "
+                f"(slurm.time_limit), the longest running at most "
+                f"{_dur(c.longest_job(bound=True))}"
+                + (": a longer job of more nodes may wait longer in the queue"
+                   if self.one_minutes > self.recipe_minutes else ""))
+        if self.limits is not None:
+            parts.append(self.limits.text())
+        return [parts[0], *(f"  {x}" for x in parts[1:])]
+
+    def changes(self) -> list[str]:
+        """What this submission does other than what was asked, one sentence each."""
+        c, n = self.cmp, len(self.nodes)
+        if self.way == "each":
+            return [f"way: one job each rather than one allocation, the fewer GPU-hours: "
+                    f"{self.fallback}"] if self.fallback else []
+        out = []
+        if self.asked is None:
+            out.append(f"way: one allocation for the {n} configurations (no --allocation "
+                       "given: the fewer GPU-hours); --allocation each submits a job each")
+        if self.one_minutes is not None and self.recipe_minutes is not None \
+                and self.one_minutes > self.recipe_minutes:
+            out.append(
+                f"time limit: {_hm(self.one_minutes)} (--time={self.one_minutes}) for the one "
+                f"job, where the recipe says {_hm(self.recipe_minutes)} (slurm.time_limit): "
+                f"the {n} configurations in turn, each load round taken at its "
+                f"health.timeout_s ({_dur(c.load_bound_s)}), plus the "
+                f"{self.lead_s} s signal lead")
+        if min(self.nodes) < c.one_nodes:
+            out.append(
+                f"nodes: {c.one_nodes} nodes held for every configuration, where they need "
+                f"{_span(self.nodes)}: the largest's; a smaller one leaves the rest loaded and "
+                "idle (not counted in its figures, counted in its GPU-hours)")
+        return out
+
+    def to_json(self) -> dict:
+        return {"way": self.way, "asked": self.asked,
+                "reason": "; ".join(x.strip() for x in self.reason()),
+                "changes": self.changes(), "time_minutes": self.one_minutes,
+                "recipe_minutes": self.recipe_minutes,
+                "limits": asdict(self.limits) if self.limits else None}
+
+
+WAYS = {"one": "one allocation", "each": "one job each"}
+
+
+_dur = duration
+
+
+def _hm(minutes: int) -> str:
+    return duration(minutes * 60)
+
+
+def _minutes(m: int) -> str:
+    """'11 h 04 min (664 min)': both, where Slurm's minutes are not the duration's."""
+    return _hm(m) + (f" ({m} min)" if m >= 60 else "")
+
+
+def _span(nodes: tuple[int, ...]) -> str:
+    lo, hi = min(nodes), max(nodes)
+    return f"{lo}" if lo == hi else f"{lo} to {hi}"
