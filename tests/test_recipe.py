@@ -235,7 +235,7 @@ def _profile(tmp_path, **changes):
     "changes, words",
     [
         ({"env": {"-i": "x"}}, "env: -i is not a valid environment variable name"),
-        ({"env": {"HF_TOKEN": "hf_x"}}, "env.HF_TOKEN looks like a secret"),
+        ({"env": {"HF_TOKEN": "hf_x"}}, "env.HF_TOKEN is a secret (the Hugging Face access token)"),
         ({"bind_host": "a\nb"}, "bind_host: 'a\\nb' contains a newline"),
         ({"models": {"hf_home": "/a:/b"}}, "models.hf_home: it is mounted into containers"),
         ({"containers": {"mounts": ["/a"]}}, "containers.mounts: mount /a: write it as"),

@@ -79,6 +79,11 @@ def _options(argv: list[str]) -> list[str]:
     return [a.split("=", 1)[0] for a in argv if a.startswith("-")]
 
 
+def _flag_before(argv: list[str], word: str) -> str | None:
+    at = argv.index(word) if word in argv else 0
+    return argv[at - 1] if at > 0 and argv[at - 1].startswith("--") else None
+
+
 def _help_options(argv: list[str]) -> list[str]:
     """The options argparse reads as its own -h/--help (an unambiguous prefix too)."""
     from launcher.sim import argv as vllm_argv
@@ -115,6 +120,8 @@ def problems(plan: Plan) -> list[str]:
 
     if plan.recipe.mode == "disagg" and (bad := _kv_config_problems(plan.recipe.kv_connector)):
         return bad
+    if bad := _abbreviations(plan):
+        return bad
     known = [o for rec in vllm_flags.FLAGS for o in rec["options"]]
     found: dict[str, list[str]] = {}
     seen = set()
@@ -138,13 +145,16 @@ def problems(plan: Plan) -> list[str]:
                 elif "unrecognized arguments" in msg:
                     words = msg.split("unrecognized arguments:", 1)[1].split()
                     wrong = [w.split("=", 1)[0] for w in words]
-                    wrong = [w for w in wrong if w in given]
+                    # a value left over (a flag that takes none) is named by its flag
+                    wrong = [w if w in given else _flag_before(argv, w) for w in wrong]
+                    wrong = list(dict.fromkeys(w for w in wrong if w in given))
                 else:
                     wrong = [f] if (f := _first_flag(msg)) else []
                 fixes = []
                 for flag in wrong:
                     where = _source(plan, str(ep.role), flag, at) or f"the launcher's {flag}"
-                    hint = did_you_mean(flag, known) if "unrecognized" in msg else ""
+                    hint = "" if "unrecognized" not in msg else did_you_mean(flag, known) \
+                        if flag not in known else f"{flag} takes no value"
                     fixes.append(f"fix {where}" + (f" ({hint})" if hint else ""))
                 text = f"{msg}: {', '.join(fixes) or 'fix the recipe'}"
                 who = ep.name + ("" if part.head else " (headless part)")
@@ -153,6 +163,25 @@ def problems(plan: Plan) -> list[str]:
                 break  # a start it refuses: its restarts are not reached
     return [f"`vllm serve` {table_version()} would refuse the command line of "
             f"{', '.join(who)}: {text}" for text, who in found.items()]
+
+
+def _abbreviations(plan: Plan) -> list[str]:
+    """Recipe keys that are a prefix of one vLLM flag: vLLM takes them as that flag
+    (argparse's allow_abbrev), but the launcher reads flags by their full name (the KV
+    estimate, P/D agreement), so the two would disagree on what the engine runs with."""
+    from launcher.sim import argv as vllm_argv
+
+    names = set(vllm_argv._plain()[1]._option_string_actions) - {"-h", "--help"}  # below
+    out = []
+    for where, args in plan.recipe.engine_arg_sources():
+        for key in args:
+            flag = "--" + flag_key(key).split(".", 1)[0]
+            longer = [n for n in names if n.startswith(flag)] if flag not in names else []
+            if len(longer) == 1:
+                out.append(f"{where}.{key} is short for {longer[0]}: vLLM {table_version()} "
+                           f"would take it as that flag, the launcher's checks read the full "
+                           f"name; did you mean {longer[0]!r}?")
+    return out
 
 
 def _kv_config_problems(kv: dict) -> list[str]:

@@ -13,7 +13,6 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from launcher.errors import UserError
 from launcher.spec.recipe import (
     ENV_NAME,
-    SECRET_NAME,
     Strict,
     _no_control_chars,
     check_mounts,
@@ -21,6 +20,7 @@ from launcher.spec.recipe import (
     read_yaml,
     show,
 )
+from launcher.spec.secrets import env_refusal, secret_env
 
 CLUSTERS_DIR = Path(__file__).parents[1] / "clusters"
 
@@ -141,11 +141,8 @@ class Cluster(Strict):
         for key in self.env:
             if not ENV_NAME.match(key):
                 raise ValueError(f"env: {show(key)} is not a valid environment variable name")
-            if SECRET_NAME.search(key):
-                raise ValueError(
-                    f"env.{key} looks like a secret: list its name under a recipe's "
-                    "env_from_host so its value never lands in the run directory"
-                )
+            if what := secret_env(key):
+                raise ValueError(env_refusal(f"env.{key}", what, "a recipe's env_from_host"))
         _no_control_chars(self.model_dump(mode="json"), "")
         return self
 

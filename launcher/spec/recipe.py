@@ -27,20 +27,13 @@ from pydantic import (
 
 from launcher.errors import UserError
 from launcher.run.vocab import Role
+from launcher.spec import secrets
 
 RECIPES_DIR = Path(__file__).parents[1] / "recipes"
 
-# Values of these env names are secrets: they travel by name (env_from_host), never by value.
-SECRET_NAME = re.compile(
-    r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL)", re.IGNORECASE
-)
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 ArgValue = str | int | float | bool | None
-# Flag names that carry a secret's value (vLLM: --api-key, --hf-token, ...).
-SECRET_FLAG = re.compile(
-    r"(^|[-_])(token|secret|password|passwd|api[-_]key|access[-_]key|secret[-_]key)($|[-_])", re.I
-)
 SLURM_WORD = r"^[A-Za-z0-9_.,:+-]{1,128}$"
 MAX_ENDPOINTS = 512
 # sbatch options the launcher decides; a directive setting them would break the job.
@@ -635,11 +628,8 @@ class Recipe(Strict):
             for key in env:
                 if not ENV_NAME.match(key):
                     raise ValueError(f"{where}: {key!r} is not a valid environment variable name")
-                if SECRET_NAME.search(key) and not key.startswith("SIM_"):  # knobs: checked below
-                    raise ValueError(
-                        f"{where}.{key} looks like a secret: list its name under env_from_host "
-                        "so its value never lands in the sbatch script, plan or logs"
-                    )
+                if (what := secrets.secret_env(key)) and not key.startswith("SIM_"):
+                    raise ValueError(secrets.env_refusal(f"{where}.{key}", what))
             for key in env:
                 if key.startswith("SIM_") and key.removeprefix("SIM_").lower() not in SIM_KNOBS:
                     raise ValueError(
@@ -651,12 +641,8 @@ class Recipe(Strict):
                 raise ValueError(f"env_from_host: {key!r} is not a valid environment variable name")
         for where, a in [("router.args", self.router.args), *self.engine_arg_sources()]:
             for key in a:
-                if SECRET_FLAG.search(key):
-                    raise ValueError(
-                        f"{where}.{key} carries a secret: pass it as an environment variable "
-                        "listed under env_from_host (its value then never lands in the run "
-                        "directory); vLLM reads e.g. VLLM_API_KEY and HF_TOKEN"
-                    )
+                if found := secrets.secret_flag(key, router=where == "router.args"):
+                    raise ValueError(secrets.flag_refusal(f"{where}.{key}", *found))
         self._check_steps()
         if self.sim.model_dump(exclude_none=True) and self.engine != "sim":
             raise ValueError("sim knobs are only for engine: sim")
