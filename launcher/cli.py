@@ -301,6 +301,11 @@ def cmd_submit(args) -> int:
             sub = r.run.read_submission()
             sub.dry_run = True
             r.run.write_submission(sub)
+        # a blocker is said last and on stderr too; the dry-run itself did what it was asked
+        if args.format == "text" and (last := text.not_submittable(runs)):
+            print(last)
+        for b in dict.fromkeys(b for r in runs for b in r.blockers):
+            print(f"{text.BLOCKER}{b}", file=sys.stderr)
         return 0
     from launcher.control import submit
 

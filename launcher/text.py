@@ -276,12 +276,26 @@ def plan_text(prepared: Prepared) -> str:
     if r.container is not None:
         lines.append(containers.of(plan.cluster).describe(plan))
     refuse, note = staging.check(r, plan.cluster)
-    if refuse or note:
-        lines.append(f"Model: {refuse or note}")
+    if note:  # a refusal is a blocker, below
+        lines.append(f"Model: {note}")
     files = [rundir.RECIPE, rundir.PLAN, rundir.COMMANDS] + (
         [rundir.SBATCH] if prepared.rendered.sbatch else [])
     lines.append(f"Run directory: {prepared.run.path}  ({', '.join(files)})")
+    lines += [f"{BLOCKER}{b}" for b in prepared.blockers]
     return "\n".join(lines)
+
+
+BLOCKER = "blocker: submit will refuse this run: "
+
+
+def not_submittable(runs: list[Prepared]) -> str | None:
+    """The dry-run's last line when submit would refuse what it planned."""
+    n = len({b for r in runs for b in r.blockers})
+    if not n:
+        return None
+    return (f"Not submittable as it is: submit refuses it (exit 2) for the blocker"
+            f"{'s' * (n > 1)} above; --dry-run wrote everything and exits 0, "
+            "--check exits 2 on a blocker")
 
 
 def plan_json(prepared: Prepared) -> dict:
@@ -295,6 +309,7 @@ def plan_json(prepared: Prepared) -> dict:
         "sbatch": prepared.sbatch,
         "capacity": [c.to_json() for c in prepared.capacity],
         "cost": cost.estimate(prepared.plan).to_json(),
+        "blockers": list(prepared.blockers),  # what submit will refuse
     }
 
 
@@ -332,8 +347,13 @@ def status_text(run: RunDir, st: RunStatus, slurm: str | None = None) -> str:
             lines.append(f"note: {e}")
     rec = st.record
     started = rec.started if rec else None
-    if st.dry_run:
+    if st.dry_run and st.submission.checked:
+        lines.append(f"state dry-run (checked, nothing was submitted: "
+                     f"{st.submission.checked}){sim}")
+    elif st.dry_run:
         lines.append(f"state dry-run (planned and written; nothing was submitted){sim}")
+    elif st.state == State.REFUSED:
+        lines.append(f"state refused: nothing was submitted (the sentence below says why){sim}")
     elif st.state == "planned" and not started:
         lines.append(f"state planned (not submitted yet){sim}")
     else:

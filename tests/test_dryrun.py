@@ -30,7 +30,8 @@ def test_dry_run_prints_plan_and_writes_run_dir(cli, tmp_path):
     # The estimate's figure is kv_cache's (docs/kv-capacity.md); the published recipe turns
     # prefix caching off, so vLLM's mamba_cache_mode is none.
     assert "KV capacity decode-0 (DP8 x TP1): about " in out
-    run_dir = Path(out.strip().splitlines()[-1].split("Run directory: ")[1].split("  (")[0])
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("Run directory: ")]
+    run_dir = Path(line.split("Run directory: ")[1].split("  (")[0])
     (cap,) = json.loads((run_dir / "plan.json").read_text())["capacity"]
     assert cap["mamba_cache_mode"] == "none"
     assert run_dir.parent == tmp_path / "runs"

@@ -43,7 +43,7 @@ def test_state_comes_from_the_file_its_writer_owns(tmp_path):
 def test_sbatch_refusal_and_cancel_before_start(tmp_path):
     a = create(tmp_path, "a")
     a.write_submission(Submission(created=1.0, error="sbatch refused the job: bad partition"))
-    assert a.status().state == State.FAILED and "bad partition" in a.status().error
+    assert a.status().state == State.REFUSED and "bad partition" in a.status().error
     b = create(tmp_path, "b")
     (b.path / "recipe.yaml").write_text("name: b\n")
     assert runs.cancel(b) == 0

@@ -39,7 +39,7 @@ def test_the_cost_line_splits_the_work_from_the_loading_bound(cli, tmp_path):
     c = cost.estimate(p.plan)
     # the sweep, gate, preflight and teardown are estimated; the three loads (the start and
     # the decode's two restarts) are only bounded by the health timeout
-    assert c.work_s < 45 * 60 < c.worst_s, c
+    assert abs(c.worst_s - (c.work_s + 3 * 2400)) < 1e-6 and c.loads == 3, c
     assert f"about {cost.duration(c.work_s)} of work" in line, line
     assert "loading up to 40 min (health.timeout_s) for each of 3 load rounds (the start and 2 restarts" in line, line
     assert f"so at most {cost.duration(c.worst_s)}" in line, line
@@ -139,29 +139,45 @@ def _fake_scontrol(tmp_path: Path, line: str) -> dict:
     return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
 
+def _planned(tmp_path: Path):
+    """The study's choice as planned here (the figures the CLI must print)."""
+    runs = prepare.prepare_all(SEED, [], STUDY, tmp_path / "planned")
+    return runs[0].choice
+
+
+def _hm(minutes: int) -> str:
+    return cost.duration(minutes * 60)
+
+
 def test_a_study_says_every_change_from_what_was_asked(cli, tmp_path):
+    choice = _planned(tmp_path)
+    cmp, minutes = choice.cmp, choice.one_minutes
+    assert choice.way == "one" and minutes > 240, choice
     rc, out, err = cli("submit", SEED, "--sweep", *STUDY, "--dry-run",
                        "--runs-dir", str(tmp_path / "runs"), env=_fake_scontrol(
                            tmp_path, "Partition batch not found"))
     assert rc == 0, err
     changes = _block(out)
-    assert any(x.startswith("  - time limit: 11 h 04 min (--time=664) for the one job, where "
-                            "the recipe says 4 h 00 min (slurm.time_limit)") for x in changes), out
+    assert any(x.startswith(f"  - time limit: {_hm(minutes)} (--time={minutes}) for the one "
+                            "job, where the recipe says 4 h 00 min (slurm.time_limit)")
+               for x in changes), out
     assert any(x.startswith("  - nodes: 6 nodes held for every configuration, where they need "
                             "4 to 6") for x in changes), changes
     assert any(x.startswith("  - way: one allocation for the 5 configurations (no --allocation "
                             "given") for x in changes), changes
     # the choice's reasons: GPU-hours both ways, and what each way asks of the queue
     (chosen,) = [ln for ln in out.splitlines() if ln.startswith("Chosen: ")]
-    assert "the fewer GPU-hours (264.7 against 287.0 as one job each, 8 % fewer" in chosen
+    one, each = cmp.one_gpu_s / 3600, cmp.each_gpu_s / 3600
+    assert f"the fewer GPU-hours ({one:,.1f} against {each:,.1f} as one job each" in chosen
     (queue,) = [ln for ln in out.splitlines() if ln.startswith("  queue: ")]
-    assert ("the one allocation asks for 6 nodes for 11 h 04 min (--time=664)" in queue
+    assert (f"the one allocation asks for 6 nodes for {_hm(minutes)} (--time={minutes})" in queue
             and "one job each asks for 4 to 6 nodes for 4 h 00 min each" in queue
-            and "the longest running at most 2 h 52 min" in queue), queue
+            and f"the longest running at most {cost.duration(cmp.longest_job(bound=True))}"
+            in queue), queue
     assert "partition batch's MaxTime and MaxNodes are not known here" in out
     (study,) = (tmp_path / "runs").glob("*-study")
     doc = json.loads((study / "study.json").read_text())
-    assert doc["choice"]["way"] == "one" and doc["choice"]["time_minutes"] == 664
+    assert doc["choice"]["way"] == "one" and doc["choice"]["time_minutes"] == minutes
     assert len(doc["choice"]["changes"]) == 3
     # a real submission says the same before it is refused (the model is not staged)
     rc, out, err = cli("submit", SEED, "--sweep", *STUDY, "--runs-dir", str(tmp_path / "real"))
@@ -170,17 +186,22 @@ def test_a_study_says_every_change_from_what_was_asked(cli, tmp_path):
 
 
 def test_past_the_partitions_max_time_one_allocation_falls_back_or_is_refused(cli, tmp_path):
+    choice = _planned(tmp_path)
+    cmp, minutes = choice.cmp, choice.one_minutes
+    most = minutes - 60  # each job's 4 h fits, the one allocation does not
     env = _fake_scontrol(tmp_path, "PartitionName=batch Default=NO MaxNodes=UNLIMITED "
-                                   "MaxTime=08:00:00 State=UP")
+                                   f"MaxTime={most} State=UP")
+    why = (f"the study's one allocation would need a time limit of {_hm(minutes)} ({minutes} "
+           f"min), longer than partition batch's MaxTime of {_hm(most)} ({most} min)")
     rc, out, err = cli("submit", SEED, "--sweep", *STUDY, "--dry-run",
                        "--runs-dir", str(tmp_path / "auto"), env=env)
     assert rc == 0, err
     (chosen,) = [ln for ln in out.splitlines() if ln.startswith("Chosen: ")]
-    assert chosen.startswith("Chosen: one job each, not one allocation (264.7 against 287.0 "
-                             "GPU-hours"), chosen
-    assert ("because the study's one allocation would need a time limit of 11 h 04 min (664 "
-            "min), longer than partition batch's MaxTime of 8 h 00 min (480 min)") in chosen
-    assert "partition batch (scontrol show partition): MaxTime 08:00:00" in out
+    assert chosen.startswith(f"Chosen: one job each, not one allocation "
+                             f"({cmp.one_gpu_s / 3600:,.1f} against "
+                             f"{cmp.each_gpu_s / 3600:,.1f} GPU-hours"), chosen
+    assert f"because {why}" in chosen, chosen
+    assert f"partition batch (scontrol show partition): MaxTime {most}," in out
     assert [x.split(":")[0] for x in _block(out)] == ["  - way"], out
     (study,) = (tmp_path / "auto").glob("*-study")
     doc = json.loads((study / "study.json").read_text())
@@ -191,9 +212,7 @@ def test_past_the_partitions_max_time_one_allocation_falls_back_or_is_refused(cl
                        "--runs-dir", str(tmp_path / "one"), env=env)
     assert rc == 2 and out == "", (out, err)
     (line,) = err.strip().splitlines()
-    assert line.startswith("error: --allocation one: the study's one allocation would need a "
-                           "time limit of 11 h 04 min (664 min), longer than partition batch's "
-                           "MaxTime of 8 h 00 min (480 min): use --allocation each"), line
+    assert line.startswith(f"error: --allocation one: {why}: use --allocation each"), line
     assert not list((tmp_path / "one").glob("*-study")), "a refused study left its folder"
     # MaxNodes: the same rule
     env = _fake_scontrol(tmp_path, "PartitionName=batch MaxNodes=5 MaxTime=UNLIMITED")
@@ -231,3 +250,87 @@ def test_the_partitions_limits_are_asked_of_the_real_slurm(cli, tmp_path):
         assert "Chosen: one allocation" in out, out
     finally:
         subprocess.run(["scontrol", "delete", f"PartitionName={name}"], capture_output=True)
+
+
+# --- 5: a submit blocker shown as one; a refused submission recorded as refused -------------
+
+HUB = "model nvidia/Qwen3.5-397B-A17B-NVFP4 is a hub id, gb200-nvl72's compute nodes have no internet"
+
+
+def test_a_dry_run_shows_a_submit_blocker_as_one(cli, tmp_path):
+    rc, out, err = cli("submit", SEED, "--dry-run", "--runs-dir", str(tmp_path / "a"))
+    # a dry-run that wrote everything exits 0 (docs: --check and submit exit 2 on it)
+    assert rc == 0, err
+    (line,) = [ln for ln in out.splitlines() if HUB in ln]
+    assert line.startswith("blocker: submit will refuse this run: " + HUB), line
+    assert out.splitlines()[-1].startswith("Not submittable as it is: submit refuses it"), out
+    assert f"blocker: submit will refuse this run: {HUB}" in err, err
+    rc, out, err = cli("submit", SEED, "--dry-run", "--format", "json",
+                       "--runs-dir", str(tmp_path / "j"))
+    assert rc == 0 and json.loads(out)[0]["blockers"][0].startswith(HUB), out
+    # without one, no such line
+    rc, out, err = cli("submit", "local-sim", "--dry-run", "--runs-dir", str(tmp_path / "b"))
+    assert rc == 0 and "blocker" not in out + err, (out, err)
+
+
+def _states(cli, runs_dir: Path) -> str:
+    rc, out, err = cli("runs", "--runs-dir", str(runs_dir))
+    assert rc == 0, err
+    return out
+
+
+def test_a_refused_submission_is_recorded_as_refused(cli, tmp_path):
+    from launcher.analysis import load
+    from launcher.run.rundir import RunDir
+    from launcher.run.vocab import State
+
+    for how, extra in (("submit", []), ("check", ["--check"])):
+        root = tmp_path / how
+        rc, out, err = cli("submit", SEED, *extra, "--runs-dir", str(root))
+        assert rc == 2 and HUB in err, (out, err)
+        (run,) = [p.parent for p in root.glob("*/plan.json")]
+        st = RunDir(run).status()
+        assert st.state == State.REFUSED and st.error.startswith(HUB), st
+        rc, out, err = cli("status", str(run), "--runs-dir", str(root))
+        assert "state refused: nothing was submitted" in out and f"error: {HUB}" in out, out
+        assert "planned" not in out, out
+        listed = _states(cli, root)
+        assert re.search(rf"{run.name}\s+refused\s", listed) and HUB[:40] in listed, listed
+        info = load.run_info(run)  # what the dashboard's Runs page lists
+        assert info.state == "refused" and info.error.startswith(HUB) and not info.live
+    # a study: every configuration it refused
+    root = tmp_path / "study"
+    rc, out, err = cli("submit", SEED, "--sweep", "prefill.endpoints=4,5", "--runs-dir", str(root))
+    assert rc == 2, (out, err)
+    (study,) = root.glob("*-study")
+    rc, out, err = cli("status", study.name, "--runs-dir", str(root))
+    assert out.count(" refused ") == 2, out
+
+
+def test_past_the_partitions_max_time_a_run_is_blocked(cli, tmp_path):
+    env = _fake_scontrol(tmp_path, "PartitionName=batch MaxNodes=UNLIMITED MaxTime=03:00:00")
+    rc, out, err = cli("submit", SEED, "--dry-run", "--runs-dir", str(tmp_path / "r"), env=env)
+    assert rc == 0, err
+    assert ("blocker: submit will refuse this run: slurm.time_limit 04:00:00 (4 h 00 min, 240 "
+            "min) is longer than partition batch's MaxTime of 3 h 00 min (180 min)") in out, out
+
+
+@pytest.mark.slurm
+def test_a_check_records_what_the_scheduler_said(cli, tmp_path):
+    """On the dev cluster: a check the scheduler refuses is a refused submission; one it
+    takes leaves a directory that says nothing was submitted."""
+    from launcher.run.rundir import RunDir
+    from launcher.run.vocab import State
+
+    rc, out, err = cli("submit", "devcluster-sim", "--check", "--set", "slurm.partition=nosuch",
+                       "--runs-dir", str(tmp_path / "bad"))
+    assert rc == 2 and "sbatch --test-only refused" in err, (out, err)
+    (run,) = [p.parent for p in (tmp_path / "bad").glob("*/plan.json")]
+    st = RunDir(run).status()
+    assert st.state == State.REFUSED and "sbatch --test-only refused" in st.error, st
+    rc, out, err = cli("submit", "devcluster-sim", "--check", "--runs-dir", str(tmp_path / "ok"))
+    assert rc == 0, err
+    (run,) = [p.parent for p in (tmp_path / "ok").glob("*/plan.json")]
+    rc, out, err = cli("status", str(run), "--runs-dir", str(tmp_path / "ok"))
+    assert "nothing was submitted" in out and "sbatch --test-only" in out, out
+    assert "not submitted yet" not in out, out

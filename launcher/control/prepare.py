@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.control import compute_env
@@ -36,6 +36,7 @@ class Prepared:
     shared: StudyJob | None = None  # the study's one allocation, when it runs in one
     compared: study.Comparison | None = None  # a study: one allocation against a job each
     choice: study.Choice | None = None  # a study: the way it runs, why, what that changes
+    blockers: list[str] = field(default_factory=list)  # what submit will refuse, one sentence each
 
 
     @property
@@ -347,7 +348,7 @@ def prepare_all(
     planned = [plan_run(r, root, names, profiles) for r in recipes]
     if not sweeps:
         [(plan, need)] = planned
-        return [write_run(plan, need, root, plan.recipe.name, None)]
+        return find_blockers([write_run(plan, need, root, plan.recipe.name, None)])
     base = recipes[0].name
     study_dir = create_dir(root, f"{base}-study").path
     study = study_dir.name
@@ -375,7 +376,7 @@ def prepare_all(
         doc["choice"] = choice.to_json()
     if shared is None:
         rundir.write_json(study_dir / rundir.STUDY, doc)
-        return out
+        return find_blockers(out)
     doc["allocation"] = {
         "mode": "one", "nodes": shared.nodes,
         "gpus_per_node": out[0].plan.cluster.gpus_per_node, "time_minutes": shared.minutes,
@@ -394,7 +395,40 @@ def prepare_all(
         sub.one_allocation = True
         p.run.write_submission(sub)
     rundir.write_json(study_dir / rundir.STUDY, doc)
-    return out  # in the order of the values; the allocation's order is the turns'
+    return find_blockers(out)  # in the order of the values; the allocation's is the turns'
+
+
+def find_blockers(runs: list[Prepared]) -> list[Prepared]:
+    """What submit will refuse, known before it tries, on each run: the model's staging,
+    and for a job of its own a time limit or node count past its partition's limits (as
+    the Slurm this host reaches has them). The dry-run shows them as blockers."""
+    from launcher.control import site, staging
+
+    parts: dict[str | None, site.Partition | None] = {}
+    for p in runs:
+        refuse, _ = staging.check(p.plan.recipe, p.plan.cluster)
+        p.blockers = [refuse] if refuse else []
+        if p.shared is not None or not schedulers.of(p.plan.cluster).allocates:
+            continue  # a study's one job is fitted to the partition by choose()
+        s = p.plan.recipe.slurm
+        if s.partition not in parts:
+            parts[s.partition] = site.partition(s.partition)
+        part = parts[s.partition]
+        if part is None:
+            continue
+        if part.max_minutes is not None and s.minutes > part.max_minutes:
+            p.blockers.append(
+                f"slurm.time_limit {s.time_limit} ({cost.duration(s.minutes * 60)}, "
+                f"{s.minutes} min) is longer than partition {part.name}'s MaxTime of "
+                f"{cost.duration(part.max_minutes * 60)} ({part.max_minutes} min) (scontrol "
+                "show partition): Slurm would not start it; lower slurm.time_limit or name "
+                "another slurm.partition")
+        if part.max_nodes is not None and p.nodes > part.max_nodes:
+            p.blockers.append(
+                f"the run needs {p.nodes} nodes, more than partition {part.name}'s MaxNodes "
+                f"of {part.max_nodes} (scontrol show partition): name another "
+                "slurm.partition or plan fewer endpoints")
+    return runs
 
 
 

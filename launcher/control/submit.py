@@ -100,16 +100,57 @@ def _who() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
+LOCAL_CHECK = "the local profile has no scheduler to ask; plan is valid"
+
+
+def refused(runs: list[Prepared], why: str) -> None:
+    """Record a refusal in every run it left unsubmitted and unstarted: its directory then
+    reads refused, with the sentence, not planned."""
+    for m in runs:
+        try:
+            sub = m.run.read_submission()
+            if sub.slurm_job_id or sub.error or m.run.state_file.exists():
+                continue
+            sub.error = why
+            m.run.write_submission(sub)
+        except OSError:
+            pass  # the refusal itself is what the user sees
+
+
+def blocked(runs: list[Prepared]) -> None:
+    """Refuse on the first blocker the plan found (what the dry-run showed as one)."""
+    for p in runs:
+        if p.blockers:
+            raise UserError(p.blockers[0])
+
+
+def checked(runs: list[Prepared], words: str) -> None:
+    """A --check that passed: nothing was submitted, and nothing will run it."""
+    for m in runs:
+        sub = m.run.read_submission()
+        sub.dry_run, sub.checked = True, words
+        m.run.write_submission(sub)
+
+
 def submit_all(runs: list[Prepared], check: bool = False) -> int:
+    try:
+        return _submit_all(runs, check)
+    except UserError as e:
+        refused(runs, str(e))
+        raise
+
+
+def _submit_all(runs: list[Prepared], check: bool) -> int:
     code = 0
+    blocked(runs)
     if runs and runs[0].shared is not None:
         return submit_study(runs, check)
     if check:
         for p in runs:
-            if schedulers.of(p.plan.cluster).allocates:
-                print(f"{p.run.run_id}: {check_slurm(p)}")
-            else:
-                print(f"{p.run.run_id}: the local profile has no scheduler to ask; plan is valid")
+            allocates = schedulers.of(p.plan.cluster).allocates
+            words = check_slurm(p) if allocates else LOCAL_CHECK
+            print(f"{p.run.run_id}: {words}")
+            checked([p], f"sbatch --test-only: {words}" if allocates else words)
         return 0
     for p in runs:
         if not schedulers.of(p.plan.cluster).allocates:  # the orchestrator runs here
@@ -134,8 +175,9 @@ def submit_study(runs: list[Prepared], check: bool) -> int:
     assert shared is not None
     allocates = schedulers.of(p.plan.cluster).allocates
     if check:
-        print(f"{shared.path.name}: " + (check_slurm(p) if allocates else
-                                         "the local profile has no scheduler to ask; plan is valid"))
+        words = check_slurm(p) if allocates else LOCAL_CHECK
+        print(f"{shared.path.name}: {words}")
+        checked(runs, f"sbatch --test-only: {words}" if allocates else words)
         return 0
     from launcher.control import study
 

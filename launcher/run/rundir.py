@@ -360,7 +360,8 @@ class Submission:
     by: str | None = None
     slurm_job_id: str | None = None
     submitted: float | None = None
-    error: str | None = None  # sbatch refused it
+    error: str | None = None  # why the submission was refused (a blocker, --check, sbatch)
+    checked: str | None = None  # `submit --check`: the scheduler took it (its words)
     dry_run: bool = False  # `submit --dry-run`: planned and written, never to be submitted
     launcher: str | None = None  # "pd-launcher 0.1.0, git 4c1d233 (dirty), submitit 1.5.2"
     command: str | None = None  # the command line that asked for it
@@ -527,7 +528,7 @@ class RunDir:
         elif cancel is not None and cancel.outcome != "requested":
             state, error = State.CANCELLED, f"cancelled by {cancel.by} before it started"
         elif sub.error:
-            state, error = State.FAILED, sub.error
+            state, error = State.REFUSED, sub.error
         elif sub.slurm_job_id:
             state, error = State.SUBMITTED, None
         else:

@@ -10,7 +10,9 @@ from enum import StrEnum
 
 
 class State(StrEnum):
-    """A run's life: planned -> submitted (Slurm) -> running -> one final state."""
+    """A run's life: planned -> submitted (Slurm) -> running -> one final state; or planned
+    -> refused, when the submission was refused before anything ran (a blocker, --check,
+    sbatch)."""
 
     PLANNED = "planned"
     SUBMITTED = "submitted"
@@ -18,6 +20,7 @@ class State(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    REFUSED = "refused"
 
     @property
     def final(self) -> bool:
@@ -28,7 +31,7 @@ class State(StrEnum):
         return not self.final
 
 
-FINAL_STATES = frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED})
+FINAL_STATES = frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED, State.REFUSED})
 
 
 class Stage(StrEnum):
