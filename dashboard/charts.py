@@ -218,7 +218,7 @@ def legend_columns(labels: pd.Series, width_px: int = 440, most: int = 4) -> int
 
 
 def line(df: pd.DataFrame, *, title: str, y_title: str, color: str = "group",
-         color_title: str = "", y_format: str | None = None, height: int = 300,
+         color_title: str = "", y_format: str | None = None, height: int = 180,
          windows: pd.DataFrame | None = None, stacked: bool = False,
          clock: Clock = WALL_CLOCK) -> alt.Chart:
     tm = _Timed(clock, (df, ("t",)), (windows, ("start", "end")))
@@ -238,7 +238,7 @@ def line(df: pd.DataFrame, *, title: str, y_title: str, color: str = "group",
 
 
 def spread(df: pd.DataFrame, *, title: str, y_title: str, y_format: str = ".0%",
-           windows: pd.DataFrame | None = None, height: int = 320,
+           windows: pd.DataFrame | None = None, height: int = 200,
            color_title: str = "endpoint", clock: Clock = WALL_CLOCK) -> alt.Chart:
     """min..max band plus mean line per group (df columns group, t, min, mean, max)."""
     tm = _Timed(clock, (df, ("t",)), (windows, ("start", "end")))
@@ -315,15 +315,14 @@ def topology(df: pd.DataFrame) -> alt.Chart:
                         legend=alt.Legend(orient="bottom")),
         tooltip=["node:N", "gpu:O", "endpoint:N", "process:N", "ranks:N", "role:N"])
     text = base.mark_text(fontSize=10, color="white").encode(text="short:N")
-    # Step sizing: Streamlit keeps a fixed height for the whole chart (axes, legend
-    # included), which squeezes the bands; a step per row cannot be squeezed.
+    # a step per row: the bands keep their height however many nodes there are
     return (rect + text).properties(title="Topology: nodes → GPUs → endpoints",
                                     height=alt.Step(26 if n_nodes <= 18 else 14))
 
 
 def pareto(df: pd.DataFrame, frontier: pd.DataFrame, *, y: str, y_title: str,
            color: str = "run", color_title: str = "run", curves: bool = False,
-           title: str | None = None, height: int = 440,
+           title: str | None = None, height: int = 360,
            reference: pd.DataFrame | None = None) -> alt.LayerChart:
     """Throughput per GPU vs tokens/s per user, points labelled by concurrency.
 
@@ -335,8 +334,7 @@ def pareto(df: pd.DataFrame, frontier: pd.DataFrame, *, y: str, y_title: str,
     belongs to."""
     x = alt.X("tokens_per_s_per_user:Q", title="tok/s per user (1000 ÷ median TPOT ms)",
               scale=alt.Scale(zero=False))
-    # A study's few configurations: distinct hues, legend beside the plot (below it, a
-    # legend eats the height Streamlit gives the whole chart).
+    # A study's few configurations: distinct hues, one name a line beside the plot.
     side = "right" if curves else "bottom"
     col = alt.Color(f"{color}:N", title=color_title,
                     scale=alt.Scale(scheme="tableau10") if curves else alt.Undefined,
@@ -398,7 +396,7 @@ def latency_vs_concurrency(df: pd.DataFrame, *, metric: str, title: str,
         shape=alt.Shape("stat:N", title="percentile"),  # a legend symbol per percentile
         tooltip=[f"{color}:N", "concurrency:Q", "stat:N",
                  alt.Tooltip("value:Q", format=",.1f")],
-    ).properties(title=title, height=340)
+    ).properties(title=title, height=260)
 
 
 def ttft_breakdown(parts: pd.DataFrame, client: pd.DataFrame) -> alt.Chart:

@@ -445,8 +445,15 @@ def num(x: Any, fmt: str = ",.0f", unit: str = "") -> str:
 CHART_PADDING = {"top": 24, "left": 16, "right": 8, "bottom": 8}
 
 
+# Streamlit's default autosize "fit" keeps the whole chart at its height, so a legend of six
+# rows below the plot left it 0 px tall (the KV page's prompt-token chart drew nothing):
+# fit the width only, and a chart's height is its plot's, with title, axes and legend added.
+CHART_AUTOSIZE = {"type": "fit-x", "contains": "padding"}
+
+
 def altair(chart: Any) -> None:
-    st.altair_chart(chart.properties(padding=CHART_PADDING), width="stretch")
+    st.altair_chart(chart.properties(padding=CHART_PADDING, autosize=CHART_AUTOSIZE),
+                    width="stretch")
 
 
 ROW_PX, HEADER_PX, MAX_FIT_ROWS = 35, 38, 30

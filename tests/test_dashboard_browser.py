@@ -54,7 +54,9 @@ PAGES = [
                                      "Bottleneck per sweep point", "Report to share"]),
     ("sweep", "Sweep", 3, ["x = 1000 ÷ median TPOT", "Throughput measure"]),
     ("kv", "KV cache", 6, ["KV cache usage", "NIXL KV transfer (decode side)",
-                           "KV capacity: predicted vs observed"]),
+                           "KV capacity: predicted vs observed",
+                           "concurrent requests, predicted (plan.json)",
+                           "Prompt tokens by source, decode"]),
     ("ttft", "TTFT breakdown", 1, ["Diagnosis per sweep point"]),
     ("gpus", "GPUs and hosts", 0, ["GPUs (NVML)", "Hosts"]),
     ("logs", "Logs", 0, ["Processes with logs", "Tail"]),
@@ -76,6 +78,14 @@ CLIPPED_JS = """() => [...document.querySelectorAll('[data-testid="stVegaLiteCha
                                           r.right > b.right + 1 || r.bottom > b.bottom + 1))
       .map(([text, r]) => text + ' @ ' + [r.left - b.left, r.top - b.top, b.right - r.right,
                                            b.bottom - r.bottom].map(Math.round).join(',')) })"""
+# Charts whose plot area collapsed (a legend or axes took all the height): a title with
+# nothing drawn under it.
+EMPTY_JS = """() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg.marks')]
+  .map(s => [(s.querySelector('.role-title-text') || {}).textContent,
+             s.querySelector('g.mark-group.role-frame.root > g > path.background')])
+  .filter(([_, bg]) => bg).map(([t, bg]) => [t, bg.getBoundingClientRect()])
+  .filter(([_, r]) => r.height < 10 || r.width < 10)
+  .map(([t, r]) => t + ' @ ' + Math.round(r.width) + 'x' + Math.round(r.height))"""
 TABLES_JS = """() => [...document.querySelectorAll('[data-testid="stDataFrame"]')]
   .map(d => { const g = d.querySelector('[role="grid"][aria-rowcount]');
               return g ? {h: d.getBoundingClientRect().height,
@@ -191,6 +201,8 @@ def visit(browser, url: str, title: str, min_charts: int, shot: Path) -> dict:
         assert page.get_by_text("Deploy", exact=True).count() == 0  # no developer toolbar
         clipped = page.evaluate(CLIPPED_JS)  # (left, top, right, bottom) room, px
         assert not clipped, (url, clipped)
+        empty = page.evaluate(EMPTY_JS)
+        assert not empty, (url, "charts with no plot area", empty)
         for t in page.evaluate(TABLES_JS):  # as tall as their rows: no empty filler rows
             assert t["h"] <= ui.HEADER_PX + ui.ROW_PX * max(t["rows"] - 1, 1) + 4, (url, t)
         axes = page.evaluate(AXES_JS)
@@ -216,6 +228,8 @@ def test_every_page_of_the_demo_run(server, browser, shots, path, title, min_cha
         assert run.name in got["text"] and "SIMULATION" in got["text"]
     if path in ("overview", "kv"):
         assert got["time_axes"] >= 1
+    if path == "kv":  # the demo's plan predicts its KV capacity (issue 41 item 6)
+        assert "No prediction" not in got["text"]
 
 
 def test_time_axes_show_the_servers_wall_clock(server, browser, shots):
@@ -294,6 +308,9 @@ def _main_text(browser, url: str) -> str:
     page = browser.new_page(viewport={"width": 1440, "height": 1000})
     try:
         page.goto(url, timeout=60_000)
+        settle(page, "Study", 2)
+        # the page's last section, after the recommendation (the slowest part) is drawn
+        page.get_by_role("button", name="Write report.html").wait_for(timeout=60_000)
         settle(page, "Study", 2)
         return page.inner_text('[data-testid="stMain"]')
     finally:

@@ -199,11 +199,18 @@ def body(info) -> None:  # the run as re-read at each live refresh
                                   windows=wins, stacked=True, clock=clk))
         elif "kv_fetch" not in data:
             st.caption("No vllm:num_requests_kv_fetch_by_stage (KV consumer metric) samples.")
-    if "sources" in data:
-        ui.altair(charts.line(data["sources"], title="Prompt tokens by source (computed / "
-                              "prefix-cache hit / received by KV transfer)",
-                              y_title="tokens/s", color_title="role · source", windows=wins,
-                              stacked=True, clock=clk))
+    sources = data.get("sources") or {}
+    if sources:
+        roles = sorted(sources, key=lambda r: r != "prefill")  # prefill first, as P -> D
+        for col, role in zip(st.columns(len(roles)), roles, strict=True):
+            frame = sources[role]
+            with col:
+                ui.altair(charts.line(frame, title=f"Prompt tokens by source, {role}",
+                                      y_title="tokens/s", color_title="source", windows=wins,
+                                      stacked=True, clock=clk))
+        st.caption("local_compute = computed here, local_cache_hit = a prefix-cache hit, "
+                   "external_kv_transfer = received by KV transfer (a decode's share of the "
+                   "prompts the prefill computed)")
 
     st.subheader("NIXL KV transfer (decode side)")
     if not any(k in data for k in ("nixl_time_ms", "nixl_bytes", "nixl_rate")):

@@ -619,8 +619,12 @@ def kv_page_data(ss: SeriesSet, t0: float, t1: float, step_s: float = 1.0,
         out["preempt_total"] = float(ss.increase(pre.index, t0, t1).sum())
     src = ss.select("vllm:prompt_tokens_by_source_total")
     if not src.empty:
-        out["sources"] = grouped_series(ss, src, lambda r: role_label(r, "source"), bins,
-                                        "counter")
+        # per role: a prefill's computed tokens are the prompts a decode receives, so one
+        # stack over both roles would count every prompt twice
+        out["sources"] = {
+            role: grouped_series(ss, g, lambda r: parse_labels(r["labels"]).get("source", "?"),
+                                 bins, "counter")
+            for role, g in src.groupby("role", sort=False) if role in ("prefill", "decode")}
     fetch = ss.select("vllm:num_requests_kv_fetch_by_stage")
     if not fetch.empty:
         out["kv_fetch"] = grouped_series(

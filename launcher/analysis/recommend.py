@@ -619,10 +619,14 @@ def observe(run_dir: Path, plan: Any, topo: Topology) -> tuple[list[Point], list
         topo.decode_kv_tokens = [float(x) for x in dcap["capacity_tokens"] if _ok(float(x))]
     run_ids = ss.select("vllm:num_requests_running", "decode").index
     kv_ids = ss.select("vllm:kv_cache_usage_perc", "decode").index
+    # the TTFT page's table of every point: its window evidence, read once, and its verdicts
+    table = derive.point_table(load.load_bench(run_dir), plan, ss, step_s=step)
+    by_window = {(row["window_start"], row["window_end"]): row
+                 for row in table.to_dict("records")}
     points = []
     for r, fig in ok:
         w = derive.window_of(r)
-        ev = derive.window_evidence(w, ss, step) if w else {}
+        ev = by_window.get((w.start, w.end), {}) if w else {}
         done = float(r.get("completed") or 0)
         e2e, ttft = _num(r.get("mean_e2el_ms")), _num(r.get("mean_ttft_ms"))
         tpot_mean = _num(r.get("mean_tpot_ms"))
@@ -654,8 +658,6 @@ def observe(run_dir: Path, plan: Any, topo: Topology) -> tuple[list[Point], list
     if not any(_ok(p.decode_running) for p in points):
         raise NoRecommendation("no sweep window has decode telemetry "
                                "(vllm:num_requests_running on the decode endpoints)")
-    table = derive.point_table(load.load_bench(run_dir), plan, ss,
-                               step_s=plan.telemetry_interval_s)
     verdicts = diagnose.diagnose(table.to_dict("records")) if not table.empty else []
     return points, notes, verdicts
 
