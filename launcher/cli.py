@@ -82,7 +82,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="a directory submit --dry-run wrote")
     s.set_defaults(func=cmd_run)
 
-    s = sub.add_parser("status", help="state of a run or a study (default: the newest run)")
+    s = sub.add_parser("status", help="state of a run or a study, and what to do next "
+                       "(default: the newest run, or its study when it is in one)")
     s.add_argument("run", nargs="?", help="run or study: a path, a run id (or its prefix) or "
                                           "a study name (default: the newest run)")
     s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS, help="where runs live (default: %(default)s)")
@@ -409,16 +410,24 @@ def _find_run(runs_dir: Path, ref: str | None):
 def cmd_status(args) -> int:
     from launcher import text
     from launcher.control import runs as runs_mod
+    from launcher.run import listing
 
     study = runs_mod.find_study(args.runs_dir, args.run)
+    run = None
+    if study is None:
+        run = _find_run(args.runs_dir, args.run)
+        if not args.run:  # the newest thing: its study, when the newest run is in one
+            study = listing.study_of(run)
     if study is not None:
         statuses = {str(r.path): runs_mod.reconcile(r) for r in study.runs}
-        print(text.runs_text([study], statuses, args.runs_dir))
+        print(text.study_status_text(study, statuses, args.runs_dir,
+                                     runs_mod.allocation_live(study)))
         return 0
-    run = _find_run(args.runs_dir, args.run)
     st = runs_mod.reconcile(run)
     slurm = runs_mod.slurm_state(st.slurm_job_id) if st.slurm_job_id else None
-    print(text.status_text(run, st, slurm))
+    in_study = listing.study_of(run)
+    live = runs_mod.allocation_live(in_study) if in_study is not None else None
+    print(text.status_text(run, st, slurm, live if live and live[0] is not None else None))
     return 0
 
 

@@ -334,8 +334,15 @@ def event_line(e: dict) -> str:
     return f"[{when}] {e.get('event', '?')} {detail}".rstrip()
 
 
-def status_text(run: RunDir, st: RunStatus, slurm: str | None = None) -> str:
+def status_text(run: RunDir, st: RunStatus, slurm: str | None = None,
+                live: tuple[bool | None, str | None] | None = None) -> str:
+    """`live`: whether its study's one allocation lives, and why not when its record says
+    so (control.runs.allocation_live); None: as its allocation.json says."""
     lines = [f"run {run.run_id}  ({run.path})"]
+    study = listing.study_of(run)
+    if live is None and study is not None and study.doc.get("allocation"):
+        doc = listing.allocation_record(study)
+        live = (bool(doc and doc.get("state") == State.RUNNING), None)
     try:
         plan = read_plan(run.plan)
         sim = " [SIMULATED engines]" if plan.simulated else ""
@@ -376,13 +383,102 @@ def status_text(run: RunDir, st: RunStatus, slurm: str | None = None) -> str:
         lines.append(f"warning: {why}: left out, so what is shown comes from the other files")
     for note in rec.notes if rec else []:
         lines.append("note: " + note)
+    ended = live is not None and live[0] is False
     if rec and rec.processes:
         lines.append(f"{'PROCESS':28} {'NODE':16} {'STATE':12} LOG")
         for name, p in rec.processes.items():
             state = p.status
+            if state == "kept loaded" and ended:  # loaded only while the allocation lives
+                state = "stopped" if live[1] is None else "gone"
             if state == "stopped" and p.exit_code not in (None, 0):
                 state = f"stopped ({p.exit_code})"  # the signal or code it ended with
             lines.append(f"{name:28} {p.node:16} {state:12} {p.log}")
+        if ended and any(p.kept for p in rec.processes.values()):
+            lines.append(
+                "note: the engines it left loaded for the next configuration were stopped at "
+                "the end of its study's allocation (allocation.json)" if live[1] is None else
+                f"note: its study's allocation ended: {live[1]}; no engine is kept loaded")
+    lines.append(next_step(run, st, study))
+    return "\n".join(lines)
+
+
+def _launcher(*words: object) -> str:
+    return "python -m launcher " + " ".join(map(str, words))
+
+
+def _submit_again(command: str | None) -> str:
+    """The recorded `submit ... --dry-run` command line, as a submission."""
+    import shlex
+
+    try:
+        words = shlex.split(command or "")
+    except ValueError:
+        words = []
+    if "submit" not in words:
+        return ""
+    words = [w for w in words[words.index("submit"):] if w != "--dry-run"]
+    return _launcher(*map(shlex.quote, words))
+
+
+def next_step(run: RunDir, st: RunStatus, study: listing.Study | None = None) -> str:
+    """status's last line: what to do next with this run."""
+    root = (study.path if study is not None else run.path).parent
+    if st.dry_run:
+        again = _submit_again(st.submission.command)
+        return ("next: submit it: " + again) if again else \
+            f"next: submit it: {_launcher('submit --again', run.path)}"
+    if st.state == State.REFUSED:
+        return (f"next: mend what the error says, then {_launcher('submit --again', run.path)} "
+                "(its exact recipe)")
+    if not st.final:
+        return (f"next: {_launcher('logs', run.path, '-f')} to follow it, "
+                f"{_launcher('cancel', run.path)} to stop it")
+    if st.state == State.SUCCEEDED:
+        return (f"next: {_launcher('report', run.path)} (one HTML page); "
+                f"{_launcher('recommend', run.path)} (the P:D ratio and concurrency to run "
+                f"next); {_launcher('dashboard', root)}")
+    culprit = (st.record.culprit if st.record else None) or ""
+    return (f"next: {_launcher('logs', run.path, culprit).rstrip()} (what it logged), then "
+            f"{_launcher('submit --again', run.path)}; {_launcher('report', run.path)} shows "
+            "what it measured")
+
+
+def study_status_text(study: listing.Study, statuses: dict[str, RunStatus], root,
+                      live: tuple[bool | None, str | None] = (None, None)) -> str:
+    """`status STUDY`: its runs, its allocation (one allocation), and the next step."""
+    lines = [runs_text([study], statuses, root)]
+    doc = listing.allocation_record(study) if study.doc.get("allocation") else None
+    sts = [statuses[str(r.path)] for r in study.runs]
+    if doc is not None:
+        s = doc.get("summary") or {}
+        confs = doc.get("configurations") or []
+        if live[1]:
+            lines.append(f"allocation: {live[1]}")
+        elif doc.get("state") == State.RUNNING:
+            where = (f"job {doc['slurm_job_id']}" if doc.get("slurm_job_id") else
+                     f"pid {doc.get('pid')} on {doc.get('host')}")
+            lines.append(f"allocation: running ({where}), configuration {len(confs)} of "
+                         f"{len(study.runs)}: {confs[-1]['run'] if confs else '-'}")
+        else:
+            lines.append(
+                f"allocation: {doc.get('state')}: {s.get('succeeded', 0)} of {len(study.runs)} "
+                f"configuration(s) succeeded; {s.get('engine_starts', 0)} engine start(s); "
+                f"{float(s.get('gpu_hours') or 0):,.2f} GPU-hours over "
+                f"{cost.duration(float(s.get('wall_s') or 0))}; every engine stopped at its end")
+    if sts and all(st.dry_run for st in sts):
+        again = _submit_again(sts[0].submission.command)
+        lines.append("next: submit it: " + (again or _launcher("submit --again", study.runs[0].path)))
+    elif any(not st.final and not st.dry_run for st in sts) and live[0] is not False:
+        lines.append(f"next: {_launcher('logs', '<RUN>', '-f')} follows a configuration; "
+                     f"{_launcher('cancel', study.path)} stops the study")
+    elif any(st.state == State.SUCCEEDED for st in sts):
+        lines.append(f"next: {_launcher('report', study.path)} (one HTML page of the study); "
+                     f"{_launcher('recommend', study.path)} (the P:D ratio to run next); "
+                     f"{_launcher('dashboard', study.path.parent)} (its Study page)")
+    else:
+        bad = next((r for r, st in zip(study.runs, sts, strict=True) if st.final), None)
+        lines.append(next_step(bad, statuses[str(bad.path)], study) if bad is not None else
+                     f"next: {_launcher('runs', '--runs-dir', study.path.parent)}")
     return "\n".join(lines)
 
 

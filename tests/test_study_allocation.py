@@ -205,6 +205,13 @@ def test_launcher_run_takes_a_study_and_a_configuration_cancelled_before_its_tur
         rec.error), rec.error
     alloc = json.loads((study_dir / "allocation.json").read_text())
     assert [c["state"] for c in alloc["configurations"]] == ["succeeded", "cancelled"]
+    # after it (issue 41, item 9): status shows the study, nothing kept loaded, what next
+    code, said = launcher(tmp_path, "status", "--runs-dir", str(tmp_path / "runs"))
+    assert code == 0 and f"{study_dir.name}/  (study: 2 runs" in said, said
+    assert said.splitlines()[-1].startswith(f"next: python -m launcher report {study_dir}")
+    assert first.read_record().processes["decode-0@local-1"].kept, "it was left for the next"
+    code, said = launcher(tmp_path, "status", str(first.path))
+    assert code == 0 and "kept loaded" not in said and "at the end of its study's" in said, said
     p = subprocess.run(run, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert p.returncode == 2 and "already holds an attempt (allocation.json)" in p.stderr, (
         p.stdout + p.stderr)

@@ -210,8 +210,16 @@ def run_info(path: Path) -> RunInfo:
         has_plan=plan is not None,
         identity=dict(rec.identity) if rec else {},
         plan_error=plan_error,
-        processes={n: p.status for n, p in rec.processes.items()} if rec else {},
+        processes={n: _shown(p.status, study) for n, p in rec.processes.items()} if rec else {},
     )
+
+
+def _shown(status: str, study: listing.Study | None) -> str:
+    """An engine is kept loaded only while its study's allocation lives (its record says)."""
+    if status != "kept loaded" or study is None:
+        return status
+    doc = listing.allocation_record(study)
+    return status if doc and doc.get("state") == State.RUNNING else "stopped"
 
 
 def progress_view(progress: dict | None, now: float) -> dict:

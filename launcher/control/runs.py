@@ -142,6 +142,27 @@ def cancel_study(study: listing.Study, grace_s: float = 45.0) -> int:
     return max(codes, default=0)
 
 
+def allocation_live(study: listing.Study) -> tuple[bool | None, str | None]:
+    """(whether a one-allocation study's allocation lives, why not when its record says it
+    does); (None, None) for a study of one job each. Its record (allocation.json) says
+    running until its end; a process gone from this host, or a job Slurm no longer runs,
+    ended it without a word."""
+    if not study.doc.get("allocation"):
+        return None, None
+    doc = listing.allocation_record(study)
+    if doc is None or doc.get("state") != State.RUNNING:
+        return False, None
+    job, pid = doc.get("slurm_job_id"), doc.get("pid")
+    if job:
+        s = slurm_state(str(job))
+        if s is not None and not any(x in s for x in SLURM_LIVE):
+            return False, f"its job {job} ended ({s}) without recording its end"
+    elif isinstance(pid, int) and doc.get("host") == socket.gethostname() and not _pid_alive(pid):
+        return False, (f"its process (pid {pid} on {doc['host']}) is gone without recording "
+                       "its end")
+    return True, None
+
+
 def slurm_state(job_id: str | None) -> str | None:
     """The job's state from squeue, then scontrol (no accounting database needed)."""
     return slurm_job(job_id)[0]

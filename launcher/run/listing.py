@@ -113,6 +113,19 @@ def all_runs(runs_dir: Path) -> list[RunDir]:
     return sorted(out, key=lambda r: r.run_id, reverse=True)
 
 
+ALLOCATION = "allocation.json"
+
+
+def allocation_record(study: Study) -> dict | None:
+    """A one-allocation study's record of its allocation (control/study.py writes it), or
+    None before it started (or for a study of one job each)."""
+    try:
+        doc = json.loads((study.path / ALLOCATION).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def study_of(run: RunDir) -> Study | None:
     parent = run.path.parent
     return _study(parent) if is_study(parent) else None
