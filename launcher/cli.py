@@ -195,7 +195,12 @@ def main(argv: list[str] | None = None) -> int:
             pass
         return 0
     except UserError as e:
-        print(f"error: {_one_line(str(e))}", file=sys.stderr)
+        if e.problems:  # found together: a line each, so every one can be read
+            head, each = e.problems
+            print(f"error: {_one_line(head)}", *[f"  - {_one_line(p)}" for p in each],
+                  sep="\n", file=sys.stderr)
+        else:
+            print(f"error: {_one_line(str(e))}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

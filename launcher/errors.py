@@ -2,9 +2,16 @@
 
 
 class UserError(Exception):
-    """A problem the user can fix; the message is one sentence naming what to change."""
+    """A problem the user can fix; the message is one sentence naming what to change.
+    Several problems found together: `problems` is (a heading, one sentence each), which
+    the CLI lists a line each; the message holds them all, numbered, on one line."""
 
     exit_code = 2
+
+    def __init__(self, message: str = "", *,
+                 problems: tuple[str, list[str]] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems
 
 
 class Problem(str):

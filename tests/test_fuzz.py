@@ -7,7 +7,8 @@ Every case either
   front of every command line and nothing else on PATH, hand each program exactly the words
   plan.json (the renderer's truth) says, one argument per value, running nothing injected; or
 - is rejected: exit 2, stdout empty, stderr exactly one line "error: ..." that names the
-  field or flag to fix.
+  field or flag to fix (problems found together: that line ends "N problems:" and a line
+  "  - ..." each follows).
 Never a traceback, never more than 5 s, and no secret value in any written file or stdout.
 
 "One argument" is checked by execution, not by reading: every non-comment line of a script
@@ -733,11 +734,16 @@ def check_rejected(code, out: str, err: str, hints: list[str]) -> None:
     assert code == 2, (code, err[-3000:])
     assert out == "", out[:500]
     lines = err.split("\n")
-    assert len(lines) == 2 and lines[1] == "", f"not one line: {err[:1500]!r}"
+    # one line, or problems found together: "error: FILE: N problems:" then a line each
+    listed = re.fullmatch(r"error: .*: (\d+) problems:", lines[0])
+    want = 2 + (int(listed.group(1)) if listed else 0)
+    assert len(lines) == want and lines[-1] == "", f"not one line: {err[:1500]!r}"
     line = lines[0]
     assert line.startswith("error: "), line
-    assert len(line) <= 600, f"{len(line)} characters: {line[:300]}..."
-    low = line.lower()
+    assert all(x.startswith("  - ") for x in lines[1:-1]), err[:1500]
+    for x in lines[:-1]:
+        assert len(x) <= 600, f"{len(x)} characters: {x[:300]}..."
+    low = err.lower()
     named = [h for h in hints if h and h.lower() in low]
     assert named, f"names none of {sorted(set(hints))[:12]}: {line}"
 

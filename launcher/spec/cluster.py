@@ -174,7 +174,7 @@ def load(ref: str) -> Cluster:
     try:
         return Cluster.model_validate(data)
     except ValidationError as e:
-        raise UserError(format_error(e, str(path), model=Cluster)) from None
+        raise format_error(e, str(path), model=Cluster) from None
 
 
 def profile_nodes(cluster: Cluster, count: int) -> list[str]:

@@ -604,72 +604,74 @@ class Recipe(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> Recipe:
+        bad: list[str] = []  # every problem, reported together (format_error lists them)
         for where, text in [
             ("name", self.name), ("slurm.partition", self.slurm.partition),
             ("slurm.account", self.slurm.account), ("slurm.qos", self.slurm.qos),
         ]:  # fmt: skip
             why = sbatch_problem(text) if text else None
             if why:
-                raise ValueError(f"{where}: {why}")
+                bad.append(f"{where}: {why}")
         if self.mode == "disagg":
             if self.prefill.endpoints < 1 or self.decode.endpoints < 1:
-                raise ValueError(
-                    "mode disagg needs prefill.endpoints >= 1 and decode.endpoints >= 1"
-                )
+                bad.append("mode disagg needs prefill.endpoints >= 1 and decode.endpoints >= 1")
             if self.agg.endpoints:
-                raise ValueError("mode disagg takes no agg endpoints; set agg.endpoints: 0")
+                bad.append("mode disagg takes no agg endpoints; set agg.endpoints: 0")
         else:
             if self.agg.endpoints < 1:
-                raise ValueError("mode agg needs agg.endpoints >= 1")
+                bad.append("mode agg needs agg.endpoints >= 1")
             if self.prefill.endpoints or self.decode.endpoints:
-                raise ValueError("mode agg takes no prefill/decode endpoints; set them to 0")
+                bad.append("mode agg takes no prefill/decode endpoints; set them to 0")
         envs = [("env", self.env)] + [(f"{p}.env", getattr(self, p).env) for p in POOLS]
         for where, env in envs:
             for key in env:
                 if not ENV_NAME.match(key):
-                    raise ValueError(f"{where}: {key!r} is not a valid environment variable name")
-                if (what := secrets.secret_env(key)) and not key.startswith("SIM_"):
-                    raise ValueError(secrets.env_refusal(f"{where}.{key}", what))
-            for key in env:
-                if key.startswith("SIM_") and key.removeprefix("SIM_").lower() not in SIM_KNOBS:
-                    raise ValueError(
-                        f"{where}.{key} is not a simulator knob (see python -m launcher.sim "
-                        "serve x --sim-help)"
-                    )
+                    bad.append(f"{where}: {key!r} is not a valid environment variable name")
+                elif key.startswith("SIM_"):
+                    if key.removeprefix("SIM_").lower() not in SIM_KNOBS:
+                        bad.append(f"{where}.{key} is not a simulator knob (see python -m "
+                                   "launcher.sim serve x --sim-help)")
+                elif what := secrets.secret_env(key):
+                    bad.append(secrets.env_refusal(f"{where}.{key}", what))
         for key in self.env_from_host:
             if not ENV_NAME.match(key):
-                raise ValueError(f"env_from_host: {key!r} is not a valid environment variable name")
+                bad.append(f"env_from_host: {key!r} is not a valid environment variable name")
         for where, a in [("router.args", self.router.args), *self.engine_arg_sources()]:
             for key in a:
                 if found := secrets.secret_flag(key, router=where == "router.args"):
-                    raise ValueError(secrets.flag_refusal(f"{where}.{key}", *found))
-        self._check_steps()
+                    bad.append(secrets.flag_refusal(f"{where}.{key}", *found))
+        bad += self._check_steps()
         if self.sim.model_dump(exclude_none=True) and self.engine != "sim":
-            raise ValueError("sim knobs are only for engine: sim")
+            bad.append("sim knobs are only for engine: sim")
+        if bad:
+            raise ValueError(PROBLEMS_SEP.join(bad))
         _no_control_chars(self.model_dump(mode="json", exclude={"description"}), "")
         return self
 
-    def _check_steps(self) -> None:
+    def _check_steps(self) -> list[str]:
         """args_from_concurrency: a step inside the sweep restarts engines between two
         points, so the sweep must ascend; a step at or below its first point is how the
         engines start, one above its top is never reached."""
         b = self.benchmark
+        bad = []
         for p in POOLS:
             steps = getattr(self, p).args_from_concurrency
             if not steps:
                 continue
             where = f"{p}.args_from_concurrency"
             if not getattr(self, p).endpoints:
-                raise ValueError(f"{where}: {p} has no endpoints in mode {self.mode}; remove it")
+                bad.append(f"{where}: {p} has no endpoints in mode {self.mode}; remove it")
+                continue
             empty = next((c for c, flags in sorted(steps.items()) if not flags), None)
             if empty is not None:
-                raise ValueError(f"{where}.{empty} sets no flag: give it flags or remove it")
+                bad.append(f"{where}.{empty} sets no flag: give it flags or remove it")
             inside = [c for c in steps if b.concurrency[0] < c <= max(b.concurrency)]
             if b.enabled and inside and b.concurrency != sorted(b.concurrency):
-                raise ValueError(
+                bad.append(
                     f"{where}: list benchmark.concurrency in ascending order (now "
                     f"{', '.join(map(str, b.concurrency))}), so each step restarts the {p} "
                     "engines once")
+        return bad
 
     def engine_arg_sources(self) -> list[tuple[str, dict[str, ArgValue]]]:
         """(recipe key, flags) of every place that sets `vllm serve` flags."""
@@ -893,10 +895,10 @@ def apply_overrides(data: dict, overrides: list[str], flag: str = "--set") -> di
 def format_error(
     e: ValidationError, source: str, overrides: list[str] | None = None, sweep: list[str] = (),
     *, model: type[BaseModel] | None = None, data: Any = None,
-) -> str:
-    """One sentence for the first problem, naming the file, the --set or --sweep value that
-    brought it, and the key, in the launcher's words (launcher.spec.wording: the accepted
-    form, the real bound, the key or value probably meant), not pydantic's."""
+) -> UserError:
+    """Every problem, in the launcher's words (launcher.spec.wording: the accepted form, the
+    real bound, the key or value probably meant), not pydantic's, each naming the key and
+    the --set or --sweep value that brought it; one problem is one sentence naming the file."""
     from launcher.spec import wording
 
     origins = [(o.partition("=")[0].strip(), f"--set {o.partition('=')[0].strip()}") for o in overrides or []]
@@ -910,31 +912,48 @@ def format_error(
         if loc not in seen:
             seen.add(loc)
             errors.append((".".join(loc), err))
-    loc, err = errors[0]
-    msg = err["msg"].removeprefix("Value error, ")
-    came = [
-        label for k, label in origins
-        if loc and (loc == k or loc.startswith(k + ".") or k.startswith(loc + "."))
-        or not loc and k in msg
-    ]  # fmt: skip
+    items = []  # (the --set or --sweep that brought it, the problem)
+    for loc, err in errors:
+        msg = err["msg"].removeprefix("Value error, ")
+        for one in (msg.split(PROBLEMS_SEP) if err["type"] == "value_error" else [msg]):
+            came = [
+                label for k, label in origins
+                if loc and (loc == k or loc.startswith(k + ".") or k.startswith(loc + "."))
+                or not loc and k in one
+            ]  # fmt: skip
+            items.append((came[-1] if came else None, _problem(
+                loc, err, one, members, model, data, wording)))
     source = show(source, 200)
-    where = f"{source} with {came[-1]}" if came else source
+    if len(items) == 1:
+        came, text = items[0]
+        return UserError(f"{source}{f' with {came}' if came else ''}: {text}")
+    shown = [text + (f" (from {came})" if came else "") for came, text in items]
+    return UserError(f"{source}: {len(shown)} problems: "
+                     + "; ".join(f"({i}) {t}" for i, t in enumerate(shown, 1)),
+                     problems=(f"{source}: {len(shown)} problems:", shown))
+
+
+# Recipe-wide checks report every problem in one ValueError, one per part.
+PROBLEMS_SEP = "\n"
+
+
+def _problem(loc: str, err: dict, msg: str, members: dict, model, data, wording) -> str:
     if err["type"] == "extra_forbidden":
         *parent, key = loc.split(".")
         hint = wording.did_you_mean(key, wording.fields_at(model or Recipe, parent))
-        text = f"{where}: unknown key {loc!r}" + (f"; {hint}" if hint else "")
-    elif err["type"] == "missing":
-        text = f"{where}: missing required key {loc!r}"
+        return f"unknown key {loc!r}" + (f"; {hint}" if hint else "")
+    if err["type"] == "missing":
+        return f"missing required key {loc!r}"
+    got = err.get("input")
+    if err["type"] == "value_error":  # one part of a check that found several
+        has_value = False
     else:
-        got = err.get("input")
         msg, has_value = wording.message(err, members.get(tuple(loc.split(".")), []))
-        if err["type"] in ("greater_than_equal", "greater_than"):
-            msg = wording.real_bound(loc, data) or msg
-        shown = ("" if has_value or isinstance(got, dict | list) or not loc
-                 else f" (got {str(got)[:60]!r})")
-        text = f"{where}: {loc + ': ' if loc else ''}{msg}{shown}"
-    more = len(errors) - 1
-    return text + (f" (and {more} more problem{'s' if more > 1 else ''})" if more else "")
+    if err["type"] in ("greater_than_equal", "greater_than"):
+        msg = wording.real_bound(loc, data) or msg
+    shown = ("" if has_value or isinstance(got, dict | list) or not loc
+             else f" (got {str(got)[:60]!r})")
+    return f"{loc + ': ' if loc else ''}{msg}{shown}"
 
 
 def _union_member(part: object) -> bool:
@@ -1033,7 +1052,7 @@ def validate(
     try:
         return Recipe.model_validate(data)
     except ValidationError as e:
-        raise UserError(format_error(e, source, overrides, sweep, data=data)) from None
+        raise format_error(e, source, overrides, sweep, data=data) from None
 
 
 def dump(recipe: Recipe) -> str:
