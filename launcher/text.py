@@ -158,10 +158,10 @@ def study_ways(cmp, one: bool, n: int) -> list[str]:
     """Both ways of running a study, side by side, and which one this submission takes."""
     return [
         f"  one allocation:  {cmp.one_nodes} nodes x "
-        + cost.spend(_shares(cmp.turns), cmp.load_s, cmp.load_bound_s)
+        + cost.spend(_shares(cmp.turn_costs), cmp.load_s, cmp.load_bound_s)
         + f"; {cmp.one_loads} engine start(s)" + (" <- this submission" if one else ""),
         f"  one job each:    {n} jobs, "
-        + cost.spend(_shares(cmp.jobs), cmp.load_s, cmp.load_bound_s).replace(
+        + cost.spend(_shares(cmp.job_costs), cmp.load_s, cmp.load_bound_s).replace(
             " of work", " of job time in all", 1)
         + f"; {cmp.each_loads} engine start(s)" + ("" if one else " <- this submission"),
         f"  (an engine start taken as {cost.duration(cmp.load_s)}: {cmp.load_basis})",
@@ -176,14 +176,14 @@ def cost_line(prepared: Prepared, c: cost.Cost) -> str:
         return cost.text(c)
     if prepared.shared is None:
         return cost.text(c, load_s=cmp.load_s)
-    i, share = next((i, t) for i, t in enumerate(cmp.turns) if t.run == prepared.run.run_id)
+    i, share = next((i, t) for i, t in enumerate(cmp.turn_costs) if t.run == prepared.run.run_id)
     starts = share.rounds - c.restarts
     why = ", ".join(x for x in [
         "its engines' start" if starts else "",
         f"{c.restarts} restart{'s' * (c.restarts > 1)}, args_from_concurrency"
         if c.restarts else ""] if x)
-    last = i == len(cmp.turns) - 1
-    return (f"Cost, its turn in the one allocation ({i + 1} of {len(cmp.turns)}; "
+    last = i == len(cmp.turn_costs) - 1
+    return (f"Cost, its turn in the one allocation ({i + 1} of {len(cmp.turn_costs)}; "
             f"{cmp.one_nodes} nodes, {share.gpus} GPUs allocated, {c.gpus_working} working"
             + ("" if starts else ", its engines kept loaded") + "): "
             + cost.spend(_shares([share]), cmp.load_s, cmp.load_bound_s,

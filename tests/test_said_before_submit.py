@@ -78,11 +78,11 @@ def test_a_studys_cost_lines_add_up_to_what_is_submitted(tmp_path):
     assert all(abs(s - t) < 0.3 for s, t in zip(sums, _hours(one), strict=True)), (sums, one)
     # in seconds, exactly: the turns are the allocation
     cmp = runs[0].compared
-    assert abs(sum(t.work_s for t in cmp.turns) - cmp.one_work_s) < 1e-6
-    assert abs(sum(t.work_s + t.rounds * cmp.load_s for t in cmp.turns) - cmp.one_s) < 1e-6
+    assert abs(sum(t.work_s for t in cmp.turn_costs) - cmp.one_work_s) < 1e-6
+    assert abs(sum(t.work_s + t.rounds * cmp.load_s for t in cmp.turn_costs) - cmp.one_s) < 1e-6
     # the first turn loads every engine at once; a later one keeps them (its decode's
     # restarts its only loads)
-    assert [t.rounds for t in cmp.turns] == [3, 2, 2, 2, 2]
+    assert [t.rounds for t in cmp.turn_costs] == [3, 2, 2, 2, 2]
 
     runs = prepare.prepare_all(SEED, [], STUDY, tmp_path / "each", allocation="each")
     lines, ways = _study_lines(runs)

@@ -146,8 +146,8 @@ class Comparison:
     load_s: float  # what one engine start was assumed to take
     load_basis: str
     load_bound_s: float = 0.0  # health.timeout_s: the most one load may take
-    turns: tuple[Share, ...] = ()  # one allocation, in its order; they add up to it
-    jobs: tuple[Share, ...] = ()  # one job each, in the study's order
+    turn_costs: tuple[Share, ...] = ()  # one allocation, in its order; they add up to it
+    job_costs: tuple[Share, ...] = ()  # one job each, in the study's order
 
     @property
     def cheaper(self) -> str:
@@ -155,22 +155,27 @@ class Comparison:
 
     @property
     def one_work_s(self) -> float:
-        return sum(t.work_s for t in self.turns)
+        return sum(t.work_s for t in self.turn_costs)
 
     @property
     def one_most_s(self) -> float:
         """The allocation's time if every load round takes the health timeout."""
-        return sum(t.work_s + t.rounds * self.load_bound_s for t in self.turns)
+        return sum(t.work_s + t.rounds * self.load_bound_s for t in self.turn_costs)
 
     def longest_job(self, bound: bool = False) -> float:
         """The longest job of one job each (every load at the health timeout: `bound`)."""
         load = self.load_bound_s if bound else self.load_s
-        return max((j.work_s + j.rounds * load for j in self.jobs), default=0.0)
+        return max((j.work_s + j.rounds * load for j in self.job_costs), default=0.0)
 
     def to_json(self) -> dict:
-        return {**asdict(self), "cheaper": self.cheaper, "one_work_s": self.one_work_s,
-                "one_most_s": self.one_most_s, "longest_job_s": self.longest_job(),
-                "longest_job_most_s": self.longest_job(bound=True)}
+        doc = asdict(self)
+        for key in ("turn_costs", "job_costs"):
+            for share in doc[key]:
+                share["work_s"] = round(share["work_s"], 1)
+        return {**doc, "cheaper": self.cheaper, "one_work_s": round(self.one_work_s, 1),
+                "one_most_s": round(self.one_most_s, 1),
+                "longest_job_s": round(self.longest_job(), 1),
+                "longest_job_most_s": round(self.longest_job(bound=True), 1)}
 
 
 def compare(turns: list[Turn], costs: dict[str, Cost], nodes: int, gpus_per_node: int,
@@ -199,7 +204,7 @@ def compare(turns: list[Turn], costs: dict[str, Cost], nodes: int, gpus_per_node
         each_loads=sum(len(t.start) + len(t.restart) + len(t.keep) for t in turns) + within,
         load_s=load_s, load_basis=load_basis,
         load_bound_s=max(c.load_bound_s for c in costs.values()),
-        turns=tuple(shares), jobs=jobs,
+        turn_costs=tuple(shares), job_costs=jobs,
     )  # fmt: skip
 
 
