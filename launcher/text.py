@@ -310,6 +310,8 @@ def plan_json(prepared: Prepared) -> dict:
         "capacity": [c.to_json() for c in prepared.capacity],
         "cost": cost.estimate(prepared.plan).to_json(),
         "blockers": list(prepared.blockers),  # what submit will refuse
+        # a study: its way, why, and what that changes from what was asked
+        "study_choice": prepared.choice.to_json() if prepared.choice else None,
     }
 
 

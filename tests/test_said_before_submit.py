@@ -179,6 +179,10 @@ def test_a_study_says_every_change_from_what_was_asked(cli, tmp_path):
     doc = json.loads((study / "study.json").read_text())
     assert doc["choice"]["way"] == "one" and doc["choice"]["time_minutes"] == minutes
     assert len(doc["choice"]["changes"]) == 3
+    rc, out, err = cli("submit", SEED, "--sweep", *STUDY, "--dry-run", "--format", "json",
+                       "--runs-dir", str(tmp_path / "json"))
+    assert rc == 0 and all(r["study_choice"]["changes"] == doc["choice"]["changes"]
+                           for r in json.loads(out)), out[:2000]
     # a real submission says the same before it is refused (the model is not staged)
     rc, out, err = cli("submit", SEED, "--sweep", *STUDY, "--runs-dir", str(tmp_path / "real"))
     assert rc == 2 and "is a hub id" in err, (out, err)
