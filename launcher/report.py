@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from launcher.run import listing
+from launcher.run.figures import realized_lengths
 from launcher.run.plandoc import PlanError, read_plan
+from launcher.run.results import load_results
 from launcher.run.rundir import REPORT, RunDir, read_json
 from launcher.run.vocab import Kind
 
@@ -321,12 +323,36 @@ def identity(rd: RunDir, s: dict, source: str) -> str:
     return kv_table(pairs)
 
 
+def workload_sent(rd: RunDir, b) -> str:
+    """plan.json's account of the workload; a plan from before it recorded the rule drew
+    by vLLM's."""
+    plan = _plan(rd)
+    if plan is not None and plan.workload.get("text"):
+        return f"random, {plan.workload['text']}"
+    return (f"random ISL/OSL {b.input_len}/{b.output_len}, range ratio {b.range_ratio:g} by "
+            "vLLM's rule [L(1-r), L(1+r)] (the plan predates the recorded length rule)")
+
+
+def realized_text(rd: RunDir) -> str:
+    """What the requests really were, over every point that kept its lengths."""
+    got = [x for x in (realized_lengths(p) for p in load_results(rd.path)) if x]
+    if not got:
+        return ""
+    n = sum(x["requests"] for x in got)
+
+    def side(k: str) -> str:
+        mean = sum(x[k]["mean"] * x["requests"] for x in got) / n
+        return (f"{k}s {min(x[k]['min'] for x in got):,}-{max(x[k]['max'] for x in got):,} "
+                f"(mean {mean:,.1f})")
+
+    return f"{side('input')}, {side('output')} tokens over {n:,} requests"
+
+
 def measured(rd: RunDir) -> str:
     """The workload and settings the figures come from, from the run's own recipe.yaml,
     plan.json and run.json: lengths, concurrencies, requests per point, the gate, the image
     and engine version, each role's engine flags, the time limit."""
     from launcher.spec import recipe as recipe_mod
-    from launcher.text import length_range
 
     try:
         r = recipe_mod.load(str(rd.recipe))
@@ -338,8 +364,8 @@ def measured(rd: RunDir) -> str:
     pairs = []
     if b.enabled:
         pairs += [
-            ("workload", esc(f"random ISL/OSL {b.input_len}/{b.output_len}, range ratio "
-                             f"{b.range_ratio:g} ({length_range(b)})")),
+            ("workload", esc(workload_sent(rd, b))),
+            *(("lengths sent", esc(sent)) for sent in [realized_text(rd)] if sent),
             ("concurrencies", esc(", ".join(map(str, b.concurrency)))),
             ("requests per point", esc(", ".join(
                 f"{c}: {b.prompts(c):,}" + (f" + {b.warmups(c)} warm-up" if b.warmups(c) else "")

@@ -301,7 +301,8 @@ def test_point_end_to_end_file_schema_and_window(tmp_path: Path) -> None:
             "max_concurrent_requests", "rtfx", "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms",
             "p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "mean_tpot_ms"]
     assert keys[:len(head)] == head
-    assert keys[-5:] == ["window_start", "window_end", "driver", "status", "failure_reason"]
+    assert keys[-6:] == ["window_start", "window_end", "driver", "status", "failure_reason",
+                         "workload"]
     assert res["request_rate"] == "inf" and res["driver"] == "builtin"
     assert res["status"] == "ok" and res["failure_reason"] is None
     assert res["completed"] == 12 and res["failed"] == 0

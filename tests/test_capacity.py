@@ -19,22 +19,29 @@ def test_seed_decode_estimate_matches_the_worked_example():
     # FP8 KV (the recipe's assumption), bf16 SSM state, prefix caching on (vLLM's default
     # once the published --no-enable-prefix-caching is removed): a 2,176-token block, 3,717
     # blocks per rank, 480 requests per rank for the sweep's mix, 337 at the longest length.
-    (cap,) = capacity.estimates(seed_plan("vllm_args.no-enable-prefix-caching=null"))
+    # The worked example's lengths are vLLM's rule (range ratio 0.8: up to 16,590 tokens).
+    vllm_rule = "benchmark.length_rule=vllm"
+    (cap,) = capacity.estimates(seed_plan("vllm_args.no-enable-prefix-caching=null", vllm_rule))
     assert (cap.block_size, cap.num_gpu_blocks) == (2176, 3717)
     assert (cap.endpoint_at_mean_length, cap.endpoint_at_max_length) == (3840, 2696)
     assert round(cap.vllm_log_max_concurrency, 2) == 28.59
     # as published (prefix caching off): the GDN block is max_model_len, the page 2,128
-    (cap,) = capacity.estimates(seed_plan())
+    (cap,) = capacity.estimates(seed_plan(vllm_rule))
     assert (cap.block_size, cap.num_gpu_blocks) == (2128, 3801)
     assert (cap.endpoint_at_mean_length, cap.endpoint_at_max_length) == (3880, 2760)
     assert round(cap.vllm_log_max_concurrency, 2) == 29.93
+    # the published workload (sa-bench's rule, worked example (c)): mean 8,294, at most 9,216
+    (cap,) = capacity.estimates(seed_plan())
+    assert (cap.lengths.mean_total, cap.lengths.max_total) == (8294, 9216)
+    assert (cap.endpoint_at_mean_length, cap.endpoint_at_max_length) == (4120, 3800)
+    assert cap.per_rank_in_flight * cap.dp == 4232  # at steady state, the output half made
 
 
 def test_flags_move_the_estimate_the_way_vllm_would():
     (base,) = capacity.estimates(seed_plan())
     (fp32,) = capacity.estimates(seed_plan("vllm_args.mamba-ssm-cache-dtype=float32"))
     (more,) = capacity.estimates(seed_plan("decode.args.gpu-memory-utilization=0.95"))
-    assert fp32.endpoint_at_mean_length == 2712 < base.endpoint_at_mean_length
+    assert fp32.endpoint_at_mean_length == 2832 < base.endpoint_at_mean_length
     assert more.endpoint_at_mean_length > base.endpoint_at_mean_length
 
 
@@ -78,7 +85,7 @@ def test_the_simulator_gets_the_estimated_capacity():
 def test_an_endpoint_that_cannot_hold_one_request_is_said_at_dry_run():
     p = seed_plan("decode.data_parallel=1")
     (warning, *_) = capacity.warnings(p, capacity.estimates(p))
-    assert warning.startswith("decode-0 cannot hold one request of 16,590 tokens")
+    assert warning.startswith("decode-0 cannot hold one request of 9,216 tokens")
     assert "vLLM would refuse to start" in warning
 
 

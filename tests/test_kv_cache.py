@@ -415,7 +415,9 @@ def test_unmodelled_layers_are_refused():
 
 
 def test_describe_prints_the_reasoning_and_the_assumptions():
-    first, pages, per, prefix, rests = seed().describe().splitlines()
+    first, pages, per, steady, prefix, rests = seed().describe().splitlines()
+    # a running request holds its prompt and the output so far: more fit than at full length
+    assert "at steady state a running request holds" in steady and "2,696 if every one" in steady
     assert "3,840" in first and "2,696" in first and "2176 tokens" in first
     assert "2,176 tokens x 1,024 B = 2,228,224 B" in pages and "2.64 %" in pages
     assert "64-token grid" in pages and "3,717 blocks/rank, 3,716 usable" in pages
@@ -427,15 +429,15 @@ def test_describe_prints_the_reasoning_and_the_assumptions():
     assert "the same 3 state blocks, 3,880 requests" in prefix
     assert "fp8_e4m3" in rests and "10.0 GiB" in rests and "28.59x" in rests
     off = seed(flags=PUBLISHED_FLAGS).describe().splitlines()
-    assert "prefix caching off (--no-enable-prefix-caching): mamba_cache_mode none" in off[3]
-    assert "holds 3 state blocks whatever its length" in off[3] and "16-token grid" in off[1]
-    assert "prefix caching on would give 2,176-token pages, 3,717 blocks/rank" in off[3]
+    assert "prefix caching off (--no-enable-prefix-caching): mamba_cache_mode none" in off[4]
+    assert "holds 3 state blocks whatever its length" in off[4] and "16-token grid" in off[1]
+    assert "prefix caching on would give 2,176-token pages, 3,717 blocks/rank" in off[4]
     doc = seed().to_json()
     assert doc["endpoint_at_mean_length"] == 3840
     assert doc["other_prefix_caching"]["endpoint_at_mean_length"] == 3880
     # A dense model has no state and no prefix-caching line; small blocks in KiB.
     dense = tiny(kv.Device(80, "h100"), model=DENSE).describe().splitlines()
-    assert len(dense) == 4 and "each of 2 layers (16 KiB)" in dense[1]
+    assert len(dense) == 5 and "each of 2 layers (16 KiB)" in dense[1]
     assert "each of 1 layer (40 KiB)" in tiny(kv.Device(80, "h100")).describe()
 
 

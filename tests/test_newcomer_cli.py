@@ -564,9 +564,12 @@ def test_the_sweep_line_says_the_lengths_the_range_ratio_draws():
     from launcher import text
     from launcher.spec import recipe
 
-    b = recipe.load(SEED).benchmark
-    assert text.length_range(b) == "inputs 1,638-14,746, outputs 204-1,844 tokens"
-    assert "exactly" in text.length_range(b.model_copy(update={"range_ratio": 0}))
+    b = recipe.load(SEED).benchmark  # sa-bench's rule, as published
+    assert text.length_range(b) == "inputs 6,553-8,192, outputs 819-1,024 tokens"
+    vllm = b.model_copy(update={"length_rule": "vllm"})
+    assert text.length_range(vllm) == "inputs 1,638-14,746, outputs 204-1,844 tokens"
+    assert "exactly" in text.length_range(b.model_copy(update={"range_ratio": 1.0}))
+    assert "exactly" in text.length_range(vllm.model_copy(update={"range_ratio": 0}))
 
 
 def test_the_estimate_is_near_what_the_demo_took(tmp_path_factory):

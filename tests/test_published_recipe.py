@@ -145,7 +145,7 @@ def test_benchmark_as_published(study, n):
     seen = []
     for proc in bench:
         argv = proc["argv"]
-        assert argv[:3] == ["vllm", "bench", "serve"]
+        assert argv[:3] == ["python3", "-m", "launcher.clients.bench"]  # sa-bench's workload
         flags = serve_flags(["serve", "x", *argv[3:]])
         c = int(value_of(flags, "--max-concurrency"))
         seen.append(c)

@@ -328,7 +328,7 @@ def _study_recipe(tmp_path: Path) -> Path:
                    "args": {"num-gpu-blocks-override": 288},
                    "env": {"SIM_STEP_BASE_MS": "16", "SIM_DECODE_PER_SEQ_MS": "0.4"}}
     r["router"] = {"prefill_policy": "round_robin"}
-    r["benchmark"] = {"input_len": 512, "output_len": 32, "range_ratio": 0.1,
+    r["benchmark"] = {"input_len": 512, "output_len": 32, "range_ratio": 0.1, "length_rule": "vllm",
                       "concurrency": [2, 4, 8, 16, 32], "prompts_multiplier": 2, "warmup": 2}
     r["accuracy"] = {"enabled": False}
     r["telemetry"] = {"interval_s": 0.5}

@@ -1,9 +1,10 @@
 """A simulated rank of the seed's decode endpoint meets its KV limit where the dry-run's
 estimate (vLLM 0.33's accounting, docs/kv-capacity.md) says, with prefix caching on (vLLM's
-default: 2,176-token pages, 480 requests per rank with FP8 KV) and off (the published
-recipes: 2,128-token pages, 485): the renderer gives the simulator the estimate's block
-size, capacity and GDN state blocks per request (3 either way), and the sweep's real length
-mix (ISL/OSL 8192/1024, range ratio 0.8) fills it at about `per_rank_at_mean_length`."""
+default: 2,176-token pages, 512 requests per rank with FP8 KV) and off (the published
+recipes: 2,128-token pages, 515): the renderer gives the simulator the estimate's block
+size, capacity and GDN state blocks per request (3 either way), and the published workload
+(ISL/OSL 8192/1024 by sa-bench's rule at range ratio 0.8, the seed's own client flags)
+fills it at about `per_rank_at_mean_length`."""
 
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ def test_a_seed_decode_rank_fills_up_where_the_estimate_says(tmp_path, prefix_ca
     env = render.sim_env(seed, decode)
     # the simulator holds the estimate's state blocks per request: 3 either way
     assert env["SIM_STATE_BLOCKS_PER_REQUEST"] == str(cap.state_blocks_per_request) == "3"
-    expected = cap.per_rank_at_mean_length  # 480 on, 485 off (FP8 KV, bf16 SSM state)
+    expected = cap.per_rank_at_mean_length  # 512 on, 515 off (FP8 KV, bf16 SSM state)
+    assert expected == (512 if prefix_caching else 515)
     switch = "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching"
     # one DP rank of that decode endpoint, aggregated (no KV transfer), fast speed model
     p = start_sim(tmp_path, "decode-rank", "m", "--stream-interval", "100",
@@ -81,8 +83,7 @@ def test_a_seed_decode_rank_fills_up_where_the_estimate_says(tmp_path, prefix_ca
         n = int(expected * 1.4)  # more than fit: the rest wait for capacity
         subprocess.run(
             [sys.executable, "-m", "launcher.clients.bench", "--base-url", p.url, "--model", "m",
-             "--dataset-name", "random", "--random-input-len", "8192",
-             "--random-output-len", "1024", "--random-range-ratio", "0.8",
+             "--dataset-name", "random", *render.workload_flags(seed),
              "--num-prompts", str(n), "--max-concurrency", str(n), "--ignore-eos"],
             cwd=REPO, capture_output=True, text=True, timeout=200, check=True,
         )  # fmt: skip

@@ -175,19 +175,27 @@ def test_real_pd_run_to_the_end(pd_runs):
     # for a while after them, so the lines leave the log's tail before it is healthy)
     rec = rundir.RunDir(run).read_record()
     assert rec.progress["loading"] == {"prefill-0@local-2": 1.0, "decode-0@local-1": 1.0}
-    # the sweep: `vllm bench serve` files read by launcher.run.results, windows from their own
-    # duration, inside the sweep stage
+    # the sweep: the built-in client's files read by launcher.run.results, inside the sweep
+    # stage; sa-bench's workload: prompts in the tiny model's chat template (20 tokens of its
+    # own) inside the input length, each the length the engine itself counted
     plan = json.loads((run / "plan.json").read_text())
     assert plan["engine"] == "vllm" and plan["engine_platform"] == "cpu"
+    assert plan["workload"]["chat_template_applied"] is True
     points = load_results(run)
     assert [p["max_concurrency"] for p in points] == [1]
     sweep_t = [e["ts"] for e in events if e["event"] == "stage" and e["stage"] in ("sweep", "hold")]
     for p in points:
-        assert p["driver"] == "vllm" and p["status"] == "ok", p
+        assert p["driver"] == "builtin" and p["status"] == "ok", p
         assert p["completed"] == p["num_prompts"] and p["failed"] == 0
-        assert p["window_end"] - p["window_start"] == pytest.approx(p["duration"], abs=1e-6)
         assert sweep_t[0] <= p["window_start"] < p["window_end"] <= sweep_t[1]
-        assert p["window_end"] <= (run / "bench" / p["file"]).stat().st_mtime + 1e-3
+        w = p["workload"]
+        assert w["length_rule"] == "sa-bench" and w["chat_template"] and w["template_len"] == 20
+        assert w["warmup"] == "sa-bench"
+        lo, hi = 20 + int(0.5 * (32 - 20)), 32  # the body drawn from 32 - 20, then + 20
+        assert w["length_rule_bounds"]["input"] == [lo, hi]
+        # input_lens: the engine's usage.prompt_tokens; client_input_lens: the client's count
+        assert p["input_lens"] == w["client_input_lens"], p
+        assert all(lo <= n <= hi for n in p["input_lens"]), p["input_lens"]
     # telemetry from the real stats lines and /metrics, both engines
     from launcher.telemetry import store
 
@@ -418,19 +426,21 @@ def test_fidelity_same_pd_request_flow_through_the_router(pd_runs):
             assert done == expected_requests(r["run"]), (kind, proc, done)
 
 
-def test_fidelity_builtin_driver_writes_vllm_bench_keys(pd_runs, tmp_path):
-    """The built-in driver (simulated runs' default) writes the keys of the real
-    `vllm bench serve` file, in its order, plus the contract's additions."""
+def test_fidelity_builtin_driver_writes_vllm_bench_keys(tmp_path):
+    """The built-in driver writes the keys of a real `vllm bench serve` file (vLLM CPU 0.32,
+    recorded in tests/data), in its order, plus the contract's additions: every request's
+    lengths (vLLM keeps them only with --save-detailed) and the rest at the end."""
     from test_bench import ServerConfig, _cfg, serve_in_thread
 
     from launcher.clients import bench
 
-    real = json.loads((pd_runs["real"]["run"] / "bench" / "c00001.json").read_text())
+    real = json.loads((SAMPLES / f"{SAMPLE}bench_c2.json").read_text())
     with serve_in_thread(ServerConfig()) as (url, _):
         res = bench.run_point(_cfg(url, tmp_path, num_prompts=4, result_filename="x.json"))
     assert [k for k in res if k in real] == list(real)
-    assert [k for k in res if k not in real] == ["window_start", "window_end", "driver",
-                                                 "status", "failure_reason"]
+    assert [k for k in res if k not in real] == ["input_lens", "output_lens", "window_start",
+                                                 "window_end", "driver", "status",
+                                                 "failure_reason", "workload"]
 
 
 SAMPLES = REPO / "tests" / "data" / "vllm_cpu"
@@ -620,6 +630,15 @@ def test_devcluster_aggregated_recipe_to_the_end(tmp_path):
     points = load_results(run)
     assert [(p["driver"], p["status"], p["max_concurrency"]) for p in points] == [
         ("vllm", "ok", 4)]
+    # vllm bench serve drew by vLLM's rule, the window the renderer gave it inside sa-bench's
+    # [32, 64] + [8, 16]; every request's lengths kept (--save-detailed), the per-token
+    # arrays dropped after the point
+    (pt,) = points
+    assert " --random-input-len 48 --random-output-len 12 --random-range-ratio 0.33 " in cmds
+    assert len(pt["input_lens"]) == len(pt["output_lens"]) == pt["num_prompts"]
+    assert all(32 <= n <= 64 for n in pt["input_lens"]), pt["input_lens"]
+    assert all(8 <= n <= 16 for n in pt["output_lens"]), pt["output_lens"]
+    assert "itls" not in pt and "generated_texts" not in pt
     from launcher.telemetry import store
 
     df = store.read_samples(run)

@@ -8,6 +8,7 @@ import streamlit as st
 
 from dashboard import charts, ui
 from launcher.analysis import derive
+from launcher.run import figures
 
 info = ui.header("Sweep")
 if info is None:
@@ -124,5 +125,32 @@ def body(info) -> None:  # the run as re-read at each live refresh
         "joules_per_request": num("J/request", format="%.1f"),
         "verdict": st.column_config.TextColumn(width="medium"),
     })
+    lengths_sent(info)
+
+
+def lengths_sent(info) -> None:
+    """The lengths the requests really had, per point, beside the rule's bounds."""
+    plan = ui.plan(info)
+    rule = (plan.workload.get("text") if plan else None) or "not recorded (an older plan.json)"
+    rows = []
+    for p in ui.bench(info):
+        got = figures.realized_lengths(p)
+        if got:
+            rows.append({"point": f"c={p.get('max_concurrency')}", "requests": got["requests"],
+                         **{f"{k}_{s}": got[k][s] for k in ("input", "output")
+                            for s in ("min", "mean", "max")}})
+    st.subheader("Lengths sent")
+    st.caption(f"The workload: {rule}. Each point's requests as recorded (input: the "
+               "engine's own prompt-token count).")
+    if not rows:
+        st.info("No point recorded its requests' lengths (a vllm bench serve file without "
+                "--save-detailed, from before the launcher asked for it).")
+        return
+    num = st.column_config.NumberColumn
+    ui.table(pd.DataFrame(rows), column_config={
+        **{f"{k}_{s}": num(f"{k} {s}", format="%.1f" if s == "mean" else "%d")
+           for k in ("input", "output") for s in ("min", "mean", "max")},
+        "requests": num("requests", format="%d")})
+
 
 ui.live(info, body)

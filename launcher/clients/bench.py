@@ -10,14 +10,20 @@ The renderer emits one argv and swaps only the executable between `vllm bench se
 `python -m launcher.clients.bench`, so every flag here is spelled as vLLM 0.33 spells it.
 
 What differs from vLLM, on purpose:
-- prompts are token ids (random ids from a fixed range, like vLLM's random dataset draws
-  consecutive ids from a random offset), so no tokenizer is loaded; `--tokenizer` is accepted
-  and only recorded as `tokenizer_id`;
-- the ready check and the warmups send the first prompt with at most 16 output tokens: they
-  open connections and exercise prefill and KV transfer; full-length warmups only add time;
+- `--length-rule sa-bench` draws lengths as srt-slurm's sa-bench does ([r x L, L], not vLLM's
+  [L(1-r), L(1+r)]; launcher.run.lengths), `--use-chat-template` wraps each prompt in the
+  served model's chat template with its tokens inside the input length (sa-bench's prompts,
+  built with the `--tokenizer` to the exact length), and `--sa-bench-warmup` sends the warmups
+  as sa-bench does (distinct prompts of the rule's lengths at 250 requests/s; docs/workload.md);
+- without the chat template prompts are token ids (consecutive ids from a random offset, like
+  vLLM's random dataset), so no tokenizer is loaded and `--tokenizer` is only recorded;
+- otherwise the ready check and the warmups send the first prompt with at most 16 output
+  tokens: they open connections and exercise prefill and KV transfer;
 - `start_times` are unix seconds (vLLM writes its monotonic clock, which no reader can join);
 - the file adds `window_start`/`window_end` (unix s of the measured window, warmups excluded),
-  `driver` ("builtin"), `status` ("ok" | "failed") and `failure_reason`.
+  `driver` ("builtin"), `status` ("ok" | "failed"), `failure_reason` and `workload` (the rule,
+  its bounds, the chat template), and keeps every request's `input_lens`/`output_lens` (the
+  engine's own prompt-token count from the usage chunk) without `--save-detailed`.
 
 The reader of result files is `launcher.run.results`. Start-up stays light: stdlib and
 aiohttp only.
@@ -41,6 +47,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from launcher.run import lengths as rule_lengths
 from launcher.run.results import percentile, point_status
 
 # Prompt token ids come from [TOKEN_ID_LOW, TOKEN_ID_LOW + TOKEN_ID_SPAN): above the special
@@ -49,15 +56,15 @@ TOKEN_ID_LOW = 1000
 TOKEN_ID_SPAN = 30000
 # Output tokens of the ready-check and warmup requests (see the module docstring).
 WARMUP_OUTPUT_TOKENS = 16
+# sa-bench's warm-up run: its own request rate (bench.sh), Poisson arrivals.
+SA_BENCH_WARMUP_RATE = 250.0
 DEFAULT_PERCENTILE_METRICS = "ttft,tpot,itl"
 ALLOWED_PERCENTILE_METRICS = (
     "ttft", "tpot", "itl", "e2el", "client_queue_time", "e2el_including_client_queue",
 )
-# Per-request arrays vLLM drops from the file without --save-detailed (latencies and
-# queue_times stay).
-DETAILED_KEYS = (
-    "input_lens", "output_lens", "start_times", "ttfts", "itls", "generated_texts", "errors",
-)
+# Per-request arrays dropped from the file without --save-detailed (latencies, queue_times
+# and, unlike vLLM, input_lens/output_lens stay: the lengths sent are the workload's record).
+DETAILED_KEYS = ("start_times", "ttfts", "itls", "generated_texts", "errors")
 
 
 class BenchError(Exception):
@@ -80,6 +87,9 @@ class BenchConfig:
     random_output_len: int = 128
     random_range_ratio: float = 0.0
     random_prefix_len: int = 0
+    length_rule: str = "vllm"
+    use_chat_template: bool = False
+    sa_bench_warmup: bool = False
     num_prompts: int = 1000
     max_concurrency: int | None = None
     request_rate: float = float("inf")
@@ -148,12 +158,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--endpoint", default="/v1/completions")
     p.add_argument("--model", required=True)
-    p.add_argument("--tokenizer", default=None, help="accepted and recorded; prompts are ids")
+    p.add_argument("--tokenizer", default=None,
+                   help="the served model's tokenizer (loaded only for --use-chat-template)")
     p.add_argument("--dataset-name", default="random", choices=["random"])
     p.add_argument("--random-input-len", type=int, default=1024)
     p.add_argument("--random-output-len", type=int, default=128)
     p.add_argument("--random-range-ratio", type=float, default=0.0)
     p.add_argument("--random-prefix-len", type=int, default=0)
+    p.add_argument("--length-rule", default="vllm", choices=list(rule_lengths.RULES),
+                   help="what --random-range-ratio means: vLLM's [L(1-r), L(1+r)] or "
+                   "sa-bench's [r x L, L]")
+    p.add_argument("--use-chat-template", action="store_true",
+                   help="wrap prompts in the tokenizer's chat template, inside the input length")
+    p.add_argument("--sa-bench-warmup", action="store_true",
+                   help="warmups of distinct prompts at the rule's lengths, 250 requests/s")
     p.add_argument("--num-prompts", type=int, default=1000)
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--request-rate", type=float, default=float("inf"))
@@ -186,8 +204,12 @@ def _validate(cfg: BenchConfig) -> tuple[list[str], list[float]]:
         raise BenchError(f"--endpoint {cfg.endpoint} is not supported; use /v1/completions.")
     if cfg.dataset_name != "random":
         raise BenchError(f"--dataset-name {cfg.dataset_name} is not supported; use random.")
-    if not 0.0 <= cfg.random_range_ratio < 1.0:
-        raise BenchError("--random-range-ratio must be in [0, 1).")
+    if cfg.length_rule == "vllm" and not 0.0 <= cfg.random_range_ratio < 1.0:
+        raise BenchError("--random-range-ratio must be in [0, 1) with --length-rule vllm.")
+    if not 0.0 <= cfg.random_range_ratio <= 1.0:
+        raise BenchError("--random-range-ratio must be in [0, 1].")
+    if cfg.use_chat_template and not cfg.tokenizer:
+        raise BenchError("--use-chat-template needs --tokenizer (the served model's).")
     if cfg.max_concurrency is not None and cfg.max_concurrency <= 0:
         raise BenchError("--max-concurrency must be greater than 0.")
     if cfg.num_prompts <= 0:
@@ -217,16 +239,22 @@ def _validate(cfg: BenchConfig) -> tuple[list[str], list[float]]:
 
 @dataclass
 class Workload:
-    """Lengths and id offsets per request; prompt ids are generated when the request is sent
-    (5120 prompts of 8192 ids as Python lists would cost gigabytes)."""
+    """Lengths and prompts per request. Id prompts are generated when the request is sent
+    (5120 prompts of 8192 ids as Python lists would cost gigabytes); chat-template prompts
+    are texts built before the run, each exactly its input length in the tokenizer's count."""
 
     input_lens: list[int]
     output_lens: list[int]
     offsets: list[int]
     prefix: str  # JSON text of the shared prefix ids, "" when there is none
     prefix_len: int
+    bounds: rule_lengths.Lengths
+    texts: list[str] | None = None  # JSON-encoded prompt strings (chat template)
+    template_len: int = 0
 
     def prompt_json(self, i: int, input_len: int | None = None) -> str:
+        if self.texts is not None:
+            return self.texts[i]
         n = self.input_lens[i] if input_len is None else input_len
         start = (self.offsets[i] + i) % TOKEN_ID_SPAN
         inner = _id_run(start, n)
@@ -235,7 +263,14 @@ class Workload:
         return f"[{self.prefix or inner}]"
 
     def prompt_len(self, i: int) -> int:
-        return self.prefix_len + self.input_lens[i]
+        return self.input_lens[i] if self.texts is not None else self.prefix_len + self.input_lens[i]
+
+    def describe(self) -> dict[str, Any]:
+        """What the result file records of the workload's rule."""
+        b = self.bounds
+        return {"length_rule_bounds": {"input": [b.input_low, b.input_high],
+                                       "output": [b.output_low, b.output_high]},
+                "chat_template": self.texts is not None, "template_len": self.template_len}
 
 
 @functools.cache
@@ -257,24 +292,113 @@ def _id_run(start: int, n: int) -> str:
     return ",".join(parts)
 
 
-def sample_workload(cfg: BenchConfig) -> Workload:
-    """Lengths as vLLM's random dataset draws them: integer-uniform in
-    [floor(L*(1-r)), ceil(L*(1+r))], outputs at least 1; total input = prefix + sampled."""
-    rng = random.Random(cfg.seed)
-    r = cfg.random_range_ratio
-    in_lo = math.floor(cfg.random_input_len * (1 - r))
-    in_hi = math.ceil(cfg.random_input_len * (1 + r))
-    out_lo = max(math.floor(cfg.random_output_len * (1 - r)), 1)
-    out_hi = max(math.ceil(cfg.random_output_len * (1 + r)), 1)
+def sample_workload(cfg: BenchConfig, n: int | None = None, seed: int | None = None,
+                    tokenizer: Any = None) -> Workload:
+    """`n` requests (default --num-prompts) with lengths integer-uniform within the rule's
+    bounds (launcher.run.lengths): a shared prefix counts in the input; with the chat
+    template its tokens do too, as sa-bench counts them."""
+    rng = random.Random(cfg.seed if seed is None else seed)
+    n = cfg.num_prompts if n is None else n
+    template_len = _template_len(tokenizer) if tokenizer is not None else 0
+    bounds = rule_lengths.lengths(cfg.length_rule, cfg.random_input_len, cfg.random_output_len,
+                                  cfg.random_range_ratio, template_len=template_len,
+                                  prefix_len=cfg.random_prefix_len)
+    in_lo, in_hi = bounds.input_low - cfg.random_prefix_len, bounds.input_high - cfg.random_prefix_len
     if cfg.random_prefix_len + in_lo < 1:
         raise BenchError("--random-input-len is too small: prompts could be empty.")
-    n = cfg.num_prompts
     input_lens = [rng.randint(in_lo, in_hi) for _ in range(n)]
-    output_lens = [rng.randint(out_lo, out_hi) for _ in range(n)]
+    output_lens = [rng.randint(bounds.output_low, bounds.output_high) for _ in range(n)]
     offsets = [rng.randrange(TOKEN_ID_SPAN) for _ in range(n)]
     prefix_ids = [TOKEN_ID_LOW + rng.randrange(TOKEN_ID_SPAN) for _ in range(cfg.random_prefix_len)]
-    return Workload(input_lens, output_lens, offsets, ",".join(map(str, prefix_ids)),
-                    cfg.random_prefix_len)
+    wl = Workload(input_lens, output_lens, offsets, ",".join(map(str, prefix_ids)),
+                  cfg.random_prefix_len, bounds, template_len=template_len)
+    if tokenizer is not None:
+        if cfg.random_prefix_len:
+            raise BenchError("--random-prefix-len with --use-chat-template is not supported.")
+        wl.texts, wl.input_lens = chat_prompts(tokenizer, input_lens, offsets, template_len)
+    return wl
+
+
+# --- chat-template prompts (sa-bench's, to the exact length) --------------------------------
+
+
+def load_tokenizer(path: str) -> Any:
+    """The served model's tokenizer (transformers, imported only here)."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise BenchError("--use-chat-template needs the transformers package in the client's "
+                         "environment (vLLM's images have it).") from None
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise BenchError(f"--tokenizer {path}: cannot load it ({str(e).splitlines()[0]}).") from None
+    if not getattr(tok, "chat_template", None):
+        raise BenchError(f"--tokenizer {path} has no chat template; drop --use-chat-template.")
+    return tok
+
+
+def _render(tok: Any, body: str) -> str:
+    return tok.apply_chat_template([{"role": "user", "content": body}],
+                                   add_generation_prompt=True, tokenize=False)
+
+
+def _template_len(tok: Any) -> int:
+    """sa-bench's count of the template's own tokens: the template around a one-character
+    message, less that character."""
+    return len(tok.backend_tokenizer.encode(_render(tok, "a"), add_special_tokens=True).ids) - 1
+
+
+def chat_prompts(tok: Any, targets: list[int], offsets: list[int],
+                 template_len: int) -> tuple[list[str], list[int]]:
+    """Prompt texts whose rendered template is `targets[i]` tokens as the engine counts a
+    completion prompt (the tokenizer with its special tokens): sa-bench's construction
+    (consecutive vocabulary ids from a random offset, decoded, re-encoded, cut, decoded), then
+    the rendered prompt counted and the cut moved until the count matches. Byte-level merges
+    at the cut and at the template's edges can step the count by two; such a body is drawn
+    again from another offset. Batched on the tokenizer's Rust side. Returns the JSON strings
+    and the counts the engine will see."""
+    bt = tok.backend_tokenizer
+    special = set(tok.all_special_ids)
+    vocab = [i for i in range(tok.vocab_size) if i not in special]
+
+    def canonical(idx: list[int]) -> list[list[int]]:
+        raw = [[vocab[(offsets[i] + j) % len(vocab)] for j in range(t + t // 8 + 16)]
+               for i, t in ((i, targets[i]) for i in idx)]
+        return [e.ids for e in bt.encode_batch(bt.decode_batch(raw, skip_special_tokens=False),
+                                                add_special_tokens=False)]
+
+    offsets = list(offsets)
+    n = len(targets)
+    canon = canonical(list(range(n)))
+    keep = [max(1, t - template_len) for t in targets]
+    texts, counts, tries = [""] * n, [0] * n, [0] * n
+    todo = list(range(n))
+    for _ in range(40):
+        if not todo:
+            break
+        bodies = bt.decode_batch([canon[i][:keep[i]] for i in todo], skip_special_tokens=False)
+        rendered = [_render(tok, b) for b in bodies]
+        left, redraw = [], []
+        for i, text, enc in zip(todo, rendered, bt.encode_batch(rendered, add_special_tokens=True),
+                                strict=True):
+            d = targets[i] - len(enc.ids)
+            if not texts[i] or abs(d) < abs(targets[i] - counts[i]):
+                texts[i], counts[i] = text, len(enc.ids)
+            if not d:
+                continue
+            tries[i] += 1
+            if tries[i] % 3 == 0 or not 1 <= keep[i] + d <= len(canon[i]):
+                offsets[i] += 7919  # another body: its merges fall elsewhere
+                keep[i] = max(1, targets[i] - template_len)
+                redraw.append(i)
+            else:
+                keep[i] += d
+            left.append(i)
+        for i, ids in zip(redraw, canonical(redraw), strict=True):
+            canon[i] = ids
+        todo = left
+    return [json.dumps(t) for t in texts], counts
 
 
 # --- one request ---------------------------------------------------------------------------
@@ -444,7 +568,7 @@ async def _wait_ready(session: Any, cfg: BenchConfig, wl: Workload) -> None:
 
 
 async def _run(
-    cfg: BenchConfig, wl: Workload,
+    cfg: BenchConfig, wl: Workload, warm_wl: Workload | None = None,
 ) -> tuple[list[RequestOutput], float, float, float]:
     """Ready check, warmups, then the measured requests: (outputs, duration, window_start,
     window_end); window times are unix seconds around the measured requests only."""
@@ -464,7 +588,19 @@ async def _run(
                      else contextlib.nullcontext())
         run_id = uuid.uuid4().hex[:8]
 
-        if cfg.num_warmups > 0:
+        if warm_wl is not None:  # sa-bench's warm-up run: its own prompts, 250 requests/s
+            async def warm_one(k: int) -> RequestOutput:
+                async with gate:
+                    return await send_request(
+                        session, cfg.api_url, warm_wl.prompt_json(k), warm_wl.prompt_len(k),
+                        _payload_tail(cfg, warm_wl.output_lens[k]), f"bench-{run_id}-warmup-{k}")
+
+            warm_tasks = []
+            async for k in _arrivals(len(warm_wl.input_lens), SA_BENCH_WARMUP_RATE, 1.0,
+                                     random.Random(cfg.seed + 2)):
+                warm_tasks.append(asyncio.create_task(warm_one(k)))
+            await asyncio.gather(*warm_tasks)
+        elif cfg.num_warmups > 0:
             warm_tail = _payload_tail(cfg, min(WARMUP_OUTPUT_TOKENS, wl.output_lens[0]))
             prompt0 = wl.prompt_json(0)
 
@@ -660,9 +796,19 @@ async def run_point_async(cfg: BenchConfig) -> dict[str, Any]:
     metrics, percentiles = _validate(cfg)
     if cfg.dataset_name == "random" and cfg.backend in ("openai", "vllm"):
         cfg.ignore_eos = True  # vLLM forces it for the random dataset: the asked length is made
-    wl = sample_workload(cfg)
-    outputs, duration, window_start, window_end = await _run(cfg, wl)
+    tok = load_tokenizer(cfg.tokenizer) if cfg.use_chat_template else None
+    wl = sample_workload(cfg, tokenizer=tok)
+    warm_wl = None
+    if cfg.sa_bench_warmup and cfg.num_warmups > 0:  # distinct prompts: none cached for later
+        warm_wl = sample_workload(cfg, n=cfg.num_warmups, seed=cfg.seed + 1_000_003, tokenizer=tok)
+    outputs, duration, window_start, window_end = await _run(cfg, wl, warm_wl)
     res = build_result(cfg, outputs, duration, window_start, window_end, metrics, percentiles)
+    res["workload"] = {"length_rule": cfg.length_rule, "range_ratio": cfg.random_range_ratio,
+                       "input_len": cfg.random_input_len, "output_len": cfg.random_output_len,
+                       **wl.describe(), "warmups": cfg.num_warmups,
+                       "warmup": "sa-bench" if warm_wl is not None else "first prompt",
+                       # what the client built, beside input_lens (the engine's own count)
+                       "client_input_lens": [wl.prompt_len(i) for i in range(len(outputs))]}
     if cfg.save_result:
         path = result_path(cfg, res["date"])
         from launcher.run.rundir import write_json

@@ -881,6 +881,14 @@ def write_window(result_file: Path, ended: float) -> None:
             result_file.with_name(result_file.stem + WINDOW_SUFFIX),
             {"window_start": end - duration, "window_end": end},
         )
+    # --save-detailed was for the lengths sent: the per-token arrays go (they grow with
+    # requests x output tokens), every request's input and output length stays
+    if res.get("itls") is not None or res.get("generated_texts") is not None:
+        raw = rundir.read_json(result_file)
+        if isinstance(raw, dict):
+            for key in ("itls", "generated_texts", "ttfts", "start_times"):
+                raw.pop(key, None)
+            rundir.write_json(result_file, raw)
 
 
 # --- signals ---------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ def _estimate(plan: Plan, ep: Endpoint, facts: kv_cache.ModelFacts) -> kv_cache.
             kv_cache.EngineArgs.from_flags(engine_args(plan.recipe, pool)),
             kv_cache.Parallelism(pool.tensor_parallel, pool.data_parallel, pool.expert_parallel),
             kv_cache.Device(plan.cluster.gpu_memory_gib, device_kind(plan)),
-            kv_cache.Workload(b.input_len, b.output_len, b.range_ratio),
+            kv_cache.Workload(b.input_len, b.output_len, b.range_ratio, rule=b.length_rule),
             name=ep.name,
         )
     except (ValueError, KeyError, ZeroDivisionError) as e:

@@ -97,13 +97,14 @@ def _sim_times(plan: Plan, concurrency: int) -> tuple[float, float]:
     ranks = sum(ep.pool.data_parallel for ep in plan.endpoints if ep.role != "prefill") or 1
     per_rank = max(1.0, concurrency / ranks)
     b = r.benchmark
-    ctx = b.input_len + b.output_len / 2
+    n = b.lengths()  # the rule's lengths: the context a running request holds on average
+    ctx = n.in_flight_mean
     tpot_ms = (knobs["step_base_ms"] + knobs["decode_per_seq_ms"] * per_rank
                + knobs["decode_per_ktoken_ms"] * per_rank * ctx / 1000)
     prefill_ranks = sum(ep.pool.data_parallel for ep in plan.endpoints
                         if ep.role != "decode") or 1
     arrivals = max(1.0, concurrency / prefill_ranks)
-    ttft = b.input_len / knobs["prefill_tokens_per_s"] * min(arrivals, 4)
+    ttft = n.mean_input / knobs["prefill_tokens_per_s"] * min(arrivals, 4)
     speed = knobs["speed"]
     return ttft / speed, tpot_ms / 1000 / speed
 
@@ -166,9 +167,9 @@ def estimate(plan: Plan) -> Cost:
         for c in b.concurrency:
             ttft, tpot, basis = _times(plan, c)
             n = b.warmups(c) + b.prompts(c)
-            sweep += _batch_s(n, c, ttft, tpot, b.output_len)
+            sweep += _batch_s(n, c, ttft, tpot, b.lengths().mean_output)
             requests += n
-            tokens += n * (b.input_len + b.output_len)
+            tokens += round(n * b.lengths().mean_total)
         phases.append(("sweep", sweep))
     if r.hold_s:
         phases.append(("hold", float(r.hold_s)))

@@ -32,6 +32,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from launcher.run import lengths as run_lengths
+from launcher.run.lengths import Lengths
+
 if TYPE_CHECKING:
     from launcher.spec.recipe import DeclaredFacts
 
@@ -313,13 +316,16 @@ class Device:
 
 @dataclass(frozen=True)
 class Workload:
-    """`vllm bench serve --dataset-name random` lengths."""
+    """The sweep's random lengths: ISL/OSL, range ratio and the rule that reads it
+    (launcher.run.lengths: vLLM's by default, sa-bench's for the published workload)."""
 
     input_len: int
     output_len: int
-    range_ratio: float | dict = 0.0  # a float, or {"input": r, "output": r}
+    range_ratio: float | dict = 0.0  # a float, or {"input": r, "output": r} (vLLM's rule)
     num_special_tokens: int = 0  # the tokenizer's num_special_tokens_to_add() (Qwen: 0)
     prefix_len: int = 0
+    rule: str = "vllm"
+    template_len: int = 0  # the chat template's tokens, inside input_len (sa-bench's)
 
 
 @dataclass(frozen=True)
@@ -602,62 +608,12 @@ def kv_cache_groups(attn_layers: int, mamba_layers: int) -> tuple[int, int, int]
     return size, math.ceil(attn_layers / size), math.ceil(mamba_layers / size)
 
 
-@dataclass(frozen=True)
-class Lengths:
-    """Integer-uniform input and output lengths of the random dataset (inclusive bounds,
-    vllm/benchmarks/datasets/utils.py:62-97), prefix included in the input."""
-
-    input_low: int
-    input_high: int
-    output_low: int
-    output_high: int
-
-    @property
-    def mean_total(self) -> float:
-        return (self.input_low + self.input_high + self.output_low + self.output_high) / 2
-
-    @property
-    def max_total(self) -> int:
-        return self.input_high + self.output_high
-
-    def p_total_above(self, x: int) -> float:
-        """P(input + output > x) for independent uniform input and output: for each output o
-        the inputs above x - o count n_in (o >= x - input_low + 1), input_high - x + o (o in
-        [x - input_high + 1, x - input_low]) or 0."""
-        n_in = self.input_high - self.input_low + 1
-        n_out = self.output_high - self.output_low + 1
-        full_from = max(self.output_low, x - self.input_low + 1)
-        count = n_in * max(0, self.output_high - full_from + 1)
-        lo, hi = (
-            max(self.output_low, x - self.input_high + 1),
-            min(self.output_high, x - self.input_low),
-        )
-        if hi >= lo:  # sum of (input_high - x + o) for o in [lo, hi]
-            count += (hi - lo + 1) * (self.input_high - x) + (lo + hi) * (hi - lo + 1) // 2
-        return count / (n_in * n_out)
-
-    def expected_blocks(self, block_size: int) -> float:
-        """E[ceil((input + output) / block_size)] = sum over k >= 0 of P(total > k x block)."""
-        return sum(
-            self.p_total_above(k * block_size) for k in range(self.max_total // block_size + 1)
-        )
-
-
 def random_dataset_lengths(w: Workload) -> Lengths:
-    """[floor(n(1-r)), ceil(n(1+r))] with n = input_len - special tokens; output at least 1."""
-    r = w.range_ratio
-    r_in, r_out = (
-        (float(r["input"]), float(r["output"])) if isinstance(r, dict) else (float(r), float(r))
-    )
-    if not (0 <= r_in < 1 and 0 <= r_out < 1):
-        raise ValueError("range ratio must be in [0, 1)")
-    n_in = max(0, w.input_len - w.num_special_tokens)
-    return Lengths(
-        input_low=w.prefix_len + math.floor(n_in * (1 - r_in)),
-        input_high=w.prefix_len + math.ceil(n_in * (1 + r_in)),
-        output_low=max(1, math.floor(w.output_len * (1 - r_out))),
-        output_high=max(1, math.ceil(w.output_len * (1 + r_out))),
-    )
+    """The workload's bounds by its rule (launcher.run.lengths); vLLM's takes the special
+    tokens off the input first, sa-bench's counts the chat template inside it."""
+    return run_lengths.lengths(w.rule, w.input_len, w.output_len, w.range_ratio,
+                               template_len=w.template_len, special_tokens=w.num_special_tokens,
+                               prefix_len=w.prefix_len)
 
 
 def weight_bytes_per_gpu(
@@ -719,6 +675,10 @@ class KvCapacity:
     prefix_caching_why: str = ""
     alignment: int = 16  # the grid of the hybrid block
     other_prefix_caching: dict | None = None  # the same estimate with the flag flipped
+    # steady state: a running request holds its prompt and the output so far, not its whole
+    # length (vLLM allocates blocks as tokens come); the time-weighted average context
+    in_flight_tokens: float = 0.0
+    per_rank_in_flight: int = 0
 
     @property
     def endpoint_at_max_length(self) -> int:
@@ -778,6 +738,13 @@ class KvCapacity:
         if self.per_rank_at_mean_length == self.max_num_seqs:
             per += f" (max-num-seqs {self.max_num_seqs} binds)"
         lines.append(per)
+        if self.per_rank_in_flight:
+            lines.append(
+                f"  at steady state a running request holds {self.in_flight_tokens:,.0f} "
+                f"tokens on average (its prompt and the output so far): about "
+                f"{self.per_rank_in_flight * self.dp:,} in flight before requests wait; "
+                f"{self.endpoint_at_max_length:,} if every one held its longest "
+                f"({n.max_total:,} tokens)")
         if self.mamba_groups:
             state = self.state_blocks_per_request
             onoff = "on" if self.prefix_caching else "off"
@@ -995,9 +962,10 @@ def estimate(
     boundary_blocks = mamba_groups if geo.mamba_cache_mode == "align" else 0
     at_max = attn_groups * math.ceil(lengths.max_total / geo.block_size) + state_blocks
     at_mean = attn_groups * lengths.expected_blocks(geo.block_size) + state_blocks
+    in_flight = attn_groups * lengths.in_flight_blocks(geo.block_size) + state_blocks
     assumptions.append(
         f"lengths uniform in [{lengths.input_low}, {lengths.input_high}] + "
-        f"[{lengths.output_low}, {lengths.output_high}] (random dataset)"
+        f"[{lengths.output_low}, {lengths.output_high}] ({run_lengths.RULE_TEXT[workload.rule]})"
     )
 
     # vLLM's own log line: every request at max_model_len, GDN groups at their reservation
@@ -1056,6 +1024,8 @@ def estimate(
         max_num_seqs=max_seqs,
         per_rank_at_max_length=min(max_seqs, usable // at_max),
         per_rank_at_mean_length=min(max_seqs, math.floor(usable / at_mean)),
+        in_flight_tokens=round(lengths.in_flight_mean, 1),
+        per_rank_in_flight=min(max_seqs, math.floor(usable / in_flight)),
         max_model_len=max_len,
         vllm_log_max_concurrency=round(log_conc, 2),
         vllm_log_kv_cache_tokens=int(log_conc * max_len),

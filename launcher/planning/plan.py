@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.errors import UserError
-from launcher.planning import pairing
+from launcher.planning import kv_cache, pairing
+from launcher.run import lengths
 from launcher.run.vocab import Role
 from launcher.spec.cluster import Cluster
 from launcher.spec.recipe import Pool, Recipe, flag_key
@@ -228,6 +229,37 @@ def _check_fit(recipe: Recipe, cluster: Cluster, model: ModelFacts | None) -> No
                 raise UserError(at + "; ".join(problems))
 
 
+def _check_lengths(recipe: Recipe, model: ModelFacts | None) -> None:
+    """The sweep's longest request against each serving pool's max-model-len (or the
+    model's context): vLLM refuses a prompt plus max_tokens past it, so every such point
+    would fail. A P/D prefill is asked for one token."""
+    b = recipe.benchmark
+    if not b.enabled:
+        return
+    n = b.lengths()
+    context = model.max_position_embeddings if model else 0
+    for role, pool in recipe.pools():
+        if pool.endpoints < 1:
+            continue
+        longest = n.input_high + 1 if role == Role.PREFILL else n.max_total
+        for c in [None, *recipe.restart_points()]:
+            raw = engine_args(recipe, pool, c).get("max-model-len")
+            limit, where = None, ""
+            if raw is not None:
+                limit = kv_cache.EngineArgs.from_flags({"max-model-len": raw}).max_model_len
+                where = f"{role}'s max-model-len {limit:,}"
+            if limit is None and context:
+                limit, where = context, f"the model's context ({context:,} tokens)"
+            if limit is not None and longest > limit:
+                what = (f"input up to {n.input_high:,}" if role == Role.PREFILL else
+                        f"input up to {n.input_high:,} + output up to {n.output_high:,}")
+                raise UserError(
+                    f"benchmark: the longest request is {longest:,} tokens ({what}, "
+                    f"{lengths.RULE_TEXT[b.length_rule]} at range_ratio {b.range_ratio:g}) "
+                    f"but {where} is shorter: vLLM refuses such requests; raise "
+                    f"{role}.args.max-model-len or lower benchmark.input_len/output_len")
+
+
 def _side(recipe: Recipe, role: Role, concurrency: int | None = None) -> pairing.Side:
     pool = getattr(recipe, role)
     return pairing.side_of_pool(role, recipe.model.path, recipe.model.served_name,
@@ -304,7 +336,9 @@ def nodes_needed(recipe: Recipe, cluster: Cluster,
                  model: ModelFacts | None | _Read = READ) -> int:
     check_owned(recipe)
     check_container(recipe, cluster)
-    _check_fit(recipe, cluster, _model(recipe, model))
+    model = _model(recipe, model)
+    _check_fit(recipe, cluster, model)
+    _check_lengths(recipe, model)
     slots = {slot for _, _, parts in place(recipe, cluster) for slot, _ in parts}
     n = len(slots)
     if cluster.segment and n > cluster.nodes_per_rack:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from launcher.planning import containers, schedulers
 from launcher.planning.plan import Endpoint, Plan, engine_args
-from launcher.run import rundir
+from launcher.run import lengths, rundir
 from launcher.run.plandoc import EndpointDoc, NodeDoc, PlanDoc, Process
 from launcher.run.vocab import Kind, Role
 from launcher.spec.recipe import flag_key
@@ -291,6 +291,37 @@ def agent_processes(plan: Plan) -> list[Process]:
     return procs
 
 
+def workload_flags(plan: Plan) -> list[str]:
+    """The lengths (and prompts) flags of one sweep point, the same for every point: the
+    built-in client takes the rule itself; `vllm bench serve` (vLLM's rule only) gets the
+    window of its rule that lies inside the recipe's (docs/workload.md)."""
+    b = plan.recipe.benchmark
+    if b.driver == "vllm":
+        if b.length_rule == "vllm":
+            ratio: object = b.range_ratio
+            n_in, n_out = b.input_len, b.output_len
+        else:
+            n_in, n_out, ratio = lengths.vllm_window(b.lengths())
+        text = (json.dumps(ratio, separators=(",", ":")) if isinstance(ratio, dict)
+                else f"{ratio:g}")
+        # per-request lengths in the file (the orchestrator trims the rest after the point)
+        return ["--random-input-len", str(n_in), "--random-output-len", str(n_out),
+                "--random-range-ratio", text, "--save-detailed"]
+    flags = ["--random-input-len", str(b.input_len), "--random-output-len", str(b.output_len),
+             "--random-range-ratio", f"{b.range_ratio:g}", "--length-rule", b.length_rule]
+    if b.chat_template and chat_template_applies(plan):
+        flags.append("--use-chat-template")
+    if b.length_rule == "sa-bench":
+        flags.append("--sa-bench-warmup")
+    return flags
+
+
+def chat_template_applies(plan: Plan) -> bool:
+    """The chat template needs the served model's tokenizer: a simulated engine has none,
+    so its prompts are ids of the same lengths (the template's tokens counted inside)."""
+    return plan.recipe.engine != "sim"
+
+
 def bench_processes(plan: Plan) -> list[Process]:
     """One client run per concurrency point, against the router, from the first node."""
     r = plan.recipe
@@ -311,9 +342,7 @@ def bench_processes(plan: Plan) -> list[Process]:
             "--model", r.model.name,
             "--tokenizer", r.model.path,
             "--dataset-name", "random",
-            "--random-input-len", str(b.input_len),
-            "--random-output-len", str(b.output_len),
-            "--random-range-ratio", f"{b.range_ratio:g}",
+            *workload_flags(plan),
             "--num-prompts", str(b.prompts(c)),
             "--max-concurrency", str(c),
             "--num-warmups", str(b.warmups(c)),
@@ -406,10 +435,28 @@ def processes(plan: Plan) -> list[Process]:
     return out
 
 
+def workload_doc(plan: Plan) -> dict:
+    """plan.json's `workload`: what every sweep point sends (docs/workload.md)."""
+    b = plan.recipe.benchmark
+    if not b.enabled:
+        return {}
+    n = b.lengths()
+    return {"driver": b.driver, "length_rule": b.length_rule, "range_ratio": b.range_ratio,
+            "input_len": b.input_len, "output_len": b.output_len,
+            "bounds": {"input": [n.input_low, n.input_high],
+                       "output": [n.output_low, n.output_high]},
+            "mean_total": n.mean_total, "max_total": n.max_total,
+            "chat_template": b.chat_template,
+            "chat_template_applied": b.chat_template and chat_template_applies(plan),
+            "ignore_eos": True, "text": lengths.workload_text(
+                b, b.chat_template and chat_template_applies(plan))}
+
+
 def plan_doc(plan: Plan, run_id: str, placeholder_nodes: bool,
              procs: list[Process] | None = None, capacity: list[dict] | None = None) -> PlanDoc:
     r = plan.recipe
     return PlanDoc(
+        workload=workload_doc(plan),
         run_id=run_id,
         recipe=r.name,
         cluster=plan.cluster.name,

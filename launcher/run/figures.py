@@ -174,6 +174,7 @@ def point_figures(result: dict[str, Any], denominators: dict[str, int],
         "output_tokens_per_s_per_gpu": _per(out_tps, gpus_total),
         "total_tokens_per_s_per_allocated_gpu": _per(tot_tps, allocated or 0),
         "gpus_allocated": allocated,
+        "lengths": realized_lengths(result),
     }
     if allocated is not None and allocated <= 0:
         na["total_tokens_per_s_per_allocated_gpu"] = "the plan has no nodes with GPUs"
@@ -194,6 +195,22 @@ def point_figures(result: dict[str, Any], denominators: dict[str, int],
     return fig
 
 
+def realized_lengths(result: dict) -> dict | None:
+    """The lengths the point's requests had (min, mean, max of input and output, successful
+    requests only), from the file's per-request arrays; None when it has none."""
+    ins, outs = result.get("input_lens"), result.get("output_lens")
+    if not isinstance(ins, list) or not isinstance(outs, list) or len(ins) != len(outs):
+        return None
+    pairs = [(i, o) for i, o in zip(ins, outs, strict=True)
+             if isinstance(i, int) and isinstance(o, int) and o > 0]
+    if not pairs:
+        return None
+    out: dict = {"requests": len(pairs)}
+    for key, xs in (("input", [i for i, _ in pairs]), ("output", [o for _, o in pairs])):
+        out[key] = {"min": min(xs), "mean": round(sum(xs) / len(xs), 1), "max": max(xs)}
+    return out
+
+
 # The types readers rely on in a GSM8K result (accuracy/<task>.json, summary.json's
 # "accuracy"); a file with another type in one of them is damaged.
 ACCURACY_TYPES = {
@@ -209,7 +226,7 @@ POINT_TYPES = {
     "max_concurrency": "int | None", "file": "str | None", "driver": "str | None",
     "status": "str | None", "failure_reason": "str | None", "num_prompts": "int | None",
     "completed": "int | None", "failed": "int | None", "labels": "list[str]",
-    "gpus_allocated": "int | None",
+    "gpus_allocated": "int | None", "lengths": "dict | None",
     "denominators": "dict", "not_applicable": "dict",
     **{k: _NUMBER for k in (
         "window_start", "window_end", "duration_s", "request_throughput", "input_throughput",

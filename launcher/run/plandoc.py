@@ -126,6 +126,8 @@ class PlanDoc:
     capacity: list[dict] = field(default_factory=list)
     runtime: dict[str, Any] = field(default_factory=dict)  # where the launcher runs (plan.Runtime)
     engine_platform: str | None = None  # vllm: "gpu" | "cpu" (recipe's, checked by preflight)
+    # the sweep's workload (render.workload_doc): rule, ISL/OSL, range, bounds, chat template
+    workload: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)  # sections added by later stages
 
     @property
@@ -185,6 +187,7 @@ class PlanDoc:
             "placeholder_nodes": self.placeholder_nodes,
             "capacity": list(self.capacity),
             "runtime": dict(self.runtime),
+            "workload": dict(self.workload),
             **self.extra,
         }
 
@@ -199,7 +202,7 @@ class PlanDoc:
         core = {
             "schema_version", "run_id", "recipe", "cluster", "engine", "mode", "model",
             "telemetry", "nodes", "endpoints", "processes", "router", "gpu_count",
-            "placeholder_nodes", "capacity", "runtime", "engine_platform",
+            "placeholder_nodes", "capacity", "runtime", "engine_platform", "workload",
         }  # fmt: skip
         try:
             doc = cls(
@@ -221,6 +224,7 @@ class PlanDoc:
                 capacity=list(d.get("capacity") or []),
                 runtime=dict(d.get("runtime") or {}),
                 engine_platform=d.get("engine_platform"),
+                workload=dict(d.get("workload") or {}),
                 extra={k: v for k, v in d.items() if k not in core},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:

@@ -7,7 +7,8 @@ figure at about +-0.3k tok/s/GPU: the post publishes no table. Its y is total to
 **working** GPU (srt-slurm PR #270 divides by the GPUs of the endpoints, not the allocation).
 
 A run is compared only when it is the published workload (`comparable`): disaggregated,
-the model Qwen3.5-397B-A17B-NVFP4, ISL/OSL 8192/1024 in every bench client, one decode
+the model Qwen3.5-397B-A17B-NVFP4, sa-bench's workload (ISL/OSL 8192/1024 by its length
+rule at range ratio 0.8, prompts in the chat template, output forced; docs/workload.md), one decode
 endpoint DEP8 and N prefill endpoints DEP2 with N one of the published configurations, on
 nodes of 4 GPUs (GB200 NVL72 trays). A simulated run is compared and labelled a
 simulation; real vLLM on a CPU is never compared (not a GPU measurement).
@@ -25,6 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from launcher.run.lengths import RULE_TEXT
 from launcher.run.plandoc import PlanDoc
 from launcher.run.vocab import Kind, Role
 
@@ -75,11 +77,6 @@ def source_text() -> str:
     return f"{s['repository']}, {s['path']}, Figure 1"
 
 
-def _flag(argv: list[str], name: str) -> str | None:
-    return argv[argv.index(name) + 1] if name in argv and argv.index(name) + 1 < len(argv) \
-        else None
-
-
 def comparable(plan: PlanDoc | None) -> tuple[Match | None, str]:
     """(the published configuration this run is, "") or (None, why it is not comparable)."""
     if plan is None:
@@ -95,11 +92,9 @@ def comparable(plan: PlanDoc | None) -> tuple[Match | None, str]:
     benches = plan.of_kind(Kind.BENCH)
     if not benches:
         return None, "the plan has no benchmark client"
-    for b in benches:
-        isl, osl = _flag(b.argv, "--random-input-len"), _flag(b.argv, "--random-output-len")
-        if (isl, osl) != (str(w["input_len"]), str(w["output_len"])):
-            return None, (f"ISL/OSL {isl or '?'}/{osl or '?'} is not the published "
-                          f"{w['input_len']}/{w['output_len']}")
+    differs = workload_differs(plan)
+    if differs:
+        return None, differs
     dec = [e for e in plan.endpoints if e.role == Role.DECODE]
     pre = [e for e in plan.endpoints if e.role == Role.PREFILL]
     if len(dec) != 1 or dec[0].dp_size != 8 or dec[0].tp_size != 1:
@@ -114,6 +109,42 @@ def comparable(plan: PlanDoc | None) -> tuple[Match | None, str]:
         have = ", ".join(str(c["prefill_endpoints"]) for c in configurations())
         return None, f"{len(pre)} prefill endpoints: the published ones have {have}"
     return Match(config, plan.simulated), ""
+
+
+def workload_differs(plan: PlanDoc) -> str:
+    """Where the run's workload is not the published one ("" when it is): ISL/OSL, the length
+    rule, the range ratio, the chat template, output forced. A simulated engine cannot apply
+    the template (no tokenizer) and counts its tokens inside the lengths: not a difference."""
+    w = reference()["workload"]
+    got = plan.workload
+    if not got:  # written before plan.json recorded it: lengths by vLLM's rule then
+        got = {"length_rule": "vllm", "input_len": None}
+    out = []
+    if (got.get("input_len"), got.get("output_len")) != (w["input_len"], w["output_len"]):
+        out.append(f"ISL/OSL {got.get('input_len') or '?'}/{got.get('output_len') or '?'} is "
+                   f"not the published {w['input_len']}/{w['output_len']}")
+    if got.get("length_rule") != w["length_rule"]:
+        out.append(f"lengths by {RULE_TEXT.get(got.get('length_rule'), 'an unknown rule')}, "
+                   f"not {RULE_TEXT[w['length_rule']]} (sa-bench's)")
+    elif got.get("driver") == "vllm":
+        out.append("vllm bench serve draws by vLLM's rule (a window one token narrower than "
+                   "sa-bench's)")
+    if got.get("range_ratio") is not None and got["range_ratio"] != w["range_ratio"]:
+        out.append(f"range ratio {got['range_ratio']:g}, not {w['range_ratio']:g}")
+    if w["chat_template"] and not got.get("chat_template"):
+        out.append("prompts without the chat template (the published ones are in it)")
+    elif got.get("chat_template") and not got.get("chat_template_applied") \
+            and not plan.simulated:
+        out.append("the chat template was asked for but not applied")
+    if w["ignore_eos"] and got.get("ignore_eos") is False:
+        out.append("output lengths not forced (ignore_eos)")
+    return "; ".join(out)
+
+
+def kv_capacity_text() -> str:
+    """The publishers' own statement of where the decode's KV ran out."""
+    k = reference()["workload"]["decode_kv_capacity"]
+    return f"published: {k['concurrency']:,} ('{k['quote']}', {k['source']})"
 
 
 def ratios(config: dict[str, Any], points: list[dict[str, Any]]) -> list[dict[str, Any]]:

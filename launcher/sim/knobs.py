@@ -66,7 +66,11 @@ class Knobs:
         "Seconds a prefill holds un-pulled KV blocks before they expire (NIXL "
         "kv_lease_duration; a value in --kv-transfer-config extra config wins)."))
     chars_per_token: float = field(default=4.0, metadata=_doc(
-        "Characters per token for text prompts (the sim has no tokenizer)."))
+        "Characters per token for text prompts when no tokenizer is given."))
+    tokenizer: str = field(default="", metadata=_doc(
+        "A tokenizer.json (or the model folder holding one): text prompts are counted as "
+        "vLLM counts a completion prompt, special tokens included, instead of by "
+        "chars_per_token; needs the tokenizers package where the simulator runs."))
     crash_after_s: float = field(default=0.0, metadata=_doc(
         "Fault: the process exits non-zero this many wall-clock seconds after start "
         "(0 = never)."))

@@ -18,6 +18,7 @@ import os
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -92,6 +93,24 @@ class _Prompt:
         self.num_tokens = num_tokens
 
 
+def _tokenizer(path: str):
+    """The `tokenizer` knob's tokenizer (None without one): a text prompt then counts as
+    vLLM's tokenizer counts it."""
+    if not path:
+        return None
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise SystemExit("SIM_TOKENIZER is set but the tokenizers package is not installed "
+                         "where the simulator runs") from None
+    p = Path(path)
+    file = p / "tokenizer.json" if p.is_dir() else p
+    try:
+        return Tokenizer.from_file(str(file))
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the same one sentence
+        raise SystemExit(f"SIM_TOKENIZER {path}: cannot read {file} ({e})") from None
+
+
 class Api:
     def __init__(self, cfg: SimConfig, engines: list[Engine], answerer: Answerer) -> None:
         self.cfg = cfg
@@ -100,6 +119,7 @@ class Api:
         self.created = int(time.time())
         self._rr = itertools.count()
         self.http = metrics.HttpStats()
+        self.tokenizer = _tokenizer(cfg.knobs.tokenizer)
 
     # ----- app ---------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -196,6 +216,9 @@ class Api:
         return body
 
     def _text_prompt(self, text: str) -> _Prompt:
+        if self.tokenizer is not None:
+            ids = self.tokenizer.encode(text).ids or [0]
+            return _Prompt(text, ids, len(ids))
         n = max(1, round(len(text) / self.cfg.knobs.chars_per_token))
         return _Prompt(text, None, n)
 
@@ -497,6 +520,9 @@ class Api:
                 raise BadRequest("tokens must be a list of non-negative integers")
         except BadRequest as exc:
             return _error(exc.status, str(exc), exc.kind)
+        if self.tokenizer is not None:
+            return web.json_response({"prompt": self.tokenizer.decode(ids,
+                                                                      skip_special_tokens=False)})
         per = max(1.0, self.cfg.knobs.chars_per_token)
         n = len(ids)
         text = "".join(chr(0x61 + ids[min(n - 1, int(j / per))] % 26)

@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from launcher.errors import UserError
+from launcher.run import lengths as run_lengths
 from launcher.run.vocab import Role
 from launcher.spec import secrets
 
@@ -265,7 +266,17 @@ class Benchmark(Strict):
     driver: Literal["builtin", "vllm"] = "builtin"
     input_len: int = Field(default=8192, ge=1, le=1 << 20)
     output_len: int = Field(default=1024, ge=1, le=1 << 20)
-    range_ratio: float = Field(default=0.8, ge=0, lt=1)
+    range_ratio: float = Field(default=0.8, ge=0, le=1)
+    length_rule: Literal["sa-bench", "vllm"] = Field(
+        default="sa-bench",
+        description="what range_ratio means (docs/workload.md): sa-bench's [r x L, L] "
+        "(srt-slurm, SGLang, InferenceX) or vLLM's [L(1-r), L(1+r)] (vllm bench serve)",
+    )
+    chat_template: bool = Field(
+        default=False,
+        description="wrap each prompt in the served model's chat template, its tokens "
+        "inside input_len (sa-bench's use_chat_template); the builtin driver only",
+    )
     concurrency: list[int] = Field(default_factory=lambda: [64], min_length=1, max_length=64)
     prompts_per_point: int | None = Field(
         default=None, ge=1, le=10_000_000, description="requests per point (default: 5 x concurrency)"
@@ -299,7 +310,21 @@ class Benchmark(Strict):
             raise ValueError(
                 "set warmup (a fixed count) or warmup_multiplier (x concurrency), not both"
             )
+        if self.length_rule == "vllm" and self.range_ratio >= 1:
+            raise ValueError(
+                f"range_ratio {self.range_ratio:g} with length_rule vllm: vLLM's rule takes "
+                "[0, 1) (sa-bench's takes 1 for fixed lengths)"
+            )
+        if self.chat_template and self.driver == "vllm":
+            raise ValueError(
+                "chat_template with driver vllm: vllm bench serve's random dataset sends no "
+                "chat template; use driver builtin (sa-bench's prompts) or chat_template: false"
+            )
         return self
+
+    def lengths(self, template_len: int = 0):
+        """The bounds every request's lengths are drawn from."""
+        return run_lengths.of_benchmark(self, template_len)
 
     def prompts(self, concurrency: int) -> int:
         return self.prompts_per_point or self.prompts_multiplier * concurrency
