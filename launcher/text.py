@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from launcher.control import compute_env, staging, visibility
 from launcher.planning import capacity, containers, cost, render, schedulers
 from launcher.planning.plan import job_port_slots
-from launcher.run import listing, rundir
+from launcher.run import lengths, listing, published, rundir
 from launcher.run.plandoc import CPU_LABEL, PlanError, read_plan
 from launcher.run.rundir import RunDir, RunStatus
 from launcher.run.vocab import Kind, State
@@ -192,15 +192,19 @@ def cost_line(prepared: Prepared, c: cost.Cost) -> str:
 
 
 def length_range(b) -> str:
-    """The token lengths vLLM's random dataset draws from, as its range ratio makes them."""
-    import math
+    """The token lengths the recipe's rule draws from."""
+    return lengths.of_benchmark(b).text()
 
-    def span(n: int) -> str:
-        return f"{math.floor(n * (1 - b.range_ratio)):,}-{math.ceil(n * (1 + b.range_ratio)):,}"
 
-    if not b.range_ratio:
-        return "every input and output exactly that long"
-    return f"inputs {span(b.input_len)}, outputs {span(b.output_len)} tokens"
+def driver_note(plan) -> str:
+    """How the driver sends the rule's lengths, where it is not literally the recipe's."""
+    b = plan.recipe.benchmark
+    if b.driver == "vllm" and b.length_rule == "sa-bench":
+        n_in, n_out, r = lengths.vllm_window(b.lengths())
+        got = lengths.lengths("vllm", n_in, n_out, r)
+        return (f" (vllm bench serve draws by vLLM's rule: --random-input-len {n_in} "
+                f"--random-output-len {n_out} give {got.text()}, inside sa-bench's bounds)")
+    return ""
 
 
 def plan_text(prepared: Prepared) -> str:
@@ -237,9 +241,9 @@ def plan_text(prepared: Prepared) -> str:
     b = r.benchmark
     if b.enabled:
         lines.append(
-            f"Sweep: concurrency {', '.join(map(str, b.concurrency))} at ISL/OSL "
-            f"{b.input_len}/{b.output_len} (range ratio {b.range_ratio:g}: {length_range(b)}), "
-            f"driver {b.driver}"
+            f"Sweep: concurrency {', '.join(map(str, b.concurrency))} at "
+            f"{lengths.workload_text(b, b.chat_template and render.chat_template_applies(plan))}"
+            f"; driver {b.driver}" + driver_note(plan)
         )
     a = r.accuracy
     if a.enabled and a.harness == "vllm":
@@ -259,8 +263,11 @@ def plan_text(prepared: Prepared) -> str:
                "with lm-eval; set accuracy.train)")
             + f", pass at >= {a.threshold:g}"
         )
+    match, _ = published.comparable(prepared.rendered.doc)
     for cap in prepared.capacity:
         lines.append(cap.describe())
+        if match is not None and cap.name.startswith("decode"):
+            lines.append(f"  {published.kv_capacity_text()}")
     if (gap := capacity.missing(plan, prepared.capacity)) is not None:
         lines.append(gap)
     for warning in capacity.warnings(plan, prepared.capacity):
