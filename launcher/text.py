@@ -480,6 +480,10 @@ def study_status_text(study: listing.Study, statuses: dict[str, RunStatus], root
     elif any(not st.final and not st.dry_run for st in sts) and live[0] is not False:
         lines.append(f"next: {_launcher('logs', '<RUN>', '-f')} follows a configuration; "
                      f"{_launcher('cancel', study.path)} stops the study")
+    elif sts and all(st.state == State.REFUSED for st in sts):
+        again = _submit_again(sts[0].submission.command)
+        lines.append("next: mend what the error says, then submit it again"
+                     + (f": {again}" if again else ""))
     elif any(st.state == State.SUCCEEDED for st in sts):
         lines.append(f"next: {_launcher('report', study.path)} (one HTML page of the study); "
                      f"{_launcher('recommend', study.path)} (the P:D ratio to run next); "

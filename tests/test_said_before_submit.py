@@ -309,6 +309,9 @@ def test_a_refused_submission_is_recorded_as_refused(cli, tmp_path):
     (study,) = root.glob("*-study")
     rc, out, err = cli("status", study.name, "--runs-dir", str(root))
     assert out.count(" refused ") == 2, out
+    assert out.splitlines()[-1].startswith(
+        f"next: mend what the error says, then submit it again: python -m launcher submit "
+        f"{SEED} --sweep prefill.endpoints=4,5"), out
 
 
 def test_past_the_partitions_max_time_a_run_is_blocked(cli, tmp_path):
