@@ -488,6 +488,8 @@ def bench_result(sc: Scenario, m: PointModel, window: tuple[float, float],
         "request_throughput": completed / dur, "request_goodput": None,
         "output_throughput": completed * OSL / dur,
         "total_token_throughput": completed * (ISL + OSL) / dur,
+        # every request's lengths, kept by both drivers (fixed lengths in these scenarios)
+        "input_lens": [ISL] * completed, "output_lens": [OSL] * completed,
         "window_start": a, "window_end": b, "driver": "builtin",
         "status": "failed" if failed else "ok",
         "failure_reason": ("every request failed: decode-0 stopped answering (HTTP 503)"

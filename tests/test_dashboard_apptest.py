@@ -163,6 +163,16 @@ def test_serve_binds_localhost_by_default(tmp_path):
     assert dashboard.url("0.0.0.0", 9000) == "http://127.0.0.1:9000"
 
 
+def test_sweep_shows_the_lengths_each_point_sent(runs, monkeypatch):
+    at = open_page(runs["healthy"].parent, runs["healthy"].name, "app_pages/sweep.py",
+                   monkeypatch)
+    assert any(s.value == "Lengths sent" for s in at.subheader)
+    assert any("The workload:" in c.value for c in at.caption)
+    table = at.dataframe[-1].value
+    assert {"input_min", "input_mean", "input_max", "output_mean"} <= set(table.columns)
+    assert len(table) >= 1 and (table["input_min"] <= table["input_max"]).all()
+
+
 def test_sweep_compares_runs_on_one_pareto(runs, monkeypatch):
     at = open_page(runs["healthy"].parent, runs["healthy"].name, "app_pages/sweep.py",
                    monkeypatch)
