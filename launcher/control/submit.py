@@ -9,6 +9,7 @@ come back in seconds instead of after a queue wait.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import time
@@ -45,8 +46,27 @@ def check_slurm(p: Prepared) -> str:
     )
     words = " ".join((proc.stderr + proc.stdout).split())
     if proc.returncode != 0:
-        raise UserError(f"sbatch --test-only refused {script}: {words}")
+        raise UserError(f"sbatch --test-only refused {script}: {words}"
+                        + sbatch_hint(p.plan, proc.stderr))
     return words
+
+
+def sbatch_hint(plan, stderr: str) -> str:
+    """For each option sbatch does not know ("sbatch: unrecognized option '--segment=4'",
+    glibc getopt_long's words), the key that put it in the batch script and how to turn it
+    off; '' when sbatch refused for another reason."""
+    names = re.findall(r"unrecognized option '--([A-Za-z0-9_-]+)", stderr)
+    sources = render.directive_sources(plan)
+    out = []
+    for name in dict.fromkeys(names):
+        key, off = sources.get(name, ("", ""))
+        if not key:
+            out.append(f"--{name} is the launcher's own, which this Slurm does not know: it "
+                       "is too old for the launcher")
+            continue
+        out.append(f"{key} adds --{name}; this Slurm has no such option: "
+                   + (off or "the launcher needs it, so it cannot be turned off"))
+    return "".join(f"; {x}" for x in out)
 
 
 def submit_slurm(p: Prepared, runs: list[Prepared] | None = None) -> str:
@@ -73,7 +93,7 @@ def submit_slurm(p: Prepared, runs: list[Prepared] | None = None) -> str:
         else:
             job = executor.submit(orchestrator.run_in_allocation, str(p.run.path))
     except Exception as e:  # sbatch's refusal comes back as a generic error: show its words
-        error = f"sbatch refused the job: {' '.join(str(e).split())}"
+        error = f"sbatch refused the job: {' '.join(str(e).split())}" + sbatch_hint(p.plan, str(e))
         for m in members:
             sub = m.run.read_submission()
             sub.error = error

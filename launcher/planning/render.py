@@ -563,6 +563,36 @@ def slurm_parameters(plan: Plan, nodes: int, minutes: int | None = None) -> dict
     return {k: v for k, v in params.items() if v is not None or k == "wckey"}
 
 
+def directive_sources(plan: Plan) -> dict[str, tuple[str, str]]:
+    """Each sbatch option slurm_parameters writes -> (the recipe or profile key that adds
+    it, how to turn it off; '' when the launcher needs it): what a Slurm that does not know
+    the option needs said."""
+    r, c = plan.recipe, plan.cluster
+    profile, where = "the cluster profile's", f"in {r.cluster}"
+    out = {
+        "partition": ("the recipe's slurm.partition", "remove it (the site's default)"),
+        "account": ("the recipe's slurm.account", "remove it"),
+        "qos": ("the recipe's slurm.qos", "remove it"),
+        "time": ("the recipe's slurm.time_limit", ""),
+        "signal": ("the recipe's slurm.signal_lead_s", ""),  # teardown before the limit
+        "exclusive": (f"{profile} exclusive: true", f"set exclusive: false {where}"),
+        "mem": (f"{profile} mem_zero: true", f"set mem_zero: false {where}"),
+        "segment": (f"{profile} segment: true", f"set segment: false {where} (the job is "
+                    "then not kept in one rack)"),
+    }
+    if c.gpu_directive == "gres":
+        out["gres"] = (f"{profile} gpu_directive: gres",
+                       f"set gpu_directive: gpus-per-node {where}")
+    else:
+        out["gpus-per-node"] = (f"{profile} gpu_directive: gpus-per-node",
+                                f"set gpu_directive: gres {where} (and gres_type, if the "
+                                "site names its GPUs)")
+    for key in r.slurm.directives:
+        out[key.lstrip("-").replace("_", "-")] = (f"the recipe's slurm.directives.{key}",
+                                                   "remove it")
+    return out
+
+
 def batch_setup(plan: Plan) -> list[str]:
     """Lines the batch script runs before the orchestrator: build (once) and use the shared
     compute environment."""
