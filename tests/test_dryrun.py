@@ -48,7 +48,8 @@ def test_dry_run_prints_plan_and_writes_run_dir(cli, tmp_path):
         "--no-enable-prefix-caching", "--generation-config vllm", "VLLM_SSM_CONV_STATE_LAYOUT=DS",
         "--no-disable-hybrid-kv-cache-manager", "--served-model-name Qwen3.5-397B-A17B-NVFP4",
         '"kv_connector":"NixlConnector"', '"kv_role":"kv_both"', '"kv_load_failure_policy":"fail"',
-        "vllm-router --host 0.0.0.0", "--vllm-pd-disaggregation", "vllm bench serve",
+        "vllm-router --host 0.0.0.0", "--vllm-pd-disaggregation",
+        "python3 -m launcher.clients.bench", "--length-rule sa-bench", "--use-chat-template",
         "launcher.telemetry.agent",
     ):  # fmt: skip
         assert setting in cmds, setting
