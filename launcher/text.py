@@ -213,10 +213,7 @@ def plan_text(prepared: Prepared) -> str:
     c = plan.gpu_count()
     lines = [
         f"Recipe {r.name} on {plan.cluster.name}: {prepared.nodes} nodes x "
-        f"{plan.cluster.gpus_per_node} GPUs, engine {r.engine}"
-        + (" (SIMULATED: no GPU work)" if r.engine == "sim" else "")
-        + (f" ({CPU_LABEL}: real vLLM on the host's CPU, not a GPU measurement)"
-           if r.engine == "vllm" and r.engine_platform == "cpu" else "")
+        f"{plan.cluster.gpus_per_node} GPUs, engine {r.engine}{r.engine_kind.plan_note}"
         + f", mode {r.mode}, {c['total']} GPUs in use "
         f"(prefill {c['prefill']}, decode {c['decode']}, agg {c['agg']})",
     ]

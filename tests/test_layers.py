@@ -87,3 +87,22 @@ def test_the_rule_itself_has_no_cycle():
     for n in ALLOWED:
         if n not in state:
             visit(n, [])
+
+
+def test_the_engine_kind_is_decided_in_one_place():
+    """Which engine a run has (real vLLM on GPUs or a CPU, or the simulator) is asked of
+    launcher.run.engines, never by comparing the recipe's strings elsewhere. argcheck.py is
+    the exception: it runs standalone in the engine's environment, reading its own --engine."""
+    import re
+
+    pattern = re.compile(r"""\bengine(_platform)?"?\)?\s*[!=]=\s*["'](vllm|sim|cpu|gpu)["']""")
+    found = []
+    for f in sorted([*REPO.glob("launcher/**/*.py"), *REPO.glob("dashboard/**/*.py")]):
+        rel = str(f.relative_to(REPO))
+        if rel in ("launcher/run/engines.py", "launcher/control/argcheck.py") or \
+                rel.startswith("launcher/sim/"):
+            continue
+        for n, line in enumerate(f.read_text().splitlines(), 1):
+            if pattern.search(line):
+                found.append(f"{rel}:{n}: {line.strip()}")
+    assert not found, "\n".join(found)

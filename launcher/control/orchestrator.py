@@ -595,7 +595,7 @@ class Orchestrator:
         self.record.identity["kv_transport"] = seen
         self.save()
         tcp = sorted(n for n, cfgs in seen.items() if any(c.startswith("tcp/") for c in cfgs))
-        if tcp and self.plan.recipe.engine_platform != "cpu":  # a CPU engine has no NVLink
+        if tcp and not self.plan.recipe.engine_kind.on_cpu:  # a CPU engine has no NVLink
             self.book.note(
                 f"KV transfers of {', '.join(tcp)} go over TCP (UCX chose "
                 f"{next(c for c in seen[tcp[0]] if c.startswith('tcp/'))}): NVLink/RDMA is not in use between P and D; check UCX_TLS "
@@ -1027,10 +1027,8 @@ def run(run_dir: Path, shared: InStudy | None = None) -> int:
     signals.orch = orch
     if signals.reason:
         orch.cancel_reason, orch.teardown_budget_s = signals.reason, signals.budget_s or 30
-    if plan.recipe.engine == "sim":
-        say("engine: SIMULATED (launcher.sim): no model runs, timings come from the speed model")
-    elif plan.recipe.engine_platform == "cpu":
-        say("engine: vLLM (CPU): real vLLM on this host's CPU, not a GPU measurement")
+    if plan.recipe.engine_kind.banner:
+        say(plan.recipe.engine_kind.banner)
     state, error, culprit = State.SUCCEEDED, None, None
     try:
         orch.run_all()

@@ -73,7 +73,7 @@ def stage(model: str, hf_home: str, revision: str | None = None) -> Path:
 def check(recipe, cluster) -> tuple[str | None, str | None]:
     """(a reason to refuse the submission, a note for the plan text) about the model."""
     m, path = cluster.models, recipe.model.path
-    if recipe.engine != "vllm":
+    if not recipe.engine_kind.real_vllm:
         return None, None
     if not recipe.model.hub_id:
         return None, f"model folder {path}: checked on every node by preflight"

@@ -39,7 +39,7 @@ def resolve_model(recipe: Recipe) -> kv_cache.ModelFacts | None:
 
 def device_kind(plan: Plan) -> str:
     """What the engines run on: vLLM built for CPU follows vLLM's CPU block-size rules."""
-    return "cpu" if plan.recipe.engine_platform == "cpu" else plan.cluster.gpu_kind
+    return plan.recipe.engine_kind.device(plan.cluster.gpu_kind)
 
 
 def estimate(plan: Plan, ep: Endpoint, facts: kv_cache.ModelFacts) -> kv_cache.KvCapacity | None:

@@ -130,7 +130,7 @@ def _published_tpot(plan: Plan, concurrency: int) -> float | None:
 
 def _times(plan: Plan, concurrency: int) -> tuple[float, float, str]:
     r = plan.recipe
-    if r.engine == "sim":
+    if r.engine_kind.simulated:
         return (*_sim_times(plan, concurrency), "the simulator's speed model")
     tpot = _published_tpot(plan, concurrency)
     if tpot is not None:
@@ -182,7 +182,8 @@ def estimate(plan: Plan) -> Cost:
         requests += q
     warmups = sum(b.warmups(c) for c in b.concurrency) if b.enabled else 0
     bound = r.health.timeout_s
-    load = min(bound, float(plan.recipe.sim.start_delay_s or 0) + 5) if r.engine == "sim" else bound
+    load = (min(bound, float(r.sim.start_delay_s or 0) + 5) if r.engine_kind.simulated
+            else bound)
     restarts = len(r.restart_points())  # none without a sweep
     restart_loads = sum(pool.endpoints for c in r.restart_points() for _, pool in r.pools()
                         if c in pool.args_from_concurrency)

@@ -28,7 +28,7 @@ def table_version() -> str:
 def applies(plan: Plan) -> bool:
     """Whether the table is the version the recipe's engine runs."""
     want = plan.recipe.engine_version
-    if plan.recipe.engine == "sim" or not want:
+    if plan.recipe.engine_kind.simulated or not want:
         return True
     return table_version().startswith(want) or want.startswith(table_version())
 

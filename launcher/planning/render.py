@@ -21,7 +21,6 @@ from launcher.run.vocab import Kind, Role
 from launcher.spec.recipe import flag_key
 
 # The launcher's own modules behind each program (the simulator stands in for `vllm`).
-SIM_MODULE = "launcher.sim"
 BENCH_MODULE = "launcher.clients.bench"
 ACCURACY_MODULE = "launcher.clients.accuracy"
 AGENT_MODULE = "launcher.telemetry.agent"
@@ -121,8 +120,8 @@ def serve_argv(plan: Plan, ep: Endpoint, part, concurrency: int | None = None) -
     starts); the simulator takes the same argv."""
     r = plan.recipe
     pool = ep.pool
-    exe = ["vllm"] if r.engine == "vllm" else launcher_cmd(plan, SIM_MODULE,
-                                                          r.container is not None)
+    module = r.engine_kind.serve_module
+    exe = ["vllm"] if module is None else launcher_cmd(plan, module, r.container is not None)
     argv = [*exe, "serve", r.model.path, "--served-model-name", r.model.name]
     if part.head:
         argv += ["--host", plan.cluster.bind_host, "--port", str(ep.http_port)]
@@ -176,7 +175,7 @@ def engine_processes(plan: Plan, ep: Endpoint) -> list[Process]:
             env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(ep.nixl_port_base)
         if ep.role == Role.DECODE:
             env.setdefault("UCX_PROTO_INFO", "y")  # UCX names the transport it picked
-        if r.engine == "sim":
+        if r.engine_kind.simulated:
             env.update(sim_env(plan, ep))
         env.update(containers.of(plan.cluster).env(plan))
         env.update(_base_env(name, plan.run_dir))
@@ -319,7 +318,7 @@ def workload_flags(plan: Plan) -> list[str]:
 def chat_template_applies(plan: Plan) -> bool:
     """The chat template needs the served model's tokenizer: a simulated engine has none,
     so its prompts are ids of the same lengths (the template's tokens counted inside)."""
-    return plan.recipe.engine != "sim"
+    return not plan.recipe.engine_kind.simulated
 
 
 def bench_processes(plan: Plan) -> list[Process]:
@@ -461,7 +460,7 @@ def plan_doc(plan: Plan, run_id: str, placeholder_nodes: bool,
         recipe=r.name,
         cluster=plan.cluster.name,
         engine=r.engine,
-        engine_platform=r.engine_platform if r.engine == "vllm" else None,
+        engine_platform=r.engine_kind.platform,
         mode=r.mode,
         model_path=r.model.path,
         served_name=r.model.name,
@@ -684,7 +683,7 @@ def stage_command(plan: Plan) -> list[str] | None:
     """Fetch a hub model once into the shared cache before any engine starts (only where
     compute nodes reach the hub; otherwise submit refuses an unstaged model)."""
     r, m = plan.recipe, plan.cluster.models
-    if r.engine != "vllm" or not r.model.hub_id or not m.hf_home or not m.internet:
+    if not r.engine_kind.real_vllm or not r.model.hub_id or not m.hf_home or not m.internet:
         return None
     cmd = [*launcher_cmd(plan, "launcher.control.staging", r.container is not None),
            r.model.path, "--hf-home", m.hf_home]  # fmt: skip

@@ -309,6 +309,7 @@ def summary(
     engine = plan.engine if plan else None
     platform = plan.engine_platform if plan else None
     on_cpu = bool(plan and plan.on_cpu)
+    simulated = bool(plan and plan.simulated)
     alloc = allocated_gpus(plan) if plan else None
     points = [point_figures(r, den, mode, alloc) for r in load_results(rd.path, damaged)]
 
@@ -351,7 +352,7 @@ def summary(
                            f"threshold {acc.get('threshold')}")
     notes += [n for n in run_notes if n not in notes]
     labels = []
-    if engine == "sim":
+    if simulated:
         labels.append("simulated")
     if on_cpu:
         labels.append("vllm-cpu")
@@ -389,7 +390,7 @@ def summary(
         "engine": engine,
         "engine_platform": platform,
         "engine_label": engine_label(engine, platform) if engine else None,
-        "simulated": engine == "sim",
+        "simulated": simulated,
         "vllm_cpu": on_cpu,
         "mode": mode,
         "model": plan.served_name if plan else None,

@@ -12,20 +12,16 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from launcher.run import engines
 from launcher.run.vocab import Kind, Role
 
 SCHEMA_VERSION = 2
-CPU_LABEL = "vLLM (CPU)"
+CPU_LABEL = engines.CPU_LABEL
 
 
 def engine_label(engine: str | None, platform: str | None = None) -> str:
-    """How a run's engine is named wherever runs are shown: the simulator, real vLLM on a
-    host CPU (vllm-cpu: its figures are never a GPU measurement), or vLLM (on GPUs)."""
-    if engine == "sim":
-        return "SIMULATED (launcher.sim)"
-    if engine == "vllm":
-        return CPU_LABEL if platform == "cpu" else "vLLM"
-    return engine or "?"
+    """How a run's engine is named wherever runs are shown."""
+    return engines.of(engine, platform).label
 
 
 class PlanError(Exception):
@@ -131,17 +127,21 @@ class PlanDoc:
     extra: dict[str, Any] = field(default_factory=dict)  # sections added by later stages
 
     @property
+    def kind(self) -> engines.EngineKind:
+        return engines.of(self.engine, self.engine_platform)
+
+    @property
     def simulated(self) -> bool:
-        return self.engine == "sim"
+        return self.kind.simulated
 
     @property
     def on_cpu(self) -> bool:
         """Real vLLM on a host CPU (vllm-cpu): labelled "vLLM (CPU)", never a GPU figure."""
-        return self.engine == "vllm" and self.engine_platform == "cpu"
+        return self.kind.on_cpu
 
     @property
     def engine_label(self) -> str:
-        return engine_label(self.engine, self.engine_platform)
+        return self.kind.label
 
     def gpus(self, role: str = "total") -> int:
         return int(self.gpu_count.get(role, 0))

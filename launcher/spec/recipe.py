@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from launcher.errors import UserError
+from launcher.run import engines
 from launcher.run import lengths as run_lengths
 from launcher.run.vocab import Role
 from launcher.spec import secrets
@@ -666,7 +667,7 @@ class Recipe(Strict):
                 if found := secrets.secret_flag(key, router=where == "router.args"):
                     bad.append(secrets.flag_refusal(f"{where}.{key}", *found))
         bad += self._check_steps()
-        if self.sim.model_dump(exclude_none=True) and self.engine != "sim":
+        if self.sim.model_dump(exclude_none=True) and not self.engine_kind.simulated:
             bad.append("sim knobs are only for engine: sim")
         if bad:
             raise ValueError(PROBLEMS_SEP.join(bad))
@@ -719,6 +720,10 @@ class Recipe(Strict):
             return []
         return sorted({c for _, pool in self.pools() for c in pool.args_from_concurrency
                        if b.concurrency[0] < c <= b.concurrency[-1]})
+
+    @property
+    def engine_kind(self) -> engines.EngineKind:
+        return engines.of(self.engine, self.engine_platform)
 
     def pools(self) -> list[tuple[Role, Pool]]:
         """(role, pool) for the pools that have endpoints, decode first (it spans nodes)."""
