@@ -47,6 +47,8 @@ from launcher.control.watch import NodeWatch
 from launcher.errors import Cancelled, RunFailed, UserError
 from launcher.planning import containers, render, schedulers
 from launcher.planning.plan import Plan
+from launcher.planning.study import best_start, changed
+from launcher.planning.study import signatures as study_signatures
 from launcher.run import rundir
 from launcher.run.plandoc import Process
 from launcher.run.results import point_failure
@@ -458,9 +460,7 @@ class Orchestrator:
         runs at that sweep concurrency)."""
         if self.pool is None:
             return {}
-        from launcher.planning.study import signatures
-
-        return signatures(engines, str(self.run.path), at=at)
+        return study_signatures(engines, str(self.run.path), at=at)
 
     def direction(self, engines: list[Process], want: dict[str, tuple]) -> dict[str, tuple]:
         """In a study's allocation: when the pool holds engines as an earlier sweep left
@@ -470,8 +470,6 @@ class Orchestrator:
         b = self.plan.recipe.benchmark
         if self.pool is None or not b.enabled or not any(p.restarts for p in engines):
             return want
-        from launcher.planning.study import best_start
-
         top_c = max(b.concurrency)
         top = self.signatures(engines, at=top_c)
         running = {ep: e.signature for ep, e in self.pool.loaded.items() if e.alive()}
@@ -656,8 +654,11 @@ class Orchestrator:
         while the others stay loaded; then health, the router's registration and the P->D
         path again, so no point is measured on a half-started deployment."""
         current = {h.proc.name: h for h in self.handles if h.proc.kind == Kind.ENGINE}
-        eps = sorted({h.proc.endpoint for h in current.values()
-                      if h.proc.argv_at(c) != h.running_argv and h.proc.endpoint})
+        procs = [h.proc for h in current.values() if h.proc.endpoint]
+        running = study_signatures([dataclasses.replace(h.proc, argv=h.running_argv)
+                                    for h in current.values() if h.proc.endpoint],
+                                   str(self.run.path))
+        eps = changed(study_signatures(procs, str(self.run.path), at=c), running)
         if not eps:
             return
         old = [h for h in current.values() if h.proc.endpoint in eps]

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from launcher.control.backends import Backend, Handle
+from launcher.planning.study import same_engine
 
 STOP_GRACE_S = 30.0  # an engine stopped between configurations: its own shutdown
 
@@ -39,7 +40,7 @@ class EnginePool:
         for ep, e in list(self.loaded.items()):
             if not e.alive():
                 self.drop(ep, run, "a part of it had exited")
-            elif ep in want and want[ep] != e.signature:
+            elif ep in want and not same_engine(want[ep], e.signature):
                 self.drop(ep, run, "this configuration starts it with another command line")
         return {ep for ep in want if ep in self.loaded}
 

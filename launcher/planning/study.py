@@ -67,13 +67,25 @@ class Turn:
                    **{k: tuple(d.get(k) or ()) for k in ("start", "restart", "keep", "idle")})
 
 
+def same_engine(want: tuple | None, running: tuple | None) -> bool:
+    """The one rule for "is this the same engine?", asked by the plan of turns, the pool
+    between configurations and the restart before a sweep point: the same signature (every
+    part's node, GPUs, command line and environment)."""
+    return want is not None and want == running
+
+
+def changed(want: dict[str, tuple], running: dict[str, tuple]) -> list[str]:
+    """The endpoints that run now but not as wanted: stopped and started again."""
+    return sorted(ep for ep in want if ep in running and not same_engine(want[ep], running[ep]))
+
+
 def _turn(run: str, want: dict[str, tuple], running: dict[str, tuple],
           descending: bool = False) -> Turn:
     return Turn(
         run=run, descending=descending,
         start=tuple(sorted(ep for ep in want if ep not in running)),
-        restart=tuple(sorted(ep for ep in want if ep in running and running[ep] != want[ep])),
-        keep=tuple(sorted(ep for ep in want if running.get(ep) == want[ep])),
+        restart=tuple(changed(want, running)),
+        keep=tuple(sorted(ep for ep in want if same_engine(want[ep], running.get(ep)))),
         idle=tuple(sorted(ep for ep in running if ep not in want)),
     )
 
