@@ -4,7 +4,9 @@
 blog post "vLLM Reaches 25K Total TPS/GPU on Qwen3.5" (2026-08-06; repository
 vllm-project/vllm-project.github.io, `_posts/2026-08-06-qwen35-25k-tps.md`), read off the
 figure at about +-0.3k tok/s/GPU: the post publishes no table. Its y is total tok/s per
-**working** GPU (srt-slurm PR #270 divides by the GPUs of the endpoints, not the allocation).
+GPU; per working or per allocated GPU is not known (srt-slurm v1.0.32 divided by the
+allocated GPUs, its PR #270 in v1.0.39 by the endpoints' GPUs): the ratios are taken per
+working GPU and each row carries the per-allocated-GPU figure too (docs/workload.md).
 
 A run is compared only when it is the published workload (`comparable`): disaggregated,
 the model Qwen3.5-397B-A17B-NVFP4, sa-bench's workload (ISL/OSL 8192/1024 by its length
