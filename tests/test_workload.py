@@ -244,4 +244,7 @@ def test_each_driver_sends_the_seed_workload_inside_the_rule(tmp_path):
         assert all(want.input_low <= x <= want.input_high for x in ins), (name, min(ins), max(ins))
         assert all(want.output_low <= x <= want.output_high for x in outs), name
         mean = (sum(ins) + sum(outs)) / len(ins)
+        print(f"{name}: inputs {min(ins)}-{max(ins)} (mean {sum(ins) / len(ins):.1f}), outputs "
+              f"{min(outs)}-{max(outs)} (mean {sum(outs) / len(outs):.1f}), mean total "
+              f"{mean:.1f} against the rule's {want.mean_total:g}", file=sys.stderr)
         assert abs(mean / want.mean_total - 1) < 0.01, (name, mean, want.mean_total)
