@@ -747,24 +747,8 @@ def diagnosis_caveat(verdict: Any, run_p: int, this_bound: str, best_p: int,
 
 def _recommend(run_dir: Path, target: float | None,
                target_ttft_ms: float | None = None) -> dict[str, Any]:
-    from launcher.run.plandoc import PlanError, read_plan
-
-    if target is not None and not (_ok(target) and target > 0):
-        raise NoRecommendation(f"the tokens/s per user target must be a positive number, "
-                               f"not {target!r}")
-    if target_ttft_ms is not None and not (_ok(target_ttft_ms) and target_ttft_ms > 0):
-        raise NoRecommendation(f"the TTFT target must be a positive number of milliseconds, "
-                               f"not {target_ttft_ms!r}")
-    ttft_target = target_ttft_ms / 1000 if target_ttft_ms else None
-    if not run_dir.is_dir():
-        raise NoRecommendation(f"{run_dir} is not a run directory")
-    try:
-        plan = read_plan(run_dir)
-    except PlanError as e:
-        raise NoRecommendation(f"{e}") from None
-    if plan.mode != "disagg":
-        raise NoRecommendation("the run is in aggregated mode: every GPU does prefill and "
-                               "decode, so there is no prefill:decode ratio to recommend")
+    ttft_target = _checked_targets(target, target_ttft_ms)
+    plan = _disagg_plan(run_dir)
     topo = topology_of(plan)
     points, notes, verdicts = observe(run_dir, plan, topo)
     if len(points) < 2:
@@ -786,10 +770,93 @@ def _recommend(run_dir: Path, target: float | None,
     P, D = best["prefill_endpoints"], topo.decode_endpoints
     g = math.gcd(P, D)
     need = dcap["request_rate"] * model["isl"] / pre["tokens_per_s"]
+    top_pt, this, measured = _model_check(points, pre, model, dcap, topo, ttft0, target)
 
-    # Evidence --------------------------------------------------------------------------------
-    isl, osl = model["isl"], model["osl"]
-    tp = model["tpot"]
+    ev = _capacity_evidence(pre, model, dcap, topo, target, need)
+    ev += _choice_evidence(topo, top_pt, this, measured, target, target_ttft_ms, ttft_target,
+                           cands, best)
+    fit = nodes_for(run_dir / "recipe.yaml", P)
+    if fit:
+        ev.append(fit)
+    ev += notes
+
+    hi = model["tpot"]["running_range"][1]
+    reach = dcap["running"] / hi if hi > 0 else math.inf
+    confidence, confidence_why = _confidence(pre, model, dcap, reach)
+    caveats = _caveats(confidence, confidence_why, best, verdicts, topo, this["bound"])
+    assumptions = _assumptions(topo, model, dcap, best, reach)
+    next_command, concs, study_note, study_counts = _next_command(run_dir, points, best)
+    if study_note:
+        assumptions.append(study_note)
+    # the study's measured counts, as before the split (the run's measured tok/s/GPU was
+    # meant): kept so the output does not change
+    predicted = _predicted(best, need, study_counts, ttft0)
+    return {
+        "run": str(run_dir), "run_id": plan.run_id, "recipe": plan.recipe,
+        "simulated": topo.simulated,
+        "prefill_endpoints": P, "decode_endpoints": D, "ratio": f"{P // g}:{D // g}",
+        "top_concurrency": best["top_concurrency"],
+        "target_tokens_per_s_per_user": target, "target_ttft_ms": target_ttft_ms,
+        "isl": model["isl"], "osl": model["osl"],
+        "capacities": _capacities(topo, pre, model, dcap, reach), "evidence": ev,
+        "next_command": next_command,
+        "next_concurrency": concs, "predicted": predicted, "assumptions": assumptions,
+        "candidates": cands, "confidence": confidence, "confidence_why": confidence_why,
+        "caveats": caveats,
+        "points": [asdict(p) for p in points],
+    }
+
+
+def _checked_targets(target: float | None, target_ttft_ms: float | None) -> float | None:
+    """The TTFT target in seconds (None: none), once both targets are positive numbers."""
+    if target is not None and not (_ok(target) and target > 0):
+        raise NoRecommendation(f"the tokens/s per user target must be a positive number, "
+                               f"not {target!r}")
+    if target_ttft_ms is not None and not (_ok(target_ttft_ms) and target_ttft_ms > 0):
+        raise NoRecommendation(f"the TTFT target must be a positive number of milliseconds, "
+                               f"not {target_ttft_ms!r}")
+    return target_ttft_ms / 1000 if target_ttft_ms else None
+
+
+def _disagg_plan(run_dir: Path) -> Any:
+    """The run's plan, when it is a readable disaggregated run; else why not."""
+    from launcher.run.plandoc import PlanError, read_plan
+
+    if not run_dir.is_dir():
+        raise NoRecommendation(f"{run_dir} is not a run directory")
+    try:
+        plan = read_plan(run_dir)
+    except PlanError as e:
+        raise NoRecommendation(f"{e}") from None
+    if plan.mode != "disagg":
+        raise NoRecommendation("the run is in aggregated mode: every GPU does prefill and "
+                               "decode, so there is no prefill:decode ratio to recommend")
+    return plan
+
+
+def _model_check(points: list[Point], pre: dict[str, Any], model: dict[str, Any],
+                 dcap: dict[str, Any], topo: Topology, ttft0: float, target: float | None,
+                 ) -> tuple[Point, dict[str, Any], float | None]:
+    """(this run's top point, the method's prediction for this run's own topology there,
+    the tok/s/GPU the run measured at the target): the method checked against the run."""
+    top_pt = max(points, key=lambda q: q.concurrency)
+    this = predict(topo.prefill_endpoints, pre, model, dcap, topo, ttft0,
+                   ("fixed", top_pt.prompts), top=int(top_pt.concurrency))
+    measured = tok_s_gpu_at_target([{"status": "ok", "max_concurrency": q.concurrency,
+                                     "total_tokens_per_s_per_gpu": q.total_tok_s_gpu,
+                                     "tokens_per_s_per_user": q.tok_s_user} for q in points],
+                                   target)
+    return top_pt, this, measured
+
+
+def _target_text(target: float | None) -> str:
+    return f">= {target:g} tok/s/user" if target else "no tok/s/user target"
+
+
+def _capacity_evidence(pre: dict[str, Any], model: dict[str, Any], dcap: dict[str, Any],
+                       topo: Topology, target: float | None, need: float) -> list[str]:
+    """The evidence for each side's capacity and the prefill count that balances them."""
+    isl, tp = model["isl"], model["tpot"]
     ev: list[str] = []
     k = pre["tokens_per_s"]
     if pre["saturated"]:
@@ -823,30 +890,33 @@ def _recommend(run_dir: Path, target: float | None,
                   f"{model['running_measured_full']:.1f} requests running"
                   + (f": that measurement, not the {modelled:.1f} modelled above, is the "
                      "KV limit used below." if modelled is not None else "."))
-    tgt = f">= {target:g} tok/s/user" if target else "no tok/s/user target"
-    ttft_tgt = f" and TTFT <= {target_ttft_ms:,.0f} ms" if target_ttft_ms else ""
     limit_text = ", ".join(f"{name} {v:.1f}" for name, v in sorted(dcap["limits"].items(),
                                                                  key=lambda kv: kv[1]))
-    ev.append(f"At {tgt} the decode side carries {dcap['running']:.1f} running requests "
-              f"(limits: {limit_text}) at TPOT {dcap['tpot_s'] * 1000:.2f} ms = "
-              f"{dcap['output_tokens_per_s']:,.0f} output tok/s = "
+    ev.append(f"At {_target_text(target)} the decode side carries {dcap['running']:.1f} "
+              f"running requests (limits: {limit_text}) at TPOT {dcap['tpot_s'] * 1000:.2f} "
+              f"ms = {dcap['output_tokens_per_s']:,.0f} output tok/s = "
               f"{dcap['request_rate']:.2f} req/s.")
     ev.append(f"{dcap['request_rate']:.2f} req/s x {isl:,.0f} prompt tokens = "
               f"{dcap['request_rate'] * isl:,.0f} prompt tok/s = {need:.2f} prefill endpoints "
               f"of {k:,.0f} tok/s.")
-    # Model check: this run's own topology at its own top point.
-    top_pt = max(points, key=lambda q: q.concurrency)
-    this = predict(topo.prefill_endpoints, pre, model, dcap, topo, ttft0,
-                   ("fixed", top_pt.prompts), top=int(top_pt.concurrency))
-    measured = tok_s_gpu_at_target([{"status": "ok", "max_concurrency": q.concurrency,
-                                     "total_tokens_per_s_per_gpu": q.total_tok_s_gpu,
-                                     "tokens_per_s_per_user": q.tok_s_user} for q in points],
-                                   target)
+    return ev
+
+
+def _choice_evidence(topo: Topology, top_pt: Point, this: dict[str, Any],
+                     measured: float | None, target: float | None,
+                     target_ttft_ms: float | None, ttft_target: float | None,
+                     cands: list[dict[str, Any]], best: dict[str, Any]) -> list[str]:
+    """The evidence for the pick: the model checked on this run, then the pick against the
+    other counts."""
+    ev: list[str] = []
+    tgt = _target_text(target)
     if measured:
         ev.append(f"Model check on this run ({topo.prefill_endpoints} prefill endpoint(s), "
                   f"{top_pt.label}, {top_pt.prompts:.0f} requests): predicted "
                   f"{this['total_tokens_per_s_per_gpu']:,.0f} tok/s/GPU, measured "
                   f"{measured:,.0f} at {tgt if target else 'its best point'}.")
+    P, D = best["prefill_endpoints"], topo.decode_endpoints
+    ttft_tgt = f" and TTFT <= {target_ttft_ms:,.0f} ms" if target_ttft_ms else ""
     ev.append(f"Recommended {P} prefill endpoint(s) per {D} decode: "
               f"{best['total_tokens_per_s_per_gpu']:,.0f} tok/s/GPU predicted "
               f"({best['bound']}-bound) vs " + ", ".join(
@@ -855,32 +925,36 @@ def _recommend(run_dir: Path, target: float | None,
               + (f" Every count below {P} misses the TTFT target." if ttft_tgt and any(
                   c["ttft_s"] > ttft_target * 1.001 for c in cands
                   if c["prefill_endpoints"] < P) else ""))
-    fit = nodes_for(run_dir / "recipe.yaml", P)
-    if fit:
-        ev.append(fit)
-    ev += notes
+    return ev
 
-    # Confidence -------------------------------------------------------------------------------
-    reach = dcap["running"] / hi if hi > 0 else math.inf
+
+def _confidence(pre: dict[str, Any], model: dict[str, Any], dcap: dict[str, Any],
+                reach: float) -> tuple[str, list[str]]:
+    """(high, medium or low; what keeps it from high, in the order it matters). `reach`:
+    the decode load advised over the most this run held."""
     if pre["saturated"] and (model["running_measured_full"] is not None or reach <= 1.2):
         confidence = "high"
     elif pre["saturated"] and (dcap["bound"] != "target" or reach <= 3):
         confidence = "medium"
     else:
         confidence = "low"
-    confidence_why = []  # what keeps it from "high", in the order it matters
+    why = []
     if not pre["saturated"]:
-        confidence_why.append("the prefill side never reached its knee in this run, so its "
-                              "capacity is a bound, not a measurement")
+        why.append("the prefill side never reached its knee in this run, so its "
+                   "capacity is a bound, not a measurement")
     if model["running_measured_full"] is None and reach > 1.2:
-        confidence_why.append(f"the decode side is extrapolated to {reach:.1f}x the most "
-                              "requests this run held")
+        why.append(f"the decode side is extrapolated to {reach:.1f}x the most "
+                   "requests this run held")
     if model["kv_footprint_basis"] != "measured":
-        confidence_why.append("KV per request is estimated, not measured")
+        why.append("KV per request is estimated, not measured")
+    return confidence, why
+
+
+def _caveats(confidence: str, confidence_why: list[str], best: dict[str, Any],
+             verdicts: list, topo: Topology, this_bound: str) -> list[str]:
+    """What a reader must see wherever the advice is shown (CLI, Study page, report)."""
     # TTFT: the lowest this run measured plus M/D/1 queueing at the predicted prefill load
     rho, ttft_pred = best["prefill_utilisation"], best["ttft_s"]
-
-    # Caveats: what a reader must see wherever the advice is shown (CLI, Study page, report)
     caveats = []
     if confidence != "high":
         caveats.append(f"Confidence {confidence}" + (
@@ -891,10 +965,16 @@ def _recommend(run_dir: Path, target: float | None,
                        "(set a TTFT target, --target-ttft-ms, to size the prefill side).")
     heaviest = max((v for v in verdicts if str(v.kind) != "failed"),
                    key=lambda v: v.concurrency if _ok(v.concurrency) else -1, default=None)
-    said = diagnosis_caveat(heaviest, topo.prefill_endpoints, this["bound"], P, best["bound"])
+    said = diagnosis_caveat(heaviest, topo.prefill_endpoints, this_bound,
+                            best["prefill_endpoints"], best["bound"])
     if said:
         caveats.append(said)
+    return caveats
 
+
+def _assumptions(topo: Topology, model: dict[str, Any], dcap: dict[str, Any],
+                 best: dict[str, Any], reach: float) -> list[str]:
+    """What the advice takes for granted about the next run."""
     assumptions = [
         "Prefill capacity grows linearly with prefill endpoints (the router spreads prompts "
         "evenly; the figure is this run's mean per endpoint).",
@@ -904,9 +984,9 @@ def _recommend(run_dir: Path, target: float | None,
         "A decode request holds its KV for its transfer plus OSL decode steps, and about one "
         "prompt's worth of KV per engine stays free (a request is admitted only when its "
         "whole prompt fits).",
-        f"Same recipe otherwise: ISL/OSL {isl:,.0f}/{osl:,.0f} as measured, the same engine "
-        f"flags, {D} decode endpoint(s) {topo.decode_shape}, prefill endpoints "
-        f"{topo.prefill_shape}.",
+        f"Same recipe otherwise: ISL/OSL {model['isl']:,.0f}/{model['osl']:,.0f} as measured, "
+        f"the same engine flags, {topo.decode_endpoints} decode endpoint(s) "
+        f"{topo.decode_shape}, prefill endpoints {topo.prefill_shape}.",
         "Predicted figures are what a sweep point of "
         f"{best['prompts_at_top']:.0f} requests measures (its fill and drain included); "
         "steady-state figures are given beside them.",
@@ -919,33 +999,47 @@ def _recommend(run_dir: Path, target: float | None,
     if model["kv_footprint_basis"] != "measured":
         assumptions.append("KV per request is estimated as prompt + half the output "
                            "(no point had decode KV usage with running requests).")
+    return assumptions
 
-    # Next command -----------------------------------------------------------------------------
+
+def _next_command(run_dir: Path, points: list[Point], best: dict[str, Any],
+                  ) -> tuple[str, list[int], str | None, Any]:
+    """(the submit command to run next, its concurrencies, a sentence when the run's study
+    measured the counts around the pick already, the counts that study measured): the
+    counts around the pick as a sweep, or only the pick when its study has the others."""
+    from launcher.run import listing
+    from launcher.run.rundir import RunDir
+
+    P = best["prefill_endpoints"]
     start = min(p.concurrency for p in points)
     concs = concurrency_list(start, best["top_concurrency"])
     recipe = run_dir / "recipe.yaml"
     values = list(range(max(1, P - 1), P + 2))
-    from launcher.run import listing
-    from launcher.run.rundir import RunDir
-
     study = listing.study_of(RunDir(run_dir))
     runs_root = (study.path if study else run_dir).parent
     cmd = ["python", "-m", "launcher", "submit", str(recipe),
            "--set", f"benchmark.concurrency=[{','.join(map(str, concs))}]"]
     measured = study.axes.get("prefill.endpoints") if study else None
+    note = None
     if isinstance(measured, list) and set(values) <= set(measured):
         # the study this run belongs to measured those counts already: one run of the pick
         cmd += ["--set", f"prefill.endpoints={P}"]
-        assumptions.append(f"Study {study.name} already measured prefill.endpoints="
-                           f"{','.join(map(str, measured))}: compare them on its Study page; "
-                           f"the command runs only the recommended {P}, at the concurrencies "
-                           "that reach the target.")
+        note = (f"Study {study.name} already measured prefill.endpoints="
+                f"{','.join(map(str, measured))}: compare them on its Study page; "
+                f"the command runs only the recommended {P}, at the concurrencies "
+                "that reach the target.")
     else:
         cmd += ["--sweep", f"prefill.endpoints={','.join(map(str, values))}"]
     cmd += ["--runs-dir", str(runs_root)]
-    next_command = " ".join(shlex.quote(a) for a in cmd)
+    return " ".join(shlex.quote(a) for a in cmd), concs, note, measured
 
-    capacities = {
+
+def _capacities(topo: Topology, pre: dict[str, Any], model: dict[str, Any],
+                dcap: dict[str, Any], reach: float) -> dict[str, Any]:
+    """Each side's capacity per endpoint and per GPU, with its basis and units."""
+    k, isl, tp = pre["tokens_per_s"], model["isl"], model["tpot"]
+    D = topo.decode_endpoints
+    return {
         "prefill": {
             "endpoints_in_run": topo.prefill_endpoints, "shape": topo.prefill_shape,
             "gpus_per_endpoint": topo.prefill_gpus,
@@ -986,28 +1080,21 @@ def _recommend(run_dir: Path, target: float | None,
                   "tokens_per_s_per_user": "1000 / median TPOT ms", "*_ms": "milliseconds",
                   "kv_*tokens*": "KV-cache tokens (num_gpu_blocks x block_size)"},
     }
-    predicted = {
+
+
+def _predicted(best: dict[str, Any], need: float, this_run_measured: Any,
+               ttft0: float) -> dict[str, Any]:
+    """The pick's predicted figures, with the TTFT floor they rest on."""
+    return {
         "total_tokens_per_s_per_gpu": best["total_tokens_per_s_per_gpu"],
         "steady_total_tokens_per_s_per_gpu": best["steady_total_tokens_per_s_per_gpu"],
         "tokens_per_s_per_user": best["tokens_per_s_per_user"],
         "request_rate": best["request_rate"], "bound": best["bound"], "gpus": best["gpus"],
         "concurrency_at_capacity": best["concurrency_at_capacity"],
         "prefill_endpoints_needed": need,
-        "this_run_measured_total_tokens_per_s_per_gpu": measured,
-        "ttft_s": ttft_pred, "prefill_utilisation": rho, "ttft_floor_s": ttft0,
-    }
-    return {
-        "run": str(run_dir), "run_id": plan.run_id, "recipe": plan.recipe,
-        "simulated": topo.simulated,
-        "prefill_endpoints": P, "decode_endpoints": D, "ratio": f"{P // g}:{D // g}",
-        "top_concurrency": best["top_concurrency"],
-        "target_tokens_per_s_per_user": target, "target_ttft_ms": target_ttft_ms,
-        "isl": isl, "osl": osl,
-        "capacities": capacities, "evidence": ev, "next_command": next_command,
-        "next_concurrency": concs, "predicted": predicted, "assumptions": assumptions,
-        "candidates": cands, "confidence": confidence, "confidence_why": confidence_why,
-        "caveats": caveats,
-        "points": [asdict(p) for p in points],
+        "this_run_measured_total_tokens_per_s_per_gpu": this_run_measured,
+        "ttft_s": best["ttft_s"], "prefill_utilisation": best["prefill_utilisation"],
+        "ttft_floor_s": ttft0,
     }
 
 
