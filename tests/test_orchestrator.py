@@ -199,6 +199,73 @@ def test_a_step_killed_by_sigterm_with_no_cancel_still_fails_the_run(setup, monk
         orch.run_all()
 
 
+SIGTERM_REASON = "cancelled (SIGTERM: scancel or shutdown)"
+
+
+def signal_soon(orch, after_s: float = 0.2):
+    """What Slurm says of a job scancel is ending (COMPLETING, before any step is signalled),
+    with the orchestrator's own SIGTERM landing a moment after it is asked."""
+    import threading
+
+    def ending(job):
+        threading.Timer(after_s, lambda: setattr(orch, "cancel_reason", SIGTERM_REASON)).start()
+        return "COMPLETING"
+
+    return ending
+
+
+def test_a_sweep_point_failing_as_slurm_ends_the_job_is_the_cancel_not_a_failed_point(
+        setup, monkeypatch):
+    orch, backend, run, _ = setup({"bench-c16": (1, 0.02)})
+    monkeypatch.setattr(orchestrator, "slurm_ending", signal_soon(orch))
+    with pytest.raises(orchestrator.Cancelled, match="SIGTERM: scancel"):
+        orch.run_all()
+    assert "bench-c64" not in backend.started
+    assert not [e for e in run.events() if e["event"] == "sweep_point" and
+                e["status"] == "failed"], "the point the cancel ended is recorded as failed"
+
+
+def test_a_step_exiting_1_as_slurm_ends_the_job_reads_as_cancelled(setup, monkeypatch):
+    # pyxis's own failure of a step scancel interrupted: not a SIGTERM exit status
+    orch, backend, run, alive = setup({"decode-0@local-2": (1, 0.05)})
+    alive.update({p.url: False for p in orch.procs if p.url})
+    monkeypatch.setattr(orchestrator, "slurm_ending", signal_soon(orch))
+    with pytest.raises(orchestrator.Cancelled, match="SIGTERM: scancel"):
+        orch.run_all()
+    assert not [e for e in run.events() if e["event"] == "process_exited"]
+
+
+def test_a_failure_while_slurm_ends_the_job_without_a_signal_still_reads_as_cancelled(
+        setup, monkeypatch):
+    monkeypatch.setattr(orchestrator, "CANCEL_GRACE_S", 0.3)
+    monkeypatch.setattr(orchestrator, "slurm_ending", lambda job: "COMPLETING")
+    orch, backend, run, _ = setup()
+    orch.plan = dataclasses.replace(orch.plan, job_id="77")
+    assert orch.cancel_behind()
+    assert orch.cancel_reason == ("cancelled (scancel, the time limit or preemption: Slurm is "
+                                  "ending job 77, state COMPLETING)")
+
+
+def test_a_failure_seen_after_the_signal_arrived_is_the_cancel_without_asking_slurm(
+        setup, monkeypatch):
+    # the step ended in the same poll as the signal: the failure it left is the cancel's
+    def never(job):
+        raise AssertionError("Slurm asked although the signal had arrived")
+
+    monkeypatch.setattr(orchestrator, "slurm_ending", never)
+    orch, backend, run, _ = setup()
+    orch.cancel_reason = SIGTERM_REASON
+    assert orch.cancel_behind() and orch.cancel_reason == SIGTERM_REASON
+
+
+def test_a_failure_while_slurm_runs_the_job_is_the_failure_at_once(setup, monkeypatch):
+    monkeypatch.setattr(orchestrator, "slurm_ending", lambda job: None)
+    orch, backend, run, _ = setup()
+    t = time.monotonic()
+    assert not orch.cancel_behind() and orch.cancel_reason is None
+    assert time.monotonic() - t < 0.5, "a real failure waited for a cancel"
+
+
 def test_a_dead_agent_is_named_and_the_run_goes_on(setup):
     orch, backend, run, _ = setup({"agent@local-2": (1, 0.0)})
     orch.run_all()

@@ -66,8 +66,53 @@ TAIL_LINES = 8
 WRITE_FAIL_S = 10.0  # a run directory refusing every write this long fails the run
 
 
-# How long a step's SIGTERM exit waits for the job's own cancel signal (scancel's race).
+# How long a failure seen while the job is being cancelled waits for the job's own signal
+# (scancel's race: docs/contracts.md, "A cancel is a cancel").
 CANCEL_GRACE_S = 3.0
+# squeue's words for a job Slurm is ending while its batch step still runs: scancel makes it
+# COMPLETING before any node is told to signal a step.
+ENDING = ("COMPLETING", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "DEADLINE")
+
+
+def slurm_ending(job: str | None) -> str | None:
+    """The job's state when Slurm is ending it; None when it runs (or there is no Slurm)."""
+    if not job:
+        return None
+    from launcher.control.runs import slurm_state
+
+    state = slurm_state(job) or ""
+    return state if state.startswith(ENDING) else None
+
+
+def cancel_behind(reason: Callable[[], str | None], run: rundir.RunDir, job: str | None,
+                  sigterm_exit: bool = False) -> str | None:
+    """The cancel behind a failure just seen, or None. scancel has Slurm kill the steps on
+    every node while the orchestrator's SIGTERM comes from its own node's slurmd, so a step
+    can fail (pyxis: "container was not started successfully by another task") before that
+    signal arrives, or in the same poll. A signal or `launcher cancel` already there wins;
+    while Slurm says it is ending the job (or the step died of SIGTERM), the signal is
+    waited for a moment, and Slurm's word stands for it when it does not come."""
+
+    def seen() -> str | None:
+        if (found := reason()) is not None:
+            return found
+        req = run.read_cancel()
+        return f"cancelled by `launcher cancel` ({req.by})" if req is not None else None
+
+    if (found := seen()) is not None:
+        return found
+    ending = slurm_ending(job)
+    if ending is None and not sigterm_exit:
+        return None
+    deadline = time.monotonic() + CANCEL_GRACE_S
+    while time.monotonic() < deadline:
+        time.sleep(0.1)  # the signal handler runs here
+        if (found := seen()) is not None:
+            return found
+    if ending is None:
+        return None
+    return (f"cancelled (scancel, the time limit or preemption: Slurm is ending job {job}, "
+            f"state {ending})")
 
 
 # --- the run -----------------------------------------------------------------------------------
@@ -211,7 +256,7 @@ class Orchestrator:
                 )
                 self._write_processes()
                 continue
-            if code in (128 + signal.SIGTERM, -signal.SIGTERM) and self.cancel_arrives():
+            if self.cancel_behind(sigterm_exit=code in (128 + signal.SIGTERM, -signal.SIGTERM)):
                 raise Cancelled(self.cancel_reason)
             lines = tail(h.log_path, 15)
             self.book.event(
@@ -224,16 +269,15 @@ class Orchestrator:
                 culprit=h.proc.name,
             )
 
-    def cancel_arrives(self) -> bool:
-        """A step ended by SIGTERM: scancel signals the steps and the batch shell at once, so
-        the orchestrator's own SIGTERM may come a moment after a step's exit. Wait for it
-        briefly; a cancel must read as cancelled, not as a failed engine."""
-        deadline = time.monotonic() + CANCEL_GRACE_S
-        while self.cancel_reason is None and time.monotonic() < deadline:
-            if (req := self.run.read_cancel()) is not None:
-                self.cancel_reason = f"cancelled by `launcher cancel` ({req.by})"
-            time.sleep(0.1)  # the signal handler runs here
-        return self.cancel_reason is not None
+    def cancel_behind(self, sigterm_exit: bool = False) -> bool:
+        """Whether the failure just seen is a cancel's doing; cancel_reason then says whose.
+        A cancel must read as cancelled, not as the failure of the step it interrupted."""
+        found = cancel_behind(lambda: self.cancel_reason, self.run, self.plan.job_id,
+                              sigterm_exit)
+        if found is not None and self.cancel_reason is None:
+            self.cancel_reason = found
+            say(found + "; tearing down")
+        return found is not None
 
     def note_partial_telemetry(self, final: bool = False) -> None:
         """A node whose agent cannot write its telemetry directory is said once in the run's
@@ -609,7 +653,11 @@ class Orchestrator:
         self.check_processes(allowed=lambda x: x is h)
         h.stopped = True  # a client that ended is done, not a failure of the deployment
         self._write_processes()
-        return h.exit_code() or 0
+        code = h.exit_code() or 0
+        if code and self.cancel_behind(sigterm_exit=code in (128 + signal.SIGTERM,
+                                                              -signal.SIGTERM)):
+            raise Cancelled(self.cancel_reason)
+        return code
 
     def sweep(self) -> None:
         b = self.plan.recipe.benchmark
@@ -633,6 +681,8 @@ class Orchestrator:
             end = time.time()
             result_file = self.run.path / proc.result
             failure = point_failure(result_file, code)
+            if failure and self.cancel_behind():  # the deployment was ended under it
+                raise Cancelled(self.cancel_reason)
             if b.driver == "vllm" and result_file.exists():
                 write_window(result_file, end)
             self.book.event(
@@ -714,6 +764,8 @@ class Orchestrator:
         proc = next(p for p in self.procs if p.kind == Kind.ACCURACY)
         code = self.run_client(proc)
         result = rundir.read_json(self.run.path / proc.result)
+        if (not isinstance(result, dict) or result.get("failure_reason")) and self.cancel_behind():
+            raise Cancelled(self.cancel_reason)
         if not isinstance(result, dict):
             raise RunFailed(
                 f"the accuracy gate wrote no result (exit status {code}); see {proc.log}",
@@ -1003,7 +1055,11 @@ def run(run_dir: Path, shared: InStudy | None = None) -> int:
                                    "filesystem and submit again", str(run.path))
         return 1
     except RunFailed as e:
-        finish_early(State.FAILED, str(e), e.culprit)
+        if (why := cancel_behind(lambda: signals.reason, run, record.slurm_job_id)) is not None:
+            book.event("interrupted", by=why, failure=str(e))
+            finish_early(State.CANCELLED, why)
+        else:
+            finish_early(State.FAILED, str(e), e.culprit)
         book.drop_reserve()
         return 1
     except Cancelled as e:
@@ -1033,14 +1089,18 @@ def run(run_dir: Path, shared: InStudy | None = None) -> int:
     state, error, culprit = State.SUCCEEDED, None, None
     try:
         orch.run_all()
-    except RunFailed as e:
-        state, error, culprit = State.FAILED, str(e), e.culprit
-    except Cancelled as e:
-        state, error = State.CANCELLED, str(e)
-        lost = orch.node_loss([])
-        if lost:  # Slurm ends a job whose node died with SIGTERM: say what really happened
-            failed = orch.node_lost(lost)
-            state, error, culprit = State.FAILED, str(failed), failed.culprit
+    except (RunFailed, Cancelled) as e:
+        state, error, culprit = State.FAILED, str(e), getattr(e, "culprit", None)
+        if isinstance(e, RunFailed) and not orch.watch.lost and orch.cancel_behind():
+            # a step the cancel ended, seen before the cancel itself (docs/contracts.md)
+            book.event("interrupted", by=orch.cancel_reason, failure=error)
+            e = Cancelled(orch.cancel_reason)
+        if isinstance(e, Cancelled):
+            state, error, culprit = State.CANCELLED, str(e), None
+            lost = orch.node_loss([])
+            if lost:  # Slurm ends a job whose node died with SIGTERM: say what really happened
+                failed = orch.node_lost(lost)
+                state, error, culprit = State.FAILED, str(failed), failed.culprit
     except Exception as e:  # an orchestrator bug still tears down and says so
         state, error = State.FAILED, f"orchestrator error: {e!r}"
         try:

@@ -885,6 +885,101 @@ def geometry(model: ModelFacts, engine: EngineArgs, tp: int, device: Device) -> 
     )
 
 
+@dataclass(frozen=True)
+class _Memory:
+    """One GPU's memory as vLLM divides it, with the assumptions it rests on."""
+
+    requested_bytes: int  # ceil(total x utilization)
+    weights_bytes: int
+    overhead_bytes: int
+    kv_cache_bytes: int
+    notes: tuple[str, ...]
+
+
+def _kv_memory(
+    model: ModelFacts,
+    engine: EngineArgs,
+    par: Parallelism,
+    device: Device,
+    overheads: Overheads | None,
+) -> _Memory:
+    """Memory per GPU: ceil(total x utilization) - weights - overheads (gpu_worker.py:753-757),
+    or --kv-cache-memory-bytes as given."""
+    requested = math.ceil(round(device.memory_gib * GIB) * engine.gpu_memory_utilization)
+    notes = []
+    weights = 0
+    if model.weights:
+        w = model.weights
+        weights = weight_bytes_per_gpu(w, par, model.dtype, engine)
+        notes.append(
+            f"weights {weights / GIB:.1f} GiB/GPU ({w.dense_params / 1e9:.2f}B {model.dtype} "
+            f"/ TP{par.tp} + {w.expert_params / 1e9:.1f}B {w.expert_format} experts / EP{par.ep})"
+        )
+    if engine.kv_cache_memory_bytes is not None:
+        kv_bytes, overhead = engine.kv_cache_memory_bytes, 0
+        notes.append(f"--kv-cache-memory-bytes {kv_bytes} (vLLM skips profiling)")
+    else:
+        if not model.weights:
+            notes.append("weights unknown: counted as 0")
+        mbt = engine.max_num_batched_tokens or default_batch_limits(device)[0]
+        ov = overheads or default_overheads(device, mbt, engine.enforce_eager)
+        overhead = ov.total_bytes
+        kv_bytes = max(0, requested - weights - overhead)
+        notes.append(
+            f"{device.memory_gib:g} GiB x utilization {engine.gpu_memory_utilization:g}; "
+            f"activation peak {ov.activation_peak_gib:g} + other {ov.non_torch_gib:g} + "
+            f"CUDA graphs {ov.cudagraph_gib:g} GiB assumed ({ov.why})"
+        )
+    return _Memory(requested, weights, overhead, kv_bytes, tuple(notes))
+
+
+def _vllm_log_concurrency(
+    model: ModelFacts,
+    engine: EngineArgs,
+    device: Device,
+    geo: Geometry,
+    attn_groups: int,
+    mamba_groups: int,
+    num_blocks: int,
+    lengths: Lengths,
+) -> tuple[int, float]:
+    """(max_model_len, the concurrency vLLM logs for it): every request at max_model_len,
+    GDN groups at their reservation (kv_cache_utils.py:1061-1154)."""
+    max_len = engine.max_model_len or model.max_position_embeddings or lengths.max_total
+    reserve = 1 + engine.num_speculative_tokens
+    if geo.mamba_cache_mode == "align":
+        reserve += 1 + int(flashinfer_gdn(model, engine, device))
+    log_blocks = attn_groups * math.ceil(max_len / geo.block_size) + mamba_groups * reserve
+    return max_len, num_blocks / log_blocks
+
+
+def _with_prefix_caching_flipped(
+    model: ModelFacts,
+    engine: EngineArgs,
+    geo: Geometry,
+    par: Parallelism,
+    device: Device,
+    workload: Workload,
+    overheads: Overheads | None,
+    name: str,
+) -> dict:
+    """The headline figures of the same estimate with prefix caching the other way."""
+    flipped = dataclasses.replace(
+        engine, enable_prefix_caching=not geo.prefix_caching, prefix_caching_flag=""
+    )
+    o = estimate(model, flipped, par, device, workload, overheads, name, False)
+    return {
+        "prefix_caching": o.prefix_caching,
+        "mamba_cache_mode": o.mamba_cache_mode,
+        "block_size": o.block_size,
+        "num_gpu_blocks": o.num_gpu_blocks,
+        "state_blocks_per_request": o.state_blocks_per_request,
+        "blocks_per_request_at_mean": o.blocks_per_request_at_mean,
+        "endpoint_at_mean_length": o.endpoint_at_mean_length,
+        "endpoint_at_max_length": o.endpoint_at_max_length,
+    }
+
+
 def estimate(
     model: ModelFacts,
     engine: EngineArgs,
@@ -902,46 +997,21 @@ def estimate(
     if model.other_layers or not model.full_attention_layers:
         raise ValueError("only full-attention and GDN (linear_attention) layers are modelled")
     geo = geometry(model, engine, par.tp, device)
-    assumptions = list(geo.notes)
     sources = {
         **model.sources,
         "accounting": "vLLM 0.33.0, docs/kv-capacity.md",
         "gpu_memory": f"{device.memory_gib:g} GiB ({device.kind})",
     }
+    if model.weights:
+        sources["weights"] = model.weights.source
     per_group, attn_groups, mamba_groups = kv_cache_groups(
         model.full_attention_layers, model.linear_attention_layers
     )
     bytes_per_block = per_group * geo.page_size_bytes
-
-    # Memory per GPU: ceil(total x utilization) - weights - overheads (gpu_worker.py:753-757).
-    requested = math.ceil(round(device.memory_gib * GIB) * engine.gpu_memory_utilization)
-    mbt_default, seqs_default = default_batch_limits(device)
-    max_seqs = engine.max_num_seqs or seqs_default
-    weights = 0
-    if model.weights:
-        w = model.weights
-        weights = weight_bytes_per_gpu(w, par, model.dtype, engine)
-        sources["weights"] = w.source
-        assumptions.append(
-            f"weights {weights / GIB:.1f} GiB/GPU ({w.dense_params / 1e9:.2f}B {model.dtype} "
-            f"/ TP{par.tp} + {w.expert_params / 1e9:.1f}B {w.expert_format} experts / EP{par.ep})"
-        )
-    if engine.kv_cache_memory_bytes is not None:
-        kv_bytes, overhead = engine.kv_cache_memory_bytes, 0
-        assumptions.append(f"--kv-cache-memory-bytes {kv_bytes} (vLLM skips profiling)")
-    else:
-        if not model.weights:
-            assumptions.append("weights unknown: counted as 0")
-        mbt = engine.max_num_batched_tokens or mbt_default
-        ov = overheads or default_overheads(device, mbt, engine.enforce_eager)
-        overhead = ov.total_bytes
-        kv_bytes = max(0, requested - weights - overhead)
-        assumptions.append(
-            f"{device.memory_gib:g} GiB x utilization {engine.gpu_memory_utilization:g}; "
-            f"activation peak {ov.activation_peak_gib:g} + other {ov.non_torch_gib:g} + "
-            f"CUDA graphs {ov.cudagraph_gib:g} GiB assumed ({ov.why})"
-        )
-    num_blocks = kv_bytes // bytes_per_block  # kv_cache_planning.py:681
+    max_seqs = engine.max_num_seqs or default_batch_limits(device)[1]
+    mem = _kv_memory(model, engine, par, device, overheads)
+    assumptions = [*geo.notes, *mem.notes]
+    num_blocks = mem.kv_cache_bytes // bytes_per_block  # kv_cache_planning.py:681
     if engine.num_gpu_blocks_override is not None:
         num_blocks = engine.num_gpu_blocks_override
         assumptions.append(f"--num-gpu-blocks-override {num_blocks}")
@@ -967,32 +1037,14 @@ def estimate(
         f"lengths uniform in [{lengths.input_low}, {lengths.input_high}] + "
         f"[{lengths.output_low}, {lengths.output_high}] ({run_lengths.RULE_TEXT[workload.rule]})"
     )
-
-    # vLLM's own log line: every request at max_model_len, GDN groups at their reservation
-    # (kv_cache_utils.py:1061-1154).
-    max_len = engine.max_model_len or model.max_position_embeddings or lengths.max_total
-    reserve = 1 + engine.num_speculative_tokens
-    if geo.mamba_cache_mode == "align":
-        reserve += 1 + int(flashinfer_gdn(model, engine, device))
-    log_blocks = attn_groups * math.ceil(max_len / geo.block_size) + mamba_groups * reserve
-    log_conc = num_blocks / log_blocks
-
-    other = None
-    if model.hybrid and compare_prefix_caching:
-        flipped = dataclasses.replace(
-            engine, enable_prefix_caching=not geo.prefix_caching, prefix_caching_flag=""
-        )
-        o = estimate(model, flipped, par, device, workload, overheads, name, False)
-        other = {
-            "prefix_caching": o.prefix_caching,
-            "mamba_cache_mode": o.mamba_cache_mode,
-            "block_size": o.block_size,
-            "num_gpu_blocks": o.num_gpu_blocks,
-            "state_blocks_per_request": o.state_blocks_per_request,
-            "blocks_per_request_at_mean": o.blocks_per_request_at_mean,
-            "endpoint_at_mean_length": o.endpoint_at_mean_length,
-            "endpoint_at_max_length": o.endpoint_at_max_length,
-        }
+    max_len, log_conc = _vllm_log_concurrency(
+        model, engine, device, geo, attn_groups, mamba_groups, num_blocks, lengths
+    )
+    other = (
+        _with_prefix_caching_flipped(model, engine, geo, par, device, workload, overheads, name)
+        if model.hybrid and compare_prefix_caching
+        else None
+    )
 
     return KvCapacity(
         name=name,
@@ -1011,10 +1063,10 @@ def estimate(
         attention_groups=attn_groups,
         mamba_groups=mamba_groups,
         bytes_per_block=bytes_per_block,
-        weights_bytes=weights,
-        requested_bytes=requested,
-        overhead_bytes=overhead,
-        kv_cache_bytes=kv_bytes,
+        weights_bytes=mem.weights_bytes,
+        requested_bytes=mem.requested_bytes,
+        overhead_bytes=mem.overhead_bytes,
+        kv_cache_bytes=mem.kv_cache_bytes,
         num_gpu_blocks=num_blocks,
         lengths=lengths,
         state_blocks_per_request=state_blocks,
