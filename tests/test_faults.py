@@ -496,7 +496,7 @@ def test_killed_orchestrator_is_reconciled_by_status_runs_and_cancel(tmp_path):
     st = wait_stage(run, "hold")
     job = st.slurm_job_id
     batch = [p for p in psutil.process_iter(["pid", "cmdline"])
-             if "submitit.core._submit" in " ".join(p.info["cmdline"] or [])
+             if "-m launcher run" in " ".join(p.info["cmdline"] or [])
              and str(run) in " ".join(p.info["cmdline"] or [])]
     assert len(batch) == 1, batch
     fault_ts = time.time()

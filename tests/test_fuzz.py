@@ -690,7 +690,7 @@ def check_sbatch_body(run_dir: Path, plan: dict, case_dir: Path) -> None:
         run_dir / "job.sbatch", case_dir, run_dir, f"sb-{run_dir.name[-12:]}"
     )
     python = plan["runtime"]["python"]
-    want = ["exec", python, "-u", "-m", "submitit.core._submit", f"{run_dir}/slurm"]
+    want = ["exec", python, "-u", "-m", "launcher", "run", str(run_dir)]
     assert want in records, (want, records)
     assert ["export", "SUBMITIT_EXECUTOR=slurm"] in records
 

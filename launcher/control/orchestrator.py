@@ -1,8 +1,9 @@
 """The orchestrator: one process that runs a prepared run directory to its end.
 
-Inside a Slurm allocation it is the batch step (submitit's payload, exec'd by the batch
-shell so the pre-time-limit signal reaches it) on the first node; on the `local` profile it
-runs in the foreground. Stages, each recorded in run.json and events.jsonl:
+Inside a Slurm allocation it is the batch step (job.sbatch's `python -m launcher run`,
+exec'd by the batch shell so the pre-time-limit signal reaches it) on the first node; on
+the `local` profile it runs in the foreground. Stages, each recorded in run.json and
+events.jsonl:
 
     plan (host check of every node, addresses found on the nodes themselves)
     -> preflight (in the engine's container on every node: argv, versions, model, mounts)
@@ -31,7 +32,6 @@ import dataclasses
 import os
 import signal
 import socket
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -1153,11 +1153,3 @@ def refuse_second_attempt(run: rundir.RunDir) -> None:
         f"{run.path} already holds {what}: a run directory is written by one attempt only, so "
         f"this one stops without touching it; submit the recipe again for a new run"
     )
-
-
-def run_in_allocation(run_dir: str) -> int:
-    """submitit's payload: the batch step on the allocation's first node."""
-    code = run(Path(run_dir))
-    if code:
-        sys.exit(code)  # a failed run is a failed Slurm job
-    return code

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import time
 from pathlib import Path
 
@@ -162,11 +161,3 @@ def allocation_summary(doc: dict) -> dict:
         "loading_s": round(sum(v for k, v in phases.items() if k in LOADING), 1),
         "measuring_s": round(sum(v for k, v in phases.items() if k in MEASURING), 1),
     }
-
-
-def run_in_allocation(study_dir: str) -> int:
-    """submitit's payload for a study in one allocation: the batch step on its first node."""
-    code = run_study(Path(study_dir))
-    if code:
-        sys.exit(code)
-    return code

@@ -70,28 +70,26 @@ def sbatch_hint(plan, stderr: str) -> str:
 
 
 def submit_slurm(p: Prepared, runs: list[Prepared] | None = None) -> str:
-    """sbatch through submitit; the job's payload is the orchestrator (a study in one
-    allocation: the study's, for every configuration in `runs`). Returns the job id."""
+    """sbatch through submitit; the job runs `python -m launcher run` on the run directory (a
+    study in one allocation: on the study's, for every configuration in `runs`). Returns the
+    job id."""
     _need_sbatch(p)
     ready(p)
     import submitit
 
-    from launcher.control import orchestrator, study
-
     shared = p.shared
     folder, sbatch = (shared.slurm, shared.sbatch_file) if shared else (p.run.slurm, p.run.sbatch)
-    # No requeue on timeout: a serving benchmark restarted from scratch would mislead.
-    executor = submitit.SlurmExecutor(
-        folder=str(folder), max_num_timeout=0, python=render.submitit_python(p.plan)
-    )
+    executor = submitit.SlurmExecutor(folder=str(folder))
     executor.update_parameters(**render.slurm_parameters(
         p.plan, shared.nodes if shared else p.nodes, shared.minutes if shared else None))
     members = runs if shared and runs else [p]
+    command = render.job_command(p.plan, str(shared.path if shared else p.run.path))
     try:
-        if shared:
-            job = executor.submit(study.run_in_allocation, str(shared.path))
-        else:
-            job = executor.submit(orchestrator.run_in_allocation, str(p.run.path))
+        # submitit's way to submit a command line, not a pickled function: the script says
+        # what it runs, and no submitit handler sits between Slurm's signals and the
+        # orchestrator (no requeue either: the script says --no-requeue)
+        folder.mkdir(parents=True, exist_ok=True)
+        job = executor._submit_command(command)
     except Exception as e:  # sbatch's refusal comes back as a generic error: show its words
         error = f"sbatch refused the job: {' '.join(str(e).split())}" + sbatch_hint(p.plan, str(e))
         for m in members:

@@ -601,22 +601,23 @@ def batch_setup(plan: Plan) -> list[str]:
     return [f"bash {shlex.quote(rt.bootstrap)}", f"export PYTHONPATH={shlex.quote(rt.src)}"]
 
 
-def submitit_python(plan: Plan) -> str:
-    """What submitit puts before `-u -m submitit.core._submit`: exec, so the batch shell
-    becomes the orchestrator and the pre-time-limit signal reaches it."""
-    return f"exec {shlex.quote(plan.runtime.python)}"
-
-
-def submitit_command(plan: Plan, folder: str) -> str:
-    return f"{submitit_python(plan)} -u -m submitit.core._submit {shlex.quote(folder)}"
+def job_command(plan: Plan, job_dir: str) -> str:
+    """The batch script's one command: the launcher's own `run` on the run directory (a
+    study's folder for a study in one allocation), as a person would type it inside an
+    allocation. exec: the batch shell becomes the orchestrator, so the pre-time-limit signal
+    reaches it."""
+    return (f"exec {shlex.quote(plan.runtime.python)} -u -m launcher run "
+            f"{shlex.quote(job_dir)}")
 
 
 def sbatch_text(plan: Plan, nodes: int, folder: str, minutes: int | None = None) -> str:
-    """Exactly the text submitit submits (its own renderer, same parameters)."""
+    """Exactly the text submitit submits (its own renderer, same parameters). `folder` is
+    the batch output's, `slurm/` of the directory the job runs."""
     from submitit.slurm.slurm import _make_sbatch_string
 
     params = slurm_parameters(plan, nodes, minutes)
-    return _make_sbatch_string(command=submitit_command(plan, folder), folder=folder, **params)
+    command = job_command(plan, str(Path(folder).parent))
+    return _make_sbatch_string(command=command, folder=folder, **params)
 
 
 # --- commands.sh ----------------------------------------------------------------------------

@@ -16,7 +16,8 @@ write-then-rename, so readers see an old or a new file, never half of one.
       telemetry/<node>/                 that node's agent (layout: launcher.telemetry.store)
       bench/c<NNNNN>.json               the benchmark client of that sweep point
       accuracy/gsm8k.json               the accuracy gate
-      slurm/                            submitit (pickles, the batch step's own output)
+      slurm/                            submitit (the script as Slurm got it, the batch
+                                        step's own output)
       .reserve                          the orchestrator, while it runs: space it frees after
                                         teardown so its final record fits on a full disk
 
