@@ -21,6 +21,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    _add_plan_commands(sub)
+    _add_run_commands(sub)
+    _add_result_commands(sub)
+    _add_service_commands(sub)
+    return p
+
+
+def _add_plan_commands(sub: argparse._SubParsersAction) -> None:
+    """recipes, submit, env, stage-model, run: what to run and running it."""
     s = sub.add_parser("recipes", help="list the shipped recipes; `show NAME`: one resolved; "
                        "`fields`: every recipe key with its default")
     s.add_argument("action", nargs="?", choices=("list", "show", "fields"), default="list",
@@ -82,6 +91,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="a directory submit --dry-run wrote")
     s.set_defaults(func=cmd_run)
 
+
+def _add_run_commands(sub: argparse._SubParsersAction) -> None:
+    """status, logs, cancel, runs: following and stopping runs."""
     s = sub.add_parser("status", help="state of a run or a study, and what to do next "
                        "(default: the newest run, or its study when it is in one)")
     s.add_argument("run", nargs="?", help="run or study: a path, a run id (or its prefix) or "
@@ -112,6 +124,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS, help="where runs live (default: %(default)s)")
     s.set_defaults(func=cmd_runs)
 
+
+def _add_result_commands(sub: argparse._SubParsersAction) -> None:
+    """report, diff, recommend: what a run measured and what to run next."""
     s = sub.add_parser("report", help="write one self-contained HTML report of a run or a study")
     s.add_argument(
         "run", nargs="?",
@@ -150,6 +165,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS, help="where runs live (default: %(default)s)")
     s.set_defaults(func=cmd_recommend)
 
+
+def _add_service_commands(sub: argparse._SubParsersAction) -> None:
+    """prometheus-config, dashboard: what watches the runs."""
     from launcher.telemetry import promconfig  # its arguments only: promsd loads on use
 
     s = sub.add_parser(
@@ -167,7 +185,6 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=8501, help="port (default: %(default)s)")
     s.set_defaults(func=cmd_dashboard)
-    return p
 
 
 def _recipe_options(s: argparse.ArgumentParser) -> None:

@@ -471,6 +471,11 @@ def study_status_text(study: listing.Study, statuses: dict[str, RunStatus], root
                 f"configuration(s) succeeded; {s.get('engine_starts', 0)} engine start(s); "
                 f"{float(s.get('gpu_hours') or 0):,.2f} GPU-hours over "
                 f"{cost.duration(float(s.get('wall_s') or 0))}; every engine stopped at its end")
+        for r in doc.get("lost_nodes") or []:
+            if isinstance(r, dict):
+                lines.append(f"allocation: {r.get('node')} lost in {r.get('run')} ({r.get('why')}): "
+                             + ("Slurm kept the job on the other nodes" if r.get("released")
+                                else f"the study ended there ({r.get('error')})"))
     if sts and all(st.dry_run for st in sts):
         again = _submit_again(sts[0].submission.command)
         lines.append("next: submit it: " + (again or _launcher("submit --again", study.runs[0].path)))

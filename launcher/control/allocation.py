@@ -35,6 +35,55 @@ def allocation_nodes() -> list[str] | None:
         return cluster_mod.expand_nodelist(nodelist)
 
 
+def release(lost: list[str]) -> str | None:
+    """Take lost nodes out of this job (`scontrol update JobId=J NodeList=<the others>`), so
+    Slurm keeps it on the others: a job is ended with NODE_FAIL when Slurm marks one of its
+    nodes down (after SlurmdTimeout), unless the node is no longer the job's. This process's
+    SLURM_* node variables are then what Slurm says (its slurm_job_J_resize.sh), so later
+    plans and steps see the smaller allocation. None when done, else why not."""
+    import tempfile
+
+    job, nodes = os.environ.get("SLURM_JOB_ID"), allocation_nodes()
+    if not job or nodes is None:
+        return "not inside a Slurm job"
+    keep = [n for n in nodes if n not in lost]
+    if not keep:
+        return "no node would be left"
+    # scontrol writes the resize script into its working directory
+    with tempfile.TemporaryDirectory(prefix="pd-resize-") as tmp:
+        try:
+            p = subprocess.run(["scontrol", "update", f"JobId={job}", f"NodeList={','.join(keep)}"],
+                               capture_output=True, text=True, timeout=30, cwd=tmp)
+        except (OSError, subprocess.SubprocessError) as e:
+            return f"scontrol update failed: {e}"
+        if p.returncode:
+            return f"scontrol update JobId={job} NodeList=...: " + " ".join(
+                (p.stderr or p.stdout or f"exit {p.returncode}").split())
+        script = os.path.join(tmp, f"slurm_job_{job}_resize.sh")
+        lines = open(script).read().splitlines() if os.path.isfile(script) else []
+    changed = _resize_env(lines) or {"SLURM_JOB_NODELIST": ",".join(keep),
+                                     "SLURM_NODELIST": ",".join(keep),
+                                     "SLURM_JOB_NUM_NODES": str(len(keep)),
+                                     "SLURM_NNODES": str(len(keep))}
+    os.environ.update({k: v for k, v in changed.items() if v is not None})
+    for k in [k for k, v in changed.items() if v is None]:
+        os.environ.pop(k, None)
+    return None
+
+
+def _resize_env(lines: list[str]) -> dict[str, str | None]:
+    """slurm_job_J_resize.sh's `export K="V"` and `unset K` lines: K -> V (None: unset)."""
+    out: dict[str, str | None] = {}
+    for line in lines:
+        words = line.split(None, 1)
+        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
+            k, _, v = words[1].partition("=")
+            out[k] = v.strip().strip('"')
+        elif len(words) == 2 and words[0] == "unset":
+            out[words[1].strip()] = None
+    return out
+
+
 def raise_open_files(want: int) -> None:
     """The router and the clients hold a socket per stream: up to the hard limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

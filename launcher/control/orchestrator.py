@@ -471,9 +471,10 @@ class Orchestrator:
         self.note_loading()
         self.book.event("endpoints_healthy", seconds=round(time.monotonic() - t0, 2))
         self.healthy |= {p.name for p in agents if p.metrics_url and http_ok(p.metrics_url)[0]}
-        # each node's agent is its heartbeat from here on (and says how its writes go)
-        self.watch.start({p.node: p.metrics_url for p in agents
-                          if p.name in self.healthy and p.metrics_url})
+        # each node's agent is its heartbeat from here on (and says how its writes go); one
+        # still starting counts too (engines kept loaded are healthy at once): its silence
+        # has its node's slurmd knocked on, not ignored
+        self.watch.start({p.node: p.metrics_url for p in agents if p.metrics_url})
         self.publish_targets()
         self.stage(Stage.ROUTER)
         self.start(router)
@@ -1004,6 +1005,8 @@ class InStudy:
     port_span: int  # the largest configuration's: every configuration plans the same ports
     study_dir: str  # what container steps mount for the run directory (see Plan.mount_dir)
     more: bool = True  # configurations follow: healthy engines stay loaded at the end
+    # nodes lost in this configuration -> whether the study goes on without them
+    lose: Callable[[dict[str, str], str], bool] = lambda lost, run: False
 
 
 def run(run_dir: Path, shared: InStudy | None = None) -> int:
@@ -1111,8 +1114,11 @@ def run(run_dir: Path, shared: InStudy | None = None) -> int:
             pass
     finally:
         # Teardown first, whatever happened; what follows is bookkeeping, best effort.
+        # a lost node ends a study only when Slurm will not keep the job on the others;
+        # asked before teardown, well inside the SlurmdTimeout that ends the job otherwise
+        lost = orch.node_loss([]) if shared is not None and state != State.SUCCEEDED else {}
         ending = shared is None or not shared.more or bool(signals.reason) or bool(
-            orch.node_loss([]) if state != State.SUCCEEDED else False)
+            lost and not shared.lose(lost, run.run_id))
         if ending:
             Signals.ignore()
         if state != State.SUCCEEDED:

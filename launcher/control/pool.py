@@ -36,18 +36,32 @@ class EnginePool:
 
     def settle(self, want: dict[str, tuple], run: str) -> set[str]:
         """Before a configuration starts its engines: drop what died, stop what it needs
-        with another command line; the endpoints it may use as they are."""
+        with another command line or whose GPUs it needs (a plan moved off a lost node);
+        the endpoints it may use as they are."""
+        taken = {place for sig in want.values() for place in _places(sig)}
         for ep, e in list(self.loaded.items()):
             if not e.alive():
                 self.drop(ep, run, "a part of it had exited")
             elif ep in want and not same_engine(want[ep], e.signature):
                 self.drop(ep, run, "this configuration starts it with another command line")
+            elif ep not in want and (mine := sorted(taken & _places(e.signature))):
+                self.drop(ep, run, "this configuration's engines take its GPUs ("
+                          + ", ".join(f"{n} GPU {g}" for n, g in mine) + ")")
         return {ep for ep in want if ep in self.loaded}
 
-    def drop(self, ep: str, run: str, why: str) -> None:
+    def lose(self, nodes: set[str], run: str) -> None:
+        """Nodes the allocation lost: every engine with a part there goes, without asking
+        its steps to stop (nothing there answers)."""
+        for ep, e in list(self.loaded.items()):
+            if on := sorted({h.proc.node for h in e.handles} & nodes):
+                self.drop(ep, run, f"its node {', '.join(on)} was lost", lost=True)
+
+    def drop(self, ep: str, run: str, why: str, lost: bool = False) -> None:
         e = self.loaded.pop(ep)
         live = [h for h in e.handles if h.exit_code() is None]
-        if live:
+        if live and lost:
+            e.backend.abandon(live)
+        elif live:
             e.backend.stop(live, grace_s=STOP_GRACE_S)
         self.events.append({"event": "stopped", "endpoint": ep, "run": run, "why": why,
                             "ts": time.time()})
@@ -61,3 +75,8 @@ class EnginePool:
     def stop_all(self, run: str, why: str) -> None:
         for ep in list(self.loaded):
             self.drop(ep, run, why)
+
+
+def _places(signature: tuple) -> set[tuple[str, int]]:
+    """(node, GPU) of every part of an engine's signature (launcher.planning.study)."""
+    return {(part[1], g) for part in signature for g in part[2]}

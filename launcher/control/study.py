@@ -8,7 +8,9 @@ them and kept loaded for the next. A router is started for each configuration wi
 its endpoints. A configuration that fails fails alone: the engine that died is named there,
 and the next configuration starts it again. A signal (scancel, the time limit) ends the
 study: the configuration in progress tears down, the finished ones are kept, the rest are
-recorded as not run. allocation.json in the study folder is the allocation's own record.
+recorded as not run. A lost node fails the configuration it was in; Slurm is asked to keep
+the job on the other nodes, and the rest run on those (or are recorded as not run when they
+need more). allocation.json in the study folder is the allocation's own record.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ import socket
 import time
 from pathlib import Path
 
+from launcher.control import allocation
 from launcher.control.orchestrator import InStudy, Signals, run
 from launcher.control.pool import EnginePool
 from launcher.control.record import say
+from launcher.control.watch import NodeWatch
 from launcher.errors import UserError
 from launcher.planning.study import Turn
 from launcher.run import rundir
@@ -48,6 +52,30 @@ def _not_run(run: RunDir, why: str) -> None:
         run.event("cancelled", error=f"not run: {why}")
     except OSError as e:
         say(f"could not record that {run.run_id} was not run: {e}")
+
+
+def _plan_nodes(run: RunDir) -> list[str]:
+    """The nodes a configuration's plan.json names (those it ran on, once planned there)."""
+    doc = rundir.read_json(run.plan)
+    nodes = doc.get("nodes") if isinstance(doc, dict) else None
+    return [n.get("name") for n in nodes if isinstance(n, dict)] if isinstance(nodes, list) \
+        else []
+
+
+def _short_of(run: RunDir, lost: dict[str, dict]) -> str | None:
+    """Why a configuration cannot run on the nodes the allocation has left, or None."""
+    need, left = len(_plan_nodes(run)), allocation.allocation_nodes() or []
+    if need <= len(left):
+        return None
+    return (f"it needs {need} nodes and the allocation has {len(left)} left "
+            f"({', '.join(left) or 'none'}) after losing "
+            + ", ".join(f"{r['node']} in {r['run']}" for r in lost.values()))
+
+
+def _lost_sentence(lost: dict[str, dict]) -> str:
+    r = next(r for r in lost.values() if not r["released"])
+    return (f"{r['node']} was lost in {r['run']} and Slurm would not keep the job on the "
+            f"other nodes: {r.get('error')}")
 
 
 def _phases(run: RunDir) -> dict[str, float]:
@@ -90,12 +118,44 @@ def run_study(study_dir: Path) -> int:
 
     save()
     ended_by: str | None = None
+    lost: dict[str, dict] = {}  # node -> its record in allocation.json's lost_nodes
+
+    def lose(found: dict[str, str], where: str) -> bool:
+        """Nodes found lost (in configuration `where`, or between two): Slurm is asked to
+        keep the job on the others and their engines leave the pool; whether the study can
+        go on (Slurm ends a job whose node it marks down unless the node left the job)."""
+        new = {n: why for n, why in found.items() if n not in lost}
+        if not new:
+            return all(r["released"] for r in lost.values())
+        error = allocation.release(sorted(new))
+        pool.lose(set(new), where)
+        for node, why in sorted(new.items()):
+            lost[node] = {"node": node, "why": why, "run": where, "ts": time.time(),
+                          "released": error is None, **({"error": error} if error else {})}
+            doc.setdefault("lost_nodes", []).append(lost[node])
+        left = allocation.allocation_nodes() or []
+        say(f"study: lost {', '.join(sorted(new))} in {where}: " + (
+            f"the job goes on on the other {len(left)} node(s) ({', '.join(left)})"
+            if error is None else f"Slurm would not keep the job without it ({error})"))
+        save()
+        return error is None
+
     for i, turn in enumerate(turns):
         run_dir = RunDir(study_dir / turn.run)
         entry = {"run": turn.run, "turn": turn.to_json()}
         doc["configurations"].append(entry)
         if ended_by is None and signals.reason:
             ended_by = signals.reason
+        if ended_by is None and i and doc["slurm_job_id"]:
+            # a node can die between configurations, or hold only idle engines
+            found = NodeWatch(allocation.allocation_nodes() or [], slurm=True).confirm()
+            if found and not lose(found, "between configurations"):
+                ended_by = _lost_sentence(lost)
+        if ended_by is None and lost and (short := _short_of(run_dir, lost)):
+            _not_run(run_dir, short)
+            entry.update(state=str(State.CANCELLED), seconds=0.0, error=f"not run: {short}")
+            save()
+            continue
         if ended_by is None and run_dir.read_cancel() is not None:
             _not_run(run_dir, "cancelled by `launcher cancel` before its turn")
             entry.update(state=str(State.CANCELLED), seconds=0.0)
@@ -112,16 +172,16 @@ def run_study(study_dir: Path) -> int:
         t0 = time.time()
         try:
             run(run_dir.path, InStudy(pool, signals, int(alloc.get("port_span") or 0),
-                                      str(study_dir), more=i < len(turns) - 1))
+                                      str(study_dir), more=i < len(turns) - 1, lose=lose))
         except UserError as e:  # recorded in its run.json by the orchestrator
             say(f"study: {turn.run}: {e}")
         rec = run_dir.read_record()
         state = rec.state if rec else State.FAILED
         entry.update(state=str(state), seconds=round(time.time() - t0, 2),
                      error=rec.error if rec else "no run.json was written",
-                     phases_s=_phases(run_dir))
-        if rec and rec.error and rec.error.startswith("node lost"):
-            ended_by = f"a node was lost in {turn.run}"
+                     phases_s=_phases(run_dir), nodes=_plan_nodes(run_dir))
+        if ended_by is None and not all(r["released"] for r in lost.values()):
+            ended_by = _lost_sentence(lost)
         save()
     Signals.ignore()
     pool.stop_all("study", "the study's end")
@@ -136,7 +196,7 @@ def run_study(study_dir: Path) -> int:
     say(f"study {doc['state']}: {s['succeeded']} of {len(turns)} configuration(s) succeeded; "
         f"{s['engine_starts']} engine start(s); {s['gpu_hours']:.2f} GPU-hours over "
         f"{s['wall_s']:.0f} s ({s['loading_s']:.0f} s loading, {s['measuring_s']:.0f} s "
-        f"measuring)")
+        f"measuring)" + "".join(f"; {r['node']} lost in {r['run']}" for r in lost.values()))
     return 0 if doc["state"] == State.SUCCEEDED else 1
 
 
