@@ -106,3 +106,27 @@ def test_the_engine_kind_is_decided_in_one_place():
             if pattern.search(line):
                 found.append(f"{rel}:{n}: {line.strip()}")
     assert not found, "\n".join(found)
+
+
+MAX_FUNCTION_LINES = 150  # issue 36: a longer function hides the seams it should be split at
+
+
+def long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int]]:
+    """(name, lines) of every function or method in `source` longer than `limit` lines."""
+    return [(node.name, node.end_lineno - node.lineno + 1)
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > limit]
+
+
+def test_no_function_is_over_150_lines():
+    def lines(n: int) -> str:
+        return "".join(f"    x{i} = {i}\n" for i in range(n))
+
+    # the check itself: a def line and 150 more is one too many, 150 in all is not
+    assert long_functions("def f():\n" + lines(MAX_FUNCTION_LINES)) == [("f", 151)]
+    assert long_functions("async def g():\n" + lines(MAX_FUNCTION_LINES - 1)) == []
+    found = [f"{f.relative_to(REPO)}: {name} is {n} lines"
+             for f in sorted([*REPO.glob("launcher/**/*.py"), *REPO.glob("dashboard/**/*.py")])
+             for name, n in long_functions(f.read_text())]
+    assert not found, f"over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(found)
