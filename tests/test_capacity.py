@@ -65,8 +65,10 @@ def test_config_json_wins_over_recipe_facts(tmp_path):
 
 
 def test_no_facts_no_estimate():
+    # local-sim declares its toy model's facts; without them there is nothing to estimate from
     assert capacity.estimates(plan.make_plan(
-        recipe.load("local-sim"), cluster.load("local"), ["a", "b", "c"])) == []
+        recipe.load("local-sim", ["model.facts=null"]), cluster.load("local"),
+        ["a", "b", "c"])) == []
 
 
 def test_the_simulator_gets_the_estimated_capacity():
@@ -95,7 +97,7 @@ def test_a_missing_estimate_says_why():
     bad = seed_plan("vllm_args.kv-cache-memory-bytes=64Q")  # not a size vLLM reads
     gap = capacity.missing(bad, capacity.estimates(bad))
     assert gap.startswith("no KV-capacity estimate for decode-0: ValueError") and "64Q" in gap
-    sim = plan.make_plan(recipe.load("local-sim"), cluster.load("local"),
+    sim = plan.make_plan(recipe.load("local-sim", ["model.facts=null"]), cluster.load("local"),
                          cluster.expand_nodelist("local-[1-4]"))
     gap = capacity.missing(sim, capacity.estimates(sim))
     assert "no config.json under model.path" in gap and "model.facts" in gap
