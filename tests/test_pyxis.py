@@ -59,10 +59,14 @@ def pyxis_lines(job: str) -> list[tuple[str, str]]:
 
 
 def enroot_data(node: str) -> Path:
-    """enroot's data folder on a dev-cluster node, as the site's drop-in configures it."""
+    """enroot's data folder on a dev-cluster node, as the site's drop-in configures it,
+    expanded as enroot expands it (`eval echo`) with a step's variables on that node."""
     conf = Path("/usr/local/etc/enroot/enroot.conf.d/pd-devcluster.conf").read_text()
     (value,) = [x.split(None, 1)[1] for x in conf.splitlines() if x.startswith("ENROOT_DATA_PATH ")]
-    return Path(value.replace("${SLURMD_NODENAME:-host}", node))
+    out = subprocess.run(["bash", "-c", 'eval echo "$1"', "_", value], capture_output=True,
+                         text=True, check=True,
+                         env={"SLURM_TOPOLOGY_ADDR": node, "SLURMD_NODENAME": node})
+    return Path(out.stdout.strip())
 
 
 def image_events(run: Path) -> list[dict]:

@@ -35,6 +35,37 @@ def allocation_nodes() -> list[str] | None:
         return cluster_mod.expand_nodelist(nodelist)
 
 
+def check_allocation(recipe_file, need: int, runtime: dict | None, what: str) -> None:
+    """Before anything starts or is written (the directory stays for a proper allocation):
+    what this allocation lacks for `what`, in one sentence. `launcher run` inside a salloc
+    gets no batch script, so nothing has built the job's environment either."""
+    try:
+        profile = recipe_mod.load(str(recipe_file)).cluster
+        cluster = cluster_mod.load(profile)
+    except UserError:
+        return  # said where the run loads them, with the run recorded
+    if not schedulers.of(cluster).allocates:
+        return
+    nodes = allocation_nodes()
+    if nodes is None:
+        return  # plan_here: run it inside an allocation
+    job = os.environ.get("SLURM_JOB_ID", "?")
+    if len(nodes) < need:
+        raise UserError(
+            f"this allocation (job {job}) has {len(nodes)} node(s) ({', '.join(nodes)}) and "
+            f"{what} needs {need} of {cluster.gpus_per_node} GPUs: run it inside one of {need} "
+            f"(salloc -N {need} --gpus-per-node={cluster.gpus_per_node} ...); nothing was "
+            "started or written")
+    rt = runtime or {}
+    if rt.get("mode") == "shared" and rt.get("python") and not os.path.exists(rt["python"]):
+        raise UserError(
+            f"this allocation (job {job}) has no job environment yet: {rt['python']} is "
+            f"built by {rt.get('env')}/bootstrap.sh (`python -m launcher env prepare "
+            f"--cluster {profile}` writes it), which a submitted job runs first; run "
+            f"`srun -N1 -n1 bash {rt.get('env')}/bootstrap.sh` in it, then this again; "
+            "nothing was started or written")
+
+
 def release(lost: list[str]) -> str | None:
     """Take lost nodes out of this job (`scontrol update JobId=J NodeList=<the others>`), so
     Slurm keeps it on the others: a job is ended with NODE_FAIL when Slurm marks one of its

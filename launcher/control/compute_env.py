@@ -20,6 +20,7 @@ compute nodes share arch and paths). `describe()` is what the dry-run prints.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import shlex
@@ -125,14 +126,20 @@ def runtime(cluster: Cluster, runs_root: Path) -> Runtime:
 
 def current(run_plan: Path) -> Runtime:
     """Inside the allocation: the runtime the job was submitted with (plan.json), so the
-    commands rendered here are the ones the dry-run showed."""
+    commands rendered here are the ones the dry-run showed. A directory only a dry-run
+    wrote, run with `launcher run` inside an allocation one holds, has no source copy (submit
+    makes it): this launcher's own is copied, as submit copies it, and its steps use that."""
     from launcher.run.plandoc import PlanError, read_plan
 
     try:
-        d = read_plan(run_plan).runtime
-        return Runtime(**d)
+        rt = Runtime(**read_plan(run_plan).runtime)
     except (PlanError, TypeError):
         return Runtime("submitter", sys.executable, str(source_dir().parent), None, "", "")
+    if rt.mode == "shared" and rt.src and not (Path(rt.src) / "launcher").is_dir():
+        own = Path(rt.src).with_name(f"src-{source_hash()}")
+        _copy_source(own)
+        rt = dataclasses.replace(rt, src=str(own))
+    return rt
 
 
 def describe(rt: Runtime) -> str:

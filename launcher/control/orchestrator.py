@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from launcher.control import preflight
-from launcher.control.allocation import plan_here, raise_open_files
+from launcher.control.allocation import check_allocation, plan_here, raise_open_files
 from launcher.control.backends import Backend, Handle, make_backend
 from launcher.control.pool import STOP_GRACE_S, EnginePool
 from launcher.control.probes import api_ready, busy_ports, http_ok
@@ -1015,6 +1015,11 @@ def run(run_dir: Path, shared: InStudy | None = None) -> int:
     if not run.recipe.exists():
         raise UserError(f"{run_dir} is not a prepared run directory (no recipe.yaml)")
     refuse_second_attempt(run)
+    if shared is None:  # a study's allocation was checked for its largest configuration
+        prepared = rundir.read_json(run.plan)
+        prepared = prepared if isinstance(prepared, dict) else {}
+        check_allocation(run.recipe, len(prepared.get("nodes") or []),
+                         prepared.get("runtime"), "this run")
     record = RunRecord(
         state=State.RUNNING, stage=Stage.PLAN, started=time.time(), host=socket.gethostname(),
         orchestrator_pid=os.getpid(), slurm_job_id=os.environ.get("SLURM_JOB_ID"),

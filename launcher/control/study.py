@@ -99,6 +99,11 @@ def run_study(study_dir: Path) -> int:
                         "{run, start, restart, keep, idle}): prepare the study again") from None
     if not turns:
         raise UserError(f"{study_dir}: study.json lists no configuration to run")
+    first = RunDir(study_dir / turns[0].run)
+    prepared = rundir.read_json(first.plan)
+    allocation.check_allocation(first.recipe, int(alloc.get("nodes") or 0),
+                                prepared.get("runtime") if isinstance(prepared, dict) else None,
+                                "this study")
     signals = Signals.for_recipe(RunDir(study_dir / turns[0].run).recipe)
     pool = EnginePool()
     started = time.time()
