@@ -380,7 +380,8 @@ def pareto(df: pd.DataFrame, frontier: pd.DataFrame, *, y: str, y_title: str,
 
 
 def latency_vs_concurrency(df: pd.DataFrame, *, metric: str, title: str,
-                           color: str = "run", legend_right: bool = False) -> alt.Chart:
+                           color: str = "run", legend_right: bool = False,
+                           color_title: str | None = None) -> alt.Chart:
     """df: `color`, concurrency, stat (p50/p90/p99), value (ms). Ticks at the sweep's own
     concurrencies (log 2 scale)."""
     ticks = sorted({float(c) for c in df["concurrency"].dropna()}) if not df.empty else []
@@ -390,8 +391,9 @@ def latency_vs_concurrency(df: pd.DataFrame, *, metric: str, title: str,
                 scale=alt.Scale(type="log", base=2),
                 axis=alt.Axis(values=ticks, format=",d") if ticks else alt.Undefined),
         y=alt.Y("value:Q", title=f"{metric} (ms)", scale=alt.Scale(type="log")),
-        color=alt.Color(f"{color}:N", scale=scheme, legend=alt.Legend(
-            orient="right" if legend_right else "bottom", columns=1, labelLimit=480)),
+        color=alt.Color(f"{color}:N", scale=scheme, title=color_title or color,
+                        legend=alt.Legend(orient="right" if legend_right else "bottom",
+                                          columns=1, labelLimit=480)),
         strokeDash=alt.StrokeDash("stat:N", title="percentile"),
         shape=alt.Shape("stat:N", title="percentile"),  # a legend symbol per percentile
         tooltip=[f"{color}:N", "concurrency:Q", "stat:N",

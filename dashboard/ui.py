@@ -17,7 +17,7 @@ import streamlit as st
 
 from dashboard import charts
 from launcher.analysis import derive, load
-from launcher.run import listing
+from launcher.run import listing, numbers
 from launcher.run.plandoc import PlanDoc
 from launcher.run.rundir import RunDir
 
@@ -429,14 +429,15 @@ def no_telemetry(info: load.RunInfo, what: str) -> bool:
     return True
 
 
-def num(x: Any, fmt: str = ",.0f", unit: str = "") -> str:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return "—"
-    if not math.isfinite(v):
-        return "—"
-    return f"{v:{fmt}}{unit}"
+def num(x: Any, digits: int | None = 0, unit: str = "") -> str:
+    """A number as the CLI and the report write it (`launcher.numbers.number`)."""
+    return numbers.number(x, digits, unit)
+
+
+def pct(x: Any, digits: int = 1) -> str:
+    """A fraction as a percentage, as the report writes it: 0.733 -> '73.3%'."""
+    v = numbers.value(x)
+    return numbers.MISSING if v is None else numbers.number(v * 100, digits) + "%"
 
 
 # Streamlit's chart theme puts titles 26 px above the plot and fits the view to its frame
@@ -459,11 +460,74 @@ def altair(chart: Any) -> None:
 ROW_PX, HEADER_PX, MAX_FIT_ROWS = 35, 38, 30
 
 
+def shapes(plan: PlanDoc) -> str:
+    """The endpoints by role and shape, without the GPU total: '1 decode DEP4 + 2 prefill
+    DEP2' (a table's GPUs column says the total)."""
+    return re.sub(r" \(\d+ GPUs?\)$", "", plan.topology())
+
+
+def numbers_as_text(df: pd.DataFrame, digits: dict[str, int | None],
+                    config: dict | None = None) -> tuple[pd.DataFrame, dict]:
+    """`df` with the `digits` columns written by `launcher.numbers` (as the CLI and the
+    report write them: 10,277; — for none) and right-aligned; returns (frame, column_config)
+    with `config`'s entries kept. Columns that do not exist are skipped."""
+    out, cfg = df.copy(), dict(config or {})
+    for col, d in digits.items():
+        if col not in out.columns:
+            continue
+        out[col] = [numbers.number(v, d) for v in out[col]]
+        prev = cfg.get(col)
+        label = prev.get("label") if isinstance(prev, dict) else None
+        helptext = prev.get("help") if isinstance(prev, dict) else None
+        cfg[col] = st.column_config.TextColumn(label, help=helptext, alignment="right")
+    return out, cfg
+
+
+# st.dataframe sizes a column from its first 9 rows and its last (glide-data-grid), so a
+# longer value further down was cut. Tables of more rows get text columns as wide as their
+# longest value, from the widths of the grid's font (14 px Source Sans, measured in Chromium)
+# and its 8 px padding a side.
+GLIDE_SAMPLED_ROWS = 10
+_CHAR_PX = {ch: w for w, chars in (
+    (3.0, " "), (3.5, "',.:;Iijl|·"), (4.0, "!()[]f{}"), (4.5, "-t▾°"), (5.0, "/\\r"),
+    (6.0, '"*?sxz'), (6.5, "JYcvy"), (7.0, "#$+0123456789<=>FLVX^_aegk~×≥±÷"),
+    (7.5, "AESTZ`bhnou"), (8.0, "BCKPRdpqµ"), (8.5, "&DG└↗"), (9.0, "HNU"), (9.5, "OQ"),
+    (10.0, "Mw"), (11.0, "W—"), (11.5, "%m"), (12.0, "@"), (13.5, "…")) for ch in chars}
+
+
+def text_px(text: str) -> float:
+    """About how wide `text` is in a table cell (unknown characters count as wide)."""
+    return sum(_CHAR_PX.get(ch, 10.0) for ch in text)
+
+
+def fit_columns(df: pd.DataFrame, config: dict | None = None) -> dict:
+    """`config` with a width for every text column of a table longer than the grid
+    measures: its longest value or header, plus the cell's padding."""
+    cfg = dict(config or {})
+    if len(df) <= GLIDE_SAMPLED_ROWS:
+        return cfg
+    for col in df.columns:
+        if pd.api.types.is_numeric_dtype(df[col]):
+            continue
+        c = cfg.get(col)
+        if isinstance(c, dict) and c.get("width") not in (None, ""):
+            continue
+        if isinstance(c, dict) and (c.get("type_config") or {}).get("type") == "link":
+            continue
+        label = c.get("label") if isinstance(c, dict) and c.get("label") else str(col)
+        widest = max([text_px(str(v)) for v in df[col] if v is not None] + [text_px(label)])
+        cfg[col] = {**(c if isinstance(c, dict) else st.column_config.TextColumn()),
+                    "width": int(widest + 2 * 8 + 1)}
+    return cfg
+
+
 def table(df: pd.DataFrame, **kw: Any) -> None:
     """A dataframe exactly as tall as its rows (no empty filler rows, no inner scrolling up
     to MAX_FIT_ROWS rows)."""
     n = len(df)
     height = HEADER_PX + ROW_PX * max(n, 1) if n <= MAX_FIT_ROWS else "auto"
+    kw.setdefault("placeholder", numbers.MISSING)  # never "None" for a missing value
+    kw["column_config"] = fit_columns(df, kw.get("column_config"))
     st.dataframe(df, hide_index=True, width="stretch", height=height, **kw)
 
 

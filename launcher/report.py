@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.run import listing
+from launcher.run import listing, numbers
 from launcher.run.figures import realized_lengths
 from launcher.run.plandoc import PlanError, read_plan
 from launcher.run.results import load_results
@@ -50,9 +50,7 @@ def esc(x: Any) -> str:
 
 
 def num(v: Any, digits: int = 0) -> str:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        return "–"
-    return f"{v:,.{digits}f}"
+    return numbers.number(v, digits)  # the one formatter (CLI, dashboard, report)
 
 
 def when(ts: Any) -> str:

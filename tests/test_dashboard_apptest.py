@@ -80,7 +80,8 @@ def test_runs_page_lists_every_run(runs, monkeypatch):
     states = dict(zip(df["run"], df["state"], strict=True))
     assert "failed" in states[runs["failed"].name].lower()
     assert states[runs["empty"].name] == "planned"  # the same word `launcher runs` prints
-    assert set(df.loc[df["run"] == runs["large"].name, "GPUs"]) == {72}
+    # the topology in short (the table fits 1280 px): 2 decode DEP16 + 20 prefill DEP2
+    assert set(df.loc[df["run"] == runs["large"].name, "topology"]) == {"D 2×DEP16 · P 20×DEP2"}
     assert "SIMULATION" in set(df["engine"])
 
 

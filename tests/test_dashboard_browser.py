@@ -7,7 +7,9 @@ saves full-page screenshots (the directory is printed: $PD_SCREENSHOTS or pytest
 basetemp/screenshots) and checks what is on the page: titles, the SIMULATION label, drawn
 charts, no exception box, no developer toolbar, no empty filler rows in tables, and every
 axis's tick labels (no bare fraction, no label repeated, time axes in the server's zone
-whatever the browser's zone is). The server runs in Asia/Kolkata, the browser in
+whatever the browser's zone is); at 1440 and at 1280 px, no text cut (a table cell, header
+or table too wide, a chart's ellipsis or overflow, an element hiding its overflow), no chart
+without a plot area, and no "None", "nan" or raw float (issue 41). The server runs in Asia/Kolkata, the browser in
 America/New_York: a time axis must show the server's wall clock, as the logs do.
 """
 
@@ -86,6 +88,88 @@ EMPTY_JS = """() => [...document.querySelectorAll('[data-testid="stVegaLiteChart
   .filter(([_, bg]) => bg).map(([t, bg]) => [t, bg.getBoundingClientRect()])
   .filter(([_, r]) => r.height < 10 || r.width < 10)
   .map(([t, r]) => t + ' @ ' + Math.round(r.width) + 'x' + Math.round(r.height))"""
+# Tables (st.dataframe) are drawn on a canvas: every text they draw is recorded with the clip
+# of its cell, so a cut cell can be told from the page (issue 41 item 10).
+CANVAS_TEXT_JS = """(() => {
+  const P = CanvasRenderingContext2D.prototype, st = new WeakMap();
+  const S = c => { let s = st.get(c); if (!s) { s = {path: [], clip: null, stack: []};
+                                               st.set(c, s); } return s; };
+  const wrap = (name, f) => { const orig = P[name];
+    P[name] = function (...a) { f(S(this), ...a); return orig.apply(this, a); }; };
+  wrap('beginPath', s => { s.path = []; });
+  wrap('rect', (s, x, y, w, h) => { s.path.push([x, y, w, h]); });
+  wrap('clip', s => { if (s.path.length) s.clip = s.path[s.path.length - 1]; });
+  wrap('save', s => { s.stack.push(s.clip); });
+  wrap('restore', s => { s.clip = s.stack.length ? s.stack.pop() : null; });
+  window.__texts = [];
+  const fill = P.fillText;
+  P.fillText = function (t, x, y, ...rest) {
+    const w = this.measureText(String(t)).width, a = this.textAlign;
+    const x0 = a === 'right' || a === 'end' ? x - w : a === 'center' ? x - w / 2 : x;
+    window.__texts.push({t: String(t), x0, x1: x0 + w, clip: S(this).clip, canvas: this.canvas});
+    return fill.call(this, t, x, y, ...rest);
+  };
+})()"""
+# Text a person cannot read whole: a table cell or header wider than its column, a table
+# wider than the page (columns past the right edge), Vega's ellipsis in a chart, a chart
+# wider than its frame, an element that hides its own overflow, anything past the page.
+CUT_JS = """() => { const out = [], seen = new Set();
+  const say = s => { if (!seen.has(s)) { seen.add(s); out.push(s); } };
+  const main = document.querySelector('[data-testid="stMain"] [data-testid="stMainBlockContainer"]') || document.querySelector('[data-testid="stMain"]');
+  const mb = main.getBoundingClientRect();
+  // tables drawn on a canvas (glide): a cell or header whose text is wider than its clip
+  for (const e of window.__texts || []) {
+    if (!e.canvas.isConnected || !e.clip || !e.canvas.closest('[data-testid="stDataFrame"]')) continue;
+    const [cx, , cw] = e.clip;
+    if (e.x1 > cx + cw + 0.5 || e.x0 < cx - 0.5) say(`table cell ${JSON.stringify(e.t)} needs ${Math.round(e.x1 - e.x0)} px, has ${Math.round(cw)}`);
+  }
+  // ... or wider than the page: columns past the right edge
+  for (const d of document.querySelectorAll('[data-testid="stDataFrame"]')) {
+    const sc = d.querySelector('.dvn-scroller');
+    const head = [...d.querySelectorAll('[role="columnheader"]')].map(h => h.innerText).slice(0, 3).join(', ');
+    if (sc && sc.scrollWidth > sc.clientWidth + 1) say(`table (${head}, ...) is ${sc.scrollWidth} px wide in ${sc.clientWidth}`);
+  }
+  // charts: Vega's ellipsis, and SVG text outside its chart's frame
+  for (const c of document.querySelectorAll('[data-testid="stVegaLiteChart"]')) {
+    const svg = c.querySelector('svg.marks'); if (!svg) continue;
+    const title = (svg.querySelector('.role-title-text') || {}).textContent || '';
+    for (const t of svg.querySelectorAll('text')) if (t.textContent.includes('…')) say(`chart "${title}": ${JSON.stringify(t.textContent)}`);
+    const b = svg.getBoundingClientRect(), cb = c.getBoundingClientRect();
+    if (b.right > cb.right + 1 || b.left < cb.left - 1) say(`chart "${title}" is ${Math.round(b.width)} px wide in ${Math.round(cb.width)}`);
+  }
+  // HTML: anything that hides its own overflow (ellipsis, clipped) while its text is wider
+  for (const el of main.querySelectorAll('*')) {
+    if (el.closest('[data-testid="stDataFrame"], [data-testid="stVegaLiteChart"], [data-testid="stCode"], pre, textarea, input')) continue;
+    const cs = getComputedStyle(el);
+    if (cs.display === 'none' || cs.visibility === 'hidden') continue;
+    const clips = cs.textOverflow === 'ellipsis' || ['hidden', 'clip'].includes(cs.overflowX) || ['auto', 'scroll'].includes(cs.overflowX);
+    if (!clips || !el.innerText || !el.innerText.trim()) continue;
+    if (el.scrollWidth > el.clientWidth + 1 && el.clientWidth > 0) say(`${el.tagName.toLowerCase()}[${el.getAttribute('data-testid') || el.className.toString().slice(0, 30)}] ${JSON.stringify(el.innerText.trim().slice(0, 60))}: ${el.scrollWidth} px in ${el.clientWidth}`);
+  }
+  // ... and anything that reaches past the page's content column
+  for (const el of main.querySelectorAll('table, [data-testid="stMetric"], [data-testid="stExpander"]')) {
+    const r = el.getBoundingClientRect();
+    if (r.width && r.right > mb.right + 1) say(`${el.tagName.toLowerCase()} ${JSON.stringify((el.innerText || '').trim().slice(0, 40))} ends ${Math.round(r.right - mb.right)} px past the page`);
+  }
+  return out; }"""
+# What a person should never read: "None", "nan" or a raw float, in a table or in the text.
+RAW_JS = """() => {
+  // a raw float: four decimals or more on a whole part, five significant ones below 1
+  const bad = t => /^(None|nan|NaN|null|undefined)$/.test(t) ||
+      /^-?[1-9][\\d,]*\\.\\d{4,}$/.test(t) || /^-?0\\.0*[1-9]\\d{4,}$/.test(t);
+  const drawn = (window.__texts || []).filter(e => e.canvas.isConnected &&
+      e.canvas.closest('[data-testid="stDataFrame"]')).map(e => e.t.trim());
+  const words = [];
+  const main = document.querySelector('[data-testid="stMain"]');
+  const walk = document.createTreeWalker(main, NodeFilter.SHOW_TEXT);
+  for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+    if (n.parentElement.closest('[data-testid="stDataFrame"], [data-testid="stCode"], pre, code'))
+      continue;
+    if (!n.parentElement.checkVisibility()) continue;
+    words.push(...n.textContent.split(/[\\s(),;:]+/));
+  }
+  return [...new Set([...drawn, ...words].filter(bad))]; }"""
+WIDTHS = (1440, 1280)  # a page must read whole at both (the issue's laptop and desktop)
 TABLES_JS = """() => [...document.querySelectorAll('[data-testid="stDataFrame"]')]
   .map(d => { const g = d.querySelector('[role="grid"][aria-rowcount]');
               return g ? {h: d.getBoundingClientRect().height,
@@ -182,33 +266,49 @@ def check_axes(axes: list[list[dict]], where: str) -> int:
     return n_time
 
 
+def at_width(page, width: int) -> None:
+    """The page laid out `width` px wide and as tall as its content (Streamlit scrolls
+    inside its main block, so "full page" is the viewport), every table drawn afresh."""
+    h = page.evaluate("document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
+    page.evaluate("window.__texts = []")
+    page.set_viewport_size({"width": width, "height": min(max(int(h), 1000), 14000)})
+    page.wait_for_timeout(1000)  # vega and the tables redraw at the new width
+
+
 def visit(browser, url: str, title: str, min_charts: int, shot: Path) -> dict:
-    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    page = browser.new_page(viewport={"width": WIDTHS[0], "height": 1000})
+    page.add_init_script(CANVAS_TEXT_JS)
     try:
         page.goto(url, wait_until="domcontentloaded", timeout=60_000)
         settle(page, title, min_charts)
-        # Streamlit scrolls inside its main block, so "full page" is the viewport: grow the
-        # viewport to the content's height to capture the whole page.
-        h = page.evaluate("document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
-        page.set_viewport_size({"width": 1440, "height": min(max(int(h), 1000), 14000)})
-        page.wait_for_timeout(800)
-        page.screenshot(path=str(shot), full_page=True)
-        print(f"screenshot: {shot}")
         exc = page.locator('[data-testid="stException"]')
         assert exc.count() == 0, exc.first.inner_text()
         assert page.get_by_text("Page not found").count() == 0, url
         assert page.locator('[data-testid="stAppDeployButton"]').count() == 0
         assert page.get_by_text("Deploy", exact=True).count() == 0  # no developer toolbar
-        clipped = page.evaluate(CLIPPED_JS)  # (left, top, right, bottom) room, px
-        assert not clipped, (url, clipped)
-        empty = page.evaluate(EMPTY_JS)
-        assert not empty, (url, "charts with no plot area", empty)
-        for t in page.evaluate(TABLES_JS):  # as tall as their rows: no empty filler rows
-            assert t["h"] <= ui.HEADER_PX + ui.ROW_PX * max(t["rows"] - 1, 1) + 4, (url, t)
-        axes = page.evaluate(AXES_JS)
-        n_time = check_axes(axes, url)
-        return {"text": page.inner_text("body"), "drawn": page.locator(DRAWN).count(),
-                "axes": axes, "time_axes": n_time}
+        got = {}
+        for width in WIDTHS:
+            at_width(page, width)
+            where = f"{url} at {width} px"
+            path = shot if width == WIDTHS[0] else shot.with_name(f"{shot.stem}-{width}.png")
+            page.screenshot(path=str(path), full_page=True)
+            print(f"screenshot: {path}")
+            clipped = page.evaluate(CLIPPED_JS)  # (left, top, right, bottom) room, px
+            assert not clipped, (where, clipped)
+            empty = page.evaluate(EMPTY_JS)
+            assert not empty, (where, "charts with no plot area", empty)
+            cut = page.evaluate(CUT_JS)
+            assert not cut, (where, "text cut off", cut)
+            raw = page.evaluate(RAW_JS)
+            assert not raw, (where, "raw values shown", raw)
+            for t in page.evaluate(TABLES_JS):  # as tall as their rows: no empty filler rows
+                assert t["h"] <= ui.HEADER_PX + ui.ROW_PX * max(t["rows"] - 1, 1) + 4, (where, t)
+            axes = page.evaluate(AXES_JS)
+            n_time = check_axes(axes, where)
+            if width == WIDTHS[0]:
+                got = {"text": page.inner_text("body"), "drawn": page.locator(DRAWN).count(),
+                       "axes": axes, "time_axes": n_time}
+        return got
     finally:
         page.close()
 

@@ -181,7 +181,7 @@ def test_runs_page_lists_a_study_as_one_item(root, study, monkeypatch):
     under = [n.strip().removeprefix("└ ").strip() for n in names[head + 1: head + 4]]
     assert sorted(under) == sorted(members)
     row = df.iloc[head]
-    assert row["open"] == f"./study?study={study.name}"
+    assert row["topology"] == "3 configurations"
     assert row["configuration"] == "prefill.endpoints = 1, 2, 3"
     assert "3 succeeded" in row["state"]
     assert any(n == synth_name(root) for n in names)  # the run outside the study

@@ -14,7 +14,7 @@ import synth
 
 from launcher import report
 from launcher.analysis import studies
-from launcher.run import figures, listing
+from launcher.run import figures, listing, numbers
 from launcher.run.rundir import RunDir
 
 SUMMARY_KEYS = ("total_tokens_per_s_per_gpu", "output_tokens_per_s_per_decode_gpu",
@@ -72,7 +72,7 @@ def check_numbers(rows: list[dict], points: list[dict]) -> None:
         for k in SUMMARY_KEYS:
             if k in r:
                 if p[k] is None:
-                    assert r[k] == (None, "–")
+                    assert r[k] == (None, numbers.MISSING)
                 else:
                     assert float(r[k][0]) == p[k], (k, r[k], p[k])  # the exact value
                     digits = 1 if k in ("tokens_per_s_per_user",) or k.startswith("tpot") \

@@ -11,6 +11,7 @@ import streamlit as st
 
 from dashboard import charts, ui
 from launcher.analysis import compare
+from launcher.run import numbers
 from launcher.run.rundir import RunDir
 
 ui.header("Compare", need_run=False)
@@ -94,10 +95,12 @@ st.subheader("Curves")
 
 def curve(info, side: str) -> list[dict]:
     """The run's ok sweep points, the figures the table below compares (summary.json, else
-    the run's bench/; no telemetry needed)."""
+    the run's bench/), each with its verdict as the TTFT and Study pages have it."""
     points = list(compare.points(RunDir(info.path)).values())
+    verdicts = {v.point: v.label for v in ui.verdicts(info)}
     return [{"run": f"{side}: {ui.run_label(info.run_id)}", "point": f"c={p['max_concurrency']}",
-             "concurrency": p["max_concurrency"], "verdict": "ok",
+             "concurrency": p["max_concurrency"],
+             "verdict": verdicts.get(f"c={p['max_concurrency']}", "no verdict"),
              "tokens_per_s_per_user": p.get("tokens_per_s_per_user"),
              "total_tokens_per_s_per_gpu": p.get("total_tokens_per_s_per_gpu"),
              "ttft_p99_s": (p.get("ttft_p99_ms") or 0) / 1000.0}
@@ -126,13 +129,17 @@ if rows:
     else:
         st.caption("Run-to-run spread unknown: no repeat of either run in the runs directory "
                    "(submit --again RUN makes one).")
+    # written as `launcher diff` writes them (launcher.numbers), A and B to the same digits
     table = pd.DataFrame([{
-        "concurrency": "" if x["concurrency"] is None else str(x["concurrency"]),
-        "figure": x["figure"], "A": x["a"], "B": x["b"],
-        "change %": None if x["change_pct"] is None else round(x["change_pct"], 1),
-        "spread %": None if x.get("spread_pct") is None else round(x["spread_pct"], 1),
+        "concurrency": "" if x["concurrency"] is None else numbers.number(x["concurrency"]),
+        "figure": x["figure"], **dict(zip(("A", "B"), numbers.same_digits(x["a"], x["b"]),
+                                          strict=True)),
+        "change": numbers.signed_pct(x["change_pct"]),
+        "spread": numbers.MISSING if x.get("spread_pct") is None
+        else numbers.number(x["spread_pct"], 1, "%"),
         "vs spread": {True: "outside", False: "within", None: "unknown"}[x.get("outside_spread")],
     } for x in rows])
-    ui.table(table)
+    ui.table(table, column_config={c: st.column_config.TextColumn(alignment="right")
+                                   for c in ("concurrency", "A", "B", "change", "spread")})
 else:
     st.caption("No sweep point in both runs.")

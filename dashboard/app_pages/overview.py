@@ -29,10 +29,11 @@ def body(info) -> None:  # the run as re-read at each live refresh
 
     # Headline: the best point by total tokens/s per GPU (the published figure).
     ok = table[(table["status"] == "ok")] if not table.empty else table
-    cols = st.columns(5)
+    cols = st.columns(4)  # four fit their labels at 1280 px; the point is the first's delta
     if not ok.empty and ok["total_tokens_per_s_per_gpu"].notna().any():
         best = ok.loc[ok["total_tokens_per_s_per_gpu"].idxmax()]
         cols[0].metric("tok/s per working GPU, best", ui.num(best["total_tokens_per_s_per_gpu"]),
+                       delta=f"at {best['point']}", delta_color="off", delta_arrow="off",
                        help=derive.HEADLINE_TITLES["total_tokens_per_s_per_gpu"] +
                        f"; denominator: {derive.gpu_count(plan, 'total')} GPUs; the best "
                        "sweep point by this measure")
@@ -40,9 +41,8 @@ def body(info) -> None:  # the run as re-read at each live refresh
             best["output_tokens_per_s_per_decode_gpu"]),
             help=f"Output tokens/s ÷ {derive.gpu_count(plan, 'decode')} decode GPUs, at the "
                  "same point")
-        cols[2].metric("tok/s per user", ui.num(best["tokens_per_s_per_user"], ",.1f"),
+        cols[2].metric("tok/s per user", ui.num(best["tokens_per_s_per_user"], 1),
                        help="1000 ÷ median TPOT (ms) at the same point")
-        cols[3].metric("at concurrency", ui.num(best["concurrency"]))
     else:
         cols[0].metric("Total tok/s per working GPU", "—")
         cols[1].caption("No successful sweep point yet." if table.empty or ok.empty else "")
@@ -50,16 +50,16 @@ def body(info) -> None:  # the run as re-read at each live refresh
         from launcher.run.figures import accuracy_line, harness_of
 
         passed = acc.get("passed")
-        cols[4].metric(f"GSM8K accuracy ({harness_of(acc)})", ui.num(acc.get("accuracy"), ".1%"),
+        cols[3].metric(f"GSM8K accuracy ({harness_of(acc)})", ui.pct(acc.get("accuracy")),
                        delta=f"{'pass' if passed else 'FAIL'} (threshold "
-                             f"{ui.num(acc.get('threshold'), '.0%')})",
+                             f"{ui.pct(acc.get('threshold'), 0)})",
                        delta_color="normal" if passed else "inverse",
                        help=f"{acc.get('num_questions', '?')} questions, scored by the "
                             f"{harness_of(acc)} harness")
         # which harness and figure the verdict used; the published figure only beside its own
         st.caption(accuracy_line(acc))
     else:
-        cols[4].metric("GSM8K accuracy", "—", help="accuracy/ has no result (not run yet, "
+        cols[3].metric("GSM8K accuracy", "—", help="accuracy/ has no result (not run yet, "
                                                      "skipped, or the run ended before it)")
 
     if plan is None:
@@ -117,8 +117,7 @@ def topology_panel(info, plan: PlanDoc) -> None:
     eps = pd.DataFrame([{"endpoint": e.name, "role": str(e.role), "shape": e.shape,
                          "GPUs": e.gpus, "nodes": ", ".join(e.nodes), "url": e.url}
                         for e in plan.endpoints])
-    ui.table(eps, column_config={"url": st.column_config.TextColumn(width="large"),
-                                 "nodes": st.column_config.TextColumn(width="large")})
+    ui.table(eps)  # columns as wide as their text: the whole table fits at 1280 px
 
 
 def events_frame(events: list[dict], info: load.RunInfo) -> pd.DataFrame:

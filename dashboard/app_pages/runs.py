@@ -3,14 +3,14 @@ item with its runs under it, in the order `launcher runs` prints them."""
 
 from __future__ import annotations
 
-import time
+import re
 
 import pandas as pd
 import streamlit as st
 
 from dashboard import ui
 from launcher.analysis import load, studies
-from launcher.run import listing
+from launcher.run import listing, numbers
 
 ui.header("Runs", need_run=False)
 infos = ui.run_infos()
@@ -19,26 +19,30 @@ if not infos:
             "`python -m launcher submit RECIPE` (or `--dry-run` to see what it would do).")
     st.stop()
 
-now = time.time()
 by_path = {str(i.path): i for i in infos}
 
 
-def duration(i: load.RunInfo) -> str:
-    end = i.ended or (now if i.live else None)
-    return ui.fmt_duration(end - i.started if end and i.started else None)
-
-
 def run_row(i: load.RunInfo, name: str, config: str = "") -> dict:
+    # what identifies a run, so the table fits the page at 1280 px: the recipe and start time
+    # are in its name, errors and live stages in full under the table, the rest on its pages
+    state = "dry-run" if i.dry_run else ui.STATE_BADGE.get(i.state, i.state)
+    if i.live and i.stage:
+        state = f"{state} ({i.stage})"
     return {
-        "run": name, "open": f"./overview?run={i.run_id}", "configuration": config,
-        "state": "dry-run" if i.dry_run else ui.STATE_BADGE.get(i.state, i.state),
+        "run": name, "state": state, "configuration": config,
         "engine": "SIMULATION" if i.simulated else "vLLM (CPU)" if i.on_cpu else (i.engine or "—"),
-        "topology": i.topology, "GPUs": i.gpus,  # the recipe is in the run's name
-        "points": i.points,
-        "started": ui.fmt_time(i.started), "duration": duration(i),
+        "topology": compact_topology(i),
         "stage / error": i.error or (ui.progress_line(i) or i.stage if i.live else "") or "",
         "_page": "app_pages/overview.py", "_query": {"run": i.run_id},
     }
+
+
+def compact_topology(i: load.RunInfo) -> str:
+    """'D 1×DEP4 · P 2×DEP2': the topology the page headers spell out (with its GPUs), short
+    (a shape says its GPUs: DEP4 is 4)."""
+    t = re.sub(r"(\d+) (decode|prefill|agg) ", lambda m: f"{m[2][0].upper()} {m[1]}×",
+               i.topology)
+    return re.sub(r" \(\d+ GPUs?\)$", "", t).replace(" + ", " · ")
 
 
 rows = []
@@ -51,24 +55,20 @@ for e in entries:
             b = ui.STATE_BADGE.get(m.state, m.state)
             states[b] = states.get(b, 0) + 1
         axes = ", ".join(f"{k} = {', '.join(map(str, v))}" for k, v in e.axes.items())
-        started = [m.started for m in members if m.started]
         rows.append({
-            "run": f"▾ {e.name}", "open": f"./study?study={e.name}",
-            "configuration": axes or "?",
+            "run": f"▾ {e.name}",
             "state": ", ".join(f"{n} {s}" for s, n in states.items()) or "—",
+            "configuration": axes or "?",
             "engine": "SIMULATION" if any(m.simulated for m in members) else
             "vLLM (CPU)" if any(m.on_cpu for m in members) else
             (members[0].engine if members else "—") or "—",
-            "recipe": str(e.doc.get("recipe") or (members[0].recipe if members else "—")),
-            "topology": f"{len(members)} configurations", "GPUs": None,
-            "sweep points": sum(m.points for m in members),
-            "started": ui.fmt_time(min(started) if started else None), "duration": "",
+            "topology": f"{len(members)} configurations",
             "stage / error": "; ".join(f"{m.run_id}: {m.error}" for m in members if m.error),
             "_page": "app_pages/study.py", "_query": {"study": e.name},
         })
         labels = dict((str(p), lab) for lab, p in studies.configs(e))
         for m in members:
-            rows.append(run_row(m, f"    └ {m.run_id}", labels.get(str(m.path), "")))
+            rows.append(run_row(m, f"  └ {m.run_id}", labels.get(str(m.path), "")))
     else:
         i = by_path.get(str(e.path))
         if i is not None:
@@ -82,30 +82,27 @@ c4.metric("Failed", sum(i.state == "failed" for i in infos))
 c5.metric("Simulated", sum(i.simulated for i in infos))
 
 df = pd.DataFrame(rows)
-show = df.drop(columns=[c for c in df.columns if c.startswith("_")])
+show = df.drop(columns=[c for c in df.columns if c.startswith("_")] + ["stage / error"])
 if not show["configuration"].astype(bool).any():
     show = show.drop(columns=["configuration"])
 event = st.dataframe(
     show, hide_index=True, width="stretch", key="runs_table", on_select="rerun",
     selection_mode="single-row",
     height=ui.HEADER_PX + ui.ROW_PX * len(show) if len(show) <= 40 else "auto",
-    column_config={
-        "run": st.column_config.TextColumn("run / study"),
-        "open": st.column_config.LinkColumn("open", display_text="open ↗", width="small",
-                                            help="opens in a new tab"),
-        "stage / error": st.column_config.TextColumn(width="large"),
+    placeholder=numbers.MISSING,
+    column_config=ui.fit_columns(show, {
+        "run": st.column_config.TextColumn("run / study", help="its name begins with its "
+                                           "start time (YYYYMMDD-HHMMSS) and its recipe"),
         "configuration": st.column_config.TextColumn(
-            width="medium", help="a study's swept values; under it, each run's"),
-        "GPUs": st.column_config.NumberColumn(format="%d", width="small"),
-        "points": st.column_config.NumberColumn(format="%d", width="small",
-                                                help="sweep points measured"),
-        "started": st.column_config.TextColumn(width="medium"),
-    })
-st.caption("Select a row to open it here (a study opens its Study page, a run its Overview), "
-           "or use *open ↗* for a new tab. A study (`submit --sweep`) is one item with its "
-           "configurations' runs under it. SIMULATION runs use the launcher's simulated "
-           "engine, not vLLM on GPUs; vLLM (CPU) runs use real vLLM built for CPU on a tiny "
-           "model, not GPUs either.")
+            help="a study's swept values; under it, each run's"),
+        "topology": st.column_config.TextColumn(
+            help="D = decode, P = prefill endpoints (count × shape); A = aggregated"),
+    }))
+st.caption("Select a row to open it (a study opens its Study page, a run its Overview). A "
+           "study (`submit --sweep`) is one item with its configurations' runs under it. "
+           "SIMULATION runs use the launcher's simulated engine, not vLLM on GPUs; vLLM (CPU) "
+           "runs use real vLLM built for CPU on a tiny model, not GPUs either. Each run's "
+           "duration, points and figures: `python -m launcher runs` or its Overview.")
 errors = [(r["run"].strip(" └▾"), r["stage / error"]) for r in rows
           if r["stage / error"] and not r["_page"].endswith("study.py")]
 if errors:

@@ -105,14 +105,12 @@ def body() -> None:
     ui.altair(charts.pareto(ok.dropna(subset=[y]), front, y=y, y_title=studies.MEASURES[y],
                             color="config", color_title=axis_title, curves=True,
                             reference=ref,
-                            title=f"{studies.MEASURES[y]} vs tok/s per user: one curve per "
-                                  "configuration (dashed: the frontier over all of them)"
-                            if ref is None else
-                            f"{studies.SHORT[y]} vs tok/s per user: one curve per "
-                            "configuration; dotted ◇: the published Pareto, read off a figure "
-                            "±0.3k"))
-    st.caption("Each curve is one configuration's sweep (points labelled with max "
-               "concurrency, shaped by their verdict); x = 1000 ÷ median TPOT (ms)."
+                            title=f"{studies.SHORT[y]} vs tok/s per user, one curve per "
+                                  "configuration" + ("" if ref is None else
+                                                     ", and the published Pareto")))
+    st.caption(f"y = {studies.MEASURES[y]}. Each curve is one configuration's sweep (points "
+               "labelled with max concurrency, shaped by their verdict); dashed: the Pareto "
+               "frontier over every configuration; x = 1000 ÷ median TPOT (ms)."
                + (" Dotted curves with hollow diamonds, in the colour of the configuration "
                   f"they match: the published Pareto ({published.precision_text()})."
                   if ref is not None else ""))
@@ -121,7 +119,7 @@ def body() -> None:
     best = ok.loc[ok[y].idxmax()]
     c2.markdown(f"**Best configuration:** :green[**{best['config']}**]  \n"
                 f"{ui.num(best[y])} {studies.SHORT[y]} at {best['point']}, "
-                f"{ui.num(best['tokens_per_s_per_user'], ',.1f')} tok/s per user")
+                f"{ui.num(best['tokens_per_s_per_user'], 1)} tok/s per user")
     margin = studies.lead_and_spread(ok, y)
     if margin is not None and margin["lead"] is not None:
         lead = f"{margin['lead']:.1%} ahead of {margin['second']}"
@@ -141,11 +139,11 @@ def body() -> None:
         show = pd.DataFrame({
             "interactivity": [f"≥ {b:g} tok/s per user" for b in bands["at_least"]],
             "best configuration": bands["config"], "at point": bands["point"],
-            studies.MEASURES[y]: bands[y], "tok/s per user": bands[studies.X],
+            studies.SHORT[y]: bands[y], "tok/s per user": bands[studies.X],
             "verdict there": bands["verdict"]})
-        ui.table(show, column_config={
-            studies.MEASURES[y]: st.column_config.NumberColumn(format="%.0f"),
-            "tok/s per user": st.column_config.NumberColumn(format="%.1f")})
+        show, cfg = ui.numbers_as_text(show, {studies.SHORT[y]: 0, "tok/s per user": 1}, {
+            studies.SHORT[y]: st.column_config.TextColumn(help=studies.MEASURES[y])})
+        ui.table(show, column_config=cfg)
         st.caption("For a user who needs at least that many tokens per second: the "
                    "configuration with the most throughput among points that deliver it.")
 
@@ -153,32 +151,37 @@ def body() -> None:
     rows = []
     short = studies.SHORT[y]
     all_done = all(m.state == "succeeded" for _, m in members)
+    harnesses: set[str] = set()
     for lab, m in members:
         t = ok[ok["run"] == m.run_id]
         b = t.loc[t[y].idxmax()] if not t.empty and t[y].notna().any() else None
         acc = load.read_accuracy(m.path)
         plan = ui.plan(m)
         gpus = (f"{plan.gpus()} / {allocated_gpus(plan)}" if plan else "—")
+        harnesses.update([harness_of(acc)] if acc else [])
         rows.append({"configuration": lab, "run": f"./overview?run={m.run_id}",
-                     "state": ui.STATE_BADGE.get(m.state, m.state), "topology": m.topology,
-                     "GPUs working / allocated": gpus,
+                     "state": ui.STATE_BADGE.get(m.state, m.state),
+                     "topology": ui.shapes(plan) if plan else m.topology, "GPUs": gpus,
                      "best y": None if b is None else b[y],
                      "at": "—" if b is None else b["point"],
                      "tok/s/user": None if b is None else b["tokens_per_s_per_user"],
                      "GSM8K": "—" if not acc else
-                     f"{acc.get('accuracy') or 0:.1%} ({harness_of(acc)}) "
-                     f"{'pass' if acc.get('passed') else 'FAIL'}"})
+                     f"{ui.pct(acc.get('accuracy'))} {'pass' if acc.get('passed') else 'FAIL'}"})
     cfg = pd.DataFrame(rows)
     if all_done:
         cfg = cfg.drop(columns=["state"])  # the caption above says they all succeeded
-    ui.table(cfg, column_config={
-        "run": st.column_config.LinkColumn("run (opens its overview)",
-                                           display_text=r"\./overview\?run=(.*)"),
-        "best y": st.column_config.NumberColumn(
-            f"best {short}", format="%.0f",
-            help=f"{studies.MEASURES[y]} at the configuration's best point"),
-        "tok/s/user": st.column_config.NumberColumn(format="%.1f",
-                                                    help="at that point")})
+    cfg, conf = ui.numbers_as_text(cfg, {"best y": 0, "tok/s/user": 1}, {
+        "best y": st.column_config.TextColumn(
+            f"best {short}", help=f"{studies.MEASURES[y]} at the configuration's best point"),
+        "tok/s/user": st.column_config.TextColumn(help="at that point")})
+    ui.table(cfg, column_config=conf | {
+        "run": st.column_config.LinkColumn("run", display_text="overview ↗",
+                                           help="opens the run's Overview"),
+        "GPUs": st.column_config.TextColumn(help="working (prefill and decode endpoints) / "
+                                                 "allocated (nodes × GPUs per node)"),
+        "GSM8K": st.column_config.TextColumn(
+            help="accuracy and verdict, as scored by the " + (", ".join(sorted(harnesses))
+                                                             or "accuracy") + " harness")})
 
     st.subheader("Verdict per sweep point")
     pivot = table.pivot_table(index="config", columns="point", values="verdict",
@@ -209,7 +212,7 @@ def body() -> None:
         if not d.empty:
             ui.altair(charts.latency_vs_concurrency(
                 d, metric="TTFT", title="TTFT p50/p99 vs concurrency per configuration",
-                color="config", legend_right=True))
+                color="config", color_title=axis_title, legend_right=True))
 
     recommendation_section(best, members)
     ui.report_panel(study.path, "study")
@@ -229,7 +232,9 @@ def published_section(cmp: dict, y: str) -> None:
                    "simulated engine (a speed model), not a GB200 measurement: they check the "
                    "comparison, not performance.", icon=":material/science:")
     st.caption(f"Published points {src}. Ratio = measured total tok/s per **working** GPU "
-               "(÷ GPUs of the prefill and decode endpoints, as the published figure divides) "
+               "(÷ GPUs of the prefill and decode endpoints; which denominator the published "
+               "figure used is not known: srt-slurm v1.0.32 divided by the allocated GPUs, "
+               "v1.0.39 on by the working ones, so the per-allocated-GPU figure is beside it) "
                "÷ the published total tok/s/GPU at the same configuration and max "
                "concurrency; where the figure has no point at a concurrency the row says so "
                "(nothing is interpolated). The range is the ratio over the reading "

@@ -32,6 +32,38 @@ def run_points(run) -> pd.DataFrame:
     return t
 
 
+def points_tables(t: pd.DataFrame, energy: list[str]) -> None:
+    """One run's points: throughput with the verdict, then latency and energy."""
+    num = st.column_config.NumberColumn
+    lead = ["point"] + ([] if (t["status"] == "ok").all() else ["status"])
+    ui.table(t[lead + ["total_tokens_per_s_per_gpu", "output_tokens_per_s_per_decode_gpu",
+                       "input_tokens_per_s_per_prefill_gpu", "tokens_per_s_per_user",
+                       "request_rate", "verdict"]], column_config={
+        "total_tokens_per_s_per_gpu": num("tok/s/working GPU", format="%.0f",
+                                          help="total tok/s ÷ the GPUs of the endpoints "
+                                               "(prefill + decode), the published measure"),
+        "output_tokens_per_s_per_decode_gpu": num("out/decode GPU", format="%.0f",
+                                                  help="output tok/s ÷ decode GPUs"),
+        "input_tokens_per_s_per_prefill_gpu": num("in/prefill GPU", format="%.0f",
+                                                  help="input tok/s ÷ prefill GPUs"),
+        "tokens_per_s_per_user": num("tok/s/user", format="%.1f"),
+        "request_rate": num("req/s", format="%.2f"),
+    })
+    lat = t[["point", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", *energy]].copy()
+    for c in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s"):
+        lat[c] = lat[c] * 1000.0
+    ui.table(lat, column_config={
+        "ttft_p50_s": num("TTFT p50 ms", format="%.0f"),
+        "ttft_p99_s": num("TTFT p99 ms", format="%.0f"),
+        "tpot_p50_s": num("TPOT p50 ms", format="%.1f"),
+        "tpot_p99_s": num("TPOT p99 ms", format="%.1f"),
+        "joules_per_output_token": num("J/output token", format="%.3f",
+                                       help="NVML energy of the prefill and decode GPUs over "
+                                            "the window ÷ output tokens"),
+        "joules_per_request": num("J/request", format="%.1f"),
+    })
+
+
 def body(info) -> None:  # the run as re-read at each live refresh
     if info.study:
         st.page_link("app_pages/study.py", label=f"This run is one configuration of study "
@@ -86,45 +118,19 @@ def body(info) -> None:  # the run as re-read at each live refresh
                 ui.altair(charts.latency_vs_concurrency(
                     d, metric=metric, title=f"{metric} p50/p90/p99 vs concurrency"))
 
-    cols = ["run", "point", "status", "total_tokens_per_s_per_gpu",
-            "output_tokens_per_s_per_decode_gpu", "input_tokens_per_s_per_prefill_gpu",
-            "tokens_per_s_per_user", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
-            "request_rate", "verdict"]
-    if table["run"].nunique() == 1:
-        cols.remove("run")  # one run: its name is in the header
-    if (table["status"] == "ok").all():
-        cols.remove("status")
     energy = [c for c in ("joules_per_output_token", "joules_per_request")
               if c in table and table[c].notna().any()]
-    cols[cols.index("request_rate"):cols.index("request_rate")] = energy
-    show = table[cols].copy()
-    for c in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s"):
-        show[c] = show[c] * 1000.0
-    num = st.column_config.NumberColumn
-    st.caption("TTFT and TPOT in ms; per-GPU figures in tokens/s."
+    st.caption("Per point: throughput, then latency (ms) and energy; per-GPU figures in "
+               "tokens/s."
                + (" Energy from NVML's energy counter of the working GPUs over each "
                   "measured window." if energy else
                   " Energy: no NVML energy counter in this run's telemetry (absent, not 0)."))
-    ui.table(show, column_config={
-        "total_tokens_per_s_per_gpu": num("tok/s/working GPU", format="%.0f",
-                                          help="total tok/s ÷ the GPUs of the endpoints "
-                                               "(prefill + decode), the published measure"),
-        "output_tokens_per_s_per_decode_gpu": num("out/decode GPU", format="%.0f",
-                                                  help="output tok/s ÷ decode GPUs"),
-        "input_tokens_per_s_per_prefill_gpu": num("in/prefill GPU", format="%.0f",
-                                                  help="input tok/s ÷ prefill GPUs"),
-        "tokens_per_s_per_user": num("tok/s/user", format="%.1f"),
-        "ttft_p50_s": num("TTFT p50", format="%.0f"),
-        "ttft_p99_s": num("TTFT p99", format="%.0f"),
-        "tpot_p50_s": num("TPOT p50", format="%.1f"),
-        "tpot_p99_s": num("TPOT p99", format="%.1f"),
-        "request_rate": num("req/s", format="%.2f"),
-        "joules_per_output_token": num("J/output token", format="%.3f",
-                                       help="NVML energy of the prefill and decode GPUs over "
-                                            "the window ÷ output tokens"),
-        "joules_per_request": num("J/request", format="%.1f"),
-        "verdict": st.column_config.TextColumn(width="medium"),
-    })
+    # two tables a run, each fits the page at 1280 px (one of 13 columns did not)
+    groups = list(table.groupby("run", sort=False))
+    for run, t in groups:
+        if len(groups) > 1:
+            st.markdown(f"**{run}**")
+        points_tables(t, energy)
     lengths_sent(info)
 
 

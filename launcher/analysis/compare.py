@@ -22,6 +22,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from launcher.run import numbers
 from launcher.run.rundir import RunDir, read_json
 
 FIGURES = {
@@ -284,6 +285,9 @@ def compare(a: Path, b: Path, pool: list[RunDir] | None = None) -> dict[str, Any
 
 
 def show(v: Any) -> str:
+    """A setting's or fingerprint item's value as a person reads it: '(not set)' for none."""
+    if v is None:
+        return "(not set)"
     return json.dumps(v) if not isinstance(v, str) else v
 
 
@@ -333,11 +337,12 @@ def text(r: dict[str, Any]) -> str:
                    "in the runs directory):")
     for row in rows:
         where = "" if row["concurrency"] is None else f"c={row['concurrency']} "
-        ch = "" if row["change_pct"] is None else f" ({row['change_pct']:+.1f} %)"
+        ch = "" if row["change_pct"] is None else f" ({numbers.signed_pct(row['change_pct'])})"
         sp = row.get("spread_pct")
         if sp is not None and row.get("outside_spread") is not None:
             # outside: a larger change than the widest seen between repeats
             ch += (f", outside the run-to-run spread ({sp:.1f} %)" if row["outside_spread"]
                    else f", within the run-to-run spread ({sp:.1f} %)")
-        out.append(f"  {where}{row['figure']}: {row['a']:,.4g} -> {row['b']:,.4g}{ch}")
+        a, b = numbers.same_digits(row["a"], row["b"])
+        out.append(f"  {where}{row['figure']}: {a} -> {b}{ch}")
     return "\n".join(out)
