@@ -708,9 +708,11 @@ def published_block(cmp: dict, measured: list[dict], colors: dict[str, str]) -> 
                       y_title=MEASURE_TITLE, title="Measured and published Pareto"),
             f'<p class="note">Solid: measured. Dotted with hollow points: the published Pareto, '
             f"{esc(src)}. Ratio = measured total tok/s per working GPU ÷ published total "
-            "tok/s/GPU at the same configuration and max concurrency (both divide by the GPUs "
-            "of the prefill and decode endpoints); no interpolation: where the figure has no "
-            "point at a concurrency the row says so. The range is the ratio over the reading "
+            "tok/s/GPU at the same configuration and max concurrency, on the GPUs of the "
+            "prefill and decode endpoints (which denominator the published figure used is not "
+            "known: srt-slurm v1.0.32 divided by the allocated GPUs, v1.0.39 on by the working "
+            "ones; the per-allocated-GPU figure is in the table); no interpolation: where the "
+            "figure has no point at a concurrency the row says so. The range is the ratio over the reading "
             "precision.</p>"]
     if cmp["not_comparable"]:
         out.append('<p class="note">Not compared: ' + esc("; ".join(
