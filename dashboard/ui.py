@@ -24,9 +24,11 @@ from launcher.run.rundir import RunDir
 RUNS_ENV = "PD_DASHBOARD_RUNS"
 LIVE_EVERY_S = 5
 STATE_BADGE = {"succeeded": "succeeded", "failed": "FAILED", "cancelled": "cancelled",
+               "refused": "REFUSED",
                "running": "running", "submitted": "submitted", "planned": "planned",
                "dry-run": "dry-run", "empty": "empty", "unknown": "unknown"}
 STATE_COLOR = {"succeeded": "green", "failed": "red", "cancelled": "gray", "running": "blue",
+               "refused": "red",
                "submitted": "orange", "planned": "orange", "dry-run": "violet", "empty": "gray",
                "unknown": "gray"}
 PAGES = (  # (file, title, icon, url path); Material icons ship with Streamlit's font
@@ -304,6 +306,10 @@ def header(title: str, *, need_run: bool = True) -> load.RunInfo | None:
                  "What it recorded before failing is shown below; see the Logs page.")
     elif info.state == "cancelled":
         st.warning("This run was cancelled; the data stops where it was cancelled.")
+    elif info.state == "refused":
+        why = info.error or "no reason was recorded"
+        st.error(f"This submission was refused, nothing ran: {why}. Mend what it names and "
+                 "submit the recipe again.")
     elif info.dry_run:
         st.info("A dry-run: its plan and command lines were written, nothing was submitted. "
                 "Submit the recipe without --dry-run to run it.", icon=":material/draft:")

@@ -341,3 +341,25 @@ def test_a_check_records_what_the_scheduler_said(cli, tmp_path):
     rc, out, err = cli("status", str(run), "--runs-dir", str(tmp_path / "ok"))
     assert "nothing was submitted" in out and "sbatch --test-only" in out, out
     assert "not submitted yet" not in out, out
+
+
+def test_a_refused_submission_reads_refused_on_the_dashboard(cli, tmp_path, monkeypatch):
+    """The Overview page of a refused submission says it was refused and why, in red, not
+    'planned'."""
+    pytest.importorskip("streamlit")
+    from streamlit.testing.v1 import AppTest
+
+    from dashboard import ui
+
+    root = tmp_path / "runs"
+    rc, out, err = cli("submit", SEED, "--runs-dir", str(root))
+    assert rc == 2 and HUB in err, (out, err)
+    (run,) = [p.parent for p in root.glob("*/plan.json")]
+    monkeypatch.setenv(ui.RUNS_ENV, str(root))
+    at = AppTest.from_file(str(Path(ui.__file__).parent / "app.py"), default_timeout=120)
+    at.query_params["run"] = run.name
+    at.run()
+    at.switch_page("app_pages/overview.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    errors = [e.value for e in at.error]
+    assert any("was refused, nothing ran" in e and HUB[:40] in e for e in errors), errors
