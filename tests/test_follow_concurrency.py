@@ -188,7 +188,7 @@ def test_only_the_changed_endpoints_restart_and_every_point_is_measured(follow_r
     # the restarted engine ran the later command line, logging on in the same file
     log = (run / "logs/decode-0@local-1.log").read_text()
     starts = [x for x in log.splitlines() if "non-default args" in x]
-    assert len(starts) == 2 and "num_gpu_blocks=512" in starts[0] \
+    assert len(starts) == 2 and "num_gpu_blocks=384" in starts[0] \
         and "num_gpu_blocks=640" in starts[1], starts
     prefill = (run / "logs/prefill-1@local-3.log").read_text()
     assert "num_gpu_blocks=3000" in prefill
