@@ -98,7 +98,7 @@ def make_plan(run_id: str, sc: Scenario) -> dict:
         "decode": {"endpoints": topo.n_decode, "data_parallel": topo.decode_dp,
                    "expert_parallel": True},
         "benchmark": {"concurrency": list(sc.concurrencies), "input_len": ISL,
-                      "output_len": OSL},
+                      "output_len": OSL, "chat_template": True},  # the published workload
         "telemetry": {"interval_s": sc.interval_s},
     })
     cluster = Cluster(name="synthetic", scheduler="slurm", gpus_per_node=gpn,
