@@ -335,14 +335,13 @@ def cmd_submit(args) -> int:
     code = submit.submit_all(runs, check=args.check)
     if args.wait and not args.check:
         from launcher import text
-        from launcher.planning import schedulers
 
-        for r in runs:  # local runs ended in submit_all; allocations are followed here
-            if schedulers.of(r.plan.cluster).allocates:
+        # what ran here ended in submit_all; what a scheduler queued is followed here
+        for r in runs:
+            if r.run.read_submission().slurm_job_id:
                 code = max(code, text.follow(r.run))
         shared = runs[0].shared if runs else None
-        if shared and schedulers.of(runs[0].plan.cluster).allocates:
-            job = runs[0].run.read_submission().slurm_job_id
+        if shared and (job := runs[0].run.read_submission().slurm_job_id):
             code = max(code, text.follow_study(shared.path, job))
     return code
 

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 from launcher.control import compute_env, staging, visibility
 from launcher.planning import capacity, containers, cost, render, schedulers
-from launcher.planning.plan import job_port_slots
 from launcher.run import lengths, listing, published, rundir
 from launcher.run.plandoc import CPU_LABEL, PlanError, read_plan
 from launcher.run.rundir import RunDir, RunStatus
@@ -221,13 +220,8 @@ def plan_text(prepared: Prepared) -> str:
         lines.append(
             "Node names are placeholders: the real ones are planned inside the allocation."
         )
-    if schedulers.of(plan.cluster).allocates and plan.job_id is None:
-        slots, block = job_port_slots(plan.router_port, plan.port_span)
-        if slots > 1:
-            lines.append(
-                f"Ports: each job adds (its job id mod {slots}) x {block:,} to those below, so "
-                "jobs that share a host do not collide."
-            )
+    if note := schedulers.of(plan.cluster).port_note(plan):
+        lines.append(note)
     rows = [("NODE", "GPUS", "PROCESS", "PORTS")] + process_rows(prepared)
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     for row in rows:

@@ -12,7 +12,7 @@ import pytest
 
 from launcher.control import prepare
 from launcher.errors import UserError
-from launcher.planning import plan, render
+from launcher.planning import plan, render, schedulers
 from launcher.run.plandoc import Process
 from launcher.run.vocab import Kind
 from launcher.spec import cluster, recipe
@@ -124,7 +124,7 @@ def test_a_newline_in_any_value_is_refused_in_one_sentence(cli):
 
 
 def test_hostile_sbatch_directive_is_quoted(tmp_path):
-    text = render.sbatch_text(_hostile_plan(), 4, str(tmp_path))
+    text = schedulers.SLURM.batch_script(_hostile_plan(), 4, str(tmp_path))
     (line,) = [x for x in text.splitlines() if x.startswith("#SBATCH --comment=")]
     assert shlex.split(line.split("=", 1)[1]) == [HOSTILE[3] + " " + HOSTILE[1]]
 

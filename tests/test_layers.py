@@ -4,6 +4,7 @@ import counts, the lazy ones inside functions too (they are dependencies all the
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,3 +131,58 @@ def test_no_function_is_over_150_lines():
              for f in sorted([*REPO.glob("launcher/**/*.py"), *REPO.glob("dashboard/**/*.py")])
              for name, n in long_functions(f.read_text())]
     assert not found, f"over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(found)
+
+
+# A scheduler's flags: what its class answers as a fact (a data attribute, a method that
+# returns bool) instead of doing the work as a method. Outside launcher/planning/schedulers.py
+# a branch on one is left only where the question really is "does it allocate":
+SCHEDULER_FLAG_BRANCHES = {
+    # write_run: an allocation's nodes are known only inside it, so the dry-run's are
+    # placeholders; choose: a study's one allocation has a time limit and a partition to
+    # fit only where there is an allocation (Choice's one_minutes and limits say None)
+    "launcher/control/prepare.py": 2,
+    # NodeWatch knocks on an allocation's nodes (their slurmd, sinfo): only those can be lost
+    "launcher/control/orchestrator.py": 1,
+    # check_allocation: only an allocation (`launcher run` inside a salloc) can be too small
+    "launcher/control/allocation.py": 1,
+    # remote_nodes: an allocation's nodes are other hosts (unless loopback is theirs), so a
+    # runs directory on this host's local disk is not theirs
+    "launcher/control/visibility.py": 1,
+}
+
+
+def scheduler_flags() -> set[str]:
+    from launcher.planning import schedulers
+
+    flags = set()
+    for cls in {type(s) for s in schedulers.SCHEDULERS.values()}:
+        for klass in cls.__mro__[:-1]:
+            for k, v in vars(klass).items():
+                if k.startswith("_") or k == "name":
+                    continue
+                if not callable(v) or getattr(v, "__annotations__", {}).get("return") == "bool":
+                    flags.add(k)
+    return flags
+
+
+def test_schedulers_do_their_work_through_methods():
+    """Adding a scheduler is one class in launcher/planning/schedulers.py: elsewhere nothing
+    branches on what it is, only on what it answers. The scheduler's name is never compared
+    either."""
+    flags = scheduler_flags()
+    assert {"allocates", "remote_nodes"} <= flags, flags  # the counting itself
+    pattern = re.compile(rf"\.({'|'.join(sorted(flags))})\b"
+                         r"""|\bscheduler\s*[!=]=|[!=]=\s*["'](slurm|local)["']""")
+    found: dict[str, list[str]] = {}
+    for f in sorted([*REPO.glob("launcher/**/*.py"), *REPO.glob("dashboard/**/*.py")]):
+        rel = str(f.relative_to(REPO))
+        if rel == "launcher/planning/schedulers.py":
+            continue
+        for n, line in enumerate(f.read_text().splitlines(), 1):
+            if pattern.search(line):
+                found.setdefault(rel, []).append(f"{rel}:{n}: {line.strip()}")
+    over = [line for rel, lines in found.items()
+            if len(lines) > SCHEDULER_FLAG_BRANCHES.get(rel, 0) for line in lines]
+    assert not over, ("branches on a scheduler flag (make it a method of the scheduler, or "
+                      "say in SCHEDULER_FLAG_BRANCHES why the question is whether it "
+                      "allocates):\n" + "\n".join(over))

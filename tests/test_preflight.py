@@ -12,7 +12,7 @@ import pytest
 from helpers import launcher, leftovers
 
 from launcher.control import preflight
-from launcher.planning import plan, render
+from launcher.planning import plan, render, schedulers
 from launcher.run import rundir
 from launcher.spec import cluster, recipe
 
@@ -240,7 +240,7 @@ def test_colocated_engines_get_their_own_vllm_port_range():
 def test_gres_sites_ask_for_gres_on_the_job_and_every_gpu_step():
     c = cluster.load("gb200-nvl72").model_copy(update={"gpu_directive": "gres", "gres_type": "gb200"})
     p = plan.make_plan(recipe.load("qwen3.5-397b-gb200-disagg"), c, [f"n{i}" for i in range(4)])
-    sbatch = render.sbatch_text(p, 4, "/r/slurm")
+    sbatch = schedulers.SLURM.batch_script(p, 4, "/r/slurm")
     assert "#SBATCH --gres=gpu:gb200:4" in sbatch and "gpus-per-node" not in sbatch
     text = render.commands_sh(p.at("/r"))
     assert "--gpus-per-node" not in text and text.count("--gres=gpu:gb200:4") >= 9

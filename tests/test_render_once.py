@@ -13,7 +13,7 @@ import pytest
 
 from launcher import text
 from launcher.control import allocation, backends, orchestrator, prepare, record
-from launcher.planning import kv_cache, render
+from launcher.planning import kv_cache, render, schedulers
 from launcher.run.rundir import RunRecord
 from launcher.run.vocab import State
 
@@ -34,8 +34,9 @@ def counts(monkeypatch) -> Counter:
     for module in (prepare, allocation):
         count(module, "make_plan")
     count(kv_cache, "read_checkpoint")  # the model folder: once per plan, not per engine
-    for name in ("processes", "engine_processes", "sbatch_text", "commands_sh", "plan_doc"):
+    for name in ("processes", "engine_processes", "commands_sh", "plan_doc"):
         count(render, name)
+    count(schedulers.Slurm, "batch_script")
     return seen
 
 
@@ -43,7 +44,7 @@ def test_the_submitting_side_plans_once_and_renders_once(tmp_path, counts):
     [p] = prepare.prepare_all("devcluster-sim", [], [], tmp_path / "runs")
     text.plan_text(p)
     assert counts == Counter(make_plan=1, processes=1, engine_processes=len(p.plan.endpoints),
-                             sbatch_text=1, commands_sh=1, plan_doc=1, read_checkpoint=1), counts
+                             batch_script=1, commands_sh=1, plan_doc=1, read_checkpoint=1), counts
     # what was printed and written is that one render
     assert p.run.commands.read_text() == p.rendered.commands
     assert p.run.sbatch.read_text() == p.rendered.sbatch

@@ -2,7 +2,7 @@
 script, `--check` (and `submit`) name the recipe or cluster-profile key that put it there and
 how to turn it off, not sbatch's words alone.
 
-The words fed to `submit.sbatch_hint` are sbatch's own: glibc getopt_long's
+The words fed to `Slurm.sbatch_hint` (launcher.planning.schedulers) are sbatch's own: glibc getopt_long's
 "unrecognized option '--segment=4'" line, then sbatch's 'Try "sbatch --help" for more
 information' (src/sbatch/opt.c), as the dev cluster's Slurm 22.05 prints them; the last
 test gets them from that Slurm itself."""
@@ -15,9 +15,8 @@ import subprocess
 import pytest
 from helpers import profile_copy
 
-from launcher.control import submit
 from launcher.control.prepare import plan_run
-from launcher.planning import render
+from launcher.planning.schedulers import SLURM
 from launcher.spec import recipe
 
 TRY = 'Try "sbatch --help" for more information'
@@ -48,25 +47,25 @@ def _unknown(option: str) -> str:
 ])  # fmt: skip
 def test_an_option_from_the_profile_names_its_key(tmp_path, changes, option, words):
     plan = _plan(tmp_path, **changes)
-    assert option in render.sbatch_text(plan, 4, "/x")  # the launcher wrote it
-    hint = submit.sbatch_hint(plan, _unknown(option))
+    assert option in SLURM.batch_script(plan, 4, "/x")  # the launcher wrote it
+    hint = SLURM.sbatch_hint(plan, _unknown(option))
     assert words in hint, hint
     assert "profile.json" in hint or "devcluster" in hint, hint  # which profile
 
 
 def test_an_option_from_the_recipe_names_its_key(tmp_path):
     plan = _plan(tmp_path, sets=["slurm.directives.reservation=maint", "slurm.qos=high"])
-    hint = submit.sbatch_hint(plan, _unknown("--reservation=maint"))
+    hint = SLURM.sbatch_hint(plan, _unknown("--reservation=maint"))
     assert "the recipe's slurm.directives.reservation adds --reservation" in hint, hint
     assert "remove it" in hint, hint
-    hint = submit.sbatch_hint(plan, _unknown("--qos=high"))
+    hint = SLURM.sbatch_hint(plan, _unknown("--qos=high"))
     assert "the recipe's slurm.qos adds --qos" in hint, hint
     # the launcher's own options have no key: said so, not a wrong key
-    hint = submit.sbatch_hint(plan, _unknown("--signal=B:USR2@120"))
+    hint = SLURM.sbatch_hint(plan, _unknown("--signal=B:USR2@120"))
     assert "slurm.signal_lead_s" in hint and "cannot be turned off" in hint, hint
-    hint = submit.sbatch_hint(plan, _unknown("--ntasks-per-node=1"))
+    hint = SLURM.sbatch_hint(plan, _unknown("--ntasks-per-node=1"))
     assert "the launcher's own" in hint, hint
-    assert submit.sbatch_hint(plan, "sbatch: error: invalid partition specified: x") == ""
+    assert SLURM.sbatch_hint(plan, "sbatch: error: invalid partition specified: x") == ""
 
 
 def test_the_real_sbatch_refusal_names_segment(cli, tmp_path):

@@ -4,6 +4,7 @@ nodes, completed with the address each node reports for itself."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import resource
 import subprocess
@@ -15,24 +16,10 @@ from launcher.control.record import Book
 from launcher.errors import RunFailed, UserError
 from launcher.planning import render, schedulers
 from launcher.planning.plan import make_plan, nodes_needed
+from launcher.planning.schedulers import allocation_nodes as allocation_nodes
 from launcher.run import rundir
 from launcher.spec import cluster as cluster_mod
 from launcher.spec import recipe as recipe_mod
-
-
-def allocation_nodes() -> list[str] | None:
-    """The allocation's node names in Slurm's order, or None outside an allocation."""
-    nodelist = os.environ.get("SLURM_JOB_NODELIST")
-    if not nodelist:
-        return None
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "hostnames", nodelist],
-            capture_output=True, text=True, timeout=30, check=True,
-        ).stdout  # fmt: skip
-        return out.split()
-    except (OSError, subprocess.SubprocessError):
-        return cluster_mod.expand_nodelist(nodelist)
 
 
 def check_allocation(recipe_file, need: int, runtime: dict | None, what: str) -> None:
@@ -136,22 +123,16 @@ def plan_here(run: rundir.RunDir, book: Book,
     recipe = recipe_mod.load(str(run.recipe))
     cluster = cluster_mod.load(recipe.cluster)
     sched = schedulers.of(cluster)
-    job = os.environ.get(sched.job_id_env) if sched.job_id_env else None
-    if sched.allocates:
-        nodes = allocation_nodes()
-        if nodes is None:
-            raise UserError(
-                f"recipe {recipe.name} is for Slurm cluster {cluster.name}: run it inside an "
-                f"allocation (submit does that), or use a recipe for the local profile"
-            )
     from launcher.control import compute_env
     from launcher.planning.capacity import resolve_model
 
-    model = resolve_model(recipe)  # where the orchestrator runs: the model folder, once
-    if not sched.allocates:
-        nodes = cluster_mod.profile_nodes(cluster, nodes_needed(recipe, cluster, model))
+    # where the orchestrator runs: the model folder, read once; after an allocation's nodes
+    # are found (outside one, that is what is said), before the profile's (they follow it)
+    read_model = functools.cache(lambda: resolve_model(recipe))
+    nodes = sched.nodes(recipe, cluster, lambda: nodes_needed(recipe, cluster, read_model()))
+    model = read_model()
     rt = compute_env.current(run.plan)
-    first = make_plan(recipe, cluster, nodes, runtime=rt, job_id=job, model=model,
+    first = make_plan(recipe, cluster, nodes, runtime=rt, job_id=sched.job_id(), model=model,
                       study_span=study_span).at(str(run.path), mount_dir)
     step("preflight-host", render.check_steps(first)[0][1])
     facts = preflight.read_facts(run.path, list(first.nodes), "host")

@@ -2,7 +2,8 @@
 
 Both run exactly the line commands.sh shows (`[srun ...] env K=V ... argv`), so the dry-run
 and the real run cannot drift apart: local runs it as a child process group, Slurm as an
-`srun --overlap` step inside the allocation.
+`srun --overlap` step inside the allocation. How a step is told to stop, besides its process
+group, is its scheduler's (launcher.planning.schedulers).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher.planning import schedulers
 from launcher.planning.plan import Plan
 from launcher.planning.render import Process, command_line
 
@@ -54,12 +56,24 @@ class Handle:
 
 
 class Backend:
-    """Starts processes as their own process group; stop() ends the whole group."""
+    """Starts processes as their own process group; stop() ends the whole group, after the
+    scheduler's own way where it has one.
+
+    On Slurm a step is stopped with `scancel --signal=TERM JOB.STEP`, which reaches its tasks
+    as SIGTERM: srun itself turns a SIGTERM it receives into SIGKILL of the tasks ("forcing
+    job termination"), which would leave no agent its last sample and no engine its shutdown.
+    srun then ends with its tasks; one still there after the grace is SIGKILLed, and its step
+    cancelled by name. Not `gentle` (a node of the job is lost): Slurm's controller would
+    wait on the dead node for every scancel, so srun's own SIGTERM (a SIGKILL of the tasks)
+    ends the steps, and Slurm cleans up when the job ends (it kills every step then, whatever
+    happens here)."""
 
     def __init__(self, plan: Plan | None, run_dir: Path):
         self.plan = plan
         self.run_dir = run_dir
         self.env = child_env()
+        # only rendered commands before the plan is final: their process groups alone
+        self.sched = schedulers.of(plan.cluster) if plan is not None else schedulers.LOCAL
 
     @classmethod
     def for_steps(cls, run_dir: Path) -> Backend:
@@ -107,8 +121,17 @@ class Backend:
         _reap(handles, 2)
 
     def stop(self, handles: list[Handle], grace_s: float = 10.0, gentle: bool = True) -> None:
-        """SIGTERM every group at once, then SIGKILL what is left after `grace_s`."""
-        _terminate(handles, grace_s)
+        """SIGTERM every group at once (or the scheduler's step), then SIGKILL what is left
+        after `grace_s`."""
+        live = [h for h in handles if h.exit_code() is None]
+        told = self.sched.signal_steps({h.proc.name for h in live}) if gentle else set()
+        for h in live:  # stopped by us, even if one ends before _terminate looks
+            h.stopped = True
+        # A step the scheduler did not tell gets its group's SIGTERM (srun's own way).
+        _terminate(handles, grace_s, signalled=told)
+        killed = {h.proc.name for h in handles if h.popen.returncode == -signal.SIGKILL}
+        if killed and gentle:
+            self.sched.cancel_steps(killed)
 
 
 def _terminate(
@@ -139,72 +162,6 @@ def _reap(handles: list[Handle], timeout_s: float) -> None:
             pass
 
 
-class SrunBackend(Backend):
-    """srun steps; Slurm also kills every step when the job ends, whatever happens here.
-
-    A step is stopped with `scancel --signal=TERM JOB.STEP`, which reaches its tasks as
-    SIGTERM: srun itself turns a SIGTERM it receives into SIGKILL of the tasks ("forcing job
-    termination"), which would leave no agent its last sample and no engine its shutdown.
-    srun then ends with its tasks; one still there after the grace is SIGKILLed, and its step
-    cancelled by name. Not `gentle` (a node of the job is lost): Slurm's controller would
-    wait on the dead node for every scancel, so srun's own SIGTERM (a SIGKILL of the tasks)
-    ends the steps, and Slurm cleans up when the job ends."""
-
-    def stop(self, handles: list[Handle], grace_s: float = 10.0, gentle: bool = True) -> None:
-        live = [h for h in handles if h.exit_code() is None]
-        ids = step_ids({h.proc.name for h in live}) if gentle else {}
-        told = set()
-        if ids:
-            try:
-                # In a multi-node job scancel can exit non-zero ("Invalid job id") for the
-                # nodes without the step although the step's tasks got the signal: waiting
-                # out the grace, then SIGKILL, covers a signal that really did not arrive.
-                subprocess.run(
-                    ["scancel", "--signal=TERM", *[i for v in ids.values() for i in v]],
-                    capture_output=True, timeout=10,
-                )  # fmt: skip
-                told = set(ids)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        for h in live:  # stopped by us, even if one ends before _terminate looks
-            h.stopped = True
-        # A step without an id gets srun's own way: its SIGTERM becomes SIGKILL of the tasks.
-        _terminate(handles, grace_s, signalled=told)
-        # An srun that had to be SIGKILLed leaves its step running: cancel those by name.
-        killed = {h.proc.name for h in handles if h.popen.returncode == -signal.SIGKILL}
-        if killed and gentle:
-            cancel_steps(killed)
-
-
-def step_ids(names: set[str]) -> dict[str, list[str]]:
-    """This job's steps named after these processes (srun --job-name): name -> step ids."""
-    job = os.environ.get("SLURM_JOB_ID")
-    if not job or not names:
-        return {}
-    try:
-        out = subprocess.run(
-            ["squeue", "--steps", f"--jobs={job}", "--noheader", "--format=%i %j"],
-            capture_output=True, text=True, timeout=10,
-        ).stdout  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    found: dict[str, list[str]] = {}
-    for line in out.splitlines():
-        sid, _, name = line.strip().partition(" ")
-        if name.strip() in names:
-            found.setdefault(name.strip(), []).append(sid)
-    return found
-
-
-def cancel_steps(names: set[str]) -> None:
-    ids = [i for v in step_ids(names).values() for i in v]
-    if ids:
-        try:
-            subprocess.run(["scancel", "--signal=KILL", *ids], capture_output=True, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-
-
 def _signal_group(popen: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(popen.pid, sig)
@@ -213,7 +170,4 @@ def _signal_group(popen: subprocess.Popen, sig: int) -> None:
 
 
 def make_backend(plan: Plan, run_dir: Path) -> Backend:
-    from launcher.planning import schedulers
-
-    steps = schedulers.of(plan.cluster).allocates  # every process an srun step of the job
-    return SrunBackend(plan, run_dir) if steps else Backend(plan, run_dir)
+    return Backend(plan, run_dir)

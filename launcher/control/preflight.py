@@ -106,14 +106,8 @@ def judge_host(plan: Plan, facts: dict[str, dict | None], needed_fds: int) -> li
         f = facts.get(node) or {}
         if not f:
             continue  # addresses() already said so
-        gpus = (f.get("gpus") or {}).get("count")
-        # the local profile's "GPUs" are slots on a machine that may have none
-        if schedulers.of(c).counts_gpus and gpus is not None and gpus != c.gpus_per_node:
-            problems.append(Problem(
-                f"{node} shows {gpus} GPUs ({f['gpus'].get('source')}) but the plan needs "
-                f"{c.gpus_per_node}: check the job's GPU request (profile gpu_directive) or "
-                f"the node's health",
-                node=node))
+        if why := schedulers.of(c).gpu_count_problem(c, f.get("gpus") or {}):
+            problems.append(Problem(f"{node} {why}", node=node))
         if c.imex and not f.get("imex_channel"):
             problems.append(Problem(
                 f"{node} has no IMEX channel (/dev/nvidia-caps-imex-channels/channel0): "

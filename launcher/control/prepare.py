@@ -402,19 +402,19 @@ def find_blockers(runs: list[Prepared]) -> list[Prepared]:
     """What submit will refuse, known before it tries, on each run: the model's staging,
     and for a job of its own a time limit or node count past its partition's limits (as
     the Slurm this host reaches has them). The dry-run shows them as blockers."""
-    from launcher.control import site, staging
+    from launcher.control import staging
 
-    parts: dict[str | None, site.Partition | None] = {}
+    parts: dict[tuple[str, str | None], schedulers.Partition | None] = {}
     for p in runs:
         refuse, _ = staging.check(p.plan.recipe, p.plan.cluster)
         p.blockers = [refuse] if refuse else []
-        if p.shared is not None or not schedulers.of(p.plan.cluster).allocates:
+        if p.shared is not None:
             continue  # a study's one job is fitted to the partition by choose()
-        s = p.plan.recipe.slurm
-        if s.partition not in parts:
-            parts[s.partition] = site.partition(s.partition)
-        part = parts[s.partition]
-        if part is None:
+        s, sched = p.plan.recipe.slurm, schedulers.of(p.plan.cluster)
+        if (sched.name, s.partition) not in parts:
+            parts[sched.name, s.partition] = sched.partition(s.partition)
+        part = parts[sched.name, s.partition]
+        if part is None:  # no limits known (none asked, or no scheduler to hold it to any)
             continue
         if part.max_minutes is not None and s.minutes > part.max_minutes:
             p.blockers.append(
@@ -459,8 +459,8 @@ def study_job(study_dir: Path, runs: list[Prepared], root: Path, allocation: str
         return None, compared, choice
     sbatch = None
     if choice.one_minutes is not None:
-        sbatch = render.sbatch_text(largest.plan, largest.nodes, str(study_dir / "slurm"),
-                                    minutes=choice.one_minutes)
+        sbatch = schedulers.of(cluster).batch_script(
+            largest.plan, largest.nodes, str(study_dir / rundir.SLURM), minutes=choice.one_minutes)
         rundir.write_atomic(study_dir / rundir.SBATCH, sbatch, sync=False)
     return (StudyJob(study_dir, largest.nodes, choice.one_minutes, sbatch, turns, compared),
             compared, choice)
@@ -471,17 +471,16 @@ def choose(allocation: str | None, compared: study.Comparison, runs: list[Prepar
     """One allocation or one job each: as asked, else the fewer GPU-hours where the
     partition admits the one job (its MaxTime and MaxNodes, asked of Slurm where it answers);
     --allocation one past them is refused, naming both numbers."""
-    from launcher.control import site
-
     way = allocation or compared.cheaper
     minutes = limits = None
     lead = largest.plan.recipe.slurm.signal_lead_s
     recipe_minutes = None
-    if schedulers.of(largest.plan.cluster).allocates:
+    sched = schedulers.of(largest.plan.cluster)
+    if sched.allocates:
         # the one job covers its worst case: every load round at health.timeout_s
         recipe_minutes = max(p.plan.recipe.slurm.minutes for p in runs)
         minutes = max(recipe_minutes, -(-int(compared.one_most_s + lead) // 60))
-        part = site.partition(largest.plan.recipe.slurm.partition)
+        part = sched.partition(largest.plan.recipe.slurm.partition)
         limits = (study.Limits(True, part.name, part.max_minutes, part.max_nodes,
                                part.max_time) if part else
                   study.Limits(partition=largest.plan.recipe.slurm.partition))

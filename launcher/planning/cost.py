@@ -278,10 +278,10 @@ def time_limit_problems(plan: Plan, cost: Cost) -> tuple[str | None, str | None]
     load as long as the health timeout would not fit, or when the request times are assumed."""
     from launcher.planning import schedulers
 
-    if not schedulers.of(plan.cluster).time_limited:
+    limit = schedulers.of(plan.cluster).time_limit_s(plan.recipe)
+    if limit is None:  # nothing will end the run before it ends
         return None, None
     s = plan.recipe.slurm
-    limit = s.minutes * 60
     room = limit - s.signal_lead_s
     least = sum(sec for _, sec in cost.phases)
     need = math.ceil((least + cost.load_bound_s + s.signal_lead_s) / 60)

@@ -1,4 +1,5 @@
-"""Render (pure): a Plan -> every process's node, argv and env, the sbatch text, commands.sh.
+"""Render (pure): a Plan -> every process's node, argv and env, commands.sh (and, through its
+scheduler, the batch script).
 
 `engine: sim` renders the same argv as `engine: vllm` with the simulator as the executable,
 so everything downstream sees the same flags. Programs of this package run as `python -m ...`;
@@ -511,113 +512,11 @@ def render(plan: Plan, run_id: str, *, placeholder_nodes: bool,
            capacity: list[dict] | None = None, with_sbatch: bool = True) -> Rendered:
     """Every process once, then what is made of them."""
     procs = processes(plan)
-    sbatch = None
-    if with_sbatch and schedulers.of(plan.cluster).allocates:
-        sbatch = sbatch_text(plan, len(plan.nodes), str(rundir.RunDir(Path(plan.run_dir)).slurm))
+    folder = str(rundir.RunDir(Path(plan.run_dir)).slurm)
+    sbatch = (schedulers.of(plan.cluster).batch_script(plan, len(plan.nodes), folder)
+              if with_sbatch else None)
     return Rendered(plan=plan, doc=plan_doc(plan, run_id, placeholder_nodes, procs, capacity),
                     commands=commands_sh(plan, procs), sbatch=sbatch)
-
-
-# --- Slurm ----------------------------------------------------------------------------------
-
-
-def slurm_parameters(plan: Plan, nodes: int, minutes: int | None = None) -> dict:
-    """submitit SlurmExecutor parameters: the one place the allocation request is decided.
-    `minutes`: a study's one allocation holds its configurations' time together."""
-    r, c = plan.recipe, plan.cluster
-    params: dict = {
-        "job_name": f"pd-{r.name}" + ("-study" if minutes else ""),
-        "time": minutes or r.slurm.minutes,
-        "partition": r.slurm.partition,
-        "account": r.slurm.account,
-        "qos": r.slurm.qos,
-        "exclusive": c.exclusive or None,
-        "stderr_to_stdout": True,
-        "wckey": None,
-        "use_srun": False,  # one orchestrator in the batch step starts every srun step itself
-    }
-    if c.gpu_directive == "gres":
-        params["gres"] = f"gpu:{c.gres_type + ':' if c.gres_type else ''}{c.gpus_per_node}"
-    else:
-        params["gpus_per_node"] = c.gpus_per_node
-    # submitit counts tasks from `nodes`; the orchestrator is one task, so the node count
-    # goes in as an additional parameter, which overrides submitit's --nodes=1 line.
-    # B: the batch shell gets the signal, and the batch shell is the orchestrator (exec):
-    # it tears down and writes its summary before Slurm kills the job. No requeue: a run
-    # directory is written by one attempt only.
-    extra: dict = {
-        "nodes": nodes, "ntasks_per_node": 1, "signal": f"B:USR2@{r.slurm.signal_lead_s}",
-        "no_requeue": True,
-    }  # fmt: skip
-    if c.mem_zero:
-        extra["mem"] = "0"
-    if c.segment:
-        extra["segment"] = nodes
-    extra.update(
-        {k.lstrip("-").replace("-", "_"): v for k, v in r.slurm.directives.items() if v is not None}
-    )  # None removes a directive, as it removes a flag
-    params["additional_parameters"] = extra
-    params["setup"] = batch_setup(plan) or None
-    # wckey=None is how submitit drops its default "#SBATCH --wckey=submitit" line.
-    return {k: v for k, v in params.items() if v is not None or k == "wckey"}
-
-
-def directive_sources(plan: Plan) -> dict[str, tuple[str, str]]:
-    """Each sbatch option slurm_parameters writes -> (the recipe or profile key that adds
-    it, how to turn it off; '' when the launcher needs it): what a Slurm that does not know
-    the option needs said."""
-    r, c = plan.recipe, plan.cluster
-    profile, where = "the cluster profile's", f"in {r.cluster}"
-    out = {
-        "partition": ("the recipe's slurm.partition", "remove it (the site's default)"),
-        "account": ("the recipe's slurm.account", "remove it"),
-        "qos": ("the recipe's slurm.qos", "remove it"),
-        "time": ("the recipe's slurm.time_limit", ""),
-        "signal": ("the recipe's slurm.signal_lead_s", ""),  # teardown before the limit
-        "exclusive": (f"{profile} exclusive: true", f"set exclusive: false {where}"),
-        "mem": (f"{profile} mem_zero: true", f"set mem_zero: false {where}"),
-        "segment": (f"{profile} segment: true", f"set segment: false {where} (the job is "
-                    "then not kept in one rack)"),
-    }
-    if c.gpu_directive == "gres":
-        out["gres"] = (f"{profile} gpu_directive: gres",
-                       f"set gpu_directive: gpus-per-node {where}")
-    else:
-        out["gpus-per-node"] = (f"{profile} gpu_directive: gpus-per-node",
-                                f"set gpu_directive: gres {where} (and gres_type, if the "
-                                "site names its GPUs)")
-    for key in r.slurm.directives:
-        out[key.lstrip("-").replace("_", "-")] = (f"the recipe's slurm.directives.{key}",
-                                                   "remove it")
-    return out
-
-
-def batch_setup(plan: Plan) -> list[str]:
-    """Lines the batch script runs before the orchestrator: build (once) and use the shared
-    compute environment."""
-    rt = plan.runtime
-    if rt.mode != "shared" or not rt.bootstrap:
-        return []
-    return [f"bash {shlex.quote(rt.bootstrap)}", f"export PYTHONPATH={shlex.quote(rt.src)}"]
-
-
-def job_command(plan: Plan, job_dir: str) -> str:
-    """The batch script's one command: the launcher's own `run` on the run directory (a
-    study's folder for a study in one allocation), as a person would type it inside an
-    allocation. exec: the batch shell becomes the orchestrator, so the pre-time-limit signal
-    reaches it."""
-    return (f"exec {shlex.quote(plan.runtime.python)} -u -m launcher run "
-            f"{shlex.quote(job_dir)}")
-
-
-def sbatch_text(plan: Plan, nodes: int, folder: str, minutes: int | None = None) -> str:
-    """Exactly the text submitit submits (its own renderer, same parameters). `folder` is
-    the batch output's, `slurm/` of the directory the job runs."""
-    from submitit.slurm.slurm import _make_sbatch_string
-
-    params = slurm_parameters(plan, nodes, minutes)
-    command = job_command(plan, str(Path(folder).parent))
-    return _make_sbatch_string(command=command, folder=folder, **params)
 
 
 # --- commands.sh ----------------------------------------------------------------------------
