@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("--profile", choices=("local", "devcluster"), default="local")
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args()
-    from launcher.spec import recipe
+    from launcher.schema import recipe
 
     health = recipe.load("qwen3.5-397b-gb200-disagg").health.timeout_s
     name = "local-sim" if a.profile == "local" else "devcluster-sim"

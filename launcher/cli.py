@@ -255,7 +255,7 @@ def _one_line(text: str) -> str:
 
 
 def cmd_recipes(args) -> int:
-    from launcher.spec import recipe as rmod
+    from launcher.schema import recipe as rmod
 
     if args.action == "show":
         if not args.name:
@@ -263,7 +263,7 @@ def cmd_recipes(args) -> int:
         print(rmod.dump(rmod.load(args.name, args.overrides)), end="")
         return 0
     if args.action == "fields":
-        from launcher.spec.wording import field_reference
+        from launcher.schema.wording import field_reference
 
         rows = field_reference(rmod.Recipe)
         width = max(len(r[0]) for r in rows)
@@ -385,7 +385,7 @@ def _not_held(old, pin: str | None = None) -> str:
 
 def cmd_env(args) -> int:
     from launcher.control import compute_env
-    from launcher.spec import cluster as cluster_mod
+    from launcher.schema import cluster as cluster_mod
 
     c = cluster_mod.load(args.cluster)
     rt = compute_env.runtime(c, args.runs_dir)
@@ -401,7 +401,7 @@ def cmd_env(args) -> int:
 
 def cmd_stage_model(args) -> int:
     from launcher.control import staging
-    from launcher.spec import cluster as cluster_mod
+    from launcher.schema import cluster as cluster_mod
 
     c = cluster_mod.load(args.cluster)
     if not c.models.hf_home:

@@ -350,7 +350,7 @@ def measured(rd: RunDir) -> str:
     """The workload and settings the figures come from, from the run's own recipe.yaml,
     plan.json and run.json: lengths, concurrencies, requests per point, the gate, the image
     and engine version, each role's engine flags, the time limit."""
-    from launcher.spec import recipe as recipe_mod
+    from launcher.schema import recipe as recipe_mod
 
     try:
         r = recipe_mod.load(str(rd.recipe))

@@ -59,7 +59,7 @@ def plan_doc(prefill: int = 4, *, decode_dp: int = 8, prefill_dp: int = 2, agg: 
     """A PlanDoc made by the real planner and renderer on the GB200 profile: `prefill`
     endpoints of DEP`prefill_dp` and one DEP`decode_dp` decode, or `agg` endpoints."""
     from launcher.planning import plan, render
-    from launcher.spec import cluster, recipe
+    from launcher.schema import cluster, recipe
 
     mode = "agg" if agg else "disagg"
     data = {

@@ -83,8 +83,8 @@ def make_plan(run_id: str, sc: Scenario) -> dict:
     nodes, prefill packed onto its own nodes), on a synthetic 4-GPU cluster profile."""
     from launcher.planning import plan as plan_mod
     from launcher.planning import render
-    from launcher.spec.cluster import Cluster
-    from launcher.spec.recipe import Recipe
+    from launcher.schema.cluster import Cluster
+    from launcher.schema.recipe import Recipe
 
     topo = sc.topology
     gpn = topo.gpus_per_node

@@ -5,7 +5,7 @@ capacity."""
 import json
 
 from launcher.planning import capacity, plan, render
-from launcher.spec import cluster, recipe
+from launcher.schema import cluster, recipe
 
 SEED = "qwen3.5-397b-gb200-disagg"
 NODES = cluster.expand_nodelist("n[1-6]")

@@ -143,7 +143,7 @@ def test_torn_plan_is_explained_not_raised(tmp_path):
 def test_topology_text_names_the_shape(tmp_path):
     from launcher.control import prepare
     from launcher.run.plandoc import read_plan
-    from launcher.spec import recipe
+    from launcher.schema import recipe
 
     p = prepare.prepare(recipe.load("qwen3.5-397b-gb200-disagg"), tmp_path)
     assert read_plan(p.run.plan).topology() == "1 decode DEP8 + 4 prefill DEP2 (16 GPUs)"

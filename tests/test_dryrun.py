@@ -15,7 +15,7 @@ from launcher.errors import UserError
 from launcher.planning import plan, render, schedulers
 from launcher.run.plandoc import Process
 from launcher.run.vocab import Kind
-from launcher.spec import cluster, recipe
+from launcher.schema import cluster, recipe
 
 SEED = "qwen3.5-397b-gb200-disagg"
 REPO = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ from launcher.control.pool import EnginePool
 from launcher.planning import study
 from launcher.run.plandoc import read_plan
 from launcher.run.vocab import Kind
-from launcher.spec import recipe as recipe_mod
+from launcher.schema import recipe as recipe_mod
 
 SEED = "qwen3.5-397b-gb200-disagg"
 

@@ -16,7 +16,7 @@ from launcher.errors import UserError
 from launcher.planning import cost
 from launcher.planning import study as study_plan
 from launcher.run.plandoc import Process
-from launcher.spec import recipe
+from launcher.schema import recipe
 
 REPO = Path(__file__).resolve().parents[1]
 SEED = "qwen3.5-397b-gb200-disagg"

@@ -43,7 +43,7 @@ from hypothesis import strategies as st
 
 from launcher import cli
 from launcher.planning import render
-from launcher.spec import recipe as recipe_mod
+from launcher.schema import recipe as recipe_mod
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = {p.stem: p for p in sorted((REPO / "launcher" / "recipes").glob("*.yaml"))}

@@ -172,7 +172,7 @@ def test_the_wheelhouse_for_aarch64_trays_is_fetched_here(tmp_path):
     if shutil.which("uname") and os.uname().machine == "aarch64":
         pytest.skip("this machine is aarch64: the cross-arch fetch is what is tested")
     from launcher.control import compute_env
-    from launcher.spec import cluster
+    from launcher.schema import cluster
 
     c = cluster.load("gb200-nvl72")
     c = c.model_copy(update={"compute_env": c.compute_env.model_copy(update={"dir": str(tmp_path)})})

@@ -25,7 +25,7 @@ from helpers import completions_server
 from launcher.clients import accuracy, gsm8k, gsm8k_vllm
 from launcher.errors import UserError
 from launcher.run import figures
-from launcher.spec import recipe
+from launcher.schema import recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "gsm8k"

@@ -14,7 +14,7 @@ import synth
 from launcher.analysis import derive, load
 from launcher.planning import capacity, plan
 from launcher.run.vocab import Role
-from launcher.spec import cluster, recipe
+from launcher.schema import cluster, recipe
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(p.stem for p in (REPO / "launcher" / "recipes").glob("*.yaml"))

@@ -208,7 +208,7 @@ def test_a_busy_port_is_named_before_anything_starts(tmp_path):
     import socket
 
     from launcher.planning import plan
-    from launcher.spec import cluster, recipe
+    from launcher.schema import cluster, recipe
 
     p = plan.make_plan(
         recipe.load(RECIPE), cluster.load("local"), ["local-1", "local-2", "local-3"]

@@ -562,7 +562,7 @@ def test_a_study_dry_run_says_what_it_reserves_once(cli, tmp_path):
 
 def test_the_sweep_line_says_the_lengths_the_range_ratio_draws():
     from launcher import text
-    from launcher.spec import recipe
+    from launcher.schema import recipe
 
     b = recipe.load(SEED).benchmark  # sa-bench's rule, as published
     assert text.length_range(b) == "inputs 6,553-8,192, outputs 819-1,024 tokens"
@@ -579,7 +579,7 @@ def test_the_estimate_is_near_what_the_demo_took(tmp_path_factory):
 
     from launcher.planning import cost
     from launcher.planning import plan as plan_mod
-    from launcher.spec import cluster, recipe
+    from launcher.schema import cluster, recipe
 
     run = synth.local_demo(tmp_path_factory.getbasetemp() / "local-demo")
     rec = RunDir(run).read_record()
@@ -736,7 +736,7 @@ def test_inputs_outside_every_container_mount_are_named(cli, tmp_path):
 def test_a_runs_directory_on_a_local_disk_is_named_for_a_multi_host_profile(cli, tmp_path):
     from launcher.control import visibility
     from launcher.planning import plan as plan_mod
-    from launcher.spec import cluster, recipe
+    from launcher.schema import cluster, recipe
 
     mounts = ("/dev/sda1 / ext4 rw 0 0\ntmpfs /tmp tmpfs rw 0 0\n"
               "fs1@o2ib:/lustre /lustre lustre rw 0 0\n")
@@ -768,7 +768,7 @@ def test_a_runs_directory_on_a_local_disk_is_named_for_a_multi_host_profile(cli,
 def test_recipes_fields_and_show(cli, tmp_path):
     import yaml
 
-    from launcher.spec import recipe as recipe_mod
+    from launcher.schema import recipe as recipe_mod
 
     rc, out, err = cli("recipes", "fields")
     assert rc == 0, err

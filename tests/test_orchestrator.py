@@ -23,7 +23,7 @@ from launcher.planning.plan import Plan
 from launcher.run.plandoc import Process
 from launcher.run.rundir import RunDir, RunRecord
 from launcher.run.vocab import Kind, Stage, State
-from launcher.spec import recipe as recipe_mod
+from launcher.schema import recipe as recipe_mod
 
 
 class FakePopen:

@@ -10,7 +10,7 @@ import pytest
 
 from launcher.control import preflight
 from launcher.planning import pairing, plan, render
-from launcher.spec import cluster, recipe
+from launcher.schema import cluster, recipe
 
 SEED = "qwen3.5-397b-gb200-disagg"
 TINY_HYBRID = {  # a config.json with GDN layers: nothing in the recipe says "hybrid"

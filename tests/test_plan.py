@@ -4,7 +4,7 @@ import pytest
 
 from launcher.errors import UserError
 from launcher.planning import plan, render
-from launcher.spec import cluster, recipe
+from launcher.schema import cluster, recipe
 
 SEED = "qwen3.5-397b-gb200-disagg"
 GB200 = cluster.load("gb200-nvl72")

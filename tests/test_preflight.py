@@ -14,7 +14,7 @@ from helpers import launcher, leftovers
 from launcher.control import preflight
 from launcher.planning import plan, render, schedulers
 from launcher.run import rundir
-from launcher.spec import cluster, recipe
+from launcher.schema import cluster, recipe
 
 RECIPE = "local-sim"
 

@@ -326,7 +326,7 @@ def test_scrape_config_snippet_passes_promtool(tmp_path):
 
 def test_sd_files_appear_and_go_with_the_right_labels(tmp_path):
     from launcher.planning import plan, render
-    from launcher.spec import cluster, recipe
+    from launcher.schema import cluster, recipe
 
     r, c = recipe.load("local-sim"), cluster.load("local")
     run = rundir.create(tmp_path / "runs", "r")

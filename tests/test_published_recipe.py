@@ -13,7 +13,7 @@ import yaml
 from launcher.control import prepare
 from launcher.errors import UserError
 from launcher.planning import render
-from launcher.spec import recipe
+from launcher.schema import recipe
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE = yaml.safe_load((REPO / "launcher/data/published_qwen35_gb200.yaml").read_text())
@@ -210,7 +210,7 @@ def test_table_holds_every_published_engine_key():
 def test_kv_role_scheme():
     """kv_role: kv_both gives both sides kv_both; the default stays producer/consumer."""
     from launcher.planning import plan as plan_mod
-    from launcher.spec import cluster
+    from launcher.schema import cluster
 
     prof = cluster.load("gb200-nvl72")
     nodes = cluster.expand_nodelist("gb200-[001-018]")

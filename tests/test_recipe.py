@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from launcher.errors import UserError
-from launcher.spec import cluster, recipe
+from launcher.schema import cluster, recipe
 
 SEED = "qwen3.5-397b-gb200-disagg"
 
@@ -111,9 +111,9 @@ def test_unknown_recipe_name_lists_choices():
 
 
 def test_time_limit_minutes():
-    assert recipe.Slurm(time_limit="04:00:00").minutes == 240
-    assert recipe.Slurm(time_limit="1-00:30").minutes == 1470
-    assert recipe.Slurm(time_limit="90").minutes == 90
+    assert recipe.SlurmSettings(time_limit="04:00:00").minutes == 240
+    assert recipe.SlurmSettings(time_limit="1-00:30").minutes == 1470
+    assert recipe.SlurmSettings(time_limit="90").minutes == 90
 
 
 def test_invalid_yaml_is_one_line(tmp_path):
@@ -262,7 +262,7 @@ def test_node_list_errors_name_where_the_list_came_from():
 
 def test_a_set_into_a_defaulted_dict_adds_to_its_default():
     # kv_connector is not in local-sim's file: --set of one nested key keeps the connector
-    from launcher.spec import recipe as recipe_mod
+    from launcher.schema import recipe as recipe_mod
 
     r = recipe_mod.load("local-sim", ["kv_connector.kv_connector_extra_config.kv_lease_duration=1"])
     assert r.kv_connector["kv_connector"] == "NixlConnector"

@@ -8,7 +8,7 @@ import pytest
 from helpers import profile_copy
 
 from launcher.errors import UserError
-from launcher.spec import cluster, recipe
+from launcher.schema import cluster, recipe
 
 BAD = """\
 name: many-problems

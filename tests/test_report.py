@@ -243,7 +243,7 @@ def test_the_report_says_what_was_measured_marks_its_charts_and_writes_where_ask
     import subprocess
     import sys
 
-    from launcher.spec import recipe as recipe_mod
+    from launcher.schema import recipe as recipe_mod
 
     demo = synth.local_demo(tmp_path_factory.getbasetemp() / "local-demo")
     out = tmp_path / "elsewhere" / "demo.html"

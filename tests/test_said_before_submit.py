@@ -14,7 +14,7 @@ import pytest
 
 from launcher.control import prepare
 from launcher.planning import cost
-from launcher.spec import recipe
+from launcher.schema import recipe
 
 REPO = Path(__file__).resolve().parents[1]
 SEED = "qwen3.5-397b-gb200-disagg"

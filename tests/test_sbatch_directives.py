@@ -17,7 +17,7 @@ from helpers import profile_copy
 
 from launcher.control.prepare import plan_run
 from launcher.planning.schedulers import SLURM
-from launcher.spec import recipe
+from launcher.schema import recipe
 
 TRY = 'Try "sbatch --help" for more information'
 

@@ -9,7 +9,7 @@ import pytest
 from helpers import profile_copy
 
 from launcher.errors import UserError
-from launcher.spec import cluster, recipe, secrets
+from launcher.schema import cluster, recipe, secrets
 
 SEED = "qwen3.5-397b-gb200-disagg"
 

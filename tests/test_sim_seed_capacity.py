@@ -18,7 +18,7 @@ import pytest
 from simprocs import sample, scrape, start_sim
 
 from launcher.planning import capacity, plan, render
-from launcher.spec import cluster, recipe
+from launcher.schema import cluster, recipe
 
 pytestmark = pytest.mark.timeout(240)
 REPO = Path(__file__).resolve().parents[1]

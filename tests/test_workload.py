@@ -20,7 +20,7 @@ from launcher.errors import UserError
 from launcher.planning import plan as plan_mod
 from launcher.planning import render
 from launcher.run import lengths
-from launcher.spec import cluster, recipe
+from launcher.schema import cluster, recipe
 
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[1]

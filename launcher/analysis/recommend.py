@@ -1105,8 +1105,8 @@ def nodes_for(recipe_file: Path, prefill_endpoints: int) -> str | None:
         return None
     try:
         from launcher.planning.plan import nodes_needed
-        from launcher.spec import cluster as cluster_mod
-        from launcher.spec import recipe as recipe_mod
+        from launcher.schema import cluster as cluster_mod
+        from launcher.schema import recipe as recipe_mod
 
         r = recipe_mod.load(str(recipe_file), [f"prefill.endpoints={prefill_endpoints}"])
         c = cluster_mod.load(r.cluster)

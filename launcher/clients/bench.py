@@ -238,7 +238,7 @@ def _validate(cfg: BenchConfig) -> tuple[list[str], list[float]]:
 
 
 @dataclass
-class Workload:
+class PromptSet:
     """Lengths and prompts per request. Id prompts are generated when the request is sent
     (5120 prompts of 8192 ids as Python lists would cost gigabytes); chat-template prompts
     are texts built before the run, each exactly its input length in the tokenizer's count."""
@@ -293,7 +293,7 @@ def _id_run(start: int, n: int) -> str:
 
 
 def sample_workload(cfg: BenchConfig, n: int | None = None, seed: int | None = None,
-                    tokenizer: Any = None) -> Workload:
+                    tokenizer: Any = None) -> PromptSet:
     """`n` requests (default --num-prompts) with lengths integer-uniform within the rule's
     bounds (launcher.run.lengths): a shared prefix counts in the input; with the chat
     template its tokens do too, as sa-bench counts them."""
@@ -310,7 +310,7 @@ def sample_workload(cfg: BenchConfig, n: int | None = None, seed: int | None = N
     output_lens = [rng.randint(bounds.output_low, bounds.output_high) for _ in range(n)]
     offsets = [rng.randrange(TOKEN_ID_SPAN) for _ in range(n)]
     prefix_ids = [TOKEN_ID_LOW + rng.randrange(TOKEN_ID_SPAN) for _ in range(cfg.random_prefix_len)]
-    wl = Workload(input_lens, output_lens, offsets, ",".join(map(str, prefix_ids)),
+    wl = PromptSet(input_lens, output_lens, offsets, ",".join(map(str, prefix_ids)),
                   cfg.random_prefix_len, bounds, template_len=template_len)
     if tokenizer is not None:
         if cfg.random_prefix_len:
@@ -549,7 +549,7 @@ async def _arrivals(n: int, rate: float, burstiness: float, rng: random.Random):
         await asyncio.sleep(rng.gammavariate(burstiness, theta))
 
 
-async def _wait_ready(session: Any, cfg: BenchConfig, wl: Workload) -> None:
+async def _wait_ready(session: Any, cfg: BenchConfig, wl: PromptSet) -> None:
     deadline = time.monotonic() + cfg.ready_check_timeout_sec
     tail = _payload_tail(cfg, min(WARMUP_OUTPUT_TOKENS, wl.output_lens[0]))
     last_error = ""
@@ -568,7 +568,7 @@ async def _wait_ready(session: Any, cfg: BenchConfig, wl: Workload) -> None:
 
 
 async def _run(
-    cfg: BenchConfig, wl: Workload, warm_wl: Workload | None = None,
+    cfg: BenchConfig, wl: PromptSet, warm_wl: PromptSet | None = None,
 ) -> tuple[list[RequestOutput], float, float, float]:
     """Ready check, warmups, then the measured requests: (outputs, duration, window_start,
     window_end); window times are unix seconds around the measured requests only."""

@@ -18,8 +18,8 @@ from launcher.planning import render, schedulers
 from launcher.planning.plan import make_plan, nodes_needed
 from launcher.planning.schedulers import allocation_nodes as allocation_nodes
 from launcher.run import rundir
-from launcher.spec import cluster as cluster_mod
-from launcher.spec import recipe as recipe_mod
+from launcher.schema import cluster as cluster_mod
+from launcher.schema import recipe as recipe_mod
 
 
 def check_allocation(recipe_file, need: int, runtime: dict | None, what: str) -> None:

@@ -33,7 +33,7 @@ from pathlib import Path
 import launcher
 from launcher.errors import UserError
 from launcher.planning.plan import Runtime
-from launcher.spec.cluster import Cluster
+from launcher.schema.cluster import Cluster
 
 # What runs on compute nodes, pinned to the versions installed here (the dashboard's
 # Streamlit stays on the machine that shows it).

@@ -54,8 +54,8 @@ from launcher.run.plandoc import Process
 from launcher.run.results import point_failure
 from launcher.run.rundir import ProcessRecord, RunRecord, concurrency_of, tail
 from launcher.run.vocab import TEARDOWN_ORDER, Kind, Role, Stage, State
-from launcher.spec import cluster as cluster_mod
-from launcher.spec import recipe as recipe_mod
+from launcher.schema import cluster as cluster_mod
+from launcher.schema import recipe as recipe_mod
 from launcher.telemetry import promsd
 from launcher.telemetry.statslog import loading_fraction, ucx_transports
 

@@ -20,9 +20,9 @@ from launcher.planning.capacity import estimates, resolve_model
 from launcher.planning.kv_cache import KvCapacity
 from launcher.planning.plan import Plan, make_plan, nodes_needed
 from launcher.run import rundir
-from launcher.spec import cluster as cluster_mod
-from launcher.spec import recipe as recipe_mod
-from launcher.spec.recipe import show
+from launcher.schema import cluster as cluster_mod
+from launcher.schema import recipe as recipe_mod
+from launcher.schema.recipe import show
 
 
 @dataclass

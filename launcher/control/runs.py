@@ -53,7 +53,7 @@ def find(runs_dir: Path, ref: str | None) -> RunDir:
         if len(matches) > 1:
             names = ", ".join(m.run_id for m in matches[:5])
             raise UserError(f"{ref!r} matches several runs ({names}): give more of the name")
-        from launcher.spec.wording import did_you_mean
+        from launcher.schema.wording import did_you_mean
 
         hint = did_you_mean(ref, [r.run_id for r in runs])
         raise UserError(f"no run {ref!r} under {runs_dir} ({hint + '; ' if hint else ''}see: "
@@ -360,7 +360,7 @@ def _withdraw_targets(run: RunDir) -> None:
 
     try:
         from launcher.run.plandoc import read_plan
-        from launcher.spec import cluster as cluster_mod
+        from launcher.schema import cluster as cluster_mod
 
         sd_dir = cluster_mod.load(read_plan(run.plan).cluster).prometheus_sd_dir
     except Exception:  # no plan or profile here: the run-local and runs-dir files still go
@@ -386,7 +386,7 @@ def show_logs(run: RunDir, process: str | None, follow: bool, lines: int) -> int
         return 0
     path = run.log(process)
     if not path.exists():
-        from launcher.spec.wording import did_you_mean
+        from launcher.schema.wording import did_you_mean
 
         close = [f.stem for f in files if process in f.stem]
         hint = f"did you mean {', '.join(close)}" if close else did_you_mean(

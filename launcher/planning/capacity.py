@@ -14,7 +14,7 @@ import dataclasses
 from launcher.planning import kv_cache
 from launcher.planning.plan import Endpoint, Plan, engine_args
 from launcher.run.vocab import Role
-from launcher.spec.recipe import Recipe
+from launcher.schema.recipe import Recipe
 
 
 def model_facts(plan: Plan) -> kv_cache.ModelFacts | None:

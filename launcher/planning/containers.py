@@ -19,8 +19,8 @@ from launcher.errors import UserError
 
 if TYPE_CHECKING:
     from launcher.planning.plan import Plan
-    from launcher.spec.cluster import Cluster
-    from launcher.spec.recipe import Recipe
+    from launcher.schema.cluster import Cluster
+    from launcher.schema.recipe import Recipe
 
 COMPUTE_ENV_IMAGE = "{compute_env}"
 LAUNCHER_MOUNT = "/opt/pd-launcher"  # where container steps see the launcher (read-only)
@@ -139,7 +139,7 @@ def cached_image(plan: Plan) -> str | None:
     return f"{cache}/{container_name(image)}.sqsh"
 
 
-class Containers:
+class ContainerRuntime:
     """No container runtime: the image is an environment folder, the step sees the host."""
 
     name = "none"
@@ -182,7 +182,7 @@ class Containers:
                 "whole host)")
 
 
-class Pyxis(Containers):
+class Pyxis(ContainerRuntime):
     """Slurm's pyxis with enroot: a step sees only the image and the declared mounts."""
 
     name = "pyxis"
@@ -249,8 +249,8 @@ class Pyxis(Containers):
         return out
 
 
-RUNTIMES: dict[str, Containers] = {r.name: r for r in (Containers(), Pyxis())}
+RUNTIMES: dict[str, ContainerRuntime] = {r.name: r for r in (ContainerRuntime(), Pyxis())}
 
 
-def of(cluster: Cluster) -> Containers:
+def of(cluster: Cluster) -> ContainerRuntime:
     return RUNTIMES[cluster.containers.runtime]

@@ -12,8 +12,8 @@ import re
 from typing import TYPE_CHECKING
 
 from launcher.errors import UserError
-from launcher.spec.recipe import flag_key
-from launcher.spec.wording import did_you_mean
+from launcher.schema.recipe import flag_key
+from launcher.schema.wording import did_you_mean
 
 if TYPE_CHECKING:
     from launcher.planning.plan import Plan

@@ -14,8 +14,8 @@ from launcher.errors import UserError
 from launcher.planning import kv_cache, pairing
 from launcher.run import lengths
 from launcher.run.vocab import Role
-from launcher.spec.cluster import Cluster
-from launcher.spec.recipe import Pool, Recipe, flag_key
+from launcher.schema.cluster import Cluster
+from launcher.schema.recipe import Pool, Recipe, flag_key
 
 if TYPE_CHECKING:
     from launcher.planning.kv_cache import ModelFacts

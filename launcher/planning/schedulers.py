@@ -30,14 +30,14 @@ from launcher.errors import UserError
 from launcher.planning.plan import job_port_slots
 from launcher.run import rundir
 from launcher.run.vocab import Kind
-from launcher.spec import cluster as cluster_mod
-from launcher.spec.recipe import sbatch_problem
+from launcher.schema import cluster as cluster_mod
+from launcher.schema.recipe import sbatch_problem
 
 if TYPE_CHECKING:
     from launcher.planning.plan import Plan
     from launcher.run.plandoc import Process
-    from launcher.spec.cluster import Cluster
-    from launcher.spec.recipe import Recipe
+    from launcher.schema.cluster import Cluster
+    from launcher.schema.recipe import Recipe
 
 Commands = list[list[str]]
 

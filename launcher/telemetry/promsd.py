@@ -212,7 +212,7 @@ def run(a: argparse.Namespace) -> int:
     path, is_sd = a.path, a.sd_dir
     if a.cluster:
         from launcher.errors import UserError
-        from launcher.spec import cluster as cluster_mod
+        from launcher.schema import cluster as cluster_mod
 
         if path is not None:
             return _refuse(f"give a runs directory ({path}) or --cluster {a.cluster}, not both")

@@ -33,7 +33,7 @@ def render_all() -> dict[str, dict[str, str]]:
     """{recipe name: {file name: normalised text}} for every shipped recipe."""
     from launcher import text
     from launcher.control import prepare
-    from launcher.spec import recipe
+    from launcher.schema import recipe
 
     out: dict[str, dict[str, str]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -64,7 +64,7 @@ def render_study(tmp: Path) -> dict[str, str]:
 
     from launcher import text
     from launcher.control import prepare
-    from launcher.spec import recipe
+    from launcher.schema import recipe
 
     runs = prepare.prepare_all(str(recipe.shipped()["qwen3.5-397b-gb200-disagg"]), [],
                                ["prefill.endpoints=4,5,6,7,8"], tmp, allocation="one")

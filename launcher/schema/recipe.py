@@ -29,7 +29,7 @@ from launcher.errors import UserError
 from launcher.run import engines
 from launcher.run import lengths as run_lengths
 from launcher.run.vocab import Role
-from launcher.spec import secrets
+from launcher.schema import secrets
 
 RECIPES_DIR = Path(__file__).parents[1] / "recipes"
 
@@ -404,7 +404,7 @@ class Telemetry(Strict):
     interval_s: float = Field(default=1.0, ge=0.05, le=3600)
 
 
-class Slurm(Strict):
+class SlurmSettings(Strict):
     partition: str | None = Field(default=None, pattern=SLURM_WORD)
     account: str | None = Field(default=None, pattern=SLURM_WORD)
     qos: str | None = Field(default=None, pattern=SLURM_WORD)
@@ -599,7 +599,7 @@ class Recipe(Strict):
     benchmark: Benchmark = Field(default_factory=Benchmark)
     accuracy: Accuracy = Field(default_factory=Accuracy)
     telemetry: Telemetry = Field(default_factory=Telemetry)
-    slurm: Slurm = Field(default_factory=Slurm)
+    slurm: SlurmSettings = Field(default_factory=SlurmSettings)
     health: Health = Field(default_factory=Health)
     hold_s: float = Field(
         default=0, ge=0, le=7 * 86400,
@@ -763,7 +763,7 @@ def resolve_path(ref: str) -> Path:
     found = shipped()
     if ref in found:
         return found[ref]
-    from launcher.spec.wording import did_you_mean
+    from launcher.schema.wording import did_you_mean
 
     names = ", ".join(found) or "none"
     hint = did_you_mean(ref, found)
@@ -774,7 +774,7 @@ def resolve_path(ref: str) -> Path:
 def _near_file(p: Path) -> str:
     """' (did you mean ...?)' for a mistyped recipe file: a file beside it, or a shipped
     recipe's name; '' when none is close."""
-    from launcher.spec.wording import did_you_mean
+    from launcher.schema.wording import did_you_mean
 
     try:
         here = [str(f) for f in p.parent.glob("*.y*ml")]
@@ -926,10 +926,10 @@ def format_error(
     e: ValidationError, source: str, overrides: list[str] | None = None, sweep: list[str] = (),
     *, model: type[BaseModel] | None = None, data: Any = None,
 ) -> UserError:
-    """Every problem, in the launcher's words (launcher.spec.wording: the accepted form, the
+    """Every problem, in the launcher's words (launcher.schema.wording: the accepted form, the
     real bound, the key or value probably meant), not pydantic's, each naming the key and
     the --set or --sweep value that brought it; one problem is one sentence naming the file."""
-    from launcher.spec import wording
+    from launcher.schema import wording
 
     origins = [(o.partition("=")[0].strip(), f"--set {o.partition('=')[0].strip()}") for o in overrides or []]
     origins += [(s.partition("=")[0].strip(), f"--sweep value {show(s)}") for s in sweep]

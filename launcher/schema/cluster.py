@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from launcher.errors import UserError
-from launcher.spec.recipe import (
+from launcher.schema.recipe import (
     ENV_NAME,
     Strict,
     _no_control_chars,
@@ -20,7 +20,7 @@ from launcher.spec.recipe import (
     read_yaml,
     show,
 )
-from launcher.spec.secrets import env_refusal, secret_env
+from launcher.schema.secrets import env_refusal, secret_env
 
 CLUSTERS_DIR = Path(__file__).parents[1] / "clusters"
 
@@ -51,7 +51,7 @@ class ComputeEnv(Strict):
         return v
 
 
-class Containers(Strict):
+class ContainerSettings(Strict):
     """How container steps run and what they see (pyxis: only the image and the mounts)."""
 
     runtime: Literal["pyxis", "none"] = "none"
@@ -120,7 +120,7 @@ class Cluster(Strict):
     dry_run_nodes: str = Field(description="Slurm-style node list used by --dry-run")
     env: dict[str, str] = Field(default_factory=dict, description="env for every engine process")
     compute_env: ComputeEnv = Field(default_factory=ComputeEnv)
-    containers: Containers = Field(default_factory=Containers)
+    containers: ContainerSettings = Field(default_factory=ContainerSettings)
     network: Network = Field(default_factory=Network)
     models: Models = Field(default_factory=Models)
     nofile: int = Field(
@@ -163,7 +163,7 @@ def load(ref: str) -> Cluster:
     elif st is None:
         if "/" in ref or path.suffix in (".yaml", ".yml"):
             raise UserError(f"cluster profile file {show(ref)} does not exist")
-        from launcher.spec.wording import did_you_mean
+        from launcher.schema.wording import did_you_mean
 
         hint = did_you_mean(ref, found)
         raise UserError(
