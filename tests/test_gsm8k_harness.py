@@ -25,7 +25,7 @@ from helpers import completions_server
 from launcher.clients import accuracy, gsm8k, gsm8k_vllm
 from launcher.errors import UserError
 from launcher.run import figures
-from launcher.schema import recipe
+from launcher.schema import recipe, yaml_io
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "gsm8k"
@@ -424,7 +424,7 @@ def test_recipe_harness_default_and_checks() -> None:
             recipe.load(LOCAL, sets)
         assert words in str(e.value) and len(str(e.value).splitlines()) == 1, str(e.value)
     # the resolved recipe reads back the same (recipe.yaml in the run directory)
-    again = recipe.validate(recipe.yaml_module().safe_load(recipe.dump(r)), "recipe.yaml")
+    again = recipe.validate(yaml_io.yaml_module().safe_load(recipe.dump(r)), "recipe.yaml")
     assert again.accuracy == r.accuracy
 
 

@@ -391,7 +391,7 @@ def test_full_attention_interval_and_recipe_facts():
               "full_attention_layers": 15, "num_kv_heads": 2, "head_dim": 256, "gdn_layers": 45,
               "gdn_key_heads": 16, "gdn_value_heads": 64, "gdn_key_head_dim": 128,
               "gdn_value_head_dim": 128, "conv_kernel": 4, "ssm_state_dtype": "float32"}  # fmt: skip
-    from launcher.schema.recipe import DeclaredFacts
+    from launcher.schema.sections import DeclaredFacts
 
     facts = kv.ModelFacts.from_declared(DeclaredFacts(**recipe))
     assert facts.weights.expert_params == 387_000_000_000

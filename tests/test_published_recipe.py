@@ -13,7 +13,7 @@ import yaml
 from launcher.control import prepare
 from launcher.errors import UserError
 from launcher.planning import render
-from launcher.schema import recipe
+from launcher.schema import recipe, sections
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE = yaml.safe_load((REPO / "launcher/data/published_qwen35_gb200.yaml").read_text())
@@ -232,4 +232,4 @@ def test_warmup_multiplier():
     assert fixed.benchmark.warmups(512) == 64
     with pytest.raises(UserError, match="not both"):
         recipe.load(SEED, ["benchmark.warmup=64"])
-    assert recipe.Benchmark().warmups(64) == 0  # the default is unchanged
+    assert sections.Benchmark().warmups(64) == 0  # the default is unchanged

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from launcher.errors import UserError
-from launcher.schema import cluster, recipe
+from launcher.schema import cluster, recipe, sections
 
 SEED = "qwen3.5-397b-gb200-disagg"
 
@@ -111,9 +111,9 @@ def test_unknown_recipe_name_lists_choices():
 
 
 def test_time_limit_minutes():
-    assert recipe.SlurmSettings(time_limit="04:00:00").minutes == 240
-    assert recipe.SlurmSettings(time_limit="1-00:30").minutes == 1470
-    assert recipe.SlurmSettings(time_limit="90").minutes == 90
+    assert sections.SlurmSettings(time_limit="04:00:00").minutes == 240
+    assert sections.SlurmSettings(time_limit="1-00:30").minutes == 1470
+    assert sections.SlurmSettings(time_limit="90").minutes == 90
 
 
 def test_invalid_yaml_is_one_line(tmp_path):

@@ -12,7 +12,7 @@ import re
 from typing import TYPE_CHECKING
 
 from launcher.errors import UserError
-from launcher.schema.recipe import flag_key
+from launcher.schema.sections import flag_key
 from launcher.schema.wording import did_you_mean
 
 if TYPE_CHECKING:

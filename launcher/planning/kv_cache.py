@@ -36,7 +36,7 @@ from launcher.run import lengths as run_lengths
 from launcher.run.lengths import Lengths
 
 if TYPE_CHECKING:
-    from launcher.schema.recipe import DeclaredFacts
+    from launcher.schema.sections import DeclaredFacts
 
 GIB = 1 << 30
 MIB = 1 << 20

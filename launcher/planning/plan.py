@@ -15,7 +15,8 @@ from launcher.planning import kv_cache, pairing
 from launcher.run import lengths
 from launcher.run.vocab import Role
 from launcher.schema.cluster import Cluster
-from launcher.schema.recipe import Pool, Recipe, flag_key
+from launcher.schema.recipe import Recipe
+from launcher.schema.sections import Pool, flag_key
 
 if TYPE_CHECKING:
     from launcher.planning.kv_cache import ModelFacts

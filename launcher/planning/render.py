@@ -19,7 +19,7 @@ from launcher.planning.plan import Endpoint, Plan, engine_args
 from launcher.run import lengths, rundir
 from launcher.run.plandoc import EndpointDoc, NodeDoc, PlanDoc, Process
 from launcher.run.vocab import Kind, Role
-from launcher.schema.recipe import flag_key
+from launcher.schema.sections import flag_key
 
 # The launcher's own modules behind each program (the simulator stands in for `vllm`).
 BENCH_MODULE = "launcher.clients.bench"

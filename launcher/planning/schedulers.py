@@ -31,7 +31,7 @@ from launcher.planning.plan import job_port_slots
 from launcher.run import rundir
 from launcher.run.vocab import Kind
 from launcher.schema import cluster as cluster_mod
-from launcher.schema.recipe import sbatch_problem
+from launcher.schema.sections import sbatch_problem
 
 if TYPE_CHECKING:
     from launcher.planning.plan import Plan

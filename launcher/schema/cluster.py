@@ -11,16 +11,10 @@ from typing import Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from launcher.errors import UserError
-from launcher.schema.recipe import (
-    ENV_NAME,
-    Strict,
-    _no_control_chars,
-    check_mounts,
-    format_error,
-    read_yaml,
-    show,
-)
 from launcher.schema.secrets import env_refusal, secret_env
+from launcher.schema.sections import ENV_NAME, Strict, _no_control_chars, check_mounts
+from launcher.schema.wording import format_error, show
+from launcher.schema.yaml_io import read_yaml
 
 CLUSTERS_DIR = Path(__file__).parents[1] / "clusters"
 

@@ -1,7 +1,9 @@
 """What a validation problem says to a person: pydantic's errors in the launcher's words
-(the accepted form, the real bound, the name that was probably meant), never its own.
+(the accepted form, the real bound, the name that was probably meant), never its own, and
+user input shown inside a message.
 
-Used by `recipe.format_error` for recipes and cluster profiles alike.
+`format_error` words a recipe's or a cluster profile's ValidationError alike, each caller
+naming its own model.
 """
 
 from __future__ import annotations
@@ -10,7 +12,12 @@ import difflib
 import re
 import types
 import typing
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from launcher.errors import UserError
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel, ValidationError
 
 # Patterns of fields, in words (a regex is not a message).
 PATTERNS = {
@@ -25,6 +32,17 @@ PATTERNS = {
 # Union members pydantic names in an error's location, in words.
 MEMBERS = {"str": "text", "int": "a whole number", "float": "a number", "bool": "true/false",
            "none": "null"}  # fmt: skip
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def show(text: object, limit: int = 80) -> str:
+    """User input inside a one-line message: as is when short and printable, else quoted
+    (escapes visible) and cut."""
+    text = str(text)
+    if len(text) <= limit and text.isprintable() and not _SURROGATE.search(text):
+        return text
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")
 
 
 def did_you_mean(word: str, choices: typing.Iterable[str]) -> str:
@@ -141,6 +159,77 @@ def real_bound(loc: str, data: Any) -> str | None:
     if (pool == "agg") == (mode == "agg"):
         return f"must be 1 or more with mode {mode}"
     return f"must be 0 with mode {mode} (it takes no {pool} endpoints)"
+
+
+def format_error(
+    e: ValidationError, source: str, overrides: list[str] | None = None, sweep: list[str] = (),
+    *, model: type[BaseModel], data: Any = None,
+) -> UserError:
+    """Every problem, in the launcher's words (the accepted form, the real bound, the key or
+    value probably meant), not pydantic's, each naming the key and the --set or --sweep value
+    that brought it; one problem is one sentence naming the file. `model`: the pydantic model
+    that raised `e` (an unknown key is matched against its keys)."""
+    origins = [(o.partition("=")[0].strip(), f"--set {o.partition('=')[0].strip()}") for o in overrides or []]
+    origins += [(s.partition("=")[0].strip(), f"--sweep value {show(s)}") for s in sweep]
+    errors, seen, members = [], set(), {}
+    for err in e.errors():
+        loc = tuple(str(x) for x in err["loc"] if not _union_member(x))
+        tried = [str(x) for x in err["loc"] if _union_member(x)]
+        if tried:
+            members.setdefault(loc, []).append(tried[-1])
+        if loc not in seen:
+            seen.add(loc)
+            errors.append((".".join(loc), err))
+    items = []  # (the --set or --sweep that brought it, the problem)
+    for loc, err in errors:
+        msg = err["msg"].removeprefix("Value error, ")
+        for one in (msg.split(PROBLEMS_SEP) if err["type"] == "value_error" else [msg]):
+            came = [
+                label for k, label in origins
+                if loc and (loc == k or loc.startswith(k + ".") or k.startswith(loc + "."))
+                or not loc and k in one
+            ]  # fmt: skip
+            items.append((came[-1] if came else None, _problem(
+                loc, err, one, members, model, data)))
+    source = show(source, 200)
+    if len(items) == 1:
+        came, text = items[0]
+        return UserError(f"{source}{f' with {came}' if came else ''}: {text}")
+    shown = [text + (f" (from {came})" if came else "") for came, text in items]
+    return UserError(f"{source}: {len(shown)} problems: "
+                     + "; ".join(f"({i}) {t}" for i, t in enumerate(shown, 1)),
+                     problems=(f"{source}: {len(shown)} problems:", shown))
+
+
+# Recipe-wide checks report every problem in one ValueError, one per part.
+PROBLEMS_SEP = "\n"
+
+
+def _problem(loc: str, err: dict, msg: str, members: dict, model, data) -> str:
+    if err["type"] == "extra_forbidden":
+        *parent, key = loc.split(".")
+        hint = did_you_mean(key, fields_at(model, parent))
+        return f"unknown key {loc!r}" + (f"; {hint}" if hint else "")
+    if err["type"] == "missing":
+        return f"missing required key {loc!r}"
+    got = err.get("input")
+    if err["type"] == "value_error":  # one part of a check that found several
+        has_value = False
+    else:
+        msg, has_value = message(err, members.get(tuple(loc.split(".")), []))
+    if err["type"] in ("greater_than_equal", "greater_than"):
+        msg = real_bound(loc, data) or msg
+    shown = ("" if has_value or isinstance(got, dict | list) or not loc
+             else f" (got {str(got)[:60]!r})")
+    return f"{loc + ': ' if loc else ''}{msg}{shown}"
+
+
+def _union_member(part: object) -> bool:
+    """pydantic names the union member it tried in the error location: not a key."""
+    return isinstance(part, str) and (
+        part in ("str", "int", "float", "bool", "none") or part.startswith(("function-", "list["))
+    )
+
 
 
 def field_reference(model: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
