@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launcher.control.orchestrator import Orchestrator
+from launcher.control.lifetime import EngineLifetime
 from launcher.control.pool import EnginePool
 from launcher.planning import study
 from launcher.run.plandoc import read_plan
@@ -40,14 +40,14 @@ class FakeBook:
 
 def replay(orch_runs: list[Path]) -> list[dict]:
     """The orchestrator's decisions, configuration by configuration in the study's order:
-    Orchestrator.direction, EnginePool.settle and the restarts of its sweep
+    EngineLifetime.direction, EnginePool.settle and the restarts of its sweep
     (study.changed), on one pool."""
     pool = EnginePool()
     out = []
     for run in orch_runs:
         doc = read_plan(run)
         engines = doc.of_kind(Kind.ENGINE)
-        orch = object.__new__(Orchestrator)  # the real methods, without a run to start
+        orch = object.__new__(EngineLifetime)  # the real methods, without a run to start
         orch.pool, orch.book, orch.descending = pool, FakeBook(), False
         orch.run = type("R", (), {"run_id": run.name, "path": run})()
         orch.plan = type("P", (), {"recipe": recipe_mod.load(str(run / "recipe.yaml"))})()

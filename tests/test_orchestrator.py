@@ -140,7 +140,7 @@ def test_stages_run_in_order_and_every_process_is_stopped(setup):
     orch.teardown()
     assert stages(run) == ["preflight", "agents", "endpoints", "health", "router", "sweep",
                            "accuracy", "teardown"]  # fmt: skip
-    servers = {p.name for p in orch.procs if not p.kind.client}
+    servers = {p.name for p in orch.planned if not p.kind.client}
     assert servers <= set(backend.stopped), "teardown left a server running"
     assert [p for p in backend.started if p.startswith("bench-")] == [
         "bench-c4", "bench-c16", "bench-c64"
@@ -151,7 +151,7 @@ def test_stages_run_in_order_and_every_process_is_stopped(setup):
 
 def test_an_engine_that_dies_in_health_is_named_and_the_rest_torn_down(setup):
     orch, backend, run, alive = setup({"decode-0@local-2": (3, 0.05)})
-    alive.update({p.url: False for p in orch.procs if p.url})  # nobody gets healthy
+    alive.update({p.url: False for p in orch.planned if p.url})  # nobody gets healthy
     with pytest.raises(orchestrator.RunFailed) as e:
         orch.run_all()
     assert str(e.value).startswith("decode-0@local-2 on local-2 exited with status 3")
@@ -183,7 +183,7 @@ def test_a_step_ended_by_scancel_before_the_jobs_own_signal_reads_as_cancelled(s
     import threading
 
     orch, backend, run, alive = setup({"decode-0@local-2": (143, 0.05)})
-    alive.update({p.url: False for p in orch.procs if p.url})
+    alive.update({p.url: False for p in orch.planned if p.url})
     threading.Timer(0.5, lambda: setattr(orch, "cancel_reason",
                                          "cancelled (SIGTERM: scancel or shutdown)")).start()
     with pytest.raises(orchestrator.Cancelled, match="SIGTERM: scancel"):
@@ -193,7 +193,7 @@ def test_a_step_ended_by_scancel_before_the_jobs_own_signal_reads_as_cancelled(s
 def test_a_step_killed_by_sigterm_with_no_cancel_still_fails_the_run(setup, monkeypatch):
     monkeypatch.setattr(orchestrator, "CANCEL_GRACE_S", 0.3)
     orch, backend, run, alive = setup({"decode-0@local-2": (143, 0.05)})
-    alive.update({p.url: False for p in orch.procs if p.url})
+    alive.update({p.url: False for p in orch.planned if p.url})
     with pytest.raises(orchestrator.RunFailed, match="decode-0@local-2 on local-2 exited with "
                                                      "status 143"):
         orch.run_all()
@@ -228,7 +228,7 @@ def test_a_sweep_point_failing_as_slurm_ends_the_job_is_the_cancel_not_a_failed_
 def test_a_step_exiting_1_as_slurm_ends_the_job_reads_as_cancelled(setup, monkeypatch):
     # pyxis's own failure of a step scancel interrupted: not a SIGTERM exit status
     orch, backend, run, alive = setup({"decode-0@local-2": (1, 0.05)})
-    alive.update({p.url: False for p in orch.procs if p.url})
+    alive.update({p.url: False for p in orch.planned if p.url})
     monkeypatch.setattr(orchestrator, "slurm_ending", signal_soon(orch))
     with pytest.raises(orchestrator.Cancelled, match="SIGTERM: scancel"):
         orch.run_all()
@@ -284,7 +284,7 @@ def test_a_failing_run_json_write_does_not_stop_the_run(setup, monkeypatch):
     orch.run_all()  # no exception: bookkeeping is best effort
     orch.teardown()
     assert any("could not write run.json: No space left on device" in n for n in orch.record.notes)
-    assert {p.name for p in orch.procs if not p.kind.client} <= set(backend.stopped)
+    assert {p.name for p in orch.planned if not p.kind.client} <= set(backend.stopped)
 
 
 def test_teardown_budget_follows_the_signal(setup):

@@ -71,6 +71,6 @@ def test_inside_the_allocation_the_plan_is_completed_not_made_again(tmp_path, co
     assert counts == Counter(make_plan=1, processes=1,
                              engine_processes=len(rendered.plan.endpoints),
                              commands_sh=1, plan_doc=1, read_checkpoint=1), counts
-    assert orch.procs is rendered.processes
+    assert orch.planned is rendered.processes
     assert run.commands.read_text() == rendered.commands
     assert {n.name: n.address for n in rendered.doc.nodes} == dict(rendered.plan.addresses)

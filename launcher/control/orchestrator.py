@@ -22,8 +22,12 @@ once and the run goes on; a run directory that takes no write for WRITE_FAIL_S f
 for the final record. A run directory is written by one attempt only.
 
 This module is the stage control; around it: `allocation` (the allocation's nodes, the plan
-made for them), `probes` (this host's ports, HTTP health), `record` (run.json, events),
-`watch` (node loss), `backends` (how a process is started and stopped).
+made for them), `preflight_stage` (the checks in the engine's container, the run's
+identity), `processes` (the run's processes as run.json records them), `lifetime` (which
+engines start, stay loaded, restart before a point or stop, in a run and across a study's
+configurations), `pd_check` (the P->D path before the sweep), `probes` (this host's ports,
+HTTP health), `record` (run.json, events), `watch` (node loss), `backends` (how a process
+is started and stopped).
 """
 
 from __future__ import annotations
@@ -40,24 +44,25 @@ from pathlib import Path
 from launcher.control import preflight
 from launcher.control.allocation import check_allocation, plan_here, raise_open_files
 from launcher.control.backends import Backend, Handle, make_backend
-from launcher.control.pool import STOP_GRACE_S, EnginePool
+from launcher.control.lifetime import EngineLifetime
+from launcher.control.pd_check import check_pd_path
+from launcher.control.pool import EnginePool
+from launcher.control.preflight_stage import run_preflight
 from launcher.control.probes import api_ready, busy_ports, http_ok
+from launcher.control.processes import Processes
 from launcher.control.record import Book, say
 from launcher.control.watch import NodeWatch
 from launcher.errors import Cancelled, RunFailed, UserError
-from launcher.planning import containers, render, schedulers
-from launcher.planning.plan import Plan
-from launcher.planning.study import best_start, changed
-from launcher.planning.study import signatures as study_signatures
+from launcher.planning import render, schedulers
 from launcher.run import rundir
 from launcher.run.plandoc import Process
 from launcher.run.results import point_failure
-from launcher.run.rundir import ProcessRecord, RunRecord, concurrency_of, tail
-from launcher.run.vocab import TEARDOWN_ORDER, Kind, Role, Stage, State
+from launcher.run.rundir import RunRecord, concurrency_of, tail
+from launcher.run.vocab import TEARDOWN_ORDER, Kind, Stage, State
 from launcher.schema import cluster as cluster_mod
 from launcher.schema import recipe as recipe_mod
 from launcher.telemetry import promsd
-from launcher.telemetry.statslog import loading_fraction, ucx_transports
+from launcher.telemetry.statslog import loading_fraction
 
 POLL_S = 0.25
 PROGRESS_S = 5.0  # how often loading progress is read from the engines' logs
@@ -126,23 +131,16 @@ class Orchestrator:
         self.record = book.record
         self.plan = rendered.plan
         self.backend = backend
-        self.handles: list[Handle] = []
-        self.procs = rendered.processes
+        self.planned = rendered.processes  # what the plan runs
         self.doc = rendered.doc
-        self.healthy: set[str] = set()
+        self.processes = Processes(run, book, backend)  # those started: handles and record
+        # `pool`: a study in one allocation, its engines kept loaded across configurations
+        self.lifetime = EngineLifetime(run, self.plan, book, self.processes, pool)
         self.cancel_reason: str | None = None
         self.teardown_budget_s: float = 60.0
         self.failed_points: list[str] = []
         self.watch = NodeWatch(list(self.plan.nodes), schedulers.of(self.plan.cluster).allocates)
         self.partial: dict[str, str] = {}  # node -> why its telemetry is partial (noted once)
-        self.image_digest: str | None = None  # the registry's, from the image step
-        self.stop_marks: dict[str, int] = {}  # process -> its log's size when told to stop
-        # a study in one allocation: the engines kept loaded across its configurations
-        self.pool = pool
-        self.kept_from: dict[str, str] = {}  # process -> the run that started it
-        self.start_marks: dict[str, int] = {}  # kept process -> its log's size here at start
-        self.left_loaded: set[str] = set()  # processes left running for the next configuration
-        self.descending = False  # the sweep from its top point down (Orchestrator.direction)
 
     # --- bookkeeping ---
     def save(self) -> None:
@@ -154,49 +152,12 @@ class Orchestrator:
         self.book.event("stage", stage=name)
         say(f"stage {name}")
 
-    def start(self, proc: Process, argv: list[str] | None = None) -> Handle:
-        missing = [n for n in proc.env_from_host if n not in os.environ]
-        if missing:
-            self.book.event("warning", process=proc.name, message=f"not set here: {missing}")
-        h = self.backend.start(proc, argv)
-        self.handles.append(h)
-        self.book.event("process_started", process=proc.name, node=proc.node, pid=h.pid)
-        self._write_processes()
-        return h
-
-    def _write_processes(self) -> None:
-        self.record.processes = {
-            h.proc.name: ProcessRecord(
-                node=h.proc.node, kind=h.proc.kind, pid=h.pid, started=h.started,
-                exit_code=h.exit_code(), stopped=h.stopped and not h.died, log=h.proc.log,
-                lost=h.lost, log_bytes_at_stop=self.stop_marks.get(h.proc.name),
-                started_by=self.kept_from.get(h.proc.name),
-                log_bytes_at_start=self.start_marks.get(h.proc.name),
-                kept=h.proc.name in self.left_loaded,
-            )  # fmt: skip
-            for h in self.handles
-        }
-        self.save()
-
-    def tails(self, kinds: tuple[Kind, ...] = (Kind.ENGINE, Kind.ROUTER)) -> str:
-        """The last lines of every process of these kinds on every node: where a hung NCCL
-        or MNNVL initialisation on a headless rank shows, not only on the head."""
-        out = []
-        for h in self.handles:
-            if h.proc.kind in kinds:
-                lines = tail(h.log_path, TAIL_LINES)
-                out.append(
-                    f"last lines of {h.proc.log} ({h.proc.node}):\n"
-                    + ("\n".join(f"  | {x}" for x in lines) or "  | (empty)")
-                )
-        return "\n".join(out)
-
     def node_loss(self, exited: list[Handle] | None = None) -> dict[str, str]:
         """{lost node: why}, empty when none was lost.
         Every node is asked when a process exited (a lost node's own sruns may not end for
         minutes; the first to exit is often a healthy process on another node)."""
         lost = self.watch.confirm() if exited is not None else dict(self.watch.lost)
-        for h in self.handles:
+        for h in self.processes.handles:
             if h.proc.node in lost:
                 h.lost = True
         return lost
@@ -204,7 +165,7 @@ class Orchestrator:
     def node_lost(self, lost: dict[str, str]) -> RunFailed:
         node = min(lost)
         detail = "; ".join(f"{n} ({why})" for n, why in sorted(lost.items()))
-        gone = [h.proc.name for h in self.handles if h.lost and h.proc.node == node]
+        gone = [h.proc.name for h in self.processes.handles if h.lost and h.proc.node == node]
         self.book.event("node_lost", node=node, detail=detail, processes=gone)
         return RunFailed(
             f"node lost: {detail}; with it went {', '.join(gone) or 'no process yet'}: check "
@@ -233,7 +194,7 @@ class Orchestrator:
         if lost:
             raise self.node_lost(lost)
         exited = [
-            h for h in self.handles
+            h for h in self.processes.handles
             if h.exit_code() is not None and not h.stopped and not allowed(h)
         ]  # fmt: skip
         if not exited:
@@ -254,7 +215,7 @@ class Orchestrator:
                     f"{time.strftime('%H:%M:%S')}: telemetry of {h.proc.node} stops there "
                     f"(see {h.proc.log})"
                 )
-                self._write_processes()
+                self.processes.write()
                 continue
             if self.cancel_behind(sigterm_exit=code in (128 + signal.SIGTERM, -signal.SIGTERM)):
                 raise Cancelled(self.cancel_reason)
@@ -332,7 +293,7 @@ class Orchestrator:
                     if ok:
                         del pending[name]
                         self.book.event("ready", process=name)
-                        self.healthy.add(name)
+                        self.processes.healthy.add(name)
                 now = time.monotonic()
                 if now - last_progress > PROGRESS_S:
                     last_progress = now
@@ -340,7 +301,8 @@ class Orchestrator:
                 if pending and now > deadline:
                     names = ", ".join(f"{n} on {pending[n][0].node} ({reasons.get(n)})" for n in sorted(pending))
                     raise RunFailed(
-                        f"{what}: not healthy within {timeout_s:g} s: {names}\n" + self.tails(),
+                        f"{what}: not healthy within {timeout_s:g} s: {names}\n"
+                        + self.processes.tails(),
                         culprit=sorted(pending)[0],
                     )
                 if pending and now - last_report > 10:
@@ -353,7 +315,8 @@ class Orchestrator:
         """Prometheus file-SD: the healthy processes' /metrics (best effort: monitoring must
         never stop the benchmark)."""
         try:
-            promsd.publish(self.run, self.doc, self.healthy, self.plan.cluster.prometheus_sd_dir)
+            promsd.publish(self.run, self.doc, self.processes.healthy,
+                           self.plan.cluster.prometheus_sd_dir)
         except OSError as e:
             self.book.note(f"could not write Prometheus targets: {e}")
 
@@ -364,7 +327,7 @@ class Orchestrator:
         # after the weights vLLM logs on (compile, KV cache, CUDA graphs), and more than 40
         # lines can pass between two looks.
         loading = dict(self.record.progress.get("loading") or {})
-        for h in self.handles:
+        for h in self.processes.handles:
             if h.proc.kind == Kind.ENGINE:
                 frac = loading_fraction("\n".join(tail(h.log_path, 5000)))
                 if frac is not None:
@@ -393,95 +356,39 @@ class Orchestrator:
             time.sleep(POLL_S)
         return all(p.returncode == 0 for p in popens)
 
-    def preflight(self) -> None:
-        """Inside the engine's container on every node, before any model loads."""
-        t0 = time.monotonic()
-        unexplained = None  # the container check's log tail when it failed for no known cause
-        for name, commands in render.check_steps(self.plan)[1:]:
-            if not self.run_step(name, commands):
-                log = self.run.log(name)
-                text = log.read_text(errors="replace") if log.is_file() else ""
-                if problems := preflight.step_failures(name, text, self.plan):
-                    raise RunFailed("preflight: " + "; ".join(problems),
-                                    culprit=problems[0].culprit)
-                if name.startswith("stage-"):
-                    raise RunFailed(f"preflight: {name} failed on {self.plan.nodes[0]}: "
-                                    + " | ".join(tail(log, 5)), culprit=self.plan.nodes[0])
-                if name == "preflight-container":
-                    unexplained = " | ".join(tail(log, 3)) or "its log is empty"
-            elif name == "stage-image":
-                self.note_image(self.run.log(name))
-        self.image_digest = self.image_digest or self.tag_digest()
-        facts = preflight.read_facts(self.run.path, list(self.plan.nodes), "container")
-        hosts = preflight.read_facts(self.run.path, list(self.plan.nodes), "host")
-        problems = preflight.judge_container(
-            self.plan, self.doc, facts, self.plan.recipe.engine_version, hosts, unexplained)
-        if problems:
-            raise RunFailed("preflight: " + "; ".join(problems), culprit=problems[0].culprit)
-        took = time.monotonic() - t0
-        self.record.identity = identity(self.plan, facts, hosts, self.image_digest)
-        self.save()
-        self.book.event("preflight_ok", seconds=round(took, 2))
-        say(f"preflight passed on {len(self.plan.nodes)} node(s) in {took:.1f} s")
-
-    def tag_digest(self) -> str | None:
-        """Without an image cache pyxis pulls on each node and nobody reports a digest: ask
-        the registry what the tag names now, just before the engines pull it."""
-        ref = containers.registry_image(self.plan)
-        if (ref is None or "@sha256:" in ref or not containers.of(self.plan.cluster).isolated
-                or containers.cached_image(self.plan)):
-            return None
-        from launcher.control import image
-
-        return image.registry_digest(containers.enroot_uri(ref), timeout=5.0)
-
-    def note_image(self, log: Path) -> None:
-        """The image step's one JSON line (imported, or found in the cache) as an event."""
-        import json
-
-        for line in reversed(tail(log, 20)):
-            if line.startswith("{"):
-                try:
-                    doc = json.loads(line)
-                except ValueError:
-                    return
-                self.image_digest = doc.get("digest")
-                self.book.event("image", **doc)
-                return
-
     def run_all(self) -> None:
         r = self.plan.recipe
-        agents = [p for p in self.procs if p.kind == Kind.AGENT]
-        engines = [p for p in self.procs if p.kind == Kind.ENGINE]
-        router = next(p for p in self.procs if p.kind == Kind.ROUTER)
+        agents = [p for p in self.planned if p.kind == Kind.AGENT]
+        engines = [p for p in self.planned if p.kind == Kind.ENGINE]
+        router = next(p for p in self.planned if p.kind == Kind.ROUTER)
         self.stage(Stage.PREFLIGHT)
-        self.preflight()
-        want = self.signatures(engines)
-        want = self.direction(engines, want)
-        kept = self.take_over(engines, want)  # before the agents: they read where logs stand
+        run_preflight(self.run, self.plan, self.doc, self.book, self.run_step)
+        self.lifetime.take_over(engines)  # before the agents: they read where logs stand
         if agents:
             self.stage(Stage.AGENTS)
             for p in agents:
-                self.start(p)
+                self.processes.start(p)
         self.stage(Stage.ENDPOINTS)
-        self.start_engines(engines, kept, want)
+        self.lifetime.start(engines)
         self.stage(Stage.HEALTH)
         t0 = time.monotonic()
         self.wait_ready([(p, p.url) for p in engines if p.url], r.health.timeout_s, "endpoints")
         self.note_loading()
         self.book.event("endpoints_healthy", seconds=round(time.monotonic() - t0, 2))
-        self.healthy |= {p.name for p in agents if p.metrics_url and http_ok(p.metrics_url)[0]}
+        self.processes.healthy |= {p.name for p in agents
+                                   if p.metrics_url and http_ok(p.metrics_url)[0]}
         # each node's agent is its heartbeat from here on (and says how its writes go); one
         # still starting counts too (engines kept loaded are healthy at once): its silence
         # has its node's slurmd knocked on, not ignored
         self.watch.start({p.node: p.metrics_url for p in agents if p.metrics_url})
         self.publish_targets()
         self.stage(Stage.ROUTER)
-        self.start(router)
+        self.processes.start(router)
         self.wait_ready([(router, router.url)], r.health.router_timeout_s, "router")
         self.wait_registered(router, r.health.router_timeout_s)
         if r.mode == "disagg" and r.health.pd_check:
-            self.check_pd_path()
+            check_pd_path(self.plan, self.doc, self.book, self.processes.handles,
+                          self.check_processes)
         self.record.serving, self.record.router_url = True, router.url
         self.save()
         self.publish_targets()
@@ -500,85 +407,6 @@ class Orchestrator:
                 f"{len(self.failed_points)} sweep point(s) failed: " + "; ".join(self.failed_points)
             )
 
-    def signatures(self, engines: list[Process], at: int | None = None) -> dict[str, tuple]:
-        """In a study's allocation: endpoint -> what makes it the same engine (`at`: as it
-        runs at that sweep concurrency)."""
-        if self.pool is None:
-            return {}
-        return study_signatures(engines, str(self.run.path), at=at)
-
-    def direction(self, engines: list[Process], want: dict[str, tuple]) -> dict[str, tuple]:
-        """In a study's allocation: when the pool holds engines as an earlier sweep left
-        them at its top point (args_from_concurrency), this sweep runs from the top down and
-        its engines start with their top command lines (the rule of the plan of turns);
-        the signatures its engines start with."""
-        b = self.plan.recipe.benchmark
-        if self.pool is None or not b.enabled or not any(p.restarts for p in engines):
-            return want
-        top_c = max(b.concurrency)
-        top = self.signatures(engines, at=top_c)
-        running = {ep: e.signature for ep, e in self.pool.loaded.items() if e.alive()}
-        if not best_start(self.run.run_id, want, top, running).descending:
-            return want
-        self.descending = True
-        self.book.event("sweep_order", order="descending", reason="engines loaded as the "
-                        "top point's command line")
-        say(f"the sweep runs from concurrency {top_c} down: engines are loaded as an earlier "
-            "configuration's top point left them (args_from_concurrency)")
-        return top
-
-    def first_argv(self, proc: Process) -> list[str] | None:
-        """The command line an engine starts with: its top point's on a sweep run
-        downwards, else its own (None)."""
-        if not self.descending or not proc.restarts:
-            return None
-        return proc.argv_at(max(self.plan.recipe.benchmark.concurrency))
-
-    def take_over(self, engines: list[Process], want: dict[str, tuple]) -> set[str]:
-        """In a study's allocation: the endpoints already loaded as this configuration wants
-        them, taken over as its own (what died is dropped, what it wants with another
-        command line is stopped)."""
-        if self.pool is None:
-            return set()
-        kept = self.pool.settle(want, self.run.run_id)
-        for p in engines:
-            if p.endpoint in kept:
-                self.adopt(p)
-        if kept:
-            say(f"engines kept loaded from an earlier configuration: {', '.join(sorted(kept))}")
-        return kept
-
-    def start_engines(self, engines: list[Process], kept: set[str],
-                      want: dict[str, tuple]) -> None:
-        """Every engine not taken over; in a study's allocation each is kept in its pool."""
-        for ep in dict.fromkeys(p.endpoint for p in engines):
-            if ep in kept:
-                continue
-            handles = [self.start(p, self.first_argv(p)) for p in engines if p.endpoint == ep]
-            if self.pool is not None and ep is not None:
-                self.pool.add(ep, handles, want[ep], self.run.run_id, self.backend)
-
-    def adopt(self, proc: Process) -> None:
-        """A loaded engine of an earlier configuration, as this run's process: its log is
-        linked here and read from where it stands now."""
-        assert self.pool is not None
-        old = self.pool.handle(proc.name)
-        assert old is not None, proc.name
-        link = self.run.path / proc.log
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if not link.exists():
-            os.symlink(os.path.relpath(old.log_path, link.parent), link)
-        try:
-            self.start_marks[proc.name] = old.log_path.stat().st_size
-        except OSError:
-            self.start_marks[proc.name] = 0
-        self.kept_from[proc.name] = self.pool.loaded[proc.endpoint].started_by
-        h = Handle(proc, old.popen, old.log_path, started=old.started, argv=old.argv)
-        self.handles.append(h)
-        self.book.event("process_kept", process=proc.name, node=proc.node, pid=h.pid,
-                        started_by=self.kept_from[proc.name])
-        self._write_processes()
-
     def wait_registered(self, router: Process, timeout_s: float) -> None:
         """The router lists every endpoint as a healthy worker of its role."""
         deadline = time.monotonic() + timeout_s
@@ -587,73 +415,20 @@ class Orchestrator:
             if time.monotonic() > deadline:
                 raise RunFailed(
                     f"router: {', '.join(missing)} not registered as healthy workers within "
-                    f"{timeout_s:g} s (GET {router.url}/workers)\n" + self.tails(),
+                    f"{timeout_s:g} s (GET {router.url}/workers)\n" + self.processes.tails(),
                     culprit=missing[0],
                 )
             time.sleep(1.0)
 
-    def check_pd_path(self) -> None:
-        """Every prefill endpoint hands one request's KV to a decode before the sweep. It
-        waits as long as vLLM keeps a prefill's blocks for a decode, saying so meanwhile."""
-        t0 = time.monotonic()
-        r = self.plan.recipe
-        wait_s = preflight.pd_wait_s(r.kv_connector, r.health.pd_wait_s)
-        checks = preflight.pd_path(self.doc, wait_s, handshake_seen=self.handshake_seen,
-                                   watch=self.check_processes, say=say)
-        self.check_processes()
-        bad = [c for c in checks if not c.ok]
-        self.book.event(
-            "pd_path", seconds=round(time.monotonic() - t0, 2), wait_s=wait_s,
-            checks=[dataclasses.asdict(c) for c in checks],
-        )  # fmt: skip
-        if bad:
-            c = bad[0]
-            raise RunFailed(
-                f"the P->D path is broken: a request through {c.prefill} did not reach "
-                f"{c.decode} with its KV ({c.detail}); check NIXL/UCX between their nodes "
-                f"(UCX_TLS, network interface) in their logs"
-                + (f"; {len(bad) - 1} more prefill endpoint(s) likewise" if len(bad) > 1 else ""),
-                culprit=c.prefill,
-            )
-        say(f"P/D path: {len(checks)} prefill endpoint(s) moved KV to a decode")
-        self.note_transport()
-
-    def handshake_seen(self, endpoint: str) -> bool:
-        """Whether any process of this endpoint logged vLLM's NIXL handshake line."""
-        return any(
-            preflight.HANDSHAKE_LINE in line
-            for h in self.handles if h.proc.endpoint == endpoint
-            for line in tail(h.log_path, 20000, max_bytes=4 << 20)
-        )
-
-    def note_transport(self) -> None:
-        """The transport UCX picked for the KV reads (decode logs, UCX_PROTO_INFO): a silent
-        fall-back to TCP between racks shows in run.json, status and the dashboard."""
-        seen: dict[str, list[str]] = {}
-        for h in self.handles:
-            if h.proc.kind == Kind.ENGINE and h.proc.role == Role.DECODE:
-                found = ucx_transports("\n".join(tail(h.log_path, 400)))
-                if found:
-                    seen[h.proc.name] = found
-        self.record.identity["kv_transport"] = seen
-        self.save()
-        tcp = sorted(n for n, cfgs in seen.items() if any(c.startswith("tcp/") for c in cfgs))
-        if tcp and not self.plan.recipe.engine_kind.on_cpu:  # a CPU engine has no NVLink
-            self.book.note(
-                f"KV transfers of {', '.join(tcp)} go over TCP (UCX chose "
-                f"{next(c for c in seen[tcp[0]] if c.startswith('tcp/'))}): NVLink/RDMA is not in use between P and D; check UCX_TLS "
-                f"and the profile's network"
-            )
-
     def run_client(self, proc: Process) -> int:
         """Run a client process (bench, accuracy) to its end while watching the servers."""
-        h = self.start(proc)
+        h = self.processes.start(proc)
         while h.exit_code() is None:
             self.check_processes(allowed=lambda x: x is h)
             time.sleep(POLL_S)
         self.check_processes(allowed=lambda x: x is h)
         h.stopped = True  # a client that ended is done, not a failure of the deployment
-        self._write_processes()
+        self.processes.write()
         code = h.exit_code() or 0
         if code and self.cancel_behind(sigterm_exit=code in (128 + signal.SIGTERM,
                                                               -signal.SIGTERM)):
@@ -662,8 +437,8 @@ class Orchestrator:
 
     def sweep(self) -> None:
         b = self.plan.recipe.benchmark
-        points = [p for p in self.procs if p.kind == Kind.BENCH]
-        if self.descending:
+        points = [p for p in self.planned if p.kind == Kind.BENCH]
+        if self.lifetime.descending:
             points.reverse()
         prompts = [b.prompts(concurrency_of(p.result)) for p in points]
         sweep_start = time.time()
@@ -704,48 +479,22 @@ class Orchestrator:
         concurrency differs from the one running (args_from_concurrency), whole endpoints,
         while the others stay loaded; then health, the router's registration and the P->D
         path again, so no point is measured on a half-started deployment."""
-        current = {h.proc.name: h for h in self.handles if h.proc.kind == Kind.ENGINE}
-        procs = [h.proc for h in current.values() if h.proc.endpoint]
-        running = study_signatures([dataclasses.replace(h.proc, argv=h.running_argv)
-                                    for h in current.values() if h.proc.endpoint],
-                                   str(self.run.path))
-        eps = changed(study_signatures(procs, str(self.run.path), at=c), running)
+        eps = self.lifetime.changed_at(c)
         if not eps:
             return
-        old = [h for h in current.values() if h.proc.endpoint in eps]
         r = self.plan.recipe
-        steps = {f"{h.proc.role}.args_from_concurrency.{x['from_concurrency']}"
-                 for h in old for x in h.proc.restarts if x["from_concurrency"] <= c}
-        roles = sorted({f"{h.proc.role}.args" for h in old})
         say(f"concurrency {c}: restarting {', '.join(eps)} with its command line from "
-            f"{', '.join(sorted(steps) or roles)}; the other engines stay loaded")
+            f"{self.lifetime.sources_at(eps, c)}; the other engines stay loaded")
         t0 = time.monotonic()
         self.stage(Stage.RESTART)
-        self.backend.stop(old, grace_s=STOP_GRACE_S)
-        for h in old:
-            self.book.event("process_stopped", process=h.proc.name, exit_code=h.exit_code(),
-                            why=f"restart before concurrency {c}")
-            self.healthy.discard(h.proc.name)
-            # a kept engine is this run's own from here on; its log goes on where it was
-            self.kept_from.pop(h.proc.name, None)
-        self.handles = [h for h in self.handles if h not in old]
-        if self.pool is not None:
-            for ep in eps:
-                if ep in self.pool.loaded:
-                    self.pool.drop(ep, self.run.run_id, f"restarted before concurrency {c}")
-        started = [self.start(h.proc, h.proc.argv_at(c)) for h in old]
-        if self.pool is not None:
-            want = self.signatures([dataclasses.replace(h.proc, argv=h.running_argv)
-                                    for h in started])
-            for ep in eps:
-                self.pool.add(ep, [h for h in started if h.proc.endpoint == ep], want[ep],
-                              self.run.run_id, self.backend)
+        started = self.lifetime.restart(eps, c)
         self.wait_ready([(h.proc, h.proc.url) for h in started if h.proc.url],
                         r.health.timeout_s, f"endpoints restarted for concurrency {c}")
-        router = next(p for p in self.procs if p.kind == Kind.ROUTER)
+        router = next(p for p in self.planned if p.kind == Kind.ROUTER)
         self.wait_registered(router, r.health.router_timeout_s)
         if r.mode == "disagg" and r.health.pd_check:
-            self.check_pd_path()
+            check_pd_path(self.plan, self.doc, self.book, self.processes.handles,
+                          self.check_processes)
         seconds = round(time.monotonic() - t0, 2)
         self.book.event("engines_restarted", concurrency=c, endpoints=eps, seconds=seconds,
                         processes=[h.proc.name for h in started])
@@ -762,7 +511,7 @@ class Orchestrator:
 
     def accuracy(self) -> None:
         a = self.plan.recipe.accuracy
-        proc = next(p for p in self.procs if p.kind == Kind.ACCURACY)
+        proc = next(p for p in self.planned if p.kind == Kind.ACCURACY)
         code = self.run_client(proc)
         result = rundir.read_json(self.run.path / proc.result)
         if (not isinstance(result, dict) or result.get("failure_reason")) and self.cancel_behind():
@@ -802,26 +551,12 @@ class Orchestrator:
         except Exception as e:  # a report problem must not hide the run's own outcome
             self.book.note(f"could not write the summary: {e!r}")
 
-    def keepable(self) -> set[str]:
-        """Engines a study's next configuration may use: every part of the endpoint is
-        running, and its head answered healthy here."""
-        by_ep: dict[str, list[Handle]] = {}
-        for h in self.handles:
-            if h.proc.kind == Kind.ENGINE and h.proc.endpoint:
-                by_ep.setdefault(h.proc.endpoint, []).append(h)
-        return {
-            h.proc.name for hs in by_ep.values()
-            if all(h.exit_code() is None and not h.lost for h in hs)
-            and any(h.proc.name in self.healthy for h in hs)
-            for h in hs
-        }  # fmt: skip
-
     def teardown(self, keep_engines: bool = False) -> None:
         """Every process, in order (clients, router, engines, agents last), inside the
         budget Slurm leaves; nothing here can raise. `keep_engines`: a study's allocation
         goes on, so healthy engines stay loaded for its next configuration."""
         self.stage(Stage.TEARDOWN)
-        self.left_loaded = self.keepable() if keep_engines and self.pool is not None else set()
+        self.lifetime.leave_loaded(keep_engines)
         try:
             promsd.withdraw(self.run, self.plan.cluster.prometheus_sd_dir)
         except OSError as e:
@@ -836,21 +571,17 @@ class Orchestrator:
             say(f"warning: could not ask the agents how their writes went: {e!r}")
         # Processes of a lost node: their srun cannot reach them; kill it and move on (Slurm
         # ends the steps when it ends the job).
-        lost = [h for h in self.handles if h.lost]
+        lost = [h for h in self.processes.handles if h.lost]
         if lost:
             try:
                 self.backend.abandon(lost)
             except Exception as e:  # noqa: BLE001
                 say(f"warning: abandoning {[h.proc.name for h in lost]} failed: {e!r}")
-        for h in self.handles:  # a process still running now: what it logs next is shutdown
-            if h.exit_code() is None:
-                try:
-                    self.stop_marks[h.proc.name] = h.log_path.stat().st_size
-                except OSError:
-                    pass
+        self.processes.mark_stops()
+        left_loaded = self.processes.left_loaded
         for kinds in TEARDOWN_ORDER:
-            group = [h for h in self.handles if h.proc.kind in kinds and not h.lost
-                     and h.proc.name not in self.left_loaded]
+            group = [h for h in self.processes.handles if h.proc.kind in kinds and not h.lost
+                     and h.proc.name not in left_loaded]
             grace = max(1.0, budget * share.get(kinds[0], 0.2))
             if Kind.AGENT in kinds and any(h.exit_code() is None for h in group):
                 # One more sample after the servers are gone, so the end is on record too.
@@ -859,63 +590,14 @@ class Orchestrator:
                 self.backend.stop(group, grace_s=grace, gentle=not lost)
             except Exception as e:  # a stop that fails must not leave the rest running
                 say(f"warning: stopping {[h.proc.name for h in group]} failed: {e!r}")
-        for h in self.handles:
-            if h.proc.name in self.left_loaded:
+        for h in self.processes.handles:
+            if h.proc.name in left_loaded:
                 self.book.event("process_kept_loaded", process=h.proc.name)
                 continue
             self.book.event("process_stopped", process=h.proc.name, exit_code=h.exit_code(),
                             **({"lost": True} if h.lost else {}))
-        if self.pool is not None:  # what this configuration stopped is no longer loaded
-            stopped = {h.proc.name for h in self.handles} - self.left_loaded
-            for ep, e in list(self.pool.loaded.items()):
-                if stopped & {h.proc.name for h in e.handles}:
-                    self.pool.drop(ep, self.run.run_id, "stopped at the end of this configuration")
-        self._write_processes()
-
-
-def identity(plan: Plan, facts: dict[str, dict | None],
-             hosts: dict[str, dict | None] | None = None,
-             image_digest: str | None = None) -> dict:
-    """What exactly ran, for anyone comparing two runs: image, engine version as the
-    engine's own environment reports it, model and revision, Slurm job and nodes, and the
-    fingerprint taken where it ran: every package of the engine's environment (the first
-    node's; nodes whose list differs are named), vLLM's commit, torch's CUDA, the nodes'
-    driver, GPUs and IMEX channel."""
-    found = [f for f in facts.values() if f]
-    pkgs = next((f["packages"] for f in found if f.get("packages")), None)
-    differ = sorted(n for n, f in facts.items() if f and f.get("packages") not in (None, pkgs))
-    nvidia = [(h or {}).get("nvidia") for h in (hosts or {}).values()]
-    nvidia = [x for x in nvidia if x]
-    versions = sorted({f.get("engine_version") for f in found if f.get("engine_version")})
-    commits = sorted({f.get("engine_commit") for f in found if f.get("engine_commit")})
-    imex = {n: bool((h or {}).get("imex_channel")) for n, h in (hosts or {}).items() if h}
-    revisions = sorted({(f.get("model") or {}).get("revision") for f in found} - {None})
-    c = plan.recipe.container
-    return {
-        "image": c.image if c else None,
-        "image_pinned": bool(c and "@sha256:" in c.image),
-        # what the registry served for it when it was imported (None: not known)
-        "image_digest": image_digest or (c.image.rsplit("@", 1)[1]
-                                         if c and "@sha256:" in c.image else None),
-        "engine": plan.recipe.engine,
-        "engine_version": versions[0] if len(versions) == 1 else versions,
-        "engine_commit": commits[0] if len(commits) == 1 else (commits or None),
-        "model": plan.recipe.model.path,
-        "model_revision": revisions[0] if len(revisions) == 1 else (revisions or None),
-        "slurm_job_id": plan.job_id,
-        "nodes": {n: plan.address(n) for n in plan.nodes},
-        "launcher_python": plan.runtime.python,
-        "launcher_source": plan.runtime.src,
-        "packages": pkgs,
-        "packages_differ_on": differ,
-        "torch_cuda": next((f.get("torch_cuda") for f in found if f.get("torch_cuda")), None),
-        "driver": sorted({d for x in nvidia for d in x.get("driver") or []}) or None,
-        "gpu_models": sorted({m for x in nvidia for m in x.get("gpu_models") or []}) or None,
-        # the NVLink fabric's IMEX channel (multi-node NVLink on GB200): every node, none,
-        # or the nodes that have it
-        "imex_channel": (all(imex.values()) if len(set(imex.values())) < 2
-                         else sorted(n for n, v in imex.items() if v)) if imex else None,
-    }
+        self.lifetime.drop_stopped()
+        self.processes.write()
 
 
 def write_window(result_file: Path, ended: float) -> None:

@@ -1,4 +1,5 @@
-"""The engines a study's one allocation keeps loaded from one configuration to the next."""
+"""The engines a study's one allocation keeps loaded from one configuration to the next;
+launcher.control.lifetime decides with it what each configuration keeps, starts and restarts."""
 
 from __future__ import annotations
 

@@ -1,0 +1,181 @@
+"""The engines' lifetime in a run, and in a study whose configurations share one allocation:
+which engines a run starts and with which command line, which it takes over loaded from an
+earlier configuration, which it restarts before a sweep point (args_from_concurrency), and
+which it leaves loaded at its end for the next configuration.
+
+Each of these asks launcher.planning.study's one rule, "is this the same engine?"
+(same_engine, through signatures, changed and best_start here and EnginePool.settle in the
+pool), the rule the dry-run's plan of turns asks too, so both decide alike. The orchestrator
+calls it at its stages; what it starts, keeps and stops is recorded by
+launcher.control.processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from launcher.control.backends import Handle
+from launcher.control.pool import STOP_GRACE_S, EnginePool
+from launcher.control.processes import Processes
+from launcher.control.record import Book, say
+from launcher.planning.plan import Plan
+from launcher.planning.study import best_start, changed
+from launcher.planning.study import signatures as study_signatures
+from launcher.run import rundir
+from launcher.run.plandoc import Process
+from launcher.run.vocab import Kind
+
+
+class EngineLifetime:
+    """The engines of one run; `pool`: a study's allocation keeps them loaded from one
+    configuration to the next (None: a run of its own, its engines start with it and stop
+    at its end)."""
+
+    def __init__(self, run: rundir.RunDir, plan: Plan, book: Book, processes: Processes,
+                 pool: EnginePool | None = None):
+        self.run = run
+        self.plan = plan
+        self.book = book
+        self.processes = processes
+        self.pool = pool
+        self.descending = False  # the sweep from its top point down (direction)
+        self.want: dict[str, tuple] = {}  # endpoint -> the engine this run starts it as
+        self.kept: set[str] = set()  # endpoints taken over loaded from an earlier configuration
+
+    # --- the rule, asked ---
+    def signatures(self, engines: list[Process], at: int | None = None) -> dict[str, tuple]:
+        """In a study's allocation: endpoint -> what makes it the same engine (`at`: as it
+        runs at that sweep concurrency)."""
+        if self.pool is None:
+            return {}
+        return study_signatures(engines, str(self.run.path), at=at)
+
+    def direction(self, engines: list[Process], want: dict[str, tuple]) -> dict[str, tuple]:
+        """In a study's allocation: when the pool holds engines as an earlier sweep left
+        them at its top point (args_from_concurrency), this sweep runs from the top down and
+        its engines start with their top command lines (the rule of the plan of turns);
+        the signatures its engines start with."""
+        b = self.plan.recipe.benchmark
+        if self.pool is None or not b.enabled or not any(p.restarts for p in engines):
+            return want
+        top_c = max(b.concurrency)
+        top = self.signatures(engines, at=top_c)
+        running = {ep: e.signature for ep, e in self.pool.loaded.items() if e.alive()}
+        if not best_start(self.run.run_id, want, top, running).descending:
+            return want
+        self.descending = True
+        self.book.event("sweep_order", order="descending", reason="engines loaded as the "
+                        "top point's command line")
+        say(f"the sweep runs from concurrency {top_c} down: engines are loaded as an earlier "
+            "configuration's top point left them (args_from_concurrency)")
+        return top
+
+    def first_argv(self, proc: Process) -> list[str] | None:
+        """The command line an engine starts with: its top point's on a sweep run
+        downwards, else its own (None)."""
+        if not self.descending or not proc.restarts:
+            return None
+        return proc.argv_at(max(self.plan.recipe.benchmark.concurrency))
+
+    def changed_at(self, c: int) -> list[str]:
+        """The endpoints whose command line at sweep concurrency `c` differs from the one
+        running (args_from_concurrency): restarted before that point."""
+        current = {h.proc.name: h for h in self.processes.handles if h.proc.kind == Kind.ENGINE}
+        procs = [h.proc for h in current.values() if h.proc.endpoint]
+        running = study_signatures([dataclasses.replace(h.proc, argv=h.running_argv)
+                                    for h in current.values() if h.proc.endpoint],
+                                   str(self.run.path))
+        return changed(study_signatures(procs, str(self.run.path), at=c), running)
+
+    # --- at the orchestrator's stages ---
+    def take_over(self, engines: list[Process]) -> None:
+        """Before the engines start (and the agents, which read where logs stand): the
+        engines this run wants; in a study's allocation those already loaded as it wants
+        them are taken over as its own (what died is dropped, what it wants with another
+        command line is stopped)."""
+        self.want = self.direction(engines, self.signatures(engines))
+        if self.pool is None:
+            return
+        self.kept = self.pool.settle(self.want, self.run.run_id)
+        for p in engines:
+            if p.endpoint in self.kept:
+                old = self.pool.handle(p.name)
+                assert old is not None, p.name
+                self.processes.adopt(p, old, self.pool.loaded[p.endpoint].started_by)
+        if self.kept:
+            say("engines kept loaded from an earlier configuration: "
+                + ", ".join(sorted(self.kept)))
+
+    def start(self, engines: list[Process]) -> None:
+        """Every engine not taken over; in a study's allocation each is kept in its pool."""
+        for ep in dict.fromkeys(p.endpoint for p in engines):
+            if ep in self.kept:
+                continue
+            handles = [self.processes.start(p, self.first_argv(p))
+                       for p in engines if p.endpoint == ep]
+            if self.pool is not None and ep is not None:
+                self.pool.add(ep, handles, self.want[ep], self.run.run_id, self.processes.backend)
+
+    def sources_at(self, eps: list[str], c: int) -> str:
+        """Where these endpoints' command lines at concurrency `c` come from: the recipe's
+        args_from_concurrency steps, else each role's args."""
+        old = self._parts(eps)
+        steps = {f"{h.proc.role}.args_from_concurrency.{x['from_concurrency']}"
+                 for h in old for x in h.proc.restarts if x["from_concurrency"] <= c}
+        roles = sorted({f"{h.proc.role}.args" for h in old})
+        return ", ".join(sorted(steps) or roles)
+
+    def restart(self, eps: list[str], c: int) -> list[Handle]:
+        """Before a sweep point: these endpoints, whole, stopped and started with their
+        command line at concurrency `c`, while the others stay loaded; a study's pool holds
+        them as they run now. The parts started."""
+        old = self._parts(eps)
+        self.processes.backend.stop(old, grace_s=STOP_GRACE_S)
+        for h in old:
+            self.book.event("process_stopped", process=h.proc.name, exit_code=h.exit_code(),
+                            why=f"restart before concurrency {c}")
+        self.processes.remove(old)
+        if self.pool is not None:
+            for ep in eps:
+                if ep in self.pool.loaded:
+                    self.pool.drop(ep, self.run.run_id, f"restarted before concurrency {c}")
+        started = [self.processes.start(h.proc, h.proc.argv_at(c)) for h in old]
+        if self.pool is not None:
+            want = self.signatures([dataclasses.replace(h.proc, argv=h.running_argv)
+                                    for h in started])
+            for ep in eps:
+                self.pool.add(ep, [h for h in started if h.proc.endpoint == ep], want[ep],
+                              self.run.run_id, self.processes.backend)
+        return started
+
+    def leave_loaded(self, keep: bool) -> None:
+        """At teardown (`keep`: a study's allocation goes on): the engines its next
+        configuration may use stay loaded: every part of the endpoint is running, and its
+        head answered healthy here."""
+        if not keep or self.pool is None:
+            self.processes.left_loaded = set()
+            return
+        by_ep: dict[str, list[Handle]] = {}
+        for h in self.processes.handles:
+            if h.proc.kind == Kind.ENGINE and h.proc.endpoint:
+                by_ep.setdefault(h.proc.endpoint, []).append(h)
+        self.processes.left_loaded = {
+            h.proc.name for hs in by_ep.values()
+            if all(h.exit_code() is None and not h.lost for h in hs)
+            and any(h.proc.name in self.processes.healthy for h in hs)
+            for h in hs
+        }  # fmt: skip
+
+    def drop_stopped(self) -> None:
+        """After teardown: what this configuration stopped is no longer loaded."""
+        if self.pool is None:
+            return
+        stopped = {h.proc.name for h in self.processes.handles} - self.processes.left_loaded
+        for ep, e in list(self.pool.loaded.items()):
+            if stopped & {h.proc.name for h in e.handles}:
+                self.pool.drop(ep, self.run.run_id, "stopped at the end of this configuration")
+
+    def _parts(self, eps: list[str]) -> list[Handle]:
+        """Every running part of these endpoints."""
+        current = {h.proc.name: h for h in self.processes.handles if h.proc.kind == Kind.ENGINE}
+        return [h for h in current.values() if h.proc.endpoint in eps]
