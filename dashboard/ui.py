@@ -286,6 +286,9 @@ def header(title: str, *, need_run: bool = True) -> load.RunInfo | None:
         bits.append(f"recipe: {info.recipe}")
     bits.append(info.topology)
     st.caption(" · ".join(bits))
+    for why in info.study_problems:  # its study's damaged files
+        st.error(f"{why}: left out, so this run is shown from its own files.",
+                 icon=":material/report:")
     if info.simulated:
         st.warning("**SIMULATION** — the engines in this run are the launcher's simulator "
                    "(plan.json engine = \"sim\"). Its speed is a model, not a GB200 "

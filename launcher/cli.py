@@ -460,6 +460,8 @@ def cmd_logs(args) -> int:
         if args.follow:
             raise UserError(f"{study.name} is a study of {len(study.runs)} runs: follow one "
                             f"of them ({', '.join(r.run_id for r in study.runs[:4])})")
+        for why in study.problems():  # its own files, damaged: its runs' logs are apart
+            print(f"warning: {why}")
         code = 0
         for r in study.runs:
             print(f"== {r.run_id}")

@@ -771,9 +771,9 @@ def render_study(path: Path) -> str:
                     + f"<td>{esc(s.get('verdict'))}</td>")
     body += ["<h2>Identity</h2>", kv_table([
         ("study", f"<code>{esc(study.name)}</code>"),
-        ("recipe", esc(study.doc.get("recipe") or "–")),
+        ("recipe", esc(study.doc.recipe or "–")),
         ("swept", esc(axes or "–")), ("configurations", str(len(data))),
-        *([("damaged", esc(f"{study.damaged}: left out"))] if study.damaged else [])]),
+        *[("damaged", esc(f"{why}: left out")) for why in study.problems()]]),
         table(["configuration", "run", "state", "topology", "GPUs working / allocated",
                "best tok/s per working GPU", "at", "run verdict"], rows),
         "<h2>Allocation</h2>",

@@ -340,9 +340,10 @@ def status_text(run: RunDir, st: RunStatus, slurm: str | None = None,
     so (control.runs.allocation_live); None: as its allocation.json says."""
     lines = [f"run {run.run_id}  ({run.path})"]
     study = listing.study_of(run)
-    if live is None and study is not None and study.doc.get("allocation"):
-        doc = listing.allocation_record(study)
-        live = (bool(doc and doc.get("state") == State.RUNNING), None)
+    problems = study.problems() if study is not None else []
+    if live is None and study is not None and study.in_one_allocation:
+        rec, why = study.allocation_or_why()
+        live = (None, None) if why else (rec is not None and rec.running, None)
     try:
         plan = read_plan(run.plan)
         sim = " [SIMULATED engines]" if plan.simulated else ""
@@ -381,6 +382,8 @@ def status_text(run: RunDir, st: RunStatus, slurm: str | None = None,
         lines += result_lines(run)
     for why in st.damaged.values():
         lines.append(f"warning: {why}: left out, so what is shown comes from the other files")
+    for why in problems:  # its study's files
+        lines.append(f"warning: {why}: left out")
     for note in rec.notes if rec else []:
         lines.append("note: " + note)
     ended = live is not None and live[0] is False
@@ -446,30 +449,31 @@ def next_step(run: RunDir, st: RunStatus, study: listing.Study | None = None) ->
 def study_status_text(study: listing.Study, statuses: dict[str, RunStatus], root,
                       live: tuple[bool | None, str | None] = (None, None)) -> str:
     """`status STUDY`: its runs, its allocation (one allocation), and the next step."""
-    lines = [runs_text([study], statuses, root)]
-    doc = listing.allocation_record(study) if study.doc.get("allocation") else None
+    lines = [runs_text([study], statuses, root)]  # study.json's sentence, if damaged
+    rec, why = study.allocation_or_why() if study.in_one_allocation else (None, None)
     sts = [statuses[str(r.path)] for r in study.runs]
-    if doc is not None:
-        s = doc.get("summary") or {}
-        confs = doc.get("configurations") or []
+    if why:
+        lines.append(f"allocation: {why}")
+    elif rec is not None:
+        confs = rec.configurations
         if live[1]:
             lines.append(f"allocation: {live[1]}")
-        elif doc.get("state") == State.RUNNING:
-            where = (f"job {doc['slurm_job_id']}" if doc.get("slurm_job_id") else
-                     f"pid {doc.get('pid')} on {doc.get('host')}")
+        elif rec.running:
+            where = (f"job {rec.slurm_job_id}" if rec.slurm_job_id else
+                     f"pid {rec.pid} on {rec.host}")
             lines.append(f"allocation: running ({where}), configuration {len(confs)} of "
-                         f"{len(study.runs)}: {confs[-1]['run'] if confs else '-'}")
+                         f"{len(study.runs)}: {confs[-1].run if confs else '-'}")
         else:
+            s = rec.summary
             lines.append(
-                f"allocation: {doc.get('state')}: {s.get('succeeded', 0)} of {len(study.runs)} "
-                f"configuration(s) succeeded; {s.get('engine_starts', 0)} engine start(s); "
-                f"{float(s.get('gpu_hours') or 0):,.2f} GPU-hours over "
-                f"{cost.duration(float(s.get('wall_s') or 0))}; every engine stopped at its end")
-        for r in doc.get("lost_nodes") or []:
-            if isinstance(r, dict):
-                lines.append(f"allocation: {r.get('node')} lost in {r.get('run')} ({r.get('why')}): "
-                             + ("Slurm kept the job on the other nodes" if r.get("released")
-                                else f"the study ended there ({r.get('error')})"))
+                f"allocation: {rec.state}: {s.succeeded if s else 0} of {len(study.runs)} "
+                f"configuration(s) succeeded; {s.engine_starts if s else 0} engine start(s); "
+                f"{s.gpu_hours if s else 0:,.2f} GPU-hours over "
+                f"{cost.duration(s.wall_s if s else 0)}; every engine stopped at its end")
+        for r in rec.lost_nodes:
+            lines.append(f"allocation: {r.node} lost in {r.run} ({r.why}): "
+                         + ("Slurm kept the job on the other nodes" if r.released
+                            else f"the study ended there ({r.error})"))
     if sts and all(st.dry_run for st in sts):
         again = _submit_again(sts[0].submission.command)
         lines.append("next: submit it: " + (again or _launcher("submit --again", study.runs[0].path)))
@@ -621,8 +625,8 @@ def runs_text(entries: list[listing.Entry], statuses: dict[str, RunStatus], root
     for e in entries:
         if isinstance(e, listing.Study):
             axes = ", ".join(f"{k}={','.join(map(str, v))}" for k, v in e.axes.items())
-            damaged = f"; {e.damaged}" if e.damaged else ""
-            one = ", in one allocation" if e.doc.get("allocation") else ""
+            damaged = "".join(f"; {why}" for why in e.problems())  # its files' sentences
+            one = ", in one allocation" if e.in_one_allocation else ""
             lines.append(f"{e.name}/  (study: {len(e.runs)} runs over {axes or '?'}{one}"
                          f"{damaged})")
             lines += [line(r, "  ") for r in e.runs]
@@ -635,15 +639,15 @@ def follow_study(study: Path, job: str | None, poll_s: float = 2.0) -> int:
     """After its configurations: until a study's one allocation has recorded its end (it
     stops the engines left idle last), or its job is gone; 0 only if it succeeded."""
     from launcher.control.runs import SLURM_LIVE, slurm_state
-    from launcher.run.rundir import read_json
+    from launcher.run.studydoc import read_allocation
 
     while True:
-        doc = read_json(study / "allocation.json") or {}
-        if doc.get("state") not in (None, str(State.RUNNING)):
-            print(f"study {study.name} {doc['state']}: "
-                  f"{(doc.get('summary') or {}).get('succeeded', 0)} configuration(s) "
+        rec = read_allocation(study)  # a damaged one: its sentence, exit 2
+        if rec is not None and not rec.running:
+            print(f"study {study.name} {rec.state}: "
+                  f"{rec.summary.succeeded if rec.summary else 0} configuration(s) "
                   f"succeeded (allocation.json)")
-            return 0 if doc["state"] == State.SUCCEEDED else 1
+            return 0 if rec.state == State.SUCCEEDED else 1
         s = slurm_state(job) if job else None
         if job and (s is None or not any(x in s for x in SLURM_LIVE)):
             print(f"study {study.name}: its job {job} ended ({s or 'gone'}) before the study "

@@ -15,7 +15,6 @@ America/New_York: a time axis must show the server's wall clock, as the logs do.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -422,8 +421,7 @@ def test_a_study_in_one_allocation_shows_as_the_same_study_run_as_jobs(server, b
     """The same runs, once as jobs of their own and once as one allocation: the Study page
     and the report are the same but for the allocation's facts."""
     base, runs = server
-    jobs, one = (listing.Study(p, json.loads((p / "study.json").read_text()))
-                 for p in (runs["study"], runs["study_one"]))
+    jobs, one = (listing.entries(p)[0] for p in (runs["study"], runs["study_one"]))
     got = visit(browser, f"{base}/study?study={one.name}", "Study", 2,
                 shots / "study-one-allocation.png")
     assert "Allocation: one allocation for every configuration, engines loaded once" in (

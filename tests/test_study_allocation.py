@@ -251,5 +251,6 @@ def test_a_damaged_plan_of_turns_is_one_sentence(tmp_path):
     (study_dir / "study.json").write_text(json.dumps(doc))
     p = subprocess.run([sys.executable, "-m", "launcher", "run", str(study_dir)],
                        capture_output=True, text=True, timeout=60, cwd=tmp_path)
-    assert p.returncode == 2 and "allocation.turns is damaged" in p.stderr, p.stderr
+    assert p.returncode == 2 and (f"{study_dir.name}/study.json is damaged "
+                                  "(allocation.turns[0].run is missing)") in p.stderr, p.stderr
     assert "Traceback" not in p.stderr and not (study_dir / "allocation.json").exists()

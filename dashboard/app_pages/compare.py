@@ -49,6 +49,9 @@ for side, info in (("A", info_a), ("B", info_b)):
     label = " · SIMULATION" if info.simulated else " · vLLM (CPU)" if info.on_cpu else ""
     st.caption(f"**{side}** {info.run_id}{label} · "
                f"{ui.STATE_BADGE.get(info.state, info.state)} · {info.topology}")
+for why in dict.fromkeys(info_a.study_problems + info_b.study_problems):  # their studies'
+    st.error(f"{why}: left out, so the runs are compared from their own files.",
+             icon=":material/report:")
 if info_a.simulated or info_b.simulated:
     st.warning("**SIMULATION** — at least one of these runs uses the launcher's simulated "
                "engine: the comparison checks the pipeline, not GB200 performance.",

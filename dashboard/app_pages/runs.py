@@ -74,6 +74,12 @@ for e in entries:
         if i is not None:
             rows.append(run_row(i, i.run_id))
 
+for e in entries:  # a study's damaged files (study.json, allocation.json)
+    if isinstance(e, listing.Study):
+        for why in e.problems():
+            st.error(f"{why}: left out, so its runs are listed without it.",
+                     icon=":material/report:")
+
 c1, c2, c3, c4, c5 = st.columns(5)
 c1.metric("Runs", len(infos))
 c2.metric("Studies", sum(isinstance(e, listing.Study) for e in entries))

@@ -50,9 +50,12 @@ for _, m in members:
     b = ui.STATE_BADGE.get(m.state, m.state)
     states[b] = states.get(b, 0) + 1
 st.caption(" · ".join(x for x in (
-    f"**{study.name}**", f"recipe: {study.doc.get('recipe') or '—'}",
+    f"**{study.name}**", f"recipe: {study.doc.recipe or '—'}",
     f"swept: {axes}" if axes else "", f"{len(members)} configurations",
     ", ".join(f"{n} {s}" for s, n in states.items())) if x))
+for why in study.problems():  # its damaged files (study.json, allocation.json)
+    st.error(f"{why}: left out, so what is shown comes from its runs.",
+             icon=":material/report:")
 if any(m.simulated for _, m in members):
     st.warning("**SIMULATION** — these runs use the launcher's simulated engine: the "
                "comparison checks the pipeline, not GB200 performance.",

@@ -92,6 +92,8 @@ class RunInfo:
     slurm_job_id: str | None = None
     notes: list[str] = field(default_factory=list)  # run.json's: a dead agent, partial telemetry
     study: str | None = None  # the study directory's name, for a run of a --sweep study
+    # its study's files that are damaged (study.json, allocation.json): one sentence each
+    study_problems: list[str] = field(default_factory=list)
     has_plan: bool = True
     progress: dict = field(default_factory=dict)
     identity: dict = field(default_factory=dict)  # what exactly ran (run.json, preflight)
@@ -206,6 +208,7 @@ def run_info(path: Path) -> RunInfo:
         slurm_job_id=st.slurm_job_id,
         notes=notes,
         study=study.name if study else None,
+        study_problems=study.problems() if study else [],
         progress=dict(rec.progress) if rec else {},
         has_plan=plan is not None,
         identity=dict(rec.identity) if rec else {},
@@ -218,8 +221,10 @@ def _shown(status: str, study: listing.Study | None) -> str:
     """An engine is kept loaded only while its study's allocation lives (its record says)."""
     if status != "kept loaded" or study is None:
         return status
-    doc = listing.allocation_record(study)
-    return status if doc and doc.get("state") == State.RUNNING else "stopped"
+    rec, why = study.allocation_or_why()
+    if why:
+        return status  # not known: the record is damaged (run_info's study_problems says so)
+    return status if rec is not None and rec.running else "stopped"
 
 
 def progress_view(progress: dict | None, now: float) -> dict:

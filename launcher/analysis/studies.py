@@ -73,36 +73,34 @@ def find_study(runs_dir: Path, name: str | None) -> listing.Study | None:
 def allocation_facts(study: listing.Study) -> list[tuple[str, str]]:
     """How the study ran, as (label, text) rows: one job per configuration, or one
     allocation with its job, nodes, time, GPU-hours, engine starts (against the jobs'), time
-    loading against measuring, and its order. The Study page and the report show these."""
-    from launcher.run.rundir import read_json
-
-    planned = study.doc.get("allocation") if isinstance(study.doc.get("allocation"), dict) \
-        else None
-    if planned is None:
+    loading against measuring, and its order. The Study page and the report show these (and
+    a damaged file's sentence, from Study.problems)."""
+    if not study.in_one_allocation:
         return [("way", "one job per configuration")]
-    doc = read_json(study.path / "allocation.json")
-    cmp = planned.get("comparison") if isinstance(planned.get("comparison"), dict) else {}
+    planned = study.planned
+    rec, why = study.allocation_or_why()
     rows = [("way", "one allocation for every configuration, engines loaded once")]
-    if not isinstance(doc, dict):
+    if why:
+        return rows + [("state", "not known: allocation.json is damaged")]
+    if rec is None:
         return rows + [("state", "not started")]
-    s = doc.get("summary") if isinstance(doc.get("summary"), dict) else {}
-    job = doc.get("slurm_job_id")
-    rows += [("job", f"Slurm job {job}" if job else f"local ({doc.get('host') or '?'})"),
-             ("state", str(doc.get("state") or "?")),
-             ("nodes", f"{doc.get('nodes')} x {doc.get('gpus_per_node')} GPUs")]
-    if s:
-        rows += [("time", f"{s.get('wall_s', 0):,.0f} s: {s.get('loading_s', 0):,.0f} s "
-                          f"loading engines, {s.get('measuring_s', 0):,.0f} s measuring"),
-                 ("GPU-hours", f"{s.get('gpu_hours', 0):,.3f}"),
-                 ("engine starts", f"{s.get('engine_starts')}"
-                  + (f" (one job per configuration: {cmp['each_loads']})"
-                     if cmp.get("each_loads") else ""))]
-    if cmp.get("each_gpu_s") and cmp.get("one_gpu_s"):
-        rows.append(("estimated before", f"{cmp['one_gpu_s'] / 3600:,.2f} GPU-hours in one "
-                                         f"allocation, {cmp['each_gpu_s'] / 3600:,.2f} as "
-                                         "one job each"))
-    order = [f"{i}. {c.get('run')} ({c.get('state')})"
-             for i, c in enumerate(doc.get("configurations") or [], 1) if isinstance(c, dict)]
+    s = rec.summary
+    job = rec.slurm_job_id
+    rows += [("job", f"Slurm job {job}" if job else f"local ({rec.host or '?'})"),
+             ("state", str(rec.state)),
+             ("nodes", f"{rec.nodes} x {rec.gpus_per_node} GPUs")]
+    each_loads = planned.estimated_each_loads() if planned is not None else None
+    if s is not None:
+        rows += [("time", f"{s.wall_s:,.0f} s: {s.loading_s:,.0f} s loading engines, "
+                          f"{s.measuring_s:,.0f} s measuring"),
+                 ("GPU-hours", f"{s.gpu_hours:,.3f}"),
+                 ("engine starts", f"{s.engine_starts}"
+                  + (f" (one job per configuration: {each_loads})" if each_loads else ""))]
+    if planned is not None and (gh := planned.estimated_gpu_hours()):
+        rows.append(("estimated before", f"{gh[0]:,.2f} GPU-hours in one allocation, "
+                                         f"{gh[1]:,.2f} as one job each"))
+    order = [f"{i}. {c.run} ({c.state or 'running'})"
+             for i, c in enumerate(rec.configurations, 1)]
     if order:
         rows.append(("order", "; ".join(order)))
     return rows
@@ -110,8 +108,7 @@ def allocation_facts(study: listing.Study) -> list[tuple[str, str]]:
 
 def configs(study: listing.Study) -> list[tuple[str, Path]]:
     """(label, run path) per configuration, in study.json's order (then by name)."""
-    order = {r.get("run"): k for k, r in enumerate(study.doc.get("runs") or [])
-             if isinstance(r, dict)}
+    order = study.doc.order()
     runs = sorted(study.runs, key=lambda r: (order.get(r.run_id, len(order)), r.run_id))
     labels: list[tuple[str, Path]] = []
     seen: set[str] = set()

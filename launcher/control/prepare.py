@@ -19,10 +19,11 @@ from launcher.planning import cost, engine_argv, render, schedulers, study
 from launcher.planning.capacity import estimates, resolve_model
 from launcher.planning.kv_cache import KvCapacity
 from launcher.planning.plan import Plan, make_plan, nodes_needed
-from launcher.run import rundir
+from launcher.run import rundir, studydoc
 from launcher.schema import cluster as cluster_mod
 from launcher.schema import recipe as recipe_mod
-from launcher.schema.recipe import show
+from launcher.schema import yaml_io
+from launcher.schema.wording import show
 
 
 @dataclass
@@ -303,7 +304,7 @@ def _sweep_values(spec: str) -> tuple[str, list[str]]:
 
 
 def _value(key: str, text: str):
-    return recipe_mod.parse_override(f"{key}={text}", "--sweep")[1]
+    return yaml_io.parse_override(f"{key}={text}", "--sweep")[1]
 
 
 def _label(text: str) -> str:
@@ -356,15 +357,15 @@ def prepare_all(
     for combo, (plan, need) in zip(combos, planned, strict=True):
         label = "_".join(f"{_label(k.split('.')[-1])}{_label(v)}" for k, v in combo)
         out.append(write_run(plan, need, study_dir, f"{base}_{label}", study))
-    doc = {
-        "study": study,
-        "recipe": base,
-        "axes": {k: [_value(k, v) for v in vals] for k, vals in axes},
-        "runs": [
-            {"run": p.run.run_id, "values": {k: _value(k, v) for k, v in c}}
+    doc = studydoc.StudyDoc(
+        study=study,
+        recipe=base,
+        axes={k: [_value(k, v) for v in vals] for k, vals in axes},
+        runs=[
+            studydoc.StudyRun(run=p.run.run_id, values={k: _value(k, v) for k, v in c})
             for p, c in zip(out, combos, strict=True)
         ],
-    }
+    )
     try:
         shared, compared, choice = study_job(study_dir, out, root, allocation)
     except UserError:
@@ -373,17 +374,17 @@ def prepare_all(
     for p in out:
         p.compared, p.choice = compared, choice
     if choice is not None:
-        doc["choice"] = choice.to_json()
+        doc.choice = choice.to_json()
     if shared is None:
-        rundir.write_json(study_dir / rundir.STUDY, doc)
+        studydoc.write_study(study_dir, doc)
         return find_blockers(out)
-    doc["allocation"] = {
-        "mode": "one", "nodes": shared.nodes,
-        "gpus_per_node": out[0].plan.cluster.gpus_per_node, "time_minutes": shared.minutes,
-        "port_span": max(p.plan.port_span for p in out),
-        "turns": [t.to_json() for t in shared.turns],
-        "comparison": shared.comparison.to_json(),
-    }  # fmt: skip
+    doc.allocation = studydoc.StudyAllocation(
+        mode="one", nodes=shared.nodes,
+        gpus_per_node=out[0].plan.cluster.gpus_per_node, time_minutes=shared.minutes,
+        port_span=max(p.plan.port_span for p in out),
+        turns=[t.to_json() for t in shared.turns],
+        comparison=shared.comparison.to_json(),
+    )  # fmt: skip
     for p in out:
         p.shared = shared
         # every configuration's containers see the study's folder; the study's job.sbatch
@@ -394,7 +395,7 @@ def prepare_all(
         sub = p.run.read_submission()
         sub.one_allocation = True
         p.run.write_submission(sub)
-    rundir.write_json(study_dir / rundir.STUDY, doc)
+    studydoc.write_study(study_dir, doc)
     return find_blockers(out)  # in the order of the values; the allocation's is the turns'
 
 
@@ -514,7 +515,7 @@ def assumed_load_s(root: Path, plan: Plan, c: cost.Cost) -> tuple[float, str]:
             if not times:
                 continue
             try:
-                recipe = recipe_mod.read_yaml(run.recipe, "a recipe")
+                recipe = yaml_io.read_yaml(run.recipe, "a recipe")
             except UserError:
                 continue
             if ((recipe.get("model") or {}).get("path") == plan.recipe.model.path

@@ -28,7 +28,6 @@ from launcher.run.rundir import (
     RunDir,
     RunStatus,
     plain,
-    read_json,
     tail,
     tail_of,
 )
@@ -100,14 +99,17 @@ def _cancel_allocation(study: listing.Study, live: list[RunDir]) -> int:
     for r in live:
         r.write_cancel(CancelRecord(by=by, ts=time.time()))
     job = next((j for j in (r.read_submission().slurm_job_id for r in live) if j), None)
-    doc = read_json(study.path / "allocation.json") or {}
     if job:
         subprocess.run(["scancel", str(job)], capture_output=True, timeout=30)
         print(f"study {study.name}: cancelled its allocation, slurm job {job} (scancel); "
               f"{len(live)} configuration(s) had not ended")
         return 0
-    pid = doc.get("pid")
-    if isinstance(pid, int) and doc.get("host") == socket.gethostname() and _pid_alive(pid):
+    rec, why = study.allocation_or_why()
+    if why:
+        raise UserError(f"{why}: which process runs its allocation is not known, so none was "
+                        f"signalled; {len(live)} configuration(s) marked cancelled")
+    pid = rec.pid if rec is not None else None
+    if pid is not None and rec.host == socket.gethostname() and _pid_alive(pid):
         os.kill(pid, signal.SIGTERM)
         print(f"study {study.name}: sent SIGTERM to its allocation's process (pid {pid})")
         return 0
@@ -120,16 +122,21 @@ def cancel_study(study: listing.Study, grace_s: float = 45.0) -> int:
     """Cancel every run of the study that has not ended, together (one grace period)."""
     import threading
 
+    if study.damaged:  # one allocation or one job each: not known, so nothing is touched
+        raise UserError(f"{study.damaged}: how study {study.name} runs is not known, so nothing "
+                        "was cancelled; cancel its runs by name, or its Slurm job (scancel)")
     codes: list[int] = []
     status = {r.run_id: reconcile(r) for r in study.runs}
     live = [r for r in study.runs if not status[r.run_id].final and not status[r.run_id].dry_run]
     if not live:
+        for why in study.problems():  # allocation.json's: nothing here needs it, it is said
+            print(f"warning: {why}")
         dry = sum(st.dry_run for st in status.values())
         print(f"study {study.name}: nothing to cancel ("
               + (f"{dry} dry-run(s), " if dry else "")
               + f"{len(study.runs) - dry} run(s) already ended)")
         return 0
-    if study.doc.get("allocation"):
+    if study.in_one_allocation:
         return _cancel_allocation(study, live)
     threads = [threading.Thread(target=lambda r=r: codes.append(cancel(r, grace_s)))
                for r in live]
@@ -146,19 +153,21 @@ def allocation_live(study: listing.Study) -> tuple[bool | None, str | None]:
     """(whether a one-allocation study's allocation lives, why not when its record says it
     does); (None, None) for a study of one job each. Its record (allocation.json) says
     running until its end; a process gone from this host, or a job Slurm no longer runs,
-    ended it without a word."""
-    if not study.doc.get("allocation"):
+    ended it without a word. (None, the sentence) when allocation.json is damaged."""
+    if not study.in_one_allocation:
         return None, None
-    doc = listing.allocation_record(study)
-    if doc is None or doc.get("state") != State.RUNNING:
+    rec, why = study.allocation_or_why()
+    if why:
+        return None, why
+    if rec is None or not rec.running:
         return False, None
-    job, pid = doc.get("slurm_job_id"), doc.get("pid")
+    job, pid = rec.slurm_job_id, rec.pid
     if job:
-        s = slurm_state(str(job))
+        s = slurm_state(job)
         if s is not None and not any(x in s for x in SLURM_LIVE):
             return False, f"its job {job} ended ({s}) without recording its end"
-    elif isinstance(pid, int) and doc.get("host") == socket.gethostname() and not _pid_alive(pid):
-        return False, (f"its process (pid {pid} on {doc['host']}) is gone without recording "
+    elif pid is not None and rec.host == socket.gethostname() and not _pid_alive(pid):
+        return False, (f"its process (pid {pid} on {rec.host}) is gone without recording "
                        "its end")
     return True, None
 

@@ -7,20 +7,28 @@ list through `entries`, so they always show the same runs.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.run.rundir import STUDY, RunDir
+from launcher.run.rundir import ALLOCATION, STUDY, RunDir
+from launcher.run.studydoc import (
+    AllocationRecord,
+    StudyAllocation,
+    StudyDoc,
+    StudyFileError,
+    read_allocation,
+    read_study,
+)
 
 
 @dataclass
 class Study:
     path: Path
-    doc: dict[str, Any]
+    doc: StudyDoc = field(default_factory=StudyDoc.empty)  # study.json (empty: damaged)
     runs: list[RunDir] = field(default_factory=list)
-    damaged: str | None = None  # study.json is not what it should be: left out, and why
+    # study.json is damaged: its sentence (its axes, labels and plan are left out, not its runs)
+    damaged: str | None = None
 
     @property
     def name(self) -> str:
@@ -28,16 +36,37 @@ class Study:
 
     @property
     def axes(self) -> dict[str, list]:
-        axes = self.doc.get("axes")
-        return axes if isinstance(axes, dict) else {}
+        return self.doc.axes
 
     def values(self, run: RunDir) -> dict[str, Any]:
         """The swept values of one of its runs ({} when study.json does not say)."""
-        for r in self.doc.get("runs") or []:
-            if isinstance(r, dict) and r.get("run") == run.run_id:
-                vals = r.get("values")
-                return vals if isinstance(vals, dict) else {}
-        return {}
+        return self.doc.values(run.run_id)
+
+    @property
+    def planned(self) -> StudyAllocation | None:
+        """study.json's plan for one allocation, or None (one job each, or damaged)."""
+        return self.doc.allocation
+
+    @property
+    def in_one_allocation(self) -> bool:
+        """Planned for one allocation, or holding the record of one (study.json damaged)."""
+        return self.planned is not None or (self.path / ALLOCATION).is_file()
+
+    def allocation(self) -> AllocationRecord | None:
+        """Its allocation.json as it is now (it changes while the allocation runs); None
+        before it started or for a study of one job each; StudyFileError when damaged."""
+        return read_allocation(self.path)
+
+    def allocation_or_why(self) -> tuple[AllocationRecord | None, str | None]:
+        """(allocation.json's record, None), or (None, the sentence) when it is damaged."""
+        try:
+            return self.allocation(), None
+        except StudyFileError as e:
+            return None, str(e)
+
+    def problems(self) -> list[str]:
+        """Its damaged files, one sentence each (study.json's, then allocation.json's)."""
+        return [w for w in (self.damaged, self.allocation_or_why()[1]) if w]
 
 
 Entry = RunDir | Study
@@ -54,38 +83,14 @@ def _subdirs(path: Path) -> list[Path]:
         return []
 
 
-def _study_problem(doc: Any) -> str | None:
-    """What is wrong with study.json's shape (prepare writes: study, recipe, axes: {key:
-    [values]}, runs: [{run, values: {key: value}}]), or None."""
-    if not isinstance(doc, dict):
-        return "it is not a JSON object"
-    for key in ("study", "recipe"):
-        if doc.get(key) is not None and not isinstance(doc[key], str):
-            return f"{key} is not text"
-    axes = doc.get("axes", {})
-    if not isinstance(axes, dict) or not all(isinstance(v, list) for v in axes.values()):
-        return "axes is not a mapping of keys to lists of values"
-    runs = doc.get("runs", [])
-    if not isinstance(runs, list) or not all(
-        isinstance(r, dict) and isinstance(r.get("run"), str)
-        and isinstance(r.get("values", {}), dict) for r in runs
-    ):
-        return "runs is not a list of {run: name, values: {key: value}}"
-    return None
-
-
 def _study(path: Path) -> Study:
     runs = [RunDir(p) for p in sorted(_subdirs(path)) if RunDir(p).exists()]
     try:
-        doc = json.loads((path / STUDY).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return Study(path, {}, runs)
-    except (OSError, ValueError, RecursionError) as e:
-        why = getattr(e, "strerror", None) or f"not valid JSON: {str(e)[:80]}"
-        return Study(path, {}, runs, f"{STUDY} is damaged ({why})")
-    why = _study_problem(doc)
-    # a damaged study.json costs its axes and labels, not the listing of its runs
-    return Study(path, {}, runs, f"{STUDY} is damaged ({why})") if why else Study(path, doc, runs)
+        doc = read_study(path)
+    except StudyFileError as e:
+        # a damaged study.json costs its axes and labels, not the listing of its runs
+        return Study(path, StudyDoc.empty(), runs, str(e))
+    return Study(path, doc or StudyDoc.empty(), runs)
 
 
 def entries(runs_dir: Path) -> list[Entry]:
@@ -111,19 +116,6 @@ def all_runs(runs_dir: Path) -> list[RunDir]:
     for e in entries(runs_dir):
         out += e.runs if isinstance(e, Study) else [e]
     return sorted(out, key=lambda r: r.run_id, reverse=True)
-
-
-ALLOCATION = "allocation.json"
-
-
-def allocation_record(study: Study) -> dict | None:
-    """A one-allocation study's record of its allocation (control/study.py writes it), or
-    None before it started (or for a study of one job each)."""
-    try:
-        doc = json.loads((study.path / ALLOCATION).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return None
-    return doc if isinstance(doc, dict) else None
 
 
 def study_of(run: RunDir) -> Study | None:

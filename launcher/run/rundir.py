@@ -21,8 +21,18 @@ write-then-rename, so readers see an old or a new file, never half of one.
       .reserve                          the orchestrator, while it runs: space it frees after
                                         teardown so its final record fits on a full disk
 
-A study (`submit --sweep`) is a directory holding `study.json` and one run directory per
-configuration. `launcher.run.listing` is the one way to list runs and studies.
+A study (`submit --sweep`) is a directory holding its own files and one run directory per
+configuration (their records: launcher.run.studydoc):
+
+    <study>/                            writer
+      study.json                        the planner (submit time): its axes, its runs' values;
+                                        in one allocation also the plan of its turns
+      allocation.json                   the study's orchestrator (control/study.py), in its one
+                                        allocation: replaced whole on every change
+      job.sbatch  slurm/                a study in one allocation: its one job
+      <run-id>/                         one run directory per configuration
+
+`launcher.run.listing` is the one way to list runs and studies.
 """
 
 from __future__ import annotations
@@ -50,6 +60,7 @@ CANCEL = "cancel.json"
 RECONCILED = "reconciled.json"
 SUMMARY = "summary.json"
 STUDY = "study.json"
+ALLOCATION = "allocation.json"  # a study in one allocation: its record
 LOGS = "logs"
 TELEMETRY = "telemetry"
 BENCH = "bench"
@@ -181,20 +192,25 @@ def _fits(v: Any, t: str) -> bool:
             return True
         if alt in _ENUMS and isinstance(v, str) and v in set(_ENUMS[alt]):
             return True
+        if _is_record(alt) and isinstance(v, dict):
+            return True  # a named record's own fields are checked by its reader
         if alt in ("dict", "dict[str, Any]") and isinstance(v, dict):
             return True
         if alt.startswith("dict[str, ") and isinstance(v, dict):
             inner = alt.removeprefix("dict[str, ").removesuffix("]")
-            if inner in _NAMED or all(_fits(x, inner) for x in v.values()):
+            if _is_record(inner) or all(_fits(x, inner) for x in v.values()):
                 return True  # a named record's own fields are checked by its reader
         if alt.startswith("list[") and isinstance(v, list):
             inner = alt.removeprefix("list[").removesuffix("]")
-            if all(_fits(x, inner) for x in v):
-                return True
+            if _is_record(inner) or all(_fits(x, inner) for x in v):
+                return True  # likewise: each named record is checked by its reader
     return False
 
 
-_NAMED = ("ProcessRecord",)
+def _is_record(t: str) -> bool:
+    """Whether annotation `t` names a record dataclass (ProcessRecord, StudyRun, ...): its
+    JSON is an object, whose fields that record's reader checks."""
+    return t[:1].isupper() and t.isidentifier() and t not in _ENUMS and t not in ("Any", "None")
 
 
 def shape_problem(d: Any, spec: dict[str, str], where: str = "") -> str | None:
@@ -216,11 +232,16 @@ def _wanted(t: str) -> str:
              "dict": "a mapping", "list[str]": "a list of text",
              "list[int]": "a list of whole numbers", "list[real]": "a list of numbers",
              "list[dict]": "a list of mappings", "dict[str, int]": "a mapping to whole numbers",
-             "dict[str, float]": "a mapping to numbers"}  # fmt: skip
+             "dict[str, float]": "a mapping to numbers",
+             "dict[str, list[Any]]": "a mapping of keys to lists"}  # fmt: skip
     out = []
     for alt in t.split(" | "):
         if alt in _ENUMS:
             out.append("one of " + ", ".join(_ENUMS[alt]))
+        elif _is_record(alt):
+            out.append("a mapping")
+        elif alt.startswith("list[") and (_is_record(alt[5:-1]) or alt[5:-1].startswith("dict")):
+            out.append("a list of mappings")
         else:
             out.append(words.get(alt) or ("a mapping" if alt.startswith("dict[") else
                                           "a list" if alt.startswith("list[") else alt))
