@@ -144,17 +144,6 @@ def test_prefill_never_healthy_times_out_with_its_log(tmp_path):
     assert leftovers(run) == []
 
 
-def test_cancel_tears_down(tmp_path):
-    run = submit(tmp_path, *SERVE_ONLY, "--set", "hold_s=300")
-    wait_for(run, serving, what="serving")
-    code, out = launcher(tmp_path, "cancel", str(run))
-    assert code == 0, out
-    st = wait_for(run, ended, timeout=90, what="cancelled")
-    assert st.state == "cancelled", st
-    job_gone(st.slurm_job_id)
-    assert leftovers(run) == []
-
-
 def all_idle(timeout=90) -> None:
     """Every dev-cluster node idle (a previous test's job may still be ending)."""
     deadline = time.monotonic() + timeout
