@@ -108,8 +108,6 @@ def fingerprint(ns: argparse.Namespace, model: str, dp: int, max_model_len: int)
     custom = --fingerprint-value, none = null. The hash stands for vLLM's config hash."""
     import hashlib
 
-    from launcher.sim.server import VLLM_VERSION
-
     mode = ns.fingerprint_mode or "full"
     if mode == "none":
         return None
@@ -117,7 +115,7 @@ def fingerprint(ns: argparse.Namespace, model: str, dp: int, max_model_len: int)
         return ns.fingerprint_value
     hash8 = hashlib.sha256(f"{model}|{dp}|{ns.tensor_parallel_size}|{max_model_len}".encode()
                            ).hexdigest()[:8]
-    parts = [f"vllm-{VLLM_VERSION}"]
+    parts = [f"vllm-{vllm_flags.VLLM_VERSION}"]
     if mode == "full":
         tp, pp = ns.tensor_parallel_size or 1, getattr(ns, "pipeline_parallel_size", 1) or 1
         parts += [f"tp{tp}"] if tp > 1 else []

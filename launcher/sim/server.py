@@ -28,8 +28,7 @@ from launcher.sim import SIM_HEADER, SIM_HEADER_VALUE, metrics
 from launcher.sim.answers import Answerer, text_of
 from launcher.sim.cli import SimConfig
 from launcher.sim.engine import Engine, Req
-
-VLLM_VERSION = "0.33.0"
+from launcher.sim.vllm_flags import VLLM_VERSION  # the release the flag table was read from
 
 # vLLM 0.33 (vllm/entrypoints/scale_out/factories.py, register_scale_out_api_routers): without
 # --enable-scale-out (or --tokens-only) every scale-out route answers 403 with this body,
