@@ -59,14 +59,19 @@ def wait_end(run: Path, timeout: float = 240) -> rundir.RunStatus:
     raise AssertionError(f"{run} did not end in {timeout} s")
 
 
-def test_the_job_runs_without_the_submitters_virtualenv(tmp_path):
-    """Submit from a virtualenv that is gone before the job starts (a login-node venv the
-    aarch64 trays cannot run): the job builds and uses its own environment."""
+@pytest.fixture(scope="module")
+def site_run(tmp_path_factory) -> tuple[Path, Path]:
+    """One whole run (sweep and gate) as a site would submit it, read by the three tests
+    below: from a login-node virtualenv that is gone before the job starts (one the aarch64
+    trays could not run), on a profile that names the nodes' interface and does not accept
+    loopback as a node's address. The run and the submitter's (vanished) venv path."""
+    tmp_path = tmp_path_factory.mktemp("site-run")
     venv = tmp_path / "login-venv"
     venv.symlink_to(REPO / ".venv")
     env = dict(os.environ, VIRTUAL_ENV=str(venv), PATH=f"{venv}/bin:{os.environ['PATH']}")
+    prof = profile(tmp_path, **{"loopback_ok: true": "loopback_ok: false\n  interface: lo"})
     code, out, run = submit(
-        tmp_path, *SERVE_ONLY, "--set", "slurm.directives.hold=true",
+        tmp_path, "--set", f"cluster={prof}", "--set", "slurm.directives.hold=true",
         python=str(venv / "bin" / "python"), env=env, wait=False,
     )  # fmt: skip
     assert code == 0, out
@@ -75,15 +80,20 @@ def test_the_job_runs_without_the_submitters_virtualenv(tmp_path):
     subprocess.run(["scontrol", "release", job], check=True, capture_output=True)
     st = wait_end(run)
     assert st.state == "succeeded", st.error
+    return run, venv
+
+
+def test_the_job_runs_without_the_submitters_virtualenv(site_run):
+    """The job builds and uses its own environment."""
+    run, venv = site_run
     for f in ("job.sbatch", "commands.sh", "plan.json"):
         assert str(venv) not in (run / f).read_text(), f
     assert "bash /var/tmp/pd-devcluster/env/" in (run / "job.sbatch").read_text()
     assert leftovers(run) == []
 
 
-def test_clients_write_their_results_through_the_container_mount(tmp_path):
-    code, out, run = submit(tmp_path)
-    assert code == 0, out
+def test_clients_write_their_results_through_the_container_mount(site_run):
+    run, _ = site_run
     plan = json.loads((run / "plan.json").read_text())
     boxed = {p["name"] for p in plan["processes"] if p["container"]}
     assert {"bench-c8", "bench-c32", "accuracy"} <= boxed
@@ -122,10 +132,8 @@ def test_a_node_resolving_to_loopback_is_refused_on_a_multi_host_profile(tmp_pat
     assert not list((run / "logs").glob("*@*.log"))
 
 
-def test_a_named_interface_gives_the_addresses(tmp_path):
-    prof = profile(tmp_path, **{"loopback_ok: true": "loopback_ok: false\n  interface: lo"})
-    code, out, run = submit(tmp_path, *SERVE_ONLY, "--set", f"cluster={prof}")
-    assert code == 0, out
+def test_a_named_interface_gives_the_addresses(site_run):
+    run, _ = site_run
     plan = json.loads((run / "plan.json").read_text())
     assert {n["address"] for n in plan["nodes"]} == {"127.0.0.1"}
     decode = next(p for p in plan["processes"] if p["name"].startswith("decode-0@"))

@@ -98,4 +98,6 @@ def test_a_seed_decode_rank_fills_up_where_the_estimate_says(tmp_path, prefix_ca
     # mid-decode holds its prompt and part of its output (3-5 % more fit at the seed's
     # lengths), and the sampled batch swings as requests finish and others are admitted.
     held = sorted(full)[len(full) // 2]
+    print(f"\nseed decode rank, prefix caching {'on' if prefix_caching else 'off'}: holds "
+          f"{held:.0f} requests while full, the estimate {expected}", file=sys.stderr)
     assert abs(held - expected) <= 0.1 * expected, (held, expected, peak, full)

@@ -202,7 +202,10 @@ def test_a_study_submits_one_job_per_value_and_jobs_sharing_a_host_do_not_collid
 # within a few per cent).
 STUDY = ["--set", "accuracy.enabled=false", "--set", "sim.start_delay_s=3",
          "--set", "sim.speed=2", "--set", "benchmark.concurrency=[8,32]",
-         "--set", "benchmark.prompts_multiplier=2"]
+         "--set", "benchmark.prompts_multiplier=2",
+         # points of ~1.8 s whose decode holds requests for the last ~0.8 s of each: samples
+         # every 0.25 s see it whatever the phase of the agents' beat
+         "--set", "telemetry.interval_s=0.25"]
 SPREAD = 0.10
 
 
