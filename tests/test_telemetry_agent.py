@@ -200,3 +200,29 @@ def test_agent_end_to_end(tmp_path: Path) -> None:
     # raw text kept for re-parsing
     raw = [r for r in read_raw(run, processes=["decode-0@n1"])]
     assert raw and "vllm:kv_cache_usage_perc" in raw[0][3]
+
+
+def test_a_stopped_agent_samples_once_more_before_it_exits(tmp_path):
+    """The teardown stops the agents after the servers and waits for no beat: the agent takes
+    its last sample when told to stop, so the end is on record whatever the interval."""
+    import asyncio
+
+    from launcher.telemetry import agent as agent_mod
+
+    agent = agent_mod.Agent(tmp_path, "n1", 30.0, gpu=False)
+    loop = asyncio.new_event_loop()
+    t = threading.Thread(target=lambda: loop.run_until_complete(agent.run()))
+    t.start()
+    deadline = time.monotonic() + 10
+    while agent.ticks < 1:
+        assert time.monotonic() < deadline, "no first beat"
+        time.sleep(0.05)
+    time.sleep(0.3)
+    stopped = time.time()
+    loop.call_soon_threadsafe(agent.stop)  # long before the next 30 s beat (SIGTERM's way)
+    t.join(timeout=10)
+    loop.close()
+    assert not t.is_alive() and agent.ticks == 2
+    df = read_samples(tmp_path)
+    assert (df["ts"] >= stopped).any(), df["ts"].max() - stopped
+    assert read_agent_info(tmp_path)["n1"]["final"]

@@ -582,10 +582,8 @@ class Orchestrator:
         for kinds in TEARDOWN_ORDER:
             group = [h for h in self.processes.handles if h.proc.kind in kinds and not h.lost
                      and h.proc.name not in left_loaded]
+            # the agents take one last sample when told to stop (the servers are gone by then)
             grace = max(1.0, budget * share.get(kinds[0], 0.2))
-            if Kind.AGENT in kinds and any(h.exit_code() is None for h in group):
-                # One more sample after the servers are gone, so the end is on record too.
-                time.sleep(min(self.plan.recipe.telemetry.interval_s * 1.5, grace / 2, 5.0))
             try:
                 self.backend.stop(group, grace_s=grace, gentle=not lost)
             except Exception as e:  # a stop that fails must not leave the rest running

@@ -7,7 +7,8 @@ Reads `plan.json` for the processes on its node, then every interval: scrapes ev
 hard timeout, samples host and per-process state, tails the local vLLM logs for stats lines,
 and writes it all to `telemetry/<node>/` through the store. NVML runs in its own thread.
 A dead or slow endpoint becomes a gap record with its reason; the loop keeps its beat.
-SIGTERM/SIGINT: flush what it has (pending change points included), compact, exit 0.
+SIGTERM/SIGINT: one last sample, flush what it has (pending change points included), compact,
+exit 0.
 
 A node directory that cannot be written (disk full, read-only, I/O errors) never stops it: rows
 wait in memory and every beat retries (launcher.telemetry.store.SampleWriter); what it had to
@@ -297,8 +298,19 @@ class Agent:
                     await asyncio.wait_for(self.stop_event.wait(), max(0.0, next_t - now))
                 except TimeoutError:
                     pass
+            if self.stop_event.is_set():
+                await self.last_tick()
         finally:
             await self.shutdown()
+
+    async def last_tick(self) -> None:
+        """One sample when told to stop: the teardown stops the agents after the servers, so
+        the end is on record too. Bounded, so the flush in shutdown comes before the SIGKILL
+        that follows a stop's grace."""
+        try:
+            await asyncio.wait_for(self.tick(), self.scrape_timeout + 1.0)
+        except TimeoutError:
+            pass
 
     def stop(self) -> None:
         self.stop_event.set()
