@@ -252,3 +252,22 @@ def in_image(pid: int, marker: str = "pd-devcluster-engine") -> bool:
     mark = Path(f"/proc/{pid}/root/etc/pd-image")
     return mark.is_file() and mark.read_text().strip() == marker \
         and not Path(f"/proc/{pid}/root{Path(__file__).resolve().parents[1]}").exists()
+
+
+DASHBOARD_APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
+
+
+def open_app(runs_root: Path, monkeypatch, **query: str):
+    """The dashboard under Streamlit's AppTest on `runs_root`, opened with `query` as its URL's
+    parameters, its first page run without an exception."""
+    from streamlit.testing.v1 import AppTest
+
+    from dashboard import ui
+
+    monkeypatch.setenv(ui.RUNS_ENV, str(runs_root))
+    at = AppTest.from_file(DASHBOARD_APP, default_timeout=180)
+    for k, v in query.items():
+        at.query_params[k] = v
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at

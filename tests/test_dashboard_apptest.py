@@ -11,11 +11,11 @@ import pytest
 
 pytest.importorskip("streamlit")
 import synth  # noqa: E402
+from helpers import open_app  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from dashboard import ui  # noqa: E402
 
-APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
 PAGES = [p for p, *_ in ui.PAGES]
 # Pages about all runs, a study or two runs, not the selected run.
 NOT_RUN_PAGES = ("app_pages/runs.py", "app_pages/study.py", "app_pages/compare.py")
@@ -35,11 +35,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 
 def open_page(runs_root: Path, run_id: str, page: str, monkeypatch) -> AppTest:
-    monkeypatch.setenv(ui.RUNS_ENV, str(runs_root))
-    at = AppTest.from_file(APP, default_timeout=180)
-    at.query_params["run"] = run_id
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
+    at = open_app(runs_root, monkeypatch, run=run_id)
     at.switch_page(page).run()
     return at
 

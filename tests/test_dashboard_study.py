@@ -15,13 +15,11 @@ import pytest
 pytest.importorskip("streamlit")
 import pandas as pd  # noqa: E402
 import synth  # noqa: E402
+from helpers import open_app  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from dashboard import ui  # noqa: E402
 from launcher.analysis import studies  # noqa: E402
 from launcher.run import figures, listing  # noqa: E402
-
-APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
 
 
 @pytest.fixture(scope="module")
@@ -39,12 +37,7 @@ def study(root) -> listing.Study:
 
 
 def open_page(root: Path, page: str, monkeypatch, **params: str) -> AppTest:
-    monkeypatch.setenv(ui.RUNS_ENV, str(root))
-    at = AppTest.from_file(APP, default_timeout=180)
-    for k, v in params.items():
-        at.query_params[k] = v
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
+    at = open_app(root, monkeypatch, **params)
     at.switch_page(page).run()
     assert not at.exception, [e.value for e in at.exception]
     return at

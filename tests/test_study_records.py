@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import synth
+from helpers import open_app
 
 from launcher import cli as cli_mod
 from launcher.errors import UserError
@@ -262,22 +263,12 @@ def test_a_live_study_whose_record_is_damaged_is_not_signalled_blindly(good, tmp
 
 # --- the dashboard ----------------------------------------------------------------------------
 
-APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
 
 
 def _pages(root: Path, monkeypatch, pages: list[str], **params: str):
     """Each page in turn, as a user clicks through them: (page, its AppTest) each."""
     pytest.importorskip("streamlit")
-    from streamlit.testing.v1 import AppTest
-
-    from dashboard import ui
-
-    monkeypatch.setenv(ui.RUNS_ENV, str(root))
-    at = AppTest.from_file(APP, default_timeout=180)
-    for k, v in params.items():
-        at.query_params[k] = v
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
+    at = open_app(root, monkeypatch, **params)
     for page in pages:
         at.switch_page(page).run()
         yield page, at

@@ -154,7 +154,6 @@ def test_a_request_longer_than_max_model_len_is_refused_naming_both(sets, words)
 
 def test_vllm_rule_is_not_comparable_with_the_published_curve():
     from launcher.run import published
-    from launcher.run.plandoc import PlanDoc
 
     def doc(*sets):
         p = seed_plan("engine=sim", *sets)
