@@ -33,11 +33,6 @@ class EngineKind:
         return not self.simulated
 
     @property
-    def gpu_measurement(self) -> bool:
-        """Its figures are what GPUs did (neither a model of them nor a CPU's)."""
-        return not self.simulated and not self.on_cpu
-
-    @property
     def parser_name(self) -> str:
         """Whose argument parser reads its command line."""
         return "the simulator" if self.simulated else "vLLM"
