@@ -80,11 +80,10 @@ class EngineLifetime:
     def changed_at(self, c: int) -> list[str]:
         """The endpoints whose command line at sweep concurrency `c` differs from the one
         running (args_from_concurrency): restarted before that point."""
-        current = {h.proc.name: h for h in self.processes.handles if h.proc.kind == Kind.ENGINE}
-        procs = [h.proc for h in current.values() if h.proc.endpoint]
+        parts = self._engine_parts()
+        procs = [h.proc for h in parts]
         running = study_signatures([dataclasses.replace(h.proc, argv=h.running_argv)
-                                    for h in current.values() if h.proc.endpoint],
-                                   str(self.run.path))
+                                    for h in parts], str(self.run.path))
         return changed(study_signatures(procs, str(self.run.path), at=c), running)
 
     # --- at the orchestrator's stages ---
@@ -156,9 +155,8 @@ class EngineLifetime:
             self.processes.left_loaded = set()
             return
         by_ep: dict[str, list[Handle]] = {}
-        for h in self.processes.handles:
-            if h.proc.kind == Kind.ENGINE and h.proc.endpoint:
-                by_ep.setdefault(h.proc.endpoint, []).append(h)
+        for h in self._engine_parts():
+            by_ep.setdefault(h.proc.endpoint, []).append(h)
         self.processes.left_loaded = {
             h.proc.name for hs in by_ep.values()
             if all(h.exit_code() is None and not h.lost for h in hs)
@@ -177,5 +175,8 @@ class EngineLifetime:
 
     def _parts(self, eps: list[str]) -> list[Handle]:
         """Every running part of these endpoints."""
-        current = {h.proc.name: h for h in self.processes.handles if h.proc.kind == Kind.ENGINE}
-        return [h for h in current.values() if h.proc.endpoint in eps]
+        return [h for h in self._engine_parts() if h.proc.endpoint in eps]
+
+    def _engine_parts(self) -> list[Handle]:
+        """This run's engine processes that belong to an endpoint (each name once)."""
+        return [h for h in self.processes.handles if h.proc.kind == Kind.ENGINE and h.proc.endpoint]
