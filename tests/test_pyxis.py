@@ -199,6 +199,17 @@ def failed_preflight(tmp_path: Path, *sets: str, prof: str | None = None) -> str
     return st.error
 
 
+def nodes_of(tmp_path: Path) -> list[str]:
+    """The nodes Slurm gave the run's job, in order (the batch node first): which ones it
+    picks depends on what earlier tests left on the shared dev cluster."""
+    (run,) = [r.parent for r in (tmp_path / "runs").glob("*/run.json")]
+    show = subprocess.run(["scontrol", "show", "job", job_of(run)], capture_output=True,
+                          text=True, check=True).stdout  # finished jobs stay (MinJobAge)
+    nodelist = re.search(r"\bNodeList=(\S+)", show).group(1)
+    return subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
+                          text=True, check=True).stdout.split()
+
+
 def test_an_image_not_in_the_registry_is_one_sentence(tmp_path, cache_profile):
     err = failed_preflight(tmp_path, "container.image=127.0.0.1:5000/pd/devcluster-engine:nope",
                            prof=cache_profile)
@@ -213,7 +224,8 @@ def test_a_digest_that_does_not_exist_is_one_sentence(tmp_path):
     err = failed_preflight(tmp_path, f"container.image={missing}", prof=prof)
     assert ("the image's digest sha256:" + "0" * 64 + " does not exist in pd/devcluster-engine "
             "on the registry 127.0.0.1:5000") in err, err
-    assert err.count("does not exist") == 1 and "gb200-01, gb200-02" in err  # one sentence
+    nodes = nodes_of(tmp_path)
+    assert err.count("does not exist") == 1 and ", ".join(nodes) in err  # one sentence
 
 
 def test_a_malformed_image_name_is_refused_before_submission(tmp_path):
@@ -262,9 +274,10 @@ def test_enroot_missing_on_the_nodes_is_one_sentence(tmp_path):
     finally:
         os.rename(aside, exe)
         drained = resume_drained()
-    assert "gb200-01: enroot is not installed" in err, err
-    assert "gb200-04: enroot is not installed" in err
-    assert drained == {"gb200-01", "gb200-02", "gb200-03", "gb200-04"}, drained
+    nodes = nodes_of(tmp_path)
+    assert len(nodes) == 4 and f"{nodes[0]}: enroot is not installed" in err, err
+    assert f"{nodes[-1]}: enroot is not installed" in err
+    assert drained == set(nodes), drained
 
 
 def resume_drained() -> set[str]:

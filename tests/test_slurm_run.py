@@ -144,14 +144,22 @@ def test_prefill_never_healthy_times_out_with_its_log(tmp_path):
     assert leftovers(run) == []
 
 
-def all_idle(timeout=90) -> None:
-    """Every dev-cluster node idle (a previous test's job may still be ending)."""
+def all_idle(timeout=90, settle_s=5.0) -> None:
+    """Every dev-cluster node idle and no job in the queue, for `settle_s` on end (a previous
+    test's job may still be ending): within a second or so of a job's end, Slurm 22.05 here
+    has placed the next jobs around some of its nodes as if they were busy."""
     deadline = time.monotonic() + timeout
+    since = None
     while time.monotonic() < deadline:
         states = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True,
                                 text=True).stdout.split()
-        if states and all(s == "idle" for s in states):
-            return
+        queued = subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout.strip()
+        if states and all(s == "idle" for s in states) and not queued:
+            since = since or time.monotonic()
+            if time.monotonic() - since >= settle_s:
+                return
+        else:
+            since = None
         time.sleep(0.5)
     raise AssertionError(f"dev cluster nodes not idle in {timeout} s: {states}")
 
