@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from launcher.control import compute_env, staging, visibility
 from launcher.planning import capacity, containers, cost, render, schedulers
@@ -38,7 +39,7 @@ def process_rows(prepared: Prepared) -> list[tuple[str, str, str, str]]:
             ep = eps[proc.endpoint]
             ranks = proc.dp_ranks
             nixl = [ep.nixl_port_base + r for r in ranks]
-            parts = [] if proc.headless else [f"http {ep.http_port}"]
+            parts = [] if proc.headless else [f"http {urlsplit(proc.url).port}"]
             if ep.multi_node:
                 parts.append(f"dp-rpc {ep.dp_rpc_port}")
             if ep.role.disaggregated:
@@ -56,6 +57,40 @@ def process_rows(prepared: Prepared) -> list[tuple[str, str, str, str]]:
     order = {n: i for i, n in enumerate(plan.nodes)}
     rows.sort(key=lambda r: (order[r[0]], r[1] == "-"))
     return rows
+
+
+def launch_lines(plan) -> list[str]:
+    """The launch choices a site reads before it submits: the front layout of endpoints over
+    several nodes, where the router and clients run, and the profile's step settings."""
+    out = []
+    for ep in plan.endpoints:
+        if ep.multi_node:
+            how = (f"an API server on each of its {len(ep.parts)} nodes "
+                   "(--data-parallel-hybrid-lb), each a worker of the router"
+                   if ep.hybrid_lb else f"one API server on {ep.head.node}, the other "
+                   f"node{'s' if len(ep.parts) > 2 else ''} --headless")
+            out.append(f"Fronts of {ep.name} ({ep.role}.fronts: {ep.pool.fronts}): {how}")
+    out.append(f"Router and clients on {plan.router_node} (router.placement: "
+               f"{plan.recipe.router.placement})")
+    c = plan.cluster
+    site = []
+    if opts := c.srun_options + plan.recipe.slurm.srun_options:
+        site.append(f"srun options on every step: {render.shell_line(opts)}")
+    for role, pool in plan.recipe.pools():
+        if pool.srun_options:
+            site.append(f"on {role} engines also: {render.shell_line(pool.srun_options)}")
+    if c.step_preamble:
+        site.append(f"before every step's command: {c.step_preamble}")
+    if c.gpu_directive == "none":
+        site.append("no GPU request on the job or its steps (gpu_directive: none)")
+    if c.imex is not None:
+        which = ("an IMEX channel (imex.channel: auto, the job's)" if c.imex.channel == "auto"
+                 else f"IMEX channel {c.imex.channel}")
+        site.append(f"{which} checked under {c.imex.dir} where the engines run, before they "
+                    "start")
+    if site:
+        out.append(f"Site ({c.name}): " + "; ".join(site))
+    return out
 
 
 def engine_lines(prepared: Prepared) -> list[str]:
@@ -229,6 +264,7 @@ def plan_text(prepared: Prepared) -> str:
             "  ".join(x.ljust(w) for x, w in zip(row[:3], widths, strict=False)) + "  " + row[3]
         )
     lines += engine_lines(prepared)
+    lines += launch_lines(plan)
     b = r.benchmark
     if b.enabled:
         lines.append(

@@ -26,7 +26,9 @@ def test_dry_run_prints_plan_and_writes_run_dir(cli, tmp_path):
     code, out, err = cli("submit", SEED, "--dry-run")
     assert code == 0, err
     assert "decode-0@gb200-r01-01" in out and "decode-0@gb200-r01-02" in out
-    assert "dp ranks 4-7 headless" in out
+    # a front per decode tray (decode.fronts: per_node), each behind the router
+    assert "dp ranks 4-7" in out and "headless" not in out
+    assert "Router and clients on gb200-r01-03 (router.placement: prefill)" in out
     # The estimate's figure is kv_cache's (docs/kv-capacity.md); the published recipe turns
     # prefix caching off, so vLLM's mamba_cache_mode is none.
     assert "KV capacity decode-0 (DP8 x TP1): about " in out
@@ -47,6 +49,7 @@ def test_dry_run_prints_plan_and_writes_run_dir(cli, tmp_path):
         "--max-num-batched-tokens 16384", "--stream-interval 100", "--api-server-count 1",
         "--no-enable-prefix-caching", "--generation-config vllm", "VLLM_SSM_CONV_STATE_LAYOUT=DS",
         "--no-disable-hybrid-kv-cache-manager", "--served-model-name Qwen3.5-397B-A17B-NVFP4",
+        "--data-parallel-hybrid-lb", "--decode http://gb200-r01-02:",
         '"kv_connector":"NixlConnector"', '"kv_role":"kv_both"', '"kv_load_failure_policy":"fail"',
         "vllm-router --host 0.0.0.0", "--vllm-pd-disaggregation",
         "python3 -m launcher.clients.bench", "--length-rule sa-bench", "--use-chat-template",
@@ -166,7 +169,7 @@ def test_golden_examples_are_current():
             pytest.fail(f"{name}: {model} is missing: run bash tests/vllm_cpu/setup.sh "
                         "(make test does)", pytrace=False)
     fresh = regenerate.render_all()
-    assert set(fresh) == set(recipe.shipped()) | {regenerate.STUDY}
+    assert set(fresh) == set(recipe.shipped()) | {regenerate.STUDY} | set(regenerate.VARIANTS)
     for name, files in fresh.items():
         for f, text in files.items():
             golden = REPO / "slurm" / "examples" / name / f

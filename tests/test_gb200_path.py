@@ -36,9 +36,13 @@ def submit(tmp_path: Path, *args: str, python: str = sys.executable, env: dict |
     return p.returncode, p.stdout + p.stderr, runs[0] if runs else None
 
 
-def profile(tmp_path: Path, **changes) -> str:
-    """A copy of the devcluster profile with some settings changed (YAML text edits)."""
-    text = (REPO / "launcher" / "clusters" / "devcluster.yaml").read_text()
+SITE_PROFILE = REPO / "slurm" / "devcluster" / "site-profile.yaml"
+
+
+def profile(tmp_path: Path, base: Path = REPO / "launcher" / "clusters" / "devcluster.yaml",
+            **changes) -> str:
+    """A copy of a devcluster profile with some settings changed (YAML text edits)."""
+    text = base.read_text()
     for old, new in changes.items():
         assert old in text, old
         text = text.replace(old, new)
@@ -61,17 +65,22 @@ def wait_end(run: Path, timeout: float = 240) -> rundir.RunStatus:
 
 @pytest.fixture(scope="module")
 def site_run(tmp_path_factory) -> tuple[Path, Path]:
-    """One whole run (sweep and gate) as a site would submit it, read by the three tests
-    below: from a login-node virtualenv that is gone before the job starts (one the aarch64
-    trays could not run), on a profile that names the nodes' interface and does not accept
-    loopback as a node's address. The run and the submitter's (vanished) venv path."""
+    """One whole run (sweep and gate) as a site would submit it, read by the tests below:
+    from a login-node virtualenv that is gone before the job starts (one the aarch64 trays
+    could not run), on the site profile (slurm/devcluster/site-profile.yaml: extra srun
+    options, a step preamble, no GPU request, an IMEX channel) changed to name the nodes'
+    interface and not accept loopback as a node's address, with an API server on each
+    decode node (decode.fronts: per_node) and one more srun option on the decode's steps.
+    The run and the submitter's (vanished) venv path."""
     tmp_path = tmp_path_factory.mktemp("site-run")
     venv = tmp_path / "login-venv"
     venv.symlink_to(REPO / ".venv")
     env = dict(os.environ, VIRTUAL_ENV=str(venv), PATH=f"{venv}/bin:{os.environ['PATH']}")
-    prof = profile(tmp_path, **{"loopback_ok: true": "loopback_ok: false\n  interface: lo"})
+    prof = profile(tmp_path, SITE_PROFILE,
+                   **{"loopback_ok: true": "loopback_ok: false\n  interface: lo"})
     code, out, run = submit(
         tmp_path, "--set", f"cluster={prof}", "--set", "slurm.directives.hold=true",
+        "--set", "decode.fronts=per_node", "--set", "decode.srun_options=[--comment=decode-steps]",
         python=str(venv / "bin" / "python"), env=env, wait=False,
     )  # fmt: skip
     assert code == 0, out
@@ -104,6 +113,69 @@ def test_clients_write_their_results_through_the_container_mount(site_run):
     assert (run / "bench" / "c00008.json").is_file() and (run / "bench" / "c00032.json").is_file()
     acc = json.loads((run / "accuracy" / "gsm8k.json").read_text())
     assert acc["requests"]["answered"] == acc["num_questions"] == 30
+    assert leftovers(run) == []
+
+
+def test_the_router_sends_to_each_decode_front_and_each_front_serves_its_own_ranks(site_run):
+    """decode.fronts: per_node: each decode node runs an API server for its own DP ranks,
+    both are decode workers of the router, and the sweep went through both."""
+    run, _ = site_run
+    plan = json.loads((run / "plan.json").read_text())
+    (dec,) = [e for e in plan["endpoints"] if e["role"] == "decode"]
+    assert len(dec["fronts"]) == 2
+    (router,) = [p for p in plan["processes"] if p["name"] == "router"]
+    assert [router["argv"][i + 1] for i, a in enumerate(router["argv"]) if a == "--decode"] \
+        == dec["fronts"]
+    prefill_nodes = {p["node"] for p in plan["processes"] if p.get("role") == "prefill"}
+    assert router["node"] in prefill_nodes  # router.placement: prefill
+    served = {}
+    for p in plan["processes"]:
+        if p.get("endpoint") == dec["name"]:
+            assert not p["headless"] and "--data-parallel-hybrid-lb" in p["argv"]
+            log = (run / p["log"]).read_text()
+            served[p["name"]] = log.count("POST /v1/completions")
+    assert len(served) == 2 and all(n > 0 for n in served.values()), served
+    assert leftovers(run) == []
+
+
+def test_site_srun_options_preamble_and_no_gpu_request_run_on_every_step(site_run):
+    """The profile's srun options, its step preamble and gpu_directive: none reach every
+    step as commands.sh shows them, and every step ran its preamble before its command."""
+    run, _ = site_run
+    cmds = (run / "commands.sh").read_text()
+    sbatch = (run / "job.sbatch").read_text()
+    assert "--gpus-per-node" not in sbatch + cmds and "--gres" not in sbatch + cmds
+    steps = [ln for ln in cmds.splitlines() if ln.startswith("srun ")]
+    assert steps and all("--mpi=none" in ln and "site preamble on" in ln for ln in steps)
+    decode = [ln for ln in steps if "--job-name=decode-0@" in ln]
+    assert decode and all("--comment=decode-steps" in ln for ln in decode)
+    assert all("--comment=decode-steps" not in ln for ln in steps if ln not in decode)
+    plan = json.loads((run / "plan.json").read_text())
+    for p in plan["processes"]:
+        # the step's first line of its own, after srun's and pyxis's notes
+        first = next(ln for ln in (run / p["log"]).read_text().splitlines()
+                     if not ln.startswith(("srun: ", "pyxis: ")))
+        assert first.startswith("site preamble on ") and first.endswith(f"for {p['name']}"), \
+            (p["name"], first)
+    facts = json.loads(next((run / "preflight").glob("*.container.json")).read_text())
+    assert facts["imex_channels"] == ["/var/tmp/pd-devcluster/imex/channel0"]
+
+
+def test_an_imex_channel_path_that_does_not_exist_fails_preflight_in_the_container(tmp_path):
+    """The profile names a channel folder the engines' containers do not have: the check
+    inside the container names it, in seconds, before any engine starts."""
+    prof = profile(tmp_path, SITE_PROFILE, **{
+        ', "/var/tmp/pd-devcluster/imex:/var/tmp/pd-devcluster/imex:ro"]': "]",
+        "dir: /var/tmp/pd-devcluster/imex": "dir: /var/tmp/pd-devcluster/no-imex"})
+    t = time.monotonic()
+    code, out, run = submit(tmp_path, "--set", f"cluster={prof}", *SERVE_ONLY)
+    assert code != 0
+    st = rundir.RunDir(run).status()
+    assert st.state == "failed" and st.stage == "preflight", st
+    assert ("the engine's container has no IMEX channel "
+            "/var/tmp/pd-devcluster/no-imex/channel0: engines across trays need") in st.error, \
+        st.error
+    assert time.monotonic() - t < 120
     assert leftovers(run) == []
 
 

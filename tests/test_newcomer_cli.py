@@ -464,8 +464,10 @@ def test_a_flag_vllm_would_refuse_fails_the_dry_run(cli, tmp_path, override, wor
     assert "`vllm serve` 0.33.0 would refuse the command line of " in line, line
     assert words in line, line
     role = override.split(".")[0]
-    named = {"prefill": ["prefill-0"], "decode": ["decode-0", "decode-0 (headless part)"]}.get(
-        role, ["decode-0", "decode-0 (headless part)", "prefill-0"])
+    # the seed's decode has a front on each of its two nodes (decode.fronts: per_node)
+    other = "decode-0 (front on another node)"
+    named = {"prefill": ["prefill-0"], "decode": ["decode-0", other]}.get(
+        role, ["decode-0", other, "prefill-0"])
     assert all(n in line for n in named), line
     assert not list(tmp_path.rglob("plan.json")), "a refused dry-run wrote a run directory"
 

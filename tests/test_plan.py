@@ -113,9 +113,21 @@ def test_multinode_rendezvous_flags():
         assert val(argv, "--data-parallel-address") == NODES[0]
         assert val(argv, "--data-parallel-rpc-port") == str(d.dp_rpc_port)
         assert "--enable-expert-parallel" in argv
-    assert "--headless" not in head and val(head, "--api-server-count") == "1"
-    assert "--headless" in tail and val(tail, "--data-parallel-start-rank") == "4"
-    assert "--api-server-count" not in tail and "--port" not in tail
+    # decode.fronts: per_node (the seed): an API server per node, hybrid load balancing
+    for argv, start in ((head, "0"), (tail, "4")):
+        assert "--headless" not in argv and val(argv, "--api-server-count") == "1"
+        assert "--data-parallel-hybrid-lb" in argv
+        assert val(argv, "--data-parallel-start-rank") == start
+    assert val(head, "--port") != val(tail, "--port")
+    # the endpoint spans nodes: vLLM picks its internal ports (srt-slurm unsets it too)
+    assert all("VLLM_PORT" not in procs[f"decode-0@{n}"].env for n in NODES[:2])
+    # one front and headless parts (decode.fronts: one)
+    one = {pr.name: pr for pr in render.processes(make("decode.fronts=one").at("/r"))}
+    head1, tail1 = one[f"decode-0@{NODES[0]}"].argv, one[f"decode-0@{NODES[1]}"].argv
+    assert "--headless" not in head1 and val(head1, "--api-server-count") == "1"
+    assert "--headless" in tail1 and val(tail1, "--data-parallel-start-rank") == "4"
+    assert "--api-server-count" not in tail1 and "--port" not in tail1
+    assert "--data-parallel-hybrid-lb" not in head1 + tail1
     # The published scheme: kv_both on both sides (recipe kv_connector.kv_role).
     assert '"kv_role":"kv_both"' in val(head, "--kv-transfer-config")
     pre = procs[f"prefill-0@{NODES[2]}"]
@@ -130,7 +142,14 @@ def test_router_gets_every_endpoint():
     p = make("prefill.endpoints=6")
     router = next(pr for pr in render.processes(p.at("/r")) if pr.kind == "router")
     assert "--vllm-pd-disaggregation" in router.argv
-    assert router.argv.count("--prefill") == 6 and router.argv.count("--decode") == 1
+    # each decode front is a decode worker (decode.fronts: per_node)
+    assert router.argv.count("--prefill") == 6 and router.argv.count("--decode") == 2
+    fronts = [router.argv[i + 1] for i, a in enumerate(router.argv) if a == "--decode"]
+    d = p.endpoints[0]
+    assert fronts == [p.url(part.node, part.http_port) for part in d.parts]
+    one = next(pr for pr in render.processes(make("decode.fronts=one").at("/r"))
+               if pr.kind == "router")
+    assert one.argv.count("--decode") == 1
     assert router.argv[router.argv.index("--kv-connector") + 1] == "nixl"
 
 

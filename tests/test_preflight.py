@@ -189,11 +189,11 @@ def test_the_named_interface_gives_the_address_and_pins_every_library():
 
 def test_host_checks_name_node_and_fix():
     p = _plan()
-    facts = _facts(gpus={"count": 2, "source": "nvidia-smi -L"}, imex_channel=False,
+    facts = _facts(gpus={"count": 2, "source": "nvidia-smi -L"}, imex_channel=False, imex_channels=[],
                    arch="x86_64", nofile={"soft": 1024, "hard": 4096})  # fmt: skip
     problems = preflight.judge_host(p, facts, 65536)
     assert any(x.startswith("n0 shows 2 GPUs (nvidia-smi -L) but the plan needs 4") for x in problems)
-    assert any(x.startswith("n0 has no IMEX channel") for x in problems)
+    assert not any("IMEX" in x for x in problems)  # checked where the engines run
     assert any(x == "n0 is x86_64 but the profile's arch is aarch64" for x in problems)
     assert any(x.startswith("n0 allows 4096 open files but the router and clients need 65536")
                for x in problems)
@@ -222,9 +222,29 @@ def test_each_problem_carries_its_culprit_as_data():
     assert host.culprit == "n3" and str(host) == "n3 is x86_64 but the profile's arch is aarch64"
 
 
+def test_a_missing_imex_channel_is_named_where_the_engines_run():
+    p = _plan()
+    assert p.cluster.imex is not None and p.cluster.imex.channel == "auto"
+    doc = render.plan_doc(p.at("/runs/r1"), "r1", placeholder_nodes=False)
+    facts = {n: {"engine_version": "0.33.0", "argv_checks": [], "model": {"ok": True},
+                 "files": [], "imex_channels": [f"{p.cluster.imex.dir}/channel7"]}
+             for n in p.nodes}
+    assert not [x for x in preflight.judge_container(p, doc, facts, None) if "IMEX" in x]
+    facts["n1"]["imex_channels"] = []
+    (missing,) = [x for x in preflight.judge_container(p, doc, facts, None) if "IMEX" in x]
+    assert str(missing).startswith("n1: the engine's container has no IMEX channel in "
+                                   "/dev/nvidia-caps-imex-channels: engines across trays need")
+    assert missing.node == "n1"
+
+
 def test_colocated_engines_get_their_own_vllm_port_range():
     p = _plan()
     procs = [x for x in render.processes(p.at("/r")) if x.kind == "engine"]
+    # an endpoint over several nodes has them to itself: no VLLM_PORT (vLLM picks its own)
+    spans = {x.name for x in procs if len(x.dp_ranks) < int(
+        x.argv[x.argv.index("--data-parallel-size") + 1])}
+    assert spans and all("VLLM_PORT" not in x.env for x in procs if x.name in spans)
+    procs = [x for x in procs if x.name not in spans]
     by_node: dict[str, list[int]] = {}
     for x in procs:
         by_node.setdefault(x.node, []).append(int(x.env["VLLM_PORT"]))
@@ -315,3 +335,26 @@ def test_a_container_check_that_failed_for_no_known_cause_shows_its_log_not_a_gu
     assert all("step failed before it wrote its result: srun: error: boom" in x for x in failed)
     ran = preflight.judge_container(p, doc, facts, None)
     assert all("add {run_dir}:{run_dir} to the profile's containers.mounts" in x for x in ran)
+
+
+def test_kv_over_tcp_fails_the_pd_check_where_the_profile_refuses_it(tmp_path):
+    """UCX names the transport of the first KV read (UCX_PROTO_INFO); a profile that refuses
+    TCP for KV (the default where nodes are other hosts) fails the run there, naming it and
+    the fix. Allowed (the local profile's default), real vLLM's P/D run goes on over tcp/lo
+    (test_vllm_cpu.py)."""
+    prof = tmp_path / "tcp-refused.yaml"
+    local = cluster.available()["local"].read_text()
+    assert "  loopback_ok: true\n" in local
+    prof.write_text(local.replace("  loopback_ok: true\n",
+                                  "  loopback_ok: true\n  kv_over_tcp: refuse\n"))
+    code, out = launcher(tmp_path, "submit", RECIPE, "--set", f"cluster={prof}",
+                         "--set", "sim.ucx_transport=tcp", "--set", "benchmark.enabled=false",
+                         "--set", "accuracy.enabled=false")
+    assert code == 1, out
+    run = the_run(tmp_path)
+    st = rundir.RunDir(run).status()
+    assert st.state == "failed" and st.stage == "router", st
+    assert st.error.startswith("the P->D KV transfer of decode-0@local-1 went over TCP (UCX "
+                               "chose tcp/"), st.error
+    assert "network.kv_over_tcp: allow" in st.error
+    assert leftovers(run) == []

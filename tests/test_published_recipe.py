@@ -187,9 +187,11 @@ def test_node_and_gpu_layout(study, n):
                                 "total": row["gpus_used"]}
     nodes = row["prefill_nodes"] + row["decode_nodes"]
     assert len(doc["nodes"]) == nodes and f"#SBATCH --nodes={nodes}\n" in sbatch
-    # One DEP8 decode endpoint: ranks 0-3 with the API server, 4-7 headless.
+    # One DEP8 decode endpoint, an API server on each tray (decode.fronts: per_node)
     assert [(p["dp_ranks"], p["headless"]) for p in decode] == [
-        ([0, 1, 2, 3], False), ([4, 5, 6, 7], True)]
+        ([0, 1, 2, 3], False), ([4, 5, 6, 7], False)]
+    (dec,) = [e for e in doc["endpoints"] if e["role"] == "decode"]
+    assert dec["fronts"] == [p["url"] for p in decode]
 
 
 def test_table_holds_every_published_engine_key():

@@ -214,6 +214,20 @@ def test_real_pd_run_to_the_end(pd_runs):
     assert dec.loc[dec["name"] == "log:kv_num_successful_transfers", "value"].max() >= 1
     pre = df[df["process"] == "prefill-0@local-2"]
     assert pre.loc[pre["name"] == "vllm:nixl_xfer_time_seconds_count", "value"].max() == 0
+    # UCX's own report of the KV read's transport (UCX_PROTO_INFO): TCP over loopback on this
+    # CPU machine, which the local profile allows; a profile refusing it fails the P->D check
+    seen = rec.identity["kv_transport"]
+    assert any(c.startswith("tcp/") for c in seen["decode-0@local-1"]), seen
+    from launcher.control import pd_check
+    from launcher.schema import cluster
+
+    local = cluster.load("local")
+    assert pd_check.tcp_verdict(local, True, seen) == (None, None)
+    refusing = local.model_copy(
+        update={"network": local.network.model_copy(update={"kv_over_tcp": "refuse"})})
+    error, _ = pd_check.tcp_verdict(refusing, True, seen)
+    assert error.startswith("the P->D KV transfer of decode-0@local-1 went over TCP (UCX chose "
+                            "tcp/"), error
     # the accuracy file: both figures, one request per question, a score near 0
     acc = json.loads((run / "accuracy" / "gsm8k.json").read_text())
     assert acc["passed"] is False and acc["accuracy"] <= 0.1

@@ -38,7 +38,20 @@ from pathlib import Path
 
 from launcher.run import engines
 
-IMEX_CHANNEL = "/dev/nvidia-caps-imex-channels/channel0"
+
+def imex_channels(folder: str | None, channel: str | None) -> list[str] | None:
+    """The IMEX channel devices this process sees: the one named (`channel` a number), or
+    every channel* in `folder` (auto); None when no channel is asked for."""
+    if not folder:
+        return None
+    if channel and channel != "auto":
+        path = os.path.join(folder, f"channel{channel}")
+        return [path] if os.path.exists(path) else []
+    try:
+        return sorted(os.path.join(folder, n) for n in os.listdir(folder)
+                      if n.startswith("channel"))
+    except OSError:
+        return []
 SIOCGIFADDR = 0x8915
 
 
@@ -160,7 +173,7 @@ def torch_cuda() -> str | None:
     return None
 
 
-def host_facts(node: str, interface: str | None) -> dict:
+def host_facts(node: str, interface: str | None, imex: list[str] | None = None) -> dict:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     own = socket.gethostname()
     return {
@@ -173,7 +186,8 @@ def host_facts(node: str, interface: str | None) -> dict:
         "interface_address": interface_address(interface) if interface else None,
         "resolved": resolve(node) or resolve(own),
         "gpus": gpus_visible(),
-        "imex_channel": os.path.exists(IMEX_CHANNEL),
+        "imex_channel": bool(imex) if imex is not None else None,
+        "imex_channels": imex,
         "nvidia": driver_facts(),
         "nofile": {"soft": soft, "hard": hard},
     }
@@ -341,7 +355,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runtime", default=None, help="the profile's container runtime")
     ap.add_argument("--mount-source", action="append", default=[])
     ap.add_argument("--image-cache", default=None)
+    ap.add_argument("--imex-dir", default=None, help="check the IMEX channel under it")
+    ap.add_argument("--imex-channel", default=None, help="its number, or auto")
     a = ap.parse_args(argv)
+    imex = imex_channels(a.imex_dir, a.imex_channel)
     node = a.node or node_name()
     t0 = time.monotonic()
     if not (a.run_dir / "plan.json").is_file():
@@ -350,11 +367,13 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr, flush=True)
         return 3
     if a.where == "host":
-        facts = host_facts(node, a.interface)
+        facts = host_facts(node, a.interface, imex)
         if a.runtime == "pyxis":
             facts["pyxis"] = container_runtime_facts(a.mount_source, a.image_cache)
     else:
         facts = container_facts(node, a.run_dir, a.engine)
+        if imex is not None:
+            facts["imex_channels"] = imex
     facts["seconds"] = round(time.monotonic() - t0, 2)
     out = a.run_dir / "preflight" / f"{node}.{a.where}.json"
     from launcher.run.rundir import write_json

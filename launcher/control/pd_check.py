@@ -14,10 +14,12 @@ from launcher.control import preflight
 from launcher.control.backends import Handle
 from launcher.control.record import Book, say
 from launcher.errors import RunFailed
+from launcher.planning import schedulers
 from launcher.planning.plan import Plan
 from launcher.run.plandoc import PlanDoc
 from launcher.run.rundir import tail
 from launcher.run.vocab import Kind, Role
+from launcher.schema.cluster import Cluster
 from launcher.telemetry.statslog import ucx_transports
 
 
@@ -61,7 +63,7 @@ def handshake_seen(handles: list[Handle], endpoint: str) -> bool:
 
 def note_transport(plan: Plan, book: Book, handles: list[Handle]) -> None:
     """The transport UCX picked for the KV reads (decode logs, UCX_PROTO_INFO), in the
-    run's identity; a note when it is TCP."""
+    run's identity; TCP fails the run where the profile refuses it, else is a note."""
     seen: dict[str, list[str]] = {}
     for h in handles:
         if h.proc.kind == Kind.ENGINE and h.proc.role == Role.DECODE:
@@ -70,10 +72,38 @@ def note_transport(plan: Plan, book: Book, handles: list[Handle]) -> None:
                 seen[h.proc.name] = found
     book.record.identity["kv_transport"] = seen
     book.save()
+    error, note = tcp_verdict(plan.cluster, plan.recipe.engine_kind.on_cpu, seen)
+    if error:
+        raise RunFailed(error, culprit=sorted(seen)[0] if seen else None)
+    if note:
+        book.note(note)
+
+
+def kv_tcp_refused(cluster: Cluster) -> bool:
+    """The profile's network.kv_over_tcp; by default refused where the nodes are other
+    hosts (there TCP means NVLink and RDMA are not in use)."""
+    if cluster.network.kv_over_tcp is not None:
+        return cluster.network.kv_over_tcp == "refuse"
+    return schedulers.of(cluster).remote_nodes(cluster)
+
+
+def tcp_verdict(cluster: Cluster, on_cpu: bool,
+                seen: dict[str, list[str]]) -> tuple[str | None, str | None]:
+    """(error, note) for the transports each decode's UCX chose: TCP is an error where the
+    profile refuses it (network.kv_over_tcp), else a note (none for a CPU engine, which has
+    no NVLink)."""
     tcp = sorted(n for n, cfgs in seen.items() if any(c.startswith("tcp/") for c in cfgs))
-    if tcp and not plan.recipe.engine_kind.on_cpu:  # a CPU engine has no NVLink
-        book.note(
-            f"KV transfers of {', '.join(tcp)} go over TCP (UCX chose "
-            f"{next(c for c in seen[tcp[0]] if c.startswith('tcp/'))}): NVLink/RDMA is not in use between P and D; check UCX_TLS "
-            f"and the profile's network"
-        )
+    if not tcp:
+        return None, None
+    chose = next(c for c in seen[tcp[0]] if c.startswith("tcp/"))
+    if kv_tcp_refused(cluster):
+        return (f"the P->D KV transfer of {', '.join(tcp)} went over TCP (UCX chose {chose}), "
+                f"which {cluster.name} refuses: NVLink/RDMA is not in use between prefill "
+                f"and decode; check UCX_TLS and UCX_NET_DEVICES in the profile's env (UCX's "
+                f"defaults keep every lane), or set network.kv_over_tcp: allow in the profile",
+                None)
+    if on_cpu:
+        return None, None
+    return None, (f"KV transfers of {', '.join(tcp)} go over TCP (UCX chose {chose}): "
+                  "NVLink/RDMA is not in use between P and D; check UCX_TLS and the profile's "
+                  "network")

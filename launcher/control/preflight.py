@@ -98,6 +98,17 @@ def addresses(plan: Plan, facts: dict[str, dict | None]) -> dict[str, str]:
     return out
 
 
+IMEX_FIX = ("engines across trays need the IMEX service's channel for multi-node NVLink; "
+            "ask the site how a job gets one (Slurm's switch/nvidia_imex, a prolog), set the "
+            "profile's imex.channel and imex.dir to it, or set imex: false")
+
+
+def imex_wanted(plan: Plan) -> str:
+    imex = plan.cluster.imex
+    return (f"IMEX channel {imex.dir}/channel{imex.channel}"
+            if imex and imex.channel != "auto" else f"IMEX channel in {imex.dir if imex else ''}")
+
+
 def judge_host(plan: Plan, facts: dict[str, dict | None], needed_fds: int) -> list[Problem]:
     c = plan.cluster
     problems = []
@@ -108,12 +119,6 @@ def judge_host(plan: Plan, facts: dict[str, dict | None], needed_fds: int) -> li
             continue  # addresses() already said so
         if why := schedulers.of(c).gpu_count_problem(c, f.get("gpus") or {}):
             problems.append(Problem(f"{node} {why}", node=node))
-        if c.imex and not f.get("imex_channel"):
-            problems.append(Problem(
-                f"{node} has no IMEX channel (/dev/nvidia-caps-imex-channels/channel0): "
-                f"multi-node NVLink needs the IMEX service; ask for it in the job (e.g. "
-                f"--network=... per site) or set the profile's imex: false",
-                node=node))
         if want_arch != "any" and f.get("arch") and f["arch"] != want_arch:
             problems.append(Problem(
                 f"{node} is {f['arch']} but the profile's arch is {want_arch}", node=node))
@@ -300,6 +305,11 @@ def judge_container(
                 f"{found} (CPU runs are labelled vLLM (CPU), never a GPU measurement) or use "
                 f"the other image",
                 node=node))
+        if node in engine_nodes and plan.cluster.imex is not None \
+                and f.get("imex_channels") == []:
+            where = "the engine's container" if isolated else "the engine's environment"
+            problems.append(Problem(f"{node}: {where} has no {imex_wanted(plan)}: " + IMEX_FIX,
+                                    node=node))
         for chk in f.get("argv_checks") or []:
             if not chk.get("ok"):
                 msg = " ".join((chk.get("message") or "rejected").split())
@@ -404,15 +414,25 @@ def unregistered(doc: PlanDoc, router_url: str) -> list[str]:
     missing = []
     for ep in doc.endpoints:
         want = "regular" if ep.role == Role.AGG else str(ep.role)
-        ok = any(
-            str(w.get("url", "")).split("@")[0] == ep.url
-            and w.get("is_healthy")
-            and (ep.role == Role.AGG or w.get("worker_type") == want)
-            for w in workers
-        )
-        if not ok:
-            missing.append(ep.name)
+        fronts = ep.front_urls
+        for url in fronts:
+            ok = any(
+                str(w.get("url", "")).split("@")[0] == url
+                and w.get("is_healthy")
+                and (ep.role == Role.AGG or w.get("worker_type") == want)
+                for w in workers
+            )
+            if not ok:
+                missing.append(ep.name if len(fronts) == 1 else f"{ep.name} ({url})")
     return missing
+
+
+@dataclass(frozen=True)
+class _Front:
+    """One API server of an endpoint (an endpoint with per_node fronts has several)."""
+
+    name: str  # the endpoint's
+    url: str
 
 
 @dataclass
@@ -486,11 +506,14 @@ def pd_path(doc: PlanDoc, wait_s: float, handshake_seen=lambda name: False,
     is lazy, so this is the first time a broken P->D path can show. Each leg waits up to
     `wait_s` (pd_wait_s); `handshake_seen(decode)` tells whether the decode's log shows the
     handshake, so a give-up names the step it stopped in."""
-    prefills = [e for e in doc.endpoints if e.role == Role.PREFILL]
-    decodes = [e for e in doc.endpoints if e.role == Role.DECODE]
+    prefills = [_Front(e.name, u) for e in doc.endpoints if e.role == Role.PREFILL
+                for u in e.front_urls]
+    decodes = [_Front(e.name, u) for e in doc.endpoints if e.role == Role.DECODE
+               for u in e.front_urls]
     out = []
-    for i, pre in enumerate(prefills):
-        dec = decodes[i % len(decodes)]
+    # every prefill front hands to a decode front, and every decode front is handed to
+    for i in range(max(len(prefills), len(decodes)) if prefills and decodes else 0):
+        pre, dec = prefills[i % len(prefills)], decodes[i % len(decodes)]
         before_ok = _metric(dec.url + "/metrics", TRANSFERS_OK)
         before_bad = _metric(dec.url + "/metrics", TRANSFERS_FAILED)
         body = {

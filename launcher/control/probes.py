@@ -22,7 +22,7 @@ def busy_ports(plan: Plan, ours: frozenset[str] = frozenset()) -> list[str]:
         pass
     local = {n for n in plan.nodes if plan.address(n) in here or plan.address(n).startswith("127.")}
     wanted: list[tuple[int, str]] = []
-    if plan.nodes[0] in local:
+    if plan.router_node in local:
         wanted += [(plan.router_port, "router http"), (plan.router_metrics_port, "router metrics")]
     wanted += [(p, f"agent@{n} exporter") for n, p in plan.exporter_ports.items() if n in local]
     for ep in plan.endpoints:
@@ -31,8 +31,8 @@ def busy_ports(plan: Plan, ours: frozenset[str] = frozenset()) -> list[str]:
         for part in ep.parts:
             if part.node not in local:
                 continue
-            if part.head:
-                wanted.append((ep.http_port, f"{ep.name} http"))
+            if part.http_port is not None:
+                wanted.append((part.http_port, f"{ep.name} http"))
             if ep.role.disaggregated:
                 wanted += [
                     (ep.nixl_port_base + r, f"{ep.name} nixl rank {r}") for r in part.dp_ranks

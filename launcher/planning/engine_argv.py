@@ -127,7 +127,7 @@ def problems(plan: Plan) -> list[str]:
     seen = set()
     for ep in plan.endpoints:
         for part in ep.parts:
-            kind = (ep.role, not part.head)
+            kind = (ep.role, part.head, part.http_port is None)
             if kind in seen:
                 continue
             seen.add(kind)
@@ -144,6 +144,9 @@ def problems(plan: Plan) -> list[str]:
                     wrong = _help_options(argv)
                 elif "unrecognized arguments" in msg:
                     words = msg.split("unrecognized arguments:", 1)[1].split()
+                    # a value right after an unrecognized flag is that flag's
+                    words = [w for i, w in enumerate(words)
+                             if w.startswith("-") or i == 0 or not words[i - 1].startswith("--")]
                     wrong = [w.split("=", 1)[0] for w in words]
                     # a value left over (a flag that takes none) is named by its flag
                     wrong = [w if w in given else _flag_before(argv, w) for w in wrong]
@@ -157,7 +160,8 @@ def problems(plan: Plan) -> list[str]:
                         if flag not in known else f"{flag} takes no value"
                     fixes.append(f"fix {where}" + (f" ({hint})" if hint else ""))
                 text = f"{msg}: {', '.join(fixes) or 'fix the recipe'}"
-                who = ep.name + ("" if part.head else " (headless part)")
+                who = ep.name + ("" if part.head else " (headless part)"
+                                 if part.http_port is None else " (front on another node)")
                 found.setdefault(text, []).append(
                     who + (f" as it restarts before concurrency {at}" if at else ""))
                 break  # a start it refuses: its restarts are not reached

@@ -94,8 +94,9 @@ class Part:
     node: str
     gpus: tuple[int, ...]
     dp_ranks: tuple[int, ...]
-    head: bool  # the head runs the API server; other parts are --headless
+    head: bool  # rank 0's part: the DP coordinator's address (and the one front by default)
     vllm_port: int  # VLLM_PORT: the base of vLLM's internal ports, one range per process
+    http_port: int | None = None  # a front (an API server); None: --headless
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,17 @@ class Endpoint:
     def multi_node(self) -> bool:
         return len(self.parts) > 1
 
+    @property
+    def fronts(self) -> tuple[Part, ...]:
+        """The parts that run an API server: each is a worker of the router."""
+        return tuple(p for p in self.parts if p.http_port is not None)
+
+    @property
+    def hybrid_lb(self) -> bool:
+        """One front per node (--data-parallel-hybrid-lb) rather than one head and
+        headless parts."""
+        return self.multi_node and self.pool.fronts == "per_node"
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -139,6 +151,7 @@ class Plan:
     mount_dir: str | None = None
     port_span: int = 0  # ports from router_port up that the plan uses
     model: ModelFacts | None = None  # config.json and model.facts, read when it was made
+    imex_channel: str | None = None  # the profile's IMEX channel number, or "auto"; None: none
 
     def at(self, run_dir: str, mount_dir: str | None = None) -> Plan:
         """This plan for the run directory `run_dir` (`mount_dir`: a study's folder)."""
@@ -153,9 +166,23 @@ class Plan:
     def endpoint_url(self, ep: Endpoint) -> str:
         return self.url(ep.head.node, ep.http_port)
 
+    def front_urls(self, ep: Endpoint) -> list[str]:
+        """Every API server of `ep`, the head's first."""
+        return [self.url(p.node, p.http_port) for p in ep.fronts]
+
+    @property
+    def router_node(self) -> str:
+        """Where the router and the clients run: the first node of the role the recipe's
+        router.placement names (the orchestrator stays on nodes[0])."""
+        want = self.recipe.router.placement
+        for ep in self.endpoints:
+            if ep.role == want:
+                return ep.head.node
+        return self.nodes[0]
+
     @property
     def router_url(self) -> str:
-        return self.url(self.nodes[0], self.router_port)
+        return self.url(self.router_node, self.router_port)
 
     def gpu_count(self) -> dict[str, int]:
         counts = {str(r): 0 for r in Role}
@@ -371,11 +398,16 @@ def _endpoints(recipe: Recipe, cluster: Cluster, nodes: list[str],
         counters[role] += 1
         dp_local = len(parts[0][1]) // pool.tensor_parallel
         vllm_ports = next_port + 2 + pool.data_parallel
+        # per_node fronts: the other nodes' API servers take ports after the block
+        front_ports = vllm_ports + VLLM_PORT_SPAN * len(parts)
+        every_node = pool.fronts == "per_node"
         built = []
         for i, (slot, gpus) in enumerate(parts):
             ranks = tuple(range(i * dp_local, (i + 1) * dp_local))
             port = vllm_ports + i * VLLM_PORT_SPAN
-            built.append(Part(nodes[slot], tuple(gpus), ranks, head=(i == 0), vllm_port=port))
+            http = next_port if i == 0 else front_ports + i - 1 if every_node else None
+            built.append(Part(nodes[slot], tuple(gpus), ranks, head=(i == 0), vllm_port=port,
+                              http_port=http))
         endpoints.append(
             Endpoint(
                 name=name,
@@ -388,6 +420,8 @@ def _endpoints(recipe: Recipe, cluster: Cluster, nodes: list[str],
             )
         )
         next_port += 2 + pool.data_parallel + VLLM_PORT_SPAN * len(parts)
+        if every_node:
+            next_port += len(parts) - 1
     if next_port > 65535:
         raise UserError(f"ports run past 65535: lower the cluster profile's port_base ({base})")
     return endpoints, next_port - base
@@ -447,7 +481,7 @@ def make_plan(
     if runtime is None:
         runtime = LOCAL_RUNTIME
     if addresses is None:
-        from launcher.planning import schedulers
+        from launcher.planning import schedulers  # it imports this module
 
         addresses = schedulers.of(cluster).addresses(nodes)
     base = cluster.port_base
@@ -469,4 +503,5 @@ def make_plan(
         job_id=job_id,
         port_span=span,
         model=model,
+        imex_channel=None if cluster.imex is None else str(cluster.imex.channel),
     )

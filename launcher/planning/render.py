@@ -124,8 +124,8 @@ def serve_argv(plan: Plan, ep: Endpoint, part, concurrency: int | None = None) -
     module = r.engine_kind.serve_module
     exe = ["vllm"] if module is None else launcher_cmd(plan, module, r.container is not None)
     argv = [*exe, "serve", r.model.path, "--served-model-name", r.model.name]
-    if part.head:
-        argv += ["--host", plan.cluster.bind_host, "--port", str(ep.http_port)]
+    if part.http_port is not None:
+        argv += ["--host", plan.cluster.bind_host, "--port", str(part.http_port)]
     argv += ["--tensor-parallel-size", str(pool.tensor_parallel)]
     if pool.data_parallel > 1:
         argv += ["--data-parallel-size", str(pool.data_parallel)]
@@ -135,7 +135,9 @@ def serve_argv(plan: Plan, ep: Endpoint, part, concurrency: int | None = None) -
         argv += ["--data-parallel-rpc-port", str(ep.dp_rpc_port)]
     if pool.expert_parallel:
         argv.append("--enable-expert-parallel")
-    if part.head:
+    if ep.hybrid_lb:
+        argv += ["--data-parallel-start-rank", str(part.dp_ranks[0]), "--data-parallel-hybrid-lb"]
+    if part.http_port is not None:
         argv += ["--api-server-count", str(pool.api_servers)]
     else:
         argv += ["--headless", "--data-parallel-start-rank", str(part.dp_ranks[0])]
@@ -164,13 +166,19 @@ def engine_processes(plan: Plan, ep: Endpoint) -> list[Process]:
         argv = serve_argv(plan, ep, part)
 
         env = dict(ENGINE_BASE_ENV)
+        if not ep.multi_node:
+            # its own range of internal ports beside the node's other engines; an endpoint
+            # over several nodes has the nodes to itself, and its parts' ranges must not be
+            # pinned (srt-slurm unsets it there too)
+            env["VLLM_PORT"] = str(part.vllm_port)
         env.update(plan.cluster.env)
         env.update(network_env(plan, part.node))
         env.update(model_env(plan))
         env.update(r.env)
         env.update(pool.env)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in part.gpus)
-        env["VLLM_PORT"] = str(part.vllm_port)
+        for k, v in engine_wait_env(plan, ep).items():
+            env.setdefault(k, v)  # a recipe's own value wins
         if ep.role.disaggregated:
             env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = plan.address(part.node)
             env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(ep.nixl_port_base)
@@ -180,7 +188,7 @@ def engine_processes(plan: Plan, ep: Endpoint) -> list[Process]:
             env.update(sim_env(plan, ep))
         env.update(containers.of(plan.cluster).env(plan))
         env.update(_base_env(name, plan.run_dir))
-        url = plan.endpoint_url(ep) if part.head else None
+        url = plan.url(part.node, part.http_port) if part.http_port is not None else None
         procs.append(
             Process(
                 name=name,
@@ -193,7 +201,7 @@ def engine_processes(plan: Plan, ep: Endpoint) -> list[Process]:
                 role=ep.role,
                 gpus=list(part.gpus),
                 dp_ranks=list(part.dp_ranks),
-                headless=not part.head,
+                headless=part.http_port is None,
                 url=url,
                 metrics_url=f"{url}/metrics" if url else None,
                 env_from_host=list(r.env_from_host),
@@ -202,6 +210,16 @@ def engine_processes(plan: Plan, ep: Endpoint) -> list[Process]:
             )
         )
     return procs
+
+
+def engine_wait_env(plan: Plan, ep: Endpoint) -> dict[str, str]:
+    """With more than one API server, vLLM's API servers wait for the engines only
+    VLLM_ENGINE_READY_TIMEOUT_S (600 s by default, less than a large model's load): they
+    wait as long as the health check does (docs/gb200-launch.md). One API server starts its
+    engines itself and waits without a deadline."""
+    if ep.pool.api_servers > 1:
+        return {"VLLM_ENGINE_READY_TIMEOUT_S": f"{plan.recipe.health.timeout_s:g}"}
+    return {}
 
 
 def network_env(plan: Plan, node: str) -> dict[str, str]:
@@ -236,22 +254,21 @@ def router_process(plan: Plan) -> Process:
     argv = [router, "--host", bind, "--port", str(plan.router_port)]
     if r.mode == "disagg":
         argv.append("--vllm-pd-disaggregation")
-        for ep in plan.endpoints:
-            if ep.role == Role.PREFILL:
-                argv += ["--prefill", plan.endpoint_url(ep)]
-        for ep in plan.endpoints:
-            if ep.role == Role.DECODE:
-                argv += ["--decode", plan.endpoint_url(ep)]
+        for role in (Role.PREFILL, Role.DECODE):
+            for ep in plan.endpoints:
+                if ep.role == role:
+                    for url in plan.front_urls(ep):
+                        argv += [f"--{role}", url]
         argv += ["--kv-connector", _kv_connector_flag(plan)]
     else:
-        argv += ["--worker-urls", *[plan.endpoint_url(ep) for ep in plan.endpoints]]
+        argv += ["--worker-urls", *[u for ep in plan.endpoints for u in plan.front_urls(ep)]]
     argv += ["--prometheus-host", bind, "--prometheus-port", str(plan.router_metrics_port)]
     for key in ("policy", "prefill_policy", "decode_policy"):
         value = getattr(r.router, key)
         if value:
             argv += option(f"--{key.replace('_', '-')}", value)
     argv += flags({flag_key(k): v for k, v in r.router.args.items() if v is not None})
-    node = plan.nodes[0]
+    node = plan.router_node
     return Process(
         name="router",
         kind=Kind.ROUTER,
@@ -359,7 +376,7 @@ def bench_processes(plan: Plan) -> list[Process]:
             Process(
                 name=name,
                 kind=Kind.BENCH,
-                node=plan.nodes[0],
+                node=plan.router_node,
                 argv=argv,
                 env={**model_env(plan), **env, **_base_env(name, plan.run_dir)},
                 log=f"logs/{name}.log",
@@ -410,7 +427,7 @@ def accuracy_process(plan: Plan) -> Process | None:
     return Process(
         name="accuracy",
         kind=Kind.ACCURACY,
-        node=plan.nodes[0],
+        node=plan.router_node,
         argv=argv,
         env={**env, **_base_env("accuracy", plan.run_dir)},
         log="logs/accuracy.log",
@@ -480,12 +497,13 @@ def plan_doc(plan: Plan, run_id: str, placeholder_nodes: bool,
                 http_port=ep.http_port,
                 dp_rpc_port=ep.dp_rpc_port,
                 nixl_port_base=ep.nixl_port_base,
+                fronts=plan.front_urls(ep),
             )
             for ep in plan.endpoints
         ],
         processes=processes(plan) if procs is None else procs,
         router_url=plan.router_url,
-        router_metrics_url=plan.url(plan.nodes[0], plan.router_metrics_port) + "/metrics",
+        router_metrics_url=plan.url(plan.router_node, plan.router_metrics_port) + "/metrics",
         gpu_count=plan.gpu_count(),
         placeholder_nodes=placeholder_nodes,
         runtime=dataclasses.asdict(plan.runtime),
@@ -531,9 +549,18 @@ def step_prefix(plan: Plan, proc: Process) -> list[str]:
 
 
 def command_line(plan: Plan, proc: Process) -> list[str]:
-    """The full command that starts `proc`: [srun ...] env K=V ... argv."""
-    return [*step_prefix(plan, proc), "env", *[f"{k}={v}" for k, v in proc.env.items()],
-            *proc.argv]
+    """The full command that starts `proc`: [srun ...] [preamble] env K=V ... argv."""
+    return [*step_prefix(plan, proc), *preamble(plan, proc.name), "env",
+            *[f"{k}={v}" for k, v in proc.env.items()], *proc.argv]
+
+
+def preamble(plan: Plan, name: str) -> list[str]:
+    """The profile's step_preamble before a step's command, where the command runs (in its
+    container, for a container step); a failing preamble fails the step."""
+    text = plan.cluster.step_preamble
+    if not text:
+        return []
+    return ["bash", "-c", f'set -e; {text}; set +e; exec "$@"', name]
 
 
 NODECHECK_MODULE = "launcher.control.nodecheck"
@@ -564,6 +591,10 @@ def check_steps(plan: Plan) -> list[tuple[str, list[list[str]]]]:
         *launcher_cmd(plan, NODECHECK_MODULE, boxed), "--run-dir", rd, "--where", "container",
         "--engine", plan.recipe.engine,
     ]  # fmt: skip
+    if c.imex is not None:
+        imex = ["--imex-dir", c.imex.dir, "--imex-channel", str(c.imex.channel)]
+        host += imex
+        inside += imex
     env_host = env_prefix(host_env(plan))
     rt = containers.of(c)
     env_box = env_prefix({**model_env(plan), **(rt.env(plan) if boxed else host_env(plan))})
@@ -575,8 +606,17 @@ def check_steps(plan: Plan) -> list[tuple[str, list[list[str]]]]:
                                        "--to", cached]))
     if stage := stage_command(plan):
         stages.append(("stage-model", [*box, *env_box, *stage]))
-    return schedulers.of(c).preflight_steps(plan, [*env_host, *host],
-                                           [*box, *env_box, *inside], stages)
+    return schedulers.of(c).preflight_steps(
+        plan, [*preamble(plan, "preflight-host"), *env_host, *host],
+        [*box, *preamble(plan, "preflight-container"), *env_box, *inside],
+        [(n, _after_box(plan, n, cmd, box)) for n, cmd in stages])
+
+
+def _after_box(plan: Plan, name: str, cmd: list[str], box: list[str]) -> list[str]:
+    """A stage's command with the preamble after its container flags."""
+    if box and cmd[: len(box)] == box:
+        return [*box, *preamble(plan, name), *cmd[len(box):]]
+    return [*preamble(plan, name), *cmd]
 
 
 def stage_command(plan: Plan) -> list[str] | None:

@@ -44,13 +44,24 @@ Commands = list[list[str]]
 LOCAL_CHECK = "the local profile has no scheduler to ask; plan is valid"
 
 
-def gpu_request(plan: Plan) -> str:
+def gpu_request(plan: Plan) -> list[str]:
     """The same GPU request on the job and on every step that needs GPUs (sites that reject
-    --gpus-per-node reject it on steps too)."""
+    --gpus-per-node reject it on steps too); none for gpu_directive: none."""
     c = plan.cluster
+    if c.gpu_directive == "none":
+        return []
     if c.gpu_directive == "gres":
-        return f"--gres=gpu:{c.gres_type + ':' if c.gres_type else ''}{c.gpus_per_node}"
-    return f"--gpus-per-node={c.gpus_per_node}"
+        return [f"--gres=gpu:{c.gres_type + ':' if c.gres_type else ''}{c.gpus_per_node}"]
+    return [f"--gpus-per-node={c.gpus_per_node}"]
+
+
+def site_options(plan: Plan, proc: Process | None) -> list[str]:
+    """The profile's and the recipe's extra srun options for a step (a pool's own for its
+    engines'), then the IMEX channel's request for a container step."""
+    opts = [*plan.cluster.srun_options, *plan.recipe.slurm.srun_options]
+    if proc is not None and proc.kind == Kind.ENGINE and proc.role:
+        opts += getattr(plan.recipe, str(proc.role)).srun_options
+    return opts
 
 
 @dataclass(frozen=True)
@@ -110,6 +121,7 @@ class Local:
     def port_note(self, plan: Plan) -> str | None:
         """What the dry-run says about the ports beside the plan's, if anything."""
         return None
+
 
     def gpu_count_problem(self, cluster: Cluster, gpus: dict) -> str | None:
         """What is wrong with the GPUs a node's host check found (its `gpus` fact)."""
@@ -215,8 +227,8 @@ class Slurm(Local):
         argv = [*self.job_step(plan), "--nodes=1", "--ntasks=1", f"--nodelist={proc.node}",
                 f"--job-name={proc.name}", "--kill-on-bad-exit=1"]
         if proc.gpus or proc.kind == Kind.AGENT:  # with device cgroups a step sees what it asks for
-            argv.append(gpu_request(plan))
-        return [*argv, *container_flags]
+            argv += gpu_request(plan)
+        return [*argv, *site_options(plan, proc), *container_flags]
 
     def preflight_steps(self, plan: Plan, host: list[str], inside: list[str],
                         stages: list[tuple[str, list[str]]]) -> list[tuple[str, Commands]]:
@@ -224,8 +236,9 @@ class Slurm(Local):
         the job's named container once per node: every later step reuses it); each stage
         one step on the first node."""
         step = [*self.job_step(plan), f"--nodes={len(plan.nodes)}", "--ntasks-per-node=1",
-                f"--nodelist={','.join(plan.nodes)}", gpu_request(plan)]
-        one = [*self.job_step(plan), "--nodes=1", "--ntasks=1", f"--nodelist={plan.nodes[0]}"]
+                f"--nodelist={','.join(plan.nodes)}", *gpu_request(plan), *site_options(plan, None)]
+        one = [*self.job_step(plan), "--nodes=1", "--ntasks=1", f"--nodelist={plan.nodes[0]}",
+               *site_options(plan, None)]
         steps = [("preflight-host", [[*step, "--job-name=preflight-host", *host]])]
         steps += [(name, [[*one, f"--job-name={name}", *cmd]]) for name, cmd in stages]
         container = [*step, "--job-name=preflight-container", *inside]
@@ -260,7 +273,7 @@ class Slurm(Local):
         }
         if c.gpu_directive == "gres":
             params["gres"] = f"gpu:{c.gres_type + ':' if c.gres_type else ''}{c.gpus_per_node}"
-        else:
+        elif c.gpu_directive == "gpus-per-node":
             params["gpus_per_node"] = c.gpus_per_node
         # submitit counts tasks from `nodes`; the orchestrator is one task, so the node count
         # goes in as an additional parameter, which overrides submitit's --nodes=1 line.
@@ -304,7 +317,7 @@ class Slurm(Local):
         if c.gpu_directive == "gres":
             out["gres"] = (f"{profile} gpu_directive: gres",
                            f"set gpu_directive: gpus-per-node {where}")
-        else:
+        elif c.gpu_directive == "gpus-per-node":
             out["gpus-per-node"] = (f"{profile} gpu_directive: gpus-per-node",
                                     f"set gpu_directive: gres {where} (and gres_type, if the "
                                     "site names its GPUs)")

@@ -85,6 +85,12 @@ class EndpointDoc:
     http_port: int
     dp_rpc_port: int
     nixl_port_base: int
+    # every API server of the endpoint (url first): more than one with per_node fronts
+    fronts: list[str] = field(default_factory=list)
+
+    @property
+    def front_urls(self) -> list[str]:
+        return self.fronts or [self.url]
 
     @property
     def shape(self) -> str:

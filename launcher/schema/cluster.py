@@ -12,7 +12,14 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from launcher.errors import UserError
 from launcher.schema.secrets import env_refusal, secret_env
-from launcher.schema.sections import ENV_NAME, Strict, _no_control_chars, check_mounts
+from launcher.schema.sections import (
+    ENV_NAME,
+    Strict,
+    _no_control_chars,
+    check_mounts,
+    check_no_secret,
+    check_srun_options,
+)
 from launcher.schema.wording import format_error, show
 from launcher.schema.yaml_io import read_yaml
 
@@ -75,6 +82,12 @@ class Network(Strict):
     loopback_ok: bool = Field(
         default=False, description="every node really is this host (single-host dev cluster)"
     )
+    kv_over_tcp: Literal["allow", "refuse"] | None = Field(
+        default=None,
+        description="a P->D KV transfer that UCX runs over TCP: refuse fails the P->D check "
+        "naming the transport (default on profiles whose nodes are other hosts: TCP there "
+        "means NVLink/RDMA is not in use), allow lets it run",
+    )
 
 
 class Models(Strict):
@@ -91,6 +104,20 @@ class Models(Strict):
         return v
 
 
+class Imex(Strict):
+    """The IMEX channel a job's engines use for NVLink across trays."""
+
+    channel: int | Literal["auto"] = Field(
+        default="auto",
+        description="the channel number; auto: any channel the engines see (Slurm's "
+        "switch/nvidia_imex gives each job one, channelN with N >= 1, and sets no variable)",
+    )
+    dir: str = Field(
+        default="/dev/nvidia-caps-imex-channels",
+        description="where the channel devices are, on the host and in the container",
+    )
+
+
 class Cluster(Strict):
     name: str
     scheduler: Literal["slurm", "local"]
@@ -101,14 +128,30 @@ class Cluster(Strict):
         default="gb200", description="what the KV-capacity estimate assumes for start-up memory"
     )
     nodes_per_rack: int = Field(default=18, ge=1, le=100_000)
-    gpu_directive: Literal["gpus-per-node", "gres"] = "gpus-per-node"
+    gpu_directive: Literal["gpus-per-node", "gres", "none"] = Field(
+        default="gpus-per-node",
+        description="how the job and its GPU steps ask for GPUs; none: no GPU request (sites "
+        "that reject both and give whole nodes)",
+    )
     gres_type: str | None = Field(
         default=None, pattern=r"^[A-Za-z0-9_.-]+$", description="e.g. gb200 for --gres=gpu:gb200:4"
     )
     exclusive: bool = True
     mem_zero: bool = False
     segment: bool = False
-    imex: bool = Field(default=False, description="multi-node NVLink: IMEX channel must exist")
+    imex: Imex | None = Field(
+        default=None,
+        description="multi-node NVLink: the IMEX channel engines need, checked where they "
+        "run (inside the container) before they start (true: the defaults)",
+    )
+    srun_options: list[str] = Field(
+        default_factory=list, description="extra srun options for every step (--name=value)"
+    )
+    step_preamble: str | None = Field(
+        default=None,
+        description="shell run before every step's command, inside its container if it has "
+        "one (e.g. 'module load ...'); it must not set a secret",
+    )
     bind_host: str = "0.0.0.0"
     port_base: int = Field(ge=1024, le=60000)
     dry_run_nodes: str = Field(description="Slurm-style node list used by --dry-run")
@@ -129,6 +172,25 @@ class Cluster(Strict):
         description="where running jobs list their scrape targets for Prometheus file-SD "
         "(shared by all jobs; default: each run directory's prometheus/)",
     )
+
+    @field_validator("imex", mode="before")
+    @classmethod
+    def _imex_flag(cls, v):
+        if v is True:
+            return {}
+        return None if v is False else v
+
+    @field_validator("srun_options")
+    @classmethod
+    def _srun(cls, v: list[str]) -> list[str]:
+        return check_srun_options(v)
+
+    @field_validator("step_preamble")
+    @classmethod
+    def _preamble(cls, v: str | None) -> str | None:
+        if v is not None:
+            check_no_secret(v, "step_preamble")
+        return v or None
 
     @model_validator(mode="after")
     def _check(self) -> Cluster:

@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from launcher.run import lengths as run_lengths
+from launcher.schema.secrets import env_refusal, secret_env
 from launcher.schema.wording import _SURROGATE, show
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -61,6 +62,55 @@ def check_mounts(mounts: list[str]) -> list[str]:
         if not 2 <= len(parts) <= 3 or not all(parts[:2]) or "," in m:
             raise ValueError(f"mount {show(m)}: write it as SRC:DST or SRC:DST:ro")
     return mounts
+
+
+# srun options the launcher sets on every step (or that would move a step out of its place).
+OWNED_SRUN = {
+    "jobid": "every step runs in the job's allocation",
+    "overlap": "steps share the job's nodes",
+    "nodes": "the planner places each step", "ntasks": "the planner places each step",
+    "ntasks-per-node": "the planner places each step",
+    "nodelist": "the planner places each step", "exclude": "the planner places each step",
+    "job-name": "steps are named after their process",
+    "kill-on-bad-exit": "the launcher stops a step whose task fails",
+    "gpus-per-node": "set the profile's gpu_directive", "gres": "set the profile's gpu_directive",
+    "gpus": "set the profile's gpu_directive",
+    "output": "each process logs to the run directory",
+    "error": "each process logs to the run directory", "input": "steps read no input",
+    "export": "each process's environment is rendered on its command line",
+    "pty": "steps run in the background",
+}
+_SRUN_NAME = re.compile(r"--([a-z][a-z0-9-]{0,40})(=.*)?\Z", re.S)
+_ASSIGN = re.compile(r"(?<![A-Za-z0-9_])([A-Za-z_][A-Za-z0-9_]*)=")
+
+
+def check_srun_options(opts: list[str]) -> list[str]:
+    """Extra srun options as `--name` or `--name=value`, one word each (quoted in commands.sh),
+    none the launcher sets, no secret in them."""
+    for o in opts:
+        m = _SRUN_NAME.match(o)
+        if not m:
+            raise ValueError(f"srun option {show(o)}: write it as --name or --name=value, one "
+                             "item per option")
+        name = m[1]
+        if name.startswith(("container-", "no-container-")):
+            raise ValueError(f"remove {show(o)}: the container runtime's flags come from the "
+                             "profile's containers and the recipe's container")
+        if name in OWNED_SRUN:
+            raise ValueError(f"remove {show(o)}: {OWNED_SRUN[name]}")
+        longer = sorted(k for k in OWNED_SRUN if k.startswith(name))
+        if longer:
+            raise ValueError(f"remove {show(o)}: srun reads it as --{longer[0]}, which the "
+                             "launcher sets")
+        check_no_secret(o, f"srun option {show(o)}")
+    return opts
+
+
+def check_no_secret(text: str, where: str) -> None:
+    """A value written into commands.sh and the run's files must not set a secret."""
+    for name in _ASSIGN.findall(text):
+        if what := secret_env(name):
+            raise ValueError(env_refusal(f"{where} ({name})", what))
 
 
 def sbatch_problem(text: str) -> str | None:
@@ -212,6 +262,22 @@ class Pool(Strict):
     api_servers: int = Field(
         default=1, ge=1, le=64, description="--api-server-count; >1 turns stats logs off"
     )
+    fronts: Literal["one", "per_node"] = Field(
+        default="one",
+        description="an endpoint over several nodes: one API server on its first node and "
+        "the others --headless ('one'), or one on every node with --data-parallel-hybrid-lb "
+        "('per_node'), each a worker of the router (docs/gb200-launch.md)",
+    )
+    srun_options: list[str] = Field(
+        default_factory=list,
+        description="extra srun options for this pool's engine steps (after the profile's "
+        "and slurm.srun_options)",
+    )
+
+    @field_validator("srun_options")
+    @classmethod
+    def _srun(cls, v: list[str]) -> list[str]:
+        return check_srun_options(v)
     args: dict[str, ArgValue] = Field(default_factory=dict, description="extra `vllm serve` flags")
     args_from_concurrency: dict[int, dict[str, ArgValue]] = Field(
         default_factory=dict,
@@ -235,6 +301,12 @@ class Pool(Strict):
 
 
 class Router(Strict):
+    placement: Literal["prefill", "decode"] = Field(
+        default="prefill",
+        description="the node the router and the benchmark and accuracy clients run on: the "
+        "first node of this role's first endpoint (prefill: off the decode head, which "
+        "streams every token; an aggregated recipe uses its first node)",
+    )
     policy: str | None = None
     prefill_policy: str | None = None
     decode_policy: str | None = None
@@ -394,6 +466,15 @@ class SlurmSettings(Strict):
     directives: dict[str, ArgValue] = Field(
         default_factory=dict, description="extra #SBATCH --key=value lines"
     )
+    srun_options: list[str] = Field(
+        default_factory=list,
+        description="extra srun options for every step of the job (after the profile's)",
+    )
+
+    @field_validator("srun_options")
+    @classmethod
+    def _srun(cls, v: list[str]) -> list[str]:
+        return check_srun_options(v)
 
     @field_validator("directives")
     @classmethod

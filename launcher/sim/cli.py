@@ -26,7 +26,8 @@ from launcher.sim import vllm_flags
 _MODELLED = {
     "model_tag", "model", "host", "port", "served_model_name", "data_parallel_size",
     "data_parallel_size_local", "data_parallel_address", "data_parallel_rpc_port",
-    "data_parallel_start_rank", "headless", "tensor_parallel_size", "api_server_count",
+    "data_parallel_start_rank", "data_parallel_hybrid_lb", "headless", "tensor_parallel_size",
+    "api_server_count",
     "kv_transfer_config", "block_size", "num_gpu_blocks_override", "max_num_seqs",
     "max_num_batched_tokens", "max_model_len", "stream_interval", "gpu_memory_utilization",
     "kv_cache_dtype", "mamba_ssm_cache_dtype", "disable_log_stats", "aggregate_engine_logging",
@@ -81,6 +82,10 @@ class SimConfig:
     # 0.33 turns it on for generative models when none is given. It only shows in
     # cache_config_info: the KV estimate already sized the blocks for it.
     enable_prefix_caching: bool = True
+    # One front per node: this API server serves only its own ranks and every other rank
+    # has a front of its own (vLLM's local_engines_only: hybrid LB, or the external LB it
+    # switches to with one local rank, engine/arg_utils.py:2488-2505, config/parallel.py:657).
+    hybrid_lb: bool = False
     ignored_flags: list[str] = field(default_factory=list)
     argv_warnings: list[tuple[str, str]] = field(default_factory=list)
 
@@ -123,6 +128,12 @@ def fingerprint(ns: argparse.Namespace, model: str, dp: int, max_model_len: int)
         parts += [f"dp{dp}"] if dp > 1 else []
         parts += ["ep"] if getattr(ns, "enable_expert_parallel", False) else []
     return "-".join([*parts, hash8])
+
+
+# vLLM 0.33 engine/arg_utils.py:2495 (create_engine_config)
+HYBRID_TO_EXTERNAL_WHERE = "arg_utils.py:2495"
+HYBRID_TO_EXTERNAL = ("data_parallel_hybrid_lb is not eligible when "
+                      "data_parallel_size_local = 1, autoswitch to data_parallel_external_lb.")
 
 
 class UsageError(Exception):
@@ -187,6 +198,14 @@ def parse(argv: list[str], env: dict[str, str] | None = None) -> SimConfig:
         api_count = dpl  # hybrid LB: one API server per local rank (vLLM's default)
     else:
         api_count = dp
+    hybrid_lb = False
+    if not external_lb and ns.data_parallel_size_local is not None:
+        hybrid_lb = bool(ns.data_parallel_hybrid_lb) or (
+            ns.data_parallel_start_rank is not None and not ns.headless)
+        if hybrid_lb and dpl == 1:
+            warnings.append((HYBRID_TO_EXTERNAL_WHERE, HYBRID_TO_EXTERNAL))
+        if dpl == dp:  # one node: vLLM turns hybrid LB off
+            hybrid_lb = False
     block_size = ns.block_size or knobs.default_block_size
     num_blocks = ns.num_gpu_blocks_override or max(1, knobs.kv_capacity_tokens // block_size)
 
@@ -236,6 +255,7 @@ def parse(argv: list[str], env: dict[str, str] | None = None) -> SimConfig:
         access_log=not ns.disable_uvicorn_access_log,
         system_fingerprint=fingerprint(ns, model, dp, max_model_len),
         enable_prefix_caching=ns.enable_prefix_caching is not False,
+        hybrid_lb=hybrid_lb,
         ignored_flags=ignored,
         argv_warnings=warnings,
     )
@@ -267,3 +287,10 @@ def _validate_like_vllm(ns: argparse.Namespace) -> None:
                                 "Choose one of: --data-parallel-multi-port-external-lb, "
                                 "--data-parallel-external-lb (or --data-parallel-rank), "
                                 "--data-parallel-hybrid-lb (or --data-parallel-start-rank).")
+    if ns.headless and ns.data_parallel_hybrid_lb:  # serve.py:197 (run_headless)
+        raise err("ValueError", "data_parallel_hybrid_lb is not applicable in headless mode")
+    if ns.data_parallel_hybrid_lb and not external and ns.data_parallel_size_local is None:
+        raise err("ValueError", "Invalid data-parallel launch options: "  # arg_utils.py:2520
+                                "`--data-parallel-hybrid-lb` requires "
+                                "`--data-parallel-size-local`. Set it to the number of "
+                                "data-parallel ranks on this node.")

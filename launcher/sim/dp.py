@@ -1,13 +1,22 @@
-"""Multi-node data parallel: the head and its headless parts, over the DP RPC address.
+"""Multi-node data parallel over the DP RPC address: the head and its remote parts.
 
-The head (the part with the API server) listens on --data-parallel-address:
---data-parallel-rpc-port and becomes ready only when headless parts have registered every
-remote rank (and the host their side-channel listeners advertise), like vLLM's DP
-handshake. The head simulates all engines (their schedulers and metrics, which vLLM's API
-server reports for every engine anyway); a headless part serves its ranks' NIXL side
-channels on its own node and relays reads to the head. If a registered headless part goes
-away the head exits non-zero (vLLM: engine core died); if the head goes away, so does the
-headless part. Wire format: newline-delimited JSON.
+The head (start rank 0, an API server) listens on --data-parallel-address:
+--data-parallel-rpc-port and becomes ready only when the remote parts have registered every
+remote rank, like vLLM's DP handshake (v1/engine/utils.py, wait_for_engine_startup). Two
+layouts, as in vLLM 0.33:
+
+- internal LB: the remote parts are --headless. The head simulates all engines (their
+  schedulers and metrics, which vLLM's API server reports for every engine anyway); a
+  headless part serves its ranks' NIXL side channels on its own node and relays reads to
+  the head.
+- hybrid LB (one front per node, ``SimConfig.hybrid_lb``): the remote parts are fronts with
+  their own API server. Each front simulates only its own ranks; the head only waits for
+  them, then tells them the DP coordinator is ready (vLLM's engines wait for that READY
+  before their front can serve, v1/engine/core.py:1281-1285).
+
+A remote part of the wrong kind is refused with vLLM's error (utils.py:1502-1515). If a
+registered part goes away the head exits non-zero (vLLM: engine core died); if the head
+goes away, so does the part. Wire format: newline-delimited JSON.
 """
 
 from __future__ import annotations
@@ -39,24 +48,42 @@ class Head:
         self.cfg = cfg
         self.engine_id = engine_id
         self.fail = fail
-        self.remote_hosts: dict[int, str] = {}
+        self.remote_hosts: dict[int, str] = {}  # headless ranks -> side-channel host
+        self.front_ranks: set[int] = set()  # ranks simulated by remote fronts
         self.engines: dict[int, Any] = {}  # rank -> Engine, set once ready
         self.ready = asyncio.Event()
+        self.error: Exception | None = None  # raised by the waiter instead of serving
         self._server: asyncio.Server | None = None
         self._writers: list[asyncio.StreamWriter] = []
+        self._fronts: list[asyncio.StreamWriter] = []
         self._expected = set(range(cfg.dp_size)) - set(cfg.local_ranks)
         self._closing = False
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(
             self._handle, bind_host(self.cfg.dp_address), self.cfg.dp_rpc_port, limit=_LIMIT)
+        # The coordinator is a process of its own in vLLM; the sim has none to name.
+        vlog.info("utils.py:1279", f"Started DP Coordinator process (PID: {os.getpid()})")
         if not self._expected:
-            self.ready.set()
+            self._set_ready()
         else:
             vlog.info("core_client.py:1010",
                       f"Waiting for {len(self._expected)} remote DP ranks "
                       f"{sorted(self._expected)} to connect to "
                       f"{self.cfg.dp_address}:{self.cfg.dp_rpc_port}")
+
+    def _registered(self) -> set[int]:
+        return set(self.remote_hosts) | self.front_ranks
+
+    def _set_ready(self) -> None:
+        self.ready.set()
+        vlog.info("coordinator.py:256", "All engine subscriptions received by DP coordinator",
+                  proc="DPCoordinator")
+        for w in self._fronts:
+            try:
+                _send(w, {"op": "ready"})
+            except (ConnectionError, RuntimeError):
+                pass
 
     def shutdown(self) -> None:
         self._closing = True
@@ -69,6 +96,7 @@ class Head:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         ranks: list[int] = []
+        front = False
         try:
             line = await asyncio.wait_for(reader.readline(), 30)
             msg = json.loads(line) if line else {}
@@ -76,7 +104,8 @@ class Head:
                 writer.close()
                 return
             ranks = [int(r) for r in msg.get("ranks", [])]
-            bad = [r for r in ranks if r not in self._expected or r in self.remote_hosts]
+            front = bool(msg.get("front"))
+            bad = [r for r in ranks if r not in self._expected or r in self._registered()]
             if bad or msg.get("dp_size") != self.cfg.dp_size:
                 _send(writer, {"op": "error", "error":
                                f"ranks {bad or ranks} are not expected by the head "
@@ -84,16 +113,35 @@ class Head:
                 await writer.drain()
                 writer.close()
                 return
-            for r in ranks:
-                self.remote_hosts[r] = str(msg.get("host") or "localhost")
+            if ranks and front != self.cfg.hybrid_lb:
+                # vLLM raises this in the head while it waits for its engines
+                # (v1/engine/utils.py:1503-1515): the head fails to start.
+                error = (f"Remote engine {ranks[0]} must use --headless unless in external "
+                         "or hybrid dp lb mode" if front else
+                         f"Remote engine {ranks[0]} must not use --headless in external or "
+                         "hybrid dp lb mode")
+                _send(writer, {"op": "error", "error": error})
+                await writer.drain()
+                writer.close()
+                if not self.ready.is_set():
+                    self.error = RuntimeError(error)
+                    self.ready.set()
+                return
+            if front:
+                self.front_ranks.update(ranks)
+                self._fronts.append(writer)
+            else:
+                for r in ranks:
+                    self.remote_hosts[r] = str(msg.get("host") or "localhost")
             self._writers.append(writer)
             vlog.info("core_client.py:1031",
                       f"DP ranks {ranks} registered from pid {msg.get('pid')} "
-                      f"(side channel host {msg.get('host')})")
+                      + ("(a front with its own API server)" if front else
+                         f"(side channel host {msg.get('host')})"))
             _send(writer, {"op": "ok", "engine_id": self.engine_id})
             await writer.drain()
-            if set(self.remote_hosts) >= self._expected:
-                self.ready.set()
+            if self._registered() >= self._expected and not self.ready.is_set():
+                self._set_ready()
             while True:
                 line = await reader.readline()
                 if not line:
@@ -103,11 +151,20 @@ class Head:
                 await writer.drain()
         except (ConnectionError, TimeoutError, json.JSONDecodeError, ValueError):
             pass
-        if ranks and ranks[0] in self.remote_hosts and not self._closing:
+        if not ranks or self._closing or ranks[0] not in self._registered():
+            return
+        if front:
+            # A remote front's engines are not this client's; vLLM 0.33's line for a dead
+            # engine core (v1/engine/core_client.py:839-841) does not name them.
+            vlog.warning("sim.py:4", f"the front of DP ranks {ranks} went away")
+            vlog.warning("core_client.py:839",
+                         "[shutdown] MPClient: engine core exited unexpectedly; starting "
+                         "cleanup")
+        else:
             vlog.error("core_client.py:716",
                        f"Engine core proc EngineCore_DP{ranks[0]} died unexpectedly, "
                        "shutting down client.")
-            self.fail(1)
+        self.fail(1)
 
     async def _relay(self, req: dict[str, Any]) -> dict[str, Any]:
         await self.ready.wait()
@@ -127,16 +184,20 @@ class Head:
 
 
 class HeadlessLink:
-    """A headless part's connection to the head; relays side-channel reads."""
+    """A remote part's connection to the head: a headless part's (relays side-channel
+    reads) or, with ``front``, a hybrid-LB front's (waits for the coordinator's ready)."""
 
-    def __init__(self, cfg: SimConfig, fail: FailFn) -> None:
+    def __init__(self, cfg: SimConfig, fail: FailFn, front: bool = False) -> None:
         self.cfg = cfg
         self.fail = fail
+        self.front = front
+        self.ready = asyncio.Event()  # the head's DP coordinator saw every rank
         self.engine_id = ""
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._next = 0
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._task: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
         cfg = self.cfg
@@ -156,7 +217,7 @@ class HeadlessLink:
                 await asyncio.sleep(0.2)
         _send(self._writer, {"op": "register", "ranks": cfg.local_ranks,
                              "dp_size": cfg.dp_size, "host": cfg.side_channel_host,
-                             "pid": os.getpid()})
+                             "pid": os.getpid(), "front": self.front})
         await self._writer.drain()
         line = await asyncio.wait_for(self._reader.readline(), 30)
         msg = json.loads(line) if line else {"op": "error", "error": "head closed"}
@@ -164,7 +225,7 @@ class HeadlessLink:
             raise ConnectionError(f"the DP head refused ranks {cfg.local_ranks}: "
                                   f"{msg.get('error')}")
         self.engine_id = str(msg["engine_id"])
-        loop.create_task(self._read_loop())
+        self._task = loop.create_task(self._read_loop())
 
     async def _read_loop(self) -> None:
         assert self._reader is not None
@@ -178,6 +239,9 @@ class HeadlessLink:
                 if msg.get("op") == "shutdown":
                     clean = True
                     break
+                if msg.get("op") == "ready":
+                    self.ready.set()
+                    continue
                 fut = self._pending.pop(int(msg.get("id", -1)), None)
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
@@ -186,6 +250,18 @@ class HeadlessLink:
         if not clean:
             vlog.error("core.py:1080", "DP head connection lost; shutting down engine cores.")
         self.fail(0 if clean else 1)
+
+    async def wait_ready(self) -> None:
+        """Until the head's coordinator has every rank, as each of vLLM's DP engines waits
+        for it before its front can serve (saying so every 10 s)."""
+        while True:
+            try:
+                await asyncio.wait_for(self.ready.wait(), 10)
+                return
+            except TimeoutError:
+                for r in self.cfg.local_ranks:
+                    vlog.info("core.py:1285", "Waiting for READY message from DP Coordinator...",
+                              proc=f"EngineCore_DP{r}")
 
     async def call(self, msg: dict[str, Any]) -> dict[str, Any]:
         assert self._writer is not None

@@ -114,7 +114,8 @@ class Knobs:
     connect_timeout_s: float = field(default=5.0, metadata=_doc(
         "Timeout for side-channel (KV pull) connects and replies, wall-clock seconds."))
     headless_wait_s: float = field(default=600.0, metadata=_doc(
-        "How long a headless part keeps retrying to reach the head's DP RPC address."))
+        "How long a headless part (or a hybrid-LB front on another node) keeps retrying to "
+        "reach the head's DP RPC address."))
 
     @classmethod
     def names(cls) -> list[str]:

@@ -55,8 +55,23 @@ async def _serve(cfg: SimConfig, fail: asyncio.Future[int]) -> list[object]:
     if remote:
         await head.start()
         closers.append(head)
-    ranks = list(range(cfg.dp_size)) if remote else cfg.local_ranks
-    await head.ready.wait() if remote else None
+        await head.ready.wait()
+        if head.error is not None:
+            raise head.error
+    elif cfg.hybrid_lb:
+        # A front on another node: its engines rendezvous with the head's coordinator.
+        link = HeadlessLink(cfg, stop, front=True)
+        closers.append(link)  # keeps its read loop alive: the failure coupling
+        try:
+            await link.connect()
+        except ConnectionError as exc:
+            vlog.error("core.py:1080", str(exc))
+            stop(1)
+            return closers
+        await link.wait_ready()
+    # Hybrid LB: this front's client manages only its local engines, under their global
+    # ranks (vLLM 0.33 v1/engine/core_client.py:743-747).
+    ranks = list(range(cfg.dp_size)) if remote and not cfg.hybrid_lb else cfg.local_ranks
     hosts = {r: cfg.side_channel_host for r in cfg.local_ranks}
     hosts.update(head.remote_hosts)
     engines = [Engine(cfg, r, cfg.engine_id, hosts[r]) for r in ranks]

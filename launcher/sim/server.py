@@ -265,17 +265,18 @@ class Api:
         return ids or [0]
 
     def _engine(self, request: web.Request) -> Engine:
-        pinned = request.headers.get("X-data-parallel-rank")
+        # vLLM 0.33 reads the header as an index into the engines this front manages (all
+        # ranks, or its local ones with hybrid LB); a non-integer is ignored
+        # (entrypoints/generate/base/serving.py:221-228, v1/engine/input_processor.py:393-400).
+        try:
+            pinned = int(request.headers.get("X-data-parallel-rank", ""))
+        except ValueError:
+            pinned = None
         if pinned is not None:
-            try:
-                rank = int(pinned)
-            except ValueError:
-                raise BadRequest(f"X-data-parallel-rank {pinned!r} is not an integer") from None
-            for e in self.engines:
-                if e.rank == rank:
-                    return e
-            raise BadRequest(f"X-data-parallel-rank {rank} is not a rank of this server "
-                             f"(0..{self.cfg.dp_size - 1})")
+            if not 0 <= pinned < len(self.engines):
+                raise BadRequest(f"data_parallel_rank {pinned} is out of range "
+                                 f"[0, {len(self.engines)}).")
+            return self.engines[pinned]
         start = next(self._rr)
         n = len(self.engines)
         best = self.engines[start % n]

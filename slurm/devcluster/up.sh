@@ -61,6 +61,8 @@ PORT_EXPR="[${SLURMD_PORT}-${PORT_LAST}]"
 [ "$NODES" = 1 ] && PORT_EXPR=$SLURMD_PORT
 
 mkdir -p "$DIR"/{etc,state,spool,log,run,dev}
+# A stand-in for the IMEX channel device (slurm/devcluster/site-profile.yaml checks for it)
+mkdir -p "$DIR/imex" && touch "$DIR/imex/channel0"
 for n in "${NODE_NAMES[@]}"; do mkdir -p "$DIR/spool/$n"; done
 chmod 755 "$DIR"
 
@@ -99,11 +101,12 @@ JobCompType=jobcomp/filetxt
 JobCompLoc=$DIR/log/jobcomp.log
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
-SchedulerType=sched/backfill
-# Start batch jobs at once (default batch_sched_delay=3 adds up to 3 s). Backfill every 2 s
-# (default 30): nodes it planned for a job that then started elsewhere stay PLANNED, closed to
-# other jobs, until its next pass; two jobs submitted together then ran one after the other.
-SchedulerParameters=batch_sched_delay=0,bf_interval=2
+# First in, first out, no backfill: backfill's plan kept nodes it had planned for a job that
+# then started elsewhere PLANNED, closed to other jobs, until a later pass (even every 2 s),
+# so two jobs submitted together ran one after the other now and then. Start batch jobs at
+# once (default batch_sched_delay=3 adds up to 3 s).
+SchedulerType=sched/builtin
+SchedulerParameters=batch_sched_delay=0
 MpiDefault=none
 # SPANK plugins (pyxis, written by slurm/devcluster/containers.sh). Named, because clients
 # that read /etc/slurm/slurm.conf through the link would look beside the link instead.

@@ -36,10 +36,13 @@ def render_all() -> dict[str, dict[str, str]]:
     from launcher.schema import recipe
 
     out: dict[str, dict[str, str]] = {}
+    shipped = recipe.shipped()
+    runs = {name: (path, []) for name, path in shipped.items()}
+    runs.update({name: (shipped[base], sets) for name, (base, sets) in VARIANTS.items()})
     with tempfile.TemporaryDirectory() as tmp:
-        for name, path in recipe.shipped().items():
+        for name, (path, sets) in runs.items():
             # the CLI's own entry point: `submit NAME --dry-run` plans through prepare_all
-            [p] = prepare.prepare_all(str(path), [], [], Path(tmp))
+            [p] = prepare.prepare_all(str(path), sets, [], Path(tmp))
             files = {"dry-run.txt": text.plan_text(p) + "\n"}
             for f in FILES:
                 src = p.run.path / f
@@ -53,6 +56,15 @@ def render_all() -> dict[str, dict[str, str]]:
         out[STUDY] = render_study(Path(tmp) / "study")
     return out
 
+
+# Shipped recipes with --set: the other decode front layout of the seed, and the dev
+# cluster's recipe on a site profile (extra srun options, a step preamble, no GPU request).
+VARIANTS = {
+    "qwen3.5-397b-gb200-disagg-one-front": ("qwen3.5-397b-gb200-disagg", ["decode.fronts=one"]),
+    "devcluster-sim-site": ("devcluster-sim", [
+        f"cluster={HERE.parent / 'devcluster' / 'site-profile.yaml'}", "decode.fronts=per_node",
+        "decode.srun_options=[--comment=decode-steps]"]),
+}
 
 # The published five configurations as one study in one allocation: its job.sbatch, the
 # order and turns of study.json and the dry-run's two ways side by side.
