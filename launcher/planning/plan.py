@@ -151,7 +151,6 @@ class Plan:
     mount_dir: str | None = None
     port_span: int = 0  # ports from router_port up that the plan uses
     model: ModelFacts | None = None  # config.json and model.facts, read when it was made
-    imex_channel: str | None = None  # the profile's IMEX channel number, or "auto"; None: none
 
     def at(self, run_dir: str, mount_dir: str | None = None) -> Plan:
         """This plan for the run directory `run_dir` (`mount_dir`: a study's folder)."""
@@ -481,7 +480,7 @@ def make_plan(
     if runtime is None:
         runtime = LOCAL_RUNTIME
     if addresses is None:
-        from launcher.planning import schedulers  # it imports this module
+        from launcher.planning import schedulers
 
         addresses = schedulers.of(cluster).addresses(nodes)
     base = cluster.port_base
@@ -503,5 +502,4 @@ def make_plan(
         job_id=job_id,
         port_span=span,
         model=model,
-        imex_channel=None if cluster.imex is None else str(cluster.imex.channel),
     )

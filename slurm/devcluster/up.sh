@@ -103,10 +103,11 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 # First in, first out, no backfill: backfill's plan kept nodes it had planned for a job that
 # then started elsewhere PLANNED, closed to other jobs, until a later pass (even every 2 s),
-# so two jobs submitted together ran one after the other now and then. Start batch jobs at
-# once (default batch_sched_delay=3 adds up to 3 s).
+# so two jobs submitted together ran one after the other now and then. A job that finds its
+# nodes not yet free is tried again within a second (sched_interval, default 60 s: it waited
+# for the next job's end), and batch jobs start at once (batch_sched_delay, default 3 s).
 SchedulerType=sched/builtin
-SchedulerParameters=batch_sched_delay=0
+SchedulerParameters=batch_sched_delay=0,sched_interval=1
 MpiDefault=none
 # SPANK plugins (pyxis, written by slurm/devcluster/containers.sh). Named, because clients
 # that read /etc/slurm/slurm.conf through the link would look beside the link instead.
