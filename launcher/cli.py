@@ -31,10 +31,18 @@ def _parser() -> argparse.ArgumentParser:
 def _add_plan_commands(sub: argparse._SubParsersAction) -> None:
     """recipes, submit, env, stage-model, run: what to run and running it."""
     s = sub.add_parser("recipes", help="list the shipped recipes; `show NAME`: one resolved; "
-                       "`fields`: every recipe key with its default")
-    s.add_argument("action", nargs="?", choices=("list", "show", "fields"), default="list",
-                   help="list (default), show one recipe resolved, or every recipe field")
-    s.add_argument("name", nargs="?", help="for show: a recipe path or shipped name")
+                       "`fields`: every recipe key with its default; `import FILE`: an "
+                       "srt-slurm recipe as one of ours")
+    s.add_argument("action", nargs="?", choices=("list", "show", "fields", "import"),
+                   default="list", help="list (default), show one recipe resolved, every "
+                   "recipe field, or import an srt-slurm recipe")
+    s.add_argument("name", nargs="?", help="for show: a recipe path or shipped name; for "
+                   "import: the srt-slurm recipe file")
+    s.add_argument("-o", "--output", metavar="OUT",
+                   help="for import: write the recipe here (default: standard output)")
+    s.add_argument("--alias", action="append", default=[], metavar="NAME=VALUE",
+                   help="for import: what a model or container alias of your srtslurm.yaml "
+                        "stands for")
     s.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="for show: override a field (a.b.c=value), as submit takes it")
     s.set_defaults(func=cmd_recipes)
@@ -262,6 +270,8 @@ def cmd_recipes(args) -> int:
             raise UserError("recipes show NAME: name a shipped recipe or a recipe file")
         print(rmod.dump(rmod.load(args.name, args.overrides)), end="")
         return 0
+    if args.action == "import":
+        return _import_recipe(args)
     if args.action == "fields":
         from launcher.schema.wording import field_reference
 
@@ -276,6 +286,38 @@ def cmd_recipes(args) -> int:
     print(f"{'RECIPE':{width}}  {'CLUSTER':12} {'ENGINE':6}  DESCRIPTION")
     for name, r in rows:
         print(f"{name:{width}}  {r.cluster:12} {r.engine:6}  {' '.join(r.description.split())}")
+    return 0
+
+
+def _import_recipe(args) -> int:
+    """An srt-slurm recipe as one of ours: the report on stderr, the recipe (checked) out."""
+    from launcher.schema import srt_slurm
+
+    if not args.name:
+        raise UserError("recipes import FILE: name the srt-slurm recipe file")
+    if args.overrides:
+        raise UserError("recipes import takes no --set: edit the written recipe, or give "
+                        "--set to submit")
+    path = Path(args.name)
+    data, report = srt_slurm.import_file(path, srt_slurm.parse_aliases(args.alias))
+    for line in report.lines():
+        print(line, file=sys.stderr)
+    text = srt_slurm.render(data, report)
+    from launcher.schema import recipe as rmod
+
+    rmod.validate(data, str(path))  # what is written loads as it is
+    if args.output:
+        out = Path(args.output)
+        if out.exists() and out.resolve() == path.resolve():
+            raise UserError(f"-o {out} is the source file: write the import elsewhere")
+        try:
+            out.write_text(text)
+        except OSError as e:
+            raise UserError(f"cannot write {out}: {e.strerror or e}") from None
+        print(f"wrote {out}: python -m launcher submit {out} --dry-run shows its plan",
+              file=sys.stderr)
+    else:
+        print(text, end="")
     return 0
 
 

@@ -40,6 +40,16 @@ def process_rows(prepared: Prepared) -> list[tuple[str, str, str, str]]:
             ranks = proc.dp_ranks
             nixl = [ep.nixl_port_base + r for r in ranks]
             parts = [] if proc.headless else [f"http {urlsplit(proc.url).port}"]
+            if ep.tp_across_nodes:
+                rank = [p.node for p in ep.parts].index(proc.node)
+                parts.append(f"master {ep.dp_rpc_port}, node rank {rank} of {len(ep.parts)}")
+                if ranks and ep.role.disaggregated:
+                    parts.append(f"nixl {_ranges(nixl)}")
+                parts.append(f"tp {ep.pool.tensor_parallel}" + (" headless" if proc.headless
+                                                                else ""))
+                rows.append((proc.node, ",".join(map(str, proc.gpus)), proc.name,
+                             ", ".join(parts)))
+                continue
             if ep.multi_node:
                 parts.append(f"dp-rpc {ep.dp_rpc_port}")
             if ep.role.disaggregated:
@@ -64,7 +74,12 @@ def launch_lines(plan) -> list[str]:
     several nodes, where the router and clients run, and the profile's step settings."""
     out = []
     for ep in plan.endpoints:
-        if ep.multi_node:
+        if ep.tp_across_nodes:
+            out.append(f"{ep.name}: one engine, tensor parallel {ep.pool.tensor_parallel} over "
+                       f"{len(ep.parts)} nodes (--nnodes {len(ep.parts)}): the API server on "
+                       f"{ep.head.node}, the other node{'s' if len(ep.parts) > 2 else ''} "
+                       "--headless")
+        elif ep.multi_node:
             how = (f"an API server on each of its {len(ep.parts)} nodes "
                    "(--data-parallel-hybrid-lb), each a worker of the router"
                    if ep.hybrid_lb else f"one API server on {ep.head.node}, the other "

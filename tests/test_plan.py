@@ -166,7 +166,8 @@ def test_addresses_override_names():
     "sets, words",
     [
         (["decode.data_parallel=6"], "does not fill whole nodes of 4 GPUs"),
-        (["decode.tensor_parallel=8"], "multi-node tensor parallel is not supported"),
+        (["decode.tensor_parallel=8"], "takes whole nodes (a multiple of 4) and data_parallel 1"),
+        (["decode.tensor_parallel=6", "decode.data_parallel=1"], "a multiple of 4"),
         (["prefill.tensor_parallel=2"], "same tensor parallel size on prefill and decode"),
         (["prefill.gpus_per_node=8"], "a gb200-nvl72 node has 4 GPUs"),
         (["prefill.endpoints=40"], "one rack of gb200-nvl72 has 18"),

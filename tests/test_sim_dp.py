@@ -280,3 +280,40 @@ def test_hybrid_lb_is_inferred_like_vllm():
     with pytest.raises(VllmStartupError, match="not applicable in headless mode"):
         _dp("--data-parallel-size-local", "2", "--data-parallel-start-rank", "2",
             "--data-parallel-hybrid-lb", "--headless")
+
+
+# ----- tensor parallel over nodes (--nnodes/--node-rank, TP8 on two 4-GPU trays) -------------
+
+
+def test_tp_over_two_nodes_serves_once_both_joined_and_dies_with_either(tmp_path):
+    master = free_ports(1)
+    tp = ("--tensor-parallel-size", "8", "--nnodes", "2", "--master-addr", "127.0.0.1",
+          "--master-port", str(master), "--kv-transfer-config", kv_config("kv_consumer"),
+          "--max-model-len", "32768")
+    env = {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_ports(1)), "SIM_SPEED": "20"}
+    head = start_sim(tmp_path, "decode-0@node0", "m", *tp, "--node-rank", "0",
+                     "--api-server-count", "1", **env)
+    procs = [head]
+    try:
+        time.sleep(1.5)
+        assert head.proc.poll() is None and not head.healthy()  # waiting for node rank 1
+        other = start_sim(tmp_path, "decode-0@node1", "m", *tp, "--node-rank", "1",
+                          "--headless", headless=True, **env)
+        procs.append(other)
+        head.wait_healthy(20)
+        assert _engines(scrape(head.url)) == {"0"}  # one engine: TP is inside it
+        assert "Node rank 1 joined" in head.log_text()
+        assert "tensor parallel ranks 4-7 running" in other.log_text()
+        other.proc.send_signal(signal.SIGKILL)
+        assert _wait_exit(head) not in (None, 0)
+        assert "Node rank 1 of the tensor parallel group died" in head.log_text()
+    finally:
+        for p in reversed(procs):
+            p.stop()
+
+
+def test_a_tp_node_rank_past_nnodes_is_refused():
+    from launcher.sim.cli import UsageError
+
+    with pytest.raises(UsageError, match="--node-rank 2 does not fit --nnodes 2"):
+        parse(["serve", "m", "--tensor-parallel-size", "8", "--nnodes", "2", "--node-rank", "2"])

@@ -38,7 +38,7 @@ def busy_ports(plan: Plan, ours: frozenset[str] = frozenset()) -> list[str]:
                     (ep.nixl_port_base + r, f"{ep.name} nixl rank {r}") for r in part.dp_ranks
                 ]
         if ep.multi_node and ep.head.node in local:
-            wanted.append((ep.dp_rpc_port, f"{ep.name} dp rpc"))
+            wanted.append((ep.dp_rpc_port, f"{ep.name} " + ("master" if ep.tp_across_nodes else "dp rpc")))
     busy = []
     for port, what in sorted(set(wanted)):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

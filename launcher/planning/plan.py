@@ -46,6 +46,10 @@ OWNED_FLAGS = {
     "asc": "set <pool>.api_servers",
     "kv-transfer-config": "set kv_connector (the launcher adds kv_role per side)",
     "device-ids": "the planner pins GPUs with CUDA_VISIBLE_DEVICES",
+    "nnodes": "the planner spans tensor parallel over nodes (<pool>.tensor_parallel)",
+    "node-rank": "the planner spans tensor parallel over nodes (<pool>.tensor_parallel)",
+    "master-addr": "the planner sets the head node's address",
+    "master-port": "the launcher owns every port",
 }
 OWNED_ENV = {
     "CUDA_VISIBLE_DEVICES": "the planner pins GPUs per endpoint",
@@ -127,10 +131,16 @@ class Endpoint:
         return tuple(p for p in self.parts if p.http_port is not None)
 
     @property
+    def tp_across_nodes(self) -> bool:
+        """One engine whose tensor parallel group spans the nodes (--nnodes): the head
+        serves, the other nodes' workers are --headless."""
+        return self.multi_node and self.pool.tensor_parallel > len(self.head.gpus)
+
+    @property
     def hybrid_lb(self) -> bool:
         """One front per node (--data-parallel-hybrid-lb) rather than one head and
         headless parts."""
-        return self.multi_node and self.pool.fronts == "per_node"
+        return self.multi_node and self.pool.fronts == "per_node" and not self.tp_across_nodes
 
 
 @dataclass(frozen=True)
@@ -228,13 +238,13 @@ def _check_fit(recipe: Recipe, cluster: Cluster, model: ModelFacts | None) -> No
             raise UserError(
                 f"{role}.gpus_per_node is {use} but a {cluster.name} node has {gpn} GPUs"
             )
-        if pool.tensor_parallel > use:
+        if pool.tensor_parallel > use and (pool.tensor_parallel % use or pool.data_parallel > 1):
             raise UserError(
                 f"{role}.tensor_parallel {pool.tensor_parallel} is larger than the {use} GPUs "
-                f"per node it may use; multi-node tensor parallel is not supported: use "
-                f"data_parallel across nodes"
+                f"per node it may use: tensor parallel over nodes takes whole nodes (a "
+                f"multiple of {use}) and data_parallel 1"
             )
-        if pool.gpus > use:
+        if pool.gpus > use and pool.tensor_parallel <= use:
             if use % pool.tensor_parallel:
                 raise UserError(
                     f"{role}: {use} GPUs per node is not a multiple of tensor_parallel "
@@ -395,14 +405,17 @@ def _endpoints(recipe: Recipe, cluster: Cluster, nodes: list[str],
     for role, pool, parts in place(recipe, cluster):
         name = f"{role}-{counters[role]}"
         counters[role] += 1
-        dp_local = len(parts[0][1]) // pool.tensor_parallel
+        tp_across = pool.tensor_parallel > len(parts[0][1])
+        dp_local = max(1, len(parts[0][1]) // pool.tensor_parallel)
         vllm_ports = next_port + 2 + pool.data_parallel
         # per_node fronts: the other nodes' API servers take ports after the block
         front_ports = vllm_ports + VLLM_PORT_SPAN * len(parts)
-        every_node = pool.fronts == "per_node"
+        every_node = pool.fronts == "per_node" and not tp_across
         built = []
         for i, (slot, gpus) in enumerate(parts):
-            ranks = tuple(range(i * dp_local, (i + 1) * dp_local))
+            # TP over nodes: one DP rank, its engine core (and KV side channel) on the head
+            ranks = ((0,) if i == 0 else ()) if tp_across else tuple(
+                range(i * dp_local, (i + 1) * dp_local))
             port = vllm_ports + i * VLLM_PORT_SPAN
             http = next_port if i == 0 else front_ports + i - 1 if every_node else None
             built.append(Part(nodes[slot], tuple(gpus), ranks, head=(i == 0), vllm_port=port,

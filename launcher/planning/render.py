@@ -130,7 +130,10 @@ def serve_argv(plan: Plan, ep: Endpoint, part, concurrency: int | None = None) -
     if pool.data_parallel > 1:
         argv += ["--data-parallel-size", str(pool.data_parallel)]
         argv += ["--data-parallel-size-local", str(len(part.dp_ranks))]
-    if ep.multi_node:
+    if ep.tp_across_nodes:  # vLLM's multi-node launch: node 0 serves, the others join it
+        argv += ["--nnodes", str(len(ep.parts)), "--node-rank", str(ep.parts.index(part)),
+                 "--master-addr", plan.address(ep.head.node), "--master-port", str(ep.dp_rpc_port)]
+    elif ep.multi_node:
         argv += ["--data-parallel-address", plan.address(ep.head.node)]
         argv += ["--data-parallel-rpc-port", str(ep.dp_rpc_port)]
     if pool.expert_parallel:
@@ -139,6 +142,8 @@ def serve_argv(plan: Plan, ep: Endpoint, part, concurrency: int | None = None) -
         argv += ["--data-parallel-start-rank", str(part.dp_ranks[0]), "--data-parallel-hybrid-lb"]
     if part.http_port is not None:
         argv += ["--api-server-count", str(pool.api_servers)]
+    elif ep.tp_across_nodes:
+        argv.append("--headless")
     else:
         argv += ["--headless", "--data-parallel-start-rank", str(part.dp_ranks[0])]
     if ep.role.disaggregated:

@@ -299,6 +299,13 @@ def load_many(
 
     path = resolve_path(ref)
     data = read_yaml(path, "a recipe")
+    from launcher.schema import srt_slurm
+
+    if srt_slurm.looks_like(data):
+        given = {o.partition("=")[0].strip() for o in overrides or []}
+        data, report = srt_slurm.convert(data, srt_slurm.label_of(path),
+                                         srt_slurm.file_sha256(path), given=given)
+        say_imported(report)
     _resolve_relative(data, path.parent)
     data = apply_overrides(data, overrides or [], "--set", _dict_default)
     out = []
@@ -307,6 +314,17 @@ def load_many(
         _resolve_relative(one, None)  # what --set and --sweep gave is relative to the cwd
         out.append(validate(one, str(path), overrides, sweep))
     return out
+
+
+def say_imported(report) -> None:
+    """An srt-slurm recipe taken on the way: said on stderr, with every deviation."""
+    import sys
+
+    print(f"note: {report.source} is an srt-slurm recipe, imported on the way: "
+          f"{report.summary()} (python -m launcher recipes import {report.source} lists each "
+          "and writes the recipe of ours)", file=sys.stderr)
+    for key, why in report.deviations:
+        print(f"  deviation  {key}: {why}", file=sys.stderr)
 
 
 def _resolve_relative(data: dict, base: Path | None) -> None:

@@ -27,7 +27,7 @@ _MODELLED = {
     "model_tag", "model", "host", "port", "served_model_name", "data_parallel_size",
     "data_parallel_size_local", "data_parallel_address", "data_parallel_rpc_port",
     "data_parallel_start_rank", "data_parallel_hybrid_lb", "headless", "tensor_parallel_size",
-    "api_server_count",
+    "api_server_count", "nnodes", "node_rank", "master_addr", "master_port",
     "kv_transfer_config", "block_size", "num_gpu_blocks_override", "max_num_seqs",
     "max_num_batched_tokens", "max_model_len", "stream_interval", "gpu_memory_utilization",
     "kv_cache_dtype", "mamba_ssm_cache_dtype", "disable_log_stats", "aggregate_engine_logging",
@@ -86,6 +86,11 @@ class SimConfig:
     # has a front of its own (vLLM's local_engines_only: hybrid LB, or the external LB it
     # switches to with one local rank, engine/arg_utils.py:2488-2505, config/parallel.py:657).
     hybrid_lb: bool = False
+    # tensor parallel over several nodes (vLLM's --nnodes/--node-rank/--master-addr/-port)
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29501
     ignored_flags: list[str] = field(default_factory=list)
     argv_warnings: list[tuple[str, str]] = field(default_factory=list)
 
@@ -181,6 +186,11 @@ def parse(argv: list[str], env: dict[str, str] | None = None) -> SimConfig:
     dp = ns.data_parallel_size
     dpl = ns.data_parallel_size_local if ns.data_parallel_size_local is not None else dp
     start = ns.data_parallel_start_rank or 0
+    if ns.nnodes < 1 or not 0 <= ns.node_rank < ns.nnodes:
+        raise UsageError(f"--node-rank {ns.node_rank} does not fit --nnodes {ns.nnodes}")
+    if ns.nnodes > 1 and ns.tensor_parallel_size % ns.nnodes:
+        raise UsageError(f"--tensor-parallel-size {ns.tensor_parallel_size} does not split "
+                         f"over --nnodes {ns.nnodes}")
     if ns.headless and ns.api_server_count not in (None, 0):
         raise UsageError("--headless cannot be combined with --api-server-count > 0")
     if dp < 1 or dpl < 1 or start + dpl > dp:
@@ -256,6 +266,10 @@ def parse(argv: list[str], env: dict[str, str] | None = None) -> SimConfig:
         system_fingerprint=fingerprint(ns, model, dp, max_model_len),
         enable_prefix_caching=ns.enable_prefix_caching is not False,
         hybrid_lb=hybrid_lb,
+        nnodes=ns.nnodes,
+        node_rank=ns.node_rank,
+        master_addr=ns.master_addr,
+        master_port=ns.master_port,
         ignored_flags=ignored,
         argv_warnings=warnings,
     )

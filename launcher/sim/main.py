@@ -32,6 +32,22 @@ async def _serve(cfg: SimConfig, fail: asyncio.Future[int]) -> list[object]:
     # SIM_HANG_BEFORE_HEALTHY fault).
     await loading.load_weights(cfg)
 
+    rendezvous = None
+    if cfg.nnodes > 1:
+        from launcher.sim import tp
+
+        if cfg.node_rank > 0:
+            try:
+                closers.append(await tp.join(cfg, stop))
+            except ConnectionError as exc:
+                vlog.error(tp.WHERE, str(exc))
+                stop(1)
+            return closers
+        rendezvous = tp.Rendezvous(cfg, stop)
+        await rendezvous.start()
+        closers.append(rendezvous)
+        await rendezvous.all_joined.wait()
+
     if cfg.headless:
         link = HeadlessLink(cfg, stop)
         try:
@@ -162,11 +178,14 @@ async def run(cfg: SimConfig) -> int:
     from aiohttp import web
 
     from launcher.sim.dp import Head
+    from launcher.sim.tp import Rendezvous
 
     for c in closers:
         try:
             if isinstance(c, Head):
                 c.shutdown()
+            elif isinstance(c, Rendezvous):
+                c.close()
             elif isinstance(c, web.AppRunner):
                 await asyncio.wait_for(c.cleanup(), 2)
             elif isinstance(c, asyncio.Server):

@@ -1,0 +1,995 @@
+"""srt-slurm recipes, imported: every key carried over, marked as a deviation, or refused.
+
+srt-slurm (NVIDIA/srt-slurm) is where GB200 users keep their recipes. The schema read is the
+one of its tag v1.0.68 (`src/srtctl/core/schema.py` and the modules that read each key);
+docs/srt-slurm.md has the key-by-key table this module follows, with sources. The import is
+pure: a mapping in, a recipe mapping of ours and a report out. Nothing is dropped silently:
+each source key is named in the report as mapped, deviation (with why) or refused (one
+sentence), and a key this import does not know is refused by name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import UserError
+from launcher.schema.sections import flag_key
+from launcher.schema.wording import PROBLEMS_SEP, did_you_mean, show
+
+SCHEMA_READ = "NVIDIA/srt-slurm v1.0.68 (c88ef731)"
+
+# resources.gpu_type -> our cluster profile
+CLUSTERS = {"gb200": "gb200-nvl72"}
+
+# srt-slurm's defaults where ours differ (benchmarks/sa_bench.py, core/schema.py, cli/submit.py)
+SA_BENCH_DEFAULTS = {"random_range_ratio": 0.8, "num_prompts_mult": 10, "num_warmup_mult": 2,
+                     "use_chat_template": True}
+TIME_LIMIT_DEFAULT = "01:00:00"
+HEALTH_DEFAULTS = {"max_attempts": 180, "interval_seconds": 10}
+
+MODES = {"prefill": "prefill", "decode": "decode", "aggregated": "agg"}
+
+# vllm_config flags that become recipe keys of ours, or that the launcher derives.
+DERIVED_FLAGS = {
+    "data-parallel-rpc-port": "the launcher owns every port (srt-slurm too uses its own for "
+                              "node-local DP)",
+    "data-parallel-hybrid-lb": "the planner sets it for an endpoint with a front per node "
+                               "(<pool>.fronts: per_node), as srt-slurm derives it",
+    "data-parallel-size-local": "the planner derives it from the GPUs per node",
+    "data-parallel-start-rank": "the planner assigns DP ranks",
+    "data-parallel-address": "the planner sets the head node's address",
+    "host": "the launcher binds every server",
+    "port": "the launcher owns every port",
+    "master-addr": "the planner sets the multi-node rendezvous",
+    "nnodes": "the planner sets the multi-node rendezvous",
+    "node-rank": "the planner sets the multi-node rendezvous",
+    "device-ids": "the planner pins GPUs with CUDA_VISIBLE_DEVICES",
+}
+
+# Whole sections that belong to a feature we do not run: one sentence each.
+REFUSED_SECTIONS = {
+    "profiling": "profiling (nsys or the torch profiler) is not run by this launcher; remove "
+                 "the section or set profiling.type: none",
+    "reporting": "reporting (status API, AI analysis, S3 upload) is not run by this launcher; "
+                 "remove the section",
+}
+
+# Sections of Dynamo and its services: recorded, not run (vllm-router serves instead).
+DYNAMO_SECTIONS = {
+    "dynamo": "Dynamo is not installed: vllm-router fronts the engines, which run `vllm serve`",
+    "infra": "etcd and NATS serve Dynamo only: not started, and no node is reserved for them",
+}
+
+
+@dataclass
+class Report:
+    """What became of each source key."""
+
+    source: str
+    sha256: str
+    mapped: list[tuple[str, str]] = field(default_factory=list)  # (key, ours)
+    deviations: list[tuple[str, str]] = field(default_factory=list)  # (key, why)
+    refused: list[tuple[str, str]] = field(default_factory=list)  # (key, sentence)
+
+    def summary(self) -> str:
+        return (f"{len(self.mapped)} keys mapped, {len(self.deviations)} deviations, "
+                f"{len(self.refused)} refused")
+
+    def lines(self) -> list[str]:
+        out = [f"imported {self.source} (srt-slurm recipe, sha256 {self.sha256[:12]}, schema "
+               f"of {SCHEMA_READ}): {self.summary()}"]
+        out += [f"  mapped     {k} -> {v}" for k, v in self.mapped]
+        out += [f"  deviation  {k}: {v}" for k, v in self.deviations]
+        out += [f"  refused    {k}: {v}" for k, v in self.refused]
+        return out
+
+
+def looks_like(data: Any) -> bool:
+    """An srt-slurm recipe (`resources` and `backend` or `model.container`), not one of ours."""
+    return (isinstance(data, dict) and "cluster" not in data and "resources" in data
+            and ("backend" in data or isinstance(data.get("model"), dict)
+                 and "container" in data["model"]))
+
+
+def file_sha256(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as e:
+        raise UserError(f"cannot read {show(path)}: {e.strerror or e}") from None
+
+
+class _Source:
+    """The source mapping, with every key read marked, so the rest can be named."""
+
+    def __init__(self, data: dict, report: Report):
+        self.data = data
+        self.report = report
+        self.seen: set[str] = set()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        node: Any = self.data
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        self.seen.add(key)
+        return node
+
+    def has(self, key: str) -> bool:
+        return self.get(key, _MISSING) is not _MISSING
+
+    def peek(self, key: str, default: Any = None) -> Any:
+        """The value at `key` without marking it read (a section whose keys are read one by
+        one)."""
+        node: Any = self.data
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return node
+
+    def section(self, key: str) -> dict:
+        v = self.peek(key, {})
+        if v is None:
+            return {}
+        if not isinstance(v, dict):
+            self.refuse(key, f"is {type(v).__name__}, srt-slurm's schema has a mapping here")
+            return {}
+        return v
+
+    # a key reported is a key read; one key read for both sides is reported once
+    def _add(self, rows: list[tuple[str, str]], key: str, text: str) -> None:
+        self.seen.add(key)
+        if (key, text) not in rows:
+            rows.append((key, text))
+
+    def map(self, key: str, ours: str) -> None:
+        self._add(self.report.mapped, key, ours)
+
+    def deviate(self, key: str, why: str) -> None:
+        self._add(self.report.deviations, key, why)
+
+    def refuse(self, key: str, why: str) -> None:
+        self._add(self.report.refused, key, why)
+
+    def unread(self) -> list[str]:
+        """Leaf keys of the source that no rule read (a key read whole covers its children)."""
+        out = []
+
+        def walk(node: dict, prefix: str) -> None:
+            for k, v in node.items():
+                key = f"{prefix}{k}"
+                if key in self.seen:
+                    continue
+                if isinstance(v, dict) and v and any(s.startswith(key + ".") for s in self.seen):
+                    walk(v, key + ".")
+                else:
+                    out.append(key)
+
+        walk(self.data, "")
+        return out
+
+
+_MISSING = object()
+
+# Keys of srt-slurm's schema that belong to harnesses or features we do not run, when the
+# rules above did not read them (docs/srt-slurm.md, the benchmark table).
+_OTHER_HARNESS = "belongs to a benchmark this launcher does not run (it runs sa-bench's "
+KNOWN_ELSEWHERE = {
+    "benchmark.dataset_path": "a custom dataset file: the client sends sa-bench's random "
+                              "dataset only; remove it",
+    "benchmark.trace_file": _OTHER_HARNESS + "workload); remove it",
+    "benchmark.client_placement": "the clients run where router.placement puts them; remove it",
+    "benchmark.client_dedicated_node": "no node is reserved for the client here; remove it",
+    "benchmark.colocate_with_frontend": "no node is reserved for the client here; remove it",
+    "benchmark.sweep": "srt-slurm parses it and never reads it (v1.0.68); remove it",
+    "benchmark.command": "an arbitrary client command is not run here; remove it",
+    "benchmark.container_image": "an arbitrary client image is not run here; remove it",
+    "benchmark.env": "an arbitrary client's environment: not run here; remove it",
+    "benchmark.aiperf_package": _OTHER_HARNESS + "workload, not aiperf); remove it",
+    "benchmark.aiperf_args": _OTHER_HARNESS + "workload, not aiperf); remove it",
+    "benchmark.num_threads": "SGLang's GSM8K harness only; remove it",
+    "benchmark.top_p": "SGLang's GSM8K harness only; remove it",
+    "benchmark.top_k": "SGLang's GSM8K harness only; remove it",
+    "benchmark.max_context_length": _OTHER_HARNESS + "workload and GSM8K); remove it",
+    "benchmark.categories": _OTHER_HARNESS + "workload and GSM8K); remove it",
+    "benchmark.num_requests": _OTHER_HARNESS + "workload); remove it",
+    "benchmark.prefix_ratios": _OTHER_HARNESS + "workload); remove it",
+    "benchmark.mooncake_workload": _OTHER_HARNESS + "workload); remove it",
+    "benchmark.ttft_threshold_ms": _OTHER_HARNESS + "workload); remove it",
+    "benchmark.itl_threshold_ms": _OTHER_HARNESS + "workload); remove it",
+    "benchmark.slow_down_sleep_time": "SGLang's /slow_down only; remove it",
+    "benchmark.slow_down_wait_time": "SGLang's /slow_down only; remove it",
+}
+
+# Every key of srt-slurm v1.0.68's recipe schema, for naming a misspelt one.
+KNOWN_TOP = ("name", "model", "resources", "slurm", "backend", "frontend", "dynamo", "infra",
+             "benchmark", "health_check", "output", "profiling", "observability", "telemetry",
+             "environment", "container_mounts", "extra_mount", "srun_options",
+             "sbatch_directives", "enable_config_dump", "setup_script", "identity", "reporting",
+             "base", "sweep", "lock", "schema")
+
+
+def convert(data: dict, source: str, sha256: str, aliases: dict[str, str] | None = None,
+            given: set[str] = frozenset()) -> tuple[dict, Report]:
+    """(recipe of ours, report) from an srt-slurm recipe mapping. `aliases`: srtslurm.yaml's
+    model_paths/containers entries the user gives; `given`: our keys --set provides (an
+    alias needs no resolving then). Raises UserError naming every refused key."""
+    report = Report(source, sha256)
+    src = _Source(data, report)
+    aliases = aliases or {}
+    out: dict[str, Any] = {}
+
+    kind = src.get("backend.type", "sglang")
+    if kind != "vllm":  # the rest of such a file is another engine's: one sentence
+        raise UserError(
+            f"cannot import {source} (srt-slurm recipe): backend.type {show(kind)}"
+            + (" (srt-slurm's default when backend is absent)" if not src.has("backend") else "")
+            + ": this launcher runs vLLM only")
+    src.map("backend.type", "engine: vllm")
+    _file_level(src)
+    out["name"] = _name(src)
+    gpu_type = src.get("resources.gpu_type")
+    out["cluster"] = CLUSTERS.get(str(gpu_type).lower(), "")
+    if out["cluster"]:
+        src.map("resources.gpu_type", f"cluster: {out['cluster']}")
+    else:
+        src.refuse("resources.gpu_type", f"{show(gpu_type)}: this import knows the GB200 "
+                   f"NVL72 profile only (gpu_type: {', '.join(CLUSTERS)}); import a GB200 recipe")
+    out["engine"] = "vllm"
+    provenance: list[str] = []
+    _model(src, out, aliases, given, provenance)
+    _identity(src, out, provenance, given)
+    _version_from_image(src, out)
+    mode = _pools(src, out)
+    out["mode"] = mode
+    _environment(src, out)
+    _frontend(src, out, provenance)
+    _benchmark(src, out)
+    _slurm(src, out)
+    _health(src, out)
+    _job_wide(src, out)
+    _observability(src, out)
+
+    for key in src.unread():
+        top = key.split(".")[0]
+        if key in KNOWN_ELSEWHERE:
+            src.refuse(key, KNOWN_ELSEWHERE[key])
+        elif top not in KNOWN_TOP:
+            hint = did_you_mean(top, KNOWN_TOP)
+            src.refuse(key, "is not a key of srt-slurm's recipe schema as this import reads it ("
+                       f"{SCHEMA_READ}){f'; {hint}' if hint else ''}")
+        else:
+            src.refuse(key, f"is not a key this import knows under {top} ({SCHEMA_READ}): "
+                       "remove it, or report it with the srt-slurm version that reads it")
+
+    out["description"] = _description(source, sha256, provenance, report)
+    out = _ordered(out)
+    if report.refused:
+        raise UserError(
+            f"cannot import {source} (srt-slurm recipe): "
+            + PROBLEMS_SEP.join(f"{k} {v}" if v.startswith("is ") else f"{k}: {v}"
+                                for k, v in report.refused))
+    return out, report
+
+
+def _file_level(src: _Source) -> None:
+    for key in ("base", "sweep", "lock", "schema"):
+        if src.has(key):
+            src.refuse(key, {
+                "base": "an override file (base + override_*/zip_override_*): expand its "
+                        "variants with srt-slurm first, or import each as its own recipe",
+                "sweep": "srt-slurm's sweep section: import each combination, or use "
+                         "submit --sweep on the imported recipe",
+                "lock": "a lockfile section: import the recipe it was made from",
+                "schema": "a schema-2 recipe: this import reads schema 1 (srt-slurm v1.0.68)",
+            }[key])
+    for key in list(src.data):
+        if isinstance(key, str) and key.startswith(("override_", "zip_override_")):
+            src.get(key)
+            src.refuse(key, "an override variant: expand it with srt-slurm first, or import "
+                            "each variant as its own recipe")
+
+
+def _name(src: _Source) -> str:
+    raw = src.get("name")
+    if not isinstance(raw, str) or not raw.strip():
+        src.refuse("name", "is required: srt-slurm names every recipe")
+        return "imported"
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", raw.strip()).strip("-._")[:100] or "imported"
+    src.map("name", f"name: {name}" + (" (characters outside [A-Za-z0-9._-] become -)"
+                                       if name != raw else ""))
+    return name
+
+
+def _model(src: _Source, out: dict, aliases: dict[str, str], given: set[str],
+           provenance: list[str]) -> None:
+    model: dict[str, Any] = {}
+    path = src.get("model.path")
+    if not isinstance(path, str) or not path:
+        src.refuse("model.path", "is required: a hub id (hf:ORG/NAME) or a folder")
+    elif path in aliases:
+        model["path"] = aliases[path]
+        src.map("model.path", f"model.path: {aliases[path]} (alias {path}, from --alias)")
+    elif "model.path" in given:
+        model["path"] = path.removeprefix("hf:")
+        src.map("model.path", f"model.path: from --set (alias {path} not resolved)")
+    elif path.startswith("hf:"):
+        model["path"] = path[3:]
+        src.map("model.path", f"model.path: {model['path']}")
+    elif path.startswith(("/", "./", "~")):
+        model["path"] = path
+        src.map("model.path", f"model.path: {path} (a folder the nodes see)")
+    else:
+        src.refuse("model.path", f"{show(path)} is an alias that only a site's srtslurm.yaml "
+                   f"resolves: give --alias {path}=HF_ID_OR_FOLDER (or --set model.path=...)")
+    image = src.get("model.container")
+    if not isinstance(image, str) or not image:
+        src.refuse("model.container", "is required: the engine image")
+    elif image in aliases:
+        out["container"] = {"image": aliases[image]}
+        src.map("model.container", f"container.image: {aliases[image]} (alias {image}, from "
+                "--alias)")
+    elif "container.image" in given or "/" in image or ":" in image:
+        out["container"] = {"image": image}
+        src.map("model.container", "container.image" + (
+            " (from --set)" if "container.image" in given else f": {image}"))
+    else:
+        src.refuse("model.container", f"{show(image)} is an alias that only a site's "
+                   f"srtslurm.yaml resolves: give --alias {image}=IMAGE (or --set "
+                   "container.image=...)")
+    if src.has("model.precision"):
+        provenance.append(f"precision {src.get('model.precision')}")
+        src.deviate("model.precision", "a label in srt-slurm too: kept in the description")
+    if src.has("model.stage_dir"):
+        src.refuse("model.stage_dir", "copying the checkpoint to node-local disk is not done "
+                   "here (python -m launcher stage-model stages it to the shared cache): "
+                   "remove it")
+    out["model"] = model
+
+
+def _identity(src: _Source, out: dict, provenance: list[str], given: set[str]) -> None:
+    model = out["model"]
+    repo = src.get("identity.model.repo")
+    if repo is not None:
+        if "model.path" in given:
+            src.deviate("identity.model.repo", f"{show(repo)}: --set model.path replaces the "
+                        "checkpoint it names")
+        elif model.get("path") and str(repo) != model["path"]:
+            src.refuse("identity.model.repo", f"{show(repo)} is not model.path "
+                       f"({show(model['path'])}): make them the same checkpoint")
+        else:
+            src.map("identity.model.repo", "checked equal to model.path")
+    rev = src.get("identity.model.revision")
+    if rev is not None:
+        model["revision"] = str(rev)
+        src.map("identity.model.revision", f"model.revision: {rev}")
+    img = src.get("identity.container.image")
+    if img is not None:
+        provenance.append(f"identity image {img}")
+        src.deviate("identity.container.image", "recorded in the description (srt-slurm does "
+                    "not verify it either)")
+    frameworks = src.section("identity.frameworks")
+    for name, version in frameworks.items():
+        if name == "vllm":
+            out["engine_version"] = str(version)
+            src.map("identity.frameworks.vllm", f"engine_version: {version} (preflight "
+                    "checks the image reports it)")
+        else:
+            provenance.append(f"{name} {version}")
+            src.deviate(f"identity.frameworks.{name}", f"{name} is not run here: its version "
+                        "is kept in the description")
+
+
+def _version_from_image(src: _Source, out: dict) -> None:
+    """vLLM's release images say their version in the tag (vllm/vllm-openai:v0.20.1-...):
+    the dry-run then checks flags with that version's parser only if it is the one it has."""
+    if out.get("engine_version"):
+        return
+    image = (out.get("container") or {}).get("image") or ""
+    m = re.match(r"^(?:docker\.io/)?vllm/vllm-openai:v(\d+\.\d+(?:\.\d+)?)(?:[-@]|$)", image)
+    if m:
+        out["engine_version"] = m.group(1)
+        src.map("model.container", f"engine_version: {m.group(1)} (the release image's tag)")
+
+
+def _args_of(src: _Source, mode: str) -> dict[str, Any]:
+    cfg = src.section(f"backend.vllm_config.{mode}")
+    for k in cfg:  # reported under the flag's dashed name; the source may write _
+        src.get(f"backend.vllm_config.{mode}.{k}")
+    return {flag_key(str(k)): v for k, v in cfg.items()}
+
+
+def _int_flag(src: _Source, key: str, value: Any, default: int = 1) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        try:
+            n = int(str(value))
+            if n >= 1:
+                return n
+        except ValueError:
+            pass
+        src.refuse(key, f"{show(value)} is not a positive whole number")
+        return default
+    return value
+
+
+def _pools(src: _Source, out: dict) -> str:
+    """prefill/decode (or agg) pools, the flags every pool shares, and the KV connector."""
+    cfg = src.section("backend.vllm_config")
+    modes = [m for m in MODES if cfg.get(m)]
+    for m in cfg:
+        if m not in MODES:
+            src.get(f"backend.vllm_config.{m}")
+            src.refuse(f"backend.vllm_config.{m}", "is not a vLLM mode srt-slurm knows "
+                       "(prefill, decode, aggregated)")
+    mode = "agg" if modes == ["aggregated"] else "disagg"
+    if mode == "disagg" and ("prefill" not in modes or "decode" not in modes):
+        src.get("resources")
+        src.refuse("backend.vllm_config", "needs prefill and decode (disaggregated) or "
+                   "aggregated alone")
+        return mode
+    res = src.section("resources")
+    gpn = res.get("gpus_per_node", 4)
+    src.get("resources.gpus_per_node")
+    if gpn != 4:
+        src.refuse("resources.gpus_per_node", f"{show(gpn)}: a GB200 NVL72 tray has 4 GPUs")
+    else:
+        src.map("resources.gpus_per_node", "the profile's gpus_per_node (4)")
+    connectors = []
+    pools: dict[str, dict] = {}
+    for m in ([ "aggregated"] if mode == "agg" else ["prefill", "decode"]):
+        ours = MODES[m]
+        short = "agg" if m == "aggregated" else m
+        args = _args_of(src, m)
+        key = f"backend.vllm_config.{m}"
+        pool: dict[str, Any] = {}
+        tp = _int_flag(src, f"{key}.tensor-parallel-size", args.pop("tensor-parallel-size", None))
+        dp = _int_flag(src, f"{key}.data-parallel-size", args.pop("data-parallel-size", None))
+        pool["tensor_parallel"], pool["data_parallel"] = tp, dp
+        src.map(f"{key}.tensor-parallel-size", f"{ours}.tensor_parallel: {tp}")
+        src.map(f"{key}.data-parallel-size", f"{ours}.data_parallel: {dp}")
+        if "enable-expert-parallel" in args:
+            pool["expert_parallel"] = bool(args.pop("enable-expert-parallel"))
+            src.map(f"{key}.enable-expert-parallel", f"{ours}.expert_parallel: "
+                    f"{str(pool['expert_parallel']).lower()}")
+        if "api-server-count" in args:
+            pool["api_servers"] = _int_flag(src, f"{key}.api-server-count",
+                                            args.pop("api-server-count"))
+            src.map(f"{key}.api-server-count", f"{ours}.api_servers")
+        if "served-model-name" in args:
+            name = str(args.pop("served-model-name"))
+            prev = out["model"].get("served_name")
+            if prev is not None and prev != name:
+                src.refuse(f"{key}.served-model-name", f"{show(name)} differs from the other "
+                           f"side's {show(prev)}: the router serves one name")
+            out["model"]["served_name"] = name
+            src.map(f"{key}.served-model-name", "model.served_name")
+        conn = args.pop("connector", _MISSING)
+        kv = args.pop("kv-transfer-config", None)
+        connectors.append(_connector(src, key, conn, kv))
+        for flag in list(args):
+            if flag in DERIVED_FLAGS:
+                args.pop(flag)
+                src.deviate(f"{key}.{flag}", DERIVED_FLAGS[flag])
+            elif flag == "headless":
+                args.pop(flag)
+                src.refuse(f"{key}.headless", "the planner decides which parts are headless "
+                           "(srt-slurm refuses it too)")
+            elif flag == "profiler-config":
+                args.pop(flag)
+                src.refuse(f"{key}.profiler-config", "profiling is not run by this launcher; "
+                           "remove it")
+            elif args[flag] is False:
+                # srt-slurm writes no flag for a false value (backends/vllm.py)
+                args.pop(flag)
+                src.map(f"{key}.{flag}", "false: no flag, as srt-slurm renders it")
+            elif args[flag] is None:
+                args.pop(flag)
+                src.map(f"{key}.{flag}", "null: no flag, as srt-slurm renders it")
+            elif isinstance(args[flag], (list, dict)):
+                v = args[flag]
+                if isinstance(v, dict):
+                    args[flag] = json.dumps(v, separators=(",", ":"))
+                    src.map(f"{key}.{flag}", f"{ours}.args.{flag} (as JSON)")
+                else:
+                    src.refuse(f"{key}.{flag}", "a list value (several words after the flag) "
+                               "has no recipe form here yet: write it as one string")
+                    args.pop(flag)
+            else:
+                src.map(f"{key}.{flag}", f"{ours}.args.{flag}")
+        pool["args"] = args
+        workers = _int_flag(src, f"resources.{short}_workers", res.get(f"{short}_workers"))
+        src.get(f"resources.{short}_workers")
+        pool["endpoints"] = workers
+        src.map(f"resources.{short}_workers", f"{ours}.endpoints: {workers}")
+        _gpus_per(src, res, short, ours, pool, gpn)
+        if dp > 1 and dp * tp > gpn:
+            pool["fronts"] = "per_node"  # srt-slurm's dp_launch_mode per_node: a front per node
+        pools[ours] = pool
+    _dp_launch_mode(src)
+    for k in ("prefill_nodes", "decode_nodes", "agg_nodes"):
+        if k in res:
+            src.get(f"resources.{k}")
+            src.deviate(f"resources.{k}", "derived by the planner from endpoints x GPUs "
+                        "(the dry-run shows the count)")
+    for k in ("spread_workers", "het_jobs"):
+        if res.get(k):
+            src.get(f"resources.{k}")
+            src.refuse(f"resources.{k}", {
+                "spread_workers": "spreading partial-node endpoints one per node is not done "
+                                  "here: the planner packs them; remove it",
+                "het_jobs": "heterogeneous jobs are an sglang-only option in srt-slurm; remove "
+                            "it",
+            }[k])
+        elif k in res:
+            src.get(f"resources.{k}")
+            src.map(f"resources.{k}", "false: the planner packs endpoints into one job")
+    for k in ("set_cuda_visible_devices",):
+        if src.has(f"backend.{k}"):
+            src.deviate(f"backend.{k}", "GPUs are always pinned with CUDA_VISIBLE_DEVICES here")
+    for k, why in (("mooncake_kv_store", "a Mooncake KV store is not run here"),
+                   ("kv_events_config", "KV events feed Dynamo's KV router, not run here"),
+                   ("allow_prefill_decode_colocation", "the planner never puts prefill and "
+                    "decode on one node"),
+                   ("allow_prefill_decode_colocation_across_nodes", "the planner never puts "
+                    "prefill and decode on one node")):
+        v = src.get(f"backend.{k}")
+        if v:
+            src.refuse(f"backend.{k}", f"{why}; remove it")
+        elif v is not None:
+            src.map(f"backend.{k}", "off, as here")
+    shared = [c for c in connectors if c is not None]
+    if shared:
+        if any(json.dumps(c, sort_keys=True) != json.dumps(shared[0], sort_keys=True)
+               for c in shared):
+            src.refuse("backend.vllm_config", "prefill and decode name different "
+                       "kv-transfer-config connectors: NIXL needs the same on both sides")
+        out["kv_connector"] = shared[0]
+    # flags equal on every side go to vllm_args, the rest stay per pool
+    sides = list(pools.values())
+    common = {k: v for k, v in sides[0]["args"].items()
+              if all(k in p["args"] and p["args"][k] == v for p in sides[1:])}
+    if len(sides) > 1:
+        for p in sides:
+            for k in common:
+                p["args"].pop(k)
+    out["vllm_args"] = common
+    out.update(pools)
+    return mode
+
+
+def _gpus_per(src: _Source, res: dict, short: str, ours: str, pool: dict, gpn: int) -> None:
+    key = f"resources.gpus_per_{short}"
+    have = pool["data_parallel"] * pool["tensor_parallel"]
+    if key.split(".")[1] in res:
+        n = src.get(key)
+        if n != have:
+            src.refuse(key, f"{show(n)} is not data-parallel-size x tensor-parallel-size "
+                       f"({have}) of vllm_config.{'aggregated' if short == 'agg' else short}: "
+                       "make them agree")
+        else:
+            src.map(key, f"{ours}.data_parallel x {ours}.tensor_parallel = {have}")
+
+
+def _dp_launch_mode(src: _Source) -> None:
+    v = src.get("backend.dp_launch_mode")
+    if v is None:
+        return
+    if v == "per_node":
+        src.map("backend.dp_launch_mode", "<pool>.fronts: per_node for endpoints over several "
+                "nodes (a front per node, --data-parallel-hybrid-lb)")
+    else:
+        src.refuse("backend.dp_launch_mode", f"{show(v)}: one worker per GPU is deprecated in "
+                   "srt-slurm; use per_node")
+
+
+def _connector(src: _Source, key: str, conn: Any, kv: Any) -> dict | None:
+    """The KV connector of one mode: its own `connector`, else backend.connector."""
+    where = f"{key}.connector"
+    if conn is _MISSING:
+        where = "backend.connector"
+        conn = src.get("backend.connector", "nixl")
+    if conn is None:
+        if kv is None:
+            return None
+        try:
+            parsed = json.loads(kv) if isinstance(kv, str) else dict(kv)
+        except (ValueError, TypeError):
+            src.refuse(f"{key}.kv-transfer-config", "is not JSON: write the connector as a "
+                       "JSON object")
+            return None
+        if parsed.get("kv_connector") != "NixlConnector":
+            src.refuse(f"{key}.kv-transfer-config", f"connector {show(parsed.get('kv_connector'))}"
+                       ": this launcher moves KV with NixlConnector only")
+            return None
+        role = parsed.get("kv_role")
+        if role not in (None, "kv_both"):
+            src.refuse(f"{key}.kv-transfer-config", f"kv_role {show(role)}: the launcher sets "
+                       "producer/consumer itself, or takes kv_both")
+            return None
+        src.map(f"{key}.kv-transfer-config", "kv_connector")
+        src.map(where, "null: the mode's kv-transfer-config")
+        return parsed
+    if conn == "nixl":
+        src.map(where, "kv_connector: NixlConnector, kv_role kv_both")
+        if kv is not None:
+            src.deviate(f"{key}.kv-transfer-config", "srt-slurm's connector preset wins over "
+                        "it, as here")
+        return {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+    src.refuse(where, f"{show(conn)}: this launcher moves KV with NIXL only (connector: nixl "
+               "or null with a NixlConnector kv-transfer-config)")
+    return None
+
+
+def _env_map(src: _Source, key: str, ours: str) -> dict[str, str]:
+    env = src.section(key)
+    out = {}
+    for name, value in env.items():
+        if str(name).startswith("DYN_"):
+            src.deviate(f"{key}.{name}", "a Dynamo setting: there is no Dynamo here")
+            continue
+        if isinstance(value, str) and "{node" in value:
+            src.refuse(f"{key}.{name}", "a {node}/{node_id} placeholder has no meaning here: "
+                       "write the value")
+            continue
+        out[str(name)] = "" if value is None else (
+            str(value).lower() if isinstance(value, bool) else str(value))
+        src.map(f"{key}.{name}", ours)
+    return out
+
+
+def _environment(src: _Source, out: dict) -> None:
+    out["env"] = _env_map(src, "environment", "env")
+    per: dict[str, dict[str, str]] = {}
+    for m, ours in MODES.items():
+        env = _env_map(src, f"backend.{m}_environment", f"{ours}.env")
+        if env and ours in out:
+            per[ours] = env
+        elif env:
+            src.deviate(f"backend.{m}_environment", f"no {m} workers in this recipe: unused")
+    # srt-slurm applies the mode's env, then `environment` over it; what every pool sets
+    # alike (and `environment` does not override) reads best once, in env
+    pools = [p for p in MODES.values() if p in out]
+    if len(pools) > 1 and all(p in per for p in pools):
+        common = {k: v for k, v in per[pools[0]].items()
+                  if all(per[p].get(k) == v for p in pools) and k not in out["env"]}
+        for p in pools:
+            per[p] = {k: v for k, v in per[p].items() if k not in common}
+        out["env"] = {**common, **out["env"]}
+    for p, env in per.items():
+        if env:
+            out[p]["env"] = env
+
+
+def _frontend(src: _Source, out: dict, provenance: list[str]) -> None:
+    kind = src.get("frontend.type", "dynamo")
+    if kind == "dynamo":
+        src.deviate("frontend.type", "dynamo: vllm-router (--vllm-pd-disaggregation) fronts the "
+                    "engines until Dynamo is run here")
+    elif kind in ("vllm", "vllm-router"):
+        src.map("frontend.type", "vllm-router")
+    else:
+        src.refuse("frontend.type", f"{show(kind)}: another engine's front end; this launcher "
+                   "runs vllm-router")
+    fe = src.section("frontend")
+    for k in ("enable_multiple_frontends", "num_additional_frontends", "nginx_container",
+              "nginx_raise_ulimit", "nginx_session_affinity", "nginx_session_affinity_header",
+              "nginx_keepalive_timeout"):
+        if k in fe:
+            src.get(f"frontend.{k}")
+            src.deviate(f"frontend.{k}", "nginx over several Dynamo frontends: one vllm-router "
+                        "here")
+    if "args" in fe:
+        for k, v in (src.section("frontend.args") or {}).items():
+            src.deviate(f"frontend.args.{k}", f"{show(v)} is a Dynamo frontend flag with no "
+                        "vllm-router meaning (router.policy chooses vllm-router's)")
+    if "env" in fe:
+        src.get("frontend.env")
+        src.deviate("frontend.env", "the Dynamo frontend's environment: not carried")
+    for k in ("ctx_router", "gen_router", "server_config_extra"):
+        if fe.get(k):
+            src.get(f"frontend.{k}")
+            src.refuse(f"frontend.{k}", "TensorRT-LLM's disaggregated server only")
+    if "orchestrator_placement" in fe:
+        src.get("frontend.orchestrator_placement")
+        src.deviate("frontend.orchestrator_placement", "the router runs where router.placement "
+                    "puts it (default a prefill node)")
+    if fe.get("dedicated_node"):
+        src.get("frontend.dedicated_node")
+        src.refuse("frontend.dedicated_node", "no node is reserved for the router here; remove it")
+    for section, why in DYNAMO_SECTIONS.items():
+        body = src.section(section)
+        for k, v in body.items():
+            src.get(f"{section}.{k}")
+            src.deviate(f"{section}.{k}", why)
+            if section == "dynamo" and k in ("version", "wheel", "hash"):
+                provenance.append(f"dynamo {k} {v}")
+
+
+def _concurrencies(src: _Source, value: Any) -> list[int] | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, str):
+        parts = value.split("x")
+    elif isinstance(value, list):
+        parts = value
+    else:
+        parts = None
+    try:
+        out = [int(str(p).strip()) for p in parts] if parts else None
+    except ValueError:
+        out = None
+    if not out or min(out) < 1:
+        src.refuse("benchmark.concurrencies", f"{show(value)}: write positive whole numbers, "
+                   "as a list or \"AxBxC\"")
+        return None
+    return out
+
+
+def _benchmark(src: _Source, out: dict) -> None:
+    b = src.section("benchmark")
+    kind = src.get("benchmark.type", "manual")
+    bench: dict[str, Any] = {}
+    acc: dict[str, Any] = {"enabled": False}
+    if kind == "sa-bench":
+        bench.update(driver="builtin", length_rule="sa-bench")
+        src.map("benchmark.type", "benchmark: the builtin client on sa-bench's workload "
+                "(length_rule: sa-bench)")
+        for k, ours in (("isl", "input_len"), ("osl", "output_len")):
+            if k in b:
+                bench[ours] = _int_flag(src, f"benchmark.{k}", src.get(f"benchmark.{k}"))
+                src.map(f"benchmark.{k}", f"benchmark.{ours}")
+            else:
+                src.refuse(f"benchmark.{k}", "is required by sa-bench")
+        if "concurrencies" in b:
+            conc = _concurrencies(src, src.get("benchmark.concurrencies"))
+            if conc:
+                bench["concurrency"] = conc
+                src.map("benchmark.concurrencies", "benchmark.concurrency")
+        else:
+            src.refuse("benchmark.concurrencies", "is required by sa-bench")
+        for k, ours in (("random_range_ratio", "range_ratio"),
+                        ("num_prompts_mult", "prompts_multiplier"),
+                        ("num_warmup_mult", "warmup_multiplier"),
+                        ("use_chat_template", "chat_template")):
+            v = src.get(f"benchmark.{k}", SA_BENCH_DEFAULTS[k])
+            bench[ours] = v
+            if k == "use_chat_template" and b.get("custom_tokenizer"):
+                continue  # custom_tokenizer's deviation says what becomes of it
+            src.map(f"benchmark.{k}", f"benchmark.{ours}: {json.dumps(v)}" + (
+                "" if k in b else " (srt-slurm's default, written out)"))
+        rate = src.get("benchmark.req_rate", "inf")
+        if str(rate) == "inf":
+            src.map("benchmark.req_rate", "inf: every request as soon as a slot frees")
+        else:
+            src.refuse("benchmark.req_rate", f"{show(rate)}: the client sends at the "
+                       "concurrency's pace (inf) only")
+        tok = src.get("benchmark.custom_tokenizer")
+        if tok:
+            bench["chat_template"] = False
+            src.deviate("benchmark.custom_tokenizer", f"{show(tok)} renders DeepSeek-V4's "
+                        "chat encoding in sa-bench; the builtin client has no such renderer, "
+                        "so prompts go without a chat template (each request a few tokens "
+                        "shorter than published)")
+        if "dataset_name" in b:
+            v = src.get("benchmark.dataset_name")
+            if v == "random":
+                src.map("benchmark.dataset_name", "random")
+            else:
+                src.refuse("benchmark.dataset_name", f"{show(v)}: the client sends sa-bench's "
+                           "random dataset only")
+        if b.get("reuse_http_connections") is not None:
+            src.get("benchmark.reuse_http_connections")
+            src.deviate("benchmark.reuse_http_connections", "the builtin client always pools "
+                        "connections")
+        if b.get("export_node_metrics") is not None:
+            src.get("benchmark.export_node_metrics")
+            src.deviate("benchmark.export_node_metrics", "telemetry always records per node here")
+    elif kind == "gsm8k":
+        bench["enabled"] = False
+        acc = {"enabled": True, "task": "gsm8k", "harness": "vllm", "threshold": 0.0}
+        src.map("benchmark.type", "accuracy: vLLM's GSM8K harness (no sweep)")
+        src.deviate("benchmark.type", "gsm8k: srt-slurm reports the score without a pass mark; "
+                    "accuracy.threshold 0 (set it to gate)")
+        for k, ours in (("num_examples", "num_questions"), ("max_tokens", "max_tokens"),
+                        ("repeat", "repeat"), ("num_shots", "num_shots")):
+            if k in b:
+                acc[ours] = src.get(f"benchmark.{k}")
+                src.map(f"benchmark.{k}", f"accuracy.{ours}")
+        t = src.get("benchmark.temperature")
+        if t not in (None, 0, 0.0):
+            src.refuse("benchmark.temperature", f"{show(t)}: the gate samples greedily "
+                       "(temperature 0)")
+        for k in ("isl", "osl", "concurrencies"):
+            if k in b:
+                src.get(f"benchmark.{k}")
+                src.deviate(f"benchmark.{k}", "not read by srt-slurm's gsm8k benchmark")
+    elif kind == "manual":
+        bench["enabled"] = False
+        src.map("benchmark.type", "manual: no sweep and no accuracy run (benchmark.enabled: "
+                "false)")
+    else:
+        src.get("benchmark")  # another harness's settings: the type's refusal covers them
+        src.refuse("benchmark.type", f"{show(kind)}: this launcher runs sa-bench's workload "
+                   "and vLLM's GSM8K harness (sa-bench, gsm8k, manual)")
+    out["benchmark"] = bench
+    out["accuracy"] = acc
+
+
+def _slurm(src: _Source, out: dict) -> None:
+    s: dict[str, Any] = {}
+    for k in ("account", "partition"):
+        if src.get(f"slurm.{k}") is not None:
+            s[k] = str(src.get(f"slurm.{k}"))
+            src.map(f"slurm.{k}", f"slurm.{k}")
+    limit = src.get("slurm.time_limit")
+    s["time_limit"] = str(limit) if limit is not None else TIME_LIMIT_DEFAULT
+    src.map("slurm.time_limit", f"slurm.time_limit: {s['time_limit']}"
+            + ("" if limit is not None else " (srt-slurm's default, written out)"))
+    directives = src.section("sbatch_directives")
+    if directives:
+        s["directives"] = {str(k).lstrip("-"): v for k, v in directives.items()}
+        src.map("sbatch_directives", "slurm.directives")
+    srun = src.section("srun_options")
+    if srun:
+        s["srun_options"] = [f"--{str(k).lstrip('-')}" if v in (None, True, "")
+                             else f"--{str(k).lstrip('-')}={v}" for k, v in srun.items()]
+        src.map("srun_options", "slurm.srun_options")
+    out["slurm"] = s
+
+
+def _health(src: _Source, out: dict) -> None:
+    h = src.section("health_check")
+    if not h:
+        return
+    attempts = src.get("health_check.max_attempts", HEALTH_DEFAULTS["max_attempts"])
+    interval = src.get("health_check.interval_seconds", HEALTH_DEFAULTS["interval_seconds"])
+    try:
+        timeout = float(attempts) * float(interval)
+    except (TypeError, ValueError):
+        src.refuse("health_check", "max_attempts and interval_seconds must be numbers")
+        return
+    out["health"] = {"timeout_s": timeout}
+    src.map("health_check.max_attempts", f"health.timeout_s: {timeout:g} (attempts x interval)")
+    src.map("health_check.interval_seconds", "health.timeout_s")
+
+
+def _job_wide(src: _Source, out: dict) -> None:
+    mounts = []
+    for k, v in src.section("container_mounts").items():
+        mounts.append(f"{k}:{v}")
+        src.map(f"container_mounts.{k}", "container.mounts")
+    extra = src.get("extra_mount")
+    if extra:
+        for m in extra if isinstance(extra, list) else [extra]:
+            mounts.append(str(m))
+        src.map("extra_mount", "container.mounts")
+    if any("{" in m for m in mounts):
+        src.refuse("container_mounts", "a {placeholder} in a mount: write the path")
+    if mounts:
+        out.setdefault("container", {})["mounts"] = mounts
+    script = src.get("setup_script")
+    if script:
+        src.deviate("setup_script", f"{show(script)} is a file of srt-slurm's configs/ run in "
+                    "each container before the engine: not run here, so the image must already "
+                    "carry what it installs (or the profile's step_preamble runs it)")
+    if src.has("enable_config_dump"):
+        src.deviate("enable_config_dump", "plan.json and commands.sh are always written")
+    if src.has("output"):
+        src.get("output")
+        src.deviate("output", "logs go to the run directory (--runs-dir)")
+    for k, why in REFUSED_SECTIONS.items():
+        v = src.get(k)
+        if v and not (k == "profiling" and isinstance(v, dict)
+                      and v.get("type", "none") == "none" and len(v) == 1):
+            src.refuse(k, why)
+        elif v is not None:
+            src.map(k, "off, as here")
+
+
+def _observability(src: _Source, out: dict) -> None:
+    obs = src.section("observability")
+    for k in obs:
+        src.get(f"observability.{k}")
+        src.deviate(f"observability.{k}", "the launcher's telemetry (vLLM metrics and stats "
+                    "log, GPU and host agents, Prometheus) is always on")
+    tel = src.section("telemetry")
+    for k, v in tel.items():
+        src.get(f"telemetry.{k}")
+        if k == "enabled":
+            out.setdefault("telemetry", {})["enabled"] = bool(v)
+            src.map("telemetry.enabled", "telemetry.enabled (NVML power, not a DCGM exporter)")
+        elif k == "default_frequency":
+            try:
+                out.setdefault("telemetry", {})["interval_s"] = 1.0 / float(v)
+                src.map("telemetry.default_frequency", "telemetry.interval_s")
+            except (TypeError, ValueError, ZeroDivisionError):
+                src.refuse("telemetry.default_frequency", f"{show(v)} is not a positive number")
+        else:
+            src.deviate(f"telemetry.{k}", "a DCGM exporter setting: GPU telemetry here is NVML")
+
+
+ORDER = ("name", "description", "cluster", "engine", "engine_version", "mode", "model",
+         "container", "kv_connector", "vllm_args", "env", "prefill", "decode", "agg",
+         "benchmark", "accuracy", "telemetry", "slurm", "health")
+POOL_ORDER = ("endpoints", "data_parallel", "tensor_parallel", "expert_parallel", "fronts",
+              "api_servers", "args", "env")
+
+
+def _ordered(out: dict) -> dict:
+    """Keys in the order our shipped recipes use, empty mappings left out."""
+    def clean(d: dict, order: tuple) -> dict:
+        keys = [k for k in order if k in d] + [k for k in d if k not in order]
+        return {k: d[k] for k in keys if d[k] != {}}
+
+    res = clean(out, ORDER)
+    for p in ("prefill", "decode", "agg"):
+        if isinstance(res.get(p), dict):
+            res[p] = clean(res[p], POOL_ORDER)
+    return res
+
+
+def _description(source: str, sha256: str, provenance: list[str], report: Report) -> str:
+    lines = [f"Imported from the srt-slurm recipe {source} (sha256 {sha256}; schema of "
+             f"{SCHEMA_READ})."]
+    if provenance:
+        lines.append("Source records: " + "; ".join(provenance) + ".")
+    if report.deviations:
+        keys = list(dict.fromkeys(k for k, _ in report.deviations))
+        lines.append(f"Deviations ({len(keys)}; `recipes import` says why each): "
+                     + ", ".join(keys) + ".")
+    return " ".join(lines)
+
+
+# The copies of NVIDIA/srt-slurm-recipes this package carries (launcher/data/srt-slurm-recipes)
+BUNDLED = Path(__file__).parents[1] / "data" / "srt-slurm-recipes"
+BUNDLED_FROM = "NVIDIA/srt-slurm-recipes@8b088c0e1cdf7b5803fbac34b84b6c87096d5c59"
+
+
+def label_of(path: Path) -> str:
+    """How the source is recorded: a bundled copy by its upstream path and commit."""
+    try:
+        rel = path.resolve().relative_to(BUNDLED.resolve())
+    except (OSError, ValueError):
+        return str(path)
+    return f"{BUNDLED_FROM}:{rel}"
+
+
+def import_file(path: Path, aliases: dict[str, str] | None = None,
+                given: set[str] = frozenset(), label: str | None = None) -> tuple[dict, Report]:
+    """Read and convert one srt-slurm recipe file."""
+    from launcher.schema.yaml_io import read_yaml
+
+    data = read_yaml(path, "an srt-slurm recipe")
+    if not looks_like(data):
+        raise UserError(f"{show(path)} is not an srt-slurm recipe (it has no resources, or it "
+                        "has our cluster key): `submit` and `recipes show` take ours as is")
+    return convert(data, label or label_of(path), file_sha256(path), aliases, given)
+
+
+def render(recipe: dict, report: Report) -> str:
+    """The imported recipe as YAML a person reads: the report on top as comments."""
+    from launcher.schema.yaml_io import yaml_module
+
+    yaml = yaml_module()
+    head = ["# " + line for line in report.lines()]
+    body = yaml.safe_dump(recipe, sort_keys=False, allow_unicode=True, width=100)
+    return "\n".join(head) + "\n" + body
+
+
+def parse_aliases(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise UserError(f"--alias {show(item)}: write NAME=VALUE (the srtslurm.yaml alias "
+                            "and what it stands for)")
+        out[name] = value
+    return out

@@ -1,0 +1,239 @@
+"""srt-slurm recipes, imported: each published GB200 vLLM disaggregated recipe of
+NVIDIA/srt-slurm-recipes (the copies in launcher/data/srt-slurm-recipes) is taken by
+`submit` as it is, and its dry-run carries every flag of each role's vllm_config and every
+environment variable onto that role's command lines in commands.sh, with the GPU and node
+counts and the concurrency list of the source. What the import cannot take is refused in one
+sentence naming the key. The expectations are read from the source files, not kept by hand."""
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launcher.control import prepare
+from launcher.errors import UserError
+from launcher.schema import srt_slurm
+from launcher.schema.wording import PROBLEMS_SEP
+
+BUNDLED = srt_slurm.BUNDLED
+SOURCES = sorted(p for p in BUNDLED.rglob("*.yaml")
+                 if yaml.safe_load(p.read_text())["backend"]["type"] == "vllm")
+# srtslurm.yaml aliases a site resolves; the import asks for them by name
+ALIASES = {"minimax-m2.5-fp8": "MiniMaxAI/MiniMax-M2.5"}
+
+
+def short(p: Path) -> str:
+    return str(p.relative_to(BUNDLED / "recipes" / "multi-node"))
+
+
+def test_every_published_gb200_vllm_disagg_recipe_is_here():
+    families = {short(p).split("/")[0] for p in SOURCES}
+    assert len(SOURCES) == 45, len(SOURCES)
+    assert families == {"Qwen3.5", "DeepSeek-V4-Pro", "Kimi-K2.5", "MiniMax-M2.5"}
+
+
+def overrides_for(src: dict) -> list[str]:
+    path = src["model"]["path"]
+    return [f"model.path={ALIASES[path]}"] if path in ALIASES else []
+
+
+@pytest.fixture(scope="module")
+def dry_runs(tmp_path_factory):
+    """{source: (source mapping, plan.json with recipe.yaml as "recipe", commands.sh)}: every source through `submit`'s
+    own loading (prepare.prepare_all, as `submit FILE --dry-run`)."""
+    runs_dir = tmp_path_factory.mktemp("runs")
+    out = {}
+    for p in SOURCES:
+        src = yaml.safe_load(p.read_text())
+        [run] = prepare.prepare_all(str(p), overrides_for(src), [], runs_dir)
+        doc = json.loads((run.run.path / "plan.json").read_text())
+        doc["recipe"] = yaml.safe_load((run.run.path / "recipe.yaml").read_text())
+        out[short(p)] = (src, doc, (run.run.path / "commands.sh").read_text())
+    return out
+
+
+def engine_lines(commands: str, role: str) -> list[list[str]]:
+    """The words of each engine step of `role` in commands.sh."""
+    lines = commands.splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        if line.startswith(f"# {role}-") and "(engine)" in line:
+            out.append(shlex.split(lines[i + 1]))
+    return out
+
+
+def serve_flags(words: list[str]) -> dict[str, object]:
+    i = words.index("serve")
+    rest = words[i + 2:]
+    flags: dict[str, object] = {}
+    for k, w in enumerate(rest):
+        if w.startswith("--"):
+            nxt = rest[k + 1] if k + 1 < len(rest) else None
+            flags[w] = True if nxt is None or nxt.startswith("--") or nxt == ">" else nxt
+    return flags
+
+
+def env_of(words: list[str]) -> dict[str, str]:
+    i = words.index("env")
+    env = {}
+    for w in words[i + 1:]:
+        if "=" not in w or w.startswith("-"):
+            break
+        k, v = w.split("=", 1)
+        env[k] = v
+    return env
+
+
+# flags the launcher derives (srt-slurm derives or owns them too): present, value its own
+DERIVED = {"data-parallel-rpc-port", "data-parallel-hybrid-lb"}
+MODES = {"prefill": "prefill", "decode": "decode"}
+
+
+def same_value(got: object, want: object) -> bool:
+    if want is True:
+        return got is True
+    if isinstance(want, dict):
+        return isinstance(got, str) and json.loads(got) == want
+    if isinstance(want, str) and want.lstrip().startswith("{"):
+        return isinstance(got, str) and json.loads(got) == json.loads(want)
+    return str(got) == str(want)
+
+
+@pytest.mark.parametrize("name", [short(p) for p in SOURCES])
+def test_every_flag_and_variable_reaches_its_roles_command_lines(dry_runs, name):
+    src, doc, commands = dry_runs[name]
+    for mode, role in MODES.items():
+        cfg = {k.replace("_", "-"): v for k, v in src["backend"]["vllm_config"][mode].items()}
+        env = {**src["backend"].get(f"{mode}_environment", {}), **src.get("environment", {})}
+        lines = engine_lines(commands, role)
+        assert lines, f"no {role} engine in commands.sh"
+        for words in lines:
+            flags, got_env = serve_flags(words), env_of(words)
+            for flag, want in cfg.items():
+                if flag in DERIVED:
+                    continue
+                if flag == "kv-transfer-config":
+                    kv = json.loads(flags["--kv-transfer-config"])
+                    assert kv == json.loads(want), (role, kv)
+                    continue
+                if want is False or want is None:
+                    assert f"--{flag}" not in flags, (role, flag)
+                    continue
+                if flag == "data-parallel-size" and want == 1:
+                    assert flags.get("--data-parallel-size", "1") == "1"
+                    continue
+                assert f"--{flag}" in flags, f"{role}: --{flag} missing"
+                assert same_value(flags[f"--{flag}"], want), (role, flag, flags[f"--{flag}"])
+            for k, v in env.items():
+                if k.startswith("DYN_"):
+                    continue  # Dynamo's, a deviation of the import
+                assert got_env.get(k) == str(v), (role, k, got_env.get(k), v)
+
+
+@pytest.mark.parametrize("name", [short(p) for p in SOURCES])
+def test_gpus_nodes_and_concurrencies_match_the_source(dry_runs, name):
+    src, doc, _ = dry_runs[name]
+    res = src["resources"]
+    for role in ("prefill", "decode"):
+        eps = [e for e in doc["endpoints"] if e["role"] == role]
+        assert len(eps) == res[f"{role}_workers"], role
+        want = res[f"{role}_workers"] * res[f"gpus_per_{role}"]
+        assert sum(e["gpus"] for e in eps) == doc["gpu_count"][role] == want, role
+    # srt-slurm's infra node (etcd/NATS for Dynamo) is not asked for: a deviation
+    assert len(doc["nodes"]) == res["prefill_nodes"] + res["decode_nodes"]
+    want = src["benchmark"].get("concurrencies")
+    if src["benchmark"]["type"] == "sa-bench":
+        want = [int(x) for x in str(want).split("x")] if isinstance(want, (str, int)) else want
+        assert doc["recipe"]["benchmark"]["concurrency"] == want
+        assert doc["recipe"]["benchmark"]["input_len"] == src["benchmark"]["isl"]
+        assert doc["recipe"]["benchmark"]["output_len"] == src["benchmark"]["osl"]
+    else:
+        assert src["benchmark"]["type"] == "gsm8k"
+        assert doc["recipe"]["accuracy"]["enabled"] and not doc["recipe"]["benchmark"]["enabled"]
+
+
+def test_the_source_and_its_digest_are_recorded(dry_runs):
+    import hashlib
+
+    p = next(s for s in SOURCES if "Kimi" in str(s))
+    _, doc, _ = dry_runs[short(p)]
+    desc = doc["recipe"]["description"]
+    assert hashlib.sha256(p.read_bytes()).hexdigest() in desc
+    assert f"{srt_slurm.BUNDLED_FROM}:recipes/multi-node/{short(p)}" in desc
+
+
+def one_sentence(e: UserError) -> str:
+    text = str(e)
+    assert PROBLEMS_SEP not in text and "\n" not in text, text
+    return text
+
+
+def load(name: str) -> tuple[Path, dict]:
+    p = BUNDLED / "recipes" / "multi-node" / name
+    return p, yaml.safe_load(p.read_text())
+
+
+def test_another_backend_is_refused_in_one_sentence():
+    p = next(BUNDLED.rglob("*trtllm*/*.yaml"))
+    with pytest.raises(UserError) as e:
+        srt_slurm.import_file(p)
+    assert "backend.type trtllm" in one_sentence(e.value)
+
+
+def test_an_alias_is_named_with_the_fix_and_taken_once_given():
+    p, _ = load("MiniMax-M2.5/GB200/8k1k/disagg-gb200-3p2d-dep4.yaml")
+    with pytest.raises(UserError) as e:
+        srt_slurm.import_file(p)
+    text = one_sentence(e.value)
+    assert "model.path" in text and "--alias minimax-m2.5-fp8=" in text
+    data, report = srt_slurm.import_file(p, ALIASES)
+    assert data["model"]["path"] == "MiniMaxAI/MiniMax-M2.5"
+
+
+@pytest.mark.parametrize("where,key", [
+    ((), "benchmarks"),                       # a misspelt top-level key
+    (("resources",), "gpus_per_decoder"),     # a misspelt key inside a section
+    (("benchmark",), "warmup_mult"),
+])
+def test_a_key_the_import_does_not_know_is_named(where, key):
+    p, data = load("Kimi-K2.5/GB200/vllm/8k1k-sa/disagg-gb200-1p4d-dep4-tep4.yaml")
+    node = data
+    for w in where:
+        node = node[w]
+    node[key] = 1
+    with pytest.raises(UserError) as e:
+        srt_slurm.convert(data, "x.yaml", "0" * 64)
+    text = one_sentence(e.value)
+    assert ".".join((*where, key)) in text
+
+
+def test_features_we_do_not_run_are_refused_each_by_name():
+    p, data = load("Kimi-K2.5/GB200/vllm/8k1k-sa/disagg-gb200-1p4d-dep4-tep4.yaml")
+    data["profiling"] = {"type": "nsys"}
+    data["backend"]["connector"] = "lmcache"
+    data["benchmark"]["type"] = "mmlu"
+    with pytest.raises(UserError) as e:
+        srt_slurm.convert(data, "x.yaml", "0" * 64)
+    problems = str(e.value).split(PROBLEMS_SEP)
+    named = " ".join(problems)
+    for key in ("profiling", "backend.connector", "benchmark.type"):
+        assert key in named, key
+    assert len(problems) == 3, problems
+
+
+def test_recipes_import_writes_a_recipe_that_loads_and_submit_says_it_imported(cli, tmp_path):
+    p, _ = load("Kimi-K2.5/GB200/vllm/8k1k-sa/disagg-gb200-1p4d-dep4-tep4.yaml")
+    out = tmp_path / "kimi.yaml"
+    code, stdout, err = cli("recipes", "import", str(p), "-o", str(out))
+    assert code == 0, err
+    assert "mapped" in err and "deviation  frontend.type" in err and "0 refused" in err
+    text = out.read_text()
+    assert text.startswith("# imported ") and "sha256" in text
+    code, shown, err = cli("recipes", "show", str(out))
+    assert code == 0, err
+    assert yaml.safe_load(shown)["decode"]["endpoints"] == 4
+    code, stdout, err = cli("submit", str(p), "--dry-run", "--runs-dir", str(tmp_path / "r"))
+    assert code == 0, err
+    assert "is an srt-slurm recipe, imported on the way" in err
