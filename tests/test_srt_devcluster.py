@@ -1,0 +1,97 @@
+"""Two published srt-slurm recipes, as their files are, on the dev cluster under real Slurm
+and pyxis with simulated engines: Kimi-K2.5's 1P4D (one DEP4 prefill, four TEP4 decodes,
+5 trays) and DeepSeek-V4-Pro's low-latency TP8 decode over two trays (with a DEP8 prefill
+over two more). Only what a site changes is set: the engine (simulated, in the dev
+cluster's image), the profile, the partition, shorter waits and sweep. The dev cluster
+must be up (`bash slurm/devcluster/up.sh`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import leftovers
+
+from launcher.schema import srt_slurm
+
+pytestmark = pytest.mark.slurm
+SOURCES = srt_slurm.BUNDLED / "recipes" / "multi-node"
+KIMI_1P4D = SOURCES / "Kimi-K2.5/GB200/vllm/8k1k-sa/disagg-gb200-1p4d-dep4-tep4.yaml"
+DSV4_TP8 = SOURCES / "DeepSeek-V4-Pro/GB200/vllm/8k1k-sa/disagg-gb200-low-latency.yaml"
+SITE = [
+    "engine=sim", "cluster=devcluster", "slurm.partition=dev", "slurm.time_limit=00:15:00",
+    "container.image=127.0.0.1:5000/pd/devcluster-engine:bookworm",
+    'container.environment="{compute_env}"', "health.timeout_s=120", "health.router_timeout_s=60",
+    # a short sweep of short requests: the shapes are under test, not the workload
+    "benchmark.input_len=512", "benchmark.output_len=32", "benchmark.prompts_multiplier=2",
+    "benchmark.warmup_multiplier=1", "sim.speed=20",
+]
+
+
+def run_on_devcluster(tmp: Path, source: Path, *sets: str) -> tuple[Path, str]:
+    args = [a for s in (*SITE, *sets) for a in ("--set", s)]
+    p = subprocess.run(
+        [sys.executable, "-m", "launcher", "submit", str(source), *args,
+         "--runs-dir", str(tmp / "runs"), "--wait"],
+        capture_output=True, text=True, timeout=600, cwd=tmp, env=dict(os.environ),
+    )  # fmt: skip
+    runs = [r.parent for r in (tmp / "runs").glob("*/plan.json")]
+    assert p.returncode == 0 and runs, p.stdout + p.stderr
+    return runs[0], p.stderr
+
+
+@pytest.fixture(scope="module")
+def kimi_1p4d(tmp_path_factory):
+    return run_on_devcluster(tmp_path_factory.mktemp("kimi"), KIMI_1P4D,
+                             "benchmark.concurrency=[16]",
+                             # vLLM 0.33 (the simulator's parser) has no such attention key
+                             "prefill.args.attention-config=null")
+
+
+@pytest.fixture(scope="module")
+def dsv4_tp8(tmp_path_factory):
+    return run_on_devcluster(tmp_path_factory.mktemp("dsv4"), DSV4_TP8,
+                             "benchmark.concurrency=[2]")
+
+
+def engines(run: Path) -> list[dict]:
+    plan = json.loads((run / "plan.json").read_text())
+    return [p for p in plan["processes"] if p["kind"] == "engine"]
+
+
+def test_a_1p4d_recipe_runs_each_decode_serving(kimi_1p4d):
+    run, err = kimi_1p4d
+    assert "is an srt-slurm recipe, imported on the way" in err
+    procs = engines(run)
+    decodes = sorted(p["name"] for p in procs if p["role"] == "decode")
+    assert [d.split("@")[0] for d in decodes] == [f"decode-{i}" for i in range(4)]
+    assert len({p["node"] for p in procs}) == 5  # one tray per TEP4 decode, one for the DEP4
+    for d in decodes:  # the router spread the sweep over every decode endpoint
+        assert (run / "logs" / f"{d}.log").read_text().count("POST /v1/completions") > 8, d
+    for p in procs:
+        assert "--tensor-parallel-size" in p["argv"]
+    assert all(p["container"] for p in procs)
+    assert json.loads((run / "summary.json").read_text())["verdict"] == "passed"
+    assert leftovers(run) == []
+
+
+def test_a_tp8_decode_over_two_trays_runs_under_pyxis(dsv4_tp8):
+    run, _ = dsv4_tp8
+    decode = [p for p in engines(run) if p["role"] == "decode"]
+    assert len(decode) == 2 and len({p["node"] for p in decode}) == 2
+    head, other = decode
+    for p, rank in ((head, "0"), (other, "1")):
+        a = p["argv"]
+        assert a[a.index("--tensor-parallel-size") + 1] == "8"
+        assert a[a.index("--nnodes") + 1] == "2" and a[a.index("--node-rank") + 1] == rank
+        assert p["container"]
+    assert "--headless" in other["argv"] and "--headless" not in head["argv"]
+    head_log = (run / "logs" / f"{head['name']}.log").read_text()
+    assert "Node rank 1 joined" in head_log and head_log.count("POST /v1/completions") >= 2
+    assert "tensor parallel ranks 4-7 running" in (run / "logs" / f"{other['name']}.log").read_text()
+    assert json.loads((run / "summary.json").read_text())["verdict"] == "passed"
+    assert leftovers(run) == []
