@@ -255,8 +255,30 @@ def verdicts(rd: RunDir) -> tuple[dict[Any, dict], str | None]:
         c = r.get("concurrency")
         key = int(c) if isinstance(c, (int, float)) and math.isfinite(c) else r.get("point")
         out[key] = {"short": r.get("verdict"), "title": r.get("verdict_title"),
-                    "evidence": r.get("evidence") or "", "kind": r.get("verdict_kind")}
+                    "evidence": r.get("evidence") or "", "kind": r.get("verdict_kind"),
+                    "spec": [r.get(k) for k in SPEC_KEYS]}
     return out, None
+
+
+SPEC_KEYS = ("spec_acceptance_rate", "spec_mean_acceptance_length", "spec_per_position")
+
+
+def speculative(vmap: dict) -> str:
+    """Speculative decoding per sweep point ('' when no point drafted)."""
+    rows = []
+    for c, v in vmap.items():
+        rate, length, per_pos = v.get("spec") or (None, None, None)
+        if not (isinstance(rate, float) and math.isfinite(rate)):
+            continue
+        rows.append(f'<td class="n">{esc(c)}</td>' + cell(rate * 100.0, None, 1)
+                    + cell(length, None, 2) + f"<td>{esc(per_pos or '–')}</td>")
+    if not rows:
+        return ""
+    return ("<h2>Speculative decoding per sweep point</h2>"
+            + table(["conc", "acceptance %", "mean acceptance length", "per position"], rows)
+            + '<p class="note">Over each point\'s window, from vLLM\'s vllm:spec_decode_* '
+            "counters of every engine: accepted ÷ drafted tokens; mean acceptance length = 1 + "
+            "accepted ÷ drafts.</p>")
 
 
 def _plan(rd: RunDir):
@@ -624,7 +646,7 @@ def render_run(path: Path) -> str:
             "<h2>Identity</h2>", identity(rd, s, source),
             "<h2>What was measured</h2>", measured(rd),
             "<h2>Headline</h2>", headline(s), verdict_block(s),
-            "<h2>Summary per sweep point</h2>", summary_table(s, vmap),
+            "<h2>Summary per sweep point</h2>", summary_table(s, vmap), speculative(vmap),
             "<h2>Pareto: throughput per GPU vs interactivity</h2>",
             svg_chart([pareto_series(s.get("points") or [], "", PALETTE[0], vmap)],
                       x_title=X_TITLE, y_title=MEASURE_TITLE,

@@ -73,6 +73,8 @@ class Scenario:
     tpot_scale: float = 1.0           # decode speed of this configuration (studies)
     recipe: str | None = None         # recipe name (default synthetic-<signature>)
     gb200: bool = False               # GB200-scale speeds (gb200_speed), for published_study
+    spec_tokens: int = 0              # MTP drafts per decode step (vllm:spec_decode_*)
+    spec_accept: float = 0.75         # each draft position's acceptance, given the one before
 
 
 # --- plan ----------------------------------------------------------------------------------
@@ -411,6 +413,17 @@ def engine_telemetry(sc: Scenario, plan: dict, tl: Timeline, models: list[PointM
             add(proc, engines, "vllm:prompt_tokens_by_source_total",
                 {"source": "local_compute"}, counter(r))
             add(proc, engines, "vllm:generation_tokens_total", None, counter(r * OSL))
+            if sc.spec_tokens:  # each draft's tokens: the target's own + the accepted run
+                pos = [sc.spec_accept ** (i + 1) for i in range(sc.spec_tokens)]
+                drafts = r * OSL / (1 + sum(pos))
+                add(proc, engines, "vllm:spec_decode_num_drafts_total", None, counter(drafts))
+                add(proc, engines, "vllm:spec_decode_num_draft_tokens_total", None,
+                    counter(drafts * sc.spec_tokens))
+                add(proc, engines, "vllm:spec_decode_num_accepted_tokens_total", None,
+                    counter(drafts * sum(pos)))
+                for i, rate in enumerate(pos):
+                    add(proc, engines, "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+                        {"position": str(i)}, counter(drafts * rate))
             pre = per_point("preempt_rate")[None, :] * share * _noise(rng, (dp, n_t), 0.3)
         add(proc, engines, "vllm:num_preemptions_total", None, counter(pre))
         kvm = np.clip(kv[None, :] * (skew ** 0.5) + 0.01 * rng.standard_normal((dp, n_t)),
@@ -669,7 +682,9 @@ LARGE_TOPOLOGY = Topology(n_prefill=20, prefill_dp=2, n_decode=2, decode_dp=16)
 
 def large(root: Path, duration_s: float = 7200.0, **kw: Any) -> Path:
     """72 GPUs on 18 nodes: 2 decode DEP16 (4 nodes each) + 20 prefill DEP2 (2 per node),
-    72 engines, 1 s sampling; 8 sweep points 64..5120 over `duration_s`."""
+    72 engines, 1 s sampling; 8 sweep points 64..5120 over `duration_s`; MTP with 2 draft
+    tokens on the decodes."""
+    kw.setdefault("spec_tokens", 2)
     sc = Scenario("large72", "kv_capacity", topology=LARGE_TOPOLOGY,
                   concurrencies=(64, 128, 256, 512, 1024, 2048, 4096, 5120),
                   duration_s=duration_s, **kw)

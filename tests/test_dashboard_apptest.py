@@ -170,6 +170,24 @@ def test_sweep_shows_the_lengths_each_point_sent(runs, monkeypatch):
     assert len(table) >= 1 and (table["input_min"] <= table["input_max"]).all()
 
 
+def test_sweep_shows_the_mtp_acceptance_of_each_point(runs, monkeypatch):
+    """The 72-GPU run's decodes draft 2 tokens a step (MTP), each position accepted at 0.75
+    given the one before: 0.75 and 0.5625, so (0.75 + 0.5625) / 2 of the drafted tokens."""
+    at = open_page(runs["large"].parent, runs["large"].name, "app_pages/sweep.py",
+                   monkeypatch)
+    assert any(s.value == "Speculative decoding" for s in at.subheader)
+    spec = next(d.value for d in at.dataframe
+                if "spec_mean_acceptance_length" in d.value.columns)
+    assert len(spec) == 8  # every sweep point
+    assert ((spec["spec_acceptance_rate"] - 65.625).abs() < 1.5).all(), spec
+    assert ((spec["spec_mean_acceptance_length"] - 2.3125).abs() < 0.03).all(), spec
+    first = [float(x) for x in spec["spec_per_position"].iloc[0].split(", ")]
+    assert abs(first[0] - 0.75) < 0.02 and abs(first[1] - 0.5625) < 0.02
+    healthy = open_page(runs["healthy"].parent, runs["healthy"].name, "app_pages/sweep.py",
+                        monkeypatch)
+    assert not any(s.value == "Speculative decoding" for s in healthy.subheader)
+
+
 def test_sweep_compares_runs_on_one_pareto(runs, monkeypatch):
     at = open_page(runs["healthy"].parent, runs["healthy"].name, "app_pages/sweep.py",
                    monkeypatch)

@@ -306,7 +306,8 @@ def visit(browser, url: str, title: str, min_charts: int, shot: Path) -> dict:
             n_time = check_axes(axes, where)
             if width == WIDTHS[0]:
                 got = {"text": page.inner_text("body"), "drawn": page.locator(DRAWN).count(),
-                       "axes": axes, "time_axes": n_time}
+                       "axes": axes, "time_axes": n_time,
+                       "canvas": page.evaluate("(window.__texts || []).map(e => e.t)")}
         return got
     finally:
         page.close()
@@ -567,6 +568,16 @@ def test_kv_and_ttft_pages_of_the_72_gpu_run(server, browser, shots):
     got = visit(browser, f"{base}/ttft?run={run.name}", "TTFT breakdown", 1,
                 shots / "large-ttft.png")
     assert "decode KV capacity" in got["text"]
+
+
+def test_the_mtp_acceptance_per_point_of_the_72_gpu_run(server, browser, shots):
+    base, runs = server
+    run = runs["large"]
+    got = visit(browser, f"{base}/sweep?run={run.name}", "Sweep", 3, shots / "large-sweep.png")
+    assert "Speculative decoding" in got["text"] and "accepted ÷ drafted" in got["text"]
+    drawn = set(got["canvas"])
+    assert {"acceptance %", "mean acceptance length", "per position"} <= drawn, drawn
+    assert any(t.startswith("0.75") and ", 0.56" in t for t in drawn), drawn
 
 
 def test_failed_run_shows_the_error(server, browser, shots):

@@ -195,3 +195,47 @@ def test_slow_kv_transfer_shows_as_deferred_fetch_and_in_decode_ttft(tmp_path):
     finally:
         prefill.stop()
         decode.stop()
+
+
+def test_speculative_decoding_counts_drafts_and_accepted_tokens_like_vllm(tmp_path):
+    """--speculative-config (MTP, 3 draft tokens): vLLM 0.33's spec_decode counters per engine
+    and per draft position, its 'SpecDecoding metrics' log line after the stats line, and
+    fewer decode steps than tokens (each step: the target's token + the accepted drafts)."""
+    spec = '{"method": "mtp", "num_speculative_tokens": 3}'
+    sim = start_sim(tmp_path, "decode-0", "m", "--speculative-config", spec,
+                    "--max-model-len", "8192", SIM_SPEC_ACCEPT="0.6", SIM_SPEED="20",
+                    VLLM_LOG_STATS_INTERVAL="1")
+    try:
+        sim.wait_healthy(20)
+        for _ in range(4):
+            status, body = http_json(sim.url + "/v1/completions",
+                                     {"prompt": "tell me " * 20, "max_tokens": 200})
+            assert status == 200 and body["usage"]["completion_tokens"] == 200
+        text = scrape(sim.url)
+        fams = {f.name: f for f in text_string_to_metric_families(text)}
+        for name in ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                     "vllm:spec_decode_num_accepted_tokens",
+                     "vllm:spec_decode_num_accepted_tokens_per_pos"):
+            assert fams[name].type == "counter", name
+        per_pos = [s for s in fams["vllm:spec_decode_num_accepted_tokens_per_pos"].samples
+                   if s.name.endswith("_total")]
+        assert [s.labels["position"] for s in per_pos] == ["0", "1", "2"]
+        assert set(per_pos[0].labels) == {"model_name", "engine", "position"}
+        drafts = sample(text, "vllm:spec_decode_num_drafts_total")
+        drafted = sample(text, "vllm:spec_decode_num_draft_tokens_total")
+        accepted = sample(text, "vllm:spec_decode_num_accepted_tokens_total")
+        assert drafted == 3 * drafts
+        # every decode step after the first token drafts once: 4 x 199 tokens in fewer steps
+        assert drafts + accepted == 4 * 199
+        assert 0.6 * 0.85 < per_pos[0].value / drafts < 0.6 * 1.15
+        assert 0.36 * 0.8 < per_pos[1].value / drafts < 0.36 * 1.2
+        wait_for(lambda: "SpecDecoding metrics: Mean acceptance length:" in sim.log_text(), 10,
+                 "the spec decoding log line")
+        line = next(x for x in sim.log_text().splitlines() if "SpecDecoding metrics" in x)
+        assert "[metrics.py:120]" in line and "Per-position acceptance rate: " in line
+        assert line.rstrip().endswith("%") and "Avg Draft acceptance rate: " in line
+        got = statslog.parse_spec(line.split("SpecDecoding metrics: ", 1)[1])
+        assert 1 < got["spec_mean_acceptance_length"] < 4
+        assert 0 < got["spec_avg_draft_acceptance_rate_pct"] < 100
+    finally:
+        sim.stop()

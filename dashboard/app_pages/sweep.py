@@ -131,7 +131,33 @@ def body(info) -> None:  # the run as re-read at each live refresh
         if len(groups) > 1:
             st.markdown(f"**{run}**")
         points_tables(t, energy)
+    speculative(table)
     lengths_sent(info)
+
+
+def speculative(table: pd.DataFrame) -> None:
+    """Speculative decoding (MTP, EAGLE, ...) per point: how much of each draft the target
+    accepted, from vLLM's spec_decode counters over the point's window."""
+    if "spec_acceptance_rate" not in table or not table["spec_acceptance_rate"].notna().any():
+        return
+    st.subheader("Speculative decoding")
+    st.caption("Per point, over its measured window (vLLM's vllm:spec_decode_* counters of "
+               "every engine): accepted ÷ drafted tokens; mean acceptance length = 1 + "
+               "accepted ÷ drafts (the target's own token counts); the rate at each draft "
+               "position.")
+    t = table[table["spec_acceptance_rate"].notna()]
+    num = st.column_config.NumberColumn
+    cols = (["run"] if t["run"].nunique() > 1 else []) + [
+        "point", "spec_acceptance_rate", "spec_mean_acceptance_length", "spec_per_position",
+        "tokens_per_s_per_user"]
+    rows = t[cols].assign(spec_acceptance_rate=t["spec_acceptance_rate"] * 100.0,
+                          spec_per_position=t["spec_per_position"].fillna("—"))
+    ui.table(rows, column_config={
+        "spec_acceptance_rate": num("acceptance %", format="%.1f"),
+        "spec_mean_acceptance_length": num("mean acceptance length", format="%.2f"),
+        "spec_per_position": st.column_config.TextColumn("per position"),
+        "tokens_per_s_per_user": num("tok/s/user", format="%.1f"),
+    })
 
 
 def lengths_sent(info) -> None:

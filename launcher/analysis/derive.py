@@ -293,6 +293,7 @@ EVIDENCE_COLUMNS = (
     "decode_waiting_capacity", "decode_waiting_deferred", "prefill_waiting",
     "decode_running", "preemptions", "nixl_failed", "kv_expired",
     "energy_prefill_j", "energy_decode_j", "energy_agg_j", "energy_j", "energy_allocated_j",
+    "spec_acceptance_rate", "spec_mean_acceptance_length", "spec_per_position",
 )
 
 
@@ -399,12 +400,40 @@ def window_evidence(w: Window | None, ss: SeriesSet | None, step_s: float) -> di
     ids = ss.select("gpu:energy_mj").index
     out["energy_allocated_j"] = (float(ss.increase(ids, a, b).sum()) / 1000.0 if len(ids)
                                  else float("nan"))
+    out.update(spec_evidence(ss, a, b))
     ids = ss.select("vllm:nixl_xfer_time_seconds_bucket", "decode").index
     if len(ids):
         les = ss.label_values(ids, "le")
         inc = ss.increase(ids, a, b)
         per_le = pd.Series(inc).groupby(np.array(les)).sum()
         out["kv_transfer_p99_s"] = hist_quantile(list(per_le.index), per_le.to_numpy(), 0.99)
+    return out
+
+
+def spec_evidence(ss: SeriesSet, a: float, b: float) -> dict[str, Any]:
+    """Speculative decoding over a window, as vLLM's SpecDecodingProm defines it: the
+    acceptance rate (accepted ÷ drafted tokens), the mean acceptance length (1 + accepted ÷
+    drafts: the target's own token counts) and the per-position rates (accepted at each
+    draft position ÷ drafts, as text). NaN / None without drafts in the window."""
+    def inc(name: str) -> float:
+        ids = ss.select(name).index
+        return float(ss.increase(ids, a, b).sum()) if len(ids) else float("nan")
+
+    drafts = inc("vllm:spec_decode_num_drafts_total")
+    tokens = inc("vllm:spec_decode_num_draft_tokens_total")
+    accepted = inc("vllm:spec_decode_num_accepted_tokens_total")
+    out: dict[str, Any] = {"spec_acceptance_rate": float("nan"),
+                           "spec_mean_acceptance_length": float("nan"),
+                           "spec_per_position": None}
+    if not drafts > 0:
+        return out
+    out["spec_acceptance_rate"] = accepted / tokens if tokens > 0 else float("nan")
+    out["spec_mean_acceptance_length"] = 1 + accepted / drafts
+    ids = ss.select("vllm:spec_decode_num_accepted_tokens_per_pos_total").index
+    if len(ids):
+        per = pd.Series(ss.increase(ids, a, b)).groupby(
+            np.array(ss.label_values(ids, "position"), dtype=int)).sum()
+        out["spec_per_position"] = ", ".join(f"{v / drafts:.3f}" for v in per.sort_index())
     return out
 
 

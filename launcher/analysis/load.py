@@ -67,6 +67,11 @@ TTFT_NAMES = (
     "vllm:nixl_num_failed_transfers_total",
     "vllm:nixl_num_kv_expired_reqs_total",
     "gpu:energy_mj",  # NVML's energy counter: joules per token over each window
+    # speculative decoding (MTP and the like): the acceptance per point
+    "vllm:spec_decode_num_drafts_total",
+    "vllm:spec_decode_num_draft_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_per_pos_total",
 )
 FAMILIES = {"kv": KV_NAMES, "ttft": TTFT_NAMES}
 

@@ -27,7 +27,7 @@ _MODELLED = {
     "model_tag", "model", "host", "port", "served_model_name", "data_parallel_size",
     "data_parallel_size_local", "data_parallel_address", "data_parallel_rpc_port",
     "data_parallel_start_rank", "data_parallel_hybrid_lb", "headless", "tensor_parallel_size",
-    "api_server_count", "nnodes", "node_rank", "master_addr", "master_port",
+    "api_server_count", "speculative_config", "nnodes", "node_rank", "master_addr", "master_port",
     "kv_transfer_config", "block_size", "num_gpu_blocks_override", "max_num_seqs",
     "max_num_batched_tokens", "max_model_len", "stream_interval", "gpu_memory_utilization",
     "kv_cache_dtype", "mamba_ssm_cache_dtype", "disable_log_stats", "aggregate_engine_logging",
@@ -87,6 +87,7 @@ class SimConfig:
     # switches to with one local rank, engine/arg_utils.py:2488-2505, config/parallel.py:657).
     hybrid_lb: bool = False
     # tensor parallel over several nodes (vLLM's --nnodes/--node-rank/--master-addr/-port)
+    num_spec_tokens: int = 0  # --speculative-config's num_speculative_tokens (MTP and the like)
     nnodes: int = 1
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
@@ -266,6 +267,7 @@ def parse(argv: list[str], env: dict[str, str] | None = None) -> SimConfig:
         system_fingerprint=fingerprint(ns, model, dp, max_model_len),
         enable_prefix_caching=ns.enable_prefix_caching is not False,
         hybrid_lb=hybrid_lb,
+        num_spec_tokens=_spec_tokens(ns.speculative_config),
         nnodes=ns.nnodes,
         node_rank=ns.node_rank,
         master_addr=ns.master_addr,
@@ -273,6 +275,19 @@ def parse(argv: list[str], env: dict[str, str] | None = None) -> SimConfig:
         ignored_flags=ignored,
         argv_warnings=warnings,
     )
+
+
+def _spec_tokens(spec: Any) -> int:
+    """Draft tokens per step from --speculative-config (0: no speculative decoding)."""
+    if not spec:
+        return 0
+    if not isinstance(spec, dict):
+        raise UsageError("--speculative-config: give a JSON object")
+    n = spec.get("num_speculative_tokens")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise UsageError("--speculative-config: num_speculative_tokens must be a positive "
+                         f"integer (got {n!r})")
+    return n
 
 
 def _validate_like_vllm(ns: argparse.Namespace) -> None:

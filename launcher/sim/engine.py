@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 import time
 import zlib
 from collections import deque
@@ -107,6 +108,18 @@ class Interval:
     notifs_after_expiry: int = 0
     last_prompt_tp: float = 0.0
     last_gen_tp: float = 0.0
+    # speculative decoding (SpecDecodingLogging's interval): drafts, their tokens, accepted
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted: int = 0
+    spec_accepted_per_pos: list[int] = field(default_factory=list)
+
+
+# vLLM 0.33 vllm/v1/spec_decode/metrics.py SpecDecodingProm (labels model_name, engine;
+# the per-position one adds position)
+SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens")
+SPEC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 
 # A KV pull: (engine, request) -> awaits the transfer; raises KVTransferError on failure.
@@ -144,6 +157,13 @@ class Engine:
         self._virtual_end = self._last_step_end
         self._last_dur = 0.0
         self._ext_window: deque[tuple[int, int]] = deque(maxlen=1000)
+        self.spec = cfg.num_spec_tokens  # draft tokens per decode step (0: none)
+        self._draws = random.Random(f"{engine_id}-{rank}")
+        if self.spec:
+            for name in SPEC_COUNTERS:
+                self.stats.counters[name] = 0.0
+            for pos in range(self.spec):
+                self.stats.counters[f"{SPEC_PER_POS}|{pos}"] = 0.0
 
     # ----- public API --------------------------------------------------------------------
     def start(self) -> None:
@@ -362,7 +382,9 @@ class Engine:
             req = running[i]
             target = req.prompt_len + req.generated
             n = min(target - req.computed, budget)
-            while not self._alloc(req, req.computed + n):
+            # a decode step also holds slots for its draft tokens (vLLM's lookahead slots)
+            drafts = self.spec if req.computed >= req.prompt_len else 0
+            while not self._alloc(req, req.computed + n + drafts):
                 victim = running.pop()  # newest request is preempted (recompute)
                 self._preempt(victim)
                 preempted = True
@@ -370,7 +392,7 @@ class Engine:
                     break
             else:
                 scheduled.append((req, n))
-                budget -= n
+                budget -= n + drafts
                 if req.computed >= req.prompt_len:
                     decode_seqs += 1
                     ctx += req.computed
@@ -506,8 +528,12 @@ class Engine:
                     continue
             else:
                 decoded += 1
-            req.generated += 1
-            gen += 1
+            step = 1
+            if self.spec and req.generated:  # a decode step: the target's token + accepted drafts
+                step += self._accept(req.max_tokens - req.generated - 1)
+                req.computed += step - 1
+            req.generated += step
+            gen += step
             req.last_token = now
             g = req.generated
             if g >= req.max_tokens:
@@ -524,6 +550,30 @@ class Engine:
         interval.gen_tokens += gen
         if finished:
             self.running = [r for r in self.running if not r.finished]
+
+    def _accept(self, room: int) -> int:
+        """One draft of self.spec tokens verified: how many are accepted (a run from the
+        first, each at SIM_SPEC_ACCEPT), at most `room` (tokens left to generate)."""
+        accepted = 0
+        while accepted < self.spec and self._draws.random() < self.k.spec_accept:
+            accepted += 1
+        accepted = max(0, min(accepted, room))
+        c = self.stats.counters
+        c["vllm:spec_decode_num_drafts"] += 1
+        c["vllm:spec_decode_num_draft_tokens"] += self.spec
+        c["vllm:spec_decode_num_accepted_tokens"] += accepted
+        for pos in range(accepted):
+            c[f"{SPEC_PER_POS}|{pos}"] += 1
+        if self.cfg.stats_logging:
+            iv = self.interval
+            iv.spec_drafts += 1
+            iv.spec_draft_tokens += self.spec
+            iv.spec_accepted += accepted
+            if len(iv.spec_accepted_per_pos) < self.spec:
+                iv.spec_accepted_per_pos = [0] * self.spec
+            for pos in range(accepted):
+                iv.spec_accepted_per_pos[pos] += 1
+        return accepted
 
     def _count_prompt(self, req: Req, now: float) -> None:
         st = self.stats

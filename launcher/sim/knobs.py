@@ -113,6 +113,10 @@ class Knobs:
         "and a prefill whose lease runs out meanwhile has freed their blocks, as in vLLM."))
     connect_timeout_s: float = field(default=5.0, metadata=_doc(
         "Timeout for side-channel (KV pull) connects and replies, wall-clock seconds."))
+    spec_accept: float = field(default=0.8, metadata=_doc(
+        "With --speculative-config: the chance that each draft position is accepted given the "
+        "one before it was (a step's tokens are 1 + the accepted run); the acceptance rate "
+        "vLLM reports follows from it."))
     headless_wait_s: float = field(default=600.0, metadata=_doc(
         "How long a headless part (or a hybrid-LB front on another node) keeps retrying to "
         "reach the head's DP RPC address."))

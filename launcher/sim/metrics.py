@@ -47,6 +47,10 @@ def buckets_1_2_5(max_value: int) -> list[float]:
 
 
 HELP = {
+    "vllm:spec_decode_num_drafts": "Number of spec decoding drafts.",
+    "vllm:spec_decode_num_draft_tokens": "Number of draft tokens.",
+    "vllm:spec_decode_num_accepted_tokens": "Number of accepted tokens.",
+    "vllm:spec_decode_num_accepted_tokens_per_pos": "Accepted tokens per draft position.",
     "vllm:estimated_flops_per_gpu":
         "Estimated number of floating point operations per GPU (for Model Flops "
         "Utilization calculations).",
@@ -422,6 +426,24 @@ def render(engines: list[GaugeSource], model_name: str, *, nixl: bool, consumer:
         gauge_fams.append(fam)
         ordered.append(fam)
 
+    cfg = getattr(engines[0], "cfg", None) if engines else None
+    spec = getattr(cfg, "num_spec_tokens", 0)
+    if spec:  # registered before the KV connector's (PrometheusStatLogger.__init__)
+        from launcher.sim.engine import SPEC_COUNTERS, SPEC_PER_POS
+
+        for name in SPEC_COUNTERS:
+            counter(name)
+        fam = _Family(SPEC_PER_POS + "_total", "counter", SPEC_PER_POS)
+        fam.help = HELP[SPEC_PER_POS]
+        for e, lab in zip(engines, base, strict=True):  # each engine's positions together
+            for pos in range(spec):
+                full = {**lab, "position": str(pos)}
+                fam.lines.append(f"{SPEC_PER_POS}_total{_labels(full)} "
+                                 f"{_fmt(e.stats.counters[f'{SPEC_PER_POS}|{pos}'])}")
+                fam.created.append(f"{SPEC_PER_POS}_created{_labels(full)} "
+                                   f"{_fmt(e.stats.created)}")
+        counter_fams.append(fam)
+        ordered.append(fam)
     if nixl:
         for name, _ in _NIXL_HISTS:
             hist(name)

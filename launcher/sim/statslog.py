@@ -16,6 +16,7 @@ from launcher.sim.engine import Engine, Interval
 
 STATS_WHERE = "loggers.py:335"
 KV_WHERE = "metrics.py:108"
+SPEC_WHERE = "metrics.py:120"  # vllm/v1/spec_decode/metrics.py SpecDecodingLogging.log
 INIT_WHERE = "loggers.py:425"
 MULTI_API_WHERE = "loggers.py:1386"
 MULTI_API_MSG = ("AsyncLLM created with api_server_count more than 1; disabling stats logging "
@@ -59,6 +60,22 @@ def kv_message(iv: Interval) -> str | None:
     fields += [("Num failed transfers", iv.failed), ("Num KV expired reqs", iv.expired),
                ("Num notifs after expiry", iv.notifs_after_expiry)]
     return "KV Transfer metrics: " + ", ".join(f"{k}={v}" for k, v in fields)
+
+
+def spec_message(iv: Interval, elapsed: float) -> str | None:
+    """'SpecDecoding metrics: ...' for an interval with drafts, as vLLM 0.33 words it."""
+    if not iv.spec_drafts:
+        return None
+    drafted, accepted = iv.spec_draft_tokens, iv.spec_accepted
+    rate = accepted / drafted * 100 if drafted else float("nan")
+    per_pos = ", ".join(f"{n / iv.spec_drafts:.3f}" for n in iv.spec_accepted_per_pos)
+    return ("SpecDecoding metrics: "
+            f"Mean acceptance length: {1 + accepted / iv.spec_drafts:.2f}, "
+            f"Accepted throughput: {accepted / elapsed:.2f} tokens/s, "
+            f"Drafted throughput: {drafted / elapsed:.2f} tokens/s, "
+            f"Accepted: {accepted} tokens, Drafted: {drafted} tokens, "
+            f"Per-position acceptance rate: {per_pos}, "
+            f"Avg Draft acceptance rate: {rate:.1f}%")
 
 
 def engine_message(prefix: str, prompt_tp: float, gen_tp: float, running: int, waiting: int,
@@ -135,6 +152,9 @@ def log_interval(engines: Sequence[Engine], aggregate: bool) -> None:
         idle = not (prompt_tp or gen_tp or iv.last_prompt_tp or iv.last_gen_tp)
         level = "DEBUG" if idle else "INFO"
         vlog.log(level, STATS_WHERE, msg)
+        spec = spec_message(iv, elapsed)
+        if spec:  # after the stats line, before the KV connector's (loggers.py:340)
+            vlog.log(level, SPEC_WHERE, spec)
         kv = kv_message(iv) if e.cfg.kv_connector else None
         if kv:  # vLLM logs it with the stats line's level: an idle engine's is DEBUG too
             vlog.log(level, KV_WHERE, kv)
