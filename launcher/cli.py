@@ -48,8 +48,9 @@ def _add_plan_commands(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(func=cmd_recipes)
 
     s = sub.add_parser("submit", help="allocate nodes and run a recipe (or --dry-run)")
-    s.add_argument("recipe", nargs="?",
-                   help="a recipe YAML path or the name of a shipped recipe")
+    s.add_argument("recipe", nargs="*",
+                   help="a recipe YAML path (ours or srt-slurm's) or the name of a shipped "
+                        "recipe; several make a study, one configuration each")
     s.add_argument("--again", metavar="RUN",
                    help="submit the exact resolved recipe of an earlier run (its recipe.yaml)")
     _recipe_options(s)
@@ -330,8 +331,8 @@ def cmd_submit(args) -> int:
             raise UserError("submit --again RUN takes that run's resolved recipe: give no "
                             "recipe and no --sweep (--set still changes it)")
         old = _find_run(args.runs_dir, args.again)
-        args.recipe = str(old.path / "recipe.yaml")
-        if not Path(args.recipe).is_file():
+        args.recipe = [str(old.path / "recipe.yaml")]
+        if not Path(args.recipe[0]).is_file():
             raise UserError(f"{old.path} has no recipe.yaml to submit again")
         pin = _pinned_image(old)
         if pin:  # first: a --set of the user's still wins

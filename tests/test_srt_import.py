@@ -60,7 +60,8 @@ def engine_lines(commands: str, role: str) -> list[list[str]]:
     out = []
     for i, line in enumerate(lines):
         if line.startswith(f"# {role}-") and "(engine)" in line:
-            out.append(shlex.split(lines[i + 1]))
+            step = next(x for x in lines[i + 1:] if not x.startswith("#"))
+            out.append(shlex.split(step))
     return out
 
 
@@ -237,3 +238,88 @@ def test_recipes_import_writes_a_recipe_that_loads_and_submit_says_it_imported(c
     code, stdout, err = cli("submit", str(p), "--dry-run", "--runs-dir", str(tmp_path / "r"))
     assert code == 0, err
     assert "is an srt-slurm recipe, imported on the way" in err
+
+
+# --- Qwen3.5: the published files are the seed recipe ---------------------------------------
+
+QWEN = sorted(p for p in SOURCES if "Qwen3.5" in str(p))
+
+
+@pytest.fixture(scope="module")
+def seed_runs(tmp_path_factory):
+    """{prefill endpoints: (plan.json, commands.sh)} of the seed recipe's five configurations."""
+    runs_dir = tmp_path_factory.mktemp("seed")
+    out = {}
+    for n in (4, 5, 6, 7, 8):
+        [run] = prepare.prepare_all("qwen3.5-397b-gb200-disagg", [f"prefill.endpoints={n}"],
+                                    [], runs_dir)
+        out[n] = (json.loads((run.run.path / "plan.json").read_text()),
+                  (run.run.path / "commands.sh").read_text())
+    return out
+
+
+# the launcher's own choices, per node and job: not settings of the recipe
+PLACED = {"--port", "--data-parallel-rpc-port", "--data-parallel-address"}
+
+
+@pytest.mark.parametrize("name", [short(p) for p in QWEN])
+def test_each_published_qwen_file_is_the_seed_recipe(dry_runs, seed_runs, name):
+    """Imported, each of the 20 Qwen3.5 files runs the engines the seed recipe runs at its
+    prefill count, flag for flag and variable for variable: the -ccN files as the seed's
+    decode runs from concurrency N (its args_from_concurrency), the -acc files as its GSM8K
+    gate."""
+    src, doc, commands = dry_runs[name]
+    n = src["resources"]["prefill_workers"]
+    seed_doc, seed_commands = seed_runs[n]
+    cc = src["benchmark"].get("concurrencies")
+    for role in ("prefill", "decode"):
+        got = engine_lines(commands, role)
+        want = engine_lines(seed_commands, role)
+        assert len(got) == len(want), role
+        for g, w in zip(got, want, strict=True):
+            fg = {k: v for k, v in serve_flags(g).items() if k not in PLACED}
+            fw = {k: v for k, v in serve_flags(w).items() if k not in PLACED}
+            if "-cc" in name and role == "decode":  # the seed's decode from that point on
+                restart = next(r for p in seed_doc["processes"] if p["role"] == "decode"
+                               for r in p.get("restarts") or []
+                               if r["from_concurrency"] == int(cc))
+                fw["--max-cudagraph-capture-size"] = serve_flags(restart["argv"])[
+                    "--max-cudagraph-capture-size"]
+            assert fg == fw, (role, set(fg.items()) ^ set(fw.items()))
+            skip = ("PD_", "VLLM_NIXL_SIDE_CHANNEL_")
+            eg = {k: v for k, v in env_of(g).items() if not k.startswith(skip)}
+            ew = {k: v for k, v in env_of(w).items() if not k.startswith(skip)}
+            assert eg == ew, (role, set(eg.items()) ^ set(ew.items()))
+    b, sb = doc["recipe"]["benchmark"], seed_doc_recipe(seed_runs, n)["benchmark"]
+    if src["benchmark"]["type"] == "sa-bench":
+        for k in ("input_len", "output_len", "range_ratio", "length_rule", "chat_template",
+                  "prompts_multiplier", "warmup_multiplier"):
+            assert b[k] == sb[k], k
+        assert set(b["concurrency"]) <= set(sb["concurrency"])
+    else:
+        a, sa = doc["recipe"]["accuracy"], seed_doc_recipe(seed_runs, n)["accuracy"]
+        for k in ("harness", "repeat", "num_shots", "max_tokens"):
+            assert a[k] == sa[k], k
+
+
+def seed_doc_recipe(seed_runs, n: int) -> dict:
+    from launcher.schema import recipe
+
+    return recipe.load("qwen3.5-397b-gb200-disagg", [f"prefill.endpoints={n}"]).model_dump(
+        mode="json")
+
+
+def test_the_shipped_srt_slurm_recipes_are_the_import_of_their_sources():
+    import importlib.util
+
+    path = Path(srt_slurm.__file__).parents[1] / "recipes" / "srt-slurm" / "regenerate.py"
+    spec = importlib.util.spec_from_file_location("ship", path)
+    ship = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ship)
+    fresh = ship.render_all()
+    assert len(fresh) == 25  # DeepSeek-V4-Pro 8, Kimi-K2.5 8, MiniMax-M2.5 9
+    for rel, text in fresh.items():
+        f = path.parent / rel
+        assert f.exists() and f.read_text() == text, (
+            f"{f} is stale: run python {path} and review the diff")
+    assert sorted(path.parent.rglob("*.yaml")) == sorted(path.parent / r for r in fresh)

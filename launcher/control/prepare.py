@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import re
 import shlex
 import shutil
@@ -314,27 +315,54 @@ def _label(text: str) -> str:
     return re.sub("(het|pack)(job)", r"\1-\2", label, flags=re.I)
 
 
+def _recipe_labels(refs: list[str], names: list[str]) -> list[str]:
+    """How a study of several recipes tells them apart: their names, or where two share one
+    (srt-slurm's 1k1k and 8k1k files may), the folder each came from before it."""
+    labels = [n if names.count(n) == 1 else f"{Path(r).parent.name}-{n}"
+              for r, n in zip(refs, names, strict=True)]
+    dup = next((x for x in labels if labels.count(x) > 1), None)
+    if dup:
+        raise UserError(f"two of the recipes are {dup}: a study tells its configurations "
+                        "apart by name; give each recipe once, or rename one (--set name=...)")
+    return labels
+
+
+def _common_name(names: list[str]) -> str:
+    """The study's name: the recipes' shared name prefix (whole words), else the first
+    recipe's and how many others."""
+    distinct = list(dict.fromkeys(names))
+    if len(distinct) == 1:
+        return names[0]
+    prefix = os.path.commonprefix(distinct)
+    cut = max(prefix.rfind(c) for c in "-_.") if prefix else -1
+    return prefix[:cut] if cut >= 4 else f"{distinct[0]}-and-{len(distinct) - 1}-more"
+
+
 def prepare_all(
-    ref: str,
+    ref: str | list[str],
     overrides: list[str],
     sweeps: list[str],
     runs_root: Path,
     nodelist: str | None = None,
     allocation: str | None = None,
 ) -> list[Prepared]:
-    """One run, or one run per combination of --sweep values, grouped in a study folder.
-    Every run is validated and planned before anything is written. A study runs in one
-    allocation (`allocation` "one") or one job per configuration ("each"); None: whichever
-    the estimate says costs fewer GPU-hours."""
+    """One run, or one run per recipe in `ref` and combination of --sweep values, grouped in
+    a study folder. Every run is validated and planned before anything is written. A study
+    runs in one allocation (`allocation` "one") or one job per configuration ("each"); None:
+    whichever the estimate says costs fewer GPU-hours."""
     root = runs_dir(runs_root)
-    if allocation is not None and not sweeps:
-        raise UserError(f"--allocation {allocation} is for a study: add --sweep KEY=V1,V2,...")
+    refs = [ref] if isinstance(ref, str) else list(ref)
+    if not refs:
+        raise UserError("submit needs a recipe (a shipped name or a YAML path)")
+    if allocation is not None and not sweeps and len(refs) == 1:
+        raise UserError(f"--allocation {allocation} is for a study: add --sweep KEY=V1,V2,... "
+                        "or give several recipes")
     axes = [_sweep_values(s) for s in sweeps]
     keys = [k for k, _ in axes]
     twice = next((k for k in keys if keys.count(k) > 1), None)
     if twice:
         raise UserError(f"--sweep {twice} is given twice: list all its values in one --sweep")
-    count = 1
+    count = len(refs)
     for _, vals in axes:
         count *= len(vals)
         if count > MAX_STUDY_RUNS:
@@ -342,27 +370,44 @@ def prepare_all(
                 f"--sweep makes more than {MAX_STUDY_RUNS} runs, the most a study holds: "
                 "sweep fewer values"
             )
+    if count > MAX_STUDY_RUNS:
+        raise UserError(f"{len(refs)} recipes are more than {MAX_STUDY_RUNS} runs, the most a "
+                        "study holds: give fewer")
     names = cluster_mod.expand_nodelist(nodelist, "--nodelist") if nodelist else None
-    combos = list(itertools.product(*[[(k, v) for v in vals] for k, vals in axes]))
-    recipes = recipe_mod.load_many(ref, overrides, [[f"{k}={v}" for k, v in c] for c in combos])
+    sweep_combos = list(itertools.product(*[[(k, v) for v in vals] for k, vals in axes]))
+    recipes, per_ref = [], []
+    for r in refs:  # each recipe file once, every --sweep combination of it
+        got = recipe_mod.load_many(r, overrides, [[f"{k}={v}" for k, v in c]
+                                                  for c in sweep_combos])
+        recipes += got
+        per_ref.append(got[0].name)
+    combos = [c for _ in refs for c in sweep_combos]
+    if len(refs) > 1:
+        labels = _recipe_labels(refs, per_ref)
+        combos = [(("recipe", label),) + c for label in labels for c in sweep_combos]
+        axes = [("recipe", labels)] + axes
+        sweeps = ["recipe"]  # a study, even without --sweep
     profiles: dict = {}
     planned = [plan_run(r, root, names, profiles) for r in recipes]
     if not sweeps:
         [(plan, need)] = planned
         return find_blockers([write_run(plan, need, root, plan.recipe.name, None)])
-    base = recipes[0].name
+    base = _common_name([r.name for r in recipes])
     study_dir = create_dir(root, f"{base}-study").path
     study = study_dir.name
     out = []
     for combo, (plan, need) in zip(combos, planned, strict=True):
-        label = "_".join(f"{_label(k.split('.')[-1])}{_label(v)}" for k, v in combo)
-        out.append(write_run(plan, need, study_dir, f"{base}_{label}", study))
+        label = "_".join(_label(v) if k == "recipe" else f"{_label(k.split('.')[-1])}{_label(v)}"
+                         for k, v in combo)
+        name = label if combo and combo[0][0] == "recipe" else f"{base}_{label}"
+        out.append(write_run(plan, need, study_dir, name, study))
     doc = studydoc.StudyDoc(
         study=study,
         recipe=base,
-        axes={k: [_value(k, v) for v in vals] for k, vals in axes},
+        axes={k: [v if k == "recipe" else _value(k, v) for v in vals] for k, vals in axes},
         runs=[
-            studydoc.StudyRun(run=p.run.run_id, values={k: _value(k, v) for k, v in c})
+            studydoc.StudyRun(run=p.run.run_id, values={
+                k: v if k == "recipe" else _value(k, v) for k, v in c})
             for p, c in zip(out, combos, strict=True)
         ],
     )

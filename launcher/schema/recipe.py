@@ -235,7 +235,10 @@ POOLS = tuple(str(r) for r in Role)
 
 
 def shipped() -> dict[str, Path]:
-    return {p.stem: p for p in sorted(RECIPES_DIR.glob("*.yaml"))}
+    """Shipped recipes by name: launcher/recipes/*.yaml, then the srt-slurm imports in its
+    folders (launcher/recipes/srt-slurm/<family>/)."""
+    top = sorted(RECIPES_DIR.glob("*.yaml"))
+    return {p.stem: p for p in top + sorted(RECIPES_DIR.glob("*/*/*.yaml"))}
 
 
 def resolve_path(ref: str) -> Path:

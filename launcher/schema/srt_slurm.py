@@ -268,7 +268,7 @@ def convert(data: dict, source: str, sha256: str, aliases: dict[str, str] | None
             src.refuse(key, f"is not a key this import knows under {top} ({SCHEMA_READ}): "
                        "remove it, or report it with the srt-slurm version that reads it")
 
-    out["description"] = _description(source, sha256, provenance, report)
+    out["description"] = _description(out, source, sha256, provenance, report)
     out = _ordered(out)
     if report.refused:
         raise UserError(
@@ -936,9 +936,28 @@ def _ordered(out: dict) -> dict:
     return res
 
 
-def _description(source: str, sha256: str, provenance: list[str], report: Report) -> str:
-    lines = [f"Imported from the srt-slurm recipe {source} (sha256 {sha256}; schema of "
-             f"{SCHEMA_READ})."]
+def shape(pool: dict) -> str:
+    """A pool's shape as srt-slurm's file names write it: DEP8, TEP4, TP8, DP2."""
+    dp, tp = pool.get("data_parallel", 1), pool.get("tensor_parallel", 1)
+    ep = pool.get("expert_parallel", False)
+    if dp > 1:
+        return f"{'DEP' if ep else 'DP'}{dp}" + (f" x TP{tp}" if tp > 1 else "")
+    return f"{'TEP' if ep else 'TP'}{tp}"
+
+
+def _description(out: dict, source: str, sha256: str, provenance: list[str],
+                 report: Report) -> str:
+    pools = [f"{out[p].get('endpoints', 1)} x {shape(out[p])} {p}"
+             for p in ("prefill", "decode", "agg") if isinstance(out.get(p), dict)]
+    b = out.get("benchmark") or {}
+    what = f"{(out.get('model') or {}).get('path', '?')}: {', '.join(pools)}"
+    if b.get("input_len"):
+        what += (f"; sa-bench {b['input_len']}/{b.get('output_len')} at concurrency "
+                 f"{', '.join(map(str, b.get('concurrency') or []))}")
+    elif (out.get("accuracy") or {}).get("enabled"):
+        what += "; GSM8K"
+    lines = [what + ".", f"Imported from the srt-slurm recipe {source} (sha256 {sha256}; "
+             f"schema of {SCHEMA_READ})."]
     if provenance:
         lines.append("Source records: " + "; ".join(provenance) + ".")
     if report.deviations:
