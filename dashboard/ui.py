@@ -205,6 +205,22 @@ def points(info: load.RunInfo) -> pd.DataFrame:
     return table
 
 
+@st.cache_data(max_entries=16, show_spinner=False)
+def _decode_endpoints(path: str, bench_fp: str, tel_fp: str) -> pd.DataFrame:
+    p = Path(path)
+    info = load.run_info(p)
+    if not info.has_telemetry:
+        return derive.decode_endpoints([], None)
+    ss = series_for(path, tel_fp, "ttft", load.fingerprint(RunDir(p).plan))
+    return derive.decode_endpoints(_bench(path, bench_fp), ss)
+
+
+def decode_endpoints(info: load.RunInfo) -> pd.DataFrame:
+    """Per point and decode endpoint: admission, its TTFT, its peak KV use."""
+    return _decode_endpoints(str(info.path), load.fingerprint(info.path / "bench"),
+                             load.telemetry_fingerprint(info.path))
+
+
 def verdicts(info: load.RunInfo) -> list:
     from launcher.analysis import diagnose
 

@@ -260,6 +260,36 @@ def verdicts(rd: RunDir) -> tuple[dict[Any, dict], str | None]:
     return out, None
 
 
+def decode_endpoints(rd: RunDir) -> str:
+    """Each decode endpoint per sweep point ('' with fewer than two): its admission wait,
+    its own TTFT and its peak KV use, which the point's means hide."""
+    try:
+        from launcher.analysis import derive, load
+    except ImportError:  # the dashboard's pandas stack is not installed
+        return ""
+    try:
+        info = load.run_info(rd.path)
+        if not info.has_telemetry:
+            return ""
+        plan = load.read_plan_safe(rd.path)[0]
+        ss = derive.SeriesSet(load.read_telemetry(rd.path, names=load.TTFT_NAMES), plan)
+        t = derive.decode_endpoints(load.load_bench(rd.path), ss)
+    except Exception:  # noqa: BLE001 - a report without this table beats no report
+        return ""
+    if t.empty or t["endpoint"].nunique() < 2:
+        return ""
+    rows = [f"<td>{esc(r['point'])}</td><td>{esc(r['endpoint'])}</td>"
+            + cell(round(r["requests"]), None) + cell(r["admission_s"] * 1000.0, None)
+            + cell(r["engine_ttft_s"] * 1000.0, None) + cell(r["kv_max"] * 100.0, None, 1)
+            for r in t.to_dict("records")]
+    return ("<h2>Decode admission per endpoint</h2>"
+            + table(["point", "decode endpoint", "requests", "admission ms", "its TTFT ms",
+                     "KV max %"], rows)
+            + '<p class="note">Over each point\'s window: the requests each decode endpoint '
+            "admitted, their mean wait for admission, the endpoint's own mean TTFT and its "
+            "peak KV use (its most used engine).</p>")
+
+
 SPEC_KEYS = ("spec_acceptance_rate", "spec_mean_acceptance_length", "spec_per_position")
 
 
@@ -658,7 +688,8 @@ def render_run(path: Path) -> str:
             "GPU).</p>",
             "<h2>TTFT vs concurrency</h2>",
             ttft_chart([("", PALETTE[0], s.get("points") or [])]),
-            "<h2>Bottleneck per sweep point</h2>", bottlenecks(vmap, why)]
+            "<h2>Bottleneck per sweep point</h2>", bottlenecks(vmap, why),
+            decode_endpoints(rd)]
     cmp = comparison([(name, _plan(rd), s.get("points") or [])])
     if cmp is not None and cmp["matched"]:
         ser = pareto_series(s.get("points") or [], "this run", PALETTE[0], vmap)

@@ -166,6 +166,7 @@ def study_plan_text(runs: list[Prepared]) -> str:
                      f"restarts {', '.join(t.restart)} (another command line)" if t.restart else "",
                      f"keeps {', '.join(t.keep)} loaded" if t.keep else "",
                      f"leaves {', '.join(t.idle)} idle (not counted)" if t.idle else "",
+                     f"stops {', '.join(t.stop)} (on GPUs or ports it needs)" if t.stop else "",
                      " and ".join(x for x in [
                          f"its sweep runs from {points[0]} down" if t.descending else "",
                          ("restarts" if t.descending else "its sweep restarts")

@@ -568,6 +568,9 @@ def test_kv_and_ttft_pages_of_the_72_gpu_run(server, browser, shots):
     got = visit(browser, f"{base}/ttft?run={run.name}", "TTFT breakdown", 1,
                 shots / "large-ttft.png")
     assert "decode KV capacity" in got["text"]
+    # two DEP16 decodes: the split per decode endpoint, each one's own row
+    assert "Decode admission per endpoint" in got["text"]
+    assert {"decode-0", "decode-1", "D admission ms"} <= set(got["canvas"]), got["canvas"]
 
 
 def test_the_mtp_acceptance_per_point_of_the_72_gpu_run(server, browser, shots):

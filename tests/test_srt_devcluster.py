@@ -20,15 +20,17 @@ from launcher.schema import srt_slurm
 
 pytestmark = pytest.mark.slurm
 SOURCES = srt_slurm.BUNDLED / "recipes" / "multi-node"
+REPO_RECIPES = Path(srt_slurm.__file__).parents[1] / "recipes" / "srt-slurm"
 KIMI_1P4D = SOURCES / "Kimi-K2.5/GB200/vllm/8k1k-sa/disagg-gb200-1p4d-dep4-tep4.yaml"
 DSV4_TP8 = SOURCES / "DeepSeek-V4-Pro/GB200/vllm/8k1k-sa/disagg-gb200-low-latency.yaml"
 SITE = [
     "engine=sim", "cluster=devcluster", "slurm.partition=dev", "slurm.time_limit=00:15:00",
     "container.image=127.0.0.1:5000/pd/devcluster-engine:bookworm",
     'container.environment="{compute_env}"', "health.timeout_s=120", "health.router_timeout_s=60",
-    # a short sweep of short requests: the shapes are under test, not the workload
-    "benchmark.input_len=512", "benchmark.output_len=32", "benchmark.prompts_multiplier=2",
-    "benchmark.warmup_multiplier=1", "sim.speed=20",
+    # a short sweep of short requests: the shapes are under test, not the workload; long
+    # enough (a few seconds at the simulator's GB200 speed) for 1 s telemetry to see it
+    "benchmark.input_len=512", "benchmark.output_len=64", "benchmark.prompts_multiplier=4",
+    "benchmark.warmup_multiplier=1", "sim.speed=1",
 ]
 
 
@@ -95,3 +97,64 @@ def test_a_tp8_decode_over_two_trays_runs_under_pyxis(dsv4_tp8):
     assert "tensor parallel ranks 4-7 running" in (run / "logs" / f"{other['name']}.log").read_text()
     assert json.loads((run / "summary.json").read_text())["verdict"] == "passed"
     assert leftovers(run) == []
+
+
+def test_the_dashboard_and_report_show_each_decode_endpoint(kimi_1p4d, dsv4_tp8, monkeypatch):
+    """The 1P4D run: its KV page draws every decode endpoint, its TTFT page and its report
+    split decode admission per endpoint; the TP8 run: its one decode (two trays) on the KV
+    page and its TTFT split."""
+    from helpers import open_app
+
+    from launcher import report
+
+    run, _ = kimi_1p4d
+    at = open_app(run.parent, monkeypatch, run=run.name)
+    at.switch_page("app_pages/ttft.py").run()
+    assert not at.exception
+    assert any(s.value == "Decode admission per endpoint" for s in at.subheader)
+    per = next(d.value for d in at.dataframe if "admission_s" in d.value.columns)
+    assert sorted(set(per["endpoint"])) == [f"decode-{i}" for i in range(4)]
+    assert (per["requests"] > 0).all() and per["kv_max"].notna().all()
+    at.switch_page("app_pages/kv_cache.py").run()
+    assert not at.exception
+    html = report.render_run(run)
+    assert "Decode admission per endpoint" in html
+    assert all(f"<td>decode-{i}</td>" in html for i in range(4))
+
+    run, _ = dsv4_tp8
+    at = open_app(run.parent, monkeypatch, run=run.name)
+    at.switch_page("app_pages/ttft.py").run()
+    assert not at.exception
+    split = next(d.value for d in at.dataframe if "decode_admission_s" in d.value.columns)
+    assert split["decode_admission_s"].notna().all()
+    at.switch_page("app_pages/kv_cache.py").run()
+    assert not at.exception and "decode-0" in str([c.proto for c in at.get("vega_lite_chart")])
+
+
+def test_a_family_of_other_shapes_runs_as_one_study_in_one_allocation(tmp_path):
+    """Three MiniMax-M2.5 1k1k recipes (4 x DEP2, 1 x TP4 and 2 x TP4 decodes) as one study in
+    one allocation: engines a configuration does not use but whose GPUs or ports it needs
+    (another shape put other endpoints there) are stopped before it starts its own, the
+    one it shares is kept loaded, and each configuration runs."""
+    family = REPO_RECIPES / "minimax-m2.5"
+    files = [str(family / f"minimax-m2.5-gb200-1k1k-{c}.yaml")
+             for c in ("1p4d-dep2", "1p1d-tp4", "1p2d-tp4")]
+    args = [a for s in (*SITE, "benchmark.concurrency=[8]", "sim.speed=20",
+                        "benchmark.output_len=32", "benchmark.prompts_multiplier=2")
+            for a in ("--set", s)]
+    p = subprocess.run(
+        [sys.executable, "-m", "launcher", "submit", *files, *args, "--allocation", "one",
+         "--runs-dir", str(tmp_path / "runs"), "--wait"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, env=dict(os.environ),
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+    [study] = (tmp_path / "runs").glob("*-study")
+    alloc = json.loads((study / "allocation.json").read_text())
+    assert [c["state"] for c in alloc["configurations"]] == ["succeeded"] * 3
+    stops = [e for e in alloc["engines"] if e["event"] == "stopped" and e["run"] != "study"]
+    assert any("ports" in e["why"] for e in stops), stops  # another shape's ports
+    turns = json.loads((study / "study.json").read_text())["allocation"]["turns"]
+    assert any(t.get("stop") for t in turns) and any(t.get("keep") for t in turns), turns
+    for run in study.iterdir():
+        if run.is_dir() and (run / "plan.json").exists():
+            assert leftovers(run) == []

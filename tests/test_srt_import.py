@@ -323,3 +323,51 @@ def test_the_shipped_srt_slurm_recipes_are_the_import_of_their_sources():
         assert f.exists() and f.read_text() == text, (
             f"{f} is stale: run python {path} and review the diff")
     assert sorted(path.parent.rglob("*.yaml")) == sorted(path.parent / r for r in fresh)
+
+
+def test_several_recipes_make_one_study(tmp_path):
+    """A family's files in one submit: a study of one configuration each, in one allocation
+    when asked; two files sharing srt-slurm's name are told apart by their folder."""
+    names = ["minimax-m2.5-gb200-1k1k-1p1d-tp4", "minimax-m2.5-gb200-1k1k-1p2d-tp4",
+             "minimax-m2.5-gb200-1k1k-1p3d-tp4ep"]
+    runs = prepare.prepare_all(names, [], [], tmp_path / "runs", allocation="one")
+    assert sorted(p.plan.recipe.name for p in runs) == names  # (in the allocation's turns)
+    study = json.loads((runs[0].run.path.parent / "study.json").read_text())
+    assert study["axes"] == {"recipe": names}
+    assert study["recipe"] == "minimax-m2.5-gb200-1k1k"  # their shared name
+    assert study["allocation"]["mode"] == "one" and study["allocation"]["nodes"] == 4
+    kimi = BUNDLED / "recipes" / "multi-node" / "Kimi-K2.5" / "GB200" / "vllm"
+    pair = [str(kimi / d / "disagg-gb200-1p4d-dep4-tp8.yaml") for d in ("1k1k-sa", "8k1k-sa")]
+    runs = prepare.prepare_all(pair, [], [], tmp_path / "runs2", allocation="each")
+    study = json.loads((runs[0].run.path.parent / "study.json").read_text())
+    assert study["axes"] == {"recipe": ["1k1k-sa-kimi-vllm-disagg-gb200-1p4d-dep4-tp8",
+                                        "8k1k-sa-kimi-vllm-disagg-gb200-1p4d-dep4-tp8"]}
+    with pytest.raises(UserError, match="give each recipe once"):
+        prepare.prepare_all([names[0], names[0]], [], [], tmp_path / "runs3")
+
+
+def test_an_idle_engine_on_ports_or_gpus_another_shape_needs_is_stopped():
+    """Configurations of other shapes place other endpoints on an idle engine's GPUs or
+    ports: the plan of turns stops it (and the pool does, study.in_the_way), where one on
+    GPUs and ports of its own is left loaded."""
+    from launcher.planning import study
+
+    def part(name, node, gpus, port, vllm_port):
+        return (name, node, tuple(gpus), ("vllm", "serve", "m", "--port", str(port)),
+                (("VLLM_PORT", str(vllm_port)),))
+
+    a = {"decode-0": (part("decode-0@n1", "n1", [0, 1], 100, 200),),
+         "decode-1": (part("decode-1@n1", "n1", [2, 3], 150, 300),),
+         "decode-2": (part("decode-2@n2", "n2", [0, 1], 900, 950),)}
+    # one DEP4 decode on n1's four GPUs at decode-1's old port: decode-1 is in the way
+    b = {"decode-0": (part("decode-0@n1", "n1", [0, 1, 2, 3], 150, 400),)}
+    first, second = study.schedule([("a", a), ("b", b)])
+    assert first.run == "a" and second.restart == ("decode-0",)
+    assert second.stop == ("decode-1",) and second.idle == ("decode-2",)
+    # the same by ports alone: GPUs apart, decode-1's VLLM_PORT range taken
+    c = {"decode-0": (part("decode-0@n1", "n1", [0, 1], 100, 200),),
+         "prefill-0": (part("prefill-0@n1", "n1", [], 500, 310),)}
+    _, third = study.schedule([("a", a), ("c", c)])
+    assert third.stop == ("decode-1",) and third.keep == ("decode-0",)
+    way = study.in_the_way(a["decode-1"], study.holds(c["prefill-0"]))
+    assert {w for _, w in way} == {f"port {p}" for p in range(310, 332)}

@@ -60,6 +60,7 @@ def body(info) -> None:  # the run as re-read at each live refresh
             "kv_transfer_p99_s": st.column_config.NumberColumn(
                 "NIXL p99", format="%.0f", help="NIXL transfer time p99"),
             **ms_cfg})
+    per_endpoint(info)
     with st.expander("How the split is made, and its caveats", expanded=not has_parts):
         for c in derive.TTFT_CAVEATS:
             st.markdown(f"- {c}")
@@ -102,6 +103,29 @@ def body(info) -> None:  # the run as re-read at each live refresh
             f"≥ {th.imbalance_gap:.0%} (weakest rule: listed under *Also* when others fire)\n"
             "- the strongest rule wins (KV capacity first, then the largest share of TTFT); "
             "the others are listed under *Also*.")
+
+
+def per_endpoint(info) -> None:
+    """Each decode endpoint's share of the split: with several decodes behind the router
+    (1P4D, ...) the point's mean hides the one that admits slowly or runs out of KV."""
+    t = ui.decode_endpoints(info)
+    if t.empty or t["endpoint"].nunique() < 2:
+        return
+    st.subheader("Decode admission per endpoint")
+    st.caption("Per sweep point and decode endpoint, over the point's window: the requests "
+               "it admitted, their mean wait for admission (D admission above is their mean "
+               "over every endpoint), the endpoint's own mean TTFT and its peak KV use (its "
+               "most used engine).")
+    show = t.assign(admission_s=t["admission_s"] * 1000.0,
+                    engine_ttft_s=t["engine_ttft_s"] * 1000.0, kv_max=t["kv_max"] * 100.0,
+                    requests=t["requests"].round())
+    num = st.column_config.NumberColumn
+    ui.table(show, column_config={
+        "requests": num("requests", format="%d"),
+        "admission_s": num("D admission ms", format="%.0f"),
+        "engine_ttft_s": num("D TTFT ms", format="%.0f"),
+        "kv_max": num("KV max %", format="%.1f"),
+    })
 
 
 ui.live(info, body)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -408,6 +409,51 @@ def window_evidence(w: Window | None, ss: SeriesSet | None, step_s: float) -> di
         per_le = pd.Series(inc).groupby(np.array(les)).sum()
         out["kv_transfer_p99_s"] = hist_quantile(list(per_le.index), per_le.to_numpy(), 0.99)
     return out
+
+
+def decode_endpoints(points: list[dict], ss: SeriesSet | None) -> pd.DataFrame:
+    """Per sweep point and decode endpoint: requests it admitted, their mean wait for
+    admission (vllm:request_queue_time_seconds there), its own mean TTFT and its peak KV use
+    (the most used engine): an endpoint that admits slowly behind the router shows here,
+    where the point's mean hides it. Empty without telemetry."""
+    cols = ["point", "endpoint", "requests", "admission_s", "engine_ttft_s", "kv_max"]
+    if ss is None or len(ss) == 0:
+        return pd.DataFrame(columns=cols)
+    dec = ss.meta[ss.meta["role"] == "decode"]
+    rows = []
+    for p in points:
+        w = window_of(p)
+        if w is None or (p.get("status") or "ok") != "ok":
+            continue
+        grid = np.arange(w.start, w.end + 1e-9, max(1.0, (w.end - w.start) / 2000))
+        for ep in sorted(set(dec["endpoint"]), key=_natural):
+            mine = dec[dec["endpoint"] == ep]
+            n, admission = _mean_over(ss, mine, "vllm:request_queue_time_seconds", w)
+            _, ttft = _mean_over(ss, mine, "vllm:time_to_first_token_seconds", w)
+            kv = mine[mine["name"] == "vllm:kv_cache_usage_perc"].index
+            vals = np.concatenate([ss.rows_in(kv, w.start, w.end),
+                                   ss.values_at(kv, grid).ravel()]) if len(kv) else np.empty(0)
+            vals = vals[~np.isnan(vals)]
+            rows.append({"point": w.label, "endpoint": ep, "requests": n,
+                         "admission_s": admission, "engine_ttft_s": ttft,
+                         "kv_max": float(vals.max()) if len(vals) else float("nan")})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _mean_over(ss: SeriesSet, series: pd.DataFrame, base: str, w: Window
+               ) -> tuple[float, float]:
+    """(observations, their mean) of a histogram over a window, summed over `series`."""
+    def ids(name: str) -> pd.Index:
+        return series[series["name"] == name].index
+
+    n = float(ss.increase(ids(base + "_count"), w.start, w.end).sum())
+    total = float(ss.increase(ids(base + "_sum"), w.start, w.end).sum())
+    return n, (total / n if n > 0 else float("nan"))
+
+
+def _natural(name: str) -> tuple:
+    """decode-2 before decode-10."""
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
 
 
 def spec_evidence(ss: SeriesSet, a: float, b: float) -> dict[str, Any]:

@@ -755,7 +755,7 @@ def run(run_dir: Path, shared: InStudy | None = None) -> int:
         book.drop_reserve()
         return 1
     plan = rendered.plan
-    busy = busy_ports(plan, frozenset(shared.pool.loaded) if shared else frozenset())
+    busy = busy_ports(plan, shared.pool.ports() if shared else frozenset())
     if busy:
         error = (
             f"ports in use on this host: {', '.join(busy[:6])}"

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from launcher.control.backends import Backend, Handle
-from launcher.planning.study import same_engine
+from launcher.planning.study import holds, in_the_way, same_engine
 
 STOP_GRACE_S = 30.0  # an engine stopped between configurations: its own shutdown
 
@@ -35,19 +35,27 @@ class EnginePool:
         return next((h for e in self.loaded.values() for h in e.handles
                      if h.proc.name == name), None)
 
+    def ports(self) -> frozenset[int]:
+        """Every port the pool's engines hold (on whatever node)."""
+        return frozenset(int(what.split()[1]) for e in self.loaded.values()
+                         for _, what in holds(e.signature) if what.startswith("port "))
+
     def settle(self, want: dict[str, tuple], run: str) -> set[str]:
         """Before a configuration starts its engines: drop what died, stop what it needs
-        with another command line or whose GPUs it needs (a plan moved off a lost node);
-        the endpoints it may use as they are."""
-        taken = {place for sig in want.values() for place in _places(sig)}
+        with another command line, and what it does not use but whose GPUs or ports it needs
+        (a configuration of another shape, a plan moved off a lost node); the endpoints it
+        may use as they are."""
+        taken = {h for sig in want.values() for h in holds(sig)}
         for ep, e in list(self.loaded.items()):
             if not e.alive():
                 self.drop(ep, run, "a part of it had exited")
             elif ep in want and not same_engine(want[ep], e.signature):
                 self.drop(ep, run, "this configuration starts it with another command line")
-            elif ep not in want and (mine := sorted(taken & _places(e.signature))):
-                self.drop(ep, run, "this configuration's engines take its GPUs ("
-                          + ", ".join(f"{n} GPU {g}" for n, g in mine) + ")")
+            elif ep not in want and (mine := in_the_way(e.signature, taken)):
+                kinds = sorted({what.split()[0] + "s" for _, what in mine})
+                self.drop(ep, run, f"this configuration's engines take its {' and '.join(kinds)} ("
+                          + ", ".join(f"{n} {what}" for n, what in mine[:4])
+                          + (f" and {len(mine) - 4} more" if len(mine) > 4 else "") + ")")
         return {ep for ep in want if ep in self.loaded}
 
     def lose(self, nodes: set[str], run: str) -> None:
@@ -76,8 +84,3 @@ class EnginePool:
     def stop_all(self, run: str, why: str) -> None:
         for ep in list(self.loaded):
             self.drop(ep, run, why)
-
-
-def _places(signature: tuple) -> set[tuple[str, int]]:
-    """(node, GPU) of every part of an engine's signature (launcher.planning.study)."""
-    return {(part[1], g) for part in signature for g in part[2]}

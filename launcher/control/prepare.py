@@ -478,6 +478,12 @@ def find_blockers(runs: list[Prepared]) -> list[Prepared]:
 
 
 
+def shares_one_host(cluster) -> bool:
+    """Whether the profile's nodes are this one host (their ports are shared): the local
+    profile, or a Slurm whose nodes accept loopback as their address (the dev cluster)."""
+    return cluster.scheduler == "local" or cluster.network.loopback_ok
+
+
 def study_job(study_dir: Path, runs: list[Prepared], root: Path, allocation: str | None,
               ) -> tuple[StudyJob | None, study.Comparison | None, study.Choice | None]:
     """The study's one allocation when it is asked for (or, unasked, costs fewer GPU-hours
@@ -494,7 +500,8 @@ def study_job(study_dir: Path, runs: list[Prepared], root: Path, allocation: str
         [(p.run.run_id, study.signatures(p.rendered.processes, str(p.run.path))) for p in runs],
         ends={p.run.run_id: study.signatures(p.rendered.processes, str(p.run.path),
                                              at=max(p.plan.recipe.benchmark.concurrency))
-              for p in runs if p.plan.recipe.restart_points()})
+              for p in runs if p.plan.recipe.restart_points()},
+        one_host=shares_one_host(runs[0].plan.cluster))
     costs = {p.run.run_id: cost.estimate(p.plan) for p in runs}
     largest = max(runs, key=lambda p: p.nodes)
     load_s, basis = assumed_load_s(root, largest.plan, costs[largest.run.run_id])

@@ -11,10 +11,11 @@ import urllib.request
 from launcher.planning.plan import Plan
 
 
-def busy_ports(plan: Plan, ours: frozenset[str] = frozenset()) -> list[str]:
+def busy_ports(plan: Plan, ours: frozenset[int] = frozenset()) -> list[str]:
     """Planned ports already taken on this host, for the nodes that are this host (local
     and dev-cluster runs: a run still up, or another program, would make ours fail late).
-    `ours`: endpoints already running for this run (a study's kept engines)."""
+    `ours`: ports a study's engines hold, which this configuration keeps or stops before it
+    starts its own (the pool settles them)."""
     here = {"127.0.0.1", "localhost", socket.gethostname()}
     try:
         here.add(socket.gethostbyname(socket.gethostname()))
@@ -26,8 +27,6 @@ def busy_ports(plan: Plan, ours: frozenset[str] = frozenset()) -> list[str]:
         wanted += [(plan.router_port, "router http"), (plan.router_metrics_port, "router metrics")]
     wanted += [(p, f"agent@{n} exporter") for n, p in plan.exporter_ports.items() if n in local]
     for ep in plan.endpoints:
-        if ep.name in ours:
-            continue
         for part in ep.parts:
             if part.node not in local:
                 continue
@@ -38,9 +37,12 @@ def busy_ports(plan: Plan, ours: frozenset[str] = frozenset()) -> list[str]:
                     (ep.nixl_port_base + r, f"{ep.name} nixl rank {r}") for r in part.dp_ranks
                 ]
         if ep.multi_node and ep.head.node in local:
-            wanted.append((ep.dp_rpc_port, f"{ep.name} " + ("master" if ep.tp_across_nodes else "dp rpc")))
+            wanted.append((ep.dp_rpc_port,
+                           f"{ep.name} {'master' if ep.tp_across_nodes else 'dp rpc'}"))
     busy = []
     for port, what in sorted(set(wanted)):
+        if port in ours:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             # Servers set SO_REUSEADDR too: a recent run's TIME_WAIT connections are no clash.
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

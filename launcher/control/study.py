@@ -177,7 +177,9 @@ def run_study(study_dir: Path) -> int:
             continue
         say(f"study: configuration {i + 1} of {len(turns)}: {turn.run} (starts "
             f"{', '.join(turn.start + turn.restart) or 'no engine'}; keeps "
-            f"{', '.join(turn.keep) or 'none'}; idle {', '.join(turn.idle) or 'none'})")
+            f"{', '.join(turn.keep) or 'none'}; idle {', '.join(turn.idle) or 'none'}"
+            + (f"; stops {', '.join(turn.stop)}, on GPUs or ports it needs" if turn.stop else "")
+            + ")")
         t0 = time.time()
         try:
             run(run_dir.path, InStudy(pool, signals, alloc.port_span,

@@ -50,6 +50,8 @@ class Turn:
     restart: tuple[str, ...]  # running with another command line: stopped and started
     keep: tuple[str, ...]  # running and loaded: used as they are
     idle: tuple[str, ...]  # running, not used by this configuration: left loaded
+    # running, not used, and holding GPUs or ports this configuration needs: stopped
+    stop: tuple[str, ...] = ()
     # its sweep runs from the top point down: it finds its engines as an earlier sweep left
     # them at the top (args_from_concurrency), and restarts them on the way down instead
     descending: bool = False
@@ -64,7 +66,41 @@ class Turn:
     @classmethod
     def from_json(cls, d: dict) -> Turn:
         return cls(run=str(d["run"]), descending=bool(d.get("descending")),
-                   **{k: tuple(d.get(k) or ()) for k in ("start", "restart", "keep", "idle")})
+                   **{k: tuple(d.get(k) or ()) for k in ("start", "restart", "keep", "idle",
+                                                         "stop")})
+
+
+# Ports an engine's part holds on its node: its flags' and, from a base, its environment's
+# ranges (vLLM's internal ports from VLLM_PORT; a NIXL side channel per local DP rank).
+PORT_FLAGS = ("--port", "--data-parallel-rpc-port", "--master-port")
+PORT_RANGES = {"VLLM_PORT": 32, "VLLM_NIXL_SIDE_CHANNEL_PORT": 0}  # 0: one per GPU
+
+
+def holds(signature: tuple, one_host: bool = False) -> set[tuple[str, str]]:
+    """(node, "GPU n") and (address, "port n") of every GPU and port an engine's parts hold.
+    Ports by the node's address (its NIXL side-channel host), or by none with `one_host`:
+    nodes that are one host (the local profile, the dev cluster) share their ports."""
+    out: set[tuple[str, str]] = set()
+    for part in signature:
+        if not (isinstance(part, tuple) and len(part) == 5):
+            continue  # a signature that names no parts holds nothing known
+        _name, node, gpus, argv, env = part
+        host = "" if one_host else dict(env).get("VLLM_NIXL_SIDE_CHANNEL_HOST") or node
+        out |= {(node, f"GPU {g}") for g in gpus}
+        out |= {(host, f"port {argv[i + 1]}") for i, a in enumerate(argv[:-1])
+                if a in PORT_FLAGS}
+        for key, value in env:
+            if key in PORT_RANGES and str(value).isdigit():
+                span = PORT_RANGES[key] or max(1, len(gpus))
+                out |= {(host, f"port {int(value) + k}") for k in range(span)}
+    return out
+
+
+def in_the_way(signature: tuple, wanted: set[tuple[str, str]]) -> list[tuple[str, str]]:
+    """What an engine this configuration does not use holds of what it needs: its GPUs or
+    ports (configurations of other shapes place other endpoints there). Such an engine is
+    stopped, not left loaded."""
+    return sorted(wanted & holds(signature))
 
 
 def same_engine(want: tuple | None, running: tuple | None) -> bool:
@@ -80,18 +116,24 @@ def changed(want: dict[str, tuple], running: dict[str, tuple]) -> list[str]:
 
 
 def _turn(run: str, want: dict[str, tuple], running: dict[str, tuple],
-          descending: bool = False) -> Turn:
+          descending: bool = False, one_host: bool = False) -> Turn:
+    wanted = {h for sig in want.values() for h in holds(sig, one_host)}
+    unused = [ep for ep in running if ep not in want]
+    stop = tuple(sorted(ep for ep in unused
+                        if wanted & holds(running[ep], one_host)))
     return Turn(
         run=run, descending=descending,
         start=tuple(sorted(ep for ep in want if ep not in running)),
         restart=tuple(changed(want, running)),
         keep=tuple(sorted(ep for ep in want if same_engine(want[ep], running.get(ep)))),
-        idle=tuple(sorted(ep for ep in running if ep not in want)),
+        idle=tuple(sorted(ep for ep in unused if ep not in stop)),
+        stop=stop,
     )
 
 
 def schedule(configs: list[tuple[str, dict[str, tuple]]],
-             ends: dict[str, dict[str, tuple]] | None = None) -> list[Turn]:
+             ends: dict[str, dict[str, tuple]] | None = None,
+             one_host: bool = False) -> list[Turn]:
     """An order of the configurations and each one's turn. The one with the most endpoints
     goes first: every engine it uses loads at once, in one load round rather than one per
     configuration, and its preflight covers every node of the allocation. Then, greedily,
@@ -106,29 +148,32 @@ def schedule(configs: list[tuple[str, dict[str, tuple]]],
     while left:
         if not turns:
             run, want = max(left, key=lambda c: len(c[1]))
-            t = _turn(run, want, running)
+            t = _turn(run, want, running, one_host=one_host)
         else:
-            t = min((best_start(run, want, ends.get(run), running) for run, want in left),
+            t = min((best_start(run, want, ends.get(run), running, one_host)
+                     for run, want in left),
                     key=lambda t: (len(t.restart), len(t.start)))
             run = t.run
             want = dict(configs)[run]
         left = [c for c in left if c[0] != run]
         turns.append(t)
         end = ends.get(run, want)
+        for ep in t.stop:
+            running.pop(ep, None)
         running.update(want if t.descending else end)
     return turns
 
 
 def best_start(run: str, want: dict[str, tuple], top: dict[str, tuple] | None,
-               running: dict[str, tuple]) -> Turn:
+               running: dict[str, tuple], one_host: bool = False) -> Turn:
     """A configuration's turn from what runs: its sweep upwards from its first command
     lines, or, where args_from_concurrency gives it others at the top, downwards from those
     when that restarts fewer engines (then starts fewer; upwards on a tie). The orchestrator
     decides the same way from what its pool holds."""
-    up = _turn(run, want, running)
+    up = _turn(run, want, running, one_host=one_host)
     if not top or top == want:
         return up
-    down = _turn(run, top, running, descending=True)
+    down = _turn(run, top, running, descending=True, one_host=one_host)
     return down if (len(down.restart), len(down.start)) < (len(up.restart), len(up.start)) \
         else up
 

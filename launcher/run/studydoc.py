@@ -34,7 +34,7 @@ from launcher.run.vocab import State
 
 # launcher.planning.study.Turn.to_json(): one configuration's turn in the allocation
 TURN_TYPES = {"run": "str", "start": "list[str]", "restart": "list[str]", "keep": "list[str]",
-              "idle": "list[str]", "descending": "bool"}  # fmt: skip
+              "idle": "list[str]", "stop": "list[str]", "descending": "bool"}  # fmt: skip
 TURN_REQUIRED = ("run",)
 # launcher.planning.study.Comparison.to_json(): one allocation against one job each, estimated
 COMPARISON_TYPES = {
