@@ -451,3 +451,43 @@ def test_sizes_are_read_as_vllms_parser_reads_them():
     b = kv.EngineArgs.from_flags({"max-model-len": "auto", "kv-cache-memory-bytes": 1000})
     assert (b.max_model_len, b.kv_cache_memory_bytes) == (None, 1000)
     assert kv.EngineArgs.from_flags({"max-model-len": -1}).max_model_len is None
+
+
+@pytest.mark.parametrize("arch, extra, words", [
+    ("DeepseekV3ForCausalLM", {"kv_lora_rank": 512, "qk_rope_head_dim": 64},
+     "multi-head latent attention (kv_lora_rank"),
+    ("KimiK25ForConditionalGeneration", {"text_config": {
+        "num_hidden_layers": 61, "kv_lora_rank": 512, "num_attention_heads": 64}},
+     "multi-head latent attention"),
+    ("DeepseekV4ForCausalLM", {"compress_ratios": [128, 4, 0], "sliding_window": 128},
+     "compressed sparse attention (compress_ratios"),
+    ("GptOssForCausalLM", {"layer_types": ["sliding_attention", "full_attention"]},
+     "its sliding_attention layers"),
+    ("Qwen2ForCausalLM", {"use_sliding_window": True, "sliding_window": 4096},
+     "sliding-window attention"),
+])
+def test_an_architecture_the_estimate_does_not_model_is_named_not_guessed(arch, extra, words):
+    """An MLA, DeepSeek-V4 or sliding-window config.json gets one sentence naming its
+    architecture, never a number from the full-attention formula."""
+    cfg = {"architectures": [arch], "num_hidden_layers": 4, "num_attention_heads": 8,
+           "num_key_value_heads": 8, "hidden_size": 512, **extra}
+    facts = kv.ModelFacts.from_config(cfg)
+    assert words in facts.unmodelled
+    with pytest.raises(kv.NoEstimate) as e:
+        kv.estimate(facts, kv.EngineArgs.from_flags({}), kv.Parallelism(1, 1),
+                          kv.Device(184.0), kv.Workload(1024, 1024, 0.8))
+    assert str(e.value).startswith(f"no estimate for architecture {arch}: ")
+
+
+def test_gqa_and_qwen_configs_stay_modelled():
+    """MiniMax-M2's grouped-query attention (full attention, 8 KV heads of 128) and a Qwen2
+    config whose sliding window is off are what the estimate models."""
+    m2 = {"architectures": ["MiniMaxM2ForCausalLM"], "num_hidden_layers": 62,
+          "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128,
+          "hidden_size": 3072, "attn_type_list": [1] * 62, "sliding_window": None}
+    q2 = {"architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 4, "num_attention_heads": 8,
+          "num_key_value_heads": 2, "hidden_size": 512, "use_sliding_window": False,
+          "sliding_window": 4096}
+    for cfg in (m2, q2):
+        facts = kv.ModelFacts.from_config(cfg)
+        assert facts.unmodelled == "" and facts.full_attention_layers == cfg["num_hidden_layers"]

@@ -310,19 +310,14 @@ def seed_doc_recipe(seed_runs, n: int) -> dict:
 
 
 def test_the_shipped_srt_slurm_recipes_are_the_import_of_their_sources():
-    import importlib.util
-
-    path = Path(srt_slurm.__file__).parents[1] / "recipes" / "srt-slurm" / "regenerate.py"
-    spec = importlib.util.spec_from_file_location("ship", path)
-    ship = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ship)
-    fresh = ship.render_all()
+    fresh = srt_slurm.render_shipped()
     assert len(fresh) == 25  # DeepSeek-V4-Pro 8, Kimi-K2.5 8, MiniMax-M2.5 9
     for rel, text in fresh.items():
-        f = path.parent / rel
+        f = srt_slurm.SHIPPED / rel
         assert f.exists() and f.read_text() == text, (
-            f"{f} is stale: run python {path} and review the diff")
-    assert sorted(path.parent.rglob("*.yaml")) == sorted(path.parent / r for r in fresh)
+            f"{f} is stale: run python -m launcher.schema.srt_slurm and review the diff")
+    assert sorted(srt_slurm.SHIPPED.rglob("*.yaml")) == sorted(
+        srt_slurm.SHIPPED / r for r in fresh)
 
 
 def test_several_recipes_make_one_study(tmp_path):

@@ -481,7 +481,7 @@ def find_blockers(runs: list[Prepared]) -> list[Prepared]:
 def shares_one_host(cluster) -> bool:
     """Whether the profile's nodes are this one host (their ports are shared): the local
     profile, or a Slurm whose nodes accept loopback as their address (the dev cluster)."""
-    return cluster.scheduler == "local" or cluster.network.loopback_ok
+    return not schedulers.of(cluster).remote_nodes(cluster)
 
 
 def study_job(study_dir: Path, runs: list[Prepared], root: Path, allocation: str | None,

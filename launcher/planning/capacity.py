@@ -60,6 +60,8 @@ def _estimate(plan: Plan, ep: Endpoint, facts: kv_cache.ModelFacts) -> kv_cache.
             kv_cache.Workload(b.input_len, b.output_len, b.range_ratio, rule=b.length_rule),
             name=ep.name,
         )
+    except kv_cache.NoEstimate as e:
+        return str(e)
     except (ValueError, KeyError, ZeroDivisionError) as e:
         return f"{type(e).__name__}: {e}"
 

@@ -75,6 +75,10 @@ FLASHINFER_GDN_ALIGNMENT = 64
 # ----- inputs ------------------------------------------------------------------------------
 
 
+class NoEstimate(ValueError):
+    """The estimate does not model this model: said in one sentence, never a guess."""
+
+
 @dataclass(frozen=True)
 class WeightFacts:
     """Parameter counts by storage format: what config.json alone cannot say."""
@@ -119,6 +123,8 @@ class ModelFacts:
     max_position_embeddings: int = 0
     kv_cache_quant_algo: str | None = None  # vLLM cache dtype the checkpoint asks for, if any
     other_layers: int = 0  # layer types this estimate does not model (sliding window, ...)
+    # why vLLM's accounting of this architecture is not the one modelled here ("": it is)
+    unmodelled: str = ""
     weights: WeightFacts | None = None
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -145,6 +151,7 @@ class ModelFacts:
         if kv_src:
             src["kv_cache_quant_algo"] = kv_src
         return cls(
+            unmodelled=unmodelled_attention(t, types),
             full_attention_layers=sum(x == "full_attention" for x in types),
             linear_attention_layers=sum(x == "linear_attention" for x in types),
             other_layers=sum(x not in ("full_attention", "linear_attention") for x in types),
@@ -386,6 +393,26 @@ def default_overheads(
 
 
 # ----- facts from a checkpoint -------------------------------------------------------------
+
+
+def unmodelled_attention(t: dict, types: list[str]) -> str:
+    """Why a config.json's attention is not what this estimate models ("" when it is): its
+    keys that change vLLM's KV cache (docs/kv-architectures.md), so that such a model gets
+    "no estimate", never a wrong number."""
+    if "compress_ratios" in t or "compress_rates" in t:
+        return ("its compressed sparse attention (compress_ratios: DeepSeek-V4's sliding-window, "
+                "compressed and indexer caches) is not modelled yet")
+    if "kv_lora_rank" in t:
+        return ("its multi-head latent attention (kv_lora_rank: one latent per token, not split "
+                "by tensor parallelism) is not modelled yet")
+    if "index_topk" in t:
+        return "its sparse attention indexer (index_topk) is not modelled yet"
+    others = sorted({x for x in types if x not in ("full_attention", "linear_attention")})
+    if others:
+        return f"its {', '.join(others)} layers are not modelled yet"
+    if t.get("use_sliding_window") is True and t.get("sliding_window"):
+        return "its sliding-window attention (use_sliding_window) is not modelled yet"
+    return ""
 
 
 def layer_types(t: dict) -> list[str]:
@@ -994,8 +1021,11 @@ def estimate(
     sweep's requests need of it. Raises ValueError for models it does not model. For a
     hybrid model the result also carries the same estimate with prefix caching the other
     way (`other_prefix_caching`), which is what the flag is worth."""
+    if model.unmodelled:
+        raise NoEstimate(f"no estimate for architecture {model.architecture or 'unknown'}: "
+                         f"{model.unmodelled} (docs/kv-architectures.md)")
     if model.other_layers or not model.full_attention_layers:
-        raise ValueError("only full-attention and GDN (linear_attention) layers are modelled")
+        raise NoEstimate("only full-attention and GDN (linear_attention) layers are modelled")
     geo = geometry(model, engine, par.tp, device)
     sources = {
         **model.sources,
