@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from launcher.control import compute_env, staging, visibility
-from launcher.planning import capacity, containers, cost, render, schedulers
+from launcher.planning import capacity, containers, cost, engine_argv, render, schedulers
 from launcher.run import lengths, listing, published, rundir
 from launcher.run.plandoc import CPU_LABEL, PlanError, read_plan
 from launcher.run.rundir import RunDir, RunStatus
@@ -280,6 +280,7 @@ def plan_text(prepared: Prepared) -> str:
             "  ".join(x.ljust(w) for x, w in zip(row[:3], widths, strict=False)) + "  " + row[3]
         )
     lines += engine_lines(prepared)
+    lines.append(engine_argv.checked_by(plan))
     lines += launch_lines(plan)
     b = r.benchmark
     if b.enabled:

@@ -207,6 +207,20 @@ def _kv_config_problems(kv: dict) -> list[str]:
     return out
 
 
+def checked_by(plan: Plan) -> str:
+    """Which parser reads the engines' flags, in one line of the dry-run."""
+    r = plan.recipe
+    if r.engine_kind.simulated:
+        return (f"Engine flags: checked by vLLM {table_version()}'s parser (the simulator's), "
+                "before anything is written")
+    if applies(plan):
+        return (f"Engine flags: checked by vLLM {table_version()}'s parser before anything is "
+                "written, and again by the image's own parser in the preflight")
+    return (f"Engine flags: vLLM {r.engine_version} (engine_version) is not the "
+            f"{table_version()} parser the dry-run has: the preflight checks them with the "
+            "image's own parser on the nodes, before any engine starts")
+
+
 def check(plan: Plan) -> None:
     found = problems(plan)
     if found:
