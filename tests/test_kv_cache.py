@@ -454,11 +454,8 @@ def test_sizes_are_read_as_vllms_parser_reads_them():
 
 
 @pytest.mark.parametrize("arch, extra, words", [
-    ("DeepseekV3ForCausalLM", {"kv_lora_rank": 512, "qk_rope_head_dim": 64},
-     "multi-head latent attention (kv_lora_rank"),
-    ("KimiK25ForConditionalGeneration", {"text_config": {
-        "num_hidden_layers": 61, "kv_lora_rank": 512, "num_attention_heads": 64}},
-     "multi-head latent attention"),
+    ("DeepseekV32ForCausalLM", {"kv_lora_rank": 512, "qk_rope_head_dim": 64,
+                                "index_topk": 2048}, "sparse attention indexer (index_topk"),
     ("DeepseekV4ForCausalLM", {"compress_ratios": [128, 4, 0], "sliding_window": 128},
      "compressed sparse attention (compress_ratios"),
     ("GptOssForCausalLM", {"layer_types": ["sliding_attention", "full_attention"]},
@@ -467,7 +464,7 @@ def test_sizes_are_read_as_vllms_parser_reads_them():
      "sliding-window attention"),
 ])
 def test_an_architecture_the_estimate_does_not_model_is_named_not_guessed(arch, extra, words):
-    """An MLA, DeepSeek-V4 or sliding-window config.json gets one sentence naming its
+    """A DeepSeek-V3.2 sparse-MLA, DeepSeek-V4 or sliding-window config.json gets one sentence naming its
     architecture, never a number from the full-attention formula."""
     cfg = {"architectures": [arch], "num_hidden_layers": 4, "num_attention_heads": 8,
            "num_key_value_heads": 8, "hidden_size": 512, **extra}
@@ -491,3 +488,48 @@ def test_gqa_and_qwen_configs_stay_modelled():
     for cfg in (m2, q2):
         facts = kv.ModelFacts.from_config(cfg)
         assert facts.unmodelled == "" and facts.full_attention_layers == cfg["num_hidden_layers"]
+
+
+# vLLM for CPU 0.32's start-up lines for a tiny random-weight DeepSeek-V3 (MLA) model: 3
+# layers, kv_lora_rank 512 + qk_rope_head_dim 64, one MTP layer, --kv-cache-memory-bytes
+# 64M, max-model-len 2048 (docs/kv-architectures.md section 5: "CPU KV cache size: N tokens,
+# Maximum concurrency for 2,048 tokens per request: X x").
+MLA_TINY = {"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 3,
+            "num_attention_heads": 4, "num_key_value_heads": 4, "hidden_size": 256,
+            "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+            "num_nextn_predict_layers": 1, "max_position_embeddings": 2048,
+            "torch_dtype": "bfloat16"}
+
+
+@pytest.mark.parametrize("flags, tokens, concurrency", [
+    ({}, 19_408, 9.48),                                   # bf16: 1,213 blocks of 3 pages
+    ({"kv-cache-dtype": "fp8"}, 38_832, 18.96),           # 1 byte per latent element
+    ({"speculative-config": '{"method": "mtp", "num_speculative_tokens": 1}'},
+     14_560, 7.11),                                       # the MTP layer: 4 pages per block
+])
+def test_mla_matches_vllm_cpu_start_up_lines(flags, tokens, concurrency):
+    facts = kv.ModelFacts.from_config(MLA_TINY)
+    assert facts.unmodelled == "" and facts.mla_latent_dim == 576
+    e = kv.estimate(facts, kv.EngineArgs.from_flags(
+        {"kv-cache-memory-bytes": "64M", "max-model-len": 2048, **flags}),
+        kv.Parallelism(1, 1), kv.Device(64.0, "cpu"), kv.Workload(1024, 1024, 0.8))
+    assert e.block_size == 16  # vLLM for CPU forces 16 for MLA
+    assert e.vllm_log_kv_cache_tokens == tokens and e.vllm_log_max_concurrency == concurrency
+
+
+def test_mla_latent_is_not_split_by_tensor_parallelism_and_follows_the_backend_block():
+    """Kimi-K2.5 (DeepSeek-V3's attention, 61 layers of a 576-wide latent): a TP8 decode
+    holds the whole latent on every GPU; without --block-size the block is the MLA backend's
+    (FLASHINFER_MLA 32 on GB200, FLASHMLA 64, CUTLASS_MLA 128)."""
+    cfg = {**MLA_TINY, "num_hidden_layers": 61, "num_nextn_predict_layers": 0}
+    facts = kv.ModelFacts.from_config({"architectures": ["KimiK25ForConditionalGeneration"],
+                                       "text_config": cfg})
+    dev = kv.Device(184.0)
+    geo = {tp: kv.geometry(facts, kv.EngineArgs.from_flags({"kv-cache-dtype": "fp8"}), tp, dev)
+           for tp in (1, 8)}
+    assert geo[1].attention_bytes_per_token == geo[8].attention_bytes_per_token == 576
+    for backend, block in (("", 32), ("FLASHMLA", 64), ("CUTLASS_MLA", 128)):
+        args = {"attention-backend": backend} if backend else {}
+        assert kv.geometry(facts, kv.EngineArgs.from_flags(args), 8, dev).block_size == block
+    assert kv.geometry(facts, kv.EngineArgs.from_flags({"block-size": 64}), 8,
+                       dev).block_size == 64

@@ -125,6 +125,10 @@ class ModelFacts:
     other_layers: int = 0  # layer types this estimate does not model (sliding window, ...)
     # why vLLM's accounting of this architecture is not the one modelled here ("": it is)
     unmodelled: str = ""
+    # multi-head latent attention: kv_lora_rank + qk_rope_head_dim, one latent per token and
+    # layer, not split by TP (model_executor/layers/attention/mla_attention.py:480, 1371-1399)
+    mla_latent_dim: int = 0
+    mtp_layers: int = 0  # num_nextn_predict_layers: MTP layers with the same cache (MLA)
     weights: WeightFacts | None = None
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -150,13 +154,16 @@ class ModelFacts:
         src = {k: where + k for k in CONFIG_FIELDS if k in t}
         if kv_src:
             src["kv_cache_quant_algo"] = kv_src
+        mla = mla_latent(t)
         return cls(
             unmodelled=unmodelled_attention(t, types),
+            mla_latent_dim=mla,
+            mtp_layers=int(t.get("num_nextn_predict_layers") or 0) if mla else 0,
             full_attention_layers=sum(x == "full_attention" for x in types),
             linear_attention_layers=sum(x == "linear_attention" for x in types),
             other_layers=sum(x not in ("full_attention", "linear_attention") for x in types),
-            num_kv_heads=t.get("num_key_value_heads") or heads,
-            head_dim=t.get("head_dim") or t.get("hidden_size", 0) // heads,
+            num_kv_heads=1 if mla else t.get("num_key_value_heads") or heads,
+            head_dim=mla or t.get("head_dim") or t.get("hidden_size", 0) // heads,
             linear_num_key_heads=t.get("linear_num_key_heads", 0),
             linear_num_value_heads=t.get("linear_num_value_heads", 0),
             linear_key_head_dim=t.get("linear_key_head_dim", 0),
@@ -181,15 +188,18 @@ class ModelFacts:
         `kv_cache_quant_algo` stands in for the checkpoint's quant config."""
         weights, kv_algo = None, facts.kv_cache_quant_algo  # e.g. "FP8", as ModelOpt
         if facts.total_params_b:
-            fmt = "nvfp4" if facts.weight_bits < 8 else "bf16"
+            fmt = "nvfp4" if facts.weight_bits < 8 else "fp8" if facts.weight_bits < 16 \
+                else "bf16"
             weights = WeightFacts.from_billions(facts.dense_params_b,
                                                 facts.total_params_b - facts.dense_params_b,
                                                 expert_format=fmt)
         return cls(
             full_attention_layers=facts.full_attention_layers,
             linear_attention_layers=facts.gdn_layers,
-            num_kv_heads=facts.num_kv_heads,
-            head_dim=facts.head_dim,
+            num_kv_heads=1 if facts.mla_latent_dim else facts.num_kv_heads,
+            head_dim=facts.mla_latent_dim or facts.head_dim,
+            mla_latent_dim=facts.mla_latent_dim,
+            mtp_layers=facts.mtp_layers,
             linear_num_key_heads=facts.gdn_key_heads,
             linear_num_value_heads=facts.gdn_value_heads,
             linear_key_head_dim=facts.gdn_key_head_dim,
@@ -200,7 +210,7 @@ class ModelFacts:
             kv_cache_quant_algo=MODELOPT_KV.get(str(kv_algo).lower(), "auto") if kv_algo else None,
             max_position_embeddings=facts.max_position_embeddings or 0,
             weights=weights,
-            sources={k: "recipe" for k in facts.model_dump(exclude_none=True)},
+            sources={k: "recipe" for k in facts.model_dump(exclude_unset=True)},
         )
 
 
@@ -223,6 +233,8 @@ class EngineArgs:
     gdn_prefill_backend: str = "auto"
     language_model_only: bool = False
     num_speculative_tokens: int = 0
+    speculative_method: str = ""  # --speculative-config's method (mtp adds the MTP layers)
+    attention_backend: str = ""  # --attention-backend (an MLA model's block size follows it)
     enforce_eager: bool = False
 
     @classmethod
@@ -264,6 +276,8 @@ class EngineArgs:
             gdn_prefill_backend=str(get("gdn-prefill-backend", default="auto")),
             language_model_only=bool(get("language-model-only", default=False)),
             num_speculative_tokens=int(spec.get("num_speculative_tokens", 0)),
+            speculative_method=str(spec.get("method") or ""),
+            attention_backend=str(get("attention-backend", default="") or ""),
             enforce_eager=bool(get("enforce-eager", default=False)),
         )
 
@@ -402,9 +416,6 @@ def unmodelled_attention(t: dict, types: list[str]) -> str:
     if "compress_ratios" in t or "compress_rates" in t:
         return ("its compressed sparse attention (compress_ratios: DeepSeek-V4's sliding-window, "
                 "compressed and indexer caches) is not modelled yet")
-    if "kv_lora_rank" in t:
-        return ("its multi-head latent attention (kv_lora_rank: one latent per token, not split "
-                "by tensor parallelism) is not modelled yet")
     if "index_topk" in t:
         return "its sparse attention indexer (index_topk) is not modelled yet"
     others = sorted({x for x in types if x not in ("full_attention", "linear_attention")})
@@ -413,6 +424,23 @@ def unmodelled_attention(t: dict, types: list[str]) -> str:
     if t.get("use_sliding_window") is True and t.get("sliding_window"):
         return "its sliding-window attention (use_sliding_window) is not modelled yet"
     return ""
+
+
+def mla_latent(t: dict) -> int:
+    """The latent an MLA layer caches per token (kv_lora_rank + qk_rope_head_dim), 0 for
+    other attention. vLLM uses MLA for DeepSeek-V2/V3-style configs unless both qk head dims
+    are 0 (model_executor/models/deepseek_v2.py:1277-1284)."""
+    rank = t.get("kv_lora_rank")
+    if not rank:
+        return 0
+    return int(rank) + int(t.get("qk_rope_head_dim") or 0)
+
+
+# MLA backends' default block on CUDA when --block-size is not given (their smallest kernel
+# block; v1/attention/backends/mla/*.py, docs/kv-architectures.md section 2); FLASHINFER_MLA
+# leads the SM100 order (platforms/cuda.py:96-133).
+MLA_BLOCK = {"FLASHINFER_MLA": 32, "FLASHMLA": 64, "CUTLASS_MLA": 128, "TOKENSPEED_MLA": 32,
+             "TRITON_MLA": 16, "FLASH_ATTN_MLA": 16}
 
 
 def layer_types(t: dict) -> list[str]:
@@ -561,6 +589,15 @@ def kv_bytes_per_token(model: ModelFacts, kv_dtype: str, tp: int) -> int:
     """K and V of one token in one attention layer on one GPU. KV heads split over TP and
     are replicated when TP exceeds them (config/model.py:1683); NVFP4 packs head/2 bytes of
     data and head/16 of FP8 scales per head (utils/torch_utils.py nvfp4_kv_cache_full_dim)."""
+    if model.mla_latent_dim:  # one latent, no V, the same on every TP rank
+        if kv_dtype == "auto":
+            return model.mla_latent_dim * dtype_bytes(model.dtype, "model")
+        if kv_dtype in ONE_BYTE_KV:
+            return model.mla_latent_dim
+        if kv_dtype in NVFP4_KV:
+            raise NoEstimate(f"an MLA cache in {kv_dtype} is not modelled (vLLM's sparse MLA "
+                             "formats only)")
+        return model.mla_latent_dim * dtype_bytes(kv_dtype, "--kv-cache-dtype")
     heads = max(1, model.num_kv_heads // tp)
     if kv_dtype == "auto":
         per_head = model.head_dim * dtype_bytes(model.dtype, "model")
@@ -633,6 +670,15 @@ def kv_cache_groups(attn_layers: int, mamba_layers: int) -> tuple[int, int, int]
     if max(attn_layers, mamba_layers) < size * 1.5:
         size = max(attn_layers, mamba_layers)
     return size, math.ceil(attn_layers / size), math.ceil(mamba_layers / size)
+
+
+def mtp_cache_layers(model: ModelFacts, engine: EngineArgs) -> int:
+    """MTP layers that join the cache: DeepSeek's MTP layers are MLA layers of the same spec
+    (model_executor/models/deepseek_mtp.py:106, 147-162), loaded with method mtp."""
+    if model.mla_latent_dim and engine.num_speculative_tokens and \
+            engine.speculative_method in ("mtp", "deepseek_mtp"):
+        return model.mtp_layers
+    return 0
 
 
 def random_dataset_lengths(w: Workload) -> Lengths:
@@ -793,11 +839,15 @@ class KvCapacity:
                     f"{o['endpoint_at_mean_length']:,} requests"
                 )
             lines.append(text)
+        state = f", SSM state {self.ssm_dtype}" if self.ssm_dtype else ""
+        given = sorted(k for k, v in self.sources.items() if v == "recipe" and k != "weights")
         lines.append(
-            f"  rests on: KV {kv}, SSM state {self.ssm_dtype or '-'}, "
+            f"  rests on: KV {kv}{state}, "
             f"{self.overhead_bytes / GIB:.1f} GiB/GPU of activations+graphs+buffers assumed; "
             f"vLLM would log {self.vllm_log_max_concurrency:.2f}x for "
             f"{self.max_model_len:,} tokens per request"
+            + (f"; model facts given by the recipe (model.facts: {', '.join(given)}), no "
+               "config.json read" if given else "")
         )
         return "\n".join(lines)
 
@@ -869,6 +919,14 @@ def geometry(model: ModelFacts, engine: EngineArgs, tp: int, device: Device) -> 
     attn_tok = kv_bytes_per_token(model, kv_dtype, tp)
     block = engine.block_size or (128 if device.platform == "cpu" else 16)
     notes = [f"KV cache {kv_dtype if kv_dtype != 'auto' else model.dtype} ({kv_why})"]
+    if model.mla_latent_dim:
+        if device.platform == "cpu":  # vLLM for CPU forces 16 for MLA (platforms/cpu.py)
+            block = 16
+        elif not engine.block_size:
+            backend = engine.attention_backend.upper() or "FLASHINFER_MLA"
+            block = MLA_BLOCK.get(backend, 16)
+        notes.append(f"MLA: one {model.mla_latent_dim}-wide latent per token and layer, not "
+                     f"split by tensor parallelism; block {block}")
     prefix, prefix_why = prefix_caching(engine)
     if not model.hybrid:
         return Geometry(
@@ -1035,7 +1093,8 @@ def estimate(
     if model.weights:
         sources["weights"] = model.weights.source
     per_group, attn_groups, mamba_groups = kv_cache_groups(
-        model.full_attention_layers, model.linear_attention_layers
+        model.full_attention_layers + mtp_cache_layers(model, engine),
+        model.linear_attention_layers,
     )
     bytes_per_block = per_group * geo.page_size_bytes
     max_seqs = engine.max_num_seqs or default_batch_limits(device)[1]
@@ -1060,8 +1119,12 @@ def estimate(
     lengths = random_dataset_lengths(workload)
     state_blocks = mamba_groups * (1 + engine.num_speculative_tokens)
     boundary_blocks = mamba_groups if geo.mamba_cache_mode == "align" else 0
-    at_max = attn_groups * math.ceil(lengths.max_total / geo.block_size) + state_blocks
-    at_mean = attn_groups * lengths.expected_blocks(geo.block_size) + state_blocks
+    # speculative decoding: num_speculative_tokens lookahead slots past the tokens held
+    # (config/vllm.py:626-651, v1/core/sched/scheduler.py:914-918)
+    ahead = engine.num_speculative_tokens if not model.hybrid else 0
+    at_max = attn_groups * math.ceil((lengths.max_total + ahead) / geo.block_size) \
+        + state_blocks
+    at_mean = attn_groups * lengths.expected_blocks(geo.block_size, ahead) + state_blocks
     in_flight = attn_groups * lengths.in_flight_blocks(geo.block_size) + state_blocks
     assumptions.append(
         f"lengths uniform in [{lengths.input_low}, {lengths.input_high}] + "

@@ -92,10 +92,12 @@ class Lengths:
             count += (hi - lo + 1) * (self.input_high - x) + (lo + hi) * (hi - lo + 1) // 2
         return count / (n_in * n_out)
 
-    def expected_blocks(self, block_size: int) -> float:
-        """E[ceil((input + output) / block_size)] = sum over k >= 0 of P(total > k x block)."""
+    def expected_blocks(self, block_size: int, ahead: int = 0) -> float:
+        """E[ceil((input + output + ahead) / block_size)] = sum over k >= 0 of
+        P(total + ahead > k x block) (`ahead`: speculative lookahead slots)."""
         return sum(
-            self.p_total_above(k * block_size) for k in range(self.max_total // block_size + 1)
+            self.p_total_above(k * block_size - ahead)
+            for k in range((self.max_total + ahead) // block_size + 1)
         )
 
     def in_flight_blocks(self, block_size: int) -> float:

@@ -189,6 +189,16 @@ class DeclaredFacts(Strict):
         default=None, ge=1, le=1 << 31,
         description="the model's context (vLLM's default max-model-len)",
     )  # fmt: skip
+    mla_latent_dim: int = Field(
+        default=0, ge=0, le=65_536,
+        description="multi-head latent attention: kv_lora_rank + qk_rope_head_dim (one "
+        "latent per token and layer, not split by TP); num_kv_heads and head_dim then unused",
+    )  # fmt: skip
+    mtp_layers: int = Field(
+        default=0, ge=0, le=64,
+        description="num_nextn_predict_layers: MTP layers that join an MLA cache with "
+        "--speculative-config method mtp",
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _hybrid_agrees(self) -> DeclaredFacts:
