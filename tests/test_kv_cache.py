@@ -533,3 +533,21 @@ def test_mla_latent_is_not_split_by_tensor_parallelism_and_follows_the_backend_b
         assert kv.geometry(facts, kv.EngineArgs.from_flags(args), 8, dev).block_size == block
     assert kv.geometry(facts, kv.EngineArgs.from_flags({"block-size": 64}), 8,
                        dev).block_size == 64
+
+
+# The same for a tiny MiniMaxM2 (grouped-query attention: 3 layers, 2 KV heads of 64), whose
+# bf16 cache takes vLLM for CPU's default 128-token block (tests/vllm_cpu/kv_sizes.py).
+GQA_TINY = {"architectures": ["MiniMaxM2ForCausalLM"], "num_hidden_layers": 3,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+            "hidden_size": 256, "max_position_embeddings": 4096, "torch_dtype": "bfloat16"}
+
+
+@pytest.mark.parametrize("flags, tokens, concurrency", [
+    ({}, 43_648, 21.31),
+    ({"kv-cache-dtype": "fp8", "block-size": 64}, 87_360, 42.66),
+])
+def test_gqa_matches_vllm_cpu_start_up_lines(flags, tokens, concurrency):
+    e = kv.estimate(kv.ModelFacts.from_config(GQA_TINY), kv.EngineArgs.from_flags(
+        {"kv-cache-memory-bytes": "64M", "max-model-len": 2048, **flags}),
+        kv.Parallelism(1, 1), kv.Device(64.0, "cpu"), kv.Workload(1024, 1024, 0.8))
+    assert e.vllm_log_kv_cache_tokens == tokens and e.vllm_log_max_concurrency == concurrency
