@@ -1,0 +1,80 @@
+"""A simulated decode rank of a shipped MLA recipe (Kimi-K2.5 8k1k 6p1d: DEP16, FP8 latent,
+64-token blocks) and of a shipped GQA recipe (MiniMax-M2.5 8k1k 1p1d: TP4, FP8 KV) meets its
+KV limit where the dry-run's estimate says, within 10 %: the renderer gives the simulator
+the estimate's block size and capacity (docs/kv-architectures.md), and the recipe's own
+workload (sa-bench 8192/1024 at ratio 0.8) fills it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from simprocs import sample, scrape, start_sim
+
+from launcher.planning import capacity, plan, render
+from launcher.schema import cluster, recipe
+
+pytestmark = pytest.mark.timeout(240)
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name, block", [
+    ("kimi-k2.5-gb200-8k1k-6p1d-dep4-dep16", 64),   # MLA: the recipe's --block-size
+    ("minimax-m2.5-gb200-8k1k-1p1d-tp4", 16),        # GQA: FlashInfer's default on GB200
+])
+def test_a_decode_rank_fills_up_where_the_estimate_says(tmp_path, name, block):
+    r = recipe.load(name, ["engine=sim", "container=null", "decode.args.max-num-seqs=4096"])
+    p = plan.make_plan(r, cluster.load("gb200-nvl72"), [f"n{i}" for i in range(12)])
+    cap = next(c for c in capacity.estimates(p) if c.name == "decode-0")
+    assert cap.block_size == block
+    expected = cap.per_rank_at_mean_length
+    decode = next(ep for ep in p.endpoints if ep.name == "decode-0")
+    env = render.sim_env(p, decode)
+    sim = start_sim(tmp_path, "decode-rank", "m", "--stream-interval", "100",
+                    "--max-num-seqs", "4096", "--api-server-count", "1",
+                    "--no-enable-prefix-caching", "--max-model-len", "10240",
+                    SIM_SPEED="200", **{k: v for k, v in env.items()
+                                        if k.startswith("SIM_KV") or k == "SIM_DEFAULT_BLOCK_SIZE"})
+    full: list[float] = []
+    peak = {"usage": 0.0, "waits": 0.0}
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            try:
+                text = scrape(sim.url, timeout=5)
+            except OSError:
+                time.sleep(0.2)
+                continue
+            usage = sample(text, "vllm:kv_cache_usage_perc")
+            waits = sample(text, "vllm:num_requests_waiting_by_reason", reason="capacity")
+            peak["usage"], peak["waits"] = max(peak["usage"], usage), max(peak["waits"], waits)
+            if usage > 0.95 and waits > 0:
+                full.append(sample(text, "vllm:num_requests_running"))
+            time.sleep(0.05)
+
+    try:
+        sim.wait_healthy(30)
+        t = threading.Thread(target=watch, daemon=True)
+        t.start()
+        n = int(expected * 1.4)  # more than fit: the rest wait for capacity
+        subprocess.run(
+            [sys.executable, "-m", "launcher.clients.bench", "--base-url", sim.url, "--model",
+             "m", "--dataset-name", "random", *render.workload_flags(p),
+             "--num-prompts", str(n), "--max-concurrency", str(n), "--ignore-eos"],
+            cwd=REPO, capture_output=True, text=True, timeout=200, check=True,
+        )  # fmt: skip
+        stop.set()
+        t.join(10)
+    finally:
+        stop.set()
+        sim.stop()
+    assert peak["usage"] > 0.95 and peak["waits"] > 0 and len(full) >= 5, (peak, full)
+    held = sorted(full)[len(full) // 2]
+    print(f"\n{name} decode rank holds {held:.0f} requests while full, the estimate "
+          f"{expected}", file=sys.stderr)
+    assert abs(held - expected) <= 0.1 * expected, (held, expected, peak, full)
