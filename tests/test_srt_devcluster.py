@@ -1,7 +1,7 @@
 """Two published srt-slurm recipes, as their files are, on the dev cluster under real Slurm
 and pyxis with simulated engines: Kimi-K2.5's 1P4D (one DEP4 prefill, four TEP4 decodes,
-5 trays) and DeepSeek-V4-Pro's low-latency TP8 decode over two trays (with a DEP8 prefill
-over two more). Only what a site changes is set: the engine (simulated, in the dev
+5 trays) and DeepSeek-V4-Pro's low-latency MTP recipe, a TP8 decode over two trays with
+speculative decoding (with a DEP8 prefill over two more). Only what a site changes is set: the engine (simulated, in the dev
 cluster's image), the profile, the partition, shorter waits and sweep. The dev cluster
 must be up (`bash slurm/devcluster/up.sh`)."""
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slurm
 SOURCES = srt_slurm.BUNDLED / "recipes" / "multi-node"
 REPO_RECIPES = Path(srt_slurm.__file__).parents[1] / "recipes" / "srt-slurm"
 KIMI_1P4D = SOURCES / "Kimi-K2.5/GB200/vllm/8k1k-sa/disagg-gb200-1p4d-dep4-tep4.yaml"
-DSV4_TP8 = SOURCES / "DeepSeek-V4-Pro/GB200/vllm/8k1k-sa/disagg-gb200-low-latency.yaml"
+DSV4_TP8 = SOURCES / "DeepSeek-V4-Pro/GB200/vllm/8k1k-sa/disagg-gb200-low-latency-mtp2.yaml"
 SITE = [
     "engine=sim", "cluster=devcluster", "slurm.partition=dev", "slurm.time_limit=00:15:00",
     "container.image=127.0.0.1:5000/pd/devcluster-engine:bookworm",
@@ -56,8 +56,11 @@ def kimi_1p4d(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def dsv4_tp8(tmp_path_factory):
+    """One of the recipe's four TP8 decodes (the dev cluster has 6 trays), with its MTP."""
     return run_on_devcluster(tmp_path_factory.mktemp("dsv4"), DSV4_TP8,
-                             "benchmark.concurrency=[2]")
+                             "benchmark.concurrency=[2]", "decode.endpoints=1",
+                             # vLLM 0.33 (the simulator's parser) has no such attention key
+                             "vllm_args.attention-config=null")
 
 
 def engines(run: Path) -> list[dict]:
@@ -129,6 +132,12 @@ def test_the_dashboard_and_report_show_each_decode_endpoint(kimi_1p4d, dsv4_tp8,
     assert split["decode_admission_s"].notna().all()
     at.switch_page("app_pages/kv_cache.py").run()
     assert not at.exception and "decode-0" in str([c.proto for c in at.get("vega_lite_chart")])
+    # its MTP: the acceptance of the point, from the simulated engines' spec_decode counters
+    at.switch_page("app_pages/sweep.py").run()
+    assert any(s.value == "Speculative decoding" for s in at.subheader)
+    spec = next(d.value for d in at.dataframe if "spec_acceptance_rate" in d.value.columns)
+    assert 50 < spec["spec_acceptance_rate"].iloc[0] < 90  # SIM_SPEC_ACCEPT 0.8, 2 tokens
+    assert "Speculative decoding per sweep point" in report.render_run(run)
 
 
 def test_a_family_of_other_shapes_runs_as_one_study_in_one_allocation(tmp_path):
