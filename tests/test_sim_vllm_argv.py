@@ -186,17 +186,35 @@ def _serve_argvs() -> list[tuple[str, list[str]]]:
     return out
 
 
+# Shipped recipes written for another vLLM than 0.33 (the srt-slurm imports of 0.20/0.21
+# images): their flags are the image's parser's to judge, in the preflight. What 0.33 refuses
+# of them is one attention-config key each, and the simulated runs set it to null
+# (slurm/examples/simulate_shipped.py, docs/srt-slurm.md).
+OLDER_VLLM_KEYS = ("use_trtllm_ragged_deepseek_prefill", "use_fp4_indexer_cache")
+
+
 def test_every_shipped_recipe_argv_is_accepted():
+    from launcher.schema import recipe
+
     argvs = _serve_argvs()
     names = {n.split(":")[0] for n, _ in argvs}
     assert {"local-sim", "devcluster-sim", "qwen3.5-397b-gb200-disagg",
             "qwen3.5-397b-gb200-agg"} <= names
+    shipped = recipe.shipped()
+    older = set()
     for name, args in argvs:
+        base = name.split(":")[0]
+        version = recipe.load(str(shipped[base])).engine_version if base in shipped else None
         try:
             cfg = parse(args, env={})
         except VllmArgError as exc:  # pragma: no cover - the failure message is the point
+            if version and not version.startswith("0.33") and any(
+                    k in exc.text for k in OLDER_VLLM_KEYS):
+                older.add(base)
+                continue
             pytest.fail(f"{name}: {exc.text}")
         assert cfg.model, name
+    assert len(older) == 11, older  # the Kimi-K2.5 8 and the DeepSeek-V4-Pro MTP 3
 
 
 def test_usage_lines_match_vllm_parser_table(monkeypatch):

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from launcher.planning.cost import RESTARTS, duration
+from launcher.planning.plan import VLLM_PORT_SPAN
 from launcher.run.vocab import Kind
 
 if TYPE_CHECKING:
@@ -71,9 +72,16 @@ class Turn:
 
 
 # Ports an engine's part holds on its node: its flags' and, from a base, its environment's
-# ranges (vLLM's internal ports from VLLM_PORT; a NIXL side channel per local DP rank).
+# ranges (vLLM's internal ports from VLLM_PORT; a NIXL side channel per DP rank: the base
+# plus the rank, for the part's own ranks).
 PORT_FLAGS = ("--port", "--data-parallel-rpc-port", "--master-port")
-PORT_RANGES = {"VLLM_PORT": 32, "VLLM_NIXL_SIDE_CHANNEL_PORT": 0}  # 0: one per GPU
+
+
+def _flag(argv: tuple, name: str, default: int) -> int:
+    try:
+        return int(argv[argv.index(name) + 1])
+    except (ValueError, IndexError):
+        return default
 
 
 def holds(signature: tuple, one_host: bool = False) -> set[tuple[str, str]]:
@@ -85,14 +93,18 @@ def holds(signature: tuple, one_host: bool = False) -> set[tuple[str, str]]:
         if not (isinstance(part, tuple) and len(part) == 5):
             continue  # a signature that names no parts holds nothing known
         _name, node, gpus, argv, env = part
-        host = "" if one_host else dict(env).get("VLLM_NIXL_SIDE_CHANNEL_HOST") or node
+        e = dict(env)
+        host = "" if one_host else e.get("VLLM_NIXL_SIDE_CHANNEL_HOST") or node
         out |= {(node, f"GPU {g}") for g in gpus}
         out |= {(host, f"port {argv[i + 1]}") for i, a in enumerate(argv[:-1])
                 if a in PORT_FLAGS}
-        for key, value in env:
-            if key in PORT_RANGES and str(value).isdigit():
-                span = PORT_RANGES[key] or max(1, len(gpus))
-                out |= {(host, f"port {int(value) + k}") for k in range(span)}
+        if str(e.get("VLLM_PORT", "")).isdigit():
+            out |= {(host, f"port {int(e['VLLM_PORT']) + k}") for k in range(VLLM_PORT_SPAN)}
+        if str(e.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "")).isdigit():
+            first = _flag(argv, "--data-parallel-start-rank", 0)
+            local = _flag(argv, "--data-parallel-size-local", 1)
+            base = int(e["VLLM_NIXL_SIDE_CHANNEL_PORT"])
+            out |= {(host, f"port {base + r}") for r in range(first, first + local)}
     return out
 
 
