@@ -37,6 +37,23 @@ _LIMIT = 1 << 20
 FailFn = Callable[[int], None]
 
 
+async def connect_retrying(host: str, port: int, wait_s: float, what: str, flags: str,
+                           ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to `what` at host:port, tried every 0.2 s for `wait_s` (a remote part
+    may start before its head listens); ConnectionError naming the `flags` to check."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while True:
+        try:
+            return await asyncio.wait_for(
+                asyncio.open_connection(host, port, limit=_LIMIT), 5)
+        except (OSError, TimeoutError):
+            if loop.time() > deadline:
+                raise ConnectionError(f"could not reach {what} at {host}:{port} within "
+                                      f"{wait_s:.0f} s; check {flags}") from None
+            await asyncio.sleep(0.2)
+
+
 def _send(writer: asyncio.StreamWriter, msg: dict[str, Any]) -> None:
     writer.write(json.dumps(msg).encode() + b"\n")
 
@@ -202,19 +219,9 @@ class HeadlessLink:
     async def connect(self) -> None:
         cfg = self.cfg
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + cfg.knobs.headless_wait_s
-        while True:
-            try:
-                self._reader, self._writer = await asyncio.wait_for(
-                    asyncio.open_connection(cfg.dp_address, cfg.dp_rpc_port, limit=_LIMIT), 5)
-                break
-            except (OSError, TimeoutError):
-                if loop.time() > deadline:
-                    raise ConnectionError(
-                        f"could not reach the DP head at {cfg.dp_address}:{cfg.dp_rpc_port} "
-                        f"within {cfg.knobs.headless_wait_s:.0f} s; check "
-                        "--data-parallel-address and --data-parallel-rpc-port") from None
-                await asyncio.sleep(0.2)
+        self._reader, self._writer = await connect_retrying(
+            cfg.dp_address, cfg.dp_rpc_port, cfg.knobs.headless_wait_s, "the DP head",
+            "--data-parallel-address and --data-parallel-rpc-port")
         _send(self._writer, {"op": "register", "ranks": cfg.local_ranks,
                              "dp_size": cfg.dp_size, "host": cfg.side_channel_host,
                              "pid": os.getpid(), "front": self.front})

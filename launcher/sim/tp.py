@@ -16,7 +16,7 @@ import os
 
 from launcher.sim import vlog
 from launcher.sim.cli import SimConfig
-from launcher.sim.dp import _LIMIT, FailFn, _send
+from launcher.sim.dp import _LIMIT, FailFn, _send, connect_retrying
 from launcher.sim.nixl import bind_host
 
 WHERE = "multiproc_executor.py"  # vLLM's executor starts the workers of every node
@@ -86,19 +86,9 @@ class Rendezvous:
 async def join(cfg: SimConfig, fail: FailFn) -> asyncio.Task[None]:
     """A headless node's side: join the head, then live as long as it does."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + cfg.knobs.headless_wait_s
-    while True:
-        try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(cfg.master_addr, cfg.master_port, limit=_LIMIT), 5)
-            break
-        except (OSError, TimeoutError):
-            if loop.time() > deadline:
-                raise ConnectionError(
-                    f"could not reach node rank 0 at {cfg.master_addr}:{cfg.master_port} "
-                    f"within {cfg.knobs.headless_wait_s:.0f} s; check --master-addr and "
-                    "--master-port") from None
-            await asyncio.sleep(0.2)
+    reader, writer = await connect_retrying(cfg.master_addr, cfg.master_port,
+                                            cfg.knobs.headless_wait_s, "node rank 0",
+                                            "--master-addr and --master-port")
     _send(writer, {"op": "join", "node_rank": cfg.node_rank, "nnodes": cfg.nnodes,
                    "pid": os.getpid()})
     await writer.drain()
