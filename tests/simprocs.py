@@ -177,3 +177,46 @@ def sample(text: str, name: str, **labels: str) -> float:
         if all(f'{k}="{v}"' in head for k, v in labels.items()):
             total += float(value)
     return total
+
+
+def fill_to_capacity(sim: SimProc, workload_flags: list[str], n: int,
+                     cwd: Path) -> tuple[dict[str, float], list[float]]:
+    """Send `n` requests at once (more than fit) with the benchmark client and watch the
+    simulator's /metrics meanwhile: (peaks of running, KV usage and capacity waits; the
+    running count at each scrape where the cache was full and requests waited)."""
+    import threading
+
+    peak = {"running": 0.0, "usage": 0.0, "capacity_waits": 0.0}
+    full: list[float] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            try:
+                text = scrape(sim.url, timeout=5)
+            except OSError:
+                time.sleep(0.2)
+                continue
+            running = sample(text, "vllm:num_requests_running")
+            usage = sample(text, "vllm:kv_cache_usage_perc")
+            waits = sample(text, "vllm:num_requests_waiting_by_reason", reason="capacity")
+            peak["running"] = max(peak["running"], running)
+            peak["usage"] = max(peak["usage"], usage)
+            peak["capacity_waits"] = max(peak["capacity_waits"], waits)
+            if usage > 0.95 and waits > 0:
+                full.append(running)
+            time.sleep(0.05)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    try:
+        subprocess.run(
+            [sys.executable, "-m", "launcher.clients.bench", "--base-url", sim.url, "--model",
+             "m", "--dataset-name", "random", *workload_flags, "--num-prompts", str(n),
+             "--max-concurrency", str(n), "--ignore-eos"],
+            cwd=cwd, capture_output=True, text=True, timeout=200, check=True,
+        )  # fmt: skip
+    finally:
+        stop.set()
+        t.join(10)
+    return peak, full

@@ -6,14 +6,11 @@ workload (sa-bench 8192/1024 at ratio 0.8) fills it."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
-from simprocs import sample, scrape, start_sim
+from simprocs import fill_to_capacity, start_sim
 
 from launcher.planning import capacity, plan, render
 from launcher.schema import cluster, recipe
@@ -39,41 +36,13 @@ def test_a_decode_rank_fills_up_where_the_estimate_says(tmp_path, name, block):
                     "--no-enable-prefix-caching", "--max-model-len", "10240",
                     SIM_SPEED="200", **{k: v for k, v in env.items()
                                         if k.startswith("SIM_KV") or k == "SIM_DEFAULT_BLOCK_SIZE"})
-    full: list[float] = []
-    peak = {"usage": 0.0, "waits": 0.0}
-    stop = threading.Event()
-
-    def watch() -> None:
-        while not stop.is_set():
-            try:
-                text = scrape(sim.url, timeout=5)
-            except OSError:
-                time.sleep(0.2)
-                continue
-            usage = sample(text, "vllm:kv_cache_usage_perc")
-            waits = sample(text, "vllm:num_requests_waiting_by_reason", reason="capacity")
-            peak["usage"], peak["waits"] = max(peak["usage"], usage), max(peak["waits"], waits)
-            if usage > 0.95 and waits > 0:
-                full.append(sample(text, "vllm:num_requests_running"))
-            time.sleep(0.05)
-
     try:
         sim.wait_healthy(30)
-        t = threading.Thread(target=watch, daemon=True)
-        t.start()
         n = int(expected * 1.4)  # more than fit: the rest wait for capacity
-        subprocess.run(
-            [sys.executable, "-m", "launcher.clients.bench", "--base-url", sim.url, "--model",
-             "m", "--dataset-name", "random", *render.workload_flags(p),
-             "--num-prompts", str(n), "--max-concurrency", str(n), "--ignore-eos"],
-            cwd=REPO, capture_output=True, text=True, timeout=200, check=True,
-        )  # fmt: skip
-        stop.set()
-        t.join(10)
+        peak, full = fill_to_capacity(sim, render.workload_flags(p), n, REPO)
     finally:
-        stop.set()
         sim.stop()
-    assert peak["usage"] > 0.95 and peak["waits"] > 0 and len(full) >= 5, (peak, full)
+    assert peak["usage"] > 0.95 and peak["capacity_waits"] > 0 and len(full) >= 5, (peak, full)
     held = sorted(full)[len(full) // 2]
     print(f"\n{name} decode rank holds {held:.0f} requests while full, the estimate "
           f"{expected}", file=sys.stderr)

@@ -8,14 +8,11 @@ fills it at about `per_rank_at_mean_length`."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
-from simprocs import sample, scrape, start_sim
+from simprocs import fill_to_capacity, sample, scrape, start_sim
 
 from launcher.planning import capacity, plan, render
 from launcher.schema import cluster, recipe
@@ -52,45 +49,16 @@ def test_a_seed_decode_rank_fills_up_where_the_estimate_says(tmp_path, prefix_ca
                   SIM_SPEED="100", **{k: v for k, v in env.items() if k.startswith("SIM_KV")
                                       or k in ("SIM_DEFAULT_BLOCK_SIZE",
                                                "SIM_STATE_BLOCKS_PER_REQUEST")})  # fmt: skip
-    peak = {"running": 0.0, "usage": 0.0, "capacity_waits": 0.0}
-    full: list[float] = []  # running requests while the cache is full and others wait
-    stop = threading.Event()
-
-    def watch() -> None:
-        while not stop.is_set():
-            try:
-                text = scrape(p.url, timeout=5)
-            except OSError:
-                time.sleep(0.2)
-                continue
-            peak["running"] = max(peak["running"], sample(text, "vllm:num_requests_running"))
-            peak["usage"] = max(peak["usage"], sample(text, "vllm:kv_cache_usage_perc"))
-            waits = sample(text, "vllm:num_requests_waiting_by_reason", reason="capacity")
-            usage = sample(text, "vllm:kv_cache_usage_perc")
-            peak["capacity_waits"] = max(peak["capacity_waits"], waits)
-            if usage > 0.95 and waits > 0:
-                full.append(sample(text, "vllm:num_requests_running"))
-            time.sleep(0.05)
-
     try:
         p.wait_healthy(30)
         info = scrape(p.url)
         mode = "align" if prefix_caching else "none"
         assert sample(info, "vllm:cache_config_info", enable_prefix_caching=str(prefix_caching),
                       mamba_cache_mode=mode, block_size=str(cap.block_size)) > 0, info  # fmt: skip
-        t = threading.Thread(target=watch, daemon=True)
-        t.start()
         n = int(expected * 1.4)  # more than fit: the rest wait for capacity
-        subprocess.run(
-            [sys.executable, "-m", "launcher.clients.bench", "--base-url", p.url, "--model", "m",
-             "--dataset-name", "random", *render.workload_flags(seed),
-             "--num-prompts", str(n), "--max-concurrency", str(n), "--ignore-eos"],
-            cwd=REPO, capture_output=True, text=True, timeout=200, check=True,
-        )  # fmt: skip
-        stop.set()
-        t.join(10)
+        # `full`: running requests while the cache is full and others wait
+        peak, full = fill_to_capacity(p, render.workload_flags(seed), n, REPO)
     finally:
-        stop.set()
         p.stop()
     assert peak["usage"] > 0.95 and peak["capacity_waits"] > 0 and len(full) >= 5, (peak, full)
     # While the cache is full and requests wait, the batch holds what the estimate says,
