@@ -17,6 +17,7 @@ from pathlib import Path
 
 import helpers
 import pytest
+import yaml
 from helpers import launcher, leftovers
 from test_faults import bring_back, job_gone, lose_node, need_cluster, steps_left
 
@@ -51,6 +52,23 @@ def _release_when_ports_free(study: Path, job: str, base: int) -> None:
     subprocess.run(["scontrol", "release", job], check=True, capture_output=True)
 
 
+def _recipes(tmp_path: Path, holds: dict[int, float]) -> list[str]:
+    """devcluster-sim with 1..3 prefill endpoints, each a recipe file of its own holding
+    `holds[n]` seconds (a --sweep gives every configuration the same hold_s)."""
+    src = Path(__file__).resolve().parents[1] / "launcher" / "recipes" / "devcluster-sim.yaml"
+    r = yaml.safe_load(src.read_text())
+    for k in ("data", "train"):  # relative to the shipped file
+        r["accuracy"][k] = str((src.parent / r["accuracy"][k]).resolve())
+    out = []
+    for n, hold in holds.items():
+        path = tmp_path / f"devcluster-sim-p{n}.yaml"
+        path.write_text(yaml.safe_dump(
+            {**r, "name": f"devcluster-sim-p{n}", "hold_s": hold,
+             "prefill": {**r["prefill"], "endpoints": n}}, sort_keys=False))
+        out.append(str(path))
+    return out
+
+
 def _slurm_down(node: str) -> bool:
     state = subprocess.run(["sinfo", "-h", "-N", "-n", node, "-o", "%t"], capture_output=True,
                            text=True).stdout.strip()
@@ -70,21 +88,25 @@ def test_a_node_lost_in_the_second_configuration_fails_it_and_the_third_runs(tmp
     second (decode on nodes 1-2, prefill-0 on node 3) node 3 dies: that configuration fails
     naming it, Slurm keeps the job on the other three (past the moment it marks the node
     down), and the third (2 prefill endpoints, 3 nodes) is planned on them and succeeds; the
-    job then ends with nothing left. Each configuration holds 40 s: the third outlasts
-    SlurmdTimeout."""
+    job then ends with nothing left. The configurations are recipes of their own (a study
+    of several recipes), so each holds what it needs: the first, which only loads what the
+    others keep, nothing; the second 40 s (its node is lost in its hold); the third 40 s, to
+    outlast SlurmdTimeout."""
     need_cluster()
     base = helpers.free_port_base(PORT_BASES, 400)
     prof = helpers.profile_copy(tmp_path / "devcluster-study-faults.yaml", "devcluster",
                                 port_base=base)
-    code, out = launcher(tmp_path, "submit", "devcluster-sim", *_sets(
+    recipes = _recipes(tmp_path, holds={1: 40, 2: 40, 3: 0})
+    code, out = launcher(tmp_path, "submit", *recipes, *_sets(
         f"cluster={prof}", "accuracy.enabled=false", "benchmark.concurrency=[4]",
-        "hold_s=40", "slurm.directives.hold=true"),
-        "--sweep", "prefill.endpoints=1,2,3", "--allocation", "one")
+        "slurm.directives.hold=true"), "--allocation", "one")
     assert code == 0, out
     job = re.search(r"submitted job (\d+)", out).group(1)
     (study,) = [p.parent for p in (tmp_path / "runs").glob("*/study.json")]
     turns = json.loads((study / "study.json").read_text())["allocation"]["turns"]
     runs = [study / t["run"] for t in turns]
+    assert [yaml.safe_load((r / "recipe.yaml").read_text())["hold_s"] for r in runs] \
+        == [0, 40, 40]
     node = None
     try:
         _release_when_ports_free(study, job, base)
