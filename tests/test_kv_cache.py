@@ -9,6 +9,7 @@ import json
 import pytest
 
 from launcher.planning import kv_cache as kv
+from launcher.schema.sections import DeclaredFacts
 
 QWEN35_TEXT = {
     "hidden_size": 4096,
@@ -457,7 +458,9 @@ def test_sizes_are_read_as_vllms_parser_reads_them():
     ("DeepseekV32ForCausalLM", {"kv_lora_rank": 512, "qk_rope_head_dim": 64,
                                 "index_topk": 2048}, "sparse attention indexer (index_topk"),
     ("DeepseekV4ForCausalLM", {"compress_ratios": [128, 4, 0], "sliding_window": 128},
-     "compressed sparse attention (compress_ratios"),
+     "its compressed sparse attention lacks index_head_dim in config.json"),
+    ("DeepseekV4ForCausalLM", {"compress_ratios": [128, 16, 0], "sliding_window": 128,
+                               "index_head_dim": 128}, "its compress ratios [16] are not"),
     ("GptOssForCausalLM", {"layer_types": ["sliding_attention", "full_attention"]},
      "its sliding_attention layers"),
     ("Qwen2ForCausalLM", {"use_sliding_window": True, "sliding_window": 4096},
@@ -551,3 +554,120 @@ def test_gqa_matches_vllm_cpu_start_up_lines(flags, tokens, concurrency):
         {"kv-cache-memory-bytes": "64M", "max-model-len": 2048, **flags}),
         kv.Parallelism(1, 1), kv.Device(64.0, "cpu"), kv.Workload(1024, 1024, 0.8))
     assert e.vllm_log_kv_cache_tokens == tokens and e.vllm_log_max_concurrency == concurrency
+
+
+# DeepSeek-V4 (docs/kv-architectures.md section 4). vLLM for CPU 0.32 logs, for a tiny
+# random-weight model of two HCA and two CSA layers (tests/vllm_cpu/kv_sizes.py, 512 MiB,
+# max-model-len 2048, --kv-cache-dtype fp8): "kv cache group sizes (64, 64, 256, 8, 4)" and
+# "CPU KV cache size: 13,622 tokens, Maximum concurrency for 2,048 tokens per request: 6.65x";
+# for six layers (2 HCA, 3 CSA, 1 sliding window only): 9,191 tokens, 4.49x.
+V4_TINY = {"architectures": ["DeepseekV4ForCausalLM"], "num_hidden_layers": 4,
+           "compress_ratios": [128, 4, 128, 4], "sliding_window": 128, "head_dim": 512,
+           "qk_rope_head_dim": 64, "index_head_dim": 128, "index_topk": 64,
+           "num_key_value_heads": 1, "num_attention_heads": 8, "hidden_size": 256,
+           "num_nextn_predict_layers": 0, "max_position_embeddings": 4096}
+
+
+@pytest.mark.parametrize("ratios, block_bytes, tokens, concurrency", [
+    ([128, 4, 128, 4], 95_616, 13_622, 6.65),  # balanced: one compressed group of 6 caches
+    ([128, 4, 4, 128, 4, 0], 141_696, 9_191, 4.49),  # 2 HCA, 3 CSA, 1 sliding-window only
+])
+def test_deepseek_v4_matches_vllm_cpu_start_up_line(ratios, block_bytes, tokens, concurrency):
+    facts = kv.ModelFacts.from_config({**V4_TINY, "num_hidden_layers": len(ratios),
+                                       "compress_ratios": ratios})
+    assert facts.unmodelled == "" and facts.compress_ratios == tuple(max(1, r) for r in ratios)
+    e = kv.estimate(facts, kv.EngineArgs.from_flags(
+        {"kv-cache-memory-bytes": "512M", "max-model-len": 2048, "kv-cache-dtype": "fp8"}),
+        kv.Parallelism(1, 1), kv.Device(64.0, "cpu"), kv.Workload(1024, 1024, 0.8))
+    assert (e.kv_cache_dtype, e.block_size, e.bytes_per_block) == ("fp8_ds_mla", 256,
+                                                                   block_bytes)
+    blocks = [int(x.split(", ")[1].split("-")[0]) for x in e.groups_text.split("; ")]
+    assert blocks == [64, 64, 256, 8, 4]  # vLLM's "kv cache group sizes"
+    assert e.num_gpu_blocks == 512 * 2**20 // block_bytes
+    assert e.vllm_log_kv_cache_tokens == tokens and e.vllm_log_max_concurrency == concurrency
+
+
+def _v4_pro(**over) -> kv.ModelFacts:
+    """DeepSeek-V4-Pro as its config.json says it (the upstream layer_types form)."""
+    ratios = [128, 128, *[4, 128] * 29, 4]
+    names = {128: "heavily_compressed_attention", 4: "compressed_sparse_attention"}
+    cfg = {"architectures": ["DeepseekV4ForCausalLM"], "num_hidden_layers": 61,
+           "layer_types": [names[r] for r in ratios],
+           "compress_rates": {v: k for k, v in names.items()}, "sliding_window": 128,
+           "head_dim": 512, "qk_rope_head_dim": 64, "index_head_dim": 128, "index_topk": 1024,
+           "num_key_value_heads": 1, "num_attention_heads": 128, "hidden_size": 7168,
+           "num_nextn_predict_layers": 1, "max_position_embeddings": 1_048_576, **over}
+    return kv.ModelFacts.from_config(cfg)
+
+
+def test_deepseek_v4_pro_groups_and_what_a_request_holds():
+    """vLLM 0.33's packed grouping of DeepSeek-V4-Pro's 61 layers: two sliding-window groups
+    (31 + 30), the compressed KV with the indexer keys (91 caches, the widest: a block id is
+    1,435,968 B), the HCA and the CSA compressor states; a decoding request holds its
+    compressed blocks and 26 window blocks whatever its length. With MTP (k = 2) and MXFP4
+    indexer keys: 31 + 31 sliding-window caches, 1,315,008 B, 30 window blocks. The
+    start-up line of the DEP8 decode (29,154 blocks, 9,280 tokens, 512 batched tokens with
+    async scheduling: 1,024 in flight) is 60.86x."""
+    facts = _v4_pro()
+    assert facts.unmodelled == "" and len(facts.compress_ratios) == 61
+    flags = {"kv-cache-dtype": "fp8", "block-size": 256, "max-model-len": 9280,
+             "max-num-batched-tokens": 512, "kv-cache-memory-bytes": 29_154 * 1_435_968 + 7}
+    e = kv.estimate(facts, kv.EngineArgs.from_flags(flags), kv.Parallelism(1, 8, True),
+                    kv.Device(184.0), kv.Workload(8192, 1024, 0.8, rule="sa-bench"))
+    pages = [int(x.split(": ")[1].removesuffix(" B)").replace(",", ""))
+             for x in e.groups_text.split("; ")]
+    assert pages == [1_160_640, 1_123_200, 1_435_968, 1_017_792, 1_244_160]
+    assert e.bytes_per_block == 1_435_968 and e.num_gpu_blocks == 29_154
+    assert e.state_blocks_per_request == 26 and e.blocks_per_request_at_max == 36 + 26
+    assert e.vllm_log_max_concurrency == 60.86
+    mtp = kv.EngineArgs.from_flags({**flags, "attention-config": '{"use_fp4_indexer_cache":true}',
+                                    "speculative-config": {"method": "mtp",
+                                                           "num_speculative_tokens": 2}})
+    m = kv.estimate(facts, mtp, kv.Parallelism(1, 8, True), kv.Device(184.0),
+                    kv.Workload(8192, 1024, 0.8, rule="sa-bench"))
+    assert m.bytes_per_block == 1_315_008 and m.state_blocks_per_request == 30
+    assert "31 caches, 64-token blocks" in m.groups_text.split("; ")[1]
+    # one line of DeclaredFacts gives the same layout as config.json
+    declared = kv.ModelFacts.from_declared(DeclaredFacts(
+        full_attention_layers=61, num_kv_heads=1, head_dim=512, total_params_b=1,
+        compress_ratios=[128, 128, *[4, 128] * 29, 4, 0], sliding_window=128,
+        index_head_dim=128, mtp_layers=1))
+    assert kv.estimate(declared, mtp, kv.Parallelism(1, 8, True), kv.Device(184.0),
+                       kv.Workload(8192, 1024, 0.8)).bytes_per_block == 1_315_008
+
+
+@pytest.mark.parametrize("facts, words", [
+    ({"compress_ratios": [128, 4, 4]}, "without sliding_window and index_head_dim"),
+    ({"compress_ratios": [128, 4, 2], "sliding_window": 128, "index_head_dim": 128},
+     "compress_ratios has [2]"),
+    ({"compress_ratios": [128], "sliding_window": 128, "index_head_dim": 128},
+     "has 1 entries for 3 layers"),
+])
+def test_declared_deepseek_v4_facts_that_do_not_describe_its_cache_are_named(facts, words):
+    d = DeclaredFacts(full_attention_layers=3, num_kv_heads=1, head_dim=512, total_params_b=1,
+                      **facts)
+    with pytest.raises(kv.NoEstimate) as e:
+        kv.estimate(kv.ModelFacts.from_declared(d), kv.EngineArgs.from_flags({}),
+                    kv.Parallelism(1, 1), kv.Device(184.0), kv.Workload(1024, 1024, 0.8))
+    assert words in str(e.value), e.value
+
+
+def test_deepseek_v4_refuses_what_vllm_refuses():
+    facts = kv.ModelFacts.from_config(V4_TINY)
+    for flags, words in (({"kv-cache-dtype": "bfloat16"}, "FlashMLA layout takes auto, fp8"),
+                         ({"block-size": 64}, "take 256 only")):
+        with pytest.raises(ValueError) as e:
+            kv.estimate(facts, kv.EngineArgs.from_flags(flags), kv.Parallelism(1, 1),
+                        kv.Device(184.0), kv.Workload(1024, 1024, 0.8))
+        assert words in str(e.value)
+
+
+def test_an_mtp_layer_weighs_one_decoder_layer_when_the_counts_leave_it_out():
+    w = kv.WeightFacts.from_billions(25.5, 1547.4, expert_format="nvfp4", expert_bits=4.25,
+                                     dense_bits=9.0, layers=61, mtp_layers=1)
+    par = kv.Parallelism(1, 8, True)
+    plain = kv.weight_bytes_per_gpu(w, par, "bfloat16", kv.EngineArgs())
+    assert plain == pytest.approx(25.5e9 * 9 / 8 + 1547.4e9 * 4.25 / 8 / 8, rel=1e-9)
+    spec = kv.EngineArgs(num_speculative_tokens=2, speculative_method="mtp")
+    assert kv.weight_bytes_per_gpu(w, par, "bfloat16", spec) == pytest.approx(plain * 62 / 61,
+                                                                              rel=1e-9)

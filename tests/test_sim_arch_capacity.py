@@ -1,5 +1,6 @@
 """A simulated decode rank of a shipped MLA recipe (Kimi-K2.5 8k1k 6p1d: DEP16, FP8 latent,
-64-token blocks) and of a shipped GQA recipe (MiniMax-M2.5 8k1k 1p1d: TP4, FP8 KV) meets its
+64-token blocks), of a shipped GQA recipe (MiniMax-M2.5 8k1k 1p1d: TP4, FP8 KV) and of a
+shipped DeepSeek-V4 recipe (max-tpt: DEP8, fp8_ds_mla, packed groups) meets its
 KV limit where the dry-run's estimate says, within 10 %: the renderer gives the simulator
 the estimate's block size and capacity (docs/kv-architectures.md), and the recipe's own
 workload (sa-bench 8192/1024 at ratio 0.8) fills it."""
@@ -22,6 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("name, block", [
     ("kimi-k2.5-gb200-8k1k-6p1d-dep4-dep16", 64),   # MLA: the recipe's --block-size
     ("minimax-m2.5-gb200-8k1k-1p1d-tp4", 16),        # GQA: FlashInfer's default on GB200
+    # DeepSeek-V4: 256-token compressed blocks + 26 window blocks per request (DEP8)
+    ("deepseek-v4-pro-gb200-8k1k-max-tpt-megamoe", 256),
 ])
 def test_a_decode_rank_fills_up_where_the_estimate_says(tmp_path, name, block):
     r = recipe.load(name, ["engine=sim", "container=null", "decode.args.max-num-seqs=4096"])
@@ -31,11 +34,13 @@ def test_a_decode_rank_fills_up_where_the_estimate_says(tmp_path, name, block):
     expected = cap.per_rank_at_mean_length
     decode = next(ep for ep in p.endpoints if ep.name == "decode-0")
     env = render.sim_env(p, decode)
+    given = plan.engine_args(r, decode.pool).get("block-size")
     sim = start_sim(tmp_path, "decode-rank", "m", "--stream-interval", "100",
                     "--max-num-seqs", "4096", "--api-server-count", "1",
                     "--no-enable-prefix-caching", "--max-model-len", "10240",
-                    SIM_SPEED="200", **{k: v for k, v in env.items()
-                                        if k.startswith("SIM_KV") or k == "SIM_DEFAULT_BLOCK_SIZE"})
+                    *(["--block-size", str(given)] if given else []),
+                    SIM_SPEED="200", **{k: v for k, v in env.items() if k.startswith(
+                        ("SIM_KV", "SIM_DEFAULT_BLOCK_SIZE", "SIM_STATE_BLOCKS"))})
     try:
         sim.wait_healthy(30)
         n = int(expected * 1.4)  # more than fit: the rest wait for capacity

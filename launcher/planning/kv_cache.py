@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from launcher.planning import kv_compressed
 from launcher.run import lengths as run_lengths
 from launcher.run.lengths import Lengths
 
@@ -90,6 +91,12 @@ class WeightFacts:
     mtp_params: int = 0  # loaded only with speculative decoding (MTP)
     vision_params: int = 0  # not loaded with --language-model-only
     source: str = "recipe"
+    # as a recipe declares them: bits per stored weight (0: by expert_format / model dtype)
+    expert_bits: float = 0.0
+    dense_bits: float = 0.0
+    # without a count of MTP weights, an MTP layer weighs one of the `layers` decoder layers
+    layers: int = 0
+    mtp_layers: int = 0
 
     @classmethod
     def from_billions(cls, dense_b: float, expert_b: float, **kw) -> WeightFacts:
@@ -97,6 +104,8 @@ class WeightFacts:
 
     def expert_bytes_per_param(self) -> float:
         """NVFP4: 4 bits + one FP8 scale per group (the per-tensor FP32 scales are noise)."""
+        if self.expert_bits:
+            return self.expert_bits / 8
         if self.expert_format == "nvfp4":
             return 0.5 + 1 / self.group_size
         if self.expert_format == "fp8":
@@ -128,7 +137,12 @@ class ModelFacts:
     # multi-head latent attention: kv_lora_rank + qk_rope_head_dim, one latent per token and
     # layer, not split by TP (model_executor/layers/attention/mla_attention.py:480, 1371-1399)
     mla_latent_dim: int = 0
-    mtp_layers: int = 0  # num_nextn_predict_layers: MTP layers with the same cache (MLA)
+    mtp_layers: int = 0  # num_nextn_predict_layers: MTP layers with the same cache (MLA, V4)
+    # DeepSeek-V4's compressed sparse attention: each layer's compress ratio (1: sliding
+    # window only, 4: CSA, 128: HCA), its window and the indexer's head (kv_compressed.py)
+    compress_ratios: tuple[int, ...] = ()
+    sliding_window: int = 0
+    index_head_dim: int = 0
     weights: WeightFacts | None = None
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -154,14 +168,21 @@ class ModelFacts:
         src = {k: where + k for k in CONFIG_FIELDS if k in t}
         if kv_src:
             src["kv_cache_quant_algo"] = kv_src
-        mla = mla_latent(t)
+        ratios = compress_ratios(t)
+        mla = 0 if ratios else mla_latent(t)
+        if ratios:
+            src |= {k: where + k for k in DSV4_FIELDS if k in t}
         return cls(
             unmodelled=unmodelled_attention(t, types),
             mla_latent_dim=mla,
-            mtp_layers=int(t.get("num_nextn_predict_layers") or 0) if mla else 0,
-            full_attention_layers=sum(x == "full_attention" for x in types),
-            linear_attention_layers=sum(x == "linear_attention" for x in types),
-            other_layers=sum(x not in ("full_attention", "linear_attention") for x in types),
+            mtp_layers=int(t.get("num_nextn_predict_layers") or 0) if mla or ratios else 0,
+            compress_ratios=ratios,
+            sliding_window=int(t.get("sliding_window") or 0) if ratios else 0,
+            index_head_dim=int(t.get("index_head_dim") or 0) if ratios else 0,
+            full_attention_layers=len(ratios) or sum(x == "full_attention" for x in types),
+            linear_attention_layers=0 if ratios else sum(x == "linear_attention" for x in types),
+            other_layers=0 if ratios else sum(
+                x not in ("full_attention", "linear_attention") for x in types),
             num_kv_heads=1 if mla else t.get("num_key_value_heads") or heads,
             head_dim=mla or t.get("head_dim") or t.get("hidden_size", 0) // heads,
             linear_num_key_heads=t.get("linear_num_key_heads", 0),
@@ -190,9 +211,12 @@ class ModelFacts:
         if facts.total_params_b:
             fmt = "nvfp4" if facts.weight_bits < 8 else "fp8" if facts.weight_bits < 16 \
                 else "bf16"
-            weights = WeightFacts.from_billions(facts.dense_params_b,
-                                                facts.total_params_b - facts.dense_params_b,
-                                                expert_format=fmt)
+            weights = WeightFacts.from_billions(
+                facts.dense_params_b, facts.total_params_b - facts.dense_params_b,
+                expert_format=fmt, expert_bits=facts.weight_bits,
+                dense_bits=facts.dense_weight_bits or 0.0,
+                layers=facts.full_attention_layers + facts.gdn_layers,
+                mtp_layers=facts.mtp_layers)
         return cls(
             full_attention_layers=facts.full_attention_layers,
             linear_attention_layers=facts.gdn_layers,
@@ -200,6 +224,11 @@ class ModelFacts:
             head_dim=facts.mla_latent_dim or facts.head_dim,
             mla_latent_dim=facts.mla_latent_dim,
             mtp_layers=facts.mtp_layers,
+            compress_ratios=tuple(  # the MTP entries past the layers are left out, as vLLM does
+                max(1, r) for r in (facts.compress_ratios or ())[:facts.full_attention_layers]),
+            sliding_window=facts.sliding_window or 0,
+            index_head_dim=facts.index_head_dim or 0,
+            unmodelled=facts.compressed_attention_gap(),
             linear_num_key_heads=facts.gdn_key_heads,
             linear_num_value_heads=facts.gdn_value_heads,
             linear_key_head_dim=facts.gdn_key_head_dim,
@@ -236,6 +265,11 @@ class EngineArgs:
     speculative_method: str = ""  # --speculative-config's method (mtp adds the MTP layers)
     attention_backend: str = ""  # --attention-backend (an MLA model's block size follows it)
     enforce_eager: bool = False
+    # --attention-config's indexer dtype: a DeepSeek-V4 indexer keeps MXFP4 keys when it is
+    # mxfp4 (or the older images' use_fp4_indexer_cache), FP8 otherwise (indexer.py:60-68)
+    indexer_fp4: bool = False
+    # on unless --no-async-scheduling: two batches in flight (config/vllm.py:588-609, 1685-1719)
+    async_scheduling: bool = True
 
     @classmethod
     def from_flags(cls, args: dict) -> EngineArgs:
@@ -260,6 +294,14 @@ class EngineArgs:
         if isinstance(spec, str):
             spec = json.loads(spec)
         prefix, prefix_flag = prefix_caching_from_flags(args)
+        attn = args.get("attention-config") or {}
+        if isinstance(attn, str):
+            attn = json.loads(attn)
+        fp4 = str(attn.get("indexer_kv_dtype", "")).lower() == "mxfp4" or \
+            attn.get("use_fp4_indexer_cache") is True
+        async_flag = args.get("async-scheduling")
+        if args.get("no-async-scheduling") is True:
+            async_flag = False
         return cls(
             block_size=get("block-size", int),
             kv_cache_dtype=str(get("kv-cache-dtype", default="auto")),
@@ -279,6 +321,8 @@ class EngineArgs:
             speculative_method=str(spec.get("method") or ""),
             attention_backend=str(get("attention-backend", default="") or ""),
             enforce_eager=bool(get("enforce-eager", default=False)),
+            indexer_fp4=fp4,
+            async_scheduling=async_flag is not False,
         )
 
 
@@ -414,8 +458,17 @@ def unmodelled_attention(t: dict, types: list[str]) -> str:
     keys that change vLLM's KV cache (docs/kv-architectures.md), so that such a model gets
     "no estimate", never a wrong number."""
     if "compress_ratios" in t or "compress_rates" in t:
-        return ("its compressed sparse attention (compress_ratios: DeepSeek-V4's sliding-window, "
-                "compressed and indexer caches) is not modelled yet")
+        ratios = compress_ratios(t)
+        odd = sorted({r for r in ratios if r not in kv_compressed.RATIOS})
+        if odd:
+            return (f"its compress ratios {odd} are not DeepSeek-V4's (1, 4 or 128; vLLM's "
+                    "compressor takes no other)")
+        missing = [k for k in ("num_hidden_layers", "sliding_window", "index_head_dim")
+                   if not t.get(k)]
+        if missing or not ratios:
+            return ("its compressed sparse attention lacks " + ", ".join(missing or
+                    ["its per-layer compress ratios"]) + " in config.json")
+        return ""
     if "index_topk" in t:
         return "its sparse attention indexer (index_topk) is not modelled yet"
     others = sorted({x for x in types if x not in ("full_attention", "linear_attention")})
@@ -424,6 +477,26 @@ def unmodelled_attention(t: dict, types: list[str]) -> str:
     if t.get("use_sliding_window") is True and t.get("sliding_window"):
         return "its sliding-window attention (use_sliding_window) is not modelled yet"
     return ""
+
+
+# config.json keys DeepSeek-V4's cache follows (beyond num_hidden_layers)
+DSV4_FIELDS = ("compress_ratios", "compress_rates", "layer_types", "sliding_window",
+               "index_head_dim", "num_nextn_predict_layers")
+
+
+def compress_ratios(t: dict) -> tuple[int, ...]:
+    """Each decoder layer's compress ratio (1 for a sliding-window-only layer), from the
+    legacy `compress_ratios` list or `layer_types` + `compress_rates`; the MTP layers that
+    the list may carry after num_hidden_layers are left out
+    (transformers_utils/deepseek_v4_utils.py:6-18, attention.py:236-242)."""
+    if isinstance(t.get("compress_ratios"), list):
+        ratios = t["compress_ratios"]
+    elif isinstance(t.get("compress_rates"), dict) and isinstance(t.get("layer_types"), list):
+        ratios = [t["compress_rates"].get(x, 0) for x in t["layer_types"]]
+    else:
+        return ()
+    n = int(t.get("num_hidden_layers") or len(ratios))
+    return tuple(max(1, int(r or 0)) for r in ratios[:n])
 
 
 def mla_latent(t: dict) -> int:
@@ -701,8 +774,15 @@ def weight_bytes_per_gpu(
         dense += weights.mtp_params
     if not engine.language_model_only:
         dense += weights.vision_params
-    dense_bytes = dense * dtype_bytes(model_dtype, "model") / par.tp
+    per_dense = weights.dense_bits / 8 if weights.dense_bits else dtype_bytes(model_dtype, "model")
+    dense_bytes = dense * per_dense / par.tp
     expert_bytes = weights.expert_params * weights.expert_bytes_per_param() / par.ep
+    if engine.speculative_method in ("mtp", "deepseek_mtp") and engine.num_speculative_tokens \
+            and not weights.mtp_params and weights.mtp_layers and weights.layers:
+        # counts declared without the MTP layers: each weighs one decoder layer
+        share = weights.mtp_layers / weights.layers
+        dense_bytes += weights.dense_params * per_dense / par.tp * share
+        expert_bytes += weights.expert_params * weights.expert_bytes_per_param() / par.ep * share
     return math.ceil(dense_bytes + expert_bytes)
 
 
@@ -752,6 +832,9 @@ class KvCapacity:
     # length (vLLM allocates blocks as tokens come); the time-weighted average context
     in_flight_tokens: float = 0.0
     per_rank_in_flight: int = 0
+    # a packed layout's groups (DeepSeek-V4), in words, and how many hold a window
+    groups_text: str = ""
+    window_groups: int = 0
 
     @property
     def endpoint_at_max_length(self) -> int:
@@ -792,6 +875,10 @@ class KvCapacity:
             f"; a block is a page in each of {layers} ({size}): "
             f"{self.num_gpu_blocks:,} blocks/rank, {max(0, self.num_gpu_blocks - 1):,} usable"
         )
+        if self.groups_text:  # a packed layout: one block id spans every group
+            page = (f"  groups: {self.groups_text}; a block id is the widest group's pages "
+                    f"({size}): {self.num_gpu_blocks:,} blocks/rank, "
+                    f"{max(0, self.num_gpu_blocks - 1):,} usable")
         lines.append(page)
         attn = self.blocks_per_request_at_mean - self.state_blocks_per_request
         per = (
@@ -804,6 +891,11 @@ class KvCapacity:
                 f"({self.state_blocks_per_request // self.mamba_groups} per group x "
                 f"{self.mamba_groups} groups)"
             )
+        if self.window_groups:
+            per = (f"  per request: {attn:.2f} compressed blocks on average "
+                   f"({self.blocks_per_request_at_max - self.state_blocks_per_request} at most) "
+                   f"+ {self.state_blocks_per_request} blocks in the {self.window_groups} "
+                   f"sliding-window and compressor-state groups, whatever its length")
         per += (
             f" = {self.blocks_per_request_at_mean:.2f} -> {self.per_rank_at_mean_length:,}/rank "
             f"x {self.dp} = {self.endpoint_at_mean_length:,}"
@@ -970,6 +1062,40 @@ def geometry(model: ModelFacts, engine: EngineArgs, tp: int, device: Device) -> 
     )
 
 
+def compressed_geometry(model: ModelFacts, engine: EngineArgs) -> tuple[Geometry,
+                                                                       kv_compressed.Layout]:
+    """DeepSeek-V4: FlashMLA's fp8_ds_mla layout for auto and every fp8 dtype (attention.py:
+    94-129), 256-token compressed blocks (the only size its backends take), the MTP layers
+    with --speculative-config method mtp, the indexer in MXFP4 or FP8."""
+    dtype = engine.kv_cache_dtype
+    if dtype != "auto" and dtype != "fp8_ds_mla" and not dtype.startswith("fp8"):
+        raise NoEstimate(f"DeepSeek-V4's cache in {dtype} is not modelled: vLLM 0.33's FlashMLA "
+                         "layout takes auto, fp8 or fp8_ds_mla")
+    block = engine.block_size or kv_compressed.COMPRESSED_BLOCK
+    if block != kv_compressed.COMPRESSED_BLOCK:
+        raise ValueError(f"--block-size {block}: DeepSeek-V4's sparse MLA and indexer backends "
+                         f"take {kv_compressed.COMPRESSED_BLOCK} only")
+    mtp = model.mtp_layers if engine.num_speculative_tokens and \
+        engine.speculative_method in ("mtp", "deepseek_mtp") else 0
+    packed = kv_compressed.layout(list(model.compress_ratios), mtp, model.sliding_window,
+                                  model.head_dim, model.index_head_dim, block,
+                                  engine.indexer_fp4)
+    counts = {r: model.compress_ratios.count(r) for r in kv_compressed.RATIOS}
+    prefix, prefix_why = prefix_caching(engine)
+    notes = (
+        f"KV cache fp8_ds_mla (--kv-cache-dtype {dtype}: FlashMLA's layout, 584 B per state, "
+        f"pages padded to {kv_compressed.DS_MLA_ALIGN} B)",
+        f"DeepSeek-V4: {counts[128]} HCA, {counts[4]} CSA, {counts[1]} sliding-window-only "
+        f"layers{f' + {mtp} MTP' if mtp else ''}, window {model.sliding_window}; indexer keys "
+        f"{'MXFP4' if engine.indexer_fp4 else 'FP8'}; {len(packed.groups)} KV-cache groups",
+    )
+    geo = Geometry(kv_cache_dtype="fp8_ds_mla",
+                   attention_bytes_per_token=packed.bytes_per_block // block,
+                   block_size=block, page_size_bytes=packed.bytes_per_block, notes=notes,
+                   alignment=block, prefix_caching=prefix, prefix_caching_why=prefix_why)
+    return geo, packed
+
+
 @dataclass(frozen=True)
 class _Memory:
     """One GPU's memory as vLLM divides it, with the assumptions it rests on."""
@@ -1027,10 +1153,16 @@ def _vllm_log_concurrency(
     mamba_groups: int,
     num_blocks: int,
     lengths: Lengths,
+    packed: kv_compressed.Layout | None = None,
 ) -> tuple[int, float]:
     """(max_model_len, the concurrency vLLM logs for it): every request at max_model_len,
-    GDN groups at their reservation (kv_cache_utils.py:1061-1154)."""
+    GDN groups at their reservation, window groups at their admission bound
+    (kv_cache_utils.py:1061-1154)."""
     max_len = engine.max_model_len or model.max_position_embeddings or lengths.max_total
+    if packed:
+        batched = engine.max_num_batched_tokens or default_batch_limits(device)[0]
+        in_flight = (2 if engine.async_scheduling else 1) * batched
+        return max_len, num_blocks / packed.at_start_up(max_len, in_flight)
     reserve = 1 + engine.num_speculative_tokens
     if geo.mamba_cache_mode == "align":
         reserve += 1 + int(flashinfer_gdn(model, engine, device))
@@ -1084,7 +1216,6 @@ def estimate(
                          f"{model.unmodelled} (docs/kv-architectures.md)")
     if model.other_layers or not model.full_attention_layers:
         raise NoEstimate("only full-attention and GDN (linear_attention) layers are modelled")
-    geo = geometry(model, engine, par.tp, device)
     sources = {
         **model.sources,
         "accounting": "vLLM 0.33.0, docs/kv-capacity.md",
@@ -1092,11 +1223,20 @@ def estimate(
     }
     if model.weights:
         sources["weights"] = model.weights.source
-    per_group, attn_groups, mamba_groups = kv_cache_groups(
-        model.full_attention_layers + mtp_cache_layers(model, engine),
-        model.linear_attention_layers,
-    )
-    bytes_per_block = per_group * geo.page_size_bytes
+    packed = None
+    if model.compress_ratios:
+        geo, packed = compressed_geometry(model, engine)
+        per_group = max(len(g.pages) for g in packed.groups)
+        attn_groups, mamba_groups = packed.full_groups, 0
+        bytes_per_block = packed.bytes_per_block
+        sources["accounting"] = "vLLM 0.33.0, docs/kv-architectures.md section 4"
+    else:
+        geo = geometry(model, engine, par.tp, device)
+        per_group, attn_groups, mamba_groups = kv_cache_groups(
+            model.full_attention_layers + mtp_cache_layers(model, engine),
+            model.linear_attention_layers,
+        )
+        bytes_per_block = per_group * geo.page_size_bytes
     max_seqs = engine.max_num_seqs or default_batch_limits(device)[1]
     mem = _kv_memory(model, engine, par, device, overheads)
     assumptions = [*geo.notes, *mem.notes]
@@ -1118,6 +1258,8 @@ def estimate(
     # blocks are resident at a time").
     lengths = random_dataset_lengths(workload)
     state_blocks = mamba_groups * (1 + engine.num_speculative_tokens)
+    if packed:  # the window groups: a fixed number of blocks whatever the length
+        state_blocks = packed.window_blocks(engine.num_speculative_tokens)
     boundary_blocks = mamba_groups if geo.mamba_cache_mode == "align" else 0
     # speculative decoding: num_speculative_tokens lookahead slots past the tokens held
     # (config/vllm.py:626-651, v1/core/sched/scheduler.py:914-918)
@@ -1131,7 +1273,7 @@ def estimate(
         f"[{lengths.output_low}, {lengths.output_high}] ({run_lengths.RULE_TEXT[workload.rule]})"
     )
     max_len, log_conc = _vllm_log_concurrency(
-        model, engine, device, geo, attn_groups, mamba_groups, num_blocks, lengths
+        model, engine, device, geo, attn_groups, mamba_groups, num_blocks, lengths, packed
     )
     other = (
         _with_prefix_caching_flipped(model, engine, geo, par, device, workload, overheads, name)
@@ -1180,6 +1322,8 @@ def estimate(
         prefix_caching_why=geo.prefix_caching_why,
         alignment=geo.alignment,
         other_prefix_caching=other,
+        groups_text=packed.describe() if packed else "",
+        window_groups=len(packed.window_groups) if packed else 0,
     )
 
 

@@ -196,9 +196,39 @@ class DeclaredFacts(Strict):
     )  # fmt: skip
     mtp_layers: int = Field(
         default=0, ge=0, le=64,
-        description="num_nextn_predict_layers: MTP layers that join an MLA cache with "
-        "--speculative-config method mtp",
+        description="num_nextn_predict_layers: MTP layers that join the cache (MLA, "
+        "DeepSeek-V4) with --speculative-config method mtp; each weighs one decoder layer",
     )  # fmt: skip
+    dense_weight_bits: float | None = Field(
+        default=None, ge=1, le=64,
+        description="average bits per non-expert weight as stored (default: the model dtype's "
+        "16; an FP8 checkpoint with bf16 embeddings ~9)",
+    )  # fmt: skip
+    compress_ratios: list[int] | None = Field(
+        default=None, max_length=10_000,
+        description="DeepSeek-V4: config.json's compress_ratios, one per layer (0 or 1: "
+        "sliding window only, 4: CSA, 128: HCA); with sliding_window and index_head_dim",
+    )  # fmt: skip
+    sliding_window: int | None = Field(default=None, ge=1, le=1 << 24,
+                                       description="DeepSeek-V4: config.json's sliding_window")
+    index_head_dim: int | None = Field(default=None, ge=1, le=65_536,
+                                       description="DeepSeek-V4: config.json's index_head_dim")
+
+    def compressed_attention_gap(self) -> str:
+        """Why declared DeepSeek-V4 facts do not describe its cache ("" when they do)."""
+        if self.compress_ratios is None:
+            return ""
+        odd = sorted({r for r in self.compress_ratios if r not in (0, 1, 4, 128)})
+        if odd:
+            return (f"model.facts.compress_ratios has {odd}: DeepSeek-V4's ratios are 0 or 1 "
+                    "(sliding window only), 4 (CSA) and 128 (HCA)")
+        if len(self.compress_ratios) < self.full_attention_layers:
+            return (f"model.facts.compress_ratios has {len(self.compress_ratios)} entries for "
+                    f"{self.full_attention_layers} layers (full_attention_layers): one per layer")
+        missing = [k for k in ("sliding_window", "index_head_dim") if not getattr(self, k)]
+        if missing:
+            return "model.facts gives compress_ratios without " + " and ".join(missing)
+        return ""
 
     @model_validator(mode="after")
     def _hybrid_agrees(self) -> DeclaredFacts:

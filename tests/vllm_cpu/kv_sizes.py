@@ -45,11 +45,27 @@ GQA = {**COMMON, "architectures": ["MiniMaxM2ForCausalLM"], "model_type": "minim
        "num_experts_per_tok": 2, "scoring_func": "softmax", "use_routing_bias": True,
        "rotary_dim": 32, "use_qk_norm": True, "qk_norm_type": "per_layer",
        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}}
-CASES = [  # (name, config, extra flags)
+# DeepSeek-V4: two HCA and two CSA layers (head 512, indexer head 128, window 128); vLLM for
+# CPU logs its start-up line, then its first forward needs Triton's CPU backend or AMX
+V4 = {**COMMON, "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
+      "num_hidden_layers": 4, "compress_ratios": [128, 4, 128, 4], "sliding_window": 128,
+      "head_dim": 512, "qk_rope_head_dim": 64, "index_head_dim": 128, "index_n_heads": 4,
+      "index_topk": 64, "num_attention_heads": 8, "num_key_value_heads": 1, "hidden_size": 256,
+      "q_lora_rank": 128, "o_groups": 2, "o_lora_rank": 64, "moe_intermediate_size": 128,
+      "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2, "hc_mult": 2,
+      "num_nextn_predict_layers": 0, "scoring_func": "sqrtsoftplus", "num_hash_layers": 0,
+      "hc_eps": 1e-6, "hc_sinkhorn_iters": 3, "compress_rope_theta": 10000.0,
+      "swiglu_limit": 10.0, "norm_topk_prob": True}
+CASES = [  # (name, config, extra flags); --kv-cache-memory-bytes 64M unless given
     ("MLA (DeepSeek-V3), bf16", MLA, []),
     ("MLA (DeepSeek-V3), fp8", MLA, ["--kv-cache-dtype", "fp8"]),
     ("GQA (MiniMax-M2), bf16", GQA, []),
     ("GQA (MiniMax-M2), fp8, block 64", GQA, ["--kv-cache-dtype", "fp8", "--block-size", "64"]),
+    ("DeepSeek-V4, fp8 -> fp8_ds_mla, 512M", V4,
+     ["--kv-cache-dtype", "fp8", "--kv-cache-memory-bytes", "512M"]),
+    ("DeepSeek-V4, 6 layers 2 HCA 3 CSA 1 SWA", {**V4, "num_hidden_layers": 6,
+                                                "compress_ratios": [128, 4, 4, 128, 4, 0]},
+     ["--kv-cache-dtype", "fp8", "--kv-cache-memory-bytes", "512M"]),
 ]
 
 
@@ -59,7 +75,8 @@ def vllm_line(model: Path, flags: list[str], port: int) -> tuple[int, float] | s
         proc = subprocess.Popen(
             [str(VLLM), "serve", str(model), "--load-format", "dummy", "--kv-cache-memory-bytes",
              "64M", "--max-model-len", "2048", "--port", str(port), "--trust-remote-code",
-             *flags], stdout=out, stderr=subprocess.STDOUT)
+             *flags],  # a later --kv-cache-memory-bytes in flags wins
+            stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
@@ -91,12 +108,15 @@ def estimate(cfg: dict, flags: list[str]) -> tuple[int, float]:
 
 def main() -> int:
     sys.path.insert(0, str(REPO))
+    only = sys.argv[1:]  # substrings of case names, to run a few
     if not VLLM.exists():
         print(f"{VLLM} is missing: run bash tests/vllm_cpu/setup.sh first")
         return 2
     bad = 0
     print(f"{'case':36} {'vLLM tokens':>12} {'estimate':>9} {'vLLM x':>8} {'estimate x':>10}")
     for i, (name, cfg, flags) in enumerate(CASES):
+        if only and not any(o in name for o in only):
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             model = Path(tmp)
             (model / "config.json").write_text(json.dumps(cfg))
