@@ -101,3 +101,19 @@ def test_a_missing_estimate_says_why():
                          cluster.expand_nodelist("local-[1-4]"))
     gap = capacity.missing(sim, capacity.estimates(sim))
     assert "no config.json under model.path" in gap and "model.facts" in gap
+
+
+def test_a_sweep_past_the_decode_says_whether_kv_or_max_num_seqs_is_the_limit():
+    """DeepSeek-V4-Pro's DEP8 decode runs out of KV (about 3,960 of the 4,096 its client
+    sends); Kimi-K2.5's 1k/1k DEP16 decode has KV for more than its max-num-seqs x 16 = 4,096
+    and its client goes to 6,144: that one waits for a slot, not for KV."""
+    nodes = [f"n{i}" for i in range(24)]
+    p = plan.make_plan(recipe.load("deepseek-v4-pro-gb200-8k1k-max-tpt-megamoe"),
+                       cluster.load("gb200-nvl72"), nodes)
+    said = capacity.sweep_warning(p, capacity.estimates(p))
+    assert "4,096 exceeds the predicted KV capacity of about 3,960" in said, said
+    k = plan.make_plan(recipe.load("kimi-k2.5-gb200-1k1k-1p1d-dep4-dep16"),
+                       cluster.load("gb200-nvl72"), nodes)
+    said = capacity.sweep_warning(k, capacity.estimates(k))
+    assert "6,144 exceeds what the decode side runs at once: about 4,096 (max-num-seqs " \
+           "binds; its KV cache would hold about " in said, said

@@ -10,6 +10,7 @@ estimate, not a guess.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from launcher.planning import kv_cache
 from launcher.planning.plan import Endpoint, Plan, engine_args
@@ -113,16 +114,25 @@ def warnings(plan: Plan, caps: list[kv_cache.KvCapacity]) -> list[str]:
 
 
 def sweep_warning(plan: Plan, caps: list[kv_cache.KvCapacity]) -> str | None:
-    """A sweep whose top concurrency the decode side cannot hold: say so with the number."""
+    """A sweep whose top concurrency the decode side cannot hold: say so with the number,
+    and whether the KV cache or max-num-seqs is the limit."""
     if not caps or not plan.recipe.benchmark.enabled:
         return None
     top = max(plan.recipe.benchmark.concurrency)
     room = sum(c.endpoint_at_mean_length for c in caps)
     if top <= room:
         return None
+    side = "decode" if plan.recipe.mode == "disagg" else "serving"
+    kv_room = sum(math.floor(max(0, c.num_gpu_blocks - 1) / c.blocks_per_request_at_mean) * c.dp
+                  for c in caps)
+    if kv_room > room:  # max-num-seqs binds before the KV cache runs out
+        return (
+            f"the sweep's top concurrency {top:,} exceeds what the {side} side runs at once: "
+            f"about {room:,} (max-num-seqs binds; its KV cache would hold about {kv_room:,}): "
+            f"points above it wait for a slot, which the sweep measures as TTFT, not throughput"
+        )
     return (
         f"the sweep's top concurrency {top:,} exceeds the predicted KV capacity of about "
-        f"{room:,} concurrent requests on the {'decode' if plan.recipe.mode == 'disagg' else 'serving'} "
-        f"side: points above it queue for KV (waiting for capacity), which the sweep measures "
-        f"as TTFT, not throughput"
+        f"{room:,} concurrent requests on the {side} side: points above it queue for KV "
+        f"(waiting for capacity), which the sweep measures as TTFT, not throughput"
     )
