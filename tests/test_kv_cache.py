@@ -655,7 +655,8 @@ def test_declared_deepseek_v4_facts_that_do_not_describe_its_cache_are_named(fac
 def test_deepseek_v4_refuses_what_vllm_refuses():
     facts = kv.ModelFacts.from_config(V4_TINY)
     for flags, words in (({"kv-cache-dtype": "bfloat16"}, "FlashMLA layout takes auto, fp8"),
-                         ({"block-size": 64}, "take 256 only")):
+                         ({"block-size": 64}, "take 256 only"),
+                         ({"disable-hybrid-kv-cache-manager": True}, "keeps each window")):
         with pytest.raises(ValueError) as e:
             kv.estimate(facts, kv.EngineArgs.from_flags(flags), kv.Parallelism(1, 1),
                         kv.Device(184.0), kv.Workload(1024, 1024, 0.8))

@@ -270,6 +270,7 @@ class EngineArgs:
     indexer_fp4: bool = False
     # on unless --no-async-scheduling: two batches in flight (config/vllm.py:588-609, 1685-1719)
     async_scheduling: bool = True
+    hybrid_kv_cache_manager: bool = True  # off with --disable-hybrid-kv-cache-manager
 
     @classmethod
     def from_flags(cls, args: dict) -> EngineArgs:
@@ -323,6 +324,7 @@ class EngineArgs:
             enforce_eager=bool(get("enforce-eager", default=False)),
             indexer_fp4=fp4,
             async_scheduling=async_flag is not False,
+            hybrid_kv_cache_manager=args.get("disable-hybrid-kv-cache-manager") is not True,
         )
 
 
@@ -1071,6 +1073,9 @@ def compressed_geometry(model: ModelFacts, engine: EngineArgs) -> tuple[Geometry
     if dtype != "auto" and dtype != "fp8_ds_mla" and not dtype.startswith("fp8"):
         raise NoEstimate(f"DeepSeek-V4's cache in {dtype} is not modelled: vLLM 0.33's FlashMLA "
                          "layout takes auto, fp8 or fp8_ds_mla")
+    if not engine.hybrid_kv_cache_manager:
+        raise NoEstimate("DeepSeek-V4 with --disable-hybrid-kv-cache-manager is not modelled: "
+                         "vLLM then keeps each window cache whole, as full attention")
     block = engine.block_size or kv_compressed.COMPRESSED_BLOCK
     if block != kv_compressed.COMPRESSED_BLOCK:
         raise ValueError(f"--block-size {block}: DeepSeek-V4's sparse MLA and indexer backends "
