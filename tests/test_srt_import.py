@@ -155,6 +155,23 @@ def test_gpus_nodes_and_concurrencies_match_the_source(dry_runs, name):
         assert doc["recipe"]["accuracy"]["enabled"] and not doc["recipe"]["benchmark"]["enabled"]
 
 
+@pytest.mark.parametrize("name", [short(p) for p in SOURCES])
+def test_the_dry_run_of_each_source_says_where_its_kv_runs_out(dry_runs, name):
+    """The user's own file, unchanged: each decode endpoint gets a KV-capacity estimate of
+    its model (the checkpoint being elsewhere, from launcher/data/model-facts.yaml), for the
+    source's own lengths."""
+    src, doc, _ = dry_runs[name]
+    decodes = [e["name"] for e in doc["endpoints"] if e["role"] == "decode"]
+    caps = {c["name"]: c for c in doc["capacity"]}
+    assert sorted(caps) == sorted(decodes), (caps.keys(), decodes)
+    isl = src["benchmark"].get("isl")
+    for c in caps.values():
+        assert c["endpoint_at_mean_length"] > 0 and c["num_gpu_blocks"] > 0
+        assert any(v.startswith("launcher/data/model-facts.yaml:") for v in c["sources"].values())
+        if isl:
+            assert c["lengths"]["input_high"] == isl
+
+
 def test_the_source_and_its_digest_are_recorded(dry_runs):
     import hashlib
 

@@ -10,6 +10,7 @@ estimate, not a guess.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 from launcher.planning import kv_cache
@@ -26,16 +27,45 @@ def model_facts(plan: Plan) -> kv_cache.ModelFacts | None:
 def resolve_model(recipe: Recipe) -> kv_cache.ModelFacts | None:
     """What the checkpoint's config.json says when its folder is on this machine (the
     recipe's declared parameter counts filling in for the weights), else the recipe's
-    `model.facts`, else None. The one read of the model folder for a plan."""
+    `model.facts`, else the facts recorded for a known checkpoint of that name, else None.
+    The one read of the model folder for a plan."""
     found = kv_cache.read_checkpoint(recipe.model.path)
     facts = recipe.model.facts
+    known = known_facts(recipe.model.path)
     if found is not None:
-        if found.weights is None and facts is not None:
-            # config.json has no parameter counts: the recipe's stand in for them
+        declared = facts or (known and known[0])
+        if found.weights is None and declared:
+            # config.json has no parameter counts: the recipe's (or the known) stand in
             found = dataclasses.replace(
-                found, weights=kv_cache.ModelFacts.from_declared(facts).weights)
+                found, weights=kv_cache.ModelFacts.from_declared(declared).weights)
         return found
-    return None if facts is None else kv_cache.ModelFacts.from_declared(facts)
+    if facts is not None:
+        return kv_cache.ModelFacts.from_declared(facts)
+    if known:
+        return kv_cache.ModelFacts.from_declared(known[0], given_by=known[1])
+    return None
+
+
+def known_facts(path: str):
+    """(DeclaredFacts, where) of a checkpoint launcher/data/model-facts.yaml records, by its
+    Hugging Face id (an `hf:` prefix or a trailing slash aside); None for another path."""
+    from launcher.schema.sections import DeclaredFacts
+
+    repo = path.removeprefix("hf:").strip("/")
+    table = _known_table()
+    if repo not in table:
+        return None
+    return DeclaredFacts(**table[repo]), f"{kv_cache.KNOWN_FACTS_SOURCE}:{repo}"
+
+
+@functools.cache
+def _known_table() -> dict:
+    from importlib import resources
+
+    from launcher.schema.yaml_io import yaml_module
+
+    text = resources.files("launcher").joinpath("data/model-facts.yaml").read_text()
+    return yaml_module().safe_load(text)
 
 
 def device_kind(plan: Plan) -> str:

@@ -69,6 +69,8 @@ CONFIG_FIELDS = (
     "mamba_ssm_dtype",
     "max_position_embeddings",
 )
+# where the facts of a known checkpoint come from (launcher/planning/capacity.known_facts)
+KNOWN_FACTS_SOURCE = "launcher/data/model-facts.yaml"
 # FlashInfer's GDN prefill emits states every 64 tokens (v1/attention/backends/gdn_attn.py:34).
 FLASHINFER_GDN_ALIGNMENT = 64
 
@@ -202,7 +204,8 @@ class ModelFacts:
         )
 
     @classmethod
-    def from_declared(cls, facts: DeclaredFacts, architecture: str = "") -> ModelFacts:
+    def from_declared(cls, facts: DeclaredFacts, architecture: str = "",
+                      given_by: str = "recipe") -> ModelFacts:
         """From a recipe's `model.facts` (counts instead of layer_types): the fallback when
         the checkpoint is not on this machine. Non-expert parameters are stored in the
         model dtype; the rest are routed experts, NVFP4 when weight_bits is under 8.
@@ -239,7 +242,7 @@ class ModelFacts:
             kv_cache_quant_algo=MODELOPT_KV.get(str(kv_algo).lower(), "auto") if kv_algo else None,
             max_position_embeddings=facts.max_position_embeddings or 0,
             weights=weights,
-            sources={k: "recipe" for k in facts.model_dump(exclude_unset=True)},
+            sources={k: given_by for k in facts.model_dump(exclude_unset=True)},
         )
 
 
@@ -935,6 +938,7 @@ class KvCapacity:
             lines.append(text)
         state = f", SSM state {self.ssm_dtype}" if self.ssm_dtype else ""
         given = sorted(k for k, v in self.sources.items() if v == "recipe" and k != "weights")
+        known = {v for k, v in self.sources.items() if v.startswith(KNOWN_FACTS_SOURCE)}
         lines.append(
             f"  rests on: KV {kv}{state}, "
             f"{self.overhead_bytes / GIB:.1f} GiB/GPU of activations+graphs+buffers assumed; "
@@ -942,6 +946,8 @@ class KvCapacity:
             f"{self.max_model_len:,} tokens per request"
             + (f"; model facts given by the recipe (model.facts: {', '.join(given)}), no "
                "config.json read" if given else "")
+            + (f"; model facts as {min(known)} records them (the checkpoint's published "
+               "config.json), no config.json read here" if known and not given else "")
         )
         return "\n".join(lines)
 
