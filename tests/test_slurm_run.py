@@ -166,10 +166,14 @@ def all_idle(timeout=90, settle_s=5.0) -> None:
 
 def test_a_study_submits_one_job_per_value_and_jobs_sharing_a_host_do_not_collide(tmp_path):
     """1 and 2 prefill endpoints take 3 + 3 of the 6 nodes: the two jobs run side by side on
-    this one host, and each plans its ports inside its allocation."""
+    this one host, and each plans its ports inside its allocation. Each holds 30 s: for up
+    to ~30 s after a job ends on a node whose slurmd was restarted (the node-loss tests
+    bring theirs back), Slurm 22.05 leaves that node out of its placements while sinfo shows
+    it idle, so the second job may wait that long for its third node; it retries every
+    second (sched_interval=1), and the first is still running when it starts."""
     all_idle()
     code, out = launcher(
-        tmp_path, "submit", RECIPE, *SERVE_ONLY, "--set", "hold_s=4",
+        tmp_path, "submit", RECIPE, *SERVE_ONLY, "--set", "hold_s=30",
         "--sweep", "prefill.endpoints=1,2", "--allocation", "each", "--wait"
     )  # fmt: skip
     assert code == 0, out
