@@ -140,6 +140,19 @@ def _times(plan: Plan, concurrency: int) -> tuple[float, float, str]:
             f"assumed TTFT {ASSUMED_TTFT_S[p]:g} s and TPOT {ASSUMED_TPOT_S[p] * 1000:g} ms")
 
 
+def kv_room(plan: Plan) -> int | None:
+    """Requests the decode side runs at once by the KV estimate of the model being run
+    (max-num-seqs included); None without an estimate for every decode endpoint."""
+    if plan.model is None:
+        return None
+    from launcher.planning import capacity
+
+    caps = capacity.estimates(plan)
+    if not caps or capacity.missing(plan, caps):
+        return None
+    return sum(c.endpoint_at_mean_length for c in caps) or None
+
+
 def _lines(path: str | None) -> int:
     """Questions in a GSM8K jsonl readable here (0 when it is not: the test split is assumed)."""
     try:
@@ -164,12 +177,17 @@ def estimate(plan: Plan) -> Cost:
     basis = ""
     if b.enabled:
         sweep = 0.0
+        room = kv_room(plan)
         for c in b.concurrency:
-            ttft, tpot, basis = _times(plan, c)
+            held = min(c, room) if room else c  # the rest wait for KV (or a slot)
+            ttft, tpot, basis = _times(plan, held)
             n = b.warmups(c) + b.prompts(c)
-            sweep += _batch_s(n, c, ttft, tpot, b.lengths().mean_output)
+            sweep += _batch_s(n, held, ttft, tpot, b.lengths().mean_output)
             requests += n
             tokens += round(n * b.lengths().mean_total)
+        if room and max(b.concurrency) > room:
+            basis += (f"; at most {room:,} requests run at once on the decode side (its KV "
+                      "estimate and max-num-seqs)")
         phases.append(("sweep", sweep))
     if r.hold_s:
         phases.append(("hold", float(r.hold_s)))
