@@ -615,9 +615,11 @@ def test_vllm_cpu_pages_in_chromium(pd_runs, tmp_path):
 def test_devcluster_aggregated_recipe_to_the_end(tmp_path):
     need_vllm_cpu()
     prof = profile(tmp_path, "devcluster", free_port_base())
-    # one sweep point: the P/D run above measures two with the same client
+    # one sweep point (the P/D run above measures two with the same client) and one batch of
+    # the accuracy gate's concurrency (8 of the sample's 30 questions)
     proc = subprocess.Popen(launcher_cmd(tmp_path, DC_RECIPE, f"cluster={prof}",
-                                         "benchmark.concurrency=[4]") + ["--wait"],
+                                         "benchmark.concurrency=[4]",
+                                         "accuracy.num_questions=8") + ["--wait"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=tmp_path)
     try:
@@ -662,7 +664,7 @@ def test_devcluster_aggregated_recipe_to_the_end(tmp_path):
     assert {"vllm:kv_cache_usage_perc", "log:kv_cache_usage_pct",
             "vllm:time_to_first_token_seconds_count"} <= agg
     acc = json.loads((run / "accuracy" / "gsm8k.json").read_text())
-    assert acc["requests"]["answered"] == acc["num_questions"] == 30 and acc["accuracy"] <= 0.1
+    assert acc["requests"]["answered"] == acc["num_questions"] == 8 and acc["accuracy"] <= 0.1
     assert json.loads((run / "summary.json").read_text())["verdict"] == "failed"
     assert leftovers(run) == []
     job = rundir.RunDir(run).read_submission().slurm_job_id
