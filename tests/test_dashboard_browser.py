@@ -3,14 +3,16 @@ headless Chromium (tests/browser/setup.sh installs it; never `playwright install
 
 Visits every page of the local demo run (`launcher submit local-sim`, really run), of a
 synthetic 3-configuration study and of synthetic healthy, failed, live and 72-GPU runs;
-saves full-page screenshots (the directory is printed: $PD_SCREENSHOTS or pytest's
-basetemp/screenshots) and checks what is on the page: titles, the SIMULATION label, drawn
-charts, no exception box, no developer toolbar, no empty filler rows in tables, and every
+saves full-page screenshots at 1440 px (the directory is printed: $PD_SCREENSHOTS or
+pytest's basetemp/screenshots) and checks what is on the page: titles, the SIMULATION
+label, drawn charts, no exception box, no developer toolbar, no empty filler rows in tables, and every
 axis's tick labels (no bare fraction, no label repeated, time axes in the server's zone
 whatever the browser's zone is); at 1440 and at 1280 px, no text cut (a table cell, header
 or table too wide, a chart's ellipsis or overflow, an element hiding its overflow), no chart
 without a plot area, and no "None", "nan" or raw float (issue 41). The server runs in Asia/Kolkata, the browser in
 America/New_York: a time axis must show the server's wall clock, as the logs do.
+Every check waits for the page to have finished drawing (tests/browser/drawn.py), not for a
+fixed time.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import synth
+from browser.drawn import drawn, now, open_page
 from helpers import stop, streamlit_healthy
 
 import dashboard
@@ -240,7 +243,7 @@ def settle(page, title: str, min_charts: int) -> None:
     # Let the script finish: the status widget shows while Streamlit is running it.
     page.wait_for_function(
         "!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=120_000)
-    page.wait_for_timeout(800)  # vega finishes painting
+    drawn(page)  # vega and the tables finish painting
 
 
 def check_axes(axes: list[list[dict]], where: str) -> int:
@@ -270,15 +273,17 @@ def at_width(page, width: int) -> None:
     inside its main block, so "full page" is the viewport), every table drawn afresh."""
     h = page.evaluate("document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
     page.evaluate("window.__texts = []")
+    t = now(page)
     page.set_viewport_size({"width": width, "height": min(max(int(h), 1000), 14000)})
-    page.wait_for_timeout(1000)  # vega and the tables redraw at the new width
+    drawn(page, since=t, timeout_ms=10_000)  # vega and the tables redraw at the new width
 
 
-def visit(browser, url: str, title: str, min_charts: int, shot: Path) -> dict:
-    page = browser.new_page(viewport={"width": WIDTHS[0], "height": 1000})
-    page.add_init_script(CANVAS_TEXT_JS)
+def visit(browser, url: str, title: str, min_charts: int, shot: Path, then=None) -> dict:
+    """Every check at both widths; the text, charts, axes and table texts at 1440 px, and
+    there `then(page)` as got["then"] (what a test reads besides, on the same visit)."""
+    page = open_page(browser, url, {"width": WIDTHS[0], "height": 1000}, CANVAS_TEXT_JS,
+                     wait_until="domcontentloaded")
     try:
-        page.goto(url, wait_until="domcontentloaded", timeout=60_000)
         settle(page, title, min_charts)
         exc = page.locator('[data-testid="stException"]')
         assert exc.count() == 0, exc.first.inner_text()
@@ -289,9 +294,9 @@ def visit(browser, url: str, title: str, min_charts: int, shot: Path) -> dict:
         for width in WIDTHS:
             at_width(page, width)
             where = f"{url} at {width} px"
-            path = shot if width == WIDTHS[0] else shot.with_name(f"{shot.stem}-{width}.png")
-            page.screenshot(path=str(path), full_page=True)
-            print(f"screenshot: {path}")
+            if width == WIDTHS[0]:  # one to look at: the checks at 1280 read the page
+                page.screenshot(path=str(shot), full_page=True)
+                print(f"screenshot: {shot}")
             clipped = page.evaluate(CLIPPED_JS)  # (left, top, right, bottom) room, px
             assert not clipped, (where, clipped)
             empty = page.evaluate(EMPTY_JS)
@@ -308,6 +313,8 @@ def visit(browser, url: str, title: str, min_charts: int, shot: Path) -> dict:
                 got = {"text": page.inner_text("body"), "drawn": page.locator(DRAWN).count(),
                        "axes": axes, "time_axes": n_time,
                        "canvas": page.evaluate("(window.__texts || []).map(e => e.t)")}
+                if then:
+                    got["then"] = then(page)
         return got
     finally:
         page.close()
@@ -350,9 +357,8 @@ def test_time_axes_show_the_servers_wall_clock(server, browser, shots):
 def test_seconds_since_job_start(server, browser, shots):
     base, runs = server
     run = runs["healthy"]
-    page = browser.new_page(viewport={"width": 1440, "height": 1200})
+    page = open_page(browser, f"{base}/kv?run={run.name}", {"width": 1440, "height": 1200})
     try:
-        page.goto(f"{base}/kv?run={run.name}", timeout=60_000)
         settle(page, "KV cache", 6)
         page.get_by_text("seconds since job start", exact=True).click()
         # every chart redrawn on the new axis (they repaint one after another)
@@ -376,8 +382,18 @@ def test_the_study_page(server, browser, shots):
     base, runs = server
     study = next(e for e in listing.entries(runs["study"].parent)
                  if isinstance(e, listing.Study))
+
+    def curves_and_legend(page):
+        # one path per configuration in the curves layer (layer 0), each its own colour
+        curves = page.evaluate(f"""() => [...document.querySelector('{CHART} svg.marks')
+            .querySelectorAll('g.mark-line.role-mark.layer_0_marks path')]
+            .map(p => p.getAttribute('stroke'))""")
+        legend = page.evaluate(f"""() => [...document.querySelector('{CHART} svg.marks')
+            .querySelectorAll('.role-legend-label text')].map(t => t.textContent)""")
+        return curves, legend
+
     got = visit(browser, f"{base}/study?study={study.name}", "Study", 2,
-                shots / "study-study.png")
+                shots / "study-study.png", then=curves_and_legend)
     page_text = got["text"]
     best = ("", -1.0)
     for label, path in studies.configs(study):
@@ -388,31 +404,26 @@ def test_the_study_page(server, browser, shots):
     assert "Best configuration per interactivity band" in page_text
     assert "Verdict per sweep point" in page_text and "prefill-bound" in page_text
     assert "P:D recommendation" in page_text
-    page = browser.new_page(viewport={"width": 1440, "height": 1000})
-    try:
-        page.goto(f"{base}/study?study={study.name}", timeout=60_000)
-        settle(page, "Study", 2)
-        # one path per configuration in the curves layer (layer 0), each its own colour
-        curves = page.evaluate(f"""() => [...document.querySelector('{CHART} svg.marks')
-            .querySelectorAll('g.mark-line.role-mark.layer_0_marks path')]
-            .map(p => p.getAttribute('stroke'))""")
-        legend = page.evaluate(f"""() => [...document.querySelector('{CHART} svg.marks')
-            .querySelectorAll('.role-legend-label text')].map(t => t.textContent)""")
-    finally:
-        page.close()
+    curves, legend = got["then"]
     assert len(curves) == 3 and len(set(curves)) == 3, curves
     assert {"prefill.endpoints=1", "prefill.endpoints=2", "prefill.endpoints=3"} <= set(legend)
 
 
+def _study_text(page) -> str:
+    """The Study page's text once its last section, after the recommendation (the slowest
+    part), is drawn."""
+    page.get_by_role("button", name="Write report.html").wait_for(timeout=60_000)
+    settle(page, "Study", 2)
+    return page.inner_text('[data-testid="stMain"]')
+
+
 def _main_text(browser, url: str) -> str:
-    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    """As `visit` reads it at 1440 px, with no checks."""
+    page = open_page(browser, url, {"width": WIDTHS[0], "height": 1000}, CANVAS_TEXT_JS)
     try:
-        page.goto(url, timeout=60_000)
         settle(page, "Study", 2)
-        # the page's last section, after the recommendation (the slowest part) is drawn
-        page.get_by_role("button", name="Write report.html").wait_for(timeout=60_000)
-        settle(page, "Study", 2)
-        return page.inner_text('[data-testid="stMain"]')
+        at_width(page, WIDTHS[0])
+        return _study_text(page)
     finally:
         page.close()
 
@@ -424,7 +435,7 @@ def test_a_study_in_one_allocation_shows_as_the_same_study_run_as_jobs(server, b
     base, runs = server
     jobs, one = (listing.entries(p)[0] for p in (runs["study"], runs["study_one"]))
     got = visit(browser, f"{base}/study?study={one.name}", "Study", 2,
-                shots / "study-one-allocation.png")
+                shots / "study-one-allocation.png", then=_study_text)
     assert "Allocation: one allocation for every configuration, engines loaded once" in (
         got["text"])
 
@@ -436,7 +447,7 @@ def test_a_study_in_one_allocation_shows_as_the_same_study_run_as_jobs(server, b
         return "\n".join(lines)
 
     a = same_part(_main_text(browser, f"{base}/study?study={jobs.name}"), jobs.name)
-    b = same_part(_main_text(browser, f"{base}/study?study={one.name}"), one.name)
+    b = same_part(got["then"], one.name)
     import difflib
 
     assert a == b, "\n".join(difflib.unified_diff(a.splitlines(), b.splitlines(), lineterm=""))
@@ -462,20 +473,16 @@ def test_the_compare_page_of_two_configurations_of_a_study(server, browser, shot
                  if isinstance(e, listing.Study))
     one, two = sorted(study.runs, key=lambda r: r.run_id)[:2]
     url = f"{base}/compare?a={one.run_id}&b={two.run_id}"
-    got = visit(browser, url, "Compare", 1, shots / "compare-study.png")
+    got = visit(browser, url, "Compare", 1, shots / "compare-study.png",
+                then=lambda page: page.evaluate(f"""() => [...document.querySelector(
+                    '{CHART} svg.marks').querySelectorAll(
+                    'g.mark-line.role-mark.layer_0_marks path')]
+                    .map(p => p.getAttribute('stroke'))"""))
     text = got["text"]
     assert "NOT known to be single-variable: a recipe.yaml is missing" in text
     assert "SIMULATION" in text and "Figures, B against A" in text
     assert "Run-to-run spread unknown" in text
-    page = browser.new_page(viewport={"width": 1440, "height": 1000})
-    try:
-        page.goto(url, timeout=60_000)
-        settle(page, "Compare", 1)
-        curves = page.evaluate(f"""() => [...document.querySelector('{CHART} svg.marks')
-            .querySelectorAll('g.mark-line.role-mark.layer_0_marks path')]
-            .map(p => p.getAttribute('stroke'))""")
-    finally:
-        page.close()
+    curves = got["then"]
     assert len(curves) == 2 and len(set(curves)) == 2, curves
 
 
@@ -500,9 +507,8 @@ def test_every_page_of_a_study_run(server, browser, shots, path, title, min_char
 
 def test_runs_page_lists_the_study_as_one_item(server, browser, shots):
     base, runs = server
-    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    page = open_page(browser, f"{base}/", {"width": 1440, "height": 1000})
     try:
-        page.goto(f"{base}/", timeout=60_000)
         settle(page, "Runs", 0)
         page.screenshot(path=str(shots / "runs-list.png"), full_page=True)
         # the table is a canvas; its accessible copy is a grid of cells, filled in a moment
@@ -532,9 +538,9 @@ def test_live_run_shows_sweep_progress_that_advances(tmp_path_factory, browser, 
         try:
             url = dashboard.url("127.0.0.1", port)
             streamlit_healthy(url, proc, log_path)
-            page = browser.new_page(viewport={"width": 1440, "height": 1400})
+            page = open_page(browser, f"{url}/overview?run={live.name}",
+                             {"width": 1440, "height": 1400})
             try:
-                page.goto(f"{url}/overview?run={live.name}", timeout=60_000)
                 settle(page, "Run overview", 1)
                 bar = page.get_by_text(re.compile(r"^Sweep point 1 of 4"))
                 bar.wait_for(timeout=30_000)
