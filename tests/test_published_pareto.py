@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import synth
+from browser.drawn import drawn, now, open_page
 from helpers import stop, streamlit_healthy
 
 from launcher.run import figures, listing, published
@@ -299,8 +300,8 @@ def test_study_page_in_chromium(study, tmp_path_factory):
             with sync_playwright() as p:
                 b = p.chromium.launch(executable_path=synth.CHROMIUM, args=synth.CHROMIUM_ARGS)
                 try:
-                    page = b.new_page(viewport={"width": 1440, "height": 1000})
-                    page.goto(f"{base}/study?study={study.name}", timeout=60_000)
+                    page = open_page(b, f"{base}/study?study={study.name}",
+                                     {"width": 1440, "height": 1000})
                     page.get_by_role("heading", name="Against the published Pareto").wait_for(
                         timeout=120_000)
                     page.wait_for_function(
@@ -310,12 +311,13 @@ def test_study_page_in_chromium(study, tmp_path_factory):
                     page.wait_for_function(
                         "!document.querySelector('[data-testid=\"stStatusWidget\"]')",
                         timeout=120_000)
-                    page.wait_for_timeout(1500)
+                    drawn(page)  # vega finishes painting
                     h = page.evaluate(
                         "document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
+                    t = now(page)
                     page.set_viewport_size({"width": 1440, "height": min(max(int(h), 1000),
                                                                           9000)})
-                    page.wait_for_timeout(1000)
+                    drawn(page, since=t, timeout_ms=10_000)  # and again, as tall as the page
                     shot = shots / "published-study.png"
                     page.screenshot(path=str(shot), full_page=True)
                     print(f"screenshot: {shot}")
