@@ -532,28 +532,44 @@ def compare_host_series(prom: Prometheus, run: Path, start: float) -> int:
 
 class SteadyLoad:
     """Long completions through the router that outlast the hold: every decode engine's KV
-    usage then only rises until teardown. Threads end when the servers go away."""
+    usage then only rises until teardown. `stop()` closes their connections (the test calls
+    it once teardown is under way), so the router's graceful shutdown need not wait out its
+    grace (10 s, then SIGKILL) for them."""
 
     def __init__(self, router_url: str, model: str, n: int = 8, max_tokens: int = 4000):
+        import http.client
         import threading
 
         self.errors: list[str] = []
+        self.conns: list[http.client.HTTPConnection] = []
         body = json.dumps({"model": model, "prompt": "Count slowly. " * 40,
                            "max_tokens": max_tokens, "ignore_eos": True}).encode()
+        where = urllib.parse.urlsplit(router_url)
 
         def one() -> None:
-            req = urllib.request.Request(router_url + "/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
+            conn = http.client.HTTPConnection(where.hostname, where.port, timeout=120)
+            self.conns.append(conn)
             try:
-                with urllib.request.urlopen(req, timeout=120) as r:
-                    r.read()
-            except OSError as e:  # the teardown ends them
+                conn.request("POST", "/v1/completions", body=body,
+                             headers={"Content-Type": "application/json"})
+                conn.getresponse().read()
+            except (OSError, http.client.HTTPException) as e:  # stop() or the teardown
                 self.errors.append(str(e))
 
         self.threads = [threading.Thread(target=one, daemon=True) for _ in range(n)]
         for t in self.threads:
             t.start()
         self.started = time.time()
+
+    def stop(self) -> None:
+        for conn in self.conns:
+            if conn.sock is not None:
+                try:
+                    conn.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        for t in self.threads:
+            t.join(10)
 
 
 def no_exported_labels(prom: Prometheus, run_id: str, start: float) -> None:
@@ -615,7 +631,16 @@ def test_local_run_is_found_scraped_and_forgotten(tmp_path, prometheus):
         assert sd_files(run) == sorted([str(runs / "prometheus" / f"{run.name}.json"),
                                         str(run / "prometheus" / f"{run.name}.json")])
         listeners = run_listeners(run)
-        gone_at = watch_until(prom, run.name, lambda: proc.poll() is not None, timeout=120)
+
+        def ended() -> bool:
+            """2 s into the teardown the load lets go: the KV comparison reads the agent's
+            beats up to 0.8 s after the teardown began, and those must still see it rise."""
+            ts = [e["ts"] for e in rundir.RunDir(run).events() if e.get("stage") == "teardown"]
+            if ts and time.time() > ts[0] + 2.0:
+                load.stop()
+            return proc.poll() is not None
+
+        gone_at = watch_until(prom, run.name, ended, timeout=120)
         out, _ = proc.communicate(timeout=30)
         assert proc.returncode == 0, out[-3000:]
         wait_targets_gone(prom, run.name)
@@ -654,8 +679,10 @@ def test_devcluster_run_is_found_and_forgotten(tmp_path, prometheus):
                       .replace("scrape_timeout: 5s", "scrape_timeout: 1s")
                       .replace("refresh_interval: 10s", "refresh_interval: 2s"))
     t0 = time.time()
+    # the targets are up about 4-8 s into the hold (Prometheus passes file-SD changes on
+    # every 5 s); 12 s leaves the margin, and the run's host samples (at least 10) with it
     proc = submit(tmp_path, "devcluster-sim", f"cluster={prof}", "benchmark.enabled=false",
-                  "accuracy.enabled=false", "hold_s=15")
+                  "accuracy.enabled=false", "hold_s=12")
     run = None
     try:
         sub_out, _ = proc.communicate(timeout=120)
