@@ -108,22 +108,23 @@ def test_a_slow_first_handshake_is_waited_for_with_progress(tmp_path):
 def test_a_handshake_past_the_wait_names_the_step_and_the_time(tmp_path):
     code, out = launcher(tmp_path, "submit", RECIPE, *ONE_PAIR,
                          "--set", "decode.env.SIM_HANDSHAKE_DELAY_S=60",
-                         "--set", "health.pd_wait_s=5")
+                         "--set", "health.pd_wait_s=3")
     assert code == 1, out
     st = rundir.RunDir(the_run(tmp_path)).status()
     assert st.state == "failed" and st.stage == "router", st
     assert "prefill-0 answered in" in st.error, st.error
-    assert "decode-0 gave no answer within 5 s" in st.error, st.error
+    assert "decode-0 gave no answer within 3 s" in st.error, st.error
     assert "its log shows no NIXL handshake: no 'NIXL compatibility check passed'" in st.error
     (ev,) = [e for e in rundir.RunDir(the_run(tmp_path)).events() if e["event"] == "pd_path"]
-    assert ev["checks"][0]["step"] == "decode" and ev["wait_s"] == 5
+    assert ev["checks"][0]["step"] == "decode" and ev["wait_s"] == 3
     assert leftovers(the_run(tmp_path)) == []
 
 
 def test_a_handshake_that_outlives_the_lease_fails_the_read_as_in_vllm(tmp_path):
-    # The prefill frees the blocks when its lease runs out; the decode's read then fails.
+    # The prefill frees the blocks when its lease runs out; the decode's read then fails. The
+    # lease starts when the prefill ends, the handshake delay when the decode gets the request.
     code, out = launcher(
-        tmp_path, "submit", RECIPE, *ONE_PAIR, "--set", "decode.env.SIM_HANDSHAKE_DELAY_S=4",
+        tmp_path, "submit", RECIPE, *ONE_PAIR, "--set", "decode.env.SIM_HANDSHAKE_DELAY_S=2.5",
         "--set", "kv_connector.kv_connector_extra_config.kv_lease_duration=1",
     )  # fmt: skip
     assert code == 1, out
