@@ -219,12 +219,16 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
+    """One browser context: its pages share the HTTP cache (Streamlit's scripts load once);
+    each page is a Streamlit session of its own."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=synth.CHROMIUM, args=synth.CHROMIUM_ARGS,
                               env={**os.environ, "TZ": BROWSER_TZ})
-        yield b
+        context = b.new_context()
+        yield context
+        context.close()
         b.close()
 
 

@@ -52,8 +52,10 @@ DRAWN_JS = """([quietMs, since]) => {
 
 
 def open_page(browser, url: str, viewport: dict, *init_scripts: str, **goto):
-    """A new page at `url` that stamps its changes (after running `init_scripts`)."""
-    page = browser.new_page(viewport=viewport)
+    """A new page (of a Browser or a BrowserContext) at `url` that stamps its changes
+    (after running `init_scripts`)."""
+    page = browser.new_page()
+    page.set_viewport_size(viewport)
     for js in (*init_scripts, CHANGES_JS):
         page.add_init_script(js)
     page.goto(url, **{"timeout": 60_000, **goto})
