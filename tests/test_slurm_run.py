@@ -12,7 +12,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 from helpers import launcher, leftovers
+from test_study_faults import _recipes
 
 from launcher.run import rundir
 
@@ -116,11 +118,14 @@ def test_sweep_and_gate_through_slurm_with_wait(tmp_path):
 
 
 def test_decode_crash_fails_run_and_status_names_it(tmp_path):
+    # the engines serve about 3 s after they start (7 s on a busy host); the decode crashes
+    # 12 s after its start, while serving
     run = submit(
-        tmp_path, *SERVE_ONLY, "--set", "hold_s=120", "--set", "decode.env.SIM_CRASH_AFTER_S=20"
+        tmp_path, *SERVE_ONLY, "--set", "hold_s=120", "--set", "decode.env.SIM_CRASH_AFTER_S=12"
     )
     st = wait_for(run, serving, what="serving")
     serving_at = time.monotonic()
+    assert st.record.serving, f"the decode crashed before the run served: {st.error}"
     st = wait_for(run, ended, timeout=90, what="failure")
     assert time.monotonic() - serving_at < 40
     assert st.state == "failed"
@@ -300,12 +305,16 @@ def test_scancel_during_the_third_configuration_keeps_the_first_two(tmp_path):
     """A study in one allocation ended by scancel: the configuration in progress is
     cancelled, the finished ones keep their results, nothing is left in the job."""
     all_idle()
-    code, out = launcher(tmp_path, "submit", RECIPE, *SERVE_ONLY, "--set", "hold_s=3",
-                         "--sweep", "prefill.endpoints=1,2,3", "--allocation", "one")
+    # one recipe file per configuration (1, 2, 3 prefill endpoints), so each holds what it
+    # needs: the first two only have to finish, the third serves until the scancel
+    recipes = _recipes(tmp_path, holds={1: 0, 2: 30, 3: 0})
+    code, out = launcher(tmp_path, "submit", *recipes, *SERVE_ONLY, "--allocation", "one")
     assert code == 0, out
     (study,) = [p.parent for p in (tmp_path / "runs").glob("*/study.json")]
     turns = json.loads((study / "study.json").read_text())["allocation"]["turns"]
     runs = [study / t["run"] for t in turns]
+    assert [yaml.safe_load((r / "recipe.yaml").read_text())["hold_s"] for r in runs] \
+        == [0, 0, 30]
     st = wait_for(runs[2], serving, timeout=180, what="the third configuration serving")
     assert not st.final, st
     subprocess.run(["scancel", st.slurm_job_id], check=True)
