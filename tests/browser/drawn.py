@@ -12,7 +12,7 @@ returns and the caller's assertions read the page as it is, so they say what is 
 from __future__ import annotations
 
 CHART = '[data-testid="stVegaLiteChart"]'
-QUIET_MS = 300  # nothing changed for this long: vega and the tables have painted
+QUIET_MS = 200  # nothing changed for this long: vega and the tables have painted
 # Every change stamps window.__changed: DOM mutations (Streamlit's elements, vega's SVG) and
 # paints on a canvas (glide's tables, which change no DOM when they draw).
 CHANGES_JS = """(() => {
