@@ -9,7 +9,9 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import yaml
 from helpers import launcher, leftovers
 
 from launcher.planning import study
@@ -107,17 +109,38 @@ def _turn_record(study_dir, i):
     return run, run.read_record()
 
 
+def _local_recipes(tmp_path, multipliers: dict[int, int]) -> list[str]:
+    """local-sim with 1..4 prefill endpoints, each a recipe file of its own whose benchmark
+    sends `multipliers[n]` x the concurrency in prompts (a --sweep gives all the same)."""
+    src = Path(__file__).resolve().parents[1] / "launcher" / "recipes" / "local-sim.yaml"
+    r = yaml.safe_load(src.read_text())
+    for k in ("data", "train"):  # relative to the shipped file
+        r["accuracy"][k] = str((src.parent / r["accuracy"][k]).resolve())
+    out = []
+    for n, mult in multipliers.items():
+        path = tmp_path / f"local-sim-p{n}.yaml"
+        path.write_text(yaml.safe_dump(
+            {**r, "name": f"local-sim-p{n}", "prefill": {**r["prefill"], "endpoints": n},
+             "benchmark": {**r["benchmark"], "prompts_multiplier": mult}}, sort_keys=False))
+        out.append(str(path))
+    return out
+
+
 def test_a_dead_engine_fails_its_configuration_only_and_a_signal_keeps_what_finished(tmp_path):
     """Four configurations (1..4 prefill endpoints) in one local allocation, run as 4, 1, 2,
     3 (the largest loads every engine first). A kept prefill engine is killed during the
     second: it fails naming it, the third starts that engine again and succeeds. SIGTERM
     during the fourth ends the study: the first and third keep their results, the fourth is
     cancelled, nothing is left running."""
+    # one recipe file per configuration: the two interrupted in their sweep (1 and 3 prefill
+    # endpoints) send 3x the prompts, a window for the kill and the cancel; the two that
+    # finish theirs, 1x
+    recipes = _local_recipes(tmp_path, multipliers={1: 3, 2: 1, 3: 3, 4: 1})
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher", "submit", "local-sim", "--runs-dir",
-         str(tmp_path / "runs"), "--sweep", "prefill.endpoints=1,2,3,4", "--allocation", "one",
+        [sys.executable, "-m", "launcher", "submit", *recipes, "--runs-dir",
+         str(tmp_path / "runs"), "--allocation", "one",
          "--set", "accuracy.enabled=false", "--set", "benchmark.concurrency=[4,16]",
-         "--set", "benchmark.prompts_multiplier=3", "--set", "sim.start_delay_s=2"],
+         "--set", "sim.start_delay_s=2"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
@@ -142,6 +165,8 @@ def test_a_dead_engine_fails_its_configuration_only_and_a_signal_keeps_what_fini
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 1, out[-3000:]
+    assert [yaml.safe_load((_turn_record(study_dir, i)[0].path / "recipe.yaml").read_text())
+            ["benchmark"]["prompts_multiplier"] for i in range(4)] == [1, 3, 1, 3]
     states = []
     for i in range(4):
         run, rec = _turn_record(study_dir, i)
