@@ -401,7 +401,7 @@ def test_node_loss_is_named_as_node_loss(tmp_path, part):
     node, within seconds, whether the first process to exit is elsewhere (the decode head
     whose remote ranks vanished) or nothing exits at all (a prefill node: its sruns wait).
     The batch node takes the orchestrator with it: Slurm's NODE_FAIL (after SlurmdTimeout,
-    30 s here) is then what `status` finds, with the node."""
+    20 s here) is then what `status` finds, with the node."""
     need_cluster()
     run = submit(tmp_path, *slurm_run(tmp_path))
     wait_stage(run, "hold")

@@ -90,13 +90,13 @@ def test_a_node_lost_in_the_second_configuration_fails_it_and_the_third_runs(tmp
     down), and the third (2 prefill endpoints, 3 nodes) is planned on them and succeeds; the
     job then ends with nothing left. The configurations are recipes of their own (a study
     of several recipes), so each holds what it needs: the first, which only loads what the
-    others keep, nothing; the second 40 s (its node is lost in its hold); the third 40 s, to
-    outlast SlurmdTimeout."""
+    others keep, nothing; the second 40 s (its node is lost in its hold); the third 30 s, to
+    outlast SlurmdTimeout (20 s)."""
     need_cluster()
     base = helpers.free_port_base(PORT_BASES, 400)
     prof = helpers.profile_copy(tmp_path / "devcluster-study-faults.yaml", "devcluster",
                                 port_base=base)
-    recipes = _recipes(tmp_path, holds={1: 40, 2: 40, 3: 0})
+    recipes = _recipes(tmp_path, holds={1: 40, 2: 30, 3: 0})
     code, out = launcher(tmp_path, "submit", *recipes, *_sets(
         f"cluster={prof}", "accuracy.enabled=false", "benchmark.concurrency=[4]",
         "slurm.directives.hold=true"), "--allocation", "one")
@@ -106,7 +106,7 @@ def test_a_node_lost_in_the_second_configuration_fails_it_and_the_third_runs(tmp
     turns = json.loads((study / "study.json").read_text())["allocation"]["turns"]
     runs = [study / t["run"] for t in turns]
     assert [yaml.safe_load((r / "recipe.yaml").read_text())["hold_s"] for r in runs] \
-        == [0, 40, 40]
+        == [0, 40, 30]
     node = None
     try:
         _release_when_ports_free(study, job, base)
@@ -121,7 +121,7 @@ def test_a_node_lost_in_the_second_configuration_fails_it_and_the_third_runs(tmp
         lose_node(node)
         second = _wait(lambda: (s := _state(runs[1])).final and s, 60,
                        "the second configuration's end")
-        # Slurm marks the node down (SlurmdTimeout, 30 s here) while the third runs: a job
+        # Slurm marks the node down (SlurmdTimeout, 20 s here) while the third runs: a job
         # still holding it would be ended then (NODE_FAIL)
         _wait(lambda: _slurm_down(node), 120, f"Slurm to mark {node} down")
         assert not _state(runs[2]).final, _state(runs[2])

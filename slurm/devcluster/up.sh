@@ -123,8 +123,9 @@ KillWait=30
 UnkillableStepTimeout=30
 MinJobAge=1800
 MessageTimeout=10
-# A lost node is NODE_FAIL after 30 s (sites: 300); the node-loss tests wait for it.
-SlurmdTimeout=30
+# A lost node is NODE_FAIL after 20 s (sites: 300); the node-loss tests wait for it. Above
+# MessageTimeout, and far above what a slurmd on a loaded 2-core host takes to answer a ping.
+SlurmdTimeout=20
 InactiveLimit=0
 MaxStepCount=100000
 NodeName=$NODE_EXPR NodeAddr=127.0.0.1 Port=$PORT_EXPR CPUs=$CPUS RealMemory=$MEM_MB Gres=gpu:$GPUS State=UNKNOWN
