@@ -313,8 +313,8 @@ def _study_recipe(tmp_path: Path) -> Path:
     2,048-token chunks plus a 10 ms step): ~8 req/s of 512 tokens. The decode endpoint (DP2)
     holds ~15 requests in 2 x 288 blocks of 16 tokens at a TPOT of 16 ms + 0.4 ms per
     sequence on its rank (~19 ms there), so it serves ~24 req/s of 32 output tokens: about
-    three prefill endpoints' worth. The simulator runs at speed 2 (every time above halved,
-    the same bottlenecks, half the wall time). The cluster is the local profile with its own
+    three prefill endpoints' worth. The simulator runs at speed 3 (every time above a third,
+    the same bottlenecks, a third of the wall time). The cluster is the local profile with its own
     port range, so another local run on this host cannot collide with the study."""
     cluster = helpers.profile_copy(tmp_path / "local-recommend.yaml", "local",
                                    port_base=helpers.free_port_base(range(30000, 32500, 400), 200))
@@ -333,7 +333,7 @@ def _study_recipe(tmp_path: Path) -> Path:
                       "concurrency": [2, 4, 8, 16, 32], "prompts_multiplier": 2, "warmup": 2}
     r["accuracy"] = {"enabled": False}
     r["telemetry"] = {"interval_s": 0.5}
-    r["sim"] = {"speed": 2, "prefill_tokens_per_s": 4288}
+    r["sim"] = {"speed": 3, "prefill_tokens_per_s": 4288}
     path = tmp_path / "rec-study.yaml"
     path.write_text(yaml.safe_dump(r, sort_keys=False))
     return path
