@@ -170,6 +170,29 @@ def profile_copy(dest: Path, shipped: str, **changes) -> str:
     return str(dest)
 
 
+def recipe_per_prefill_count(tmp_path: Path, shipped: str,
+                             changes: dict[int, dict[str, dict | float]]) -> list[str]:
+    """A shipped recipe with `n` prefill endpoints for each `n` of `changes`, each a recipe
+    file of its own (a --sweep gives every configuration the same settings) with that
+    configuration's top-level `changes[n]` (a section's dict is merged into it). Its paths
+    to the GSM8K data stay those of the shipped file. Returns the paths in `changes`' order."""
+    import yaml
+
+    src = Path(__file__).resolve().parents[1] / "launcher" / "recipes" / f"{shipped}.yaml"
+    r = yaml.safe_load(src.read_text())
+    for k in ("data", "train"):  # relative to the shipped file
+        r["accuracy"][k] = str((src.parent / r["accuracy"][k]).resolve())
+    out = []
+    for n, more in changes.items():
+        doc = {**r, "name": f"{shipped}-p{n}", "prefill": {**r["prefill"], "endpoints": n}}
+        for key, value in more.items():
+            doc[key] = {**doc[key], **value} if isinstance(value, dict) else value
+        path = tmp_path / f"{shipped}-p{n}.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        out.append(str(path))
+    return out
+
+
 def wait_for(pred, timeout: float, what: str, poll: float = 0.1):
     """pred()'s first truthy value within `timeout` seconds (an event awaited, not a fixed
     sleep); AssertionError naming `what` otherwise."""

@@ -9,8 +9,8 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
+import helpers
 import yaml
 from helpers import launcher, leftovers
 
@@ -111,19 +111,10 @@ def _turn_record(study_dir, i):
 
 def _local_recipes(tmp_path, multipliers: dict[int, int]) -> list[str]:
     """local-sim with 1..4 prefill endpoints, each a recipe file of its own whose benchmark
-    sends `multipliers[n]` x the concurrency in prompts (a --sweep gives all the same)."""
-    src = Path(__file__).resolve().parents[1] / "launcher" / "recipes" / "local-sim.yaml"
-    r = yaml.safe_load(src.read_text())
-    for k in ("data", "train"):  # relative to the shipped file
-        r["accuracy"][k] = str((src.parent / r["accuracy"][k]).resolve())
-    out = []
-    for n, mult in multipliers.items():
-        path = tmp_path / f"local-sim-p{n}.yaml"
-        path.write_text(yaml.safe_dump(
-            {**r, "name": f"local-sim-p{n}", "prefill": {**r["prefill"], "endpoints": n},
-             "benchmark": {**r["benchmark"], "prompts_multiplier": mult}}, sort_keys=False))
-        out.append(str(path))
-    return out
+    sends `multipliers[n]` x the concurrency in prompts."""
+    return helpers.recipe_per_prefill_count(
+        tmp_path, "local-sim",
+        {n: {"benchmark": {"prompts_multiplier": m}} for n, m in multipliers.items()})
 
 
 def test_a_dead_engine_fails_its_configuration_only_and_a_signal_keeps_what_finished(tmp_path):

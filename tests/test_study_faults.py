@@ -54,19 +54,9 @@ def _release_when_ports_free(study: Path, job: str, base: int) -> None:
 
 def _recipes(tmp_path: Path, holds: dict[int, float]) -> list[str]:
     """devcluster-sim with 1..3 prefill endpoints, each a recipe file of its own holding
-    `holds[n]` seconds (a --sweep gives every configuration the same hold_s)."""
-    src = Path(__file__).resolve().parents[1] / "launcher" / "recipes" / "devcluster-sim.yaml"
-    r = yaml.safe_load(src.read_text())
-    for k in ("data", "train"):  # relative to the shipped file
-        r["accuracy"][k] = str((src.parent / r["accuracy"][k]).resolve())
-    out = []
-    for n, hold in holds.items():
-        path = tmp_path / f"devcluster-sim-p{n}.yaml"
-        path.write_text(yaml.safe_dump(
-            {**r, "name": f"devcluster-sim-p{n}", "hold_s": hold,
-             "prefill": {**r["prefill"], "endpoints": n}}, sort_keys=False))
-        out.append(str(path))
-    return out
+    `holds[n]` seconds."""
+    return helpers.recipe_per_prefill_count(tmp_path, "devcluster-sim",
+                                            {n: {"hold_s": h} for n, h in holds.items()})
 
 
 def _slurm_down(node: str) -> bool:
