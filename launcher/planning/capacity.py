@@ -30,20 +30,17 @@ def resolve_model(recipe: Recipe) -> kv_cache.ModelFacts | None:
     `model.facts`, else the facts recorded for a known checkpoint of that name, else None.
     The one read of the model folder for a plan."""
     found = kv_cache.read_checkpoint(recipe.model.path)
-    facts = recipe.model.facts
-    known = known_facts(recipe.model.path)
+    declared, given_by = recipe.model.facts, "recipe"
+    if declared is None and (known := known_facts(recipe.model.path)):
+        declared, given_by = known
     if found is not None:
-        declared = facts or (known and known[0])
-        if found.weights is None and declared:
-            # config.json has no parameter counts: the recipe's (or the known) stand in
+        if found.weights is None and declared is not None:
+            # config.json has no parameter counts: the declared ones stand in for them
             found = dataclasses.replace(
                 found, weights=kv_cache.ModelFacts.from_declared(declared).weights)
         return found
-    if facts is not None:
-        return kv_cache.ModelFacts.from_declared(facts)
-    if known:
-        return kv_cache.ModelFacts.from_declared(known[0], given_by=known[1])
-    return None
+    return None if declared is None else kv_cache.ModelFacts.from_declared(declared,
+                                                                           given_by=given_by)
 
 
 def known_facts(path: str):

@@ -159,7 +159,9 @@ def packed_groups(caches: list[Cache]) -> list[Group]:
         if n == 1:
             groups.append(Group(kind, key[1], key[2], tuple(c.page for c in members)))
             continue
-        pattern = list(zip(*by_page.values()))
+        # one cache of each page size per repeat; a bucket that is not a pattern stays whole
+        # unless it is a state bucket, whose repeats vLLM also takes to the shortest list
+        pattern = list(zip(*by_page.values(), strict=False))
         for i in range(n):
             pages = tuple(c.page for rep in pattern[i::n] for c in rep)
             groups.append(Group(kind, key[1], key[2], pages))

@@ -1028,10 +1028,8 @@ FAMILIES = {"DeepSeek-V4-Pro": "deepseek-v4-pro", "Kimi-K2.5": "kimi-k2.5",
 # checkpoint: MiniMax-M2.5's 1k1k recipes serve hf:MiniMaxAI/MiniMax-M2.5 at precision fp8
 # (the checkpoint is FP8), its 8k1k ones the alias minimax-m2.5-fp8.
 ALIASES = {"minimax-m2.5-fp8": "MiniMaxAI/MiniMax-M2.5"}
-# The KV estimate's facts where the checkpoint is not on this machine (model.facts, said as
-# declared in the dry-run): config.json values and weights counted from the architecture,
-# each with its source in docs/kv-architectures.md (sections 2 and 3). DeepSeek-V4-Pro's
-# compressed attention is not modelled: its recipes get no estimate.
+
+
 def name_of(source: Path) -> tuple[str, str]:
     """(family folder, recipe name) of a bundled source file."""
     parts = source.parts
