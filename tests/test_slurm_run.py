@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import launcher, leftovers
-from test_study_faults import _recipes
+from helpers import launcher, leftovers, recipe_per_prefill_count
 
 from launcher.run import rundir
 
@@ -307,7 +306,8 @@ def test_scancel_during_the_third_configuration_keeps_the_first_two(tmp_path):
     all_idle()
     # one recipe file per configuration (1, 2, 3 prefill endpoints), so each holds what it
     # needs: the first two only have to finish, the third serves until the scancel
-    recipes = _recipes(tmp_path, holds={1: 0, 2: 30, 3: 0})
+    recipes = recipe_per_prefill_count(tmp_path, "devcluster-sim",
+                                       {1: {"hold_s": 0}, 2: {"hold_s": 30}, 3: {"hold_s": 0}})
     code, out = launcher(tmp_path, "submit", *recipes, *SERVE_ONLY, "--allocation", "one")
     assert code == 0, out
     (study,) = [p.parent for p in (tmp_path / "runs").glob("*/study.json")]
