@@ -463,11 +463,12 @@ def unmodelled_attention(t: dict, types: list[str]) -> str:
     keys that change vLLM's KV cache (docs/kv-architectures.md), so that such a model gets
     "no estimate", never a wrong number."""
     if "compress_ratios" in t or "compress_rates" in t:
-        ratios = compress_ratios(t)
-        odd = sorted({r for r in ratios if r not in kv_compressed.RATIOS})
+        odd = [r for r in _listed_ratios(t) if not _is_ratio(r)]
         if odd:
-            return (f"its compress ratios {odd} are not DeepSeek-V4's (1, 4 or 128; vLLM's "
-                    "compressor takes no other)")
+            shown = ", ".join(sorted({repr(r) for r in odd}))
+            return (f"its compress ratios [{shown}] are not DeepSeek-V4's (0 or 1, 4, 128; "
+                    "vLLM's compressor takes no other)")
+        ratios = compress_ratios(t)
         missing = [k for k in ("num_hidden_layers", "sliding_window", "index_head_dim")
                    if not t.get(k)]
         if missing or not ratios:
@@ -489,19 +490,34 @@ DSV4_FIELDS = ("compress_ratios", "compress_rates", "layer_types", "sliding_wind
                "index_head_dim", "num_nextn_predict_layers")
 
 
-def compress_ratios(t: dict) -> tuple[int, ...]:
-    """Each decoder layer's compress ratio (1 for a sliding-window-only layer), from the
-    legacy `compress_ratios` list or `layer_types` + `compress_rates`; the MTP layers that
-    the list may carry after num_hidden_layers are left out
-    (transformers_utils/deepseek_v4_utils.py:6-18, attention.py:236-242)."""
+def _listed_ratios(t: dict) -> list:
+    """config.json's compress ratios as written, one per decoder layer: the legacy
+    `compress_ratios` list or `layer_types` + `compress_rates`; the MTP layers that the list
+    may carry after num_hidden_layers are left out (transformers_utils/deepseek_v4_utils.py:
+    6-18, attention.py:236-242)."""
     if isinstance(t.get("compress_ratios"), list):
         ratios = t["compress_ratios"]
     elif isinstance(t.get("compress_rates"), dict) and isinstance(t.get("layer_types"), list):
-        ratios = [t["compress_rates"].get(x, 0) for x in t["layer_types"]]
+        ratios = [t["compress_rates"].get(x, 0) if isinstance(x, str) else x
+                  for x in t["layer_types"]]
     else:
+        return []
+    n = t.get("num_hidden_layers")
+    return ratios[:n] if isinstance(n, int) and n > 0 else ratios
+
+
+def _is_ratio(r) -> bool:
+    return r is None or (isinstance(r, int) and not isinstance(r, bool)
+                         and max(1, r) in kv_compressed.RATIOS)
+
+
+def compress_ratios(t: dict) -> tuple[int, ...]:
+    """Each decoder layer's compress ratio (1 for a sliding-window-only layer); () when a
+    value is not one (unmodelled_attention names it)."""
+    ratios = _listed_ratios(t)
+    if not all(_is_ratio(r) for r in ratios):
         return ()
-    n = int(t.get("num_hidden_layers") or len(ratios))
-    return tuple(max(1, int(r or 0)) for r in ratios[:n])
+    return tuple(max(1, r or 0) for r in ratios)
 
 
 def mla_latent(t: dict) -> int:
