@@ -677,3 +677,12 @@ def test_an_mtp_layer_weighs_one_decoder_layer_when_the_counts_leave_it_out():
     spec = kv.EngineArgs(num_speculative_tokens=2, speculative_method="mtp")
     assert kv.weight_bytes_per_gpu(w, par, "bfloat16", spec) == pytest.approx(plain * 62 / 61,
                                                                               rel=1e-9)
+
+
+def test_an_attention_config_that_is_not_an_object_leaves_the_indexer_fp8():
+    """An image other than 0.33 has its flags judged by its own parser at preflight; the
+    estimate meanwhile reads no indexer dtype from a value that is not a JSON object."""
+    for value in ("[1]", "3", [1]):
+        assert kv.EngineArgs.from_flags({"attention-config": value}).indexer_fp4 is False
+    assert kv.EngineArgs.from_flags(
+        {"attention-config": '{"indexer_kv_dtype": "mxfp4"}'}).indexer_fp4 is True

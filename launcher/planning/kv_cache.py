@@ -301,6 +301,8 @@ class EngineArgs:
         attn = args.get("attention-config") or {}
         if isinstance(attn, str):
             attn = json.loads(attn)
+        if not isinstance(attn, dict):  # vLLM's parser refuses it, in its own sentence
+            attn = {}
         fp4 = str(attn.get("indexer_kv_dtype", "")).lower() == "mxfp4" or \
             attn.get("use_fp4_indexer_cache") is True
         async_flag = args.get("async-scheduling")
