@@ -70,7 +70,8 @@ def _add_plan_commands(sub: argparse._SubParsersAction) -> None:
     )
     s.add_argument("--format", choices=("text", "json"), default="text",
                    help="the plan as text (default) or as JSON, one object per run")
-    s.add_argument("--wait", action="store_true", help="follow a Slurm job until it ends")
+    s.add_argument("--wait", action="store_true",
+                   help="follow a Slurm job until it ends and Slurm has released its nodes")
     s.add_argument(
         "--check", action="store_true",
         help="ask the scheduler (sbatch --test-only) whether it takes the job; submit nothing",
@@ -378,14 +379,20 @@ def cmd_submit(args) -> int:
     code = submit.submit_all(runs, check=args.check)
     if args.wait and not args.check:
         from launcher import text
+        from launcher.control.runs import wait_job_gone
 
-        # what ran here ended in submit_all; what a scheduler queued is followed here
+        # what ran here ended in submit_all; what a scheduler queued is followed here, until
+        # Slurm has let go of the job too: the next `submit --wait` may need its nodes
+        jobs: dict[str, None] = {}
         for r in runs:
-            if r.run.read_submission().slurm_job_id:
+            if job := r.run.read_submission().slurm_job_id:
                 code = max(code, text.follow(r.run))
+                jobs[job] = None
         shared = runs[0].shared if runs else None
         if shared and (job := runs[0].run.read_submission().slurm_job_id):
             code = max(code, text.follow_study(shared.path, job))
+        for job in jobs:
+            wait_job_gone(job)
     return code
 
 

@@ -114,6 +114,11 @@ def test_sweep_and_gate_through_slurm_with_wait(tmp_path):
     assert [p["status"] for p in summary["points"]] == ["ok", "ok"]
     assert summary["verdict"] == "passed"
     assert leftovers(run) == []
+    # --wait returns once Slurm has let go of the job (not while it is still COMPLETING), so
+    # a chained `submit --wait` finds the nodes free
+    job = rundir.RunDir(run).read_submission().slurm_job_id
+    assert not subprocess.run(["squeue", "-h", "-j", job], capture_output=True,
+                              text=True).stdout.strip()
 
 
 def test_decode_crash_fails_run_and_status_names_it(tmp_path):

@@ -200,6 +200,30 @@ def slurm_job(job_id: str | None) -> tuple[str | None, str | None]:
     return fields["JobState"], fields.get("ExitCode")
 
 
+def wait_job_gone(job_id: str, bound_s: float = 180.0, poll_s: float = 1.0,
+                  say=print, quiet_s: float = 5.0) -> str | None:
+    """Until Slurm has let go of a job whose run already ended: a job the batch step has left
+    can stay COMPLETING while Slurm kills what is left of it and runs the epilog on its nodes,
+    and those nodes are not free for the next job until then. Returns None once it has left,
+    else the state it was still in after `bound_s` (said once, with what to look at)."""
+    t0 = time.monotonic()
+    told = False
+    while True:
+        s = slurm_state(job_id)
+        if s is None or not any(x in s for x in SLURM_LIVE):
+            return None
+        waited = time.monotonic() - t0
+        if waited >= bound_s:
+            say(f"job {job_id} is still {s} {waited:.0f} s after its run ended: Slurm has not "
+                f"released its nodes yet (see: scontrol show job {job_id})")
+            return s
+        if not told and waited >= quiet_s:
+            say(f"waiting for Slurm to release job {job_id} ({s}: its epilog and the last "
+                f"processes on its nodes; up to {bound_s:.0f} s)")
+            told = True
+        time.sleep(poll_s)
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
