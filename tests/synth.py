@@ -784,14 +784,31 @@ def local_demo(tmp_root: Path) -> Path:
     engines, the real router, agents, bench client, GSM8K gate), once per test session, on
     the local profile with a free port block. Returns the run directory; what the command
     printed is in `demo.out` beside `runs/`."""
-    import subprocess
-    import sys
+    import fcntl
+    import os
 
     if _DEMO and _DEMO[0].is_dir():
         return _DEMO[0]
     tmp = Path(tmp_root)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # basetemp/popen-gwN/NAME -> basetemp/NAME: one demo for every worker of the session
+        tmp = tmp.parent.parent / tmp.name
     tmp.mkdir(parents=True, exist_ok=True)
+    with open(tmp / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the first worker runs it, the others wait and read
+        if (tmp / "demo.failed").exists():
+            raise RuntimeError((tmp / "demo.failed").read_text())
+        if not (tmp / "demo.ok").exists():
+            _run_demo(tmp)
+    (run,) = [r.parent for r in (tmp / "runs").glob("*/run.json")]
+    _DEMO[:] = [run]
+    return run
+
+
+def _run_demo(tmp: Path) -> None:
     import random
+    import subprocess
+    import sys
 
     from helpers import free_port_base, profile_copy
 
@@ -803,10 +820,10 @@ def local_demo(tmp_root: Path) -> Path:
                        capture_output=True, text=True, timeout=300, cwd=tmp)
     (tmp / "demo.out").write_text(p.stdout + p.stderr)  # what the user saw, for the tests
     if p.returncode != 0:
-        raise RuntimeError(f"the local demo failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
-    (run,) = [r.parent for r in (tmp / "runs").glob("*/run.json")]
-    _DEMO[:] = [run]
-    return run
+        why = f"the local demo failed ({p.returncode}):\n{p.stdout}\n{p.stderr}"
+        (tmp / "demo.failed").write_text(why)
+        raise RuntimeError(why)
+    (tmp / "demo.ok").write_text("")
 
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's (tests/browser/setup.sh); never `playwright install`

@@ -235,3 +235,34 @@ def test_missing_accuracy_data_fails_before_anything_starts(tmp_path):
     assert err.startswith("preflight: /no/such/gsm8k.jsonl is not readable on local-1 for ")
     assert "accuracy (GSM8K test file)" in err and len(err.splitlines()) == 1
     assert not (run / "bench").exists() and not list((run / "logs").glob("*@*.log"))
+
+
+def test_two_local_runs_on_one_host_take_separate_port_blocks(tmp_path):
+    """A second local run while the first serves takes the next free block of the profile's
+    ports (as a second Slurm job on a shared host does) instead of failing on the first's."""
+    serve = ["--set", "benchmark.enabled=false", "--set", "accuracy.enabled=false"]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "launcher", "submit", RECIPE, *serve, "--set", "hold_s=15",
+         "--runs-dir", str(tmp_path / "a" / "runs")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    try:
+        (tmp_path / "b").mkdir()
+        deadline = time.monotonic() + 60
+        while not any((tmp_path / "a" / "runs").glob("*/run.json")) or not rundir.RunDir(
+                the_run(tmp_path / "a")).status().record.serving:
+            assert time.monotonic() < deadline and first.poll() is None, "first run not serving"
+            time.sleep(0.3)
+        code, out = launcher(tmp_path / "b", "submit", RECIPE, *serve)
+        assert code == 0, out
+        a_out, _ = first.communicate(timeout=90)
+        assert first.returncode == 0, a_out
+    finally:
+        if first.poll() is None:
+            first.kill()
+    from launcher.schema import cluster
+
+    base = cluster.load("local").port_base
+    ports = [int(json.loads((the_run(tmp_path / x) / "plan.json").read_text())["router"]["url"]
+                 .rsplit(":", 1)[1]) for x in ("a", "b")]
+    assert ports[0] != ports[1] and all((p - base) % 1000 == 0 for p in ports), ports
+    assert leftovers(the_run(tmp_path / "a")) == [] and leftovers(the_run(tmp_path / "b")) == []

@@ -10,12 +10,12 @@ import resource
 import subprocess
 from collections.abc import Callable
 
-from launcher.control import preflight
+from launcher.control import preflight, probes
 from launcher.control.prepare import write_run_files
 from launcher.control.record import Book
 from launcher.errors import RunFailed, UserError
 from launcher.planning import render, schedulers
-from launcher.planning.plan import make_plan, nodes_needed
+from launcher.planning.plan import Plan, make_plan, nodes_needed
 from launcher.planning.schedulers import allocation_nodes as allocation_nodes
 from launcher.run import rundir
 from launcher.schema import cluster as cluster_mod
@@ -132,8 +132,15 @@ def plan_here(run: rundir.RunDir, book: Book,
     nodes = sched.nodes(recipe, cluster, lambda: nodes_needed(recipe, cluster, read_model()))
     model = read_model()
     rt = compute_env.current(run.plan)
-    first = make_plan(recipe, cluster, nodes, runtime=rt, job_id=sched.job_id(), model=model,
-                      study_span=study_span).at(str(run.path), mount_dir)
+    job = sched.job_id()
+
+    def plan_at(slot: int | None) -> Plan:
+        return make_plan(recipe, cluster, nodes, runtime=rt, job_id=job, model=model,
+                         study_span=study_span, port_slot=slot)
+
+    # outside a scheduler's job nothing else keeps two runs on one host apart
+    first = (plan_at(None) if job else probes.local_port_slot(plan_at)).at(str(run.path),
+                                                                           mount_dir)
     step("preflight-host", render.check_steps(first)[0][1])
     facts = preflight.read_facts(run.path, list(first.nodes), "host")
     try:

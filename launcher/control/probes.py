@@ -3,12 +3,17 @@ taken here (and by whom), HTTP health, an OpenAI-compatible server's readiness."
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import socket
+import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from pathlib import Path
 
-from launcher.planning.plan import Plan
+from launcher.planning.plan import Plan, job_port_slots
 
 
 def busy_ports(plan: Plan, ours: frozenset[int] = frozenset()) -> list[str]:
@@ -51,6 +56,44 @@ def busy_ports(plan: Plan, ours: frozenset[int] = frozenset()) -> list[str]:
             except OSError:
                 busy.append(f"{port} ({what}{port_holder(port)})")
     return busy
+
+
+_SLOT_HELD: dict[int, tuple[int, int]] = {}  # port_base -> (slot, lock fd) of this process
+
+
+def local_port_slot(plan_at: Callable[[int], Plan]) -> Plan:
+    """The plan of a run outside a scheduler's job on the first of its profile's port blocks
+    (the blocks a Slurm job's id picks from) that no other run on this host holds: a lock
+    file per block, held for this process's life, and every planned port free. A second
+    local run on one host then takes the next block instead of meeting the first on its
+    ports; a study in one process keeps its block. Every block taken: block 0, whose busy
+    ports the orchestrator then names."""
+    first = plan_at(0)
+    base = first.cluster.port_base
+    if base in _SLOT_HELD:
+        return plan_at(_SLOT_HELD[base][0])
+    slots, _ = job_port_slots(base, first.port_span)
+    folder = Path(tempfile.gettempdir()) / "pd-launcher-ports"
+    try:
+        folder.mkdir(mode=0o1777, exist_ok=True)
+    except OSError:
+        return first
+    for slot in range(slots):
+        plan = first if slot == 0 else plan_at(slot)
+        try:
+            fd = os.open(folder / f"{plan.router_port}.lock", os.O_CREAT | os.O_RDWR, 0o666)
+        except OSError:
+            return first
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        if not busy_ports(plan):
+            _SLOT_HELD[base] = (slot, fd)
+            return plan
+        os.close(fd)  # closing releases the lock
+    return first
 
 
 def port_holder(port: int) -> str:

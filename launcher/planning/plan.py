@@ -477,9 +477,12 @@ def make_plan(
     job_id: str | None = None,
     model: ModelFacts | None | _Read = READ,
     study_span: int | None = None,
+    port_slot: int | None = None,
 ) -> Plan:
     """`study_span`: the port span of a study's largest configuration, so every
-    configuration of a study in one allocation plans its endpoints on the same ports."""
+    configuration of a study in one allocation plans its endpoints on the same ports.
+    `port_slot`: the block of ports a run outside a scheduler's job holds (instead of the
+    one a job id picks)."""
     model = _model(recipe, model)
     need = nodes_needed(recipe, cluster, model)
     if len(nodes) < need:
@@ -498,7 +501,10 @@ def make_plan(
         addresses = schedulers.of(cluster).addresses(nodes)
     base = cluster.port_base
     endpoints, span = _endpoints(recipe, cluster, nodes, base)
-    shift = job_port_shift(job_id, base, max(span, study_span or 0))
+    if port_slot is None:
+        shift = job_port_shift(job_id, base, max(span, study_span or 0))
+    else:
+        shift = port_slot * port_block(max(span, study_span or 0))
     if shift:
         base += shift
         endpoints, _ = _endpoints(recipe, cluster, nodes, base)
