@@ -32,7 +32,7 @@ test: setup
 	bash tests/prometheus/setup.sh
 	bash tests/lmeval/setup.sh
 	bash tests/vllm_cpu/setup.sh
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 3 --dist loadgroup
 
 examples: setup
 	$(BIN)/python slurm/examples/regenerate.py

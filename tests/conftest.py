@@ -25,6 +25,22 @@ def cli(tmp_path):
     return run
 
 
+# --- tests in parallel (pytest-xdist, `make test` runs `-n 3 --dist loadgroup`) ----------
+# Most of the suite waits on processes and timers, so a few workers share the 2 cores. What
+# tests share decides who runs with whom: every test of the dev cluster (one Slurm cluster,
+# whose node faults and restarts other jobs would meet) runs on one worker in turn, first
+# (the longest group); any other test runs with its module, whose module fixtures then start
+# once. Local runs keep apart by themselves (each holds its own block of ports).
+DEVCLUSTER = "devcluster"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        group = DEVCLUSTER if item.get_closest_marker("slurm") else item.module.__name__
+        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: not item.get_closest_marker("slurm"))  # stable: order kept
+
+
 # --- the suite measures itself --------------------------------------------------------------
 # At the end of every run: the slowest tests and modules with their share of the wall time
 # (setup + call + teardown; a module fixture's end-to-end run is charged to its first test).
@@ -38,8 +54,15 @@ def pytest_configure(config):
     _T0.append(time.monotonic())
 
 
+_WORKERS: dict[str, float] = {}  # pytest-xdist worker -> seconds inside its tests
+
+
 def pytest_runtest_logreport(report):
-    _TIMES[report.nodeid] = _TIMES.get(report.nodeid, 0.0) + report.duration
+    nodeid = report.nodeid.split("@", 1)[0]  # loadgroup's "@group" suffix
+    _TIMES[nodeid] = _TIMES.get(nodeid, 0.0) + report.duration
+    worker = getattr(getattr(report, "node", None), "gateway", None)
+    if worker is not None:
+        _WORKERS[worker.id] = _WORKERS.get(worker.id, 0.0) + report.duration
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -55,8 +78,13 @@ def pytest_terminal_summary(terminalreporter):
         modules[mod] = modules.get(mod, 0.0) + sec
     w = terminalreporter.write_line
     w("")
+    inside = sum(_TIMES.values())
     w(f"suite timing: {len(_TIMES)} tests in {wall:.0f} s wall ({wall / 60:.1f} min); "
-      f"{sum(_TIMES.values()):.0f} s inside tests")
+      f"{inside:.0f} s inside tests")
+    if _WORKERS:
+        busy = ", ".join(f"{k} {v:.0f} s ({100 * v / wall:.0f} %)" for k, v in sorted(_WORKERS.items()))
+        w(f"in parallel: {len(_WORKERS)} workers, {inside / wall:.2f} test-seconds per wall "
+          f"second; each worker's time inside tests: {busy}")
     w("slowest modules (share of the wall time):")
     for mod, sec in sorted(modules.items(), key=lambda kv: -kv[1])[:12]:
         w(f"  {sec:7.1f} s  {100 * sec / wall:5.1f} %  {mod}")
