@@ -34,6 +34,7 @@ def cli(tmp_path):
 DEVCLUSTER = "devcluster"
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         group = DEVCLUSTER if item.get_closest_marker("slurm") else item.module.__name__
