@@ -100,3 +100,28 @@ def test_a_change_is_judged_against_the_spread_of_repeats_in_the_runs_directory(
     # TTFT was the same in every repeat: a spread of 0, and no change is inside it
     ttft = next(x for x in r["figures"] if x["concurrency"] == 16 and x["figure"] == "TTFT p50 ms")
     assert ttft["spread_pct"] == 0 and ttft["change_pct"] == 0 and ttft["outside_spread"] is False
+
+
+def test_diff_finds_the_same_repeats_by_run_id_relative_and_absolute_path(
+        tmp_path, tmp_path_factory):
+    """A run named by its id or by a path relative to the working directory is the same run
+    as its absolute path: the same repeats, the same settings (its own directory in its
+    recipe is not a setting)."""
+    a = synth.local_demo(tmp_path_factory.getbasetemp() / "local-demo")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for name in ("r0", "r1", "x"):
+        d = runs / name
+        shutil.copytree(a, d)
+        for f in ("recipe.yaml", "plan.json"):
+            (d / f).write_text((d / f).read_text().replace(str(a), str(d)))
+    results = []
+    for ra, rb in ((str(runs / "r0"), str(runs / "x")), ("r0", "x"),
+                   ("runs/r0", "runs/x"), ("./runs/r0/", "x")):
+        code, out = launcher(tmp_path, "diff", ra, rb, "--format", "json")
+        assert code == 0, out
+        r = json.loads(out)
+        results.append((r["settings"], sorted(r["repeats"]["a"]), sorted(r["repeats"]["b"]),
+                        r["a"], r["b"]))
+    assert results[0][0] == [] and len(results[0][1]) == 2, results[0]
+    assert all(x == results[0] for x in results), results

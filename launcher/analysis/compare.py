@@ -212,11 +212,12 @@ def figures(a: RunDir, b: RunDir) -> list[dict[str, Any]]:
 def repeats(run: RunDir, pool: list[RunDir]) -> list[RunDir]:
     """The runs of `pool` that repeat `run`: the same resolved recipe and no fingerprint
     drift (`run` itself included first). Only they measure run-to-run spread."""
-    here = run.path.resolve()
+    run = run_at(run.path)
     name = _recipe_name(run)
-    out, seen = [run], {here}
+    out, seen = [run], {run.path}
     for other in pool:
-        where = other.path.resolve()
+        other = run_at(other.path)
+        where = other.path
         if where in seen or _recipe_name(other) != name:
             continue
         seen.add(where)
@@ -260,14 +261,20 @@ def pool(runs_dir: Path, *runs: Path) -> list[RunDir]:
 
     homes = {Path(runs_dir).resolve()}
     for p in runs:
-        rd = RunDir(Path(p))
-        homes.add((rd.path.parent.parent if listing.study_of(rd) else rd.path.parent).resolve())
-    return [r for h in sorted(homes) if h.is_dir() for r in listing.all_runs(h)]
+        rd = run_at(p)
+        homes.add(rd.path.parent.parent if listing.study_of(rd) else rd.path.parent)
+    return [run_at(r.path) for h in sorted(homes) if h.is_dir() for r in listing.all_runs(h)]
+
+
+def run_at(p: Path) -> RunDir:
+    """A run by its absolute path, the one form every comparison uses: its recipe and
+    commands name it so, and a repeat is told apart from the run itself by it."""
+    return RunDir(Path(p).resolve())
 
 
 def compare(a: Path, b: Path, pool: list[RunDir] | None = None) -> dict[str, Any]:
     """`pool`: other runs to find repeats of A and of B in (the run-to-run spread)."""
-    ra, rb = RunDir(Path(a)), RunDir(Path(b))
+    ra, rb = run_at(a), run_at(b)
     sets, drifted = settings(ra, rb), drift(ra, rb)
     rows = figures(ra, rb)
     groups = [repeats(ra, pool or []), repeats(rb, pool or [])]
