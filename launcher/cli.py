@@ -65,6 +65,9 @@ def _add_plan_commands(sub: argparse._SubParsersAction) -> None:
              "per configuration) or one job each; default: whichever the dry-run estimates "
              "at fewer GPU-hours",
     )  # fmt: skip
+    s.add_argument("--alias", action="append", default=[], metavar="NAME=VALUE",
+                   help="for an srt-slurm recipe: what a model or container alias of your "
+                        "srtslurm.yaml stands for")
     s.add_argument(
         "--dry-run", action="store_true", help="write and show everything, submit nothing"
     )
@@ -341,9 +344,11 @@ def cmd_submit(args) -> int:
     elif not args.recipe:
         raise UserError("submit needs a recipe (a shipped name or a YAML path), or --again RUN")
 
+    from launcher.schema.srt_slurm import parse_aliases
+
     runs = prepare.prepare_all(
         args.recipe, args.overrides, args.sweep, args.runs_dir, nodelist=args.nodelist,
-        allocation=args.allocation,
+        allocation=args.allocation, aliases=parse_aliases(args.alias),
     )
     from launcher import text
 
