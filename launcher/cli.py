@@ -370,7 +370,7 @@ def cmd_submit(args) -> int:
     if args.dry_run:
         for r in runs:
             sub = r.run.read_submission()
-            sub.dry_run = True
+            sub.dry_run, sub.blockers = True, list(r.blockers)
             r.run.write_submission(sub)
         # a blocker is said last and on stderr too; the dry-run itself did what it was asked
         if args.format == "text" and (last := text.not_submittable(runs)):

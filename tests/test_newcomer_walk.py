@@ -124,3 +124,46 @@ def test_the_port_conflict_advice_works_when_followed_literally(tmp_path):
         assert code == 0, out
     finally:
         taken.close()
+
+
+def test_status_of_a_dry_run_with_a_blocker_names_its_fix_not_submit(tmp_path):
+    code, out = launcher(tmp_path, "submit", "qwen3.5-397b-gb200-disagg", "--dry-run")
+    assert code == 0 and "blocker: submit will refuse this run" in out, out
+    code, out = launcher(tmp_path, "status")
+    assert code == 0, out
+    last = out.strip().splitlines()[-1]
+    assert not last.startswith("next: submit it"), last
+    assert last.startswith("next: mend the blocker first: ") and "stage-model" in last, last
+    assert "submit refuses it until then" in last, last
+    # a dry-run with no blocker still says to submit it
+    code, out = launcher(tmp_path, "submit", "local-sim", "--dry-run")
+    assert code == 0, out
+    code, out = launcher(tmp_path, "status")
+    assert out.strip().splitlines()[-1].startswith("next: submit it"), out
+
+
+def test_the_demo_kv_line_says_the_memory_its_blocks_take(tmp_path):
+    """local-sim sets --num-gpu-blocks-override 384: its cache is 384 blocks of 256 KiB
+    (96 MiB), not the 159 GiB the GPU's memory would leave for it."""
+    import re
+
+    code, out = launcher(tmp_path, "submit", "local-sim", "--dry-run")
+    assert code == 0, out
+    line = next(x for x in out.splitlines() if x.startswith("KV capacity decode-0"))
+    block = re.search(r"a block is a page in each of .*?\((\d+) KiB\): (\d+) blocks/rank", out)
+    assert block, out
+    size_mib = int(block.group(1)) * int(block.group(2)) / 1024
+    assert f"{size_mib:.0f} MiB/GPU" in line, line
+    assert "--num-gpu-blocks-override" in line and "GiB/GPU (weights" not in line, line
+
+
+def test_the_seed_kv_warning_points_to_the_section_on_the_published_5120(tmp_path):
+    code, out = launcher(tmp_path, "submit", "qwen3.5-397b-gb200-disagg", "--dry-run")
+    assert code == 0, out
+    warning = next(x for x in out.splitlines()
+                   if x.startswith("warning: the sweep's top concurrency 5,120 exceeds"))
+    assert "docs/kv-capacity.md section 11" in warning, warning
+    assert "not a measured capacity" in warning, warning
+    doc = (ROOT / "docs" / "kv-capacity.md").read_text()
+    section = doc.split("## 11. ", 1)[1].split("\n## ", 1)[0]
+    assert "not a measured capacity" in section and "top concurrency" in section
