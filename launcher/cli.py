@@ -285,12 +285,30 @@ def cmd_recipes(args) -> int:
             print(f"{path:{width}}  {kind:28.28}  {default:20.20}  {doc}".rstrip())
         return 0
 
-    rows = [(name, rmod.load(str(path))) for name, path in rmod.shipped().items()]
-    width = max(len(n) for n, _ in rows + [("RECIPE", None)])
-    print(f"{'RECIPE':{width}}  {'CLUSTER':12} {'ENGINE':6}  DESCRIPTION")
-    for name, r in rows:
-        print(f"{name:{width}}  {r.cluster:12} {r.engine:6}  {' '.join(r.description.split())}")
+    rows = [("RECIPE", "MODEL", "SHAPE", "CLUSTER", "ENGINE")]
+    for name, path in rmod.shipped().items():
+        r = rmod.load(str(path))
+        rows.append((name, r.model.path, _shape(r), r.cluster, r.engine))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(f"{v:{w}}" for v, w in zip(row[:4], widths, strict=True)) + "  " + row[4])
+    print("SHAPE: prefill endpoints x parallelism : decode's. python -m launcher recipes "
+          "show NAME: one recipe, every field resolved, its description")
     return 0
+
+
+def _shape(r) -> str:
+    """Endpoints and their parallelism, prefill before decode: "4 x DEP2 : 1 x DEP8"."""
+    from launcher.schema.srt_slurm import shape
+
+    def one(pool) -> str:
+        return f"{pool.endpoints} x " + shape({"data_parallel": pool.data_parallel,
+                                               "tensor_parallel": pool.tensor_parallel,
+                                               "expert_parallel": pool.expert_parallel})
+
+    if r.mode == "agg":
+        return f"agg {one(r.agg)}"
+    return f"{one(r.prefill)} : {one(r.decode)}"
 
 
 def _import_recipe(args) -> int:

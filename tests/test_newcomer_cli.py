@@ -717,7 +717,7 @@ def test_runs_and_recipes_tables_and_csv_exports(cli, tmp_path_factory):
                - summary["points"][-1]["total_tokens_per_s_per_gpu"]) < 1e-6
     rc, out, err = cli("recipes")
     head = out.splitlines()[0]
-    assert head.split() == ["RECIPE", "CLUSTER", "ENGINE", "DESCRIPTION"], head
+    assert head.split() == ["RECIPE", "MODEL", "SHAPE", "CLUSTER", "ENGINE"], head
 
 
 # --- 3, 4: inputs the containers cannot see; a runs directory the nodes cannot see ---------

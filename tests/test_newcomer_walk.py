@@ -167,3 +167,21 @@ def test_the_seed_kv_warning_points_to_the_section_on_the_published_5120(tmp_pat
     doc = (ROOT / "docs" / "kv-capacity.md").read_text()
     section = doc.split("## 11. ", 1)[1].split("\n## ", 1)[0]
     assert "not a measured capacity" in section and "top concurrency" in section
+
+
+def test_recipes_is_a_short_table_and_show_has_the_detail(tmp_path):
+    from launcher.schema import recipe as rmod
+
+    code, out = cli(tmp_path, "recipes")
+    assert code == 0, out
+    lines = out.strip().splitlines()
+    assert lines[0].split() == ["RECIPE", "MODEL", "SHAPE", "CLUSTER", "ENGINE"], lines[0]
+    names = list(rmod.shipped())
+    assert [x.split()[0] for x in lines[1:1 + len(names)]] == names, out
+    assert all(len(x) <= 150 for x in lines), max(lines, key=len)
+    assert len(out) < 6000, len(out)
+    assert "recipes show NAME" in lines[-1], lines[-1]
+    seed = next(x for x in lines if x.startswith("qwen3.5-397b-gb200-disagg "))
+    assert "nvidia/Qwen3.5-397B-A17B-NVFP4" in seed and "4 x DEP2 : 1 x DEP8" in seed, seed
+    code, shown = cli(tmp_path, "recipes", "show", "qwen3.5-397b-gb200-disagg")
+    assert code == 0 and "description:" in shown, shown
