@@ -125,3 +125,40 @@ def test_diff_finds_the_same_repeats_by_run_id_relative_and_absolute_path(
                         r["a"], r["b"]))
     assert results[0][0] == [] and len(results[0][1]) == 2, results[0]
     assert all(x == results[0] for x in results), results
+
+
+def test_a_run_that_never_started_is_said_so_not_drift(tmp_path, tmp_path_factory):
+    """B refused before it ran (or a dry-run): it has no fingerprint, so nothing drifted;
+    the comparison says B never started."""
+    a = synth.local_demo(tmp_path_factory.getbasetemp() / "local-demo")
+    prof = a.parent.parent / "local-demo.yaml"
+    code, out = launcher(tmp_path, "submit", "local-sim", "--set", f"cluster={prof}",
+                         "--dry-run")
+    assert code == 0, out
+    (b,) = [r.parent for r in (tmp_path / "runs").glob("*/plan.json")]
+    code, out = launcher(tmp_path, "diff", str(a), str(b), "--format", "json")
+    r = json.loads(out)
+    assert r["drift"] == [] and r["never_started"] == ["B"], r
+    code, out = launcher(tmp_path, "diff", str(a), str(b))
+    assert "fingerprint item(s) drifted" not in out, out
+    assert "B never started (dry-run): it has no fingerprint and no figures" in out, out
+
+
+def test_the_compare_page_says_a_run_never_started(tmp_path, tmp_path_factory, monkeypatch):
+    from helpers import open_app
+
+    a = synth.local_demo(tmp_path_factory.getbasetemp() / "local-demo")
+    runs = tmp_path / "runs"
+    shutil.copytree(a, runs / a.name)
+    prof = a.parent.parent / "local-demo.yaml"
+    code, out = launcher(tmp_path, "submit", "local-sim", "--set", f"cluster={prof}",
+                         "--dry-run")
+    assert code == 0, out
+    b = next(p.parent for p in runs.glob("*/plan.json") if p.parent.name != a.name)
+    at = open_app(runs, monkeypatch)
+    at.query_params["a"], at.query_params["b"] = a.name, b.name
+    at.switch_page("app_pages/compare.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    said = " ".join(str(x.value) for x in [*at.warning, *at.info, *at.success, *at.caption])
+    assert "B never started (dry-run)" in said, said
+    assert "drifted" not in said, said

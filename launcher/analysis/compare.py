@@ -275,7 +275,11 @@ def run_at(p: Path) -> RunDir:
 def compare(a: Path, b: Path, pool: list[RunDir] | None = None) -> dict[str, Any]:
     """`pool`: other runs to find repeats of A and of B in (the run-to-run spread)."""
     ra, rb = run_at(a), run_at(b)
-    sets, drifted = settings(ra, rb), drift(ra, rb)
+    never = {side: st.shown_state for side, st in (("A", ra.status()), ("B", rb.status()))
+             if not (st.record and st.record.identity)}
+    # a run with no fingerprint (refused, a dry-run, not yet at its preflight) has nothing
+    # that could have drifted: said as never started, not as every item changed
+    sets, drifted = settings(ra, rb), ([] if never else drift(ra, rb))
     rows = figures(ra, rb)
     groups = [repeats(ra, pool or []), repeats(rb, pool or [])]
     known = spread(groups)
@@ -286,7 +290,9 @@ def compare(a: Path, b: Path, pool: list[RunDir] | None = None) -> dict[str, Any
                                  else abs(row["change_pct"]) > sp["pct"])
     return {"a": str(ra.path), "b": str(rb.path), "settings": sets,
             "processes": processes(ra, rb), "drift": drifted, "figures": rows,
-            "single_variable": sets is not None and len(sets) == 1 and not drifted,
+            "single_variable": sets is not None and len(sets) == 1 and not drifted
+            and not never,
+            "never_started": list(never), "states": never,
             "repeats": {"a": [str(r.path) for r in groups[0][1:]],
                         "b": [str(r.path) for r in groups[1][1:]]}}
 
@@ -301,6 +307,11 @@ def show(v: Any) -> str:
 def verdict(r: dict[str, Any]) -> tuple[str, str, str]:
     """(kind, head, rest) of the comparison: kind is single | repeat | unknown | not."""
     sets, drifted = r["settings"], r["drift"]
+    never = r.get("states") or {}
+    if never:
+        who = " and ".join(f"{side} never started ({state})" for side, state in never.items())
+        return ("unknown", "NOT known to be single-variable",
+                f"{who}: it has no fingerprint and no figures to compare, only settings")
     if sets is None:
         return ("unknown", "NOT known to be single-variable",
                 "a recipe.yaml is missing or unreadable, so the settings cannot be compared")
@@ -329,7 +340,9 @@ def text(r: dict[str, Any]) -> str:
     out += [f"  {line}" for line in procs[:60]]
     if len(procs) > 60:
         out.append(f"  ... and {len(procs) - 60} more")
-    out.append("fingerprint drift:" if drifted else "fingerprint: no drift")
+    out.append("fingerprint drift:" if drifted else
+               "fingerprint: unknown (a run that never started has none)"
+               if r.get("never_started") else "fingerprint: no drift")
     out += [f"  {k}: {show(x)} -> {show(y)}" for k, x, y in drifted]
     rows = r["figures"]
     reps = r.get("repeats") or {}
