@@ -22,6 +22,7 @@ class UserError(Exception):
         print as a literal \\n)."""
         if len(each) == 1:
             return cls(f"{head} {each[0]}" if head_on_one else each[0])
+        head = f"{head.rstrip(': ')}: {len(each)} problems:"  # as format_error heads them
         return cls(f"{head} " + "; ".join(f"({i}) {t}" for i, t in enumerate(each, 1)),
                    problems=(head, list(each)))
 

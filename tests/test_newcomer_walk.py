@@ -41,7 +41,7 @@ def test_several_problems_are_printed_a_line_each(tmp_path):
         assert code == 2, out
         assert "\\n" not in out, out
         lines = out.strip().splitlines()
-        assert lines[0] == f"error: cannot import {f} (srt-slurm recipe):", out
+        assert lines[0] == f"error: cannot import {f} (srt-slurm recipe): 4 problems:", out
         assert any(x.startswith("  - profiling: ") for x in lines), out
         assert any(x.startswith("  - bogus is not a key") for x in lines), out
         assert any(x.startswith("  - backend.vllm_config.decode.headless: ") for x in lines), out
@@ -51,7 +51,7 @@ def test_several_problems_are_printed_a_line_each(tmp_path):
                          "--set", "prefill.args.gpu-memory-utilization=2")
     assert code == 2 and "\\n" not in out, out
     lines = out.strip().splitlines()
-    assert lines[0] == "error: the recipe's engine flags:", out
+    assert lines[0] == "error: the recipe's engine flags: 2 problems:", out
     assert lines[1].startswith("  - decode.args.max-num-seqs must be") or \
         lines[2].startswith("  - decode.args.max-num-seqs must be"), out
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from launcher.errors import UserError
 from launcher.schema.sections import flag_key
-from launcher.schema.wording import did_you_mean
+from launcher.schema.wording import did_you_mean, show
 
 if TYPE_CHECKING:
     from launcher.planning.plan import Plan
@@ -265,7 +265,7 @@ def _whole(v: object, *, sizes: bool) -> int | None:
 
 
 def _value_problem(where: str, kind: str, v: object) -> str | None:
-    got = f"(got {v!r})"
+    got = f"(got {show(repr(v), 60)})"
     if kind == "fraction":
         ok = not isinstance(v, bool) and isinstance(v, int | float | str)
         try:
