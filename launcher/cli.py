@@ -65,6 +65,9 @@ def _add_plan_commands(sub: argparse._SubParsersAction) -> None:
              "per configuration) or one job each; default: whichever the dry-run estimates "
              "at fewer GPU-hours",
     )  # fmt: skip
+    s.add_argument("--alias", action="append", default=[], metavar="NAME=VALUE",
+                   help="for an srt-slurm recipe: what a model or container alias of your "
+                        "srtslurm.yaml stands for")
     s.add_argument(
         "--dry-run", action="store_true", help="write and show everything, submit nothing"
     )
@@ -283,12 +286,30 @@ def cmd_recipes(args) -> int:
             print(f"{path:{width}}  {kind:28.28}  {default:20.20}  {doc}".rstrip())
         return 0
 
-    rows = [(name, rmod.load(str(path))) for name, path in rmod.shipped().items()]
-    width = max(len(n) for n, _ in rows + [("RECIPE", None)])
-    print(f"{'RECIPE':{width}}  {'CLUSTER':12} {'ENGINE':6}  DESCRIPTION")
-    for name, r in rows:
-        print(f"{name:{width}}  {r.cluster:12} {r.engine:6}  {' '.join(r.description.split())}")
+    rows = [("RECIPE", "MODEL", "SHAPE", "CLUSTER", "ENGINE")]
+    for name, path in rmod.shipped().items():
+        r = rmod.load(str(path))
+        rows.append((name, r.model.path, _shape(r), r.cluster, r.engine))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(f"{v:{w}}" for v, w in zip(row[:4], widths, strict=True)) + "  " + row[4])
+    print("SHAPE: prefill endpoints x parallelism : decode's. python -m launcher recipes "
+          "show NAME: one recipe, every field resolved, its description")
     return 0
+
+
+def _shape(r) -> str:
+    """Endpoints and their parallelism, prefill before decode: "4 x DEP2 : 1 x DEP8"."""
+    from launcher.schema.srt_slurm import shape
+
+    def one(pool) -> str:
+        return f"{pool.endpoints} x " + shape({"data_parallel": pool.data_parallel,
+                                               "tensor_parallel": pool.tensor_parallel,
+                                               "expert_parallel": pool.expert_parallel})
+
+    if r.mode == "agg":
+        return f"agg {one(r.agg)}"
+    return f"{one(r.prefill)} : {one(r.decode)}"
 
 
 def _import_recipe(args) -> int:
@@ -342,9 +363,11 @@ def cmd_submit(args) -> int:
     elif not args.recipe:
         raise UserError("submit needs a recipe (a shipped name or a YAML path), or --again RUN")
 
+    from launcher.schema.srt_slurm import parse_aliases
+
     runs = prepare.prepare_all(
         args.recipe, args.overrides, args.sweep, args.runs_dir, nodelist=args.nodelist,
-        allocation=args.allocation,
+        allocation=args.allocation, aliases=parse_aliases(args.alias),
     )
     from launcher import text
 
@@ -366,7 +389,7 @@ def cmd_submit(args) -> int:
     if args.dry_run:
         for r in runs:
             sub = r.run.read_submission()
-            sub.dry_run = True
+            sub.dry_run, sub.blockers = True, list(r.blockers)
             r.run.write_submission(sub)
         # a blocker is said last and on stderr too; the dry-run itself did what it was asked
         if args.format == "text" and (last := text.not_submittable(runs)):

@@ -1,5 +1,7 @@
 """The one error type a user can cause: the CLI prints its message and exits 2, no traceback."""
 
+from __future__ import annotations
+
 
 class UserError(Exception):
     """A problem the user can fix; the message is one sentence naming what to change.
@@ -12,6 +14,17 @@ class UserError(Exception):
                  problems: tuple[str, list[str]] | None = None) -> None:
         super().__init__(message)
         self.problems = problems
+
+    @classmethod
+    def of(cls, head: str, each: list[str], *, head_on_one: bool = False) -> UserError:
+        """One problem as its sentence (after `head` with `head_on_one`); several as `head`
+        and a line each (never joined by a newline inside one message, which the CLI would
+        print as a literal \\n)."""
+        if len(each) == 1:
+            return cls(f"{head} {each[0]}" if head_on_one else each[0])
+        head = f"{head.rstrip(': ')}: {len(each)} problems:"  # as format_error heads them
+        return cls(f"{head} " + "; ".join(f"({i}) {t}" for i, t in enumerate(each, 1)),
+                   problems=(head, list(each)))
 
 
 class Problem(str):

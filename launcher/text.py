@@ -315,6 +315,10 @@ def plan_text(prepared: Prepared) -> str:
     if (gap := capacity.missing(plan, prepared.capacity)) is not None:
         lines.append(gap)
     for warning in capacity.warnings(plan, prepared.capacity):
+        if match is not None and "on the decode side" in warning:
+            warning += (f"; the published {published.kv_capacity_concurrency():,} is that run's "
+                        "top concurrency, not a measured capacity (docs/kv-capacity.md "
+                        "section 11: what it is and why the estimate differs)")
         lines.append(f"warning: {warning}")
     for warning in visibility.input_warnings(plan):
         lines.append(f"warning: {warning}")
@@ -480,9 +484,11 @@ def next_step(run: RunDir, st: RunStatus, study: listing.Study | None = None) ->
     """status's last line: what to do next with this run."""
     root = (study.path if study is not None else run.path).parent
     if st.dry_run:
-        again = _submit_again(st.submission.command)
-        return ("next: submit it: " + again) if again else \
-            f"next: submit it: {_launcher('submit --again', run.path)}"
+        again = _submit_again(st.submission.command) or _launcher("submit --again", run.path)
+        if st.submission.blockers:  # submit would exit 2: its fix comes first
+            return (f"next: mend the blocker first: {st.submission.blockers[0]} (submit "
+                    f"refuses it until then; after: {again})")
+        return "next: submit it: " + again
     if st.state == State.REFUSED:
         return (f"next: mend what the error says, then {_launcher('submit --again', run.path)} "
                 "(its exact recipe)")
@@ -528,8 +534,11 @@ def study_status_text(study: listing.Study, statuses: dict[str, RunStatus], root
                          + ("Slurm kept the job on the other nodes" if r.released
                             else f"the study ended there ({r.error})"))
     if sts and all(st.dry_run for st in sts):
-        again = _submit_again(sts[0].submission.command)
-        lines.append("next: submit it: " + (again or _launcher("submit --again", study.runs[0].path)))
+        again = _submit_again(sts[0].submission.command) or \
+            _launcher("submit --again", study.runs[0].path)
+        blocked = next((st.submission.blockers[0] for st in sts if st.submission.blockers), None)
+        lines.append(f"next: mend the blocker first: {blocked} (submit refuses it until then; "
+                     f"after: {again})" if blocked else "next: submit it: " + again)
     elif any(not st.final and not st.dry_run for st in sts) and live[0] is not False:
         lines.append(f"next: {_launcher('logs', '<RUN>', '-f')} follows a configuration; "
                      f"{_launcher('cancel', study.path)} stops the study")

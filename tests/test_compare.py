@@ -100,3 +100,65 @@ def test_a_change_is_judged_against_the_spread_of_repeats_in_the_runs_directory(
     # TTFT was the same in every repeat: a spread of 0, and no change is inside it
     ttft = next(x for x in r["figures"] if x["concurrency"] == 16 and x["figure"] == "TTFT p50 ms")
     assert ttft["spread_pct"] == 0 and ttft["change_pct"] == 0 and ttft["outside_spread"] is False
+
+
+def test_diff_finds_the_same_repeats_by_run_id_relative_and_absolute_path(
+        tmp_path, tmp_path_factory):
+    """A run named by its id or by a path relative to the working directory is the same run
+    as its absolute path: the same repeats, the same settings (its own directory in its
+    recipe is not a setting)."""
+    a = synth.local_demo(tmp_path_factory.getbasetemp() / "local-demo")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for name in ("r0", "r1", "x"):
+        d = runs / name
+        shutil.copytree(a, d)
+        for f in ("recipe.yaml", "plan.json"):
+            (d / f).write_text((d / f).read_text().replace(str(a), str(d)))
+    results = []
+    for ra, rb in ((str(runs / "r0"), str(runs / "x")), ("r0", "x"),
+                   ("runs/r0", "runs/x"), ("./runs/r0/", "x")):
+        code, out = launcher(tmp_path, "diff", ra, rb, "--format", "json")
+        assert code == 0, out
+        r = json.loads(out)
+        results.append((r["settings"], sorted(r["repeats"]["a"]), sorted(r["repeats"]["b"]),
+                        r["a"], r["b"]))
+    assert results[0][0] == [] and len(results[0][1]) == 2, results[0]
+    assert all(x == results[0] for x in results), results
+
+
+def test_a_run_that_never_started_is_said_so_not_drift(tmp_path, tmp_path_factory):
+    """B refused before it ran (or a dry-run): it has no fingerprint, so nothing drifted;
+    the comparison says B never started."""
+    a = synth.local_demo(tmp_path_factory.getbasetemp() / "local-demo")
+    prof = a.parent.parent / "local-demo.yaml"
+    code, out = launcher(tmp_path, "submit", "local-sim", "--set", f"cluster={prof}",
+                         "--dry-run")
+    assert code == 0, out
+    (b,) = [r.parent for r in (tmp_path / "runs").glob("*/plan.json")]
+    code, out = launcher(tmp_path, "diff", str(a), str(b), "--format", "json")
+    r = json.loads(out)
+    assert r["drift"] == [] and r["never_started"] == ["B"], r
+    code, out = launcher(tmp_path, "diff", str(a), str(b))
+    assert "fingerprint item(s) drifted" not in out, out
+    assert "B never started (dry-run): it has no fingerprint and no figures" in out, out
+
+
+def test_the_compare_page_says_a_run_never_started(tmp_path, tmp_path_factory, monkeypatch):
+    from helpers import open_app
+
+    a = synth.local_demo(tmp_path_factory.getbasetemp() / "local-demo")
+    runs = tmp_path / "runs"
+    shutil.copytree(a, runs / a.name)
+    prof = a.parent.parent / "local-demo.yaml"
+    code, out = launcher(tmp_path, "submit", "local-sim", "--set", f"cluster={prof}",
+                         "--dry-run")
+    assert code == 0, out
+    b = next(p.parent for p in runs.glob("*/plan.json") if p.parent.name != a.name)
+    at = open_app(runs, monkeypatch)
+    at.query_params["a"], at.query_params["b"] = a.name, b.name
+    at.switch_page("app_pages/compare.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    said = " ".join(str(x.value) for x in [*at.warning, *at.info, *at.success, *at.caption])
+    assert "B never started (dry-run)" in said, said
+    assert "drifted" not in said, said

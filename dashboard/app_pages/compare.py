@@ -88,6 +88,8 @@ def pairs(title: str, items, what: str, none: str) -> None:
 
 pairs("Settings (resolved recipe)", sets, "setting", "The same.")
 pairs("Fingerprint drift", drifted, "item",
+      f"Unknown: {' and '.join(r['never_started'])} never started, so there is no "
+      "fingerprint to compare." if r.get("never_started") else
       "No drift: the engine, image, packages, driver, GPUs and launcher are the same.")
 with st.expander(f"Processes: {len(r['processes'])} difference(s) in argv and environment "
                  "(ports, run directory and node names aside)"):

@@ -212,11 +212,12 @@ def figures(a: RunDir, b: RunDir) -> list[dict[str, Any]]:
 def repeats(run: RunDir, pool: list[RunDir]) -> list[RunDir]:
     """The runs of `pool` that repeat `run`: the same resolved recipe and no fingerprint
     drift (`run` itself included first). Only they measure run-to-run spread."""
-    here = run.path.resolve()
+    run = run_at(run.path)
     name = _recipe_name(run)
-    out, seen = [run], {here}
+    out, seen = [run], {run.path}
     for other in pool:
-        where = other.path.resolve()
+        other = run_at(other.path)
+        where = other.path
         if where in seen or _recipe_name(other) != name:
             continue
         seen.add(where)
@@ -260,15 +261,25 @@ def pool(runs_dir: Path, *runs: Path) -> list[RunDir]:
 
     homes = {Path(runs_dir).resolve()}
     for p in runs:
-        rd = RunDir(Path(p))
-        homes.add((rd.path.parent.parent if listing.study_of(rd) else rd.path.parent).resolve())
-    return [r for h in sorted(homes) if h.is_dir() for r in listing.all_runs(h)]
+        rd = run_at(p)
+        homes.add(rd.path.parent.parent if listing.study_of(rd) else rd.path.parent)
+    return [run_at(r.path) for h in sorted(homes) if h.is_dir() for r in listing.all_runs(h)]
+
+
+def run_at(p: Path) -> RunDir:
+    """A run by its absolute path, the one form every comparison uses: its recipe and
+    commands name it so, and a repeat is told apart from the run itself by it."""
+    return RunDir(Path(p).resolve())
 
 
 def compare(a: Path, b: Path, pool: list[RunDir] | None = None) -> dict[str, Any]:
     """`pool`: other runs to find repeats of A and of B in (the run-to-run spread)."""
-    ra, rb = RunDir(Path(a)), RunDir(Path(b))
-    sets, drifted = settings(ra, rb), drift(ra, rb)
+    ra, rb = run_at(a), run_at(b)
+    never = {side: st.shown_state for side, st in (("A", ra.status()), ("B", rb.status()))
+             if not (st.record and st.record.identity)}
+    # a run with no fingerprint (refused, a dry-run, not yet at its preflight) has nothing
+    # that could have drifted: said as never started, not as every item changed
+    sets, drifted = settings(ra, rb), ([] if never else drift(ra, rb))
     rows = figures(ra, rb)
     groups = [repeats(ra, pool or []), repeats(rb, pool or [])]
     known = spread(groups)
@@ -279,7 +290,9 @@ def compare(a: Path, b: Path, pool: list[RunDir] | None = None) -> dict[str, Any
                                  else abs(row["change_pct"]) > sp["pct"])
     return {"a": str(ra.path), "b": str(rb.path), "settings": sets,
             "processes": processes(ra, rb), "drift": drifted, "figures": rows,
-            "single_variable": sets is not None and len(sets) == 1 and not drifted,
+            "single_variable": sets is not None and len(sets) == 1 and not drifted
+            and not never,
+            "never_started": list(never), "states": never,
             "repeats": {"a": [str(r.path) for r in groups[0][1:]],
                         "b": [str(r.path) for r in groups[1][1:]]}}
 
@@ -294,6 +307,11 @@ def show(v: Any) -> str:
 def verdict(r: dict[str, Any]) -> tuple[str, str, str]:
     """(kind, head, rest) of the comparison: kind is single | repeat | unknown | not."""
     sets, drifted = r["settings"], r["drift"]
+    never = r.get("states") or {}
+    if never:
+        who = " and ".join(f"{side} never started ({state})" for side, state in never.items())
+        return ("unknown", "NOT known to be single-variable",
+                f"{who}: it has no fingerprint and no figures to compare, only settings")
     if sets is None:
         return ("unknown", "NOT known to be single-variable",
                 "a recipe.yaml is missing or unreadable, so the settings cannot be compared")
@@ -322,7 +340,9 @@ def text(r: dict[str, Any]) -> str:
     out += [f"  {line}" for line in procs[:60]]
     if len(procs) > 60:
         out.append(f"  ... and {len(procs) - 60} more")
-    out.append("fingerprint drift:" if drifted else "fingerprint: no drift")
+    out.append("fingerprint drift:" if drifted else
+               "fingerprint: unknown (a run that never started has none)"
+               if r.get("never_started") else "fingerprint: no drift")
     out += [f"  {k}: {show(x)} -> {show(y)}" for k, x, y in drifted]
     rows = r["figures"]
     reps = r.get("repeats") or {}

@@ -79,6 +79,17 @@ CANCEL_GRACE_S = 3.0
 ENDING = ("COMPLETING", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "DEADLINE")
 
 
+def other_ports(plan) -> str:
+    """Advice that moves a run's ports, as a user can follow it: the profile file to copy,
+    the port_base to write in the copy, and the --set that points the run at it."""
+    from launcher.schema import cluster as cluster_mod
+
+    base = plan.cluster.port_base
+    new = base + 1000 if base + 1000 + plan.port_span <= 60000 else max(1024, base - 1000)
+    return (f"give it other ports: copy {cluster_mod.file_of(plan.recipe.cluster)}, set "
+            f"port_base: {new} in the copy and add --set cluster=COPY.yaml")
+
+
 def slurm_ending(job: str | None) -> str | None:
     """The job's state when Slurm is ending it; None when it runs (or there is no Slurm)."""
     if not job:
@@ -760,8 +771,8 @@ def run(run_dir: Path, shared: InStudy | None = None) -> int:
         error = (
             f"ports in use on this host: {', '.join(busy[:6])}"
             + (f" and {len(busy) - 6} more" if len(busy) > 6 else "")
-            + ": is another run still up? (python -m launcher runs), or change the cluster "
-            "profile's port_base"
+            + ": is another run still up? (python -m launcher runs), or "
+            + other_ports(plan)
         )
         finish_early(State.FAILED, error)
         book.drop_reserve()

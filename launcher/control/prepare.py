@@ -116,6 +116,7 @@ def plan_run(
         profiles[recipe.cluster] = (cluster, compute_env.runtime(cluster, root))
     cluster, rt = profiles[recipe.cluster]
     check_runs_dir(root, cluster, recipe)
+    engine_argv.check_values(recipe)  # before the KV estimate reads them
     recipe_mod.dump(recipe)  # refuses a recipe too large to be read back in the allocation
     model = resolve_model(recipe)  # the model folder, read once for this plan
     need = nodes_needed(recipe, cluster, model)
@@ -345,6 +346,7 @@ def prepare_all(
     runs_root: Path,
     nodelist: str | None = None,
     allocation: str | None = None,
+    aliases: dict[str, str] | None = None,
 ) -> list[Prepared]:
     """One run, or one run per recipe in `ref` and combination of --sweep values, grouped in
     a study folder. Every run is validated and planned before anything is written. A study
@@ -378,7 +380,7 @@ def prepare_all(
     recipes, per_ref = [], []
     for r in refs:  # each recipe file once, every --sweep combination of it
         got = recipe_mod.load_many(r, overrides, [[f"{k}={v}" for k, v in c]
-                                                  for c in sweep_combos])
+                                                  for c in sweep_combos], aliases)
         recipes += got
         per_ref.append(got[0].name)
     combos = [c for _ in refs for c in sweep_combos]

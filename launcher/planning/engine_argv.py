@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from launcher.errors import UserError
 from launcher.schema.sections import flag_key
-from launcher.schema.wording import did_you_mean
+from launcher.schema.wording import did_you_mean, show
 
 if TYPE_CHECKING:
     from launcher.planning.plan import Plan
@@ -224,4 +224,97 @@ def checked_by(plan: Plan) -> str:
 def check(plan: Plan) -> None:
     found = problems(plan)
     if found:
-        raise UserError("; ".join(found))
+        raise UserError.of("vLLM would refuse the engines' command lines:", found)
+
+
+# Values no vLLM version takes, read without the image's parser: (flag, kind) where kind is
+# "count" (a whole number >= 1), "size" (the same, or vLLM's "16k"/"1M" forms), "length"
+# (a size, or -1/auto for the model's own) or "fraction" (a number in (0, 1]).
+PORTABLE_VALUES = {
+    "max-num-seqs": "count", "tensor-parallel-size": "count", "data-parallel-size": "count",
+    "data-parallel-size-local": "count", "pipeline-parallel-size": "count",
+    "block-size": "count", "api-server-count": "count", "num-gpu-blocks-override": "count",
+    "max-num-batched-tokens": "size", "kv-cache-memory-bytes": "size",
+    "max-model-len": "length", "gpu-memory-utilization": "fraction",
+}
+# The flags the launcher itself reads from a recipe (the KV estimate, P/D agreement): a
+# misspelling of one would leave the plan without it.
+READ_BY_LAUNCHER = (
+    *PORTABLE_VALUES, "kv-cache-dtype", "mamba-ssm-cache-dtype", "mamba-cache-dtype",
+    "enable-prefix-caching", "speculative-config", "attention-config", "async-scheduling",
+    "enforce-eager", "language-model-only", "gdn-prefill-backend", "attention-backend",
+    "enable-expert-parallel", "kv-transfer-config",
+)
+
+
+def _whole(v: object, *, sizes: bool) -> int | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str):
+        try:
+            if sizes:
+                from launcher.sim.argv import human_readable_int
+
+                return human_readable_int(v)
+            return int(v.strip())
+        except (ValueError, TypeError, ArithmeticError):  # argparse's type error included
+            return None
+    return None
+
+
+def _value_problem(where: str, kind: str, v: object) -> str | None:
+    got = f"(got {show(repr(v), 60)})"
+    if kind == "fraction":
+        ok = not isinstance(v, bool) and isinstance(v, int | float | str)
+        try:
+            x = float(v) if ok else None  # type: ignore[arg-type]
+        except ValueError:
+            x = None
+        if x is None or not 0 < x <= 1:
+            return (f"{where} must be a fraction of the GPU's memory above 0 and at most 1 "
+                    f"{got}: vLLM refuses any other value")
+        return None
+    if kind == "length" and (v == -1 or str(v).strip().lower() in ("-1", "auto")):
+        return None
+    n = _whole(v, sizes=kind != "count")
+    if n is None or n < 1:
+        also = " (or -1/auto for the model's own)" if kind == "length" else \
+            " (or a size like 16k)" if kind == "size" else ""
+        return f"{where} must be a whole number of 1 or more{also} {got}: vLLM refuses it"
+    return None
+
+
+def value_problems(recipe) -> list[str]:
+    """What no vLLM takes, whichever the image holds, one sentence each naming the recipe
+    key: Dynamo's own options, values out of every version's range, and (where the flag
+    table is not the image's vLLM) a misspelling of a flag the launcher reads."""
+    from launcher.sim import vllm_flags
+
+    known = {o.lstrip("-") for rec in vllm_flags.FLAGS for o in rec["options"]}
+    table = recipe.engine_kind.simulated or not recipe.engine_version or \
+        table_version().startswith(recipe.engine_version) or \
+        recipe.engine_version.startswith(table_version())
+    out = []
+    for where, args in recipe.engine_arg_sources():
+        for key, v in args.items():
+            name, at = flag_key(key), f"{where}.{key}"
+            if name.startswith("dyn-"):
+                out.append(f"{at} is an option of Dynamo (its frontend and worker, "
+                           "`python -m dynamo.vllm`), not of `vllm serve`, which this launcher "
+                           "runs behind vllm-router: remove it")
+            elif name in PORTABLE_VALUES:
+                if (bad := _value_problem(at, PORTABLE_VALUES[name], v)) is not None:
+                    out.append(bad)
+            elif not table and name not in known and name.removeprefix("no-") not in known \
+                    and (hint := did_you_mean(name, READ_BY_LAUNCHER)):
+                out.append(f"{at} is not a vLLM flag the launcher knows, {hint} (the plan "
+                           "reads that one; misspelt, the plan and the engine would disagree)")
+    return out
+
+
+def check_values(recipe) -> None:
+    found = value_problems(recipe)
+    if found:
+        raise UserError.of("the recipe's engine flags:", found)

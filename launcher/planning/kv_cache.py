@@ -82,6 +82,12 @@ class NoEstimate(ValueError):
     """The estimate does not model this model: said in one sentence, never a guess."""
 
 
+
+def _size(n: int) -> str:
+    """Bytes as a person reads them: 96 MiB, 1.5 GiB."""
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / MIB:.0f} MiB" if n >= MIB else \
+        f"{n / 1024:.0f} KiB"
+
 @dataclass(frozen=True)
 class WeightFacts:
     """Parameter counts by storage format: what config.json alone cannot say."""
@@ -858,6 +864,7 @@ class KvCapacity:
     # a packed layout's groups (DeepSeek-V4), in words, and how many hold a window
     groups_text: str = ""
     window_groups: int = 0
+    blocks_overridden: bool = False  # --num-gpu-blocks-override: the cache is that many blocks
 
     @property
     def endpoint_at_max_length(self) -> int:
@@ -877,7 +884,12 @@ class KvCapacity:
             f"{self.endpoint_at_mean_length:,} concurrent requests for the sweep's length mix "
             f"(mean {n.mean_total:,.0f} tokens), {self.endpoint_at_max_length:,} if all reach "
             f"{n.max_total:,}; {self.num_gpu_blocks:,} blocks/rank of {self.block_size} tokens "
-            f"in {self.kv_cache_bytes / GIB:.1f} GiB/GPU (weights {self.weights_bytes / GIB:.1f})"
+            + (f"in {_size(self.num_gpu_blocks * self.bytes_per_block)}/GPU, as "
+               f"--num-gpu-blocks-override sets (the memory left would hold "
+               f"{self.kv_cache_bytes / GIB:.1f} GiB; weights {self.weights_bytes / GIB:.1f})"
+               if self.blocks_overridden else
+               f"in {self.kv_cache_bytes / GIB:.1f} GiB/GPU (weights "
+               f"{self.weights_bytes / GIB:.1f})")
         ]
         page = (
             f"  pages: {self.block_size:,} tokens x {self.attention_bytes_per_token:,} B = "
@@ -1332,6 +1344,7 @@ def estimate(
         overhead_bytes=mem.overhead_bytes,
         kv_cache_bytes=mem.kv_cache_bytes,
         num_gpu_blocks=num_blocks,
+        blocks_overridden=engine.num_gpu_blocks_override is not None,
         lengths=lengths,
         state_blocks_per_request=state_blocks,
         state_blocks_at_boundary=boundary_blocks,

@@ -284,7 +284,7 @@ def _check_lengths(recipe: Recipe, model: ModelFacts | None) -> None:
             limit, where = None, ""
             if raw is not None:
                 limit = kv_cache.EngineArgs.from_flags({"max-model-len": raw}).max_model_len
-                where = f"{role}'s max-model-len {limit:,}"
+                where = f"{role}'s max-model-len {limit:,}" if limit is not None else ""
             if limit is None and context:
                 limit, where = context, f"the model's context ({context:,} tokens)"
             if limit is not None and longest > limit:

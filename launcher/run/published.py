@@ -142,6 +142,11 @@ def workload_differs(plan: PlanDoc) -> str:
     return "; ".join(out)
 
 
+def kv_capacity_concurrency() -> int:
+    """The concurrency at which the publishers said the decode's KV ran out."""
+    return int(reference()["workload"]["decode_kv_capacity"]["concurrency"])
+
+
 def kv_capacity_text() -> str:
     """The publishers' own statement of where the decode's KV ran out."""
     k = reference()["workload"]["decode_kv_capacity"]

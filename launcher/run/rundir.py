@@ -388,6 +388,7 @@ class Submission:
     launcher: str | None = None  # "pd-launcher 0.1.0, git 4c1d233 (dirty), submitit 1.5.2"
     command: str | None = None  # the command line that asked for it
     one_allocation: bool = False  # a configuration of a study run in one allocation
+    blockers: list[str] = field(default_factory=list)  # a dry-run's: what submit would refuse
 
 
 @dataclass

@@ -208,6 +208,16 @@ def available() -> dict[str, Path]:
 
 
 def load(ref: str) -> Cluster:
+    path = file_of(ref)
+    data = read_yaml(path, "a cluster profile")
+    try:
+        return Cluster.model_validate(data)
+    except ValidationError as e:
+        raise format_error(e, str(path), model=Cluster) from None
+
+
+def file_of(ref: str) -> Path:
+    """The profile file a recipe's `cluster` names (a shipped name or a path)."""
     path = Path(ref)
     try:
         st = os.stat(path)
@@ -226,11 +236,7 @@ def load(ref: str) -> Cluster:
             f"no cluster profile {show(ref)}{f' ({hint})' if hint else ''}: give a YAML path "
             f"or one of: {', '.join(found)}"
         )
-    data = read_yaml(path, "a cluster profile")
-    try:
-        return Cluster.model_validate(data)
-    except ValidationError as e:
-        raise format_error(e, str(path), model=Cluster) from None
+    return path
 
 
 def profile_nodes(cluster: Cluster, count: int) -> list[str]:

@@ -295,9 +295,11 @@ def load(ref: str, overrides: list[str] | None = None, sweep: list[str] = ()) ->
 
 
 def load_many(
-    ref: str, overrides: list[str] | None, sweeps: list[list[str]]
+    ref: str, overrides: list[str] | None, sweeps: list[list[str]],
+    aliases: dict[str, str] | None = None,
 ) -> list[Recipe]:
-    """The recipe at `ref` once per combination of --sweep values (the file is read once)."""
+    """The recipe at `ref` once per combination of --sweep values (the file is read once);
+    `aliases`: what an srt-slurm recipe's srtslurm.yaml aliases stand for (--alias)."""
     import copy
 
     path = resolve_path(ref)
@@ -307,8 +309,11 @@ def load_many(
     if srt_slurm.looks_like(data):
         given = {o.partition("=")[0].strip() for o in overrides or []}
         data, report = srt_slurm.convert(data, srt_slurm.label_of(path),
-                                         srt_slurm.file_sha256(path), given=given)
+                                         srt_slurm.file_sha256(path), aliases, given=given)
         say_imported(report)
+    elif aliases:
+        raise UserError(f"--alias is for an srt-slurm recipe's aliases; {show(str(path))} is "
+                        "a recipe of ours: give --set model.path=... or container.image=...")
     _resolve_relative(data, path.parent)
     data = apply_overrides(data, overrides or [], "--set", _dict_default)
     out = []

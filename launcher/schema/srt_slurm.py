@@ -19,7 +19,7 @@ from typing import Any
 
 from launcher.errors import UserError
 from launcher.schema.sections import flag_key
-from launcher.schema.wording import PROBLEMS_SEP, did_you_mean, show
+from launcher.schema.wording import did_you_mean, show
 
 SCHEMA_READ = "NVIDIA/srt-slurm v1.0.68 (c88ef731)"
 
@@ -271,10 +271,9 @@ def convert(data: dict, source: str, sha256: str, aliases: dict[str, str] | None
     out["description"] = _description(out, source, sha256, provenance, report)
     out = _ordered(out)
     if report.refused:
-        raise UserError(
-            f"cannot import {source} (srt-slurm recipe): "
-            + PROBLEMS_SEP.join(f"{k} {v}" if v.startswith("is ") else f"{k}: {v}"
-                                for k, v in report.refused))
+        raise UserError.of(f"cannot import {source} (srt-slurm recipe):",
+                           [f"{k} {v}" if v.startswith("is ") else f"{k}: {v}"
+                            for k, v in report.refused], head_on_one=True)
     return out, report
 
 
@@ -326,8 +325,12 @@ def _model(src: _Source, out: dict, aliases: dict[str, str], given: set[str],
         model["path"] = path
         src.map("model.path", f"model.path: {path} (a folder the nodes see)")
     else:
+        repo = src.peek("identity.model.repo")  # the checkpoint the file says it serves
+        value = repo if isinstance(repo, str) and repo else "HF_ID_OR_FOLDER"
         src.refuse("model.path", f"{show(path)} is an alias that only a site's srtslurm.yaml "
-                   f"resolves: give --alias {path}=HF_ID_OR_FOLDER (or --set model.path=...)")
+                   f"resolves: give --alias {path}={value}"
+                   + (" (the file's identity.model.repo)" if value == repo else "")
+                   + " (or --set model.path=...)")
     image = src.get("model.container")
     if not isinstance(image, str) or not image:
         src.refuse("model.container", "is required: the engine image")
@@ -478,6 +481,11 @@ def _pools(src: _Source, out: dict) -> str:
             if flag in DERIVED_FLAGS:
                 args.pop(flag)
                 src.deviate(f"{key}.{flag}", DERIVED_FLAGS[flag])
+            elif flag.startswith("dyn-"):  # Dynamo's worker reads these; vllm serve has none
+                args.pop(flag)
+                src.deviate(f"{key}.{flag}", "one of Dynamo's frontend options (read by "
+                            "`python -m dynamo.vllm`, not `vllm serve`): vllm-router fronts "
+                            "the engines here, so it is not passed on")
             elif flag == "headless":
                 args.pop(flag)
                 src.refuse(f"{key}.headless", "the planner decides which parts are headless "
