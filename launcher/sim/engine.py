@@ -69,7 +69,7 @@ class Req:
     def __init__(self, req_id: str, prompt_len: int, max_tokens: int,
                  stop_after: int | None = None, remote: dict[str, Any] | None = None,
                  remote_decode: bool = False, n: int = 1,
-                 hashes: list[bytes] | None = None) -> None:
+                 hashes: list[int] | None = None) -> None:
         self.id = req_id
         self.prompt_len = prompt_len
         self.max_tokens = max_tokens

@@ -15,7 +15,7 @@ from bisect import bisect_left
 from collections.abc import Sequence
 
 TEMPLATE_TOKENS = 4  # chat-template tokens the simulator counts around each message
-_WIDTH_CODES = {1: "B", 2: "H", 4: "I"}
+_WIDTH_CODES = {1: "B", 2: "H"}
 _MAX_ID = (1 << 63) - 1
 
 
@@ -24,13 +24,15 @@ def toy_count(text: str, chars_per_token: float) -> int:
 
 
 def toy_ids(text: str, n: int, chars_per_token: float) -> array:
-    """``n`` ids for ``text`` (zero bytes pad a short last group and a short text)."""
+    """``n`` ids for ``text`` (zero bytes pad a short last group and a short text), as an
+    array of 32-bit items (64-bit past 4 bytes a token): a copy of the bytes, no loop."""
     w = max(1, round(chars_per_token))
     need = n * w
     data = text.encode()[:need].ljust(need, b"\0")
-    code = _WIDTH_CODES.get(w)
-    if code is not None:
-        return array("q", array(code, data))
+    if w == 4:
+        return array("I", data)
+    if w in _WIDTH_CODES:
+        return array("I", array(_WIDTH_CODES[w], data))
     return array("q", (int.from_bytes(data[i:i + w], "little") & _MAX_ID
                        for i in range(0, need, w)))
 
@@ -46,7 +48,7 @@ def with_templates(ids: Sequence[int], token_starts: Sequence[int],
     """``ids`` with each message's template ids inserted before the token holding the
     message's first character. ``token_starts``: where each token begins in the text (same
     unit as ``message_starts``), ascending."""
-    out = array("q")
+    out = array(ids.typecode if isinstance(ids, array) else "q")
     prev = 0
     for start, role in zip(message_starts, roles, strict=True):
         cut = max(prev, bisect_left(token_starts, start + 1) - 1) if token_starts else 0
