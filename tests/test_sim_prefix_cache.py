@@ -237,3 +237,37 @@ def test_served_over_http_text_and_chat_prompts_share_prefix_blocks(tmp_path):
         assert want in p.log_path.read_text(), want
     finally:
         p.stop()
+
+
+@pytest.mark.parametrize("prefix_len", [0, 64])
+def test_the_fixed_length_benchmark_hits_only_its_shared_prefix(tmp_path, prefix_len):
+    """The benchmark client's random-length, distinct-id prompts against a simulated engine
+    with prefix caching on: no hits, as before the cache existed; with --random-prefix-len
+    every request after the first hits the shared prefix's whole blocks."""
+    from launcher.clients import bench
+
+    p = start_sim(tmp_path, "agg", "toy-model", "--block-size", str(BS), SIM_SPEED="200")
+    try:
+        p.wait_healthy(20)
+        cfg = bench.BenchConfig(model="toy-model", base_url=p.url, random_input_len=512,
+                                random_output_len=8, num_prompts=40, max_concurrency=8,
+                                num_warmups=0, random_prefix_len=prefix_len,
+                                save_result=True,
+                                result_dir=str(tmp_path / "bench"), result_filename="b.json")
+        assert bench.run_point(cfg)["status"] == "ok"
+        text = scrape(p.url)
+        assert sample(text, "vllm:prefix_cache_queries_total") >= 40 * 256
+        hits = sample(text, "vllm:prefix_cache_hits_total")
+        assert hits == (0 if not prefix_len else 39 * (prefix_len // BS * BS)), hits
+    finally:
+        p.stop()
+
+
+def test_hybrid_state_blocks_are_held_and_freed_but_never_cached():
+    # a hybrid model's request also holds its recurrent-state blocks while it runs
+    prefix = list(range(300, 300 + 3 * BS))
+    e = _engine(60, SIM_STATE_BLOCKS_PER_REQUEST="3")
+    a, b = _run(e, [prefix + [1] * 5, prefix + [2] * 5])
+    assert b.local_hit == 3 * BS
+    assert e.pool.num_free == 60 and e.kv_usage() == 0.0  # everything back in the queue
+    assert len(e.pool.cached) == 3  # the prompt's full blocks, not the state blocks
