@@ -11,7 +11,7 @@ import re
 import time
 
 import pytest
-from simprocs import http_json, sample, scrape, start_sim
+from simprocs import free_ports, http_json, kv_config, sample, scrape, start_sim
 
 from launcher.sim import statslog
 from launcher.sim.cli import parse
@@ -271,3 +271,40 @@ def test_hybrid_state_blocks_are_held_and_freed_but_never_cached():
     assert b.local_hit == 3 * BS
     assert e.pool.num_free == 60 and e.kv_usage() == 0.0  # everything back in the queue
     assert len(e.pool.cached) == 3  # the prompt's full blocks, not the state blocks
+
+
+def test_pd_prefill_hits_its_cache_and_the_decode_still_pulls_everything(tmp_path):
+    prefill = start_sim(tmp_path, "prefill-0", "m", "--block-size", str(BS),
+                        "--kv-transfer-config", kv_config("kv_producer"), SIM_SPEED="20",
+                        VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_ports(1)))
+    decode = start_sim(tmp_path, "decode-0", "m", "--block-size", str(BS),
+                       "--kv-transfer-config", kv_config("kv_consumer"), SIM_SPEED="20",
+                       VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_ports(1)))
+    try:
+        prefill.wait_healthy(10)
+        decode.wait_healthy(10)
+        ids = list(range(100, 100 + 10 * BS + 5))  # 10 full blocks and a tail
+        for _ in range(2):  # the same prompt twice, prefill then decode
+            status, p = http_json(prefill.url + "/v1/completions", {
+                "prompt": ids, "max_tokens": 1,
+                "kv_transfer_params": {"do_remote_decode": True}})
+            assert status == 200, p
+            status, d = http_json(decode.url + "/v1/completions", {
+                "prompt": ids, "max_tokens": 3,
+                "kv_transfer_params": p["kv_transfer_params"]}, timeout=15)
+            assert status == 200, d
+        pt, dt = scrape(prefill.url), scrape(decode.url)
+        # the prefill computes the second request's tail only
+        assert sample(pt, "vllm:prefix_cache_hits_total") == 10 * BS
+        assert sample(pt, "vllm:prompt_tokens_by_source_total",
+                      source="local_cache_hit") == 10 * BS
+        # the decode is as before: every prompt token but the last arrives by KV transfer
+        assert sample(dt, "vllm:prefix_cache_hits_total") == 0
+        assert sample(dt, "vllm:prefix_cache_queries_total") == 2 * len(ids)
+        assert sample(dt, "vllm:prompt_tokens_by_source_total",
+                      source="external_kv_transfer") == 2 * (len(ids) - 1)
+        assert sample(dt, "vllm:external_prefix_cache_hits_total") == 2 * (len(ids) - 1)
+        assert sample(dt, "vllm:nixl_bytes_transferred_count") == 2
+    finally:
+        prefill.stop()
+        decode.stop()
