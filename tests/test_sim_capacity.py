@@ -8,6 +8,7 @@ fills up during decode preempts.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import statistics
 import threading
@@ -42,9 +43,16 @@ def sim(tmp_path_factory):
         p.stop()
 
 
+_PROMPT_STARTS = itertools.count(1)
+
+
 async def _ttft(session: aiohttp.ClientSession, url: str, prompt_len: int,
                 max_tokens: int) -> tuple[float, int]:
-    body = {"prompt": list(range(1, prompt_len + 1)), "max_tokens": max_tokens, "stream": True,
+    # distinct prompts, as the benchmark sends (consecutive ids from its own offset): a
+    # repeated prompt would be served from the prefix cache
+    start = next(_PROMPT_STARTS)
+    body = {"prompt": list(range(start, start + prompt_len)), "max_tokens": max_tokens,
+            "stream": True,
             "ignore_eos": True, "stream_options": {"include_usage": True}}
     t0 = time.monotonic()
     ttft = None

@@ -24,6 +24,7 @@ from typing import Any
 from launcher.sim import vlog
 from launcher.sim.cli import SimConfig
 from launcher.sim.metrics import CACHED_SOURCES, EngineStats
+from launcher.sim.prefix_cache import BlockPool
 
 _MAX_DEBT_S = 0.005
 # kv fetch stages of a consumer request (vllm:num_requests_kv_fetch_by_stage)
@@ -35,7 +36,8 @@ class Req:
 
     __slots__ = (
         "arrival",
-        "blocks",
+        "block_ids",
+        "cached_blocks",
         "computed",
         "counted_prompt",
         "error",
@@ -45,10 +47,12 @@ class Req:
         "finished",
         "first_token",
         "generated",
+        "hashes",
         "hold_until",
         "id",
         "kv_params",
         "last_token",
+        "local_hit",
         "max_tokens",
         "n",
         "preemptions",
@@ -58,12 +62,14 @@ class Req:
         "remote_decode",
         "scheduled",
         "stage",
+        "state_ids",
         "stop_after",
     )
 
     def __init__(self, req_id: str, prompt_len: int, max_tokens: int,
                  stop_after: int | None = None, remote: dict[str, Any] | None = None,
-                 remote_decode: bool = False, n: int = 1) -> None:
+                 remote_decode: bool = False, n: int = 1,
+                 hashes: list[int] | None = None) -> None:
         self.id = req_id
         self.prompt_len = prompt_len
         self.max_tokens = max_tokens
@@ -75,7 +81,12 @@ class Req:
         self.last_token: float | None = None
         self.computed = 0
         self.generated = 0
-        self.blocks = 0
+        self.block_ids: list[int] = []  # attention blocks, in token order
+        self.state_ids: list[int] = []  # a hybrid model's recurrent-state blocks
+        self.cached_blocks = 0  # leading blocks of block_ids already named by their hash
+        # chained hashes of the prompt's full blocks (empty: nothing to look up or cache)
+        self.hashes = hashes or []
+        self.local_hit = 0  # prompt tokens found in the local prefix cache at admission
         self.preemptions = 0
         self.remote = remote
         self.remote_decode = remote_decode
@@ -89,6 +100,10 @@ class Req:
         self.counted_prompt = False
         self.hold_until = 0.0
         self.fail_kv = False
+
+    @property
+    def blocks(self) -> int:
+        return len(self.block_ids) + len(self.state_ids)
 
 
 @dataclass
@@ -141,7 +156,11 @@ class Engine:
         self.side_channel_port = cfg.side_channel_port + rank
         self.block_size = cfg.block_size
         self.num_blocks = cfg.num_gpu_blocks
-        self.free_blocks = cfg.num_gpu_blocks
+        self.pool = BlockPool(cfg.num_gpu_blocks, cfg.enable_prefix_caching)
+        # (requests, queries, hits) per scheduler step with lookups: the stats line's prefix
+        # cache hit rate is over the most recent 1000 requests (vLLM's CachingMetrics)
+        self._hit_window: deque[tuple[int, int, int]] = deque()
+        self._hit_window_sums = [0, 0, 0]
         self.waiting: deque[Req] = deque()
         self.ready: deque[Req] = deque()  # KV pulled, waiting to be scheduled
         self.fetching: set[Req] = set()  # blocks allocated, pull in flight
@@ -151,7 +170,6 @@ class Engine:
         self.interval = Interval()
         self.wake = asyncio.Event()
         self.pull: PullFn | None = None
-        self._block_cursor = 0
         self._task: asyncio.Task[None] | None = None
         self._last_step_end = time.time()
         self._virtual_end = self._last_step_end
@@ -215,6 +233,10 @@ class Engine:
             "kv_usage": self.kv_usage(),
         }
 
+    @property
+    def free_blocks(self) -> int:
+        return self.pool.num_free
+
     def kv_usage(self) -> float:
         return 1.0 - self.free_blocks / self.num_blocks if self.num_blocks else 0.0
 
@@ -250,6 +272,22 @@ class Engine:
             "use_kda_recoverssm": "False", "use_replayssm": "False",
             "user_specified_block_size": str(c.user_block_size),
         }
+
+    def prefix_hit_window(self) -> tuple[int, int] | None:
+        """(queries, hits) of the local prefix cache over the most recent 1000 requests;
+        None before any lookup (the stats line then has no 'Prefix cache hit rate')."""
+        if not self._hit_window:
+            return None
+        return self._hit_window_sums[1], self._hit_window_sums[2]
+
+    def _observe_lookups(self, requests: int, queries: int, hits: int) -> None:
+        win, sums = self._hit_window, self._hit_window_sums
+        win.append((requests, queries, hits))
+        for i, v in enumerate((requests, queries, hits)):
+            sums[i] += v
+        while len(win) > 1 and sums[0] > 1000:  # the newest step's stays, whatever its size
+            for i, v in enumerate(win.popleft()):
+                sums[i] -= v
 
     def external_hit_rate(self) -> float | None:
         """External prefix-cache hit rate over the last 1000 requests (None: not observed)."""
@@ -301,24 +339,56 @@ class Engine:
         return -(-tokens // self.block_size) + self.k.state_blocks_per_request
 
     def _alloc(self, req: Req, tokens: int) -> bool:
-        need = self._blocks_for(tokens) - req.blocks
+        need_attn = max(0, -(-tokens // self.block_size) - len(req.block_ids))
+        need_state = 0 if req.state_ids else self.k.state_blocks_per_request
+        need = need_attn + need_state
         if need <= 0:
             return True
-        if need > self.free_blocks:
+        if need > self.pool.num_free:
             return False
-        self.free_blocks -= need
-        req.blocks += need
+        if need_state:
+            req.state_ids = self.pool.take(need_state)
+        req.block_ids += self.pool.take(need_attn)
         return True
 
+    def _admit_cached(self, req: Req, tokens: int) -> bool:
+        """Admit a new request: take the longest cached run of its leading blocks (never its
+        last token: vLLM recomputes it for the logits), then blocks for `tokens` more tokens
+        (capped at the prompt). False, with nothing taken, when that does not fit."""
+        bs = self.block_size
+        hit = self.pool.longest_hit(req.hashes, (req.prompt_len - 1) // bs)
+        computed = len(hit) * bs
+        n = min(tokens, req.prompt_len + req.generated - computed)
+        need = (-(-(computed + n) // bs) - len(hit) + self.k.state_blocks_per_request
+                + self.pool.free_among(hit))
+        if need > self.pool.num_free:
+            return False
+        self.pool.touch(hit)
+        req.block_ids = list(hit)
+        req.cached_blocks = len(hit)
+        req.computed = computed
+        self._alloc(req, computed + n)
+        return True
+
+    def _cache_blocks(self, req: Req, tokens: int) -> None:
+        """Name the request's blocks that `tokens` computed prompt tokens fill (vLLM caches
+        them when they are scheduled, so a request admitted next step can hit them)."""
+        full = min(tokens // self.block_size, len(req.hashes), len(req.block_ids))
+        pool = self.pool
+        for i in range(req.cached_blocks, full):
+            pool.cache(req.block_ids[i], req.hashes[i])
+        req.cached_blocks = max(req.cached_blocks, full)
+
     def _free(self, req: Req) -> None:
-        self.free_blocks += req.blocks
-        req.blocks = 0
+        self.pool.release(req.block_ids)
+        self.pool.release(req.state_ids)
+        req.block_ids = []
+        req.state_ids = []
+        req.cached_blocks = 0
 
     def block_ids(self, req: Req) -> list[list[int]]:
-        # Opaque ids of the request's blocks (one KV-cache group); only their count matters.
-        start = self._block_cursor
-        self._block_cursor = (start + req.blocks) % max(1, self.num_blocks)
-        return [[(start + i) % self.num_blocks for i in range(req.blocks)]]
+        # The request's blocks (one KV-cache group); the decode reads only their count.
+        return [req.block_ids + req.state_ids]
 
     # ----- the scheduler loop --------------------------------------------------------------
     async def _loop(self) -> None:
@@ -398,6 +468,7 @@ class Engine:
                     ctx += req.computed
                 else:
                     prefill_tokens += n
+                    self._cache_blocks(req, req.computed + n)
                 i += 1
                 continue
             break
@@ -416,7 +487,9 @@ class Engine:
             scheduled.append((req, n))
             budget -= n
             prefill_tokens += n
+            self._cache_blocks(req, req.prompt_len)
         waiting = self.waiting
+        lookups = [0, 0, 0]  # this step's (requests, queried tokens, hit tokens)
         while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
             req = waiting[0]
             if req.stage == FETCH_WAITING:
@@ -424,20 +497,38 @@ class Engine:
                 if not self._alloc(req, req.prompt_len):
                     break
                 waiting.popleft()
+                self._count_lookup(req, lookups)
                 self._start_pull(req)
                 continue
-            target = req.prompt_len + req.generated
-            n = min(target - req.computed, budget)
-            if not self._alloc(req, req.computed + n):
+            if not self._admit_cached(req, budget):
                 break
             waiting.popleft()
+            self._count_lookup(req, lookups)
+            n = min(req.prompt_len + req.generated - req.computed, budget)
             if req.scheduled is None:
                 req.scheduled = now
             running.append(req)
             scheduled.append((req, n))
             budget -= n
             prefill_tokens += n
+            self._cache_blocks(req, req.computed + n)
+        if lookups[0]:
+            self._observe_lookups(*lookups)
         return scheduled, prefill_tokens, decode_seqs, ctx
+
+    def _count_lookup(self, req: Req, lookups: list[int]) -> None:
+        """A prefix-cache lookup at admission, counted as vLLM counts it: only with prefix
+        caching on, and a preempted request's repeat lookup is not counted."""
+        if not self.pool.caching or req.preemptions:
+            return
+        req.local_hit = req.computed
+        c = self.stats.counters
+        c["vllm:prefix_cache_queries"] += req.prompt_len
+        c["vllm:prefix_cache_hits"] += req.local_hit
+        c["vllm:prompt_tokens_cached_by_source|device"] += req.local_hit
+        lookups[0] += 1
+        lookups[1] += req.prompt_len
+        lookups[2] += req.local_hit
 
     def _preempt(self, req: Req) -> None:
         self._free(req)
@@ -579,12 +670,13 @@ class Engine:
         st = self.stats
         c = st.counters
         ext = req.external
+        local = req.local_hit
         c["vllm:prompt_tokens"] += req.prompt_len
-        c["vllm:prompt_tokens_by_source|local_compute"] += req.prompt_len - ext
+        c["vllm:prompt_tokens_by_source|local_compute"] += req.prompt_len - ext - local
+        c["vllm:prompt_tokens_by_source|local_cache_hit"] += local
         c["vllm:prompt_tokens_by_source|external_kv_transfer"] += ext
-        c["vllm:prompt_tokens_cached"] += ext
+        c["vllm:prompt_tokens_cached"] += ext + local
         c["vllm:prompt_tokens_cached_by_source|p2p"] += ext
-        c["vllm:prefix_cache_queries"] += req.prompt_len
         if self.cfg.kv_connector:
             # vLLM's scheduler asks the connector about every new request, on the producer
             # too (no hits there): both print "External prefix cache hit rate".
@@ -616,7 +708,8 @@ class Engine:
             tpot = (last - first) / (g - 1) if g > 1 else 0.0
             h["vllm:request_time_per_output_token_seconds"].observe(tpot)
             h["vllm:request_num_preemptions"].observe(req.preemptions)
-            h["vllm:request_prefill_kv_computed_tokens"].observe(req.prompt_len - req.external)
+            h["vllm:request_prefill_kv_computed_tokens"].observe(
+                req.prompt_len - req.external - req.local_hit)
         if req.remote_decode and reason in ("length", "stop"):
             # Producer: keep the blocks until the decode reads them or the lease runs out.
             req.kv_params = self._kv_params(req)

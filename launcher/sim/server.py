@@ -18,16 +18,18 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
-from launcher.sim import SIM_HEADER, SIM_HEADER_VALUE, metrics
+from launcher.sim import SIM_HEADER, SIM_HEADER_VALUE, metrics, tokens
 from launcher.sim.answers import Answerer, text_of
 from launcher.sim.cli import SimConfig
 from launcher.sim.engine import Engine, Req
+from launcher.sim.prefix_cache import block_hashes
 from launcher.sim.vllm_flags import VLLM_VERSION  # the release the flag table was read from
 
 # vLLM 0.33 (vllm/entrypoints/scale_out/factories.py, register_scale_out_api_routers): without
@@ -86,9 +88,9 @@ class BadRequest(Exception):
 class _Prompt:
     __slots__ = ("text", "ids", "num_tokens")
 
-    def __init__(self, text: str, ids: list[int] | None, num_tokens: int) -> None:
+    def __init__(self, text: str, ids: Sequence[int], num_tokens: int) -> None:
         self.text = text
-        self.ids = ids
+        self.ids = ids  # the prompt's token ids, num_tokens of them
         self.num_tokens = num_tokens
 
 
@@ -215,11 +217,21 @@ class Api:
         return body
 
     def _text_prompt(self, text: str) -> _Prompt:
+        ids, _ = self._encode(text)
+        return _Prompt(text, ids, len(ids))
+
+    def _encode(self, text: str) -> tuple[Sequence[int], Sequence[int]]:
+        """The text's token ids and where each token starts in ``text.encode()`` (toy) or
+        in ``text`` (a real tokenizer's character offsets)."""
         if self.tokenizer is not None:
-            ids = self.tokenizer.encode(text).ids or [0]
-            return _Prompt(text, ids, len(ids))
-        n = max(1, round(len(text) / self.cfg.knobs.chars_per_token))
-        return _Prompt(text, None, n)
+            enc = self.tokenizer.encode(text)
+            if not enc.ids:
+                return [0], [0]
+            return enc.ids, [start for start, _ in enc.offsets]
+        cpt = self.cfg.knobs.chars_per_token
+        n = tokens.toy_count(text, cpt)
+        w = max(1, round(cpt))
+        return tokens.toy_ids(text, n, cpt), range(0, n * w, w)
 
     def _completion_prompts(self, body: dict[str, Any]) -> list[_Prompt]:
         prompt = body.get("prompt")
@@ -243,26 +255,28 @@ class Api:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise BadRequest("messages must be a non-empty list")
-        texts = []
+        texts, roles, starts = [], [], []
+        at = 0
         for m in messages:
             content = m.get("content") if isinstance(m, dict) else None
             if isinstance(content, list):
                 content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
             texts.append(str(content or ""))
+            roles.append(str(m.get("role", "")) if isinstance(m, dict) else "")
+            starts.append(at)
+            # offsets in the unit _encode reports token starts in
+            at += (len(texts[-1]) if self.tokenizer is not None
+                   else len(texts[-1].encode())) + 1
         text = "\n".join(texts)
-        p = self._text_prompt(text)
-        p.num_tokens += 4 * len(messages)  # chat-template tokens around each message
-        return p
+        ids, token_starts = self._encode(text)
+        # chat-template tokens in front of each message
+        ids = tokens.with_templates(ids, token_starts, starts, roles)
+        return _Prompt(text, ids, len(ids))
 
     def _ids(self, p: _Prompt) -> list[int]:
-        # Deterministic pseudo token ids (same text -> same ids on every instance), so the
-        # router's prefix-aware routing sees stable prefixes.
-        if p.ids is not None:
-            return p.ids
-        data = p.text.encode()
-        step = max(1, len(data) // p.num_tokens) if data else 1
-        ids = [data[i] + 256 * (i % 7) for i in range(0, len(data), step)][: p.num_tokens]
-        return ids or [0]
+        # The same text gives the same ids on every instance, so the router's prefix-aware
+        # routing and the engines' prefix caches see stable prefixes.
+        return list(p.ids)
 
     def _engine(self, request: web.Request) -> Engine:
         # vLLM 0.33 reads the header as an index into the engines this front manages (all
@@ -319,8 +333,16 @@ class Api:
                     kvp.get("remote_engine_id"):
                 remote = kvp
         n = body.get("n", 1)
+        hashes = None
+        if engine.pool.caching:
+            salt = body.get("cache_salt")
+            try:
+                hashes = block_hashes(prompt.ids, engine.block_size,
+                                      salt if isinstance(salt, str) else None)
+            except OverflowError:  # an id beyond 64 bits: such a prompt is never cached
+                hashes = None
         req = Req(f"{base_id}-{idx}-{uuid.uuid4().hex[:8]}", prompt.num_tokens, max_tokens,
-                  stop_after, remote, remote_decode, n if isinstance(n, int) else 1)
+                  stop_after, remote, remote_decode, n if isinstance(n, int) else 1, hashes)
         return req, answer
 
     # ----- generation ----------------------------------------------------------------------

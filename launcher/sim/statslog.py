@@ -161,11 +161,13 @@ def log_interval(engines: Sequence[Engine], aggregate: bool) -> None:
 
 
 def _prefix_hit(engines: Sequence[Engine]) -> float | None:
-    queries = sum(e.stats.counters["vllm:prefix_cache_queries"] for e in engines)
-    if not queries:
+    """The local prefix cache's hit rate over each engine's most recent 1000 requests
+    (vLLM's CachingMetrics); None before any lookup, as vLLM then leaves the part out."""
+    windows = [w for w in (e.prefix_hit_window() for e in engines) if w is not None]
+    if not windows:
         return None
-    hits = sum(e.stats.counters["vllm:prefix_cache_hits"] for e in engines)
-    return 100.0 * hits / queries
+    queries = sum(q for q, _ in windows)
+    return 100.0 * sum(h for _, h in windows) / queries if queries else 0.0
 
 
 async def run_stats_logger(engines: Sequence[Engine], interval_s: float,
