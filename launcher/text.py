@@ -271,7 +271,7 @@ def custom_bench_lines(prepared: Prepared) -> list[str]:
            "  with srt-slurm's environment (docs/custom-benchmark.md): "
            + " ".join(f"{k}={v}" for k, v in contract.items())
            + (f"; its own: {' '.join(f'{k}={v}' for k, v in cb.env.items())}" if cb.env else "")
-           + " (commands.sh has all of it)"]
+           + " (commands.sh has all of it); its own time is not in the cost below"]
     if (native := native_bench.recognise(cb.command, cb.env)) is not None:
         out.append("  " + native.text())
     return out
