@@ -73,7 +73,7 @@ def _srt_bench(env: dict[str, str]) -> Native:
         missing.append("benchmark.concurrency")
     sets += ["benchmark.length_rule=sa-bench", f"benchmark.range_ratio={e['RANDOM_RANGE_RATIO']}",
              f"benchmark.prompts_multiplier={e['NUM_PROMPTS_MULT']}",
-             f"benchmark.warmup_multiplier={e['NUM_WARMUP_MULT']}",
+             "benchmark.warmup=0", f"benchmark.warmup_multiplier={e['NUM_WARMUP_MULT']}",
              f"benchmark.chat_template={str(e['USE_CHAT_TEMPLATE'] == 'true').lower()}"]
     return Native("InferenceX's fixed-length sa-bench wrapper (srt_bench.sh)", sets, missing)
 
@@ -128,8 +128,8 @@ def _inline_client(command: str) -> Native:
         sets.append(f"benchmark.range_ratio={r}")
     if n := multiple("--num-prompts"):
         sets.append(f"benchmark.prompts_multiplier={n}")
-    if n := multiple("--num-warmups"):
-        sets.append(f"benchmark.warmup_multiplier={n}")
+    if n := multiple("--num-warmups"):  # in place of a fixed warm-up count
+        sets += ["benchmark.warmup=0", f"benchmark.warmup_multiplier={n}"]
     sets.append(f"benchmark.chat_template={str('--use-chat-template' in opts).lower()}")
     return Native("InferenceX's sa-bench client (utils/bench_serving/benchmark_serving.py)",
                   sets, missing)
