@@ -700,8 +700,8 @@ JOBID_BY_HAND = '"--jobid=${SLURM_JOB_ID:?export SLURM_JOB_ID=the job id}"'
 
 def _quote(word: str) -> str:
     """One shell word on one line: bash's $'...' for a word with a line break (a custom
-    benchmark's script), else shlex's quoting."""
-    if not re.search(r"[\x00-\x1f\x7f]", word):
+    benchmark's script), else shlex's quoting (a tab stays as it is, inside quotes)."""
+    if not re.search(r"[\x00-\x08\x0a-\x1f\x7f]", word):
         return shlex.quote(word)
     return "$'" + "".join(
         {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(ch)
