@@ -131,6 +131,10 @@ def test_the_contract_lists_every_router_worker_aligned_by_role():
     # in the engine's container, as the builtin client runs, on the router's node
     assert bench.container and bench.node == p.router_node
     assert bench.argv == ["bash", "-lc", "true"]
+    line = render.command_line(p, bench)  # a pyxis step on the router's node, like the client's
+    assert line[0] == "srun" and f"--nodelist={p.router_node}" in line
+    assert any(w.startswith("--container-image=") for w in line)
+    assert line[-3:] == ["bash", "-lc", "true"]
 
 
 def test_a_script_over_several_lines_is_one_line_of_commands_sh(tmp_path):
@@ -280,6 +284,9 @@ def test_a_custom_command_reaches_the_live_processes_through_its_environment(tmp
     assert summary["accuracy"]["passed"]
     assert "custom benchmark (benchmark.custom) exited with status 0" in " ".join(out.split())
     assert leftovers(run) == []
+    code, _ = launcher(tmp_path, "report", str(run), "-o", str(tmp_path / "r.html"))
+    page = (tmp_path / "r.html").read_text()
+    assert code == 0 and "custom command (benchmark.custom), in place of the sweep" in page
 
 
 def test_a_failing_custom_command_fails_the_run_with_its_exit_status(tmp_path):
