@@ -260,7 +260,7 @@ def driver_note(plan) -> str:
 def custom_bench_lines(prepared: Prepared) -> list[str]:
     """benchmark.custom: the command where it runs, the contract it gets, and which
     published benchmark it is when the builtin sweep runs it natively."""
-    from launcher.planning import native_bench
+    from launcher.schema import native_bench
 
     cb = prepared.plan.recipe.benchmark.custom
     proc = next(p for p in prepared.rendered.processes if p.kind == Kind.BENCH)

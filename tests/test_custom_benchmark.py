@@ -18,9 +18,9 @@ import yaml
 from helpers import launcher, leftovers
 
 from launcher.errors import UserError
-from launcher.planning import native_bench, plan, render
+from launcher.planning import plan, render
 from launcher.run import rundir
-from launcher.schema import cluster, recipe
+from launcher.schema import cluster, native_bench, recipe
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL = REPO / "launcher" / "recipes" / "local-sim.yaml"
