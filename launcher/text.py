@@ -265,6 +265,8 @@ def custom_bench_lines(prepared: Prepared) -> list[str]:
     cb = prepared.plan.recipe.benchmark.custom
     proc = next(p for p in prepared.rendered.processes if p.kind == Kind.BENCH)
     where = f"on {proc.node}" + (" in the container" if proc.container else "")
+    if proc.container and containers.of(prepared.plan.cluster).isolated:
+        where += "".join(f", {src} at {dst}" for src, dst, _ in render.custom_mounts(prepared.plan))
     contract = render.custom_contract_env(prepared.plan)
     out = [f"Custom benchmark (benchmark.custom) in place of the sweep, {where}, its output in "
            f"{proc.log}, its exit status the benchmark's: {render.shell_line(proc.argv)}",

@@ -134,6 +134,11 @@ def test_the_contract_lists_every_router_worker_aligned_by_role():
     line = render.command_line(p, bench)  # a pyxis step on the router's node, like the client's
     assert line[0] == "srun" and f"--nodelist={p.router_node}" in line
     assert any(w.startswith("--container-image=") for w in line)
+    # srt-slurm's /logs (its log directory: here the run directory) and /model, this step only
+    (mounts,) = [w for w in line if w.startswith("--container-mounts=")]
+    assert mounts.endswith(",/runs/r1:/logs,/models/q:/model:ro"), mounts
+    engine = next(x for x in render.processes(p) if x.kind == "engine")
+    assert ":/logs" not in " ".join(render.command_line(p, engine))
     assert line[-3:] == ["bash", "-lc", "true"]
 
 

@@ -156,8 +156,9 @@ class ContainerRuntime:
                 "or {compute_env})"
             )
 
-    def step_flags(self, plan: Plan) -> list[str]:
-        """Options of the srun step a container process runs in."""
+    def step_flags(self, plan: Plan, extra: list[tuple[str, str, bool]] | None = None) -> list[str]:
+        """Options of the srun step a container process runs in (`extra`: mounts of this
+        step only)."""
         return []
 
     def launcher_path(self, plan: Plan) -> str:
@@ -230,13 +231,14 @@ class Pyxis(ContainerRuntime):
             return ref
         return cached_image(plan) or enroot_uri(ref)
 
-    def step_flags(self, plan: Plan) -> list[str]:
+    def step_flags(self, plan: Plan, extra: list[tuple[str, str, bool]] | None = None) -> list[str]:
         c, k = plan.recipe.container, plan.cluster.containers
         out = [
             f"--container-image={self.image(plan)}",
             f"--container-name={container_name(c.image)}",
             "--container-mounts="
-            + ",".join(f"{s}:{d}" + (":ro" if ro else "") for s, d, ro in mounts(plan)),
+            + ",".join(f"{s}:{d}" + (":ro" if ro else "")
+                       for s, d, ro in [*mounts(plan), *(extra or [])]),
             "--no-container-mount-home",
             "--no-container-entrypoint",
         ]
