@@ -266,7 +266,11 @@ def custom_bench_lines(prepared: Prepared) -> list[str]:
     proc = next(p for p in prepared.rendered.processes if p.kind == Kind.BENCH)
     where = f"on {proc.node}" + (" in the container" if proc.container else "")
     if proc.container and containers.of(prepared.plan.cluster).isolated:
-        where += "".join(f", {src} at {dst}" for src, dst, _ in render.custom_mounts(prepared.plan))
+        mounted = {(s, d) for s, d, _ in containers.mounts(prepared.plan)}
+        where += "".join(f", {s} at {d}" for s, d, _ in
+                         containers.srt_slurm_mounts(prepared.plan) if (s, d) in mounted)
+        if prepared.plan.mount_dir:
+            where += " (no /logs in a study's one allocation: write under $PD_RUN_DIR)"
     contract = render.custom_contract_env(prepared.plan)
     out = [f"Custom benchmark (benchmark.custom) in place of the sweep, {where}, its output in "
            f"{proc.log}, its exit status the benchmark's: {render.shell_line(proc.argv)}",

@@ -134,11 +134,14 @@ def test_the_contract_lists_every_router_worker_aligned_by_role():
     line = render.command_line(p, bench)  # a pyxis step on the router's node, like the client's
     assert line[0] == "srun" and f"--nodelist={p.router_node}" in line
     assert any(w.startswith("--container-image=") for w in line)
-    # srt-slurm's /logs (its log directory: here the run directory) and /model, this step only
+    # srt-slurm's /logs (its log directory: here the run directory) and /model, in every
+    # container step: pyxis attaches later steps to the node's running named container
     (mounts,) = [w for w in line if w.startswith("--container-mounts=")]
     assert mounts.endswith(",/runs/r1:/logs,/models/q:/model:ro"), mounts
     engine = next(x for x in render.processes(p) if x.kind == "engine")
-    assert ":/logs" not in " ".join(render.command_line(p, engine))
+    assert mounts in render.command_line(p, engine)
+    # a study's one allocation keeps containers across runs: no /logs of one run there
+    assert ":/logs" not in " ".join(render.command_line(p.at("/runs/r1", "/runs"), bench))
     assert line[-3:] == ["bash", "-lc", "true"]
 
 
@@ -312,4 +315,52 @@ def test_a_failing_custom_command_fails_the_run_with_its_exit_status(tmp_path):
     assert json.loads((run / "custom-bench.json").read_text())["exit_code"] == 7
     code, status = launcher(tmp_path, "status", str(run))
     assert "exited with status 7" in status
+    assert leftovers(run) == []
+
+
+# --- through Slurm and pyxis ------------------------------------------------------------------
+
+IN_CONTAINER = textwrap.dedent("""\
+    python3 - <<'EOF'
+    import json, os, urllib.request
+    found = {"metrics": {}, "run_dir_at_logs": os.path.exists("/logs/plan.json")}
+    for url in os.environ["AIPERF_SERVER_METRICS_URLS"].split(","):
+        text = urllib.request.urlopen(url, timeout=30).read().decode()
+        found["metrics"][url] = sum(1 for ln in text.splitlines() if ln.startswith("vllm:"))
+    found["env"] = {k: v for k, v in os.environ.items() if k.startswith(("SRT", "AIPERF"))}
+    with open("/logs/found.json", "w") as f:
+        json.dump(found, f)
+    print("custom step done")
+    EOF
+    """)
+
+
+@pytest.mark.slurm
+def test_a_custom_command_runs_in_the_pyxis_container_with_logs_mounted(tmp_path):
+    if subprocess.run(["sinfo", "-h"], capture_output=True).returncode != 0:
+        pytest.fail("the dev cluster does not answer: run slurm/devcluster/up.sh")
+    shipped = REPO / "launcher" / "recipes" / "devcluster-sim.yaml"
+    src = yaml.safe_load(shipped.read_text())
+    src["benchmark"] = {"custom": {"command": IN_CONTAINER}}
+    for k in ("data", "train"):
+        src["accuracy"][k] = str((shipped.parent / src["accuracy"][k]).resolve())
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(src))
+    code, out = launcher(tmp_path, "submit", str(tmp_path / "r.yaml"), "--wait",
+                         "--set", "accuracy.num_questions=5", timeout=600)
+    (run,) = [p.parent for p in (tmp_path / "runs").glob("*/plan.json")]
+    assert code == 0, out + (run / "logs" / "bench.log").read_text(errors="replace")
+    # written inside the container at /logs: the run directory
+    found = json.loads((run / "found.json").read_text())
+    assert found["run_dir_at_logs"]
+    doc = json.loads((run / "plan.json").read_text())
+    fronts = [u for role in ("prefill", "decode") for e in doc["endpoints"]
+              if e["role"] == role for u in e["fronts"]]
+    assert list(found["metrics"]) == [u + "/metrics" for u in fronts]
+    assert all(n > 50 for n in found["metrics"].values()), found["metrics"]
+    assert f"http://{found['env']['SRT_FRONTEND_HOST']}:{found['env']['SRT_FRONTEND_PORT']}" \
+        == doc["router"]["url"]
+    assert "custom step done" in (run / "logs" / "bench.log").read_text()
+    bench = next(p for p in doc["processes"] if p["name"] == "bench")
+    assert bench["container"]
+    assert json.loads((run / "summary.json").read_text())["verdict"] == "passed"
     assert leftovers(run) == []

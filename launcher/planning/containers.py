@@ -43,6 +43,22 @@ def mounts(plan: Plan) -> list[tuple[str, str, bool]]:
     if env_dir:
         out.append((env_dir, env_dir, True))
     out.append((plan.runtime.src + "/launcher", LAUNCHER_MOUNT + "/launcher", True))
+    taken = {dst for _, dst, _ in out}
+    return out + [m for m in srt_slurm_mounts(plan) if m[1] not in taken]
+
+
+def srt_slurm_mounts(plan: Plan) -> list[tuple[str, str, bool]]:
+    """srt-slurm's own mounts, for a custom benchmark (benchmark.custom): the run directory
+    at /logs (its log directory, where published scripts write results) and a model folder
+    at /model (their tokenizer). In every container step of the run, not the benchmark's
+    alone: pyxis attaches a later step to the node's running named container and ignores
+    that step's mounts. Not in a study's one allocation, whose containers outlive a run."""
+    b = plan.recipe.benchmark
+    if not b.enabled or b.custom is None or plan.mount_dir:
+        return []
+    out = [(plan.run_dir, "/logs", False)]
+    if plan.recipe.model.path.startswith("/"):
+        out.append((plan.recipe.model.path, "/model", True))
     return out
 
 
@@ -156,9 +172,8 @@ class ContainerRuntime:
                 "or {compute_env})"
             )
 
-    def step_flags(self, plan: Plan, extra: list[tuple[str, str, bool]] | None = None) -> list[str]:
-        """Options of the srun step a container process runs in (`extra`: mounts of this
-        step only)."""
+    def step_flags(self, plan: Plan) -> list[str]:
+        """Options of the srun step a container process runs in."""
         return []
 
     def launcher_path(self, plan: Plan) -> str:
@@ -231,14 +246,13 @@ class Pyxis(ContainerRuntime):
             return ref
         return cached_image(plan) or enroot_uri(ref)
 
-    def step_flags(self, plan: Plan, extra: list[tuple[str, str, bool]] | None = None) -> list[str]:
+    def step_flags(self, plan: Plan) -> list[str]:
         c, k = plan.recipe.container, plan.cluster.containers
         out = [
             f"--container-image={self.image(plan)}",
             f"--container-name={container_name(c.image)}",
             "--container-mounts="
-            + ",".join(f"{s}:{d}" + (":ro" if ro else "")
-                       for s, d, ro in [*mounts(plan), *(extra or [])]),
+            + ",".join(f"{s}:{d}" + (":ro" if ro else "") for s, d, ro in mounts(plan)),
             "--no-container-mount-home",
             "--no-container-entrypoint",
         ]

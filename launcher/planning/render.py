@@ -424,17 +424,6 @@ def custom_contract_env(plan: Plan) -> dict[str, str]:
     return env
 
 
-def custom_mounts(plan: Plan) -> list[tuple[str, str, bool]]:
-    """srt-slurm's own mounts in a custom benchmark's container, where the recipe's do not
-    take the path: the run directory at /logs (srt-slurm's log directory, where published
-    scripts write their results) and a model folder at /model (their tokenizer)."""
-    taken = {dst for _, dst, _ in containers.mounts(plan)}
-    out = [(plan.run_dir, "/logs", False)]
-    if plan.recipe.model.path.startswith("/"):
-        out.append((plan.recipe.model.path, "/model", True))
-    return [m for m in out if m[1] not in taken]
-
-
 def custom_bench_process(plan: Plan) -> Process:
     """benchmark.custom: its command under `bash -lc`, where the benchmark client runs (the
     router's node, in the container), with the contract's environment, then the recipe's
@@ -619,11 +608,8 @@ def step_prefix(plan: Plan, proc: Process) -> list[str]:
     """What `proc`'s command line starts with: its scheduler's step (srun on Slurm, with the
     container runtime's step options)."""
     rt = containers.of(plan.cluster)
-    if not proc.container:
-        return schedulers.of(plan.cluster).step_prefix(plan, proc, [])
-    custom = proc.name == CUSTOM_BENCH and proc.kind == Kind.BENCH
     return schedulers.of(plan.cluster).step_prefix(
-        plan, proc, rt.step_flags(plan, custom_mounts(plan) if custom else None))
+        plan, proc, rt.step_flags(plan) if proc.container else [])
 
 
 def command_line(plan: Plan, proc: Process) -> list[str]:
