@@ -336,6 +336,9 @@ def plan_text(prepared: Prepared) -> str:
             + f", pass at >= {a.threshold:g}"
         )
     match, _ = published.comparable(prepared.rendered.doc)
+    if prepared.capacity and b.enabled and b.custom is not None:
+        lines.append("KV capacity below: for benchmark.input_len/output_len "
+                     f"({b.input_len}/{b.output_len}); the custom command sends its own lengths")
     for cap in prepared.capacity:
         lines.append(cap.describe())
         if match is not None and cap.name.startswith("decode"):

@@ -168,6 +168,7 @@ def test_a_script_over_several_lines_is_one_line_of_commands_sh(tmp_path):
     assert "X=1" in words and any(w.startswith("AIPERF_SERVER_METRICS_URLS=http") for w in words)
     assert "Custom benchmark (benchmark.custom) in place of the sweep, on local-3" in out
     assert "Sweep:" not in out
+    assert "KV capacity below: for benchmark.input_len/output_len (8192/1024)" in out
     assert json.loads((run / "plan.json").read_text())["workload"]["driver"] == "custom"
 
 
