@@ -19,7 +19,7 @@ from helpers import launcher, leftovers
 
 from launcher.errors import UserError
 from launcher.planning import plan, render
-from launcher.run import rundir
+from launcher.run import figures, rundir
 from launcher.schema import cluster, native_bench, recipe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -290,6 +290,7 @@ def test_a_custom_command_reaches_the_live_processes_through_its_environment(tmp
     summary = json.loads((run / "summary.json").read_text())
     assert summary["verdict"] == "passed", summary["verdict_reasons"]
     assert summary["custom_benchmark"]["exit_code"] == 0
+    assert figures.summary_problem(summary) is None  # summary.json's shape, as readers check it
     assert summary["accuracy"]["passed"]
     assert "custom benchmark (benchmark.custom) exited with status 0" in " ".join(out.split())
     assert leftovers(run) == []

@@ -242,7 +242,8 @@ SUMMARY_TYPES = {
                                  "engine_label", "mode", "model", "state", "verdict")},
     "simulated": "bool", "vllm_cpu": "bool", "denominators": "dict[str, int]",
     "points": "list[dict]", "planned_concurrency": "list[int]", "headline": "dict | None",
-    "accuracy": "dict | None", "verdict_reasons": "list[str]", "notes": "list[str]",
+    "accuracy": "dict | None", "custom_benchmark": "dict | None",
+    "verdict_reasons": "list[str]", "notes": "list[str]",
     "generated": _NUMBER, "gpus_allocated": "int | None", "per_gpu": "dict[str, str]",
 }  # fmt: skip
 
