@@ -48,9 +48,10 @@ class Problem(str):
 class RunFailed(Exception):
     """The run cannot go on; the message is what run.json and `status` say, culprit first."""
 
-    def __init__(self, message: str, culprit: str | None = None):
+    def __init__(self, message: str, culprit: str | None = None, stage: str | None = None):
         super().__init__(message)
         self.culprit = culprit
+        self.stage = stage  # the stage that failed, when it is not the one running now
 
 
 class Cancelled(Exception):

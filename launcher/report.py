@@ -412,7 +412,15 @@ def measured(rd: RunDir) -> str:
     rec = rd.status().record
     ident = rec.identity if rec else {}
     pairs = []
-    if b.enabled:
+    if b.enabled and b.custom is not None:
+        from launcher.run.figures import custom_outcome
+
+        code = custom_outcome(rd).get("exit_code")
+        pairs += [("benchmark", esc(f"custom command (benchmark.custom), in place of the sweep: "
+                                    f"{b.custom.command}")),
+                  ("its exit status", esc("it did not end" if code is None else str(code))
+                   + " (its output: logs/bench.log)")]
+    elif b.enabled:
         pairs += [
             ("workload", esc(workload_sent(rd, b))),
             *(("lengths sent", esc(sent)) for sent in [realized_text(rd)] if sent),

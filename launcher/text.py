@@ -257,6 +257,32 @@ def driver_note(plan) -> str:
     return ""
 
 
+def custom_bench_lines(prepared: Prepared) -> list[str]:
+    """benchmark.custom: the command where it runs, the contract it gets, and which
+    published benchmark it is when the builtin sweep runs it natively."""
+    from launcher.schema import native_bench
+
+    cb = prepared.plan.recipe.benchmark.custom
+    proc = next(p for p in prepared.rendered.processes if p.kind == Kind.BENCH)
+    where = f"on {proc.node}" + (" in the container" if proc.container else "")
+    if proc.container and containers.of(prepared.plan.cluster).isolated:
+        mounted = {(s, d) for s, d, _ in containers.mounts(prepared.plan)}
+        where += "".join(f", {s} at {d}" for s, d, _ in
+                         containers.srt_slurm_mounts(prepared.plan) if (s, d) in mounted)
+        if prepared.plan.mount_dir:
+            where += " (no /logs in a study's one allocation: write under $PD_RUN_DIR)"
+    contract = render.custom_contract_env(prepared.plan)
+    out = [f"Custom benchmark (benchmark.custom) in place of the sweep, {where}, its output in "
+           f"{proc.log}, its exit status the benchmark's: {render.shell_line(proc.argv)}",
+           "  with srt-slurm's environment (docs/custom-benchmark.md): "
+           + " ".join(f"{k}={v}" for k, v in contract.items())
+           + (f"; its own: {' '.join(f'{k}={v}' for k, v in cb.env.items())}" if cb.env else "")
+           + " (commands.sh has all of it); its own time is not in the cost below"]
+    if (native := native_bench.recognise(cb.command, cb.env)) is not None:
+        out.append("  " + native.text())
+    return out
+
+
 def plan_text(prepared: Prepared) -> str:
     """What `submit` (and `--dry-run`) prints: the plan table, the sweep, the estimate."""
     plan, r = prepared.plan, prepared.plan.recipe
@@ -283,7 +309,9 @@ def plan_text(prepared: Prepared) -> str:
     lines.append(engine_argv.checked_by(plan))
     lines += launch_lines(plan)
     b = r.benchmark
-    if b.enabled:
+    if b.enabled and b.custom is not None:
+        lines += custom_bench_lines(prepared)
+    elif b.enabled:
         lines.append(
             f"Sweep: concurrency {', '.join(map(str, b.concurrency))} at "
             f"{lengths.workload_text(b, b.chat_template and render.chat_template_applies(plan))}"
@@ -308,6 +336,9 @@ def plan_text(prepared: Prepared) -> str:
             + f", pass at >= {a.threshold:g}"
         )
     match, _ = published.comparable(prepared.rendered.doc)
+    if prepared.capacity and b.enabled and b.custom is not None:
+        lines.append("KV capacity below: for benchmark.input_len/output_len "
+                     f"({b.input_len}/{b.output_len}); the custom command sends its own lengths")
     for cap in prepared.capacity:
         lines.append(cap.describe())
         if match is not None and cap.name.startswith("decode"):

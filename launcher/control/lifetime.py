@@ -56,7 +56,7 @@ class EngineLifetime:
         its engines start with their top command lines (the rule of the plan of turns);
         the signatures its engines start with."""
         b = self.plan.recipe.benchmark
-        if self.pool is None or not b.enabled or not any(p.restarts for p in engines):
+        if self.pool is None or not b.sweeps or not any(p.restarts for p in engines):
             return want
         top_c = max(b.concurrency)
         top = self.signatures(engines, at=top_c)

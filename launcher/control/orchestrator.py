@@ -150,6 +150,7 @@ class Orchestrator:
         self.cancel_reason: str | None = None
         self.teardown_budget_s: float = 60.0
         self.failed_points: list[str] = []
+        self.bench_failure: RunFailed | None = None  # a custom benchmark's non-zero exit
         self.watch = NodeWatch(list(self.plan.nodes), schedulers.of(self.plan.cluster).allocates)
         self.partial: dict[str, str] = {}  # node -> why its telemetry is partial (noted once)
 
@@ -407,16 +408,27 @@ class Orchestrator:
         say(f"serving at {router.url}")
         if r.benchmark.enabled:
             self.stage(Stage.SWEEP)
-            self.sweep()
+            if r.benchmark.custom is not None:
+                self.custom_benchmark()
+            else:
+                self.sweep()
         if r.hold_s:
             self.hold(r.hold_s)
         if r.accuracy.enabled:
             self.stage(Stage.ACCURACY)
-            self.accuracy()
+            try:
+                self.accuracy()
+            except RunFailed as e:
+                if self.bench_failure is None:
+                    raise
+                b = self.bench_failure  # both are said, the benchmark's first
+                raise RunFailed(f"{b}\nand the {e}", b.culprit, stage=b.stage) from None
+        if self.bench_failure is not None:
+            raise self.bench_failure
         if self.failed_points:
             raise RunFailed(
-                f"{len(self.failed_points)} sweep point(s) failed: " + "; ".join(self.failed_points)
-            )
+                f"{len(self.failed_points)} sweep point(s) failed: " + "; ".join(self.failed_points),
+                stage=Stage.SWEEP)
 
     def wait_registered(self, router: Process, timeout_s: float) -> None:
         """The router lists every endpoint as a healthy worker of its role."""
@@ -480,10 +492,40 @@ class Orchestrator:
                 self.failed_points.append(f"{proc.name}: {failure}")
                 say(f"{proc.name}: FAILED: {failure}")
                 if b.on_failure == "stop":
-                    raise RunFailed(f"sweep point {proc.name} failed: {failure}", proc.name)
+                    raise RunFailed(f"sweep point {proc.name} failed: {failure}", proc.name,
+                                    stage=Stage.SWEEP)
             else:
                 say(f"{proc.name}: done in {end - start:.1f} s")
         self.record.progress["sweep"] = {**self.record.progress["sweep"], "seconds_left": 0}
+
+    def custom_benchmark(self) -> None:
+        """benchmark.custom: its command to its end while the servers are watched; its
+        output is its log, its outcome custom-bench.json. A non-zero exit fails the run at
+        this stage, after the accuracy gate (as a failed sweep point does) unless
+        benchmark.on_failure is stop."""
+        proc = next(p for p in self.planned if p.kind == Kind.BENCH)
+        command = self.plan.recipe.benchmark.custom.command
+        start = time.time()
+        code = self.run_client(proc)
+        end = time.time()
+        lines = tail(self.run.path / proc.log, TAIL_LINES * 2)
+        rundir.write_json(self.run.path / proc.result, {
+            "command": command, "exit_code": code, "started": start, "ended": end,
+            "seconds": round(end - start, 2), "log": proc.log, "last_lines": lines})
+        self.book.event("custom_benchmark", process=proc.name, exit_code=code,
+                        seconds=round(end - start, 2))
+        if not code:
+            say(f"custom benchmark: done in {end - start:.1f} s")
+            return
+        shown = " ".join(command.split())
+        shown = shown if len(shown) <= 120 else shown[:117] + "..."
+        self.bench_failure = RunFailed(
+            f"the custom benchmark (benchmark.custom: {shown}) exited with status {code}; "
+            f"last lines of {proc.log}:\n" + "\n".join(f"  | {x}" for x in lines),
+            culprit=proc.name, stage=Stage.SWEEP)
+        say(f"custom benchmark: FAILED with exit status {code} (see {proc.log})")
+        if self.plan.recipe.benchmark.on_failure == "stop":
+            raise self.bench_failure
 
     def follow_concurrency(self, c: int) -> None:
         """Before a sweep point: restart the endpoints whose command line at this
@@ -786,10 +828,12 @@ def run(run_dir: Path, shared: InStudy | None = None) -> int:
     if plan.recipe.engine_kind.banner:
         say(plan.recipe.engine_kind.banner)
     state, error, culprit = State.SUCCEEDED, None, None
+    failed_stage = None  # a failure that names its stage (the benchmark's, after the gate)
     try:
         orch.run_all()
     except (RunFailed, Cancelled) as e:
         state, error, culprit = State.FAILED, str(e), getattr(e, "culprit", None)
+        failed_stage = getattr(e, "stage", None)
         if isinstance(e, RunFailed) and not orch.watch.lost and orch.cancel_behind():
             # a step the cancel ended, seen before the cancel itself (docs/contracts.md)
             book.event("interrupted", by=orch.cancel_reason, failure=error)
@@ -818,7 +862,8 @@ def run(run_dir: Path, shared: InStudy | None = None) -> int:
         if ending:
             Signals.ignore()
         if state != State.SUCCEEDED:
-            record.failed_stage = record.stage
+            record.failed_stage = (failed_stage if state == State.FAILED and failed_stage
+                                   else record.stage)
         orch.teardown(keep_engines=not ending)
         book.drop_reserve()  # room for the record of the end, on a disk that filled up
         orch.note_partial_telemetry(final=True)

@@ -143,7 +143,7 @@ def warnings(plan: Plan, caps: list[kv_cache.KvCapacity]) -> list[str]:
 def sweep_warning(plan: Plan, caps: list[kv_cache.KvCapacity]) -> str | None:
     """A sweep whose top concurrency the decode side cannot hold: say so with the number,
     and whether the KV cache or max-num-seqs is the limit."""
-    if not caps or not plan.recipe.benchmark.enabled:
+    if not caps or not plan.recipe.benchmark.sweeps:
         return None
     top = max(plan.recipe.benchmark.concurrency)
     room = sum(c.endpoint_at_mean_length for c in caps)

@@ -43,6 +43,22 @@ def mounts(plan: Plan) -> list[tuple[str, str, bool]]:
     if env_dir:
         out.append((env_dir, env_dir, True))
     out.append((plan.runtime.src + "/launcher", LAUNCHER_MOUNT + "/launcher", True))
+    taken = {dst for _, dst, _ in out}
+    return out + [m for m in srt_slurm_mounts(plan) if m[1] not in taken]
+
+
+def srt_slurm_mounts(plan: Plan) -> list[tuple[str, str, bool]]:
+    """srt-slurm's own mounts, for a custom benchmark (benchmark.custom): the run directory
+    at /logs (its log directory, where published scripts write results) and a model folder
+    at /model (their tokenizer). In every container step of the run, not the benchmark's
+    alone: pyxis attaches a later step to the node's running named container and ignores
+    that step's mounts. Not in a study's one allocation, whose containers outlive a run."""
+    b = plan.recipe.benchmark
+    if not b.enabled or b.custom is None or plan.mount_dir:
+        return []
+    out = [(plan.run_dir, "/logs", False)]
+    if plan.recipe.model.path.startswith("/"):
+        out.append((plan.recipe.model.path, "/model", True))
     return out
 
 

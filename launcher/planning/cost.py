@@ -175,7 +175,7 @@ def estimate(plan: Plan) -> Cost:
     phases: list[tuple[str, float]] = [("preflight", PREFLIGHT_S[r.engine])]
     requests = tokens = 0
     basis = ""
-    if b.enabled:
+    if b.sweeps:
         sweep = 0.0
         room = kv_room(plan)
         for c in b.concurrency:
@@ -198,7 +198,7 @@ def estimate(plan: Plan) -> Cost:
         out = min(a.max_tokens, GSM8K_ANSWER_TOKENS[r.engine])
         phases.append(("accuracy gate", _batch_s(q, a.concurrency, ttft, tpot, out)))
         requests += q
-    warmups = sum(b.warmups(c) for c in b.concurrency) if b.enabled else 0
+    warmups = sum(b.warmups(c) for c in b.concurrency) if b.sweeps else 0
     bound = r.health.timeout_s
     load = (min(bound, float(r.sim.start_delay_s or 0) + 5) if r.engine_kind.simulated
             else bound)

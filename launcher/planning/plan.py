@@ -271,7 +271,7 @@ def _check_lengths(recipe: Recipe, model: ModelFacts | None) -> None:
     model's context): vLLM refuses a prompt plus max_tokens past it, so every such point
     would fail. A P/D prefill is asked for one token."""
     b = recipe.benchmark
-    if not b.enabled:
+    if not b.sweeps:
         return
     n = b.lengths()
     context = model.max_position_embeddings if model else 0

@@ -393,6 +393,60 @@ def bench_processes(plan: Plan) -> list[Process]:
     return procs
 
 
+CUSTOM_BENCH = "bench"  # the one process of a custom benchmark (benchmark.custom)
+FRONTEND_TYPE = "vllm-router"  # srt-slurm's name for the front end, SRTCTL_FRONTEND_TYPE
+ROLE_PREFIX = {Role.PREFILL: "PREFILL", Role.DECODE: "DECODE", Role.AGG: "AGG"}
+
+
+def custom_contract_env(plan: Plan) -> dict[str, str]:
+    """srt-slurm 2.x's environment for a custom benchmark command (docs/custom-benchmark.md):
+    the front end, every router-facing API server by role (topology order, addresses
+    repeated where servers share a node, so the lists stay aligned), their /metrics, the
+    engine nodes and the GPUs per node. The router is the front end; no service runs."""
+    env = {
+        "SRTCTL_FRONTEND_TYPE": FRONTEND_TYPE,
+        "SRT_FRONTEND_HOST": plan.address(plan.router_node),
+        "SRT_FRONTEND_PORT": str(plan.router_port),
+    }
+    metrics = []
+    for role in (Role.PREFILL, Role.DECODE, Role.AGG):
+        fronts = [(plan.address(p.node), p.http_port)
+                  for ep in plan.endpoints if ep.role == role for p in ep.fronts]
+        if not fronts:
+            continue  # srt-slurm sets only the roles the recipe has
+        env[f"SRT_{ROLE_PREFIX[role]}_IPS"] = ",".join(host for host, _ in fronts)
+        env[f"SRT_{ROLE_PREFIX[role]}_ENDPOINTS"] = ",".join(f"{h}:{port}" for h, port in fronts)
+        metrics += [f"http://{h}:{port}/metrics" for h, port in fronts]
+    env["AIPERF_SERVER_METRICS_URLS"] = ",".join(metrics)
+    env["SRT_GPUS_PER_NODE"] = str(plan.cluster.gpus_per_node)
+    workers = dict.fromkeys(p.node for ep in plan.endpoints for p in ep.parts)
+    env["SRT_WORKER_NODES"] = ",".join(workers)
+    return env
+
+
+def custom_bench_process(plan: Plan) -> Process:
+    """benchmark.custom: its command under `bash -lc`, where the benchmark client runs (the
+    router's node, in the container), with the contract's environment, then the recipe's
+    env, then its own env (srt-slurm applies benchmark.env last)."""
+    r = plan.recipe
+    boxed = r.container is not None
+    env = {**model_env(plan),
+           **(containers.of(plan.cluster).env(plan) if boxed else host_env(plan)),
+           **custom_contract_env(plan), **r.env, **r.benchmark.custom.env,
+           **_base_env(CUSTOM_BENCH, plan.run_dir)}
+    return Process(
+        name=CUSTOM_BENCH,
+        kind=Kind.BENCH,
+        node=plan.router_node,
+        argv=["bash", "-lc", r.benchmark.custom.command],
+        env=env,
+        log=f"logs/{CUSTOM_BENCH}.log",
+        env_from_host=list(r.env_from_host),
+        container=boxed,
+        result=str(rundir.RunDir(Path(plan.run_dir)).custom_result.relative_to(plan.run_dir)),
+    )
+
+
 def accuracy_process(plan: Plan) -> Process | None:
     """The GSM8K gate through the router, scored by the recipe's harness: lm-eval's gsm8k
     task (the default: its command line is the one it always was) or vLLM's own GSM8K
@@ -449,8 +503,11 @@ def processes(plan: Plan) -> list[Process]:
     for ep in plan.endpoints:
         out += engine_processes(plan, ep)
     out.append(router_process(plan))
-    if plan.recipe.benchmark.enabled:
+    b = plan.recipe.benchmark
+    if b.sweeps:
         out += bench_processes(plan)
+    elif b.enabled:
+        out.append(custom_bench_process(plan))
     acc = accuracy_process(plan)
     if acc:
         out.append(acc)
@@ -462,6 +519,8 @@ def workload_doc(plan: Plan) -> dict:
     b = plan.recipe.benchmark
     if not b.enabled:
         return {}
+    if b.custom is not None:
+        return {"driver": "custom", "command": b.custom.command}
     n = b.lengths()
     return {"driver": b.driver, "length_rule": b.length_rule, "range_ratio": b.range_ratio,
             "input_len": b.input_len, "output_len": b.output_len,
@@ -639,10 +698,21 @@ JOBID_PLACEHOLDER = "'--jobid=$SLURM_JOB_ID'"
 JOBID_BY_HAND = '"--jobid=${SLURM_JOB_ID:?export SLURM_JOB_ID=the job id}"'
 
 
+def _quote(word: str) -> str:
+    """One shell word on one line: bash's $'...' for a word with a line break (a custom
+    benchmark's script), else shlex's quoting (a tab stays as it is, inside quotes)."""
+    if not re.search(r"[\x00-\x08\x0a-\x1f\x7f]", word):
+        return shlex.quote(word)
+    return "$'" + "".join(
+        {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(ch)
+        or (f"\\x{ord(ch):02x}" if ord(ch) < 32 or ord(ch) == 127 else ch)
+        for ch in word) + "'"
+
+
 def shell_line(cmd: list[str]) -> str:
     """`cmd` quoted for bash, every word one argument; only srun's own --jobid placeholder
     expands (to the job the line is run for), never a value that happens to read the same."""
-    words = [shlex.quote(w) for w in cmd]
+    words = [_quote(w) for w in cmd]
     if cmd[:1] == ["srun"] and len(cmd) > 1 and words[1] == JOBID_PLACEHOLDER:
         words[1] = JOBID_BY_HAND
     return " ".join(words)

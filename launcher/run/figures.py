@@ -34,6 +34,7 @@ from launcher.run.plandoc import CPU_LABEL, PlanDoc, PlanError, engine_label, re
 from launcher.run.results import load_results, percentile
 from launcher.run.rundir import (
     ACCURACY,
+    CUSTOM_BENCH,
     RunDir,
     concurrency_of,
     read_json,
@@ -241,7 +242,8 @@ SUMMARY_TYPES = {
                                  "engine_label", "mode", "model", "state", "verdict")},
     "simulated": "bool", "vllm_cpu": "bool", "denominators": "dict[str, int]",
     "points": "list[dict]", "planned_concurrency": "list[int]", "headline": "dict | None",
-    "accuracy": "dict | None", "verdict_reasons": "list[str]", "notes": "list[str]",
+    "accuracy": "dict | None", "custom_benchmark": "dict | None",
+    "verdict_reasons": "list[str]", "notes": "list[str]",
     "generated": _NUMBER, "gpus_allocated": "int | None", "per_gpu": "dict[str, str]",
 }  # fmt: skip
 
@@ -276,6 +278,14 @@ def load_accuracy(run_dir: str | Path, problems: list | None = None) -> dict[str
         if best is None or (obj.get("timestamp") or 0) >= (best.get("timestamp") or 0):
             best = obj
     return best
+
+
+def custom_outcome(rd: RunDir) -> dict[str, Any]:
+    """benchmark.custom's record (custom-bench.json): command, exit_code (None: it did not
+    end), seconds, log."""
+    got = read_json(rd.custom_result)
+    got = got if isinstance(got, dict) else {}
+    return {k: got.get(k) for k in ("command", "exit_code", "seconds", "log")}
 
 
 def summary(
@@ -319,12 +329,18 @@ def summary(
         reasons.append(f"the run {state}: {(error or 'no reason recorded').splitlines()[0]}")
     elif state is not None and state.live:
         reasons.append(f"the run is still {state}")
-    planned = sorted(
-        concurrency_of(p.result) for p in (plan.of_kind(Kind.BENCH) if plan else []) if p.result
-    )
+    benches = plan.of_kind(Kind.BENCH) if plan else []
+    planned = sorted(concurrency_of(p.result) for p in benches
+                     if p.result and p.result != CUSTOM_BENCH)
+    custom = custom_outcome(rd) if any(p.result == CUSTOM_BENCH for p in benches) else None
     have = {p["max_concurrency"] for p in points}
     missing = [c for c in planned if c not in have]
-    if missing:
+    if custom is not None:  # benchmark.custom: its exit status, no sweep points
+        if custom.get("exit_code") is None:
+            reasons.append("the custom benchmark did not run to its end")
+        elif custom["exit_code"]:
+            reasons.append(f"the custom benchmark exited with status {custom['exit_code']}")
+    elif missing:
         reasons.append(f"no result for concurrency {', '.join(map(str, missing))}")
     elif not points:
         reasons.append("no sweep results in bench/")
@@ -377,7 +393,9 @@ def summary(
         verdict = "cancelled"
     elif state == State.FAILED or gate_failed:
         verdict = "failed"
-    elif missing or not points or any(p["status"] != "ok" for p in points):
+    elif custom is not None and custom.get("exit_code") != 0:
+        verdict = "partial" if custom.get("exit_code") is None else "failed"
+    elif custom is None and (missing or not points or any(p["status"] != "ok" for p in points)):
         verdict = "partial"
     elif (gate_planned and acc is None) or (state is not None and state.live):
         verdict = "incomplete"
@@ -401,6 +419,7 @@ def summary(
         "per_gpu": dict(PER_GPU),
         "points": points,
         "planned_concurrency": planned,
+        "custom_benchmark": custom,
         "lifecycle": lifecycle(rd, plan, alloc,
                                load_s=(log_signals or {}).get("model_load_s")),
         "log_signals": log_signals,  # launcher.telemetry.signals.scan_run (None: not read)
@@ -653,11 +672,20 @@ def render_table(s: dict[str, Any], console: Any = None) -> None:
                 "/".join(_f(p[f"tpot_p{q}_ms"], 1) for q in PERCENTILES),
                 _f(p["request_throughput"], 2)]
         table.add_row(*row, style="dim" if failed else None)
-    console.print(table)
-    console.print("tok/s/GPU (working): ÷ the GPUs of the prefill and decode endpoints (the "
-                  "published metric)" + ("; (allocated): ÷ nodes x GPUs per node, idle GPUs "
-                                         f"included ({alloc} vs {den.get('gpus_total')})"
-                                         if both else ""))
+    custom = s.get("custom_benchmark")
+    if custom:  # benchmark.custom: no sweep points, its command's outcome
+        code = custom.get("exit_code")
+        ended = ("did not run to its end" if code is None else
+                 f"exited with status {code} after {custom.get('seconds')} s")
+        color = "green" if code == 0 else "red"
+        console.print(f"{s.get('run_id')}{sim}: custom benchmark (benchmark.custom) "
+                      f"[{color}]{ended}[/]; its output: {custom.get('log')}")
+    else:
+        console.print(table)
+        console.print("tok/s/GPU (working): ÷ the GPUs of the prefill and decode endpoints "
+                      "(the published metric)"
+                      + ("; (allocated): ÷ nodes x GPUs per node, idle GPUs "
+                         f"included ({alloc} vs {den.get('gpus_total')})" if both else ""))
     for p in s.get("points", []):
         if p.get("status") != "ok":
             console.print(f"[red]point {p.get('max_concurrency')} failed:[/] "

@@ -93,6 +93,8 @@ def comparable(plan: PlanDoc | None) -> tuple[Match | None, str]:
     benches = plan.of_kind(Kind.BENCH)
     if not benches:
         return None, "the plan has no benchmark client"
+    if (plan.workload or {}).get("driver") == "custom":
+        return None, "the benchmark is a custom command (benchmark.custom), not the sweep"
     differs = workload_differs(plan)
     if differs:
         return None, differs

@@ -65,6 +65,8 @@ LOGS = "logs"
 TELEMETRY = "telemetry"
 BENCH = "bench"
 ACCURACY = "accuracy"
+# a custom benchmark's outcome (benchmark.custom): its command, exit status, time, last lines
+CUSTOM_BENCH = "custom-bench.json"
 SLURM = "slurm"
 REPORT = "report.html"
 RESERVE = ".reserve"  # the orchestrator's 1 MiB of room for its final record on a full disk
@@ -467,6 +469,7 @@ class RunDir:
     logs = property(lambda self: self.path / LOGS)
     bench = property(lambda self: self.path / BENCH)
     accuracy = property(lambda self: self.path / ACCURACY)
+    custom_result = property(lambda self: self.path / CUSTOM_BENCH)
     slurm = property(lambda self: self.path / SLURM)
 
     def telemetry(self, node: str | None = None) -> Path:

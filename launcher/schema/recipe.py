@@ -143,11 +143,13 @@ class Recipe(Strict):
             if self.prefill.endpoints or self.decode.endpoints:
                 bad.append("mode agg takes no prefill/decode endpoints; set them to 0")
         envs = [("env", self.env)] + [(f"{p}.env", getattr(self, p).env) for p in POOLS]
+        if self.benchmark.custom is not None:
+            envs.append(("benchmark.custom.env", self.benchmark.custom.env))
         for where, env in envs:
             for key in env:
                 if not ENV_NAME.match(key):
                     bad.append(f"{where}: {key!r} is not a valid environment variable name")
-                elif key.startswith("SIM_"):
+                elif key.startswith("SIM_") and where != "benchmark.custom.env":
                     if key.removeprefix("SIM_").lower() not in SIM_KNOBS:
                         bad.append(f"{where}.{key} is not a simulator knob (see python -m "
                                    "launcher.sim serve x --sim-help)")
@@ -165,7 +167,9 @@ class Recipe(Strict):
             bad.append("sim knobs are only for engine: sim")
         if bad:
             raise ValueError(PROBLEMS_SEP.join(bad))
-        _no_control_chars(self.model_dump(mode="json", exclude={"description"}), "")
+        # a custom benchmark's command may span lines: its own check allows line breaks
+        _no_control_chars(self.model_dump(mode="json", exclude={
+            "description": True, "benchmark": {"custom": {"command": True}}}), "")
         return self
 
     def _check_steps(self) -> list[str]:
@@ -182,11 +186,16 @@ class Recipe(Strict):
             if not getattr(self, p).endpoints:
                 bad.append(f"{where}: {p} has no endpoints in mode {self.mode}; remove it")
                 continue
+            if b.enabled and b.custom is not None:
+                bad.append(f"{where}: benchmark.custom runs no sweep points to restart the "
+                           f"{p} engines between; put the flags in {p}.args or remove "
+                           "benchmark.custom")
+                continue
             empty = next((c for c, flags in sorted(steps.items()) if not flags), None)
             if empty is not None:
                 bad.append(f"{where}.{empty} sets no flag: give it flags or remove it")
             inside = [c for c in steps if b.concurrency[0] < c <= max(b.concurrency)]
-            if b.enabled and inside and b.concurrency != sorted(b.concurrency):
+            if b.sweeps and inside and b.concurrency != sorted(b.concurrency):
                 bad.append(
                     f"{where}: list benchmark.concurrency in ascending order (now "
                     f"{', '.join(map(str, b.concurrency))}), so each step restarts the {p} "
@@ -204,13 +213,13 @@ class Recipe(Strict):
 
     def first_point(self) -> int | None:
         """The concurrency the engines start at (None: no sweep, they start with args)."""
-        return self.benchmark.concurrency[0] if self.benchmark.enabled else None
+        return self.benchmark.concurrency[0] if self.benchmark.sweeps else None
 
     def restart_points(self) -> list[int]:
         """The sweep concurrencies before which some engines restart (args_from_concurrency
         steps above the first point, up to the top one)."""
         b = self.benchmark
-        if not b.enabled:
+        if not b.sweeps:
             return []
         return sorted({c for _, pool in self.pools() for c in pool.args_from_concurrency
                        if b.concurrency[0] < c <= b.concurrency[-1]})

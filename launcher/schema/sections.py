@@ -353,6 +353,37 @@ class Router(Strict):
     args: dict[str, ArgValue] = Field(default_factory=dict)
 
 
+class CustomBenchmark(Strict):
+    """srt-slurm's `benchmark.type: custom`: a shell command run in place of the sweep, with
+    srt-slurm 2.x's environment contract (docs/custom-benchmark.md)."""
+
+    command: str = Field(
+        max_length=65_536,
+        description="run as `bash -lc COMMAND` where the benchmark client runs (the "
+        "router's node, in the container), after the router is up; its exit status is the "
+        "benchmark's (docs/custom-benchmark.md)",
+    )
+    env: EnvMap = Field(
+        default_factory=dict,
+        description="its environment, over SRT_FRONTEND_HOST/PORT, SRT_<ROLE>_IPS/ENDPOINTS, "
+        "AIPERF_SERVER_METRICS_URLS, SRT_WORKER_NODES, SRT_GPUS_PER_NODE and the recipe's env",
+    )
+
+    @field_validator("command")
+    @classmethod
+    def _a_command(cls, v: str) -> str:
+        # a script over several lines (YAML's `|`) is one bash -lc argument; commands.sh
+        # writes it on one line ($'...'), so only other control characters are refused
+        if _CONTROL.search(v.replace("\n", "").replace("\r", "")):
+            raise ValueError("the command holds a control character other than a line break; "
+                             "write it as plain text")
+        if not v.strip():
+            raise ValueError("the command is empty: write the shell command to run (e.g. bash "
+                             "/path/bench.sh), or remove benchmark.custom for the builtin sweep")
+        check_no_secret(v, "benchmark.custom.command")
+        return v
+
+
 class Benchmark(Strict):
     driver: Literal["builtin", "vllm"] = "builtin"
     input_len: int = Field(default=8192, ge=1, le=1 << 20)
@@ -381,6 +412,16 @@ class Benchmark(Strict):
     )  # fmt: skip
     on_failure: Literal["continue", "stop"] = "continue"
     enabled: bool = True
+    custom: CustomBenchmark | None = Field(
+        default=None,
+        description="{command, env}: run this command instead of the concurrency sweep "
+        "(srt-slurm's benchmark.type: custom); the sweep's keys then do not apply",
+    )
+
+    @property
+    def sweeps(self) -> bool:
+        """The builtin concurrency sweep runs (a custom command stands in its place)."""
+        return self.enabled and self.custom is None
 
     @field_validator("concurrency")
     @classmethod
