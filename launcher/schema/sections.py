@@ -160,7 +160,7 @@ def _flag_list(v: Any) -> Any:
 
 
 # A `vllm serve` flag's value: one value, or several after the flag (nargs="+").
-FlagValue = ArgValue | Annotated[list[int | float | str], BeforeValidator(_flag_list)]
+FlagValue = Annotated[ArgValue | list[int | float | str], BeforeValidator(_flag_list)]
 
 
 def flag_key(key: str) -> str:

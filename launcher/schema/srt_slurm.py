@@ -372,7 +372,8 @@ def _model(src: _Source, out: dict, aliases: dict[str, str], given: set[str],
         src.map("model.path", f"model.path: {path} (a folder the nodes see)")
     else:
         src.refuse("model.path", f"{show(path)} is an alias that only a site's srtslurm.yaml "
-                   f"resolves: give --alias {path}=HF_ID_OR_FOLDER (or --set model.path=...)")
+                   f"resolves: give --site SRTSLURM_YAML, --alias {path}=HF_ID_OR_FOLDER or "
+                   "--set model.path=...")
     image = src.get("model.container")
     if not isinstance(image, str) or not image:
         src.refuse("model.container", "is required: the engine image")
@@ -386,8 +387,8 @@ def _model(src: _Source, out: dict, aliases: dict[str, str], given: set[str],
             " (from --set)" if "container.image" in given else f": {image}"))
     else:
         src.refuse("model.container", f"{show(image)} is an alias that only a site's "
-                   f"srtslurm.yaml resolves: give --alias {image}=IMAGE (or --set "
-                   "container.image=...)")
+                   f"srtslurm.yaml resolves: give --site SRTSLURM_YAML, --alias {image}=IMAGE "
+                   "or --set container.image=...")
     if src.has("model.precision"):
         provenance.append(f"precision {src.get('model.precision')}")
         src.deviate("model.precision", "a label in srt-slurm too: kept in the description")
