@@ -123,6 +123,8 @@ def problems(plan: Plan) -> list[str]:
         return numa + bad
     if bad := _abbreviations(plan):
         return numa + bad
+    if bad := _lists_for_one_value(plan):
+        return numa + bad
     known = [o for rec in vllm_flags.FLAGS for o in rec["options"]]
     found: dict[str, list[str]] = {}
     seen = set()
@@ -168,6 +170,22 @@ def problems(plan: Plan) -> list[str]:
                 break  # a start it refuses: its restarts are not reached
     return numa + [f"`vllm serve` {table_version()} would refuse the command line of "
                    f"{', '.join(who)}: {text}" for text, who in found.items()]
+
+
+def _lists_for_one_value(plan: Plan) -> list[str]:
+    """A list (several values after the flag) for a flag of the table that takes one: named
+    by its key, not by the stray value argparse reports after some other flag."""
+    from launcher.sim import vllm_flags
+
+    takes = {o: rec.get("nargs") for rec in vllm_flags.FLAGS for o in rec["options"]}
+    out = []
+    for where, args in plan.recipe.engine_arg_sources():
+        for key, value in args.items():
+            flag = "--" + flag_key(key)
+            if isinstance(value, list) and flag in takes and takes[flag] not in ("+", "*"):
+                out.append(f"{where}.{key} lists {len(value)} values, but vLLM "
+                           f"{table_version()}'s {flag} takes one: write one value")
+    return out
 
 
 def _numa_bind_nodes(plan: Plan) -> list[str]:

@@ -165,6 +165,17 @@ def normalize(data: dict) -> tuple[dict, list[tuple[str, str]], list[tuple[str, 
                          "engine and roles (srtctl migrate rewrites it)"))
             continue
         out[k] = copy.deepcopy(v)
+    backend, engine = _engine(data, rows, renames)
+    _roles(data, out, backend, rows, renames)
+    if backend or engine is not _ABSENT:
+        out["backend"] = backend
+    _placements(out, renames)
+    _extras(data, rows)
+    return out, renames, rows
+
+
+def _engine(data: dict, rows: list, renames: list) -> tuple[dict, Any]:
+    """`engine` as v1's backend (its type and engine-wide knobs)."""
     backend: dict[str, Any] = {}
     engine = data.get("engine", _ABSENT)
     if isinstance(engine, str):
@@ -191,6 +202,12 @@ def normalize(data: dict) -> tuple[dict, list[tuple[str, str]], list[tuple[str, 
     else:
         rows.append(("refused", "engine", f"is {type(engine).__name__}: write the engine's "
                      "name (engine: vllm) or a mapping with type"))
+    return backend, engine
+
+
+def _roles(data: dict, out: dict, backend: dict, rows: list, renames: list) -> None:
+    """`roles.<role>` as v1's resources.<role>_*, backend.<mode>_environment and
+    backend.vllm_config.<mode>."""
     roles = data.get("roles", {})
     resources = out.setdefault("resources", {}) if isinstance(out.get("resources", {}),
                                                               dict) else None
@@ -260,8 +277,10 @@ def normalize(data: dict) -> tuple[dict, list[tuple[str, str]], list[tuple[str, 
                     (f"resources.{short}_nodes", f"roles.{role}.nodes"),
                     (f"resources.{short}_workers", f"roles.{role}.workers"),
                     (f"resources.gpus_per_{short}", f"roles.{role}.gpus")]
-    if backend or engine is not _ABSENT:
-        out["backend"] = backend
+
+
+def _placements(out: dict, renames: list) -> None:
+    """`frontend.placement` and `benchmark.placement` as v1's placement keys."""
     for section in ("frontend", "benchmark"):
         body = out.get(section)
         if not isinstance(body, dict) or "placement" not in body:
@@ -275,6 +294,10 @@ def normalize(data: dict) -> tuple[dict, list[tuple[str, str]], list[tuple[str, 
             key = "orchestrator_placement" if section == "frontend" else "client_placement"
             body[key] = node
         renames.append((f"{section}.{key}", f"{section}.placement.node"))
+
+
+def _extras(data: dict, rows: list) -> None:
+    """services, host_setup and post_eval: no v1 field, a row each."""
     services = data.get("services", [])
     if not isinstance(services, list):
         rows.append(("refused", "services", f"is {type(services).__name__}: a list of "
@@ -306,7 +329,6 @@ def normalize(data: dict) -> tuple[dict, list[tuple[str, str]], list[tuple[str, 
         else:
             rows.append(("refused", "post_eval", "a post-benchmark evaluation command is not "
                          "run here (the accuracy section runs GSM8K); remove it"))
-    return out, renames, rows
 
 
 _ABSENT = object()
