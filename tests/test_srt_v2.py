@@ -230,6 +230,10 @@ def test_container_mounts_are_our_container_mounts():
     out, report = srt_slurm.convert(data, "x.yaml", "0" * 64)
     assert out["container"]["mounts"] == ["/lustre/ws:/infmax-workspace"]
     assert ("container_mounts./lustre/ws", "container.mounts") in report.mapped
+    data["container_mounts"] = {"$INFMAX_WORKSPACE": "/infmax-workspace"}
+    with pytest.raises(UserError) as e:
+        srt_slurm.convert(data, "x.yaml", "0" * 64)
+    assert "($NAME) in a mount is not expanded here" in one_line(e.value)
 
 
 # --- list-valued flags ----------------------------------------------------------------------

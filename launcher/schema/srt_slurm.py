@@ -972,6 +972,9 @@ def _job_wide(src: _Source, out: dict) -> None:
         src.map("extra_mount", "container.mounts")
     if any("{" in m for m in mounts):
         src.refuse("container_mounts", "a {placeholder} in a mount: write the path")
+    if any("$" in m for m in mounts):  # the mount reaches srun quoted: nothing expands it
+        src.refuse("container_mounts", "an environment variable ($NAME) in a mount is not "
+                   "expanded here: write the path")
     if mounts:
         out.setdefault("container", {})["mounts"] = mounts
     script = src.get("setup_script")
