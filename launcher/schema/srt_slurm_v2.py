@@ -73,9 +73,9 @@ def select(data: dict, selector: str | None, source: str) -> dict:
         raise UserError(f"cannot import {source}: an override file holds schema, base and "
                         f"override_<name> blocks; {show(others[0])} is none of them")
     if selector is None:
-        raise UserError(f"{source} is an override file of {len(names)} variants: name one as "
-                        f"{source}:override_NAME ({', '.join(names) or 'none'}), or submit the "
-                        "file alone to run every variant as one study")
+        raise UserError(f"{source} is an override file ({len(names)} override_ variant(s)): "
+                        f"name one as {source}:override_NAME ({', '.join(names) or 'none'}), "
+                        "or submit the file alone to run every variant as one study")
     if selector.startswith("zip_override_") or any(c in selector for c in "*?["):
         raise UserError(f"{source}:{selector}: zip_override_ groups and glob selectors are not "
                         "read here; expand them with `srtctl resolve-override` and import each "
