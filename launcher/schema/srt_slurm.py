@@ -1,8 +1,9 @@
 """srt-slurm recipes, imported: every key carried over, marked as a deviation, or refused.
 
 srt-slurm (NVIDIA/srt-slurm) is where GB200 users keep their recipes. The schema read is the
-one of its tag v1.0.68 (`src/srtctl/core/schema.py` and the modules that read each key);
-docs/srt-slurm.md has the key-by-key table this module follows, with sources. The import is
+one of its tag v1.0.68 (`src/srtctl/core/schema.py` and the modules that read each key); a
+`schema: 2` file (srt-slurm 2.x) is first read into that layout by srt_slurm_v2, as srt-slurm
+itself does. docs/srt-slurm.md has the key-by-key tables this module follows, with sources. The import is
 pure: a mapping in, a recipe mapping of ours and a report out. Nothing is dropped silently:
 each source key is named in the report as mapped, deviation (with why) or refused (one
 sentence), and a key this import does not know is refused by name.
