@@ -397,6 +397,7 @@ def test_a_mangled_published_file_is_imported_or_refused_in_one_sentence(source,
     (("resources", "gpus_per_node"), [4], "resources.gpus_per_node"),
     (("roles", "decode"), ["x"], "roles.decode"),
     (("roles",), None, "roles"),
+    (("roles", "decode"), None, "roles: needs prefill and decode"),
 ])
 def test_the_mangled_values_the_issue_names_are_one_sentence(path, value, named, tmp_path):
     data = yaml.safe_load((MIGRATED_DIR / "kimi-k2.5-1k1k-1p1d-dep4-dep8.yaml").read_text())

@@ -305,12 +305,12 @@ def convert(data: dict, source: str, sha256: str, aliases: dict[str, str] | None
         elif layout == 1 and top in V2_TOP:
             src.refuse(key, "is a schema-2 key: a recipe in srt-slurm 2.x's layout says "
                        "schema: 2 at its top")
-        elif top not in KNOWN_TOP:
+        elif top not in KNOWN_TOP:  # (a renamed key's top is a known one)
             hint = did_you_mean(top, KNOWN_TOP)
             src.refuse(key, "is not a key of srt-slurm's recipe schema as this import reads it ("
                        f"{read}){f'; {hint}' if hint else ''}")
         else:
-            src.refuse(key, f"is not a key this import knows under {top} ({read}): "
+            src.refuse(key, f"is not a key this import knows under {src.name(top)} ({read}): "
                        "remove it, or report it with the srt-slurm version that reads it")
 
     out["description"] = _description(out, source, sha256, provenance, report)
@@ -478,7 +478,8 @@ def _pools(src: _Source, out: dict) -> str:
                        "(prefill, decode, aggregated)")
     mode = "agg" if modes == ["aggregated"] else "disagg"
     if mode == "disagg" and ("prefill" not in modes or "decode" not in modes):
-        src.get("resources")
+        src.get("resources")  # read with the roles they size: the refusal below covers them
+        src.get("backend")
         src.refuse("backend.vllm_config", "needs prefill and decode (disaggregated) or "
                    "aggregated alone")
         return mode

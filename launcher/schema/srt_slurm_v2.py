@@ -166,6 +166,7 @@ def normalize(data: dict) -> tuple[dict, list[tuple[str, str]], list[tuple[str, 
             continue
         out[k] = copy.deepcopy(v)
     backend, engine = _engine(data, rows, renames)
+    renames.append(("backend.vllm_config", "roles"))  # a role missing is named as roles
     _roles(data, out, backend, rows, renames)
     if backend or engine is not _ABSENT:
         out["backend"] = backend
