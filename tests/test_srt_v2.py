@@ -224,6 +224,18 @@ def test_custom_benchmark_is_refused_in_one_place_naming_the_native_benchmark():
         "env": {"PREFILL_GPUS": "4", "DSV4": "true"}}
 
 
+def test_a_vllm_router_front_ends_args_are_the_routers():
+    data = yaml.safe_load((MIGRATED_DIR / "kimi-k2.5-1k1k-1p1d-dep4-dep8.yaml").read_text())
+    data["frontend"] = {"type": "vllm-router", "enable_multiple_frontends": False,
+                        "args": {"policy": "consistent_hash", "request-timeout-secs": 600,
+                                 "port": 9000}}
+    out, report = srt_slurm.convert(data, "x.yaml", "0" * 64)
+    assert out["router"] == {"policy": "consistent_hash",
+                             "args": {"request-timeout-secs": 600}}
+    assert "the launcher sets it" in dict(report.deviations)["frontend.args.port"]
+    rmod.validate(out, "x.yaml")
+
+
 def test_container_mounts_are_our_container_mounts():
     data = yaml.safe_load((MIGRATED_DIR / "kimi-k2.5-1k1k-1p1d-dep4-dep8.yaml").read_text())
     data["container_mounts"] = {"/lustre/ws": "/infmax-workspace"}

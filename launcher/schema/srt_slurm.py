@@ -739,7 +739,9 @@ def _frontend(src: _Source, out: dict, provenance: list[str]) -> None:
             src.get(f"frontend.{k}")
             src.deviate(f"frontend.{k}", "nginx over several Dynamo frontends: one vllm-router "
                         "here")
-    if "args" in fe:
+    if "args" in fe and kind == "vllm-router":
+        _router_args(src, out)
+    elif "args" in fe:
         for k, v in (src.section("frontend.args") or {}).items():
             src.deviate(f"frontend.args.{k}", f"{show(v)} is a Dynamo frontend flag with no "
                         "vllm-router meaning (router.policy chooses vllm-router's)")
@@ -766,6 +768,30 @@ def _frontend(src: _Source, out: dict, provenance: list[str]) -> None:
                 provenance.append(f"dynamo {k} {v}")
             elif section == "dynamo" and k == "source" and isinstance(v, dict):
                 provenance += [f"dynamo {kk} {vv}" for kk, vv in v.items()]
+
+
+# vllm-router flags the launcher sets from the plan (launcher/planning/render.py)
+ROUTER_OWNED = ("host", "port", "vllm-pd-disaggregation", "prefill", "decode", "kv-connector",
+                "worker-urls", "prometheus-host", "prometheus-port",
+                "intra-node-data-parallel-size", "worker-startup-timeout-secs")
+
+
+def _router_args(src: _Source, out: dict) -> None:
+    """frontend.args of a vllm-router front end: vllm-router's own flags, as ours."""
+    router = out.setdefault("router", {})
+    for k, v in (src.section("frontend.args") or {}).items():
+        key, flag = f"frontend.args.{k}", flag_key(str(k))
+        src.get(key)
+        if flag in ("policy", "prefill-policy", "decode-policy"):
+            router[flag.replace("-", "_")] = str(v)
+            src.map(key, f"router.{flag.replace('-', '_')}")
+        elif flag in ROUTER_OWNED:
+            src.deviate(key, "the launcher sets it from the plan")
+        elif isinstance(v, (dict, list)):
+            src.refuse(key, "a vllm-router flag takes one value here")
+        else:
+            router.setdefault("args", {})[flag] = v
+            src.map(key, f"router.args.{flag}")
 
 
 def _concurrencies(src: _Source, value: Any) -> list[int] | None:
@@ -1021,7 +1047,7 @@ def _observability(src: _Source, out: dict) -> None:
 
 
 ORDER = ("name", "description", "cluster", "engine", "engine_version", "mode", "model",
-         "container", "kv_connector", "vllm_args", "env", "prefill", "decode", "agg",
+         "container", "kv_connector", "vllm_args", "env", "prefill", "decode", "agg", "router",
          "benchmark", "accuracy", "telemetry", "slurm", "health")
 POOL_ORDER = ("endpoints", "data_parallel", "tensor_parallel", "expert_parallel", "fronts",
               "api_servers", "args", "env")
