@@ -151,7 +151,8 @@ def test_recipes_import_and_submit_take_a_variant_and_submit_the_file_as_one_stu
     runs = prepare.prepare_all(str(f), [], [], tmp_path / "study")
     assert sorted(r.plan.recipe.name for r in runs) == [
         "kimi-short", "vllm-disagg-gb200-1p1d-dep4-dep8_c4096"]
-    assert runs[0].shared is not None or runs[0].run.path.parent.name.endswith("-study")
+    [study] = {r.run.path.parent for r in runs}  # one study folder holds both
+    assert study.name.endswith("-study") and (study / "study.json").is_file()
 
 
 # --- anchors, aliases, merge keys -----------------------------------------------------------
