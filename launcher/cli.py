@@ -305,7 +305,9 @@ def _import_recipe(args) -> int:
     if args.overrides:
         raise UserError("recipes import takes no --set: edit the written recipe, or give "
                         "--set to submit")
-    path = Path(args.name)
+    from launcher.schema import srt_slurm_v2
+
+    path = Path(srt_slurm_v2.split_ref(args.name)[0])  # the file, without :override_NAME
     data, report = srt_slurm.import_file(args.name, srt_slurm.parse_aliases(args.alias),
                                          site=srt_slurm.load_site(args.site))
     for line in report.lines():

@@ -146,6 +146,9 @@ def test_recipes_import_and_submit_take_a_variant_and_submit_the_file_as_one_stu
     code, out, err = cli("recipes", "import", f"{f}:override_short")
     assert code == 0, err
     assert yaml.safe_load(out)["decode"]["args"]["max-model-len"] == 2048
+    before = f.read_text()
+    code, _, err = cli("recipes", "import", f"{f}:override_short", "-o", str(f))
+    assert code == 2 and "is the source file" in err and f.read_text() == before
     runs = prepare.prepare_all(f"{f}:override_c4096", [], [], tmp_path / "one")
     assert len(runs) == 1 and runs[0].plan.recipe.benchmark.concurrency == [4096]
     runs = prepare.prepare_all(str(f), [], [], tmp_path / "study")
