@@ -140,6 +140,19 @@ def test_one_variant_is_deep_merged_over_base_as_srt_slurm_does(tmp_path):
     assert "override_NAME" in one_line(e.value)
 
 
+def test_a_v1_override_file_is_read_the_same_way(tmp_path):
+    base = yaml.safe_load(MIGRATED["kimi-k2.5-1k1k-1p1d-dep4-dep8.yaml"].read_text())
+    f = tmp_path / "v1-variants.yaml"
+    f.write_text(yaml.safe_dump({"base": base,
+                                 "override_c64": {"benchmark": {"concurrencies": "64"}},
+                                 "zip_override_tp": {"benchmark": {"isl": [1024, 2048]}}}))
+    out, report = srt_slurm.import_file(f"{f}:override_c64")
+    assert report.layout == 1 and out["benchmark"]["concurrency"] == [64]
+    with pytest.raises(UserError) as e:
+        srt_slurm.import_file(f"{f}:zip_override_tp")
+    assert "srtctl resolve-override" in one_line(e.value)
+
+
 def test_recipes_import_and_submit_take_a_variant_and_submit_the_file_as_one_study(cli,
                                                                                   tmp_path):
     f = variants_file(tmp_path)
