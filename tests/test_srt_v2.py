@@ -88,6 +88,22 @@ def test_several_refusals_print_a_line_each_never_a_literal_backslash_n(cli, tmp
     assert sorted(x.split(":")[0] for x in lines[1:]) == ["  - benchmark.type", "  - profiling"]
 
 
+def test_empty_sections_as_published_files_keep_them_set_nothing():
+    data = yaml.safe_load((MIGRATED_DIR / "kimi-k2.5-1k1k-1p1d-dep4-dep8.yaml").read_text())
+    plain, _ = srt_slurm.convert(data, "x.yaml", "0" * 64)
+    data.update(environment={}, sbatch_directives={}, identity={**data["identity"],
+                                                                "model": {}})
+    data["frontend"]["args"] = {}
+    out, report = srt_slurm.convert(data, "x.yaml", "0" * 64)
+    assert out == plain
+    for key in ("environment", "sbatch_directives", "identity.model", "frontend.args"):
+        assert (key, "empty: sets nothing") in report.mapped, key
+    data["benchmarks"] = {}  # a misspelt section is still named
+    with pytest.raises(UserError) as e:
+        srt_slurm.convert(data, "x.yaml", "0" * 64)
+    assert "did you mean 'benchmark'" in one_line(e.value)
+
+
 def test_a_schema_key_in_a_v1_file_and_an_unknown_schema_are_one_sentence():
     data = yaml.safe_load(MIGRATED[sorted(MIGRATED)[0]].read_text())
     data["roles"] = {}

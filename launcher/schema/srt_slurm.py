@@ -300,7 +300,9 @@ def convert(data: dict, source: str, sha256: str, aliases: dict[str, str] | None
     for key in src.unread():
         top = key.split(".")[0]
         read = SCHEMA2_READ if layout == 2 else SCHEMA_READ
-        if key in KNOWN_ELSEWHERE:
+        if top in KNOWN_TOP and src.peek(key, 0) in ({}, [], None):
+            src.map(key, "empty: sets nothing")  # published files keep empty sections
+        elif key in KNOWN_ELSEWHERE:
             src.refuse(key, KNOWN_ELSEWHERE[key])
         elif layout == 1 and top in V2_TOP:
             src.refuse(key, "is a schema-2 key: a recipe in srt-slurm 2.x's layout says "
