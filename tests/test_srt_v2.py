@@ -224,6 +224,34 @@ def test_the_published_agentic_schema_2_file_is_refused_naming_the_feature():
     assert "agentic" in text and "SemiAnalysisAI/InferenceX@4fa2a2ff" in text
 
 
+def test_the_published_schema_2_file_with_a_fixed_length_benchmark_reaches_the_command_lines(
+        tmp_path):
+    """Its anchors and << merge through to each role's engine: the decode inherits the
+    prefill's flags and environment and overrides five of them."""
+    text = AGENTIC.read_text()
+    text = text[:text.index("benchmark:\n  type: custom")] + (
+        "benchmark:\n  type: sa-bench\n  isl: 8192\n  osl: 1024\n  concurrencies: [64]\n")
+    f = tmp_path / "dsv4.yaml"
+    f.write_text(text)
+    site = tmp_path / "srtslurm.yaml"
+    site.write_text("model_paths: {deepseek-v4-pro: deepseek-ai/DeepSeek-V4-Pro}\n")
+    # a nightly image: its own parser judges its flags at preflight (0.33's refuses one key
+    # of its attention-config), so the dry-run is told the version is another
+    [run] = prepare.prepare_all(str(f), ["engine_version='0.34'"], [], tmp_path / "runs",
+                                site=site)
+    commands = (run.run.path / "commands.sh").read_text()
+    src = yaml.safe_load(text)["roles"]
+    for role in ("prefill", "decode"):
+        line = next(x for x in commands.splitlines() if f"{role}-0" in x and " serve " in x)
+        for name, value in src[role]["env"].items():
+            assert f"{name}={value}" in line, (role, name)
+        for flag in ("moe-backend", "enable-ep-weight-filter", "kv-events-config",
+                     "tokenizer-mode", "block-size"):
+            assert f"--{flag}" in line, (role, flag)
+    decode = next(x for x in commands.splitlines() if "decode-0" in x and " serve " in x)
+    assert "--max-num-seqs 1024" in decode and "--no-enforce-eager" not in decode
+
+
 @pytest.mark.parametrize("change, feature", [
     ({"benchmark": {"type": "agentperf"}}, "agentic benchmark (benchmark.type agentperf)"),
     ({"services": [{"name": "m", "type": "mooncake-master"}]}, "Mooncake"),

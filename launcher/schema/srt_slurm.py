@@ -966,7 +966,11 @@ def _slurm(src: _Source, out: dict) -> None:
     if directives:
         s["directives"] = {str(k).lstrip("-"): v for k, v in directives.items()}
         src.map("sbatch_directives", "slurm.directives")
-    srun = src.section("srun_options")
+    srun = dict(src.section("srun_options"))
+    for k in [k for k in srun if str(k).lstrip("-").startswith("container-")]:
+        srun.pop(k)  # pyxis's flags: ours come from the profile (InferenceX sets remap-root)
+        src.deviate(f"srun_options.{k}", "the container runtime's flags come from the "
+                    "profile (containers.remap_root, containers.writable)")
     if srun:
         s["srun_options"] = [f"--{str(k).lstrip('-')}" if v in (None, True, "")
                              else f"--{str(k).lstrip('-')}={v}" for k, v in srun.items()]
