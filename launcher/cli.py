@@ -43,6 +43,9 @@ def _add_plan_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--alias", action="append", default=[], metavar="NAME=VALUE",
                    help="for import: what a model or container alias of your srtslurm.yaml "
                         "stands for")
+    s.add_argument("--site", type=Path, metavar="SRTSLURM_YAML",
+                   help="for import and show: a site's srtslurm.yaml (its aliases, mounts and "
+                        "defaults); default ./srtslurm.yaml when there is one")
     s.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="for show: override a field (a.b.c=value), as submit takes it")
     s.set_defaults(func=cmd_recipes)
@@ -54,6 +57,9 @@ def _add_plan_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--again", metavar="RUN",
                    help="submit the exact resolved recipe of an earlier run (its recipe.yaml)")
     _recipe_options(s)
+    s.add_argument("--site", type=Path, metavar="SRTSLURM_YAML",
+                   help="for an srt-slurm recipe: the site's srtslurm.yaml (aliases, mounts, "
+                        "defaults); default ./srtslurm.yaml when there is one")
     s.add_argument(
         "--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
         help="one configuration per value (several --sweep: every combination), grouped as a "
@@ -273,7 +279,7 @@ def cmd_recipes(args) -> int:
     if args.action == "show":
         if not args.name:
             raise UserError("recipes show NAME: name a shipped recipe or a recipe file")
-        print(rmod.dump(rmod.load(args.name, args.overrides)), end="")
+        print(rmod.dump(rmod.load(args.name, args.overrides, site=args.site)), end="")
         return 0
     if args.action == "import":
         return _import_recipe(args)
@@ -321,8 +327,11 @@ def _import_recipe(args) -> int:
     if args.overrides:
         raise UserError("recipes import takes no --set: edit the written recipe, or give "
                         "--set to submit")
-    path = Path(args.name)
-    data, report = srt_slurm.import_file(path, srt_slurm.parse_aliases(args.alias))
+    from launcher.schema import srt_slurm_v2
+
+    path = Path(srt_slurm_v2.split_ref(args.name)[0])  # the file, without :override_NAME
+    data, report = srt_slurm.import_file(args.name, srt_slurm.parse_aliases(args.alias),
+                                         site=srt_slurm.load_site(args.site))
     for line in report.lines():
         print(line, file=sys.stderr)
     text = srt_slurm.render(data, report)
@@ -367,7 +376,7 @@ def cmd_submit(args) -> int:
 
     runs = prepare.prepare_all(
         args.recipe, args.overrides, args.sweep, args.runs_dir, nodelist=args.nodelist,
-        allocation=args.allocation, aliases=parse_aliases(args.alias),
+        allocation=args.allocation, aliases=parse_aliases(args.alias), site=args.site,
     )
     from launcher import text
 

@@ -18,7 +18,7 @@ from launcher.schema import srt_slurm
 from launcher.schema.wording import PROBLEMS_SEP
 
 BUNDLED = srt_slurm.BUNDLED
-SOURCES = sorted(p for p in BUNDLED.rglob("*.yaml")
+SOURCES = sorted(p for p in (BUNDLED / "recipes").rglob("*.yaml")
                  if yaml.safe_load(p.read_text())["backend"]["type"] == "vllm")
 # srtslurm.yaml aliases a site resolves; the import asks for them by name
 ALIASES = {"minimax-m2.5-fp8": "MiniMaxAI/MiniMax-M2.5"}

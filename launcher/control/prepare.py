@@ -347,13 +347,18 @@ def prepare_all(
     nodelist: str | None = None,
     allocation: str | None = None,
     aliases: dict[str, str] | None = None,
+    site: Path | None = None,
 ) -> list[Prepared]:
     """One run, or one run per recipe in `ref` and combination of --sweep values, grouped in
     a study folder. Every run is validated and planned before anything is written. A study
     runs in one allocation (`allocation` "one") or one job per configuration ("each"); None:
     whichever the estimate says costs fewer GPU-hours."""
     root = runs_dir(runs_root)
-    refs = [ref] if isinstance(ref, str) else list(ref)
+    from launcher.schema import srt_slurm
+
+    # an srt-slurm override file named alone: every variant, one configuration each
+    refs = [one for r in ([ref] if isinstance(ref, str) else list(ref))
+            for one in srt_slurm.variant_refs(r)]
     if not refs:
         raise UserError("submit needs a recipe (a shipped name or a YAML path)")
     if allocation is not None and not sweeps and len(refs) == 1:
@@ -380,7 +385,7 @@ def prepare_all(
     recipes, per_ref = [], []
     for r in refs:  # each recipe file once, every --sweep combination of it
         got = recipe_mod.load_many(r, overrides, [[f"{k}={v}" for k, v in c]
-                                                  for c in sweep_combos], aliases)
+                                                  for c in sweep_combos], aliases, site)
         recipes += got
         per_ref.append(got[0].name)
     combos = [c for _ in refs for c in sweep_combos]

@@ -113,15 +113,18 @@ def problems(plan: Plan) -> list[str]:
     """One sentence per refusal, naming the engines whose argv vLLM would refuse (one of each
     kind is read: role, head or headless part; as each starts and at each restart) and the
     recipe key to fix."""
+    numa = _numa_bind_nodes(plan)  # vLLM's meaning of the flag, whatever parser checks it
     if not applies(plan):
-        return []
+        return numa
     from launcher.planning import render
     from launcher.sim import vllm_flags
 
     if plan.recipe.mode == "disagg" and (bad := _kv_config_problems(plan.recipe.kv_connector)):
-        return bad
+        return numa + bad
     if bad := _abbreviations(plan):
-        return bad
+        return numa + bad
+    if bad := _lists_for_one_value(plan):
+        return numa + bad
     known = [o for rec in vllm_flags.FLAGS for o in rec["options"]]
     found: dict[str, list[str]] = {}
     seen = set()
@@ -165,8 +168,48 @@ def problems(plan: Plan) -> list[str]:
                 found.setdefault(text, []).append(
                     who + (f" as it restarts before concurrency {at}" if at else ""))
                 break  # a start it refuses: its restarts are not reached
-    return [f"`vllm serve` {table_version()} would refuse the command line of "
-            f"{', '.join(who)}: {text}" for text, who in found.items()]
+    return numa + [f"`vllm serve` {table_version()} would refuse the command line of "
+                   f"{', '.join(who)}: {text}" for text, who in found.items()]
+
+
+def _lists_for_one_value(plan: Plan) -> list[str]:
+    """A list (several values after the flag) for a flag of the table that takes one: named
+    by its key, not by the stray value argparse reports after some other flag."""
+    from launcher.sim import vllm_flags
+
+    takes = {o: rec.get("nargs") for rec in vllm_flags.FLAGS for o in rec["options"]}
+    out = []
+    for where, args in plan.recipe.engine_arg_sources():
+        for key, value in args.items():
+            flag = "--" + flag_key(key)
+            if isinstance(value, list) and flag in takes and takes[flag] not in ("+", "*"):
+                out.append(f"{where}.{key} lists {len(value)} values, but vLLM "
+                           f"{table_version()}'s {flag} takes one: write one value")
+    return out
+
+
+def _numa_bind_nodes(plan: Plan) -> list[str]:
+    """numa-bind-nodes names one NUMA node per GPU the process sees (vLLM's ParallelConfig;
+    numa_utils indexes it by the GPU's local index, so a shorter list fails the engine at
+    start): its length against each engine part's GPUs."""
+    out = []
+    for role, pool in plan.recipe.pools():
+        for at, args in [(None, plan.recipe.vllm_args | pool.args)] + [
+                (c, plan.recipe.vllm_args | pool.args_at(c))
+                for c in sorted(pool.args_from_concurrency)]:
+            nodes = next((v for k, v in args.items() if flag_key(k) == "numa-bind-nodes"), None)
+            if not isinstance(nodes, list):
+                continue
+            seen = sorted({len(part.gpus) for ep in plan.endpoints if str(ep.role) == str(role)
+                           for part in ep.parts})
+            wrong = [n for n in seen if n != len(nodes)]
+            if wrong:
+                where = _source(plan, str(role), "--numa-bind-nodes", at) or "numa-bind-nodes"
+                out.append(f"{where} lists {len(nodes)} NUMA node(s), but each {role} engine "
+                           f"process sees {' or '.join(map(str, seen))} GPU(s): list one node "
+                           "per GPU it sees")
+                break
+    return out
 
 
 def _abbreviations(plan: Plan) -> list[str]:

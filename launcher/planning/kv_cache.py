@@ -283,7 +283,18 @@ class EngineArgs:
 
     @classmethod
     def from_flags(cls, args: dict) -> EngineArgs:
-        """From `{"kv-cache-dtype": "fp8", ...}` as a recipe writes vLLM flags."""
+        """From `{"kv-cache-dtype": "fp8", ...}` as a recipe writes vLLM flags. A value of the
+        wrong kind (a list, `--help`, a bool for a JSON option) is a ValueError: vLLM's own
+        parser names the flag at dry-run or preflight, the estimate just has none."""
+        import argparse
+
+        try:
+            return cls._from_flags(args)
+        except (TypeError, AttributeError, argparse.ArgumentTypeError) as e:
+            raise ValueError(f"a flag's value is not one vLLM reads ({e})") from None
+
+    @classmethod
+    def _from_flags(cls, args: dict) -> EngineArgs:
 
         def get(name, conv=None, default=None):
             v = args.get(name, args.get(name.replace("-", "_"), default))

@@ -283,8 +283,12 @@ def _check_lengths(recipe: Recipe, model: ModelFacts | None) -> None:
             raw = engine_args(recipe, pool, c).get("max-model-len")
             limit, where = None, ""
             if raw is not None:
-                limit = kv_cache.EngineArgs.from_flags({"max-model-len": raw}).max_model_len
-                where = f"{role}'s max-model-len {limit:,}" if limit is not None else ""
+                try:
+                    limit = kv_cache.EngineArgs.from_flags({"max-model-len": raw}).max_model_len
+                except ValueError:  # not a length: vLLM's parser names the flag
+                    limit = None
+                if limit is not None:
+                    where = f"{role}'s max-model-len {limit:,}"
             if limit is None and context:
                 limit, where = context, f"the model's context ({context:,} tokens)"
             if limit is not None and longest > limit:

@@ -40,13 +40,16 @@ def option(flag: str, value) -> list[str]:
 
 
 def flags(args: dict) -> list[str]:
-    """{"async-scheduling": True, "max-num-seqs": 256} -> ["--async-scheduling", ...]."""
+    """{"async-scheduling": True, "max-num-seqs": 256, "numa-bind-nodes": [0, 1]} ->
+    ["--async-scheduling", "--max-num-seqs", "256", "--numa-bind-nodes", "0", "1"]."""
     out: list[str] = []
     for key, value in args.items():
         if value is True:
             out.append(f"--{key}")
         elif value is False:
             out.append(f"--no-{key}")
+        elif isinstance(value, list):  # nargs="+": the flag, then each value
+            out += [f"--{key}", *map(str, value)]
         else:
             out += option(f"--{key}", value)
     return out

@@ -25,10 +25,10 @@ from launcher.schema.sections import (
     ENV_NAME,
     SIM_KNOBS,
     Accuracy,
-    ArgValue,
     Benchmark,
     Container,
     EnvMap,
+    FlagValue,
     Health,
     Model,
     Pool,
@@ -69,7 +69,7 @@ class Recipe(Strict):
     mode: Literal["disagg", "agg"] = "disagg"
     model: Model
     container: Container | None = None
-    vllm_args: dict[str, ArgValue] = Field(
+    vllm_args: dict[str, FlagValue] = Field(
         default_factory=dict, description="`vllm serve` flags for every endpoint"
     )
     env: EnvMap = Field(default_factory=dict, description="env for every engine process")
@@ -202,7 +202,7 @@ class Recipe(Strict):
                     "engines once")
         return bad
 
-    def engine_arg_sources(self) -> list[tuple[str, dict[str, ArgValue]]]:
+    def engine_arg_sources(self) -> list[tuple[str, dict[str, FlagValue]]]:
         """(recipe key, flags) of every place that sets `vllm serve` flags."""
         return [("vllm_args", self.vllm_args)] + [
             (f"{p}.args", getattr(self, p).args) for p in POOLS
@@ -298,31 +298,38 @@ def _dict_default(key: str) -> dict:
     return copy.deepcopy(value) if isinstance(value, dict) else {}
 
 
-def load(ref: str, overrides: list[str] | None = None, sweep: list[str] = ()) -> Recipe:
+def load(ref: str, overrides: list[str] | None = None, sweep: list[str] = (),
+         site: Path | None = None) -> Recipe:
     """The recipe at `ref` with --set `overrides` and one combination of --sweep values."""
-    return load_many(ref, overrides, [list(sweep)])[0]
+    return load_many(ref, overrides, [list(sweep)], site)[0]
 
 
 def load_many(
     ref: str, overrides: list[str] | None, sweeps: list[list[str]],
-    aliases: dict[str, str] | None = None,
+    aliases: dict[str, str] | None = None, site: Path | None = None,
 ) -> list[Recipe]:
-    """The recipe at `ref` once per combination of --sweep values (the file is read once);
-    `aliases`: what an srt-slurm recipe's srtslurm.yaml aliases stand for (--alias)."""
+    """The recipe at `ref` once per combination of --sweep values (the file is read once).
+    An srt-slurm recipe is imported on the way (`FILE:override_NAME`: one variant of an
+    override file), with `aliases` (--alias) over the site file `site`'s (else
+    ./srtslurm.yaml, when there is one)."""
     import copy
 
-    path = resolve_path(ref)
-    data = read_yaml(path, "a recipe")
-    from launcher.schema import srt_slurm
+    from launcher.schema import srt_slurm, srt_slurm_v2
 
+    name, selector = srt_slurm_v2.split_ref(ref)
+    path = resolve_path(name)
+    data = read_yaml(path, "a recipe")
     if srt_slurm.looks_like(data):
         given = {o.partition("=")[0].strip() for o in overrides or []}
-        data, report = srt_slurm.convert(data, srt_slurm.label_of(path),
-                                         srt_slurm.file_sha256(path), aliases, given=given)
+        data, report = srt_slurm.import_data(data, path, selector, aliases, given=given,
+                                             site=srt_slurm.load_site(site))
         say_imported(report)
     elif aliases:
         raise UserError(f"--alias is for an srt-slurm recipe's aliases; {show(str(path))} is "
                         "a recipe of ours: give --set model.path=... or container.image=...")
+    elif selector is not None:
+        raise UserError(f"{show(name)} is not an srt-slurm override file: name it without "
+                        f":{show(selector)}")
     _resolve_relative(data, path.parent)
     data = apply_overrides(data, overrides or [], "--set", _dict_default)
     out = []

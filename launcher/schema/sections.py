@@ -141,6 +141,28 @@ def _env_values(v: Any) -> Any:
 EnvMap = Annotated[dict[str, str], BeforeValidator(_env_values)]
 
 
+def _flag_list(v: Any) -> Any:
+    """A flag that takes several values (`numa-bind-nodes: [0, 0, 1, 1]`), rendered as the
+    flag followed by each (srt-slurm renders a list so): words and numbers only, none that
+    argparse would read as an option."""
+    if not isinstance(v, list):
+        return v
+    if not v:
+        raise ValueError("an empty list gives the flag no value: remove the flag or list its "
+                         "values")
+    for item in v:
+        if isinstance(item, (bool, list, dict)) or item is None:
+            raise ValueError(f"{show(item)} in a list of flag values: write numbers or words")
+        if isinstance(item, str) and (not item or item.startswith("-")):
+            raise ValueError(f"{show(item)} in a list of flag values would be read as an "
+                             "option (or is empty): write it as one string instead")
+    return v
+
+
+# A `vllm serve` flag's value: one value, or several after the flag (nargs="+").
+FlagValue = Annotated[ArgValue | list[int | float | str], BeforeValidator(_flag_list)]
+
+
 def flag_key(key: str) -> str:
     """A command-line option's name as written by users (`--max_num_seqs`, `max-num-seqs`)
     in the one form vLLM, vllm-router and sbatch document: no dashes before, '-' inside."""
@@ -318,8 +340,9 @@ class Pool(Strict):
     @classmethod
     def _srun(cls, v: list[str]) -> list[str]:
         return check_srun_options(v)
-    args: dict[str, ArgValue] = Field(default_factory=dict, description="extra `vllm serve` flags")
-    args_from_concurrency: dict[int, dict[str, ArgValue]] = Field(
+    args: dict[str, FlagValue] = Field(default_factory=dict,
+                                       description="extra `vllm serve` flags")
+    args_from_concurrency: dict[int, dict[str, FlagValue]] = Field(
         default_factory=dict,
         description="`vllm serve` flags from this sweep concurrency up, over args: the "
         "pool's engines restart with them before that point",
@@ -330,7 +353,7 @@ class Pool(Strict):
     def gpus(self) -> int:
         return self.data_parallel * self.tensor_parallel
 
-    def args_at(self, concurrency: int | None) -> dict[str, ArgValue]:
+    def args_at(self, concurrency: int | None) -> dict[str, FlagValue]:
         """args with every args_from_concurrency step at or below `concurrency` on top, in
         ascending order (None: args alone, what the engines start with)."""
         out = dict(self.args)

@@ -1,8 +1,9 @@
 """srt-slurm recipes, imported: every key carried over, marked as a deviation, or refused.
 
 srt-slurm (NVIDIA/srt-slurm) is where GB200 users keep their recipes. The schema read is the
-one of its tag v1.0.68 (`src/srtctl/core/schema.py` and the modules that read each key);
-docs/srt-slurm.md has the key-by-key table this module follows, with sources. The import is
+one of its tag v1.0.68 (`src/srtctl/core/schema.py` and the modules that read each key); a
+`schema: 2` file (srt-slurm 2.x) is first read into that layout by srt_slurm_v2, as srt-slurm
+itself does. docs/srt-slurm.md has the key-by-key tables this module follows, with sources. The import is
 pure: a mapping in, a recipe mapping of ours and a report out. Nothing is dropped silently:
 each source key is named in the report as mapped, deviation (with why) or refused (one
 sentence), and a key this import does not know is refused by name.
@@ -18,10 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import UserError
+from launcher.schema import native_bench
 from launcher.schema.sections import flag_key
 from launcher.schema.wording import did_you_mean, show
 
 SCHEMA_READ = "NVIDIA/srt-slurm v1.0.68 (c88ef731)"
+# schema 2: srt-slurm 2.x's generated reference (docs/schema-reference.md, docs/legacy-v1.md)
+SCHEMA2_READ = "NVIDIA/srt-slurm 2.x schema 2 (docs/schema-reference.md at 01aebde8)"
+# Top-level keys only schema 2 has: a v1 file that writes one is named with the fix.
+V2_TOP = ("engine", "roles", "services", "host_setup", "post_eval")
 
 # resources.gpu_type -> our cluster profile
 CLUSTERS = {"gb200": "gb200-nvl72"}
@@ -72,6 +78,7 @@ class Report:
 
     source: str
     sha256: str
+    layout: int = 1  # the file's schema: 1 (v1.0.68's layout) or 2
     mapped: list[tuple[str, str]] = field(default_factory=list)  # (key, ours)
     deviations: list[tuple[str, str]] = field(default_factory=list)  # (key, why)
     refused: list[tuple[str, str]] = field(default_factory=list)  # (key, sentence)
@@ -81,8 +88,9 @@ class Report:
                 f"{len(self.refused)} refused")
 
     def lines(self) -> list[str]:
+        read = SCHEMA2_READ if self.layout == 2 else SCHEMA_READ
         out = [f"imported {self.source} (srt-slurm recipe, sha256 {self.sha256[:12]}, schema "
-               f"of {SCHEMA_READ}): {self.summary()}"]
+               f"{self.layout}, read as {read}): {self.summary()}"]
         out += [f"  mapped     {k} -> {v}" for k, v in self.mapped]
         out += [f"  deviation  {k}: {v}" for k, v in self.deviations]
         out += [f"  refused    {k}: {v}" for k, v in self.refused]
@@ -90,10 +98,15 @@ class Report:
 
 
 def looks_like(data: Any) -> bool:
-    """An srt-slurm recipe (`resources` and `backend` or `model.container`), not one of ours."""
-    return (isinstance(data, dict) and "cluster" not in data and "resources" in data
-            and ("backend" in data or isinstance(data.get("model"), dict)
-                 and "container" in data["model"]))
+    """An srt-slurm recipe (`resources` and `backend` or `model.container`; `schema: 2`; an
+    override file's `base`), not one of ours."""
+    if not isinstance(data, dict) or "cluster" in data:
+        return False
+    if "base" in data or data.get("schema") == 2:
+        return True
+    return "resources" in data and (
+        "backend" in data or "roles" in data
+        or isinstance(data.get("model"), dict) and "container" in data["model"])
 
 
 def file_sha256(path: Path) -> str:
@@ -106,10 +119,19 @@ def file_sha256(path: Path) -> str:
 class _Source:
     """The source mapping, with every key read marked, so the rest can be named."""
 
-    def __init__(self, data: dict, report: Report):
+    def __init__(self, data: dict, report: Report, renames: list[tuple[str, str]] = ()):
         self.data = data
         self.report = report
         self.seen: set[str] = set()
+        # (v1 prefix, the file's own prefix): a schema-2 file's keys are reported by its names
+        self.renames = sorted(renames, key=lambda r: -len(r[0]))
+
+    def name(self, key: str) -> str:
+        """`key` (v1 layout) as the file writes it."""
+        for old, new in self.renames:
+            if key == old or key.startswith(old + "."):
+                return new + key[len(old):]
+        return key
 
     def get(self, key: str, default: Any = None) -> Any:
         node: Any = self.data
@@ -145,6 +167,7 @@ class _Source:
     # a key reported is a key read; one key read for both sides is reported once
     def _add(self, rows: list[tuple[str, str]], key: str, text: str) -> None:
         self.seen.add(key)
+        key = self.name(key)
         if (key, text) not in rows:
             rows.append((key, text))
 
@@ -217,19 +240,38 @@ KNOWN_TOP = ("name", "model", "resources", "slurm", "backend", "frontend", "dyna
 
 def convert(data: dict, source: str, sha256: str, aliases: dict[str, str] | None = None,
             given: set[str] = frozenset()) -> tuple[dict, Report]:
-    """(recipe of ours, report) from an srt-slurm recipe mapping. `aliases`: srtslurm.yaml's
-    model_paths/containers entries the user gives; `given`: our keys --set provides (an
-    alias needs no resolving then). Raises UserError naming every refused key."""
-    report = Report(source, sha256)
-    src = _Source(data, report)
+    """(recipe of ours, report) from an srt-slurm recipe mapping, either layout (the file's
+    `schema` says which). `aliases`: srtslurm.yaml's model_paths/containers entries (the
+    site file's or --alias); `given`: our keys --set provides (an alias needs no resolving
+    then). Raises UserError naming every refused key."""
+    from launcher.schema import srt_slurm_v2
+
+    layout = data.get("schema", 1)
+    if layout not in (1, 2) or isinstance(layout, bool):
+        raise UserError(f"cannot import {source} (srt-slurm recipe): schema {show(layout)}: "
+                        "srt-slurm recipes are schema 1 (the v1 layout) or 2")
+    srt_slurm_v2.refuse_features(data, source)
+    renames: list[tuple[str, str]] = []
+    rows: list[tuple[str, str, str]] = []
+    if layout == 2:
+        data, renames, rows = srt_slurm_v2.normalize(data)
+    elif "schema" in data:
+        data = {k: v for k, v in data.items() if k != "schema"}
+        rows = [("mapped", "schema", "1: the v1 layout")]
+    report = Report(source, sha256, layout)
+    src = _Source(data, report, renames)
+    for category, key, text in rows:
+        {"mapped": report.mapped, "deviation": report.deviations,
+         "refused": report.refused}[category].append((key, text))
     aliases = aliases or {}
     out: dict[str, Any] = {}
 
-    kind = src.get("backend.type", "sglang")
+    kind = src.get("backend.type", "sglang" if layout == 1 else None)
     if kind != "vllm":  # the rest of such a file is another engine's: one sentence
         raise UserError(
-            f"cannot import {source} (srt-slurm recipe): backend.type {show(kind)}"
-            + (" (srt-slurm's default when backend is absent)" if not src.has("backend") else "")
+            f"cannot import {source} (srt-slurm recipe): {src.name('backend.type')} {show(kind)}"
+            + (" (srt-slurm's default when backend is absent)" if layout == 1
+               and not src.has("backend") else "")
             + ": this launcher runs vLLM only")
     src.map("backend.type", "engine: vllm")
     _file_level(src)
@@ -258,14 +300,20 @@ def convert(data: dict, source: str, sha256: str, aliases: dict[str, str] | None
 
     for key in src.unread():
         top = key.split(".")[0]
-        if key in KNOWN_ELSEWHERE:
+        read = SCHEMA2_READ if layout == 2 else SCHEMA_READ
+        if top in KNOWN_TOP and src.peek(key, 0) in ({}, [], None):
+            src.map(key, "empty: sets nothing")  # published files keep empty sections
+        elif key in KNOWN_ELSEWHERE:
             src.refuse(key, KNOWN_ELSEWHERE[key])
-        elif top not in KNOWN_TOP:
+        elif layout == 1 and top in V2_TOP:
+            src.refuse(key, "is a schema-2 key: a recipe in srt-slurm 2.x's layout says "
+                       "schema: 2 at its top")
+        elif top not in KNOWN_TOP:  # (a renamed key's top is a known one)
             hint = did_you_mean(top, KNOWN_TOP)
             src.refuse(key, "is not a key of srt-slurm's recipe schema as this import reads it ("
-                       f"{SCHEMA_READ}){f'; {hint}' if hint else ''}")
+                       f"{read}){f'; {hint}' if hint else ''}")
         else:
-            src.refuse(key, f"is not a key this import knows under {top} ({SCHEMA_READ}): "
+            src.refuse(key, f"is not a key this import knows under {src.name(top)} ({read}): "
                        "remove it, or report it with the srt-slurm version that reads it")
 
     out["description"] = _description(out, source, sha256, provenance, report)
@@ -278,7 +326,7 @@ def convert(data: dict, source: str, sha256: str, aliases: dict[str, str] | None
 
 
 def _file_level(src: _Source) -> None:
-    for key in ("base", "sweep", "lock", "schema"):
+    for key in ("base", "sweep", "lock"):
         if src.has(key):
             src.refuse(key, {
                 "base": "an override file (base + override_*/zip_override_*): expand its "
@@ -286,7 +334,6 @@ def _file_level(src: _Source) -> None:
                 "sweep": "srt-slurm's sweep section: import each combination, or use "
                          "submit --sweep on the imported recipe",
                 "lock": "a lockfile section: import the recipe it was made from",
-                "schema": "a schema-2 recipe: this import reads schema 1 (srt-slurm v1.0.68)",
             }[key])
     for key in list(src.data):
         if isinstance(key, str) and key.startswith(("override_", "zip_override_")):
@@ -328,9 +375,9 @@ def _model(src: _Source, out: dict, aliases: dict[str, str], given: set[str],
         repo = src.peek("identity.model.repo")  # the checkpoint the file says it serves
         value = repo if isinstance(repo, str) and repo else "HF_ID_OR_FOLDER"
         src.refuse("model.path", f"{show(path)} is an alias that only a site's srtslurm.yaml "
-                   f"resolves: give --alias {path}={value}"
+                   f"resolves: give --site SRTSLURM_YAML, --alias {path}={value}"
                    + (" (the file's identity.model.repo)" if value == repo else "")
-                   + " (or --set model.path=...)")
+                   + " or --set model.path=...")
     image = src.get("model.container")
     if not isinstance(image, str) or not image:
         src.refuse("model.container", "is required: the engine image")
@@ -344,8 +391,8 @@ def _model(src: _Source, out: dict, aliases: dict[str, str], given: set[str],
             " (from --set)" if "container.image" in given else f": {image}"))
     else:
         src.refuse("model.container", f"{show(image)} is an alias that only a site's "
-                   f"srtslurm.yaml resolves: give --alias {image}=IMAGE (or --set "
-                   "container.image=...)")
+                   f"srtslurm.yaml resolves: give --site SRTSLURM_YAML, --alias {image}=IMAGE "
+                   "or --set container.image=...")
     if src.has("model.precision"):
         provenance.append(f"precision {src.get('model.precision')}")
         src.deviate("model.precision", "a label in srt-slurm too: kept in the description")
@@ -434,15 +481,17 @@ def _pools(src: _Source, out: dict) -> str:
                        "(prefill, decode, aggregated)")
     mode = "agg" if modes == ["aggregated"] else "disagg"
     if mode == "disagg" and ("prefill" not in modes or "decode" not in modes):
-        src.get("resources")
+        src.get("resources")  # read with the roles they size: the refusal below covers them
+        src.get("backend")
         src.refuse("backend.vllm_config", "needs prefill and decode (disaggregated) or "
                    "aggregated alone")
         return mode
     res = src.section("resources")
     gpn = res.get("gpus_per_node", 4)
     src.get("resources.gpus_per_node")
-    if gpn != 4:
+    if gpn != 4 or isinstance(gpn, bool):
         src.refuse("resources.gpus_per_node", f"{show(gpn)}: a GB200 NVL72 tray has 4 GPUs")
+        gpn = 4  # the rest is read as for a tray, so each key gets its own sentence
     else:
         src.map("resources.gpus_per_node", "the profile's gpus_per_node (4)")
     connectors = []
@@ -506,9 +555,13 @@ def _pools(src: _Source, out: dict) -> str:
                 if isinstance(v, dict):
                     args[flag] = json.dumps(v, separators=(",", ":"))
                     src.map(f"{key}.{flag}", f"{ours}.args.{flag} (as JSON)")
+                elif v and all(isinstance(x, (int, float, str)) and not isinstance(x, bool)
+                               for x in v):
+                    src.map(f"{key}.{flag}", f"{ours}.args.{flag} (a list: the flag, then "
+                            "each value, as srt-slurm renders it)")
                 else:
-                    src.refuse(f"{key}.{flag}", "a list value (several words after the flag) "
-                               "has no recipe form here yet: write it as one string")
+                    src.refuse(f"{key}.{flag}", "a list of flag values holds numbers or words "
+                               "only, at least one")
                     args.pop(flag)
             else:
                 src.map(f"{key}.{flag}", f"{ours}.args.{flag}")
@@ -694,7 +747,9 @@ def _frontend(src: _Source, out: dict, provenance: list[str]) -> None:
             src.get(f"frontend.{k}")
             src.deviate(f"frontend.{k}", "nginx over several Dynamo frontends: one vllm-router "
                         "here")
-    if "args" in fe:
+    if "args" in fe and kind == "vllm-router":
+        _router_args(src, out)
+    elif "args" in fe:
         for k, v in (src.section("frontend.args") or {}).items():
             src.deviate(f"frontend.args.{k}", f"{show(v)} is a Dynamo frontend flag with no "
                         "vllm-router meaning (router.policy chooses vllm-router's)")
@@ -719,6 +774,32 @@ def _frontend(src: _Source, out: dict, provenance: list[str]) -> None:
             src.deviate(f"{section}.{k}", why)
             if section == "dynamo" and k in ("version", "wheel", "hash"):
                 provenance.append(f"dynamo {k} {v}")
+            elif section == "dynamo" and k == "source" and isinstance(v, dict):
+                provenance += [f"dynamo {kk} {vv}" for kk, vv in v.items()]
+
+
+# vllm-router flags the launcher sets from the plan (launcher/planning/render.py)
+ROUTER_OWNED = ("host", "port", "vllm-pd-disaggregation", "prefill", "decode", "kv-connector",
+                "worker-urls", "prometheus-host", "prometheus-port",
+                "intra-node-data-parallel-size", "worker-startup-timeout-secs")
+
+
+def _router_args(src: _Source, out: dict) -> None:
+    """frontend.args of a vllm-router front end: vllm-router's own flags, as ours."""
+    router = out.setdefault("router", {})
+    for k, v in (src.section("frontend.args") or {}).items():
+        key, flag = f"frontend.args.{k}", flag_key(str(k))
+        src.get(key)
+        if flag in ("policy", "prefill-policy", "decode-policy"):
+            router[flag.replace("-", "_")] = str(v)
+            src.map(key, f"router.{flag.replace('-', '_')}")
+        elif flag in ROUTER_OWNED:
+            src.deviate(key, "the launcher sets it from the plan")
+        elif isinstance(v, (dict, list)):
+            src.refuse(key, "a vllm-router flag takes one value here")
+        else:
+            router.setdefault("args", {})[flag] = v
+            src.map(key, f"router.args.{flag}")
 
 
 def _concurrencies(src: _Source, value: Any) -> list[int] | None:
@@ -819,6 +900,15 @@ def _benchmark(src: _Source, out: dict) -> None:
             if k in b:
                 src.get(f"benchmark.{k}")
                 src.deviate(f"benchmark.{k}", "not read by srt-slurm's gsm8k benchmark")
+    elif kind == "custom":
+        spec = _custom_benchmark(src)
+        if spec is not None:
+            bench["custom"] = spec
+            src.map("benchmark.type", "custom: benchmark.custom (the command runs in the "
+                    "recipe's image with srt-slurm's environment, docs/custom-benchmark.md)")
+            native = native_bench.recognise(spec["command"], spec["env"])
+            if native is not None:
+                src.deviate("benchmark.command", native.text())
     elif kind == "manual":
         bench["enabled"] = False
         src.map("benchmark.type", "manual: no sweep and no accuracy run (benchmark.enabled: "
@@ -829,6 +919,29 @@ def _benchmark(src: _Source, out: dict) -> None:
                    "and vLLM's GSM8K harness (sa-bench, gsm8k, manual)")
     out["benchmark"] = bench
     out["accuracy"] = acc
+
+
+def _custom_benchmark(src: _Source) -> dict | None:
+    """benchmark.type custom: {"command": str, "env": {str: str}} (our benchmark.custom),
+    or None with the key refused."""
+    command = src.get("benchmark.command")
+    env = src.get("benchmark.env", {})
+    image = src.get("benchmark.container_image")
+    if image is not None:
+        src.refuse("benchmark.container_image", f"{show(image)}: the custom command runs in "
+                   "the recipe's image; remove it")
+    if not isinstance(command, str) or not command.strip():
+        src.refuse("benchmark.command", "is required by benchmark.type custom: the shell "
+                   "command that runs the benchmark")
+        return None
+    if env is None:
+        env = {}
+    if not isinstance(env, dict) or any(isinstance(v, (dict, list)) for v in env.values()):
+        src.refuse("benchmark.env", "is a mapping of variable names to values")
+        return None
+    return {"command": command,
+            "env": {str(k): "" if v is None else str(v).lower() if isinstance(v, bool)
+                    else str(v) for k, v in env.items()}}
 
 
 def _slurm(src: _Source, out: dict) -> None:
@@ -845,7 +958,11 @@ def _slurm(src: _Source, out: dict) -> None:
     if directives:
         s["directives"] = {str(k).lstrip("-"): v for k, v in directives.items()}
         src.map("sbatch_directives", "slurm.directives")
-    srun = src.section("srun_options")
+    srun = dict(src.section("srun_options"))
+    for k in [k for k in srun if str(k).lstrip("-").startswith("container-")]:
+        srun.pop(k)  # pyxis's flags: ours come from the profile (InferenceX sets remap-root)
+        src.deviate(f"srun_options.{k}", "the container runtime's flags come from the "
+                    "profile (containers.remap_root, containers.writable)")
     if srun:
         s["srun_options"] = [f"--{str(k).lstrip('-')}" if v in (None, True, "")
                              else f"--{str(k).lstrip('-')}={v}" for k, v in srun.items()]
@@ -881,6 +998,9 @@ def _job_wide(src: _Source, out: dict) -> None:
         src.map("extra_mount", "container.mounts")
     if any("{" in m for m in mounts):
         src.refuse("container_mounts", "a {placeholder} in a mount: write the path")
+    if any("$" in m for m in mounts):  # the mount reaches srun quoted: nothing expands it
+        src.refuse("container_mounts", "an environment variable ($NAME) in a mount is not "
+                   "expanded here: write the path")
     if mounts:
         out.setdefault("container", {})["mounts"] = mounts
     script = src.get("setup_script")
@@ -925,7 +1045,7 @@ def _observability(src: _Source, out: dict) -> None:
 
 
 ORDER = ("name", "description", "cluster", "engine", "engine_version", "mode", "model",
-         "container", "kv_connector", "vllm_args", "env", "prefill", "decode", "agg",
+         "container", "kv_connector", "vllm_args", "env", "prefill", "decode", "agg", "router",
          "benchmark", "accuracy", "telemetry", "slurm", "health")
 POOL_ORDER = ("endpoints", "data_parallel", "tensor_parallel", "expert_parallel", "fronts",
               "api_servers", "args", "env")
@@ -964,8 +1084,10 @@ def _description(out: dict, source: str, sha256: str, provenance: list[str],
                  f"{', '.join(map(str, b.get('concurrency') or []))}")
     elif (out.get("accuracy") or {}).get("enabled"):
         what += "; GSM8K"
+    read = f"schema 2, read as {SCHEMA2_READ}" if report.layout == 2 else \
+        f"schema of {SCHEMA_READ}"
     lines = [what + ".", f"Imported from the srt-slurm recipe {source} (sha256 {sha256}; "
-             f"schema of {SCHEMA_READ})."]
+             f"{read})."]
     if provenance:
         lines.append("Source records: " + "; ".join(provenance) + ".")
     if report.deviations:
@@ -980,25 +1102,209 @@ BUNDLED = Path(__file__).parents[1] / "data" / "srt-slurm-recipes"
 BUNDLED_FROM = "NVIDIA/srt-slurm-recipes@8b088c0e1cdf7b5803fbac34b84b6c87096d5c59"
 
 
+# Copies of other repositories' srt-slurm recipes, under BUNDLED/<repository>/<its path>
+# (README.md): the commit each was read at.
+BUNDLED_OTHERS = {
+    "InferenceX/benchmarks/multi_node/srt-slurm-recipes/dsv4/vllm/gb200-fp4/agentx/"
+    "disagg-1p1d-dep8-dep8-mtp.yaml":
+        "SemiAnalysisAI/InferenceX@4fa2a2ffe45a668403bc3cec91b05a9d65811bc4",
+}
+
+
 def label_of(path: Path) -> str:
     """How the source is recorded: a bundled copy by its upstream path and commit."""
     try:
         rel = path.resolve().relative_to(BUNDLED.resolve())
     except (OSError, ValueError):
         return str(path)
+    if str(rel) in BUNDLED_OTHERS:
+        return f"{BUNDLED_OTHERS[str(rel)]}:{Path(*rel.parts[1:])}"
     return f"{BUNDLED_FROM}:{rel}"
 
 
-def import_file(path: Path, aliases: dict[str, str] | None = None,
-                given: set[str] = frozenset(), label: str | None = None) -> tuple[dict, Report]:
-    """Read and convert one srt-slurm recipe file."""
+def variant_refs(ref: str) -> list[str]:
+    """`ref`, or for an override file named without a selector, one `FILE:override_NAME`
+    per variant (srtctl runs every variant of such a file; `submit` makes them one study)."""
+    from launcher.schema import srt_slurm_v2
     from launcher.schema.yaml_io import read_yaml
 
+    path, selector = srt_slurm_v2.split_ref(ref)
+    if selector is not None or not path.endswith((".yaml", ".yml")) or not Path(path).is_file():
+        return [ref]
+    try:
+        data = read_yaml(Path(path), "a recipe")
+    except UserError:
+        return [ref]  # said when it is loaded
+    if not (looks_like(data) and srt_slurm_v2.is_override_file(data)):
+        return [ref]
+    return [f"{path}:{name}" for name in srt_slurm_v2.variant_names(data)] or [ref]
+
+
+def import_data(data: dict, path: Path, selector: str | None = None,
+                aliases: dict[str, str] | None = None, given: set[str] = frozenset(),
+                label: str | None = None, site: Site | None = None) -> tuple[dict, Report]:
+    """Convert a recipe mapping read from `path` (one variant of an override file: its
+    selector), with the site file's defaults."""
+    from launcher.schema import srt_slurm_v2
+
+    source = label or label_of(path)
+    if srt_slurm_v2.is_override_file(data):
+        source = f"{source}:{selector}" if selector else source
+        data = srt_slurm_v2.select(data, selector, label or label_of(path))
+    elif selector is not None:
+        raise UserError(f"{show(path)} is not an override file (it has no base block): name "
+                        "the file without :{selector}".replace("{selector}", selector))
+    rows: list[tuple[str, str, str]] = []
+    if site is not None:
+        data, site_aliases = site.apply(data)
+        aliases = {**site_aliases, **(aliases or {})}
+        rows = site.rows
+        bad = [f"{k} {v}" if v.startswith("is ") else f"{k}: {v}"
+               for c, k, v in rows if c == "refused"]
+        if bad:
+            raise UserError(f"cannot use the site file {show(site.label)}: " + "; ".join(bad))
+    recipe, report = convert(data, source, file_sha256(path), aliases, given)
+    for category, key, text in rows:
+        {"mapped": report.mapped, "deviation": report.deviations,
+         "refused": report.refused}[category].append((key, text))
+    return recipe, report
+
+
+def import_file(ref: Path | str, aliases: dict[str, str] | None = None,
+                given: set[str] = frozenset(), label: str | None = None,
+                site: Site | None = None) -> tuple[dict, Report]:
+    """Read and convert one srt-slurm recipe file (`FILE:override_NAME`: one variant)."""
+    from launcher.schema import srt_slurm_v2
+    from launcher.schema.yaml_io import read_yaml
+
+    name, selector = srt_slurm_v2.split_ref(str(ref))
+    path = Path(name)
     data = read_yaml(path, "an srt-slurm recipe")
     if not looks_like(data):
         raise UserError(f"{show(path)} is not an srt-slurm recipe (it has no resources, or it "
                         "has our cluster key): `submit` and `recipes show` take ours as is")
-    return convert(data, label or label_of(path), file_sha256(path), aliases, given)
+    return import_data(data, path, selector, aliases, given, label, site)
+
+
+# --- the site file: srtslurm.yaml (ClusterConfig) --------------------------------------------
+SITE_FILE = "srtslurm.yaml"
+# ClusterConfig keys (docs/schema-reference.md "Cluster config") the import applies to a
+# recipe as srt-slurm does at load (a recipe's own value wins), and the row each gets.
+SITE_APPLIED = {
+    "default_account": "slurm.account when the recipe sets none",
+    "default_partition": "slurm.partition when the recipe sets none",
+    "default_time_limit": "slurm.time_limit when the recipe sets none",
+    "default_sbatch_directives": "slurm.directives under the recipe's own",
+    "default_health_check": "health.timeout_s when the recipe has no health_check",
+    "default_mounts": "container.mounts, after the recipe's container_mounts",
+    "model_paths": "model.path aliases",
+    "containers": "container.image aliases",
+}
+# Keys our cluster profile holds (launcher/clusters/*.yaml): the profile decides them.
+SITE_PROFILE = {
+    "cluster": "the profile's name",
+    "gpus_per_node": "the profile's gpus_per_node",
+    "default_gpu_type": "the recipe's resources.gpu_type picks the profile",
+    "network_interface": "the profile's network.interface",
+    "use_gpus_per_node_directive": "the profile's gpu_directive",
+    "use_segment_sbatch_directive": "the profile's segment",
+    "use_exclusive_sbatch_directive": "the profile's exclusive",
+    "visible_devices_env": "engines are pinned with CUDA_VISIBLE_DEVICES",
+    "output_dir": "runs go to --runs-dir",
+    "srtctl_root": "srt-slurm's own checkout: not used",
+    "preflight": "the launcher's preflight always runs",
+}
+
+
+@dataclass
+class Site:
+    """A site's srtslurm.yaml: what it gives a recipe, and a row for each of its keys."""
+
+    label: str
+    data: dict
+    rows: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def apply(self, recipe: dict) -> tuple[dict, dict[str, str]]:
+        """(the recipe with the site's defaults under it, {alias: value})."""
+        import copy
+
+        d, out = self.data, copy.deepcopy(recipe)
+        rows: list[tuple[str, str, str]] = []
+        aliases: dict[str, str] = {}
+
+        def row(key: str, category: str, text: str) -> None:
+            rows.append((category, f"{self.label}:{key}", text))
+
+        slurm = out.get("slurm") if isinstance(out.get("slurm"), dict) else None
+        for key, value in d.items():
+            if key in ("model_paths", "containers"):
+                if not isinstance(value, dict) or any(isinstance(v, (dict, list))
+                                                      for v in value.values()):
+                    row(key, "refused", "is a mapping of alias to path or image")
+                    continue
+                aliases.update({str(k): str(v) for k, v in value.items()})
+                row(key, "mapped", SITE_APPLIED[key])
+            elif key in ("default_account", "default_partition", "default_time_limit"):
+                ours = key.removeprefix("default_")
+                if value is None:
+                    row(key, "mapped", "null: none")
+                    continue
+                if isinstance(value, (dict, list)):
+                    row(key, "refused", "is one value")
+                    continue
+                if slurm is None and "slurm" not in out:
+                    slurm = out["slurm"] = {}
+                if isinstance(slurm, dict) and slurm.get(ours) is None:
+                    slurm[ours] = value
+                row(key, "mapped", SITE_APPLIED[key])
+            elif key == "default_sbatch_directives":
+                if value and not isinstance(value, dict):
+                    row(key, "refused", "is a mapping of directive to value")
+                    continue
+                mine = out.get("sbatch_directives")
+                if isinstance(mine, dict) or mine is None:
+                    out["sbatch_directives"] = {**(value or {}), **(mine or {})}
+                row(key, "mapped", SITE_APPLIED[key])
+            elif key == "default_health_check":
+                if value and not isinstance(value, dict):
+                    row(key, "refused", "is a mapping of max_attempts and interval_seconds")
+                    continue
+                if value and "health_check" not in out:
+                    out["health_check"] = dict(value)
+                row(key, "mapped", SITE_APPLIED[key])
+            elif key == "default_mounts":
+                if value and not isinstance(value, dict):
+                    row(key, "refused", "is a mapping of host path to container path")
+                    continue
+                mine = out.get("container_mounts")
+                if isinstance(mine, dict) or mine is None:
+                    out["container_mounts"] = {**(mine or {}), **(value or {})}
+                row(key, "mapped", SITE_APPLIED[key])
+            elif key == "gpus_per_node":
+                row(key, "mapped" if value in (None, 4) else "refused",
+                    "4, the GB200 NVL72 profile's" if value in (None, 4)
+                    else f"{show(value)}: the GB200 NVL72 profile has 4 GPUs a node")
+            elif key in SITE_PROFILE:
+                row(key, "deviation", f"{SITE_PROFILE[key]} (launcher/clusters/*.yaml)")
+            else:
+                row(key, "deviation", "not run by this launcher: the site's setting is not "
+                    "used")
+        self.rows = rows
+        return out, aliases
+
+
+def load_site(path: Path | None) -> Site | None:
+    """The site file named by --site, else ./srtslurm.yaml when there is one; None when
+    neither."""
+    from launcher.schema.yaml_io import read_yaml
+
+    if path is None:
+        here = Path(SITE_FILE)
+        if not here.is_file():
+            return None
+        path = here
+    data = read_yaml(Path(path), "a site file (srtslurm.yaml)")
+    return Site(str(path), data)
 
 
 def render(recipe: dict, report: Report) -> str:

@@ -244,6 +244,8 @@ def field_reference(model: type, prefix: str = "") -> list[tuple[str, str, str, 
             out += field_reference(sub, path + ".")
             continue
         kind = re.sub(r"typing\.|<class '([^']+)'>", r"\1", str(f.annotation))
+        # a validated type reads as the type it validates (Annotated[X, validator] -> X)
+        kind = re.sub(r"Annotated\[(.*?), BeforeValidator\([^)]*\)\]", r"\1", kind)
         if f.is_required():
             default = "(required)"
         elif f.default_factory is not None:

@@ -28,6 +28,11 @@ def yaml_module():
 MAX_YAML_BYTES = 64 << 10
 MAX_YAML_NODES = 5000
 MAX_YAML_DEPTH = 32
+# Aliases (*name) and merge keys (<<) are read as PyYAML's safe_load reads them (srt-slurm
+# loads its recipes so), but what they expand to is bounded: nested aliases double at each
+# level (the "billion laughs" file), so the expanded count is measured before anything
+# walks the value.
+MAX_YAML_EXPANDED = 20000
 # YAML types JSON cannot carry: the run files are JSON and the values reach command lines.
 NOT_JSON_TAGS = ("timestamp", "binary", "set", "omap", "pairs")
 
@@ -35,8 +40,9 @@ NOT_JSON_TAGS = ("timestamp", "binary", "set", "omap", "pairs")
 @functools.cache
 def _loader():
     """PyYAML's safe loader, minus what does not belong in a recipe: dates stay strings and
-    explicit tags of non-JSON types are refused (the run files are JSON), aliases are
-    refused (nested ones expand exponentially), and size, count and depth are bounded."""
+    explicit tags of non-JSON types are refused (the run files are JSON), aliases and merge
+    keys resolve as in safe_load with their expansion bounded (MAX_YAML_EXPANDED), and size,
+    count and depth are bounded."""
     yaml = yaml_module()
     ComposerError = yaml.composer.ComposerError
     ConstructorError = yaml.constructor.ConstructorError
@@ -51,7 +57,8 @@ def _loader():
             event = self.peek_event()
             mark = event.start_mark
             if isinstance(event, yaml.AliasEvent):
-                raise ComposerError(None, None, "YAML aliases (*name) are not supported here", mark)
+                self.pd_aliases = True
+                return super().compose_node(parent, index)
             self.pd_nodes += 1
             if self.pd_nodes > MAX_YAML_NODES:
                 raise ComposerError(None, None, f"more than {MAX_YAML_NODES:,} values", mark)
@@ -64,6 +71,12 @@ def _loader():
                 return super().compose_node(parent, index)
             finally:
                 self.pd_depth -= 1
+
+        def compose_document(self):
+            node = super().compose_document()
+            if getattr(self, "pd_aliases", False):
+                _expanded_size(node, ComposerError)
+            return node
 
         def construct_yaml_int(self, node):
             try:
@@ -89,6 +102,54 @@ def _loader():
         for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
     }
     return Loader
+
+
+def _expanded_size(root, error: type[Exception]) -> None:
+    """Raise `error` when the document's aliases expand past MAX_YAML_EXPANDED values or
+    MAX_YAML_DEPTH levels, or refer to a value that contains them. Each node is measured
+    once, so a file of doubling aliases costs its own size, not its expansion."""
+    sizes: dict[int, tuple[int, int]] = {}
+    open_: set[int] = set()
+
+    def children(node) -> list:
+        v = node.value
+        if isinstance(v, list):
+            return [x for pair in v for x in (pair if isinstance(pair, tuple) else (pair,))]
+        return []
+
+    def measure(node) -> tuple[int, int]:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_:
+            raise error(None, None, "an alias (*name) refers to a value that contains it",
+                        node.start_mark)
+        open_.add(key)
+        count, depth = 1, 0
+        for child in children(node):
+            c, d = measure(child)
+            count, depth = count + c, max(depth, d)
+            if count > MAX_YAML_EXPANDED:
+                raise error(None, None, f"its aliases (*name) expand to more than "
+                            f"{MAX_YAML_EXPANDED:,} values", node.start_mark)
+        if depth + 1 > MAX_YAML_DEPTH:
+            raise error(None, None, f"its aliases (*name) nest values more than "
+                        f"{MAX_YAML_DEPTH} levels deep", node.start_mark)
+        open_.discard(key)
+        sizes[key] = (count, depth + 1)
+        return sizes[key]
+
+    measure(root)
+
+
+def _unshared(value: Any) -> Any:
+    """A copy in which no two places hold the same list or mapping (an alias is a second
+    reference in PyYAML's result): a change made at one place stays there."""
+    if isinstance(value, dict):
+        return {k: _unshared(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unshared(v) for v in value]
+    return value
 
 
 def yaml_value(text: str):
@@ -182,7 +243,7 @@ def read_yaml(path: Path, what: str) -> dict:
     except UnicodeDecodeError:
         raise UserError(f"{name} is not UTF-8 text: {what} is a YAML file") from None
     try:
-        data = yaml_module().load(text, Loader=_loader())
+        data = _unshared(yaml_module().load(text, Loader=_loader()))
     except Exception as e:  # yaml's errors are many classes; all mean "fix the file"
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
