@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from launcher.control import compute_env, staging, visibility
-from launcher.planning import capacity, containers, cost, engine_argv, render, schedulers
+from launcher.planning import capacity, containers, cost, engine_argv, render, schedulers, ucx
 from launcher.run import lengths, listing, published, rundir
 from launcher.run.plandoc import CPU_LABEL, PlanError, read_plan
 from launcher.run.rundir import RunDir, RunStatus
@@ -317,6 +317,8 @@ def plan_text(prepared: Prepared) -> str:
     for warning in capacity.warnings(plan, prepared.capacity):
         lines.append(f"warning: {warning}")
     for warning in visibility.input_warnings(plan):
+        lines.append(f"warning: {warning}")
+    for warning in ucx.ucx_lines(plan)[0]:
         lines.append(f"warning: {warning}")
     spend = cost.estimate(plan)
     lines.append(cost_line(prepared, spend))

@@ -286,12 +286,28 @@ def model_check(plan: dict) -> dict:
     if hf:
         repo = Path(hf) / "hub" / f"models--{path.replace('/', '--')}"
         snap = repo / "snapshots"
+        pinned = engine_revision(plan)
+        if pinned:  # resolved as the hub library does offline: a ref's file, else a commit
+            ref = repo / "refs" / pinned
+            rev = ref.read_text().strip() if ref.is_file() else pinned
+            found = [snap / rev / "config.json"] if (snap / rev / "config.json").is_file() else []
+            return {"path": path, "ok": bool(found), "revision": rev, "pinned": pinned,
+                    "how": f"revision {pinned} (--revision) resolved offline under {snap}",
+                    "hybrid": _hybrid(found[0].parent) if found else None}
         found = sorted(snap.glob("*/config.json")) if snap.is_dir() else []
         ref = repo / "refs" / "main"
         rev = ref.read_text().strip() if ref.is_file() else None
         return {"path": path, "ok": bool(found), "how": f"a snapshot under {snap}",
                 "revision": rev, "hybrid": _hybrid(found[-1].parent) if found else None}
     return {"path": path, "ok": None, "how": "a hub id and no HF_HOME: downloaded at start"}
+
+
+def engine_revision(plan: dict) -> str | None:
+    """The --revision the engines are started with (model.revision), if any."""
+    for p in plan.get("processes", []):
+        if p.get("kind") == "engine" and (rev := _flag(p.get("argv") or [], "--revision")):
+            return rev
+    return None
 
 
 def _hybrid(folder: Path) -> bool | None:

@@ -315,7 +315,14 @@ def judge_container(
                 msg = " ".join((chk.get("message") or "rejected").split())
                 rejected.setdefault(msg, []).append(chk["process"])
         model = f.get("model") or {}
-        if node in engine_nodes and model.get("ok") is False:
+        if node in engine_nodes and model.get("ok") is False and model.get("pinned"):
+            pin = model["pinned"]
+            problems.append(Problem(
+                f"{node}: the model {model.get('path')} at revision {pin} (model.revision) is "
+                f"not in the engine's HF cache, and offline vLLM finds nothing else "
+                f"({model.get('how')}): run python -m launcher stage-model {model.get('path')} "
+                f"--revision {pin} --cluster <profile>", node=node))
+        elif node in engine_nodes and model.get("ok") is False:
             problems.append(Problem(
                 f"{node}: the model {model.get('path')} is not readable in the engine's "
                 f"container ({model.get('how')}): stage it, or mount its folder",

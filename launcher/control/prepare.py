@@ -16,7 +16,7 @@ from pathlib import Path
 
 from launcher.control import compute_env
 from launcher.errors import UserError
-from launcher.planning import cost, engine_argv, render, schedulers, study
+from launcher.planning import cost, engine_argv, render, schedulers, study, ucx
 from launcher.planning.capacity import estimates, resolve_model
 from launcher.planning.kv_cache import KvCapacity
 from launcher.planning.plan import Plan, make_plan, nodes_needed
@@ -454,6 +454,7 @@ def find_blockers(runs: list[Prepared]) -> list[Prepared]:
     for p in runs:
         refuse, _ = staging.check(p.plan.recipe, p.plan.cluster)
         p.blockers = [refuse] if refuse else []
+        p.blockers += ucx.ucx_lines(p.plan)[1]
         if p.shared is not None:
             continue  # a study's one job is fitted to the partition by choose()
         s, sched = p.plan.recipe.slurm, schedulers.of(p.plan.cluster)

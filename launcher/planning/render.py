@@ -123,7 +123,8 @@ def serve_argv(plan: Plan, ep: Endpoint, part, concurrency: int | None = None) -
     pool = ep.pool
     module = r.engine_kind.serve_module
     exe = ["vllm"] if module is None else launcher_cmd(plan, module, r.container is not None)
-    argv = [*exe, "serve", r.model.path, "--served-model-name", r.model.name]
+    argv = [*exe, "serve", r.model.path, "--served-model-name", r.model.name,
+            *revision_flags(r, engine_args(r, pool, concurrency))]
     if part.http_port is not None:
         argv += ["--host", plan.cluster.bind_host, "--port", str(part.http_port)]
     argv += ["--tensor-parallel-size", str(pool.tensor_parallel)]
@@ -149,6 +150,19 @@ def serve_argv(plan: Plan, ep: Endpoint, part, concurrency: int | None = None) -
     if ep.role.disaggregated:
         argv += ["--kv-transfer-config", kv_transfer_config(plan, ep.role)]
     return argv + flags(engine_args(r, pool, concurrency))
+
+
+def revision_flags(r, args: dict) -> list[str]:
+    """A pinned hub revision for the weights and, unless the recipe names another tokenizer,
+    the tokenizer: offline (HF_HUB_OFFLINE=1) vLLM resolves nothing but what it is given, and
+    without them asks for `main`, which a cache staged at a commit does not have."""
+    m = r.model
+    if not (m.revision and m.hub_id):
+        return []
+    out = [] if "revision" in args else ["--revision", m.revision]
+    if "tokenizer" not in args and "tokenizer-revision" not in args:
+        out += ["--tokenizer-revision", m.revision]
+    return out
 
 
 def restarts(plan: Plan, ep: Endpoint, part, argv: list[str]) -> list[dict]:
@@ -229,16 +243,15 @@ def engine_wait_env(plan: Plan, ep: Endpoint) -> dict[str, str]:
 
 def network_env(plan: Plan, node: str) -> dict[str, str]:
     """Pin NCCL, Gloo, UCX and vLLM to the profile's inter-node NIC (their own choice can be
-    a management or loopback interface)."""
+    a management or loopback interface). UCX_NET_DEVICES set in the profile's env is kept:
+    an interface name leaves UCX only TCP (launcher.planning.ucx), RDMA devices do not."""
     iface = plan.cluster.network.interface
     if not iface:
         return {}
-    return {
-        "NCCL_SOCKET_IFNAME": iface,
-        "GLOO_SOCKET_IFNAME": iface,
-        "UCX_NET_DEVICES": iface,
-        "VLLM_HOST_IP": plan.address(node),
-    }
+    env = {"NCCL_SOCKET_IFNAME": iface, "GLOO_SOCKET_IFNAME": iface}
+    if "UCX_NET_DEVICES" not in plan.cluster.env:
+        env["UCX_NET_DEVICES"] = iface
+    return {**env, "VLLM_HOST_IP": plan.address(node)}
 
 
 def model_env(plan: Plan) -> dict[str, str]:
