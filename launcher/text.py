@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from launcher.control import compute_env, staging, visibility
+from launcher.control import compute_env, prepare, staging, visibility
 from launcher.planning import capacity, containers, cost, engine_argv, render, schedulers, ucx
 from launcher.run import lengths, listing, published, rundir
 from launcher.run.plandoc import CPU_LABEL, PlanError, read_plan
@@ -318,8 +318,12 @@ def plan_text(prepared: Prepared) -> str:
         lines.append(f"warning: {warning}")
     for warning in visibility.input_warnings(plan):
         lines.append(f"warning: {warning}")
-    for warning in ucx.ucx_lines(plan)[0]:
+    for warning in ucx.ucx_lines(plan)[0] + prepare.setup_script_lines(prepared)[0]:
         lines.append(f"warning: {warning}")
+    if script := render.setup_script_path(plan):
+        lines.append(f"Setup script: {r.setup_script}, run from {script} with bash in each "
+                     "engine's container before it starts and in the preflight's container "
+                     "check (as srt-slurm runs its setup_script)")
     spend = cost.estimate(plan)
     lines.append(cost_line(prepared, spend))
     if (late := cost.time_limit_problems(plan, spend)[1]) is not None:

@@ -302,6 +302,60 @@ def model_check(plan: dict) -> dict:
     return {"path": path, "ok": None, "how": "a hub id and no HF_HOME: downloaded at start"}
 
 
+def numa_check(plan: dict, node: str) -> dict | None:
+    """vLLM's --numa-bind runs each worker under numactl: it must be in the container (the
+    recipe's setup_script, run before this check as before the engines, may install it)."""
+    who = [p["name"] for p in plan.get("processes", [])
+           if p.get("node") == node and p.get("kind") == "engine"
+           and "--numa-bind" in (p.get("argv") or [])]
+    if not who:
+        return None
+    exe = shutil.which("numactl")
+    works, said = False, "not on PATH"
+    if exe:
+        try:
+            r = subprocess.run([exe, "--show"], capture_output=True, text=True, timeout=10)
+            works, said = r.returncode == 0, (r.stderr or r.stdout).strip()[:200]
+        except (OSError, subprocess.SubprocessError) as e:
+            said = str(e)
+    return {"processes": who, "numactl": exe, "ok": works, "message": said}
+
+
+BENCH_MODULE = "launcher.clients.bench"
+
+
+def tokenizer_checks(plan: dict, node: str) -> list[dict]:
+    """The benchmark client's tokenizer and chat template, loaded here as the client will
+    load them (its own flags, its own function), once per distinct way: a tokenizer with its
+    own code, a renderer of vLLM's or a revision missing offline shows now, not after the
+    load."""
+    from launcher.clients import bench
+
+    out, seen = [], set()
+    for p in plan.get("processes", []):
+        argv = p.get("argv") or []
+        if p.get("node") != node or BENCH_MODULE not in argv or "--use-chat-template" not in argv:
+            continue
+        try:
+            cfg = bench.parse_args(argv[argv.index(BENCH_MODULE) + 1:])
+        except SystemExit:
+            continue  # its flags are the renderer's; the client's own parser would say
+        key = (cfg.tokenizer, cfg.tokenizer_mode, cfg.trust_remote_code, cfg.tokenizer_revision)
+        if key in seen:
+            continue
+        seen.add(key)
+        t0 = time.monotonic()
+        try:
+            tok = bench.load_tokenizer(cfg.tokenizer, cfg.tokenizer_mode, cfg.trust_remote_code,
+                                       cfg.tokenizer_revision)
+            ok, message = True, f"template of {bench._template_len(tok)} tokens"
+        except bench.BenchError as e:
+            ok, message = False, str(e)
+        out.append({"process": p["name"], "ok": ok, "message": message,
+                    "seconds": round(time.monotonic() - t0, 2)})
+    return out
+
+
 def engine_revision(plan: dict) -> str | None:
     """The --revision the engines are started with (model.revision), if any."""
     for p in plan.get("processes", []):
@@ -352,6 +406,8 @@ def container_facts(node: str, run_dir: Path, engine: str) -> dict:
         for (name, _), r in zip(argvs, result.get("results") or [], strict=False):
             facts["argv_checks"].append({"process": name, "ok": r["ok"], "message": r["message"]})
     facts["model"] = model_check(plan)
+    facts["tokenizers"] = tokenizer_checks(plan, node)
+    facts["numa_bind"] = numa_check(plan, node)
     facts["packages"] = packages()
     facts["torch_cuda"] = torch_cuda()
     facts["files"] = [

@@ -357,6 +357,30 @@ def chat_template_applies(plan: Plan) -> bool:
     return not plan.recipe.engine_kind.simulated
 
 
+def tokenizer_flags(plan: Plan) -> list[str]:
+    """The client loads the tokenizer as the engines do: their --tokenizer-mode (vLLM's own
+    renderer for DeepSeek-V4, what sa-bench's custom_tokenizer loads) and trust-remote-code
+    (a tokenizer with its own code, Kimi-K2.5's), at the pinned revision (docs/workload.md)."""
+    r = plan.recipe
+    args = {k: v for _, pool in r.pools() for k, v in engine_args(r, pool).items()}
+    path = str(args.get("tokenizer") or r.model.path)
+    out = ["--tokenizer", path]
+    rev = args.get("tokenizer-revision") or (r.model.revision if "tokenizer" not in args else None)
+    if rev and r.model.hub_id:
+        if r.benchmark.driver == "builtin":
+            out += ["--tokenizer-revision", str(rev)]
+        elif plan.cluster.models.hf_home and re.fullmatch(r"[0-9a-f]{40}", str(rev)):
+            # vllm bench serve takes no revision: the commit's snapshot folder is one
+            out[1] = (f"{plan.cluster.models.hf_home}/hub/models--{path.replace('/', '--')}"
+                      f"/snapshots/{rev}")
+    mode = args.get("tokenizer-mode")
+    if mode and mode != "auto":
+        out += ["--tokenizer-mode", str(mode)]
+    if args.get("trust-remote-code") is True:
+        out.append("--trust-remote-code")
+    return out
+
+
 def bench_processes(plan: Plan) -> list[Process]:
     """One client run per concurrency point, against the router, from the first node."""
     r = plan.recipe
@@ -375,7 +399,7 @@ def bench_processes(plan: Plan) -> list[Process]:
             "--base-url", plan.router_url,
             "--endpoint", "/v1/completions",
             "--model", r.model.name,
-            "--tokenizer", r.model.path,
+            *tokenizer_flags(plan),
             "--dataset-name", "random",
             *workload_flags(plan),
             "--num-prompts", str(b.prompts(c)),
@@ -568,17 +592,30 @@ def step_prefix(plan: Plan, proc: Process) -> list[str]:
 
 def command_line(plan: Plan, proc: Process) -> list[str]:
     """The full command that starts `proc`: [srun ...] [preamble] env K=V ... argv."""
-    return [*step_prefix(plan, proc), *preamble(plan, proc.name), "env",
-            *[f"{k}={v}" for k, v in proc.env.items()], *proc.argv]
+    return [*step_prefix(plan, proc), *preamble(plan, proc.name, proc.kind == Kind.ENGINE),
+            "env", *[f"{k}={v}" for k, v in proc.env.items()], *proc.argv]
 
 
-def preamble(plan: Plan, name: str) -> list[str]:
+def preamble(plan: Plan, name: str, setup: bool = False) -> list[str]:
     """The profile's step_preamble before a step's command, where the command runs (in its
-    container, for a container step); a failing preamble fails the step."""
-    text = plan.cluster.step_preamble
-    if not text:
+    container, for a container step), then with `setup` the recipe's setup_script, as
+    srt-slurm runs it in each worker's container before the worker; a failing preamble or
+    script fails the step."""
+    parts = [plan.cluster.step_preamble] if plan.cluster.step_preamble else []
+    if setup and (script := setup_script_path(plan)):
+        q = shlex.quote(script)  # missing: a warning, as srt-slurm (the dry-run said so)
+        parts.append(f'if [ -f {q} ]; then bash {q}; else echo "setup_script {q} is missing" '
+                     '>&2; fi')
+    if not parts:
         return []
-    return ["bash", "-c", f'set -e; {text}; set +e; exec "$@"', name]
+    return ["bash", "-c", f'set -e; {"; ".join(parts)}; set +e; exec "$@"', name]
+
+
+def setup_script_path(plan: Plan) -> str | None:
+    """Where the recipe's setup_script is run from: its copy in the run directory, which
+    every node and container sees."""
+    script = plan.recipe.setup_script
+    return f"{plan.run_dir}/{rundir.INPUTS}/{Path(script).name}" if script else None
 
 
 NODECHECK_MODULE = "launcher.control.nodecheck"
@@ -626,7 +663,7 @@ def check_steps(plan: Plan) -> list[tuple[str, list[list[str]]]]:
         stages.append(("stage-model", [*box, *env_box, *stage]))
     return schedulers.of(c).preflight_steps(
         plan, [*preamble(plan, "preflight-host"), *env_host, *host],
-        [*box, *preamble(plan, "preflight-container"), *env_box, *inside],
+        [*box, *preamble(plan, "preflight-container", True), *env_box, *inside],
         [(n, _after_box(plan, n, cmd, box)) for n, cmd in stages])
 
 
