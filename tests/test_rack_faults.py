@@ -10,7 +10,6 @@ import pytest
 from helpers import profile_copy
 
 from launcher.control import nodecheck, pd_check, preflight, prepare, staging
-from launcher.planning import ucx
 from launcher.schema import recipe
 
 DSV4 = "deepseek-v4-pro-gb200-8k1k-low-latency"
@@ -108,6 +107,8 @@ def test_an_interface_name_as_ucx_device_is_said_at_dry_run_and_named_by_the_pd_
                         network={"interface": "ib0"})
     qwen = "qwen3.5-397b-gb200-disagg"
     plan = planned(tmp_path, qwen, f"cluster={prof}")
+    from launcher.planning import ucx
+
     warnings, blockers = ucx.ucx_lines(plan)
     assert not warnings
     (b,) = blockers
@@ -141,6 +142,8 @@ def test_a_recipe_pinning_tcp_only_ucx_tls_is_said_at_dry_run_and_runs_as_publis
     TCP and names the key and the fix; the default refusal of TCP lets it run (the recipe
     asks for it, its figures were measured so); a profile that says refuse makes it a
     blocker at dry-run, not a failure after the load."""
+    from launcher.planning import ucx
+
     plan = planned(tmp_path, DSV4)
     (w,), blockers = ucx.ucx_lines(plan)
     assert not blockers
@@ -163,6 +166,8 @@ def test_a_recipe_pinning_tcp_only_ucx_tls_is_said_at_dry_run_and_runs_as_publis
 
 
 def test_ucx_lane_reading():
+    from launcher.planning import ucx
+
     assert ucx.rdma_in_tls(None) and ucx.rdma_in_tls("all") and ucx.rdma_in_tls("rc_x,cuda_copy")
     assert ucx.rdma_in_tls("^tcp") and not ucx.rdma_in_tls("^ib,tcp")
     assert not ucx.rdma_in_tls("cuda_copy,cuda_ipc,tcp") and not ucx.rdma_in_tls("tcp,sm")
@@ -428,3 +433,102 @@ def test_preflight_finds_numactl_missing_where_numa_bind_is_set(tmp_path, monkey
     (bin_dir / "numactl").write_text("#!/bin/sh\necho policy: default\n")
     (bin_dir / "numactl").chmod(0o755)
     assert nodecheck.numa_check(doc, "n1")["ok"] is True
+
+
+# --- on the dev cluster: real Slurm, pyxis and enroot ------------------------------------------------
+
+
+NUMACTL_SHIM = """#!/bin/sh
+# stands in for Debian's numactl, which this image lacks: --show works, anything else runs
+[ "$1" = --show ] && { echo "policy: default"; exit 0; }
+while [ "${1#-}" != "$1" ]; do shift; done
+exec "$@"
+"""
+
+
+@pytest.mark.slurm
+def test_the_preflight_finds_the_tokenizer_and_numactl_in_the_container_on_the_dev_cluster(
+        tmp_path):
+    """The dev cluster's CPU recipe with the shapes of Kimi-K2.5 (a tokenizer with its own code,
+    the chat template) and DeepSeek-V4 (numa-bind, a setup_script): without trust-remote-code
+    and with a script that installs nothing, the preflight inside the engine's container under
+    pyxis fails in seconds naming both fixes, before any engine starts; with the engines'
+    trust-remote-code and a script that puts numactl on PATH, the same checks pass (the
+    script ran in the container before them)."""
+    import subprocess
+    import sys
+    import time
+
+    import helpers
+
+    from launcher.run import rundir
+
+    model = code_tokenizer_model(tmp_path / "model")
+    prof = helpers.profile_copy(tmp_path / "dc.yaml", "devcluster",
+                                port_base=helpers.free_port_base(range(26000, 32500, 500), 300))
+    (tmp_path / "none.sh").write_text("echo installing nothing\n")
+    (tmp_path / "shim.sh").write_text(
+        f"cat > /usr/local/bin/numactl <<'EOS'\n{NUMACTL_SHIM}EOS\nchmod +x /usr/local/bin/numactl\n")
+    common = [f"cluster={prof}", f"model.path={model}", "benchmark.driver=builtin",
+              "benchmark.chat_template=true", "benchmark.concurrency=[1]",
+              "accuracy.enabled=false", "vllm_args.numa-bind=true",
+              "container.mounts=[/var/tmp/pd-vllm-cpu/models:/var/tmp/pd-vllm-cpu/models:ro,"
+              f"{tmp_path}:{tmp_path}:ro]"]
+
+    def submit(runs: str, *sets: str) -> subprocess.Popen:
+        args = [sys.executable, "-m", "launcher", "submit", "devcluster-vllm-cpu-agg",
+                "--runs-dir", str(tmp_path / runs), "--wait"]
+        for s in [*common, *sets]:
+            args += ["--set", s]
+        return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, cwd=tmp_path)
+
+    t0 = time.monotonic()
+    proc = submit("bad", f"setup_script={tmp_path / 'none.sh'}")
+    out, _ = proc.communicate(timeout=600)
+    (run,) = [p.parent for p in (tmp_path / "bad").glob("*/plan.json")]
+    st = rundir.RunDir(run).status()
+    assert st.state == "failed" and st.stage == "preflight", (st, out[-3000:])
+    assert "bench-c1 would fail after the load: --tokenizer" in st.error, st.error
+    assert "--trust-remote-code" in st.error
+    assert "set numa-bind, which runs vLLM's workers under numactl, but numactl is not in the "\
+           "engine's container" in st.error, st.error
+    assert f"setup_script {tmp_path / 'none.sh'} ran first" in st.error
+    assert not (run / "logs" / "agg-0@gb200-01.log").exists()  # no engine was started
+    events = [e for e in rundir.RunDir(run).events() if e["event"] == "stage"]
+    print(f"refused in {time.monotonic() - t0:.0f} s, submit to failure", file=sys.stderr)
+    assert events
+    # the fixes named: the engines' trust-remote-code, a script that installs numactl
+    proc = submit("good", f"setup_script={tmp_path / 'shim.sh'}", "vllm_args.trust-remote-code=true")
+    try:
+        def preflight_done():
+            runs = list((tmp_path / "good").glob("*/plan.json"))
+            if not runs:
+                return None
+            r = rundir.RunDir(runs[0].parent)
+            names = [e["event"] for e in r.events()]
+            st = r.status()
+            return r if ("preflight_ok" in names or st.state in ("failed", "done")) else None
+
+        good = helpers.wait_for(preflight_done, 600, "the second run's preflight")
+        st = good.status()
+        assert st.stage != "preflight" or st.state != "failed", st
+        facts = json.loads(next(good.path.glob("preflight/*.container.json")).read_text())
+        assert facts["numa_bind"]["ok"] is True and facts["numa_bind"]["numactl"] == \
+            "/usr/local/bin/numactl", facts["numa_bind"]
+        (tok,) = facts["tokenizers"]
+        assert tok["ok"] and tok["seconds"] < 30, tok
+    finally:
+        subprocess.run([sys.executable, "-m", "launcher", "cancel", str(good.path)]
+                       if "good" in locals() else ["true"], cwd=tmp_path, timeout=120)
+        try:
+            proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def code_tokenizer_model(folder: Path) -> Path:
+    """The CPU venv's tiny dense model with the tokenizer that has its own code."""
+    import code_tokenizer
+
+    return code_tokenizer.write(folder, model_from=TINY_DENSE)
