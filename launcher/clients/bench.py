@@ -333,6 +333,7 @@ def sample_workload(cfg: BenchConfig, n: int | None = None, seed: int | None = N
 
 
 HF_MODES = ("auto", "hf")
+CHECK_FLAG = "--check-tokenizer"  # preflight: load the tokenizer and template, say, exit
 
 
 def load_tokenizer(path: str, mode: str = "auto", trust_remote_code: bool = False,
@@ -900,7 +901,25 @@ def print_result(res: dict[str, Any]) -> None:
     print("=" * 50)
 
 
+def check_tokenizer(cfg: BenchConfig) -> dict[str, Any]:
+    """What the preflight asks before any engine loads: the tokenizer and its chat template,
+    loaded as this point will load them (one JSON line)."""
+    t0 = time.monotonic()
+    try:
+        tok = load_tokenizer(cfg.tokenizer or cfg.model, cfg.tokenizer_mode,
+                             cfg.trust_remote_code, cfg.tokenizer_revision)
+        ok, message = True, f"template of {_template_len(tok)} tokens"
+    except BenchError as e:
+        ok, message = False, str(e)
+    return {"ok": ok, "message": message, "seconds": round(time.monotonic() - t0, 2)}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if CHECK_FLAG in argv:  # the preflight's question, not a sweep point
+        argv.remove(CHECK_FLAG)
+        print(json.dumps(check_tokenizer(parse_args(argv))), flush=True)
+        return 0
     cfg = parse_args(argv)
     try:
         res = run_point(cfg)

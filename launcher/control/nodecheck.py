@@ -322,36 +322,37 @@ def numa_check(plan: dict, node: str) -> dict | None:
 
 
 BENCH_MODULE = "launcher.clients.bench"
+CHECK_TOKENIZER = "--check-tokenizer"  # the client's own question (launcher.clients.bench)
 
 
 def tokenizer_checks(plan: dict, node: str) -> list[dict]:
-    """The benchmark client's tokenizer and chat template, loaded here as the client will
-    load them (its own flags, its own function), once per distinct way: a tokenizer with its
-    own code, a renderer of vLLM's or a revision missing offline shows now, not after the
-    load."""
-    from launcher.clients import bench
-
+    """The benchmark client's tokenizer and chat template, loaded here by the client itself
+    (its own entry point and flags, --check-tokenizer), once per distinct command line: a
+    tokenizer with its own code, a renderer of vLLM's or a revision missing offline shows
+    now, not after the load."""
     out, seen = [], set()
     for p in plan.get("processes", []):
         argv = p.get("argv") or []
         if p.get("node") != node or BENCH_MODULE not in argv or "--use-chat-template" not in argv:
             continue
-        try:
-            cfg = bench.parse_args(argv[argv.index(BENCH_MODULE) + 1:])
-        except SystemExit:
-            continue  # its flags are the renderer's; the client's own parser would say
-        key = (cfg.tokenizer, cfg.tokenizer_mode, cfg.trust_remote_code, cfg.tokenizer_revision)
+        flags = argv[argv.index(BENCH_MODULE) + 1:]
+        key = (_flag(flags, "--tokenizer"), _flag(flags, "--tokenizer-mode"),
+               _flag(flags, "--tokenizer-revision"), "--trust-remote-code" in flags)
         if key in seen:
             continue
         seen.add(key)
         t0 = time.monotonic()
         try:
-            tok = bench.load_tokenizer(cfg.tokenizer, cfg.tokenizer_mode, cfg.trust_remote_code,
-                                       cfg.tokenizer_revision)
-            ok, message = True, f"template of {bench._template_len(tok)} tokens"
-        except bench.BenchError as e:
-            ok, message = False, str(e)
-        out.append({"process": p["name"], "ok": ok, "message": message,
+            r = subprocess.run([sys.executable, "-m", BENCH_MODULE, *flags, CHECK_TOKENIZER],
+                               capture_output=True, text=True, timeout=300,
+                               env={**os.environ, **(p.get("env") or {})})
+            lines = r.stdout.strip().splitlines()
+            got = json.loads(lines[-1]) if r.returncode == 0 and lines else {
+                "ok": False, "message": (r.stderr.strip().splitlines() or ["no answer"])[-1]}
+        except (OSError, subprocess.SubprocessError, ValueError) as e:
+            got = {"ok": False, "message": f"the client could not be asked: {e}"}
+        out.append({"process": p["name"], "ok": bool(got.get("ok")),
+                    "message": got.get("message"),
                     "seconds": round(time.monotonic() - t0, 2)})
     return out
 
