@@ -473,7 +473,7 @@ def test_the_preflight_finds_the_tokenizer_and_numactl_in_the_container_on_the_d
               "benchmark.chat_template=true", "benchmark.concurrency=[1]",
               "accuracy.enabled=false", "vllm_args.numa-bind=true",
               "container.mounts=[/var/tmp/pd-vllm-cpu/models:/var/tmp/pd-vllm-cpu/models:ro,"
-              f"{tmp_path}:{tmp_path}:ro]"]
+              f"{model}:{model}:ro]"]
 
     def submit(runs: str, *sets: str) -> subprocess.Popen:
         args = [sys.executable, "-m", "launcher", "submit", "devcluster-vllm-cpu-agg",
