@@ -537,3 +537,56 @@ def code_tokenizer_model(folder: Path) -> Path:
     import code_tokenizer
 
     return code_tokenizer.write(folder, model_from=TINY_DENSE)
+
+
+def test_real_vllm_offline_finds_a_revision_staged_cache_only_with_the_rendered_revision(tmp_path):
+    """A cache as stage-model --revision leaves it (the commit's snapshot, no refs/main),
+    HF_HUB_OFFLINE=1 as on trays without internet: vLLM's own EngineArgs (what `vllm serve`
+    builds first) resolves the model only with the --revision the renderer now gives it (its
+    LocalEntryNotFoundError without it, the failure after the load's start on a rack), and the
+    client's tokenizer only with --tokenizer-revision."""
+    import shutil
+
+    cache = tmp_path / "hf"
+    snap = cache / "hub" / "models--pd--tiny-dense" / "snapshots" / SHA
+    snap.mkdir(parents=True)
+    for f in TINY_DENSE.iterdir():
+        shutil.copyfile(f, snap / f.name)
+    prof = profile_copy(tmp_path / "offline.yaml", "local",
+                        models={"hf_home": str(cache), "internet": False})
+    plan = planned(tmp_path, "local-vllm-cpu-agg", f"cluster={prof}", "model.path=pd/tiny-dense",
+                   f"model.revision={SHA}", "benchmark.driver=builtin")
+    (argv,) = engine_argvs(plan)
+    flags = argv[argv.index("serve") + 2:]
+    client = bench_argv(plan)
+    assert client[client.index("--tokenizer-revision") + 1] == SHA
+    got = in_cpu_venv(f"""
+import json, os
+os.environ["HF_HOME"] = {str(cache)!r}
+from vllm.engine.arg_utils import EngineArgs
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+from launcher.clients import bench
+out = {{}}
+def engine(flags):
+    ns, _ = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_known_args(
+        ["--model", "pd/tiny-dense", *flags])
+    try:
+        return EngineArgs.from_cli_args(ns).model
+    except Exception as e:
+        return type(e).__name__
+rendered = {flags!r}
+out["with"] = engine(rendered)
+i = rendered.index("--revision")
+out["without"] = engine(rendered[:i] + rendered[i + 4:])
+try:
+    bench.load_tokenizer("pd/tiny-dense")
+    out["client_without"] = "loaded"
+except bench.BenchError as e:
+    out["client_without"] = str(e)
+out["client_with"] = bench._template_len(bench.load_tokenizer("pd/tiny-dense", revision={SHA!r}))
+print(json.dumps(out))
+""")
+    assert got["with"] == str(snap), got
+    assert got["without"] == "LocalEntryNotFoundError", got
+    assert got["client_without"].startswith("--tokenizer pd/tiny-dense: cannot load it"), got
+    assert got["client_with"] > 0
