@@ -308,7 +308,7 @@ def numa_check(plan: dict, node: str) -> dict | None:
     who = [p["name"] for p in plan.get("processes", [])
            if p.get("node") == node and p.get("kind") == "engine"
            and "--numa-bind" in (p.get("argv") or [])]
-    if not who:
+    if not who or engines.of(plan.get("engine")).simulated:  # the simulator binds nothing
         return None
     exe = shutil.which("numactl")
     works, said = False, "not on PATH"

@@ -232,13 +232,13 @@ def setup_script_lines(p: Prepared) -> tuple[list[str], list[str]]:
     src = p.plan.recipe.setup_script
     if not src or (p.run.path / rundir.INPUTS / Path(src).name).is_file():
         return [], []
-    text = (f"setup_script {show(src)} is not a readable file here, so the engines start "
+    text = (f"setup_script {src} is not a readable file here, so the engines start "
             f"without it (srt-slurm too only warns); put the script there (an srt-slurm "
             f"recipe's is a copy of srt-slurm's configs/ or configs/patches/{Path(src).name}) "
             "or set setup_script to your copy")
     numa = sorted({proc.name.split("@")[0] for proc in p.rendered.processes
                    if "--numa-bind" in proc.argv})
-    if numa:
+    if numa and p.plan.recipe.engine_kind.real_vllm:  # the simulator binds nothing
         return [], [text + f": {', '.join(numa)} set numa-bind, which needs what it installs "
                     "(numactl)"]
     return [text], []
