@@ -275,17 +275,35 @@ print(json.dumps(out))
 # --- 6. DeepSeek-V4's prompts: vLLM's own renderer, as sa-bench's custom_tokenizer --------------
 
 
-def test_deepseek_v4_prompts_are_rendered_by_vllms_own_tokenizer_as_sa_bench_does():
-    """sa-bench's VLLMDeepseekV4Tokenizer is vLLM's get_deepseek_v4_tokenizer over the model's
-    fast tokenizer; the client, given the engines' --tokenizer-mode deepseek_v4, loads vLLM's
-    deepseek_v4 tokenizer: the prompt it sends is the text sa-bench sends, DeepSeek-V4's chat
-    encoding (here over the tiny model's tokenizer: the encoding is vLLM's Python, not the
-    vocabulary's)."""
+@pytest.fixture(scope="module")
+def vllm_cpu(tmp_path_factory) -> dict:
+    """One process of the CPU venv (vLLM is imported once) answers the DeepSeek-V4 and the
+    revision tests: {"dsv4": ..., "revision": ..., "snap": the staged snapshot, "flags": the
+    rendered engine flags, "client": the client's argv}."""
+    import shutil
+
+    tmp = tmp_path_factory.mktemp("vllm-cpu")
+    cache = tmp / "hf"
+    snap = cache / "hub" / "models--pd--tiny-dense" / "snapshots" / SHA
+    snap.mkdir(parents=True)
+    for f in TINY_DENSE.iterdir():
+        shutil.copyfile(f, snap / f.name)
+    prof = profile_copy(tmp / "offline.yaml", "local",
+                        models={"hf_home": str(cache), "internet": False})
+    plan = planned(tmp, "local-vllm-cpu-agg", f"cluster={prof}", "model.path=pd/tiny-dense",
+                   f"model.revision={SHA}", "benchmark.driver=builtin")
+    (argv,) = engine_argvs(plan)
+    flags = argv[argv.index("serve") + 2:]
     got = in_cpu_venv(f"""
-import json
+import json, os
+os.environ["HF_HOME"] = {str(cache)!r}
 from transformers import PreTrainedTokenizerFast
+from vllm.engine.arg_utils import EngineArgs
 from vllm.tokenizers.deepseek_v4 import get_deepseek_v4_tokenizer
+from vllm.utils.argparse_utils import FlexibleArgumentParser
 from launcher.clients import bench
+
+# DeepSeek-V4: sa-bench's adapter (vLLM's renderer over the fast tokenizer) against the client
 path = {str(TINY_DENSE)!r}
 sa = get_deepseek_v4_tokenizer(PreTrainedTokenizerFast.from_pretrained(path))
 ours = bench.load_tokenizer(path, "deepseek_v4")
@@ -297,11 +315,40 @@ texts = [json.loads(t) for t in wl.texts]
 body = texts[0].split("<｜User｜>", 1)[1].rsplit("<｜Assistant｜>", 1)[0]
 sent = sa.apply_chat_template([{{"role": "user", "content": body}}], add_generation_prompt=True,
                               tokenize=False)
-plain = bench.load_tokenizer(path)
-print(json.dumps({{"same": sent == texts[0], "head": texts[0][:21],
-                   "counts": [len(sa.encode(t)) for t in texts] == wl.input_lens,
-                   "jinja": bench._render(plain, "x")[:30]}}))
+dsv4 = {{"same": sent == texts[0], "head": texts[0][:21],
+        "counts": [len(sa.encode(t)) for t in texts] == wl.input_lens,
+        "jinja": bench._render(bench.load_tokenizer(path), "x")[:30]}}
+
+# the revision: vLLM's EngineArgs offline, with and without the rendered --revision
+def engine(flags):
+    ns, _ = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_known_args(
+        ["--model", "pd/tiny-dense", *flags])
+    try:
+        return EngineArgs.from_cli_args(ns).model
+    except Exception as e:
+        return type(e).__name__
+rendered = {flags!r}
+rev = {{"with": engine(rendered)}}
+i = rendered.index("--revision")
+rev["without"] = engine(rendered[:i] + rendered[i + 4:])
+try:
+    bench.load_tokenizer("pd/tiny-dense")
+    rev["client_without"] = "loaded"
+except bench.BenchError as e:
+    rev["client_without"] = str(e)
+rev["client_with"] = bench._template_len(bench.load_tokenizer("pd/tiny-dense", revision={SHA!r}))
+print(json.dumps({{"dsv4": dsv4, "revision": rev}}))
 """, timeout=600)
+    return {**got, "snap": str(snap), "client": bench_argv(plan)}
+
+
+def test_deepseek_v4_prompts_are_rendered_by_vllms_own_tokenizer_as_sa_bench_does(vllm_cpu):
+    """sa-bench's VLLMDeepseekV4Tokenizer is vLLM's get_deepseek_v4_tokenizer over the model's
+    fast tokenizer; the client, given the engines' --tokenizer-mode deepseek_v4, loads vLLM's
+    deepseek_v4 tokenizer: the prompt it sends is the text sa-bench sends, DeepSeek-V4's chat
+    encoding (here over the tiny model's tokenizer: the encoding is vLLM's Python, not the
+    vocabulary's)."""
+    got = vllm_cpu["dsv4"]
     assert got["same"] and got["counts"], got
     assert got["head"] == "<｜begin▁of▁sentence｜>", got
     assert "<｜User｜>" not in got["jinja"]  # without the mode: the model's own Jinja template
@@ -539,54 +586,17 @@ def code_tokenizer_model(folder: Path) -> Path:
     return code_tokenizer.write(folder, model_from=TINY_DENSE)
 
 
-def test_real_vllm_offline_finds_a_revision_staged_cache_only_with_the_rendered_revision(tmp_path):
+def test_real_vllm_offline_finds_a_revision_staged_cache_only_with_the_rendered_revision(
+        vllm_cpu):
     """A cache as stage-model --revision leaves it (the commit's snapshot, no refs/main),
     HF_HUB_OFFLINE=1 as on trays without internet: vLLM's own EngineArgs (what `vllm serve`
     builds first) resolves the model only with the --revision the renderer now gives it (its
     LocalEntryNotFoundError without it, the failure after the load's start on a rack), and the
     client's tokenizer only with --tokenizer-revision."""
-    import shutil
-
-    cache = tmp_path / "hf"
-    snap = cache / "hub" / "models--pd--tiny-dense" / "snapshots" / SHA
-    snap.mkdir(parents=True)
-    for f in TINY_DENSE.iterdir():
-        shutil.copyfile(f, snap / f.name)
-    prof = profile_copy(tmp_path / "offline.yaml", "local",
-                        models={"hf_home": str(cache), "internet": False})
-    plan = planned(tmp_path, "local-vllm-cpu-agg", f"cluster={prof}", "model.path=pd/tiny-dense",
-                   f"model.revision={SHA}", "benchmark.driver=builtin")
-    (argv,) = engine_argvs(plan)
-    flags = argv[argv.index("serve") + 2:]
-    client = bench_argv(plan)
+    client = vllm_cpu["client"]
     assert client[client.index("--tokenizer-revision") + 1] == SHA
-    got = in_cpu_venv(f"""
-import json, os
-os.environ["HF_HOME"] = {str(cache)!r}
-from vllm.engine.arg_utils import EngineArgs
-from vllm.utils.argparse_utils import FlexibleArgumentParser
-from launcher.clients import bench
-out = {{}}
-def engine(flags):
-    ns, _ = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_known_args(
-        ["--model", "pd/tiny-dense", *flags])
-    try:
-        return EngineArgs.from_cli_args(ns).model
-    except Exception as e:
-        return type(e).__name__
-rendered = {flags!r}
-out["with"] = engine(rendered)
-i = rendered.index("--revision")
-out["without"] = engine(rendered[:i] + rendered[i + 4:])
-try:
-    bench.load_tokenizer("pd/tiny-dense")
-    out["client_without"] = "loaded"
-except bench.BenchError as e:
-    out["client_without"] = str(e)
-out["client_with"] = bench._template_len(bench.load_tokenizer("pd/tiny-dense", revision={SHA!r}))
-print(json.dumps(out))
-""")
-    assert got["with"] == str(snap), got
+    got = vllm_cpu["revision"]
+    assert got["with"] == vllm_cpu["snap"], got
     assert got["without"] == "LocalEntryNotFoundError", got
     assert got["client_without"].startswith("--tokenizer pd/tiny-dense: cannot load it"), got
     assert got["client_with"] > 0
