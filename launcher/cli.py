@@ -284,11 +284,17 @@ def cmd_recipes(args) -> int:
     if args.action == "import":
         return _import_recipe(args)
     if args.action == "fields":
+        from launcher.schema.cluster import Cluster
         from launcher.schema.wording import field_reference
 
         rows = field_reference(rmod.Recipe)
-        width = max(len(r[0]) for r in rows)
+        site = field_reference(Cluster)
+        width = max(len(r[0]) for r in rows + site)
         for path, kind, default, doc in rows:
+            print(f"{path:{width}}  {kind:28.28}  {default:20.20}  {doc}".rstrip())
+        # what the profile a recipe's `cluster:` names sets for every engine (UCX, NCCL, ...)
+        print("\ncluster profile keys (the file a recipe's cluster: names):")
+        for path, kind, default, doc in site:
             print(f"{path:{width}}  {kind:28.28}  {default:20.20}  {doc}".rstrip())
         return 0
 

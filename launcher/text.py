@@ -10,8 +10,8 @@ import time
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from launcher.control import compute_env, staging, visibility
-from launcher.planning import capacity, containers, cost, engine_argv, render, schedulers
+from launcher.control import compute_env, prepare, staging, visibility
+from launcher.planning import capacity, containers, cost, engine_argv, render, schedulers, ucx
 from launcher.run import lengths, listing, published, rundir
 from launcher.run.plandoc import CPU_LABEL, PlanError, read_plan
 from launcher.run.rundir import RunDir, RunStatus
@@ -283,6 +283,25 @@ def custom_bench_lines(prepared: Prepared) -> list[str]:
     return out
 
 
+def tokenizer_note(plan) -> str:
+    """How the client loads the tokenizer for the chat template, where not plainly."""
+    b = plan.recipe.benchmark
+    if not (b.chat_template and render.chat_template_applies(plan)):
+        return ""
+    flags = render.tokenizer_flags(plan)
+    said = []
+    if "--tokenizer-mode" in flags:
+        mode = flags[flags.index("--tokenizer-mode") + 1]
+        said.append(f"the template rendered by vLLM's own {mode} tokenizer from the image, "
+                    "as the engines' tokenizer-mode names it and sa-bench's custom_tokenizer "
+                    "loads it")
+    if "--trust-remote-code" in flags:
+        said.append("the tokenizer's own code trusted, as the engines' trust-remote-code")
+    if "--tokenizer-revision" in flags:
+        said.append(f"at revision {flags[flags.index('--tokenizer-revision') + 1]}")
+    return f" ({'; '.join(said)})" if said else ""
+
+
 def plan_text(prepared: Prepared) -> str:
     """What `submit` (and `--dry-run`) prints: the plan table, the sweep, the estimate."""
     plan, r = prepared.plan, prepared.plan.recipe
@@ -315,7 +334,7 @@ def plan_text(prepared: Prepared) -> str:
         lines.append(
             f"Sweep: concurrency {', '.join(map(str, b.concurrency))} at "
             f"{lengths.workload_text(b, b.chat_template and render.chat_template_applies(plan))}"
-            f"; driver {b.driver}" + driver_note(plan)
+            f"; driver {b.driver}" + driver_note(plan) + tokenizer_note(plan)
         )
     a = r.accuracy
     if a.enabled and a.harness == "vllm":
@@ -353,6 +372,12 @@ def plan_text(prepared: Prepared) -> str:
         lines.append(f"warning: {warning}")
     for warning in visibility.input_warnings(plan):
         lines.append(f"warning: {warning}")
+    for warning in ucx.ucx_lines(plan)[0] + prepare.setup_script_lines(prepared)[0]:
+        lines.append(f"warning: {warning}")
+    if script := render.setup_script_path(plan):
+        lines.append(f"Setup script: {r.setup_script}, run from {script} with bash in each "
+                     "engine's container before it starts and in the preflight's container "
+                     "check (as srt-slurm runs its setup_script)")
     spend = cost.estimate(plan)
     lines.append(cost_line(prepared, spend))
     if (late := cost.time_limit_problems(plan, spend)[1]) is not None:

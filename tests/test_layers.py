@@ -149,9 +149,9 @@ SCHEDULER_FLAG_BRANCHES = {
     # remote_nodes: an allocation's nodes are other hosts (unless loopback is theirs), so a
     # runs directory on this host's local disk is not theirs
     "launcher/control/visibility.py": 1,
-    # kv_tcp_refused: KV over TCP is refused by default where the nodes are other hosts
+    # other_hosts: KV over TCP is refused by default where the nodes are other hosts
     # (remote_nodes): there it means NVLink and RDMA are not in use
-    "launcher/control/pd_check.py": 1,
+    "launcher/planning/ucx.py": 1,
 }
 
 

@@ -218,14 +218,20 @@ def test_real_pd_run_to_the_end(pd_runs):
     # CPU machine, which the local profile allows; a profile refusing it fails the P->D check
     seen = rec.identity["kv_transport"]
     assert any(c.startswith("tcp/") for c in seen["decode-0@local-1"]), seen
+    import dataclasses
+
     from launcher.control import pd_check
+    from launcher.planning import plan as plan_mod
     from launcher.schema import cluster
+    from launcher.schema import recipe as recipe_mod
 
     local = cluster.load("local")
-    assert pd_check.tcp_verdict(local, True, seen) == (None, None)
+    r = recipe_mod.load(PD_RECIPE)
+    p = plan_mod.make_plan(r, local, cluster.profile_nodes(local, plan_mod.nodes_needed(r, local)))
+    assert pd_check.tcp_verdict(p, seen) == (None, None)
     refusing = local.model_copy(
         update={"network": local.network.model_copy(update={"kv_over_tcp": "refuse"})})
-    error, _ = pd_check.tcp_verdict(refusing, True, seen)
+    error, _ = pd_check.tcp_verdict(dataclasses.replace(p, cluster=refusing), seen)
     assert error.startswith("the P->D KV transfer of decode-0@local-1 went over TCP (UCX chose "
                             "tcp/"), error
     # the accuracy file: both figures, one request per question, a score near 0

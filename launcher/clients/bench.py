@@ -82,6 +82,9 @@ class BenchConfig:
     backend: str = "openai"
     endpoint: str = "/v1/completions"
     tokenizer: str | None = None
+    tokenizer_mode: str = "auto"
+    tokenizer_revision: str | None = None
+    trust_remote_code: bool = False
     dataset_name: str = "random"
     random_input_len: int = 1024
     random_output_len: int = 128
@@ -160,6 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True)
     p.add_argument("--tokenizer", default=None,
                    help="the served model's tokenizer (loaded only for --use-chat-template)")
+    p.add_argument("--tokenizer-mode", default="auto",
+                   help="as vLLM's: auto/hf load it with transformers; another mode (deepseek_v4, "
+                   "...) is vLLM's own tokenizer of that name (vLLM must be importable)")
+    p.add_argument("--tokenizer-revision", default=None,
+                   help="the hub revision of --tokenizer (offline caches hold only the pinned one)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="run a tokenizer's own code (as the engine does with the same flag)")
     p.add_argument("--dataset-name", default="random", choices=["random"])
     p.add_argument("--random-input-len", type=int, default=1024)
     p.add_argument("--random-output-len", type=int, default=128)
@@ -322,20 +332,60 @@ def sample_workload(cfg: BenchConfig, n: int | None = None, seed: int | None = N
 # --- chat-template prompts (sa-bench's, to the exact length) --------------------------------
 
 
-def load_tokenizer(path: str) -> Any:
-    """The served model's tokenizer (transformers, imported only here)."""
+HF_MODES = ("auto", "hf")
+CHECK_FLAG = "--check-tokenizer"  # preflight: load the tokenizer and template, say, exit
+
+
+def load_tokenizer(path: str, mode: str = "auto", trust_remote_code: bool = False,
+                   revision: str | None = None) -> Any:
+    """The served model's tokenizer as the engine loads it (transformers' AutoTokenizer with
+    the engine's trust_remote_code, or vLLM's own tokenizer of a named mode, as sa-bench's
+    custom_tokenizer does), with its chat template rendered once. Imported only here."""
+    where = f"--tokenizer {path}" + (f" (revision {revision})" if revision else "")
     try:
-        from transformers import AutoTokenizer
+        if mode in HF_MODES:
+            from transformers import AutoTokenizer
+        else:
+            from vllm.tokenizers import get_tokenizer
     except ImportError:
-        raise BenchError("--use-chat-template needs the transformers package in the client's "
-                         "environment (vLLM's images have it).") from None
+        need = "transformers" if mode in HF_MODES else f"vLLM (--tokenizer-mode {mode})"
+        raise BenchError(f"--use-chat-template needs {need} in the client's environment "
+                         "(vLLM's images have it).") from None
     try:
-        tok = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        raise BenchError(f"--tokenizer {path}: cannot load it ({str(e).splitlines()[0]}).") from None
-    if not getattr(tok, "chat_template", None):
-        raise BenchError(f"--tokenizer {path} has no chat template; drop --use-chat-template.")
+        if mode in HF_MODES:
+            tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code,
+                                                revision=revision)
+        else:
+            tok = get_tokenizer(path, tokenizer_mode=mode, trust_remote_code=trust_remote_code,
+                                revision=revision)
+    except Exception as e:  # transformers, hub and the tokenizer's own code raise anything
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        hint = ("; it runs its own code: the engine's trust-remote-code gives the client "
+                "--trust-remote-code" if "trust_remote_code" in str(e) and not trust_remote_code
+                else "")
+        raise BenchError(f"{where}: cannot load it ({first}){hint}.") from None
+    if mode in HF_MODES and not getattr(tok, "chat_template", None):
+        raise BenchError(f"{where} has no chat template; drop --use-chat-template.")
+    try:
+        _render(tok, "a")
+    except Exception as e:  # a template or a renderer of the model's own
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise BenchError(f"{where}: its chat template does not render ({first}).") from None
     return tok
+
+
+def _encode(tok: Any, texts: list[str], special: bool) -> list[list[int]]:
+    """Token ids of each text, on the Rust side for a fast tokenizer, else one by one with
+    the tokenizer's own code (a TikToken tokenizer such as Kimi-K2.5's)."""
+    if bt := getattr(tok, "backend_tokenizer", None):
+        return [e.ids for e in bt.encode_batch(texts, add_special_tokens=special)]
+    return [tok.encode(t, add_special_tokens=special) for t in texts]
+
+
+def _decode(tok: Any, ids: list[list[int]]) -> list[str]:
+    if bt := getattr(tok, "backend_tokenizer", None):
+        return bt.decode_batch(ids, skip_special_tokens=False)
+    return [tok.decode(x, skip_special_tokens=False) for x in ids]
 
 
 def _render(tok: Any, body: str) -> str:
@@ -346,7 +396,7 @@ def _render(tok: Any, body: str) -> str:
 def _template_len(tok: Any) -> int:
     """sa-bench's count of the template's own tokens: the template around a one-character
     message, less that character."""
-    return len(tok.backend_tokenizer.encode(_render(tok, "a"), add_special_tokens=True).ids) - 1
+    return len(_encode(tok, [_render(tok, "a")], True)[0]) - 1
 
 
 def chat_prompts(tok: Any, targets: list[int], offsets: list[int],
@@ -356,17 +406,15 @@ def chat_prompts(tok: Any, targets: list[int], offsets: list[int],
     (consecutive vocabulary ids from a random offset, decoded, re-encoded, cut, decoded), then
     the rendered prompt counted and the cut moved until the count matches. Byte-level merges
     at the cut and at the template's edges can step the count by two; such a body is drawn
-    again from another offset. Batched on the tokenizer's Rust side. Returns the JSON strings
+    again from another offset. Batched on the Rust side for a fast tokenizer. Returns the JSON strings
     and the counts the engine will see."""
-    bt = tok.backend_tokenizer
     special = set(tok.all_special_ids)
     vocab = [i for i in range(tok.vocab_size) if i not in special]
 
     def canonical(idx: list[int]) -> list[list[int]]:
         raw = [[vocab[(offsets[i] + j) % len(vocab)] for j in range(t + t // 8 + 16)]
                for i, t in ((i, targets[i]) for i in idx)]
-        return [e.ids for e in bt.encode_batch(bt.decode_batch(raw, skip_special_tokens=False),
-                                                add_special_tokens=False)]
+        return _encode(tok, _decode(tok, raw), False)
 
     offsets = list(offsets)
     n = len(targets)
@@ -377,14 +425,13 @@ def chat_prompts(tok: Any, targets: list[int], offsets: list[int],
     for _ in range(40):
         if not todo:
             break
-        bodies = bt.decode_batch([canon[i][:keep[i]] for i in todo], skip_special_tokens=False)
+        bodies = _decode(tok, [canon[i][:keep[i]] for i in todo])
         rendered = [_render(tok, b) for b in bodies]
         left, redraw = [], []
-        for i, text, enc in zip(todo, rendered, bt.encode_batch(rendered, add_special_tokens=True),
-                                strict=True):
-            d = targets[i] - len(enc.ids)
+        for i, text, ids in zip(todo, rendered, _encode(tok, rendered, True), strict=True):
+            d = targets[i] - len(ids)
             if not texts[i] or abs(d) < abs(targets[i] - counts[i]):
-                texts[i], counts[i] = text, len(enc.ids)
+                texts[i], counts[i] = text, len(ids)
             if not d:
                 continue
             tries[i] += 1
@@ -796,7 +843,8 @@ async def run_point_async(cfg: BenchConfig) -> dict[str, Any]:
     metrics, percentiles = _validate(cfg)
     if cfg.dataset_name == "random" and cfg.backend in ("openai", "vllm"):
         cfg.ignore_eos = True  # vLLM forces it for the random dataset: the asked length is made
-    tok = load_tokenizer(cfg.tokenizer) if cfg.use_chat_template else None
+    tok = (load_tokenizer(cfg.tokenizer, cfg.tokenizer_mode, cfg.trust_remote_code,
+                          cfg.tokenizer_revision) if cfg.use_chat_template else None)
     wl = sample_workload(cfg, tokenizer=tok)
     warm_wl = None
     if cfg.sa_bench_warmup and cfg.num_warmups > 0:  # distinct prompts: none cached for later
@@ -853,7 +901,25 @@ def print_result(res: dict[str, Any]) -> None:
     print("=" * 50)
 
 
+def check_tokenizer(cfg: BenchConfig) -> dict[str, Any]:
+    """What the preflight asks before any engine loads: the tokenizer and its chat template,
+    loaded as this point will load them (one JSON line)."""
+    t0 = time.monotonic()
+    try:
+        tok = load_tokenizer(cfg.tokenizer or cfg.model, cfg.tokenizer_mode,
+                             cfg.trust_remote_code, cfg.tokenizer_revision)
+        ok, message = True, f"template of {_template_len(tok)} tokens"
+    except BenchError as e:
+        ok, message = False, str(e)
+    return {"ok": ok, "message": message, "seconds": round(time.monotonic() - t0, 2)}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if CHECK_FLAG in argv:  # the preflight's question, not a sweep point
+        argv.remove(CHECK_FLAG)
+        print(json.dumps(check_tokenizer(parse_args(argv))), flush=True)
+        return 0
     cfg = parse_args(argv)
     try:
         res = run_point(cfg)

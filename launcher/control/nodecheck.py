@@ -286,12 +286,83 @@ def model_check(plan: dict) -> dict:
     if hf:
         repo = Path(hf) / "hub" / f"models--{path.replace('/', '--')}"
         snap = repo / "snapshots"
+        pinned = engine_revision(plan)
+        if pinned:  # resolved as the hub library does offline: a ref's file, else a commit
+            ref = repo / "refs" / pinned
+            rev = ref.read_text().strip() if ref.is_file() else pinned
+            found = [snap / rev / "config.json"] if (snap / rev / "config.json").is_file() else []
+            return {"path": path, "ok": bool(found), "revision": rev, "pinned": pinned,
+                    "how": f"revision {pinned} (--revision) resolved offline under {snap}",
+                    "hybrid": _hybrid(found[0].parent) if found else None}
         found = sorted(snap.glob("*/config.json")) if snap.is_dir() else []
         ref = repo / "refs" / "main"
         rev = ref.read_text().strip() if ref.is_file() else None
         return {"path": path, "ok": bool(found), "how": f"a snapshot under {snap}",
                 "revision": rev, "hybrid": _hybrid(found[-1].parent) if found else None}
     return {"path": path, "ok": None, "how": "a hub id and no HF_HOME: downloaded at start"}
+
+
+def numa_check(plan: dict, node: str) -> dict | None:
+    """vLLM's --numa-bind runs each worker under numactl: it must be in the container (the
+    recipe's setup_script, run before this check as before the engines, may install it)."""
+    who = [p["name"] for p in plan.get("processes", [])
+           if p.get("node") == node and p.get("kind") == "engine"
+           and "--numa-bind" in (p.get("argv") or [])]
+    if not who or engines.of(plan.get("engine")).simulated:  # the simulator binds nothing
+        return None
+    exe = shutil.which("numactl")
+    works, said = False, "not on PATH"
+    if exe:
+        try:
+            r = subprocess.run([exe, "--show"], capture_output=True, text=True, timeout=10)
+            works, said = r.returncode == 0, (r.stderr or r.stdout).strip()[:200]
+        except (OSError, subprocess.SubprocessError) as e:
+            said = str(e)
+    return {"processes": who, "numactl": exe, "ok": works, "message": said}
+
+
+BENCH_MODULE = "launcher.clients.bench"
+CHECK_TOKENIZER = "--check-tokenizer"  # the client's own question (launcher.clients.bench)
+
+
+def tokenizer_checks(plan: dict, node: str) -> list[dict]:
+    """The benchmark client's tokenizer and chat template, loaded here by the client itself
+    (its own entry point and flags, --check-tokenizer), once per distinct command line: a
+    tokenizer with its own code, a renderer of vLLM's or a revision missing offline shows
+    now, not after the load."""
+    out, seen = [], set()
+    for p in plan.get("processes", []):
+        argv = p.get("argv") or []
+        if p.get("node") != node or BENCH_MODULE not in argv or "--use-chat-template" not in argv:
+            continue
+        flags = argv[argv.index(BENCH_MODULE) + 1:]
+        key = (_flag(flags, "--tokenizer"), _flag(flags, "--tokenizer-mode"),
+               _flag(flags, "--tokenizer-revision"), "--trust-remote-code" in flags)
+        if key in seen:
+            continue
+        seen.add(key)
+        t0 = time.monotonic()
+        try:
+            r = subprocess.run([sys.executable, "-m", BENCH_MODULE, *flags, CHECK_TOKENIZER],
+                               capture_output=True, text=True, timeout=300,
+                               env={**os.environ, **(p.get("env") or {})})
+            lines = r.stdout.strip().splitlines()
+            got = json.loads(lines[-1]) if r.returncode == 0 and lines else {
+                "ok": False, "message": (r.stderr.strip().splitlines() or ["no answer"])[-1]}
+        except (OSError, subprocess.SubprocessError, ValueError) as e:
+            got = {"ok": False, "message": f"the client could not be asked: {e}"}
+        out.append({"process": p["name"], "ok": bool(got.get("ok")),
+                    "message": got.get("message"),
+                    "seconds": round(time.monotonic() - t0, 2)})
+    return out
+
+
+def engine_revision(plan: dict) -> str | None:
+    """The --revision the engines are started with (model.revision), if any."""
+    for p in plan.get("processes", []):
+        if p.get("kind") == "engine" and (rev := _flag(p.get("argv") or [], "--revision")):
+            return rev
+    return None
 
 
 def _hybrid(folder: Path) -> bool | None:
@@ -336,6 +407,8 @@ def container_facts(node: str, run_dir: Path, engine: str) -> dict:
         for (name, _), r in zip(argvs, result.get("results") or [], strict=False):
             facts["argv_checks"].append({"process": name, "ok": r["ok"], "message": r["message"]})
     facts["model"] = model_check(plan)
+    facts["tokenizers"] = tokenizer_checks(plan, node)
+    facts["numa_bind"] = numa_check(plan, node)
     facts["packages"] = packages()
     facts["torch_cuda"] = torch_cuda()
     facts["files"] = [

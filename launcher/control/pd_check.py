@@ -14,12 +14,11 @@ from launcher.control import preflight
 from launcher.control.backends import Handle
 from launcher.control.record import Book, say
 from launcher.errors import RunFailed
-from launcher.planning import schedulers
+from launcher.planning import ucx
 from launcher.planning.plan import Plan
 from launcher.run.plandoc import PlanDoc
 from launcher.run.rundir import tail
 from launcher.run.vocab import Kind, Role
-from launcher.schema.cluster import Cluster
 from launcher.telemetry.statslog import ucx_transports
 
 
@@ -72,38 +71,31 @@ def note_transport(plan: Plan, book: Book, handles: list[Handle]) -> None:
                 seen[h.proc.name] = found
     book.record.identity["kv_transport"] = seen
     book.save()
-    error, note = tcp_verdict(plan.cluster, plan.recipe.engine_kind.on_cpu, seen)
+    error, note = tcp_verdict(plan, seen)
     if error:
         raise RunFailed(error, culprit=sorted(seen)[0] if seen else None)
     if note:
         book.note(note)
 
 
-def kv_tcp_refused(cluster: Cluster) -> bool:
-    """The profile's network.kv_over_tcp; by default refused where the nodes are other
-    hosts (there TCP means NVLink and RDMA are not in use)."""
-    if cluster.network.kv_over_tcp is not None:
-        return cluster.network.kv_over_tcp == "refuse"
-    return schedulers.of(cluster).remote_nodes(cluster)
-
-
-def tcp_verdict(cluster: Cluster, on_cpu: bool,
-                seen: dict[str, list[str]]) -> tuple[str | None, str | None]:
-    """(error, note) for the transports each decode's UCX chose: TCP is an error where the
-    profile refuses it (network.kv_over_tcp), else a note (none for a CPU engine, which has
-    no NVLink)."""
+def tcp_verdict(plan: Plan, seen: dict[str, list[str]]) -> tuple[str | None, str | None]:
+    """(error, note) for the transports each decode's UCX chose: TCP is an error where it is
+    refused (launcher.planning.ucx.kv_tcp_refused), else a note (none for a CPU engine,
+    which has no NVLink). Either names the setting that left UCX only TCP, when one did."""
     tcp = sorted(n for n, cfgs in seen.items() if any(c.startswith("tcp/") for c in cfgs))
     if not tcp:
         return None, None
     chose = next(c for c in seen[tcp[0]] if c.startswith("tcp/"))
-    if kv_tcp_refused(cluster):
+    cause = ucx.tcp_only(plan)
+    if ucx.kv_tcp_refused(plan):
+        why = (f"the cause: {cause.text()}; {cause.fix()}" if cause else
+               "check UCX_TLS and UCX_NET_DEVICES in the profile's env (UCX's defaults keep "
+               "every lane)")
         return (f"the P->D KV transfer of {', '.join(tcp)} went over TCP (UCX chose {chose}), "
-                f"which {cluster.name} refuses: NVLink/RDMA is not in use between prefill "
-                f"and decode; check UCX_TLS and UCX_NET_DEVICES in the profile's env (UCX's "
-                f"defaults keep every lane), or set network.kv_over_tcp: allow in the profile",
-                None)
-    if on_cpu:
+                f"which {plan.cluster.name} refuses: NVLink/RDMA is not in use between prefill "
+                f"and decode; {why}, or set network.kv_over_tcp: allow in the profile", None)
+    if plan.recipe.engine_kind.on_cpu:
         return None, None
     return None, (f"KV transfers of {', '.join(tcp)} go over TCP (UCX chose {chose}): "
-                  "NVLink/RDMA is not in use between P and D; check UCX_TLS and the profile's "
-                  "network")
+                  "NVLink/RDMA is not in use between P and D; "
+                  + (cause.text() if cause else "check UCX_TLS and the profile's network"))

@@ -266,7 +266,10 @@ def judge_container(
         if f is None and step_error:
             problems.append(Problem(
                 f"{node}: the container check step failed before it wrote its result: "
-                f"{step_error} (see logs/preflight-container.log)", node=node))
+                f"{step_error} (see logs/preflight-container.log"
+                + (f"; the recipe's setup_script {plan.recipe.setup_script} runs first in that "
+                   "step, as before each engine" if plan.recipe.setup_script else "") + ")",
+                node=node))
             continue
         if f is None:
             problems.append(Problem(
@@ -315,11 +318,35 @@ def judge_container(
                 msg = " ".join((chk.get("message") or "rejected").split())
                 rejected.setdefault(msg, []).append(chk["process"])
         model = f.get("model") or {}
-        if node in engine_nodes and model.get("ok") is False:
+        if node in engine_nodes and model.get("ok") is False and model.get("pinned"):
+            pin = model["pinned"]
+            problems.append(Problem(
+                f"{node}: the model {model.get('path')} at revision {pin} (model.revision) is "
+                f"not in the engine's HF cache, and offline vLLM finds nothing else "
+                f"({model.get('how')}): run python -m launcher stage-model {model.get('path')} "
+                f"--revision {pin} --cluster <profile>", node=node))
+        elif node in engine_nodes and model.get("ok") is False:
             problems.append(Problem(
                 f"{node}: the model {model.get('path')} is not readable in the engine's "
                 f"container ({model.get('how')}): stage it, or mount its folder",
                 node=node))
+        numa = f.get("numa_bind") or {}
+        if numa and not numa.get("ok"):
+            script = plan.recipe.setup_script
+            how = (f"the recipe's setup_script {script} ran first and did not install it" if script
+                   else "no setup_script installs it")
+            problems.append(Problem(
+                f"{node}: {', '.join(numa['processes'])} set numa-bind, which runs vLLM's workers "
+                f"under numactl, but numactl {'does not work' if numa.get('numactl') else 'is not'}"
+                f" in the engine's container ({numa.get('message')}; {how}): give setup_script a "
+                "script that installs it (DeepSeek-V4-Pro's srt-slurm recipes run "
+                "vllm-container-deps.sh), use an image that has it, or drop numa-bind",
+                node=node, processes=tuple(numa["processes"])))
+        for t in f.get("tokenizers") or []:
+            if not t.get("ok"):
+                problems.append(Problem(
+                    f"{node}: {t['process']} would fail after the load: {t.get('message')}",
+                    node=node, processes=(t["process"],)))
         unreadable: dict[str, list[str]] = {}
         for fr in f.get("files") or []:
             if not fr.get("ok"):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from launcher.control import compute_env
 from launcher.errors import UserError
-from launcher.planning import cost, engine_argv, render, schedulers, study
+from launcher.planning import cost, engine_argv, render, schedulers, study, ucx
 from launcher.planning.capacity import estimates, resolve_model
 from launcher.planning.kv_cache import KvCapacity
 from launcher.planning.plan import Plan, make_plan, nodes_needed
@@ -174,7 +174,7 @@ def write_run(plan: Plan, need: int, root: Path, name: str, study: str | None) -
 
 
 MAX_STUDY_RUNS = 64
-INPUTS = "inputs"
+INPUTS = rundir.INPUTS
 
 
 def stage_inputs(recipe: recipe_mod.Recipe, run: rundir.RunDir) -> recipe_mod.Recipe:
@@ -183,6 +183,7 @@ def stage_inputs(recipe: recipe_mod.Recipe, run: rundir.RunDir) -> recipe_mod.Re
     on the shared filesystem and mounted in every container step), and the run keeps what
     it was scored on. A path not readable here is kept as given; preflight checks it on
     the nodes."""
+    copy_setup_script(recipe, run)
     a = recipe.accuracy
     if not a.enabled:
         return recipe
@@ -208,6 +209,40 @@ def stage_inputs(recipe: recipe_mod.Recipe, run: rundir.RunDir) -> recipe_mod.Re
     if not update:
         return recipe
     return recipe.model_copy(update={"accuracy": a.model_copy(update=update)})
+
+
+def copy_setup_script(recipe: recipe_mod.Recipe, run: rundir.RunDir) -> None:
+    """The setup_script into the run directory, where the engines' steps run it from; a
+    script not readable here is a blocker (setup_blocker)."""
+    src = recipe.setup_script
+    try:
+        if not (src and Path(src).is_file()):
+            return
+        dest = run.path / rundir.INPUTS / Path(src).name
+        dest.parent.mkdir(exist_ok=True)
+        shutil.copyfile(src, dest)
+    except OSError as e:
+        raise UserError(f"cannot copy setup_script {show(src)} into the run directory: "
+                        f"{e.strerror or e}") from None
+
+
+def setup_script_lines(p: Prepared) -> tuple[list[str], list[str]]:
+    """(warnings, blockers) about a setup_script that is not there. As srt-slurm, the steps
+    then go on without it (it only warns), which a recipe whose engines set numa-bind does not
+    survive: DeepSeek-V4-Pro's script installs numactl and patches vLLM for it."""
+    src = p.plan.recipe.setup_script
+    if not src or (p.run.path / rundir.INPUTS / Path(src).name).is_file():
+        return [], []
+    text = (f"setup_script {src} is not a readable file here, so the engines start "
+            f"without it (srt-slurm too only warns); put the script there (an srt-slurm "
+            f"recipe's is a copy of srt-slurm's configs/ or configs/patches/{Path(src).name}) "
+            "or set setup_script to your copy")
+    numa = sorted({proc.name.split("@")[0] for proc in p.rendered.processes
+                   if "--numa-bind" in proc.argv})
+    if numa and p.plan.recipe.engine_kind.real_vllm:  # the simulator binds nothing
+        return [], [text + f": {', '.join(numa)} set numa-bind, which needs what it installs "
+                    "(numactl)"]
+    return [text], []
 
 
 # A run directory's path must fit in PATH_MAX (4096) with the run and file names under it.
@@ -461,6 +496,8 @@ def find_blockers(runs: list[Prepared]) -> list[Prepared]:
     for p in runs:
         refuse, _ = staging.check(p.plan.recipe, p.plan.cluster)
         p.blockers = [refuse] if refuse else []
+        p.blockers += ucx.ucx_lines(p.plan)[1]
+        p.blockers += setup_script_lines(p)[1]
         if p.shared is not None:
             continue  # a study's one job is fitted to the partition by choose()
         s, sched = p.plan.recipe.slurm, schedulers.of(p.plan.cluster)

@@ -73,6 +73,9 @@ def stage(model: str, hf_home: str, revision: str | None = None) -> Path:
 def check(recipe, cluster) -> tuple[str | None, str | None]:
     """(a reason to refuse the submission, a note for the plan text) about the model."""
     m, path = cluster.models, recipe.model.path
+    rev = recipe.model.revision
+    hint = f"python -m launcher stage-model {path}" + (f" --revision {rev}" if rev else "")
+    at = f" at revision {rev}" if rev else ""
     if not recipe.engine_kind.real_vllm:
         return None, None
     if not recipe.model.hub_id:
@@ -83,16 +86,15 @@ def check(recipe, cluster) -> tuple[str | None, str | None]:
                           f"every engine downloads it into its own cache")
         return (f"model {path} is a hub id, {cluster.name}'s compute nodes have no internet "
                 f"and the profile names no shared cache: set models.hf_home and run "
-                f"python -m launcher stage-model {path} --cluster {cluster.name}, or set "
+                f"{hint} --cluster {cluster.name}, or set "
                 f"model.path to a folder on the shared filesystem"), None
-    if staged(m.hf_home, path, recipe.model.revision):
-        return None, f"model {path}: staged in {m.hf_home}"
+    if staged(m.hf_home, path, rev):
+        return None, f"model {path}{at}: staged in {m.hf_home}"
     if not Path(m.hf_home).is_dir() or m.internet:
         how = "staged by the job before any engine starts" if m.internet else "not visible here"
         return None, f"model {path}: {how} ({m.hf_home})"
-    return (f"model {path} is not staged in {m.hf_home} and {cluster.name}'s compute nodes "
-            f"have no internet: run python -m launcher stage-model {path} --cluster "
-            f"{cluster.name} first"), None
+    return (f"model {path}{at} is not staged in {m.hf_home} and {cluster.name}'s compute "
+            f"nodes have no internet: run {hint} --cluster {cluster.name} first"), None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -126,7 +126,8 @@ def serve_argv(plan: Plan, ep: Endpoint, part, concurrency: int | None = None) -
     pool = ep.pool
     module = r.engine_kind.serve_module
     exe = ["vllm"] if module is None else launcher_cmd(plan, module, r.container is not None)
-    argv = [*exe, "serve", r.model.path, "--served-model-name", r.model.name]
+    argv = [*exe, "serve", r.model.path, "--served-model-name", r.model.name,
+            *revision_flags(r, engine_args(r, pool, concurrency))]
     if part.http_port is not None:
         argv += ["--host", plan.cluster.bind_host, "--port", str(part.http_port)]
     argv += ["--tensor-parallel-size", str(pool.tensor_parallel)]
@@ -152,6 +153,19 @@ def serve_argv(plan: Plan, ep: Endpoint, part, concurrency: int | None = None) -
     if ep.role.disaggregated:
         argv += ["--kv-transfer-config", kv_transfer_config(plan, ep.role)]
     return argv + flags(engine_args(r, pool, concurrency))
+
+
+def revision_flags(r, args: dict) -> list[str]:
+    """A pinned hub revision for the weights and, unless the recipe names another tokenizer,
+    the tokenizer: offline (HF_HUB_OFFLINE=1) vLLM resolves nothing but what it is given, and
+    without them asks for `main`, which a cache staged at a commit does not have."""
+    m = r.model
+    if not (m.revision and m.hub_id):
+        return []
+    out = [] if "revision" in args else ["--revision", m.revision]
+    if "tokenizer" not in args and "tokenizer-revision" not in args:
+        out += ["--tokenizer-revision", m.revision]
+    return out
 
 
 def restarts(plan: Plan, ep: Endpoint, part, argv: list[str]) -> list[dict]:
@@ -232,16 +246,15 @@ def engine_wait_env(plan: Plan, ep: Endpoint) -> dict[str, str]:
 
 def network_env(plan: Plan, node: str) -> dict[str, str]:
     """Pin NCCL, Gloo, UCX and vLLM to the profile's inter-node NIC (their own choice can be
-    a management or loopback interface)."""
+    a management or loopback interface). UCX_NET_DEVICES set in the profile's env is kept:
+    an interface name leaves UCX only TCP (launcher.planning.ucx), RDMA devices do not."""
     iface = plan.cluster.network.interface
     if not iface:
         return {}
-    return {
-        "NCCL_SOCKET_IFNAME": iface,
-        "GLOO_SOCKET_IFNAME": iface,
-        "UCX_NET_DEVICES": iface,
-        "VLLM_HOST_IP": plan.address(node),
-    }
+    env = {"NCCL_SOCKET_IFNAME": iface, "GLOO_SOCKET_IFNAME": iface}
+    if "UCX_NET_DEVICES" not in plan.cluster.env:
+        env["UCX_NET_DEVICES"] = iface
+    return {**env, "VLLM_HOST_IP": plan.address(node)}
 
 
 def model_env(plan: Plan) -> dict[str, str]:
@@ -347,6 +360,30 @@ def chat_template_applies(plan: Plan) -> bool:
     return not plan.recipe.engine_kind.simulated
 
 
+def tokenizer_flags(plan: Plan) -> list[str]:
+    """The client loads the tokenizer as the engines do: their --tokenizer-mode (vLLM's own
+    renderer for DeepSeek-V4, what sa-bench's custom_tokenizer loads) and trust-remote-code
+    (a tokenizer with its own code, Kimi-K2.5's), at the pinned revision (docs/workload.md)."""
+    r = plan.recipe
+    args = {k: v for _, pool in r.pools() for k, v in engine_args(r, pool).items()}
+    path = str(args.get("tokenizer") or r.model.path)
+    out = ["--tokenizer", path]
+    rev = args.get("tokenizer-revision") or (r.model.revision if "tokenizer" not in args else None)
+    if rev and r.model.hub_id:
+        if r.benchmark.driver == "builtin":
+            out += ["--tokenizer-revision", str(rev)]
+        elif plan.cluster.models.hf_home and re.fullmatch(r"[0-9a-f]{40}", str(rev)):
+            # vllm bench serve takes no revision: the commit's snapshot folder is one
+            out[1] = (f"{plan.cluster.models.hf_home}/hub/models--{path.replace('/', '--')}"
+                      f"/snapshots/{rev}")
+    mode = args.get("tokenizer-mode")
+    if mode and mode != "auto":
+        out += ["--tokenizer-mode", str(mode)]
+    if args.get("trust-remote-code") is True:
+        out.append("--trust-remote-code")
+    return out
+
+
 def bench_processes(plan: Plan) -> list[Process]:
     """One client run per concurrency point, against the router, from the first node."""
     r = plan.recipe
@@ -365,7 +402,7 @@ def bench_processes(plan: Plan) -> list[Process]:
             "--base-url", plan.router_url,
             "--endpoint", "/v1/completions",
             "--model", r.model.name,
-            "--tokenizer", r.model.path,
+            *tokenizer_flags(plan),
             "--dataset-name", "random",
             *workload_flags(plan),
             "--num-prompts", str(b.prompts(c)),
@@ -617,17 +654,30 @@ def step_prefix(plan: Plan, proc: Process) -> list[str]:
 
 def command_line(plan: Plan, proc: Process) -> list[str]:
     """The full command that starts `proc`: [srun ...] [preamble] env K=V ... argv."""
-    return [*step_prefix(plan, proc), *preamble(plan, proc.name), "env",
-            *[f"{k}={v}" for k, v in proc.env.items()], *proc.argv]
+    return [*step_prefix(plan, proc), *preamble(plan, proc.name, proc.kind == Kind.ENGINE),
+            "env", *[f"{k}={v}" for k, v in proc.env.items()], *proc.argv]
 
 
-def preamble(plan: Plan, name: str) -> list[str]:
+def preamble(plan: Plan, name: str, setup: bool = False) -> list[str]:
     """The profile's step_preamble before a step's command, where the command runs (in its
-    container, for a container step); a failing preamble fails the step."""
-    text = plan.cluster.step_preamble
-    if not text:
+    container, for a container step), then with `setup` the recipe's setup_script, as
+    srt-slurm runs it in each worker's container before the worker; a failing preamble or
+    script fails the step."""
+    parts = [plan.cluster.step_preamble] if plan.cluster.step_preamble else []
+    if setup and (script := setup_script_path(plan)):
+        q = shlex.quote(script)  # missing: a warning, as srt-slurm (the dry-run said so)
+        parts.append(f'if [ -f {q} ]; then bash {q}; else echo "setup_script {q} is missing" '
+                     '>&2; fi')
+    if not parts:
         return []
-    return ["bash", "-c", f'set -e; {text}; set +e; exec "$@"', name]
+    return ["bash", "-c", f'set -e; {"; ".join(parts)}; set +e; exec "$@"', name]
+
+
+def setup_script_path(plan: Plan) -> str | None:
+    """Where the recipe's setup_script is run from: its copy in the run directory, which
+    every node and container sees."""
+    script = plan.recipe.setup_script
+    return f"{plan.run_dir}/{rundir.INPUTS}/{Path(script).name}" if script else None
 
 
 NODECHECK_MODULE = "launcher.control.nodecheck"
@@ -675,7 +725,7 @@ def check_steps(plan: Plan) -> list[tuple[str, list[list[str]]]]:
         stages.append(("stage-model", [*box, *env_box, *stage]))
     return schedulers.of(c).preflight_steps(
         plan, [*preamble(plan, "preflight-host"), *env_host, *host],
-        [*box, *preamble(plan, "preflight-container"), *env_box, *inside],
+        [*box, *preamble(plan, "preflight-container", True), *env_box, *inside],
         [(n, _after_box(plan, n, cmd, box)) for n, cmd in stages])
 
 

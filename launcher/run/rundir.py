@@ -53,6 +53,7 @@ RECIPE = "recipe.yaml"
 PLAN = "plan.json"
 SBATCH = "job.sbatch"
 COMMANDS = "commands.sh"
+INPUTS = "inputs"  # files the run reads, copied in: GSM8K data, the setup_script
 SUBMISSION = "submission.json"
 RUN = "run.json"
 EVENTS = "events.jsonl"

@@ -76,8 +76,11 @@ class ContainerSettings(Strict):
 class Network(Strict):
     interface: str | None = Field(
         default=None,
-        description="the NIC between nodes (e.g. ib0): its address is each node's address and "
-        "it is exported as NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME and VLLM_HOST_IP",
+        description="the NIC between nodes (e.g. enP6p3s0f0np0): its address is each node's "
+        "address and it is exported as NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, VLLM_HOST_IP "
+        "and UCX_NET_DEVICES (NIXL's KV transfer): an interface name there leaves UCX only "
+        "TCP between nodes, so give RDMA devices in env.UCX_NET_DEVICES (e.g. mlx5_0:1), "
+        "which this then leaves alone",
     )
     loopback_ok: bool = Field(
         default=False, description="every node really is this host (single-host dev cluster)"
@@ -86,7 +89,9 @@ class Network(Strict):
         default=None,
         description="a P->D KV transfer that UCX runs over TCP: refuse fails the P->D check "
         "naming the transport (default on profiles whose nodes are other hosts: TCP there "
-        "means NVLink/RDMA is not in use), allow lets it run",
+        "means NVLink/RDMA is not in use; not where the recipe's own env pins a UCX_TLS "
+        "without an RDMA lane, as DeepSeek-V4's published recipes do: the dry-run says so), "
+        "allow lets it run",
     )
 
 

@@ -95,6 +95,14 @@ class Recipe(Strict):
     telemetry: Telemetry = Field(default_factory=Telemetry)
     slurm: SlurmSettings = Field(default_factory=SlurmSettings)
     health: Health = Field(default_factory=Health)
+    setup_script: str | None = Field(
+        default=None, min_length=1, max_length=4096,
+        description="a shell script (a path, relative to the recipe file) run with bash in "
+        "each engine's container before the engine starts, and in the preflight's container "
+        "check, as srt-slurm runs its setup_script (DeepSeek-V4-Pro's vllm-container-deps.sh "
+        "installs numactl for --numa-bind); copied into the run directory; a failing script "
+        "fails that step",
+    )
     hold_s: float = Field(
         default=0, ge=0, le=7 * 86400,
         description="keep serving this long after the sweep, before accuracy",
@@ -355,6 +363,14 @@ def _resolve_relative(data: dict, base: Path | None) -> None:
     """Data paths in a recipe file are relative to that file, those of --set and --sweep
     (base None) to the cwd: recipe.yaml holds them absolute, so the plan made again inside
     the allocation (from the run directory) names the same files as the dry-run."""
+    script = data.get("setup_script")
+    if isinstance(script, str) and script:
+        try:
+            p = Path(script).expanduser()
+            if not p.is_absolute():
+                data["setup_script"] = str(((base or Path.cwd()) / p).resolve())
+        except (OSError, RuntimeError, ValueError):  # validation says what is wrong
+            pass
     acc = data.get("accuracy")
     for key in ("data", "train"):
         if not (isinstance(acc, dict) and isinstance(acc.get(key), str) and acc[key]):

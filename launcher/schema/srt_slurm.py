@@ -35,6 +35,9 @@ CLUSTERS = {"gb200": "gb200-nvl72"}
 # srt-slurm's defaults where ours differ (benchmarks/sa_bench.py, core/schema.py, cli/submit.py)
 SA_BENCH_DEFAULTS = {"random_range_ratio": 0.8, "num_prompts_mult": 10, "num_warmup_mult": 2,
                      "use_chat_template": True}
+# sa-bench's adapter of vLLM's DeepSeek-V4 renderer (benchmarks/scripts/sa-bench/
+# sa_bench_tokenizers/vllm_deepseek_v4.py): the engines' tokenizer-mode deepseek_v4 loads it
+VLLM_DSV4_TOKENIZER = "sa_bench_tokenizers.vllm_deepseek_v4.VLLMDeepseekV4Tokenizer"
 TIME_LIMIT_DEFAULT = "01:00:00"
 HEALTH_DEFAULTS = {"max_attempts": 180, "interval_seconds": 10}
 
@@ -861,7 +864,12 @@ def _benchmark(src: _Source, out: dict) -> None:
             src.refuse("benchmark.req_rate", f"{show(rate)}: the client sends at the "
                        "concurrency's pace (inf) only")
         tok = src.get("benchmark.custom_tokenizer")
-        if tok:
+        modes = {src.peek(f"backend.vllm_config.{m}.tokenizer-mode") for m in MODES} - {None}
+        if tok == VLLM_DSV4_TOKENIZER and modes == {"deepseek_v4"}:
+            src.map("benchmark.custom_tokenizer", "benchmark.chat_template: true; the client "
+                    "loads vLLM's deepseek_v4 tokenizer, as the engines' tokenizer-mode names "
+                    "it (what this class loads), and renders DeepSeek-V4's chat encoding")
+        elif tok:
             bench["chat_template"] = False
             src.deviate("benchmark.custom_tokenizer", f"{show(tok)} renders DeepSeek-V4's "
                         "chat encoding in sa-bench; the builtin client has no such renderer, "
@@ -1005,9 +1013,10 @@ def _job_wide(src: _Source, out: dict) -> None:
         out.setdefault("container", {})["mounts"] = mounts
     script = src.get("setup_script")
     if script:
-        src.deviate("setup_script", f"{show(script)} is a file of srt-slurm's configs/ run in "
-                    "each container before the engine: not run here, so the image must already "
-                    "carry what it installs (or the profile's step_preamble runs it)")
+        out["setup_script"] = str(script)
+        src.map("setup_script", f"setup_script: {show(script)}, a file beside the recipe (a "
+                "copy of srt-slurm's configs/ or configs/patches/ one), run in each engine's "
+                "container before it starts")
     if src.has("enable_config_dump"):
         src.deviate("enable_config_dump", "plan.json and commands.sh are always written")
     if src.has("output"):
