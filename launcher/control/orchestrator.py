@@ -53,7 +53,7 @@ from launcher.control.processes import Processes
 from launcher.control.record import Book, say
 from launcher.control.watch import NodeWatch
 from launcher.errors import Cancelled, RunFailed, UserError
-from launcher.planning import render, schedulers
+from launcher.planning import cost, render, schedulers
 from launcher.run import rundir
 from launcher.run.plandoc import Process
 from launcher.run.results import point_failure
@@ -440,12 +440,14 @@ class Orchestrator:
         points = [p for p in self.planned if p.kind == Kind.BENCH]
         if self.lifetime.descending:
             points.reverse()
-        prompts = [b.prompts(concurrency_of(p.result)) for p in points]
-        sweep_start = time.time()
+        planned = self.planned_points()
+        self.book.event("sweep_planned", points=[
+            {**p.to_json(), "concurrency": c} for c, p in planned.items()])
+        plan_s = [planned[c].seconds if (c := concurrency_of(p.result)) in planned else None
+                  for p in points]
+        took: list[float] = []
         for i, proc in enumerate(points):
-            done = sum(prompts[:i])
-            elapsed = time.time() - sweep_start
-            left = elapsed / done * sum(prompts[i:]) if done else None
+            left = eta(plan_s[i:], plan_s[:i], took)
             self.record.progress["sweep"] = {
                 "index": i + 1, "total": len(points), "concurrency": concurrency_of(proc.result),
                 "started": time.time(), "seconds_left": round(left) if left else None,
@@ -455,6 +457,7 @@ class Orchestrator:
             start = time.time()
             code = self.run_client(proc)
             end = time.time()
+            took.append(end - start)
             result_file = self.run.path / proc.result
             failure = point_failure(result_file, code)
             if failure and self.cancel_behind():  # the deployment was ended under it
@@ -464,6 +467,7 @@ class Orchestrator:
             self.book.event(
                 "sweep_point", process=proc.name, status="failed" if failure else "ok",
                 reason=failure, seconds=round(end - start, 2),
+                concurrency=concurrency_of(proc.result), planned_s=None if plan_s[i] is None else round(plan_s[i], 1),
             )  # fmt: skip
             if failure:
                 self.failed_points.append(f"{proc.name}: {failure}")
@@ -473,6 +477,15 @@ class Orchestrator:
             else:
                 say(f"{proc.name}: done in {end - start:.1f} s")
         self.record.progress["sweep"] = {**self.record.progress["sweep"], "seconds_left": 0}
+
+    def planned_points(self) -> dict[int, cost.PointTime]:
+        """The plan's time of each sweep point (the dry-run's Cost line model), by
+        concurrency; empty when it cannot be made here (then no ETA, the sweep goes on)."""
+        try:
+            return {p.concurrency: p for p in cost.point_times(self.plan)[0]}
+        except Exception as e:  # noqa: BLE001 - an estimate never stops a run
+            say(f"no planned point times, so no ETA: {e}")
+            return {}
 
     def follow_concurrency(self, c: int) -> None:
         """Before a sweep point: restart the endpoints whose command line at this
@@ -596,6 +609,18 @@ class Orchestrator:
                             **({"lost": True} if h.lost else {}))
         self.lifetime.drop_stopped()
         self.processes.write()
+
+
+def eta(ahead: list[float | None], behind: list[float | None], took: list[float],
+        ) -> float | None:
+    """Seconds left in the sweep at the start of a point: the planned time of the points
+    ahead (this one included), scaled by measured / planned of the points done (1 before
+    any); None where a point has no planned time."""
+    if not ahead or any(p is None for p in ahead + behind):
+        return None
+    planned_done = sum(behind)
+    ratio = sum(took) / planned_done if took and planned_done > 0 else 1.0
+    return ratio * sum(ahead)
 
 
 def write_window(result_file: Path, ended: float) -> None:
