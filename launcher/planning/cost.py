@@ -31,8 +31,7 @@ GSM8K_ANSWER_TOKENS = {"vllm": 200, "sim": 20}  # a model's 5-shot answer: ~100-
 # the simulator's is the key's "... #### N"
 # Real vLLM on a CPU (tiny models): assumed, the simulator models GPUs (docs/vllm-cpu.md
 # measured 0.2-0.37 s for 8 tokens at a quiet moment, more under load).
-ASSUMED_TPOT_S = {"cpu": 0.2}
-ASSUMED_TTFT_S = {"cpu": 2.0}
+CPU_TTFT_S, CPU_TPOT_S = 2.0, 0.2
 RESTARTS = "engine restarts"  # the phase of args_from_concurrency's restarts
 
 
@@ -106,10 +105,10 @@ class Cost:
 
 
 PUBLISHED = "the published per-point figures"
-SIM_MODEL = "the simulator's speed model"
 SIM_DEFAULT = "the simulator's speed model (default knobs)"  # a real engine, another model
 SIM_RECIPE = "the simulator's speed model (the recipe's sim knobs)"  # engine sim: the model
 ASSUMED_CPU = "assumed"  # the basis of a CPU engine's request times starts with it
+CPU_BASIS = f"{ASSUMED_CPU} TTFT {CPU_TTFT_S:g} s and TPOT {CPU_TPOT_S * 1000:g} ms on CPU"
 
 
 @dataclass(frozen=True)
@@ -119,7 +118,7 @@ class PointTime:
     concurrency: int
     requests: int  # warm-ups + measured
     seconds: float
-    source: str  # PUBLISHED, SIM_MODEL, SIM_DEFAULT or the CPU assumption
+    source: str  # PUBLISHED, SIM_RECIPE, SIM_DEFAULT or ASSUMED_CPU
 
     def to_json(self) -> dict:
         return {"concurrency": self.concurrency, "requests": self.requests,
@@ -187,6 +186,11 @@ def sim_batch_s(plan: Plan, n: int, concurrency: int, mean_in: float, mean_out: 
     return max(math.ceil(n / concurrency) * latency, n / rate + latency)
 
 
+def cpu_batch_s(n: int, concurrency: int, out_tokens: float) -> float:
+    """`n` requests in waves of `concurrency`, each the assumed CPU TTFT + output x TPOT."""
+    return math.ceil(n / concurrency) * (CPU_TTFT_S + out_tokens * CPU_TPOT_S) if n else 0.0
+
+
 def _published_config(plan: Plan) -> dict | None:
     """The published configuration this plan runs (as many DEP2 prefill endpoints and the
     DEP8 decode, the published workload's model and lengths), or None."""
@@ -242,20 +246,18 @@ def point_times(plan: Plan) -> tuple[list[PointTime], str]:
             continue
         held = min(c, room) if room else c  # the rest wait for KV (or a slot)
         if r.engine_platform == "cpu":
-            s = math.ceil(reqs / held) * (ASSUMED_TTFT_S["cpu"]
-                                          + n.mean_output * ASSUMED_TPOT_S["cpu"])
+            s = cpu_batch_s(reqs, held, n.mean_output)
             out.append(PointTime(c, reqs, CLIENT_S[r.engine] + s, ASSUMED_CPU))
         else:
             s = sim_batch_s(plan, reqs, held, n.mean_input, n.mean_output, n.in_flight_mean)
             out.append(PointTime(c, reqs, CLIENT_S[r.engine] + s,
-                                 SIM_MODEL if r.engine_kind.simulated else SIM_DEFAULT))
+                                 SIM_RECIPE if r.engine_kind.simulated else SIM_DEFAULT))
     if config is not None:
         basis = (f"{PUBLISHED} ({config['name']}'s total tok/s per working GPU at each "
                  f"concurrency, launcher/data/published_pareto_qwen35_gb200.json, linear "
                  f"between its points, x {plan.gpu_count()['total']} working GPUs)")
     elif r.engine_platform == "cpu":
-        basis = (f"{ASSUMED_CPU} TTFT {ASSUMED_TTFT_S['cpu']:g} s and TPOT "
-                 f"{ASSUMED_TPOT_S['cpu'] * 1000:g} ms on CPU")
+        basis = CPU_BASIS
     else:
         basis = (SIM_RECIPE if r.engine_kind.simulated else
                  SIM_DEFAULT + " for this shape: Qwen3.5-397B-ish per GB200 DP rank, not "
@@ -311,9 +313,8 @@ def estimate(plan: Plan) -> Cost:
         room = kv_room(plan)
         held = min(a.concurrency, room) if room else a.concurrency
         if r.engine_platform == "cpu":
-            gate = math.ceil(q / held) * (ASSUMED_TTFT_S["cpu"] + out * ASSUMED_TPOT_S["cpu"])
-            sources.append(("accuracy gate", f"{ASSUMED_CPU} TTFT {ASSUMED_TTFT_S['cpu']:g} s "
-                            f"and TPOT {ASSUMED_TPOT_S['cpu'] * 1000:g} ms on CPU"))
+            gate = cpu_batch_s(q, held, out)
+            sources.append(("accuracy gate", CPU_BASIS))
         else:
             gate = sim_batch_s(plan, q, held, prompt, out, prompt + out / 2)
             model = SIM_RECIPE if r.engine_kind.simulated else SIM_DEFAULT
