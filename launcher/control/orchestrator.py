@@ -440,14 +440,17 @@ class Orchestrator:
         points = [p for p in self.planned if p.kind == Kind.BENCH]
         if self.lifetime.descending:
             points.reverse()
-        planned = self.planned_points()
+        planned, load_s = self.planned_points()
         self.book.event("sweep_planned", points=[
-            {**p.to_json(), "concurrency": c} for c, p in planned.items()])
-        plan_s = [planned[c].seconds if (c := concurrency_of(p.result)) in planned else None
-                  for p in points]
+            {**p.to_json(), "concurrency": c} for c, p in planned.items()],
+            restart_load_s=load_s)
+        conc = [concurrency_of(p.result) for p in points]
+        plan_s = [planned[c].seconds if c in planned else None for c in conc]
+        loads = restart_loads([p for p in self.planned if p.kind == Kind.ENGINE], conc, load_s)
         took: list[float] = []
         for i, proc in enumerate(points):
             left = eta(plan_s[i:], plan_s[:i], took)
+            left = None if left is None else left + sum(loads[i:])
             self.record.progress["sweep"] = {
                 "index": i + 1, "total": len(points), "concurrency": concurrency_of(proc.result),
                 "started": time.time(), "seconds_left": round(left) if left else None,
@@ -478,14 +481,16 @@ class Orchestrator:
                 say(f"{proc.name}: done in {end - start:.1f} s")
         self.record.progress["sweep"] = {**self.record.progress["sweep"], "seconds_left": 0}
 
-    def planned_points(self) -> dict[int, cost.PointTime]:
+    def planned_points(self) -> tuple[dict[int, cost.PointTime], float]:
         """The plan's time of each sweep point (the dry-run's Cost line model), by
-        concurrency; empty when it cannot be made here (then no ETA, the sweep goes on)."""
+        concurrency, and its load time; none when it cannot be made here (then no ETA, the
+        sweep goes on)."""
         try:
-            return {p.concurrency: p for p in cost.point_times(self.plan)[0]}
+            c = cost.estimate(self.plan)
         except Exception as e:  # noqa: BLE001 - an estimate never stops a run
             say(f"no planned point times, so no ETA: {e}")
-            return {}
+            return {}, 0.0
+        return {p.concurrency: p for p in c.points}, c.load_expected_s
 
     def follow_concurrency(self, c: int) -> None:
         """Before a sweep point: restart the endpoints whose command line at this
@@ -609,6 +614,13 @@ class Orchestrator:
                             **({"lost": True} if h.lost else {}))
         self.lifetime.drop_stopped()
         self.processes.write()
+
+
+def restart_loads(engines: list[Process], points: list[int], load_s: float) -> list[float]:
+    """Per point in sweep order, the load before it: `load_s` where an engine's command line
+    changes from the point before (args_from_concurrency restarts it), else 0."""
+    return [0.0] + [load_s if any(e.argv_at(b) != e.argv_at(a) for e in engines) else 0.0
+                    for a, b in zip(points, points[1:], strict=False)]
 
 
 def eta(ahead: list[float | None], behind: list[float | None], took: list[float],
