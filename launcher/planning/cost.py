@@ -245,7 +245,7 @@ def point_times(plan: Plan) -> tuple[list[PointTime], str]:
                                  PUBLISHED))
             continue
         held = min(c, room) if room else c  # the rest wait for KV (or a slot)
-        if r.engine_platform == "cpu":
+        if r.engine_kind.on_cpu:
             s = cpu_batch_s(reqs, held, n.mean_output)
             out.append(PointTime(c, reqs, CLIENT_S[r.engine] + s, ASSUMED_CPU))
         else:
@@ -256,7 +256,7 @@ def point_times(plan: Plan) -> tuple[list[PointTime], str]:
         basis = (f"{PUBLISHED} ({config['name']}'s total tok/s per working GPU at each "
                  f"concurrency, launcher/data/published_pareto_qwen35_gb200.json, linear "
                  f"between its points, x {plan.gpu_count()['total']} working GPUs)")
-    elif r.engine_platform == "cpu":
+    elif r.engine_kind.on_cpu:
         basis = CPU_BASIS
     else:
         basis = (SIM_RECIPE if r.engine_kind.simulated else
@@ -312,7 +312,7 @@ def estimate(plan: Plan) -> Cost:
         prompt = GSM8K_SHOT_TOKENS * (a.num_shots + 1)
         room = kv_room(plan)
         held = min(a.concurrency, room) if room else a.concurrency
-        if r.engine_platform == "cpu":
+        if r.engine_kind.on_cpu:
             gate = cpu_batch_s(q, held, out)
             sources.append(("accuracy gate", CPU_BASIS))
         else:
