@@ -83,6 +83,13 @@ def test_a_gpu_recipe_without_published_figures_uses_the_simulators_model(cli, t
         "the simulator's speed model (default knobs) for this shape")
     assert "assumed" not in json.dumps(cost["sources"]), cost["sources"]
     assert {p["source"] for p in cost["points"]} == {"the simulator's speed model (default knobs)"}
+    # the seed in a shape that was not published (3 prefill endpoints), or on the simulator:
+    # not the published figures
+    for sets, source in [(["prefill.endpoints=3"], "the simulator's speed model (default knobs)"),
+                         (["engine=sim"], "the simulator's speed model (the recipe's sim knobs)")]:
+        args = [x for s in sets for x in ("--set", s)]
+        cost = _dry_json(cli, tmp_path / sets[0], *args)["cost"]
+        assert {p["source"] for p in cost["points"]} == {source}, (sets, cost["sources"])
 
 
 def _plan(recipe_name: str, **slurm):

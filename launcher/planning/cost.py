@@ -199,7 +199,9 @@ def _published_config(plan: Plan) -> dict | None:
     r = plan.recipe
     w = published.reference()["workload"]
     b = r.benchmark
-    if (published.MODEL_MARK not in r.model.path.lower() or r.mode != "disagg"
+    model = r.model.path.lower()
+    if (published.MODEL_MARK not in model or published.QUANT_MARK not in model
+            or r.mode != "disagg"
             or (b.input_len, b.output_len, b.length_rule, b.range_ratio)
             != (w["input_len"], w["output_len"], w["length_rule"], w["range_ratio"])):
         return None
