@@ -560,6 +560,41 @@ def cost_line(s: dict) -> str:
             if line else "")
 
 
+def planned_table(rd: RunDir) -> str:
+    """Each point's time as the plan had it (the dry-run's model, docs/duration.md) beside
+    the time it took (warm-up and measured requests, events.jsonl's sweep_point), so the
+    model can be judged."""
+    events = rd.events()
+    planned = next((e.get("points") for e in events if e.get("event") == "sweep_planned"), None)
+    source = {p.get("concurrency"): p.get("source") for p in planned or []
+              if isinstance(p, dict)}
+    rows, total = [], [0.0, 0.0]
+    for e in events:
+        if e.get("event") != "sweep_point":
+            continue
+        c, took, plan = e.get("concurrency"), e.get("seconds"), e.get("planned_s")
+        ok = isinstance(took, (int, float)) and isinstance(plan, (int, float)) and plan > 0
+        if ok:
+            total[0] += plan
+            total[1] += took
+        rows.append(cell(c) + cell(plan, "sweep_point.planned_s", 1)
+                    + cell(took, "sweep_point.seconds", 1)
+                    + cell(took / plan if ok else None, None, 2)
+                    + f"<td>{esc(source.get(c) or '–')}</td>")
+    if not rows:
+        return ('<p class="note">No sweep point was timed (events.jsonl has no sweep_point '
+                "with a planned time).</p>")
+    if total[0]:
+        rows.append("<td><b>sweep</b></td>" + cell(total[0], None, 1)
+                    + cell(total[1], None, 1) + cell(total[1] / total[0], None, 2)
+                    + "<td></td>")
+    return (table(["concurrency", "planned s", "measured s", "measured / planned", "planned "
+                   "from"], rows)
+            + '<p class="note">Planned: the dry-run\'s model of a point\'s time (its warm-up '
+            "and measured requests; docs/duration.md), the one the Cost line, the time-limit "
+            "check and the live ETA use. Measured: the point's client from start to end.</p>")
+
+
 def verdict_block(s: dict) -> str:
     v = s.get("verdict") or "–"
     cls = "ok" if v == "passed" else "bad"
@@ -697,7 +732,8 @@ def render_run(path: Path) -> str:
             "<h2>TTFT vs concurrency</h2>",
             ttft_chart([("", PALETTE[0], s.get("points") or [])]),
             "<h2>Bottleneck per sweep point</h2>", bottlenecks(vmap, why),
-            decode_endpoints(rd)]
+            decode_endpoints(rd),
+            "<h2>Planned against measured, per sweep point</h2>", planned_table(rd)]
     cmp = comparison([(name, _plan(rd), s.get("points") or [])])
     if cmp is not None and cmp["matched"]:
         ser = pareto_series(s.get("points") or [], "this run", PALETTE[0], vmap)

@@ -380,6 +380,8 @@ def plan_text(prepared: Prepared) -> str:
                      "check (as srt-slurm runs its setup_script)")
     spend = cost.estimate(plan)
     lines.append(cost_line(prepared, spend))
+    if planned := cost.points_text(spend):
+        lines.append(planned)
     if (late := cost.time_limit_problems(plan, spend)[1]) is not None:
         lines.append(f"warning: {late}")
     rt = plan.runtime

@@ -92,9 +92,11 @@ def test_dry_run_shows_each_restart_and_what_it_costs(tmp_path):
     assert ("  restarted before concurrency 4096 (decode.args_from_concurrency, the other "
             "engines stay loaded), adding: --max-cudagraph-capture-size 640") in out
     assert "adding: --max-cudagraph-capture-size 768" in out
-    # two decode restarts: load rounds bounded by health.timeout_s each, not estimated
-    assert ("loading up to 40 min (health.timeout_s) for each of 3 load rounds (the start and "
-            "2 restarts, args_from_concurrency)") in out
+    # two decode restarts: load rounds at the profile's load time each, bounded by
+    # health.timeout_s
+    assert ("loading ~15 min (gb200-nvl72's load_time_s) each for 3 load rounds (the start "
+            "and 2 restarts, args_from_concurrency)") in out
+    assert "at most 3 h 11 min if each load takes its health.timeout_s (40 min)" in out
     run = next((tmp_path / "runs").iterdir())
     doc = json.loads((run / "plan.json").read_text())
     cmds = (run / "commands.sh").read_text()
@@ -136,7 +138,8 @@ def test_cost_holds_a_load_per_restart_round():
     plan, _ = plan_run(r, REPO / "runs-never-written", None, {})
     c = cost.estimate(plan)
     assert c.restarts == 2 and c.restart_loads == 2
-    assert dict(c.phases)[cost.RESTARTS] == 2 * r.health.timeout_s
+    assert dict(c.phases)[cost.RESTARTS] == 2 * plan.cluster.load_time_s
+    assert c.worst_s - c.expected_s == 3 * (r.health.timeout_s - plan.cluster.load_time_s)
 
 
 @pytest.fixture(scope="module")

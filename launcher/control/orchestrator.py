@@ -53,7 +53,7 @@ from launcher.control.processes import Processes
 from launcher.control.record import Book, say
 from launcher.control.watch import NodeWatch
 from launcher.errors import Cancelled, RunFailed, UserError
-from launcher.planning import render, schedulers
+from launcher.planning import cost, render, schedulers
 from launcher.run import rundir
 from launcher.run.plandoc import Process
 from launcher.run.results import point_failure
@@ -463,12 +463,17 @@ class Orchestrator:
         points = [p for p in self.planned if p.kind == Kind.BENCH]
         if self.lifetime.descending:
             points.reverse()
-        prompts = [b.prompts(concurrency_of(p.result)) for p in points]
-        sweep_start = time.time()
+        planned, load_s = self.planned_points()
+        self.book.event("sweep_planned", points=[
+            {**p.to_json(), "concurrency": c} for c, p in planned.items()],
+            restart_load_s=load_s)
+        conc = [concurrency_of(p.result) for p in points]
+        plan_s = [planned[c].seconds if c in planned else None for c in conc]
+        loads = restart_loads([p for p in self.planned if p.kind == Kind.ENGINE], conc, load_s)
+        took: list[float] = []
         for i, proc in enumerate(points):
-            done = sum(prompts[:i])
-            elapsed = time.time() - sweep_start
-            left = elapsed / done * sum(prompts[i:]) if done else None
+            left = eta(plan_s[i:], plan_s[:i], took)
+            left = None if left is None else left + sum(loads[i:])
             self.record.progress["sweep"] = {
                 "index": i + 1, "total": len(points), "concurrency": concurrency_of(proc.result),
                 "started": time.time(), "seconds_left": round(left) if left else None,
@@ -478,6 +483,7 @@ class Orchestrator:
             start = time.time()
             code = self.run_client(proc)
             end = time.time()
+            took.append(end - start)
             result_file = self.run.path / proc.result
             failure = point_failure(result_file, code)
             if failure and self.cancel_behind():  # the deployment was ended under it
@@ -487,6 +493,7 @@ class Orchestrator:
             self.book.event(
                 "sweep_point", process=proc.name, status="failed" if failure else "ok",
                 reason=failure, seconds=round(end - start, 2),
+                concurrency=concurrency_of(proc.result), planned_s=None if plan_s[i] is None else round(plan_s[i], 1),
             )  # fmt: skip
             if failure:
                 self.failed_points.append(f"{proc.name}: {failure}")
@@ -526,6 +533,17 @@ class Orchestrator:
         say(f"custom benchmark: FAILED with exit status {code} (see {proc.log})")
         if self.plan.recipe.benchmark.on_failure == "stop":
             raise self.bench_failure
+
+    def planned_points(self) -> tuple[dict[int, cost.PointTime], float]:
+        """The plan's time of each sweep point (the dry-run's Cost line model), by
+        concurrency, and its load time; none when it cannot be made here (then no ETA, the
+        sweep goes on)."""
+        try:
+            c = cost.estimate(self.plan)
+        except Exception as e:  # noqa: BLE001 - an estimate never stops a run
+            say(f"no planned point times, so no ETA: {e}")
+            return {}, 0.0
+        return {p.concurrency: p for p in c.points}, c.load_expected_s
 
     def follow_concurrency(self, c: int) -> None:
         """Before a sweep point: restart the endpoints whose command line at this
@@ -649,6 +667,25 @@ class Orchestrator:
                             **({"lost": True} if h.lost else {}))
         self.lifetime.drop_stopped()
         self.processes.write()
+
+
+def restart_loads(engines: list[Process], points: list[int], load_s: float) -> list[float]:
+    """Per point in sweep order, the load before it: `load_s` where an engine's command line
+    changes from the point before (args_from_concurrency restarts it), else 0."""
+    return [0.0] + [load_s if any(e.argv_at(b) != e.argv_at(a) for e in engines) else 0.0
+                    for a, b in zip(points, points[1:], strict=False)]
+
+
+def eta(ahead: list[float | None], behind: list[float | None], took: list[float],
+        ) -> float | None:
+    """Seconds left in the sweep at the start of a point: the planned time of the points
+    ahead (this one included), scaled by measured / planned of the points done (1 before
+    any); None where a point has no planned time."""
+    if not ahead or any(p is None for p in ahead + behind):
+        return None
+    planned_done = sum(behind)
+    ratio = sum(took) / planned_done if took and planned_done > 0 else 1.0
+    return ratio * sum(ahead)
 
 
 def write_window(result_file: Path, ended: float) -> None:

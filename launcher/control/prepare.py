@@ -621,6 +621,4 @@ def assumed_load_s(root: Path, plan: Plan, c: cost.Cost) -> tuple[float, str]:
         seen.sort()
         return seen[len(seen) // 2], (f"measured: the median of {len(seen)} earlier run(s) of "
                                       f"{plan.recipe.model.path} on {plan.cluster.name}")
-    if plan.recipe.engine_kind.simulated:
-        return c.load_expected_s, "the simulator's start-up delay (sim.start_delay_s) + 5 s"
-    return c.load_expected_s, "health.timeout_s (no earlier run of this model on this cluster)"
+    return c.load_expected_s, f"{c.load_basis} (no earlier run of this model on this cluster)"

@@ -1,11 +1,13 @@
 """What a job reserves and about how long it holds it, before it is submitted.
 
-The estimate is phases in sequence: preflight, loading (bounded by the health timeout), each
-sweep point's warm-up and measured requests, the accuracy gate, teardown. A request's time
-is TTFT + output tokens x TPOT; where those come from is said in ``basis``: the simulator's
-own speed model (engine sim), the published Pareto's tokens/s/user (the published workload),
-or an assumption stated in the text (anything else). It is a planning figure, not a
-measurement: its use is catching a time limit that cannot fit and showing GPU-hours.
+The estimate is phases in sequence: preflight, loading, each sweep point's warm-up and
+measured requests, the accuracy gate, teardown (docs/duration.md). A sweep point's time is
+one model (`point_times`), read by the Cost line, the time-limit check, the live ETA and the
+report's planned-against-measured: the published per-point figures where the recipe is the
+published configuration, else the simulator's speed model for the plan's shape; each figure
+says where it came from. A load round (the start, each args_from_concurrency restart) is
+taken at the profile's `load_time_s` (the simulator's own start for engine sim), bounded by
+health.timeout_s, the worst case said apart. A planning figure, not a measurement.
 """
 
 from __future__ import annotations
@@ -19,13 +21,17 @@ if TYPE_CHECKING:
     from launcher.planning.plan import Plan
 
 PREFLIGHT_S = {"sim": 2.0, "vllm": 60.0}
+# a sweep point's client process: its start (Python, the tokenizer) and its last request's
+# tail, around the requests (the demo's points took ~1.5 s more than their requests)
+CLIENT_S = {"sim": 1.5, "vllm": 10.0}
 TEARDOWN_S = {"sim": 5.0, "vllm": 30.0}
 GSM8K_TEST_QUESTIONS = 1319  # the test split, when num_questions is unset
+GSM8K_SHOT_TOKENS = 150  # a 5-shot prompt is ~6 question-answer pairs of ~150 tokens
 GSM8K_ANSWER_TOKENS = {"vllm": 200, "sim": 20}  # a model's 5-shot answer: ~100-250 tokens;
 # the simulator's is the key's "... #### N"
-# Assumed where nothing better is known: a busy GPU decode step and a long prompt's prefill.
-ASSUMED_TPOT_S = {"gpu": 0.025, "cpu": 0.2}
-ASSUMED_TTFT_S = {"gpu": 1.5, "cpu": 2.0}
+# Real vLLM on a CPU (tiny models): assumed, the simulator models GPUs (docs/vllm-cpu.md
+# measured 0.2-0.37 s for 8 tokens at a quiet moment, more under load).
+CPU_TTFT_S, CPU_TPOT_S = 2.0, 0.2
 RESTARTS = "engine restarts"  # the phase of args_from_concurrency's restarts
 
 
@@ -43,6 +49,10 @@ class Cost:
     restarts: int = 0  # restart rounds in the sweep (args_from_concurrency), a load each
     restart_loads: int = 0  # endpoint starts they take (a DP endpoint counts once)
     warmups: int = 0  # of `requests`: warm-up requests, not measured
+    sources: tuple[tuple[str, str], ...] = ()  # (phase, where its figure comes from)
+    load_basis: str = ""  # where load_expected_s comes from
+    points: tuple[PointTime, ...] = ()  # the sweep, point by point
+    estimates: tuple[str, ...] = ()  # phases from figures not made for this model (firm_s)
 
     @property
     def gpus_allocated(self) -> int:
@@ -71,6 +81,13 @@ class Cost:
     def after_load_s(self) -> float:
         return sum(s for _, s in self.phases if s and _ != "preflight")
 
+    @property
+    def firm_s(self) -> float:
+        """expected_s less the phases estimated by figures not made for this model (the
+        simulator's default knobs for a real engine, a CPU assumption): what a time limit is
+        refused on; the rest only warns."""
+        return self.expected_s - sum(s for name, s in self.phases if name in self.estimates)
+
     def gpu_hours(self, seconds: float | None = None) -> float:
         return self.gpus_allocated * (self.expected_s if seconds is None else seconds) / 3600
 
@@ -82,62 +99,175 @@ class Cost:
                 "gpu_hours": round(self.gpu_hours(), 2), "requests": self.requests,
                 "sweep_tokens": self.tokens, "basis": self.basis,
                 "work_s": round(self.work_s, 1), "loads": self.loads,
-                "load_expected_s": self.load_expected_s, "warmup_requests": self.warmups}
+                "load_expected_s": self.load_expected_s, "warmup_requests": self.warmups,
+                "load_basis": self.load_basis, "sources": dict(self.sources),
+                "points": [p.to_json() for p in self.points]}
 
 
-def _sim_times(plan: Plan, concurrency: int) -> tuple[float, float]:
-    """(TTFT s, TPOT s) from the simulator's speed model for one decode rank's share."""
+PUBLISHED = "the published per-point figures"
+SIM_DEFAULT = "the simulator's speed model (default knobs)"  # a real engine, another model
+SIM_RECIPE = "the simulator's speed model (the recipe's sim knobs)"  # engine sim: the model
+ASSUMED_CPU = "assumed"  # the basis of a CPU engine's request times starts with it
+CPU_BASIS = f"{ASSUMED_CPU} TTFT {CPU_TTFT_S:g} s and TPOT {CPU_TPOT_S * 1000:g} ms on CPU"
+
+
+@dataclass(frozen=True)
+class PointTime:
+    """One sweep point as planned: its warm-up and measured requests and how long they take."""
+
+    concurrency: int
+    requests: int  # warm-ups + measured
+    seconds: float
+    source: str  # PUBLISHED, SIM_RECIPE, SIM_DEFAULT or ASSUMED_CPU
+
+    def to_json(self) -> dict:
+        return {"concurrency": self.concurrency, "requests": self.requests,
+                "planned_s": round(self.seconds, 1), "source": self.source}
+
+
+def _knobs(plan: Plan) -> dict:
     from dataclasses import fields
 
     from launcher.sim.knobs import Knobs
 
     knobs = {f.name: f.default for f in fields(Knobs)}
     knobs.update(plan.recipe.sim.model_dump(exclude_none=True))
-    r = plan.recipe
-    ranks = sum(ep.pool.data_parallel for ep in plan.endpoints if ep.role != "prefill") or 1
-    per_rank = max(1.0, concurrency / ranks)
-    b = r.benchmark
-    n = b.lengths()  # the rule's lengths: the context a running request holds on average
-    ctx = n.in_flight_mean
-    tpot_ms = (knobs["step_base_ms"] + knobs["decode_per_seq_ms"] * per_rank
-               + knobs["decode_per_ktoken_ms"] * per_rank * ctx / 1000)
-    prefill_ranks = sum(ep.pool.data_parallel for ep in plan.endpoints
-                        if ep.role != "decode") or 1
-    arrivals = max(1.0, concurrency / prefill_ranks)
-    ttft = n.mean_input / knobs["prefill_tokens_per_s"] * min(arrivals, 4)
-    speed = knobs["speed"]
-    return ttft / speed, tpot_ms / 1000 / speed
+    return knobs
 
 
-def _published_tpot(plan: Plan, concurrency: int) -> float | None:
-    """1 / the published tokens/s/user at the nearest concurrency, for the published
-    workload's model and lengths (the configuration with as many prefill endpoints, else the
-    nearest)."""
+def _ranks(plan: Plan, role: str) -> int:
+    return sum(ep.pool.data_parallel for ep in plan.endpoints if ep.role == role)
+
+
+def _batched_tokens(plan: Plan, role: str) -> int:
+    """A prefilling rank's token budget per step (--max-num-batched-tokens, vLLM's 8192
+    default for online serving)."""
+    from launcher.planning.plan import engine_args
+
+    for ep in plan.endpoints:
+        if ep.role == role:
+            v = engine_args(plan.recipe, ep.pool).get("max-num-batched-tokens")
+            try:
+                return max(1, int(v))
+            except (TypeError, ValueError):  # unset, or "16k": vLLM's parser judges it
+                return 8192
+    return 8192
+
+
+def sim_batch_s(plan: Plan, n: int, concurrency: int, mean_in: float, mean_out: float,
+                ctx: float) -> float:
+    """`n` requests kept `concurrency` at a time, by the simulator's speed model
+    (launcher/sim/engine.py: a step takes step_base_ms + running x decode_per_seq_ms +
+    context/1000 x decode_per_ktoken_ms + prompt tokens x 1000 / prefill_tokens_per_s, a KV
+    transfer its bytes over kv_bandwidth_gbps, all divided by `speed`) for this plan's
+    shape: its prefill, decode and aggregated DP ranks."""
+    if not n:
+        return 0.0
+    k = _knobs(plan)
+    speed = k["speed"]
+    prefill, decode, agg = (_ranks(plan, "prefill"), _ranks(plan, "decode"),
+                            _ranks(plan, "agg"))
+    serving = decode or agg or 1
+    per_rank = max(1.0, concurrency / serving)
+    step_s = (k["step_base_ms"] + k["decode_per_seq_ms"] * per_rank
+              + k["decode_per_ktoken_ms"] * per_rank * ctx / 1000) / 1000 / speed
+    if prefill:  # disaggregated: prompts on the prefill ranks, then a KV transfer
+        budget = _batched_tokens(plan, "prefill")
+        step_p = (k["step_base_ms"] / 1000 + budget / k["prefill_tokens_per_s"]) / speed
+        prompt_tps = budget / step_p  # one prefill rank, steps full
+        transfer = ((mean_in * k["kv_bytes_per_token"] + k["kv_state_bytes"])
+                    / (k["kv_bandwidth_gbps"] * 1e9) + k["kv_post_ms"] / 1000) / speed
+        latency = mean_in / prompt_tps + transfer + mean_out * step_s
+        rate = min(concurrency / latency, prefill * prompt_tps / mean_in)
+    else:  # aggregated: a rank's steps carry its prompts and its decodes
+        prompt_s = mean_in / k["prefill_tokens_per_s"] / speed
+        latency = prompt_s * per_rank + mean_out * step_s
+        rate = concurrency / latency
+    return max(math.ceil(n / concurrency) * latency, n / rate + latency)
+
+
+def cpu_batch_s(n: int, concurrency: int, out_tokens: float) -> float:
+    """`n` requests in waves of `concurrency`, each the assumed CPU TTFT + output x TPOT."""
+    return math.ceil(n / concurrency) * (CPU_TTFT_S + out_tokens * CPU_TPOT_S) if n else 0.0
+
+
+def _published_config(plan: Plan) -> dict | None:
+    """The published configuration this plan runs (as many DEP2 prefill endpoints and the
+    DEP8 decode, the published workload's model and lengths), or None."""
     from launcher.run import published
 
     r = plan.recipe
-    model = r.model.path.lower()
     w = published.reference()["workload"]
-    if published.MODEL_MARK not in model or (r.benchmark.input_len, r.benchmark.output_len) != (
-            w["input_len"], w["output_len"]):
+    b = r.benchmark
+    model = r.model.path.lower()
+    if (published.MODEL_MARK not in model or published.QUANT_MARK not in model
+            or r.mode != "disagg"
+            or (b.input_len, b.output_len, b.length_rule, b.range_ratio)
+            != (w["input_len"], w["output_len"], w["length_rule"], w["range_ratio"])):
         return None
-    n = sum(1 for ep in plan.endpoints if ep.role == "prefill")
-    configs = published.configurations()
-    config = min(configs, key=lambda c: abs(c["prefill_endpoints"] - n))
-    point = min(config["points"], key=lambda p: abs(p["concurrency"] - concurrency))
-    return 1.0 / point["tokens_per_s_per_user"]
+    pre = [ep for ep in plan.endpoints if ep.role == "prefill"]
+    dec = [ep for ep in plan.endpoints if ep.role == "decode"]
+    config = published.config_by_prefill(len(pre))
+    if (config is None or len(dec) != config["decode_endpoints"]
+            or any(ep.pool.data_parallel != config["prefill_dp"] for ep in pre)
+            or any(ep.pool.data_parallel != config["decode_dp"] for ep in dec)):
+        return None
+    return config
 
 
-def _times(plan: Plan, concurrency: int) -> tuple[float, float, str]:
+def published_rate(config: dict, concurrency: int) -> float:
+    """Total tok/s per working GPU at `concurrency`: the published point, linear between
+    two, the nearest end outside them."""
+    pts = sorted((p["concurrency"], p["total_tokens_per_s_per_gpu"]) for p in config["points"])
+    if concurrency <= pts[0][0]:
+        return pts[0][1]
+    for (c0, y0), (c1, y1) in zip(pts, pts[1:], strict=False):  # neighbours
+        if concurrency <= c1:
+            return y0 + (y1 - y0) * (concurrency - c0) / (c1 - c0)
+    return pts[-1][1]
+
+
+def point_times(plan: Plan) -> tuple[list[PointTime], str]:
+    """Each sweep point's planned time (warm-ups and measured requests), and where the figures
+    come from in words. The one model of a point's time: the cost, the time-limit check, the
+    live ETA and the report's planned-against-measured all read it."""
     r = plan.recipe
-    if r.engine_kind.simulated:
-        return (*_sim_times(plan, concurrency), "the simulator's speed model")
-    tpot = _published_tpot(plan, concurrency)
-    if tpot is not None:
-        return ASSUMED_TTFT_S["gpu"], tpot, "the published Pareto's tokens/s/user"
-    p = r.engine_platform
-    return (ASSUMED_TTFT_S[p], ASSUMED_TPOT_S[p],
-            f"assumed TTFT {ASSUMED_TTFT_S[p]:g} s and TPOT {ASSUMED_TPOT_S[p] * 1000:g} ms")
+    b = r.benchmark
+    if not b.sweeps:  # no sweep, or a custom command in its place (its time is its own)
+        return [], ""
+    n = b.lengths()
+    config = _published_config(plan) if not r.engine_kind.simulated else None
+    room = kv_room(plan)
+    out = []
+    for c in b.concurrency:
+        reqs = b.warmups(c) + b.prompts(c)
+        if config is not None:  # measured at this concurrency: KV waits included
+            tps = published_rate(config, c) * plan.gpu_count()["total"]
+            out.append(PointTime(c, reqs, CLIENT_S[r.engine] + reqs * n.mean_total / tps,
+                                 PUBLISHED))
+            continue
+        held = min(c, room) if room else c  # the rest wait for KV (or a slot)
+        if r.engine_kind.on_cpu:
+            s = cpu_batch_s(reqs, held, n.mean_output)
+            out.append(PointTime(c, reqs, CLIENT_S[r.engine] + s, ASSUMED_CPU))
+        else:
+            s = sim_batch_s(plan, reqs, held, n.mean_input, n.mean_output, n.in_flight_mean)
+            out.append(PointTime(c, reqs, CLIENT_S[r.engine] + s,
+                                 SIM_RECIPE if r.engine_kind.simulated else SIM_DEFAULT))
+    if config is not None:
+        basis = (f"{PUBLISHED} ({config['name']}'s total tok/s per working GPU at each "
+                 f"concurrency, launcher/data/published_pareto_qwen35_gb200.json, linear "
+                 f"between its points, x {plan.gpu_count()['total']} working GPUs)")
+    elif r.engine_kind.on_cpu:
+        basis = CPU_BASIS
+    else:
+        basis = (SIM_RECIPE if r.engine_kind.simulated else
+                 SIM_DEFAULT + " for this shape: Qwen3.5-397B-ish per GB200 DP rank, not "
+                 "measured for this model; no published figures for this recipe")
+    if room and max(b.concurrency) > room and config is None:
+        basis += (f"; at most {room:,} requests run at once on the decode side (its KV "
+                  "estimate and max-num-seqs)")
+    return out, basis
 
 
 def kv_room(plan: Plan) -> int | None:
@@ -164,44 +294,47 @@ def _lines(path: str | None) -> int:
         return 0
 
 
-def _batch_s(n: int, concurrency: int, ttft: float, tpot: float, out_tokens: float) -> float:
-    """n requests kept `concurrency` at a time."""
-    return math.ceil(n / concurrency) * (ttft + out_tokens * tpot) if n else 0.0
-
-
 def estimate(plan: Plan) -> Cost:
     r = plan.recipe
     b, a = r.benchmark, r.accuracy
     phases: list[tuple[str, float]] = [("preflight", PREFLIGHT_S[r.engine])]
+    sources: list[tuple[str, str]] = []
     requests = tokens = 0
-    basis = ""
-    if b.sweeps:
-        sweep = 0.0
-        room = kv_room(plan)
-        for c in b.concurrency:
-            held = min(c, room) if room else c  # the rest wait for KV (or a slot)
-            ttft, tpot, basis = _times(plan, held)
-            n = b.warmups(c) + b.prompts(c)
-            sweep += _batch_s(n, held, ttft, tpot, b.lengths().mean_output)
-            requests += n
-            tokens += round(n * b.lengths().mean_total)
-        if room and max(b.concurrency) > room:
-            basis += (f"; at most {room:,} requests run at once on the decode side (its KV "
-                      "estimate and max-num-seqs)")
-        phases.append(("sweep", sweep))
+    points, basis = point_times(plan)
+    if points:
+        phases.append(("sweep", sum(p.seconds for p in points)))
+        sources.append(("sweep", basis))
+        requests = sum(p.requests for p in points)
+        tokens = round(requests * b.lengths().mean_total)
     if r.hold_s:
         phases.append(("hold", float(r.hold_s)))
     if a.enabled:
         q = (a.num_questions or _lines(a.data) or GSM8K_TEST_QUESTIONS) * a.repeat
-        ttft, tpot, basis2 = _times(plan, a.concurrency)
-        basis = basis or basis2
         out = min(a.max_tokens, GSM8K_ANSWER_TOKENS[r.engine])
-        phases.append(("accuracy gate", _batch_s(q, a.concurrency, ttft, tpot, out)))
+        prompt = GSM8K_SHOT_TOKENS * (a.num_shots + 1)
+        room = kv_room(plan)
+        held = min(a.concurrency, room) if room else a.concurrency
+        if r.engine_kind.on_cpu:
+            gate = cpu_batch_s(q, held, out)
+            sources.append(("accuracy gate", CPU_BASIS))
+        else:
+            gate = sim_batch_s(plan, q, held, prompt, out, prompt + out / 2)
+            model = SIM_RECIPE if r.engine_kind.simulated else SIM_DEFAULT
+            sources.append(("accuracy gate", f"{model}, {q:,} prompts of ~{prompt:,} tokens "
+                            f"and {out} out"))
+        phases.append(("accuracy gate", gate))
         requests += q
-    warmups = sum(b.warmups(c) for c in b.concurrency) if b.sweeps else 0
+    warmups = sum(p.requests - b.prompts(p.concurrency) for p in points)
     bound = r.health.timeout_s
-    load = (min(bound, float(r.sim.start_delay_s or 0) + 5) if r.engine_kind.simulated
-            else bound)
+    if r.engine_kind.simulated:
+        load = min(bound, float(r.sim.start_delay_s or 0) + 5)
+        load_basis = "the simulator's start, sim.start_delay_s + 5 s"
+    elif plan.cluster.load_time_s:
+        load = min(bound, plan.cluster.load_time_s)
+        load_basis = f"{plan.cluster.name}'s load_time_s"
+    else:
+        load = bound
+        load_basis = f"health.timeout_s ({plan.cluster.name} states no load_time_s)"
     restarts = len(r.restart_points())  # none without a sweep
     restart_loads = sum(pool.endpoints for c in r.restart_points() for _, pool in r.pools()
                         if c in pool.args_from_concurrency)
@@ -213,6 +346,9 @@ def estimate(plan: Plan) -> Cost:
         gpus_working=plan.gpu_count()["total"], load_expected_s=load, load_bound_s=bound,
         phases=tuple(phases), requests=requests, tokens=tokens, basis=basis,
         restarts=restarts, restart_loads=restart_loads, warmups=warmups,
+        sources=tuple(sources), load_basis=load_basis, points=tuple(points),
+        estimates=tuple(name for name, src in sources
+                        if not src.startswith((PUBLISHED, SIM_RECIPE))),
     )  # fmt: skip
 
 
@@ -229,7 +365,7 @@ def duration(seconds: float) -> str:
 
 def text(cost: Cost, load_s: float | None = None) -> str:
     """One line for the dry-run; `load_s`: what one load is taken to be (a study's
-    assumption), else the estimate's."""
+    assumption, said on its own line), else the estimate's (its basis said here)."""
     idle = cost.gpus_allocated - cost.gpus_working
     why = "the start" + (f" and {cost.restarts} restart{'s' * (cost.restarts > 1)}, "
                          "args_from_concurrency" if cost.restarts else "")
@@ -237,7 +373,7 @@ def text(cost: Cost, load_s: float | None = None) -> str:
             f"{cost.gpus_working} working" + (f" ({idle} idle)" if idle else "") + "; "
             + spend([(cost.work_s, cost.loads, cost.gpus_allocated)],
                     cost.load_expected_s if load_s is None else load_s, cost.load_bound_s,
-                    detail(cost), why)
+                    detail(cost), why, cost.load_basis if load_s is None else "")
             + "; " + requests_text(cost))
 
 
@@ -246,10 +382,36 @@ def _nodes(n: int) -> str:
 
 
 def detail(cost: Cost, teardown: bool = True) -> str:
-    """The phases after loading and where the request times come from."""
+    """The phases after loading and where each estimated figure comes from."""
     parts = ", ".join(f"{name} {duration(s)}" for name, s in cost.phases
                       if s and name != RESTARTS and (teardown or name != "teardown"))
-    return f"{parts}; per request from {cost.basis or 'no request'}"
+    whence = "; ".join(f"{name} from {src}" for name, src in cost.sources)
+    return f"{parts}; {whence or 'no request'}"
+
+
+def _phases(cost: Cost) -> str:
+    """'sweep 1 h 06 min from the published per-point figures, ...': short, for a refusal."""
+    short = {name: next((x for x in (PUBLISHED, SIM_RECIPE, SIM_DEFAULT) if src.startswith(x)),
+                        "an assumption") for name, src in cost.sources}
+    return ", ".join(f"{name} {duration(s)}" + (f" from {short[name]}" if name in short else "")
+                     for name, s in cost.phases if s and name != RESTARTS)
+
+
+def points_text(cost: Cost) -> str:
+    """'Sweep as planned: c=64 1m55s, ...; from ...': each point's planned time."""
+    if not cost.points:
+        return ""
+    return ("Sweep as planned (warm-up and measured requests per point): "
+            + ", ".join(f"c={p.concurrency} {clock(p.seconds)}" for p in cost.points)
+            + f"; from {cost.basis}")
+
+
+def clock(seconds: float) -> str:
+    """'1m55s', '1h05m', '12s'."""
+    s = int(round(seconds))
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
 def requests_text(cost: Cost) -> str:
@@ -258,11 +420,12 @@ def requests_text(cost: Cost) -> str:
 
 
 def spend(shares: list[tuple[float, int, int]], load_s: float, bound_s: float,
-          detail: str = "", why: str = "") -> str:
+          detail: str = "", why: str = "", load_basis: str = "") -> str:
     """What is estimated and what is only bounded, for `shares` of (work seconds, load
     rounds, GPUs allocated) one after another: the work (requests, checks, teardown), then
     the load rounds, each at most `bound_s` (health.timeout_s: the run fails past it) and
-    taken as `load_s`. A load known only by its bound is not added to the estimate."""
+    taken as `load_s` (from `load_basis`, when given). A load known only by its bound is not
+    added to the estimate."""
     work = sum(w for w, _, _ in shares)
     loads = sum(n for _, n, _ in shares)
     most = work + loads * bound_s
@@ -277,8 +440,9 @@ def spend(shares: list[tuple[float, int, int]], load_s: float, bound_s: float,
                 f"(health.timeout_s) for {'each of ' * (loads > 1)}{what}, so at most "
                 f"{duration(most)}: "
                 f"{hours(0)} GPU-hours of work, at most {hours(bound_s)} GPU-hours")
-    loading = (f"loading ~{duration(load_s)}" if loads == 1 else
-               f"loading ~{duration(load_s)} each for {what}")
+    whence = f" ({load_basis})" if load_basis else ""
+    loading = (f"loading ~{duration(load_s)}{whence}" if loads == 1 else
+               f"loading ~{duration(load_s)}{whence} each for {what}")
     return (f"about {duration(work + loads * load_s)} ({loading}" + (f"; {detail}" if detail
                                                                      else "")
             + f"), at most {duration(most)} if each load takes its health.timeout_s "
@@ -291,9 +455,11 @@ def _tokens(n: int) -> str:
 
 
 def time_limit_problems(plan: Plan, cost: Cost) -> tuple[str | None, str | None]:
-    """(refusal, warning) for the recipe's time limit. Refused when the run cannot fit even
-    with an instant load (by the simulator's model or the published figures); warned when a
-    load as long as the health timeout would not fit, or when the request times are assumed."""
+    """(refusal, warning) for the recipe's time limit, by the same figures as the Cost line.
+    Refused when the work and every load round at the stated load time do not fit, counting
+    only figures made for this model (published, or the simulator running it); warned when
+    the rest (the simulator's default knobs for a real engine, a CPU assumption) tips it
+    over, and when it fits but every load at its health timeout (the worst case) would not."""
     from launcher.planning import schedulers
 
     limit = schedulers.of(plan.cluster).time_limit_s(plan.recipe)
@@ -301,18 +467,27 @@ def time_limit_problems(plan: Plan, cost: Cost) -> tuple[str | None, str | None]
         return None, None
     s = plan.recipe.slurm
     room = limit - s.signal_lead_s
-    least = sum(sec for _, sec in cost.phases)
-    need = math.ceil((least + cost.load_bound_s + s.signal_lead_s) / 60)
-    if room < least:
-        why = (f"slurm.time_limit {s.time_limit} ({duration(limit)}) cannot fit this run: "
-               f"preflight, sweep and gate take about {duration(least)} (from {cost.basis}) "
-               f"before any loading, and the launcher stops {s.signal_lead_s} s before the "
-               f"limit; with loading up to health.timeout_s that is {need} minutes: raise "
-               "slurm.time_limit or measure fewer points")
-        return (None, why) if cost.basis.startswith("assumed") else (why, None)
+    loads = cost.loads * cost.load_expected_s
+    rounds = (f"{cost.loads} load round{'s' * (cost.loads > 1)} at "
+              f"{duration(cost.load_expected_s)}{' each' * (cost.loads > 1)} "
+              f"({cost.load_basis})")
+    lead = f"and the launcher stops {s.signal_lead_s} s before the limit"
+    need = math.ceil((cost.expected_s + s.signal_lead_s) / 60)
+    why = (f"{duration(cost.work_s)} of work ({_phases(cost)}) and {rounds}, "
+           f"{duration(cost.work_s + loads)} in all, {lead}: about {need} minutes are needed")
+    if room < cost.firm_s:
+        return (f"slurm.time_limit {s.time_limit} ({duration(limit)}) cannot fit this run: "
+                f"{why}; raise slurm.time_limit, measure fewer points, or set the profile's "
+                "load_time_s if engines load faster here"), None
+    if room < cost.expected_s:
+        return None, (f"slurm.time_limit {s.time_limit} ({duration(limit)}) may not fit this "
+                      f"run: {why} ({', '.join(cost.estimates)} by figures not measured for "
+                      "this model: a guess, so not refused)")
     if room < cost.worst_s:
-        return None, (f"slurm.time_limit {s.time_limit} ({duration(limit)}) leaves "
-                      f"{duration(room - least)} for loading, less than health.timeout_s "
-                      f"({duration(cost.load_bound_s)}): a slow load ends the job before "
-                      f"the sweep ({need} minutes would cover it)")
+        need = math.ceil((cost.worst_s + s.signal_lead_s) / 60)
+        return None, (f"slurm.time_limit {s.time_limit} ({duration(limit)}) fits the work "
+                      f"({duration(cost.work_s)}) and {rounds}, but not the worst case: "
+                      f"each load at its health.timeout_s ({duration(cost.load_bound_s)}) "
+                      f"makes {duration(cost.worst_s)}, {lead}; a slow load ends the job "
+                      f"before the sweep ends ({need} minutes would cover it)")
     return None, None

@@ -172,6 +172,12 @@ class Cluster(Strict):
     kill_wait_s: float = Field(
         default=30, gt=0, le=86400, description="Slurm's KillWait: teardown must fit inside it"
     )
+    load_time_s: float | None = Field(
+        default=None, gt=0, le=86400,
+        description="how long one engine start takes here, start to healthy (a planning "
+        "figure: the cost, the time-limit check and the study's choice count each load round "
+        "at it, health.timeout_s bounding it); unset: taken as health.timeout_s",
+    )
     prometheus_sd_dir: str | None = Field(
         default=None,
         description="where running jobs list their scrape targets for Prometheus file-SD "
