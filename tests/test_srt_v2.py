@@ -71,7 +71,7 @@ def test_schema_2_keys_without_a_v1_field_each_get_a_row():
                 "roles.prefill.kv_events", "backend"):
         assert key in named, key
     assert len(each) == 5, each
-    assert "5 keys to fix" in head
+    assert "5 problems" in head
 
 
 def test_several_refusals_print_a_line_each_never_a_literal_backslash_n(cli, tmp_path):

@@ -473,6 +473,50 @@ def _int_flag(src: _Source, key: str, value: Any, default: int = 1) -> int:
     return value
 
 
+def _pool_flags(src: _Source, key: str, ours: str, args: dict) -> None:
+    """A role's remaining vllm_config flags: each mapped to `ours`.args as srt-slurm renders
+    it, or a deviation or refusal (taken out of `args`)."""
+    for flag in list(args):
+        if flag in DERIVED_FLAGS:
+            args.pop(flag)
+            src.deviate(f"{key}.{flag}", DERIVED_FLAGS[flag])
+        elif flag.startswith("dyn-"):  # Dynamo's worker reads these; vllm serve has none
+            args.pop(flag)
+            src.deviate(f"{key}.{flag}", "one of Dynamo's frontend options (read by "
+                        "`python -m dynamo.vllm`, not `vllm serve`): vllm-router fronts "
+                        "the engines here, so it is not passed on")
+        elif flag == "headless":
+            args.pop(flag)
+            src.refuse(f"{key}.headless", "the planner decides which parts are headless "
+                       "(srt-slurm refuses it too)")
+        elif flag == "profiler-config":
+            args.pop(flag)
+            src.refuse(f"{key}.profiler-config", "profiling is not run by this launcher; "
+                       "remove it")
+        elif args[flag] is False:
+            # srt-slurm writes no flag for a false value (backends/vllm.py)
+            args.pop(flag)
+            src.map(f"{key}.{flag}", "false: no flag, as srt-slurm renders it")
+        elif args[flag] is None:
+            args.pop(flag)
+            src.map(f"{key}.{flag}", "null: no flag, as srt-slurm renders it")
+        elif isinstance(args[flag], (list, dict)):
+            v = args[flag]
+            if isinstance(v, dict):
+                args[flag] = json.dumps(v, separators=(",", ":"))
+                src.map(f"{key}.{flag}", f"{ours}.args.{flag} (as JSON)")
+            elif v and all(isinstance(x, (int, float, str)) and not isinstance(x, bool)
+                           for x in v):
+                src.map(f"{key}.{flag}", f"{ours}.args.{flag} (a list: the flag, then "
+                        "each value, as srt-slurm renders it)")
+            else:
+                src.refuse(f"{key}.{flag}", "a list of flag values holds numbers or words "
+                           "only, at least one")
+                args.pop(flag)
+        else:
+            src.map(f"{key}.{flag}", f"{ours}.args.{flag}")
+
+
 def _pools(src: _Source, out: dict) -> str:
     """prefill/decode (or agg) pools, the flags every pool shares, and the KV connector."""
     cfg = src.section("backend.vllm_config")
@@ -529,45 +573,7 @@ def _pools(src: _Source, out: dict) -> str:
         conn = args.pop("connector", _MISSING)
         kv = args.pop("kv-transfer-config", None)
         connectors.append(_connector(src, key, conn, kv))
-        for flag in list(args):
-            if flag in DERIVED_FLAGS:
-                args.pop(flag)
-                src.deviate(f"{key}.{flag}", DERIVED_FLAGS[flag])
-            elif flag.startswith("dyn-"):  # Dynamo's worker reads these; vllm serve has none
-                args.pop(flag)
-                src.deviate(f"{key}.{flag}", "one of Dynamo's frontend options (read by "
-                            "`python -m dynamo.vllm`, not `vllm serve`): vllm-router fronts "
-                            "the engines here, so it is not passed on")
-            elif flag == "headless":
-                args.pop(flag)
-                src.refuse(f"{key}.headless", "the planner decides which parts are headless "
-                           "(srt-slurm refuses it too)")
-            elif flag == "profiler-config":
-                args.pop(flag)
-                src.refuse(f"{key}.profiler-config", "profiling is not run by this launcher; "
-                           "remove it")
-            elif args[flag] is False:
-                # srt-slurm writes no flag for a false value (backends/vllm.py)
-                args.pop(flag)
-                src.map(f"{key}.{flag}", "false: no flag, as srt-slurm renders it")
-            elif args[flag] is None:
-                args.pop(flag)
-                src.map(f"{key}.{flag}", "null: no flag, as srt-slurm renders it")
-            elif isinstance(args[flag], (list, dict)):
-                v = args[flag]
-                if isinstance(v, dict):
-                    args[flag] = json.dumps(v, separators=(",", ":"))
-                    src.map(f"{key}.{flag}", f"{ours}.args.{flag} (as JSON)")
-                elif v and all(isinstance(x, (int, float, str)) and not isinstance(x, bool)
-                               for x in v):
-                    src.map(f"{key}.{flag}", f"{ours}.args.{flag} (a list: the flag, then "
-                            "each value, as srt-slurm renders it)")
-                else:
-                    src.refuse(f"{key}.{flag}", "a list of flag values holds numbers or words "
-                               "only, at least one")
-                    args.pop(flag)
-            else:
-                src.map(f"{key}.{flag}", f"{ours}.args.{flag}")
+        _pool_flags(src, key, ours, args)
         pool["args"] = args
         workers = _int_flag(src, f"resources.{short}_workers", res.get(f"{short}_workers"))
         src.get(f"resources.{short}_workers")
