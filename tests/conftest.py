@@ -42,6 +42,26 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: not item.get_closest_marker("slurm"))  # stable: order kept
 
 
+# A test that asserts how long something takes (`@pytest.mark.alone`) runs with no other
+# test beside it: a lock file every test holds shared and it holds alone; a turnstile keeps
+# new tests from slipping in while it waits. Module fixtures start outside the lock.
+@pytest.fixture(autouse=True)
+def _cpu_to_itself(request, tmp_path_factory):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    import fcntl
+
+    root = tmp_path_factory.getbasetemp().parent  # the session's, shared by its workers
+    alone = request.node.get_closest_marker("alone") is not None
+    with open(root / "cpu.turnstile", "a") as gate, open(root / "cpu.lock", "a") as cpu:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(cpu, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        yield
+
+
 # --- the suite measures itself --------------------------------------------------------------
 # At the end of every run: the slowest tests and modules with their share of the wall time
 # (setup + call + teardown; a module fixture's end-to-end run is charged to its first test).

@@ -491,6 +491,7 @@ def test_zero_token_fault_of_the_sim_fails_the_point(tmp_path: Path) -> None:
     assert "no result file" in results.point_failure(tmp_path / "bench" / "none.json", 2)
 
 
+@pytest.mark.alone
 def test_a_thousand_concurrent_streams_from_one_process(tmp_path: Path) -> None:
     """1000 streams at once, server in its own process: all overlap, and the client's CPU
     stays well below the wall time (it is not what limits the point)."""

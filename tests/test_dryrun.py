@@ -234,6 +234,7 @@ def test_a_null_directive_is_removed_not_written_as_none(tmp_path):
     assert "--comment" not in p.sbatch
 
 
+@pytest.mark.alone
 def test_a_huge_topology_is_refused_before_it_is_laid_out(tmp_path):
     # 512 endpoints of 256 nodes each were all placed before the node bound was checked
     sets = ["decode.endpoints=512", "decode.data_parallel=1024"]

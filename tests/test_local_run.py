@@ -204,21 +204,41 @@ def test_ctrl_c_tears_down_and_records_cancelled(tmp_path):
     assert leftovers(run) == []
 
 
-def test_a_busy_port_is_named_before_anything_starts(tmp_path):
+def test_a_busy_port_moves_the_run_and_every_block_busy_is_named_before_anything_starts(
+        tmp_path):
     import socket
 
     from launcher.planning import plan
     from launcher.schema import cluster, recipe
 
-    p = plan.make_plan(
-        recipe.load(RECIPE), cluster.load("local"), ["local-1", "local-2", "local-3"]
-    )
+    prof = cluster.load("local")
+    p = plan.make_plan(recipe.load(RECIPE), prof, ["local-1", "local-2", "local-3"])
+    slots, block = plan.job_port_slots(prof.port_base, p.port_span)
     port = p.endpoints[0].http_port
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", port))
-        s.listen()
+    held = []
+    try:
+        # another program on the decode's port of the first block: the run takes another
+        held.append(socket.socket())
+        held[0].setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        held[0].bind(("127.0.0.1", port))
+        held[0].listen()
+        (tmp_path / "moved").mkdir()
+        code, out = launcher(tmp_path / "moved", "submit", RECIPE, "--set",
+                             "benchmark.enabled=false", "--set", "accuracy.enabled=false")
+        assert code == 0, out
+        assert f"({port} (decode-0 http, held by pid {os.getpid()} (" in out, out
+        assert "are taken on this host: this run plans on " in out
+        # the same port of every block taken: refused, naming it, before anything starts
+        for slot in range(1, slots):
+            s = socket.socket()
+            held.append(s)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port + slot * block))
+            s.listen()
         code, out = launcher(tmp_path, "submit", RECIPE)
+    finally:
+        for s in held:
+            s.close()
     assert code == 2, out
     assert f"{port} (decode-0 http, held by pid {os.getpid()} (" in out, out
     assert "another run still up" in out

@@ -12,6 +12,7 @@ from simprocs import free_ports, http_json, kv_config, sample, scrape, start_sim
 pytestmark = pytest.mark.timeout(60)
 
 
+@pytest.mark.alone
 def test_crash_after_exits_non_zero(tmp_path):
     p = start_sim(tmp_path, "agg-0", "m", SIM_CRASH_AFTER_S="1.5")
     try:

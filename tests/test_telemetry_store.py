@@ -220,6 +220,7 @@ def test_compaction_of_an_empty_or_torn_segment(tmp_path: Path) -> None:
     assert not seg.exists()
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("n", [20000])
 def test_reader_is_fast_with_name_filter(tmp_path: Path, n: int) -> None:
     nd = tmp_path / "telemetry" / "n1"

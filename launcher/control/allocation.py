@@ -139,8 +139,10 @@ def plan_here(run: rundir.RunDir, book: Book,
                          study_span=study_span, port_slot=slot)
 
     # outside a scheduler's job nothing else keeps two runs on one host apart
-    first = (plan_at(None) if job else probes.local_port_slot(plan_at)).at(str(run.path),
-                                                                           mount_dir)
+    first, moved = (plan_at(None), None) if job else probes.local_port_slot(plan_at)
+    if moved:
+        book.note(moved)
+    first = first.at(str(run.path), mount_dir)
     step("preflight-host", render.check_steps(first)[0][1])
     facts = preflight.read_facts(run.path, list(first.nodes), "host")
     try:

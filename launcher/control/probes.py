@@ -61,39 +61,49 @@ def busy_ports(plan: Plan, ours: frozenset[int] = frozenset()) -> list[str]:
 _SLOT_HELD: dict[int, tuple[int, int]] = {}  # port_base -> (slot, lock fd) of this process
 
 
-def local_port_slot(plan_at: Callable[[int], Plan]) -> Plan:
+def local_port_slot(plan_at: Callable[[int], Plan]) -> tuple[Plan, str | None]:
     """The plan of a run outside a scheduler's job on the first of its profile's port blocks
     (the blocks a Slurm job's id picks from) that no other run on this host holds: a lock
     file per block, held for this process's life, and every planned port free. A second
     local run on one host then takes the next block instead of meeting the first on its
-    ports; a study in one process keeps its block. Every block taken: block 0, whose busy
-    ports the orchestrator then names."""
+    ports; a study in one process keeps its block. Also what was passed over and why (None:
+    the first block). Every block taken: block 0, whose busy ports the orchestrator names."""
     first = plan_at(0)
     base = first.cluster.port_base
     if base in _SLOT_HELD:
-        return plan_at(_SLOT_HELD[base][0])
-    slots, _ = job_port_slots(base, first.port_span)
+        return plan_at(_SLOT_HELD[base][0]), None
+    slots, block = job_port_slots(base, first.port_span)
     folder = Path(tempfile.gettempdir()) / "pd-launcher-ports"
     try:
         folder.mkdir(mode=0o1777, exist_ok=True)
     except OSError:
-        return first
+        return first, None
+    passed: list[str] = []
     for slot in range(slots):
         plan = first if slot == 0 else plan_at(slot)
+        start = base + slot * block
         try:
-            fd = os.open(folder / f"{plan.router_port}.lock", os.O_CREAT | os.O_RDWR, 0o666)
+            fd = os.open(folder / f"{start}.lock", os.O_CREAT | os.O_RDWR, 0o666)
         except OSError:
-            return first
+            return first, None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
+            passed.append(f"{start}-{start + block - 1} (another run of this launcher)")
             continue
-        if not busy_ports(plan):
+        busy = busy_ports(plan)
+        if not busy:
             _SLOT_HELD[base] = (slot, fd)
-            return plan
+            why = None
+            if passed:
+                why = (f"ports {'; '.join(passed)} are taken on this host: this run plans on "
+                       f"{start}-{start + block - 1} (port_base {base} + {slot} x {block})")
+            return plan, why
         os.close(fd)  # closing releases the lock
-    return first
+        passed.append(f"{start}-{start + block - 1} ({busy[0]}"
+                      + (f" and {len(busy) - 1} more" if len(busy) > 1 else "") + ")")
+    return first, None
 
 
 def port_holder(port: int) -> str:
