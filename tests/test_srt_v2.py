@@ -199,6 +199,7 @@ def test_anchors_and_merge_keys_read_as_pyyaml_safe_load_reads_them():
     assert decode["args"]["max-num-seqs"] == 1024 and prefill["args"]["max-num-seqs"] == 16
 
 
+@pytest.mark.alone
 def test_a_billion_laughs_file_is_one_sentence_within_a_second(tmp_path):
     lines = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
     for prev, name in zip("abcdefgh", "bcdefghi", strict=True):
