@@ -43,12 +43,13 @@ def test_the_order_runs_configurations_that_share_a_changed_engine_together():
     ]
     turns = study.schedule(configs)
     # the largest first (one load round), then what restarts nothing, then the two with the
-    # other decode together
-    assert [t.run for t in turns] == ["c3", "c1", "c2", "c4"]
+    # other decode together, the larger first
+    assert [t.run for t in turns] == ["c3", "c1", "c4", "c2"]
     assert sum(t.loads for t in turns) == 4  # decode, p0, p1, and the decode once more
     assert turns[0].start == ("decode", "p0", "p1")
     assert turns[1].keep == ("decode", "p0") and turns[1].idle == ("p1",)
-    assert turns[2].restart == ("decode",) and turns[2].keep == ("p0",)
+    assert turns[2].restart == ("decode",) and turns[2].keep == ("p0", "p1")
+    assert turns[3].keep == ("decode", "p0") and turns[3].idle == ("p1",)
     naive = [study._turn(r, w, dict(p for c in configs[:i] for p in c[1].items()))
              for i, (r, w) in enumerate(configs)]
     assert sum(t.loads for t in naive) > 4

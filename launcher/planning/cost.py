@@ -43,6 +43,9 @@ class Cost:
     restarts: int = 0  # restart rounds in the sweep (args_from_concurrency), a load each
     restart_loads: int = 0  # endpoint starts they take (a DP endpoint counts once)
     warmups: int = 0  # of `requests`: warm-up requests, not measured
+    # each sweep point: (concurrency, its seconds: its client's run, warm-up and measured
+    # requests, the window the point is measured in)
+    points: tuple[tuple[int, float], ...] = ()
 
     @property
     def gpus_allocated(self) -> int:
@@ -175,6 +178,7 @@ def estimate(plan: Plan) -> Cost:
     phases: list[tuple[str, float]] = [("preflight", PREFLIGHT_S[r.engine])]
     requests = tokens = 0
     basis = ""
+    points: list[tuple[int, float]] = []
     if b.enabled:
         sweep = 0.0
         room = kv_room(plan)
@@ -182,7 +186,9 @@ def estimate(plan: Plan) -> Cost:
             held = min(c, room) if room else c  # the rest wait for KV (or a slot)
             ttft, tpot, basis = _times(plan, held)
             n = b.warmups(c) + b.prompts(c)
-            sweep += _batch_s(n, held, ttft, tpot, b.lengths().mean_output)
+            took = _batch_s(n, held, ttft, tpot, b.lengths().mean_output)
+            points.append((c, took))
+            sweep += took
             requests += n
             tokens += round(n * b.lengths().mean_total)
         if room and max(b.concurrency) > room:
@@ -212,7 +218,7 @@ def estimate(plan: Plan) -> Cost:
         nodes=len(plan.nodes), gpus_per_node=plan.cluster.gpus_per_node,
         gpus_working=plan.gpu_count()["total"], load_expected_s=load, load_bound_s=bound,
         phases=tuple(phases), requests=requests, tokens=tokens, basis=basis,
-        restarts=restarts, restart_loads=restart_loads, warmups=warmups,
+        restarts=restarts, restart_loads=restart_loads, warmups=warmups, points=tuple(points),
     )  # fmt: skip
 
 

@@ -167,6 +167,11 @@ class Cluster(Strict):
     kill_wait_s: float = Field(
         default=30, gt=0, le=86400, description="Slurm's KillWait: teardown must fit inside it"
     )
+    load_time_s: float | None = Field(
+        default=None, gt=0, le=86400,
+        description="the site's measured time for an engine to load (start to healthy); "
+        "the dry-run's useful GPU time is also given at it",
+    )
     prometheus_sd_dir: str | None = Field(
         default=None,
         description="where running jobs list their scrape targets for Prometheus file-SD "
