@@ -20,6 +20,7 @@ from launcher.schema import recipe
 
 REPO = Path(__file__).resolve().parents[1]
 SEED = "qwen3.5-397b-gb200-disagg"
+PORT_BASES = (32000, 26800, 27800)  # this suite's local study, apart from the others'
 
 
 def _err(*sets: str) -> str:
@@ -244,11 +245,16 @@ def test_in_one_allocation_each_decode_setting_is_loaded_once_and_one_gate_cover
     import subprocess
     import sys
 
+    import helpers
+
     from launcher.control import prepare
     from launcher.run import rundir
 
+    profile = helpers.profile_copy(tmp_path / "local.yaml", "local",
+                                   port_base=helpers.free_port_base(PORT_BASES, 400))
     runs = prepare.prepare_all(
-        "local-sim", ["benchmark.concurrency=[4,16]", "accuracy.num_questions=20",
+        "local-sim", [f"cluster={profile}", "benchmark.concurrency=[4,16]",
+                      "accuracy.num_questions=20",
                       "benchmark.prompts_multiplier=2", "benchmark.warmup=2",
                       "decode.args_from_concurrency={16: {num-gpu-blocks-override: 640}}"],
         ["prefill.endpoints=1,2"], tmp_path / "runs", allocation="one")
@@ -275,6 +281,16 @@ def test_in_one_allocation_each_decode_setting_is_loaded_once_and_one_gate_cover
     s = alloc["summary"]
     assert s["engine_starts"] == 4 and s["succeeded"] == 2  # decode twice, two prefills
     assert 0 < s["useful_gpu_time"] < 1 and s["measured_windows_s"] > 0, s
+    assert s["useful_gpu_time"] == pytest.approx(s["measured_windows_s"] / s["wall_s"], abs=2e-3)
+    # the Study page's facts (and the report's): the measured one beside GPU-hours, with the
+    # dry-run's estimate
+    from launcher.analysis import studies
+
+    facts = dict(studies.allocation_facts(studies.find_study(shared.path.parent, None)))
+    assert list(facts).index("useful GPU time") == list(facts).index("GPU-hours") + 1
+    assert facts["useful GPU time"].startswith(f"{s['useful_gpu_time']:.2f}: GPU-seconds "
+                                               "inside the sweep points' measured windows")
+    assert "estimated before: " in facts["useful GPU time"], facts
     starts = {}
     for run_id in (p1, p2):
         rd = rundir.RunDir(shared.path / run_id)
