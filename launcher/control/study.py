@@ -64,6 +64,13 @@ def _not_run(run: RunDir, why: str) -> None:
             rec.failed_stage = None
             run.write_record(rec)
             run.event("cancelled", error=rec.error)
+            try:  # its summary: the points it has, labelled as a cancelled run's
+                from launcher.run import figures
+
+                rundir.write_json(run.summary, figures.summary(run.path, State.CANCELLED,
+                                                               rec.error))
+            except Exception as e:  # noqa: BLE001 - the record above is what must stay
+                say(f"could not write {run.run_id}'s summary: {e!r}")
             return
         run.write_record(RunRecord(state=State.CANCELLED, started=None, ended=now, updated=now,
                                    error=f"not run: {why}", host=socket.gethostname()))
