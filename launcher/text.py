@@ -561,8 +561,11 @@ def study_status_text(study: listing.Study, statuses: dict[str, RunStatus], root
         elif rec.running:
             where = (f"job {rec.slurm_job_id}" if rec.slurm_job_id else
                      f"pid {rec.pid} on {rec.host}")
-            lines.append(f"allocation: running ({where}), configuration {len(confs)} of "
-                         f"{len(study.runs)}: {confs[-1].run if confs else '-'}")
+            turns = len(study.planned.turns) if study.planned is not None else 0
+            what = (f"visit {len(confs)} of {turns}" if turns > len(study.runs) else
+                    f"configuration {len(confs)} of {len(study.runs)}")
+            lines.append(f"allocation: running ({where}), {what}: "
+                         f"{confs[-1].run if confs else '-'}")
         else:
             s = rec.summary
             lines.append(
