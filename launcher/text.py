@@ -273,8 +273,9 @@ def cost_line(prepared: Prepared, c: cost.Cost) -> str:
     starts = sum(1 for t in turns if t.loads)
     within = share.rounds - starts
     why = ", ".join(x for x in [
-        f"{starts} engine start{'s' * (starts > 1)} or restart{'s' * (starts > 1)} of its "
-        "visits" if starts else "",
+        ("its engines' start" if len(mine) == 1 else
+         f"{starts} of its visits start{'s' * (starts == 1)} or restart{'s' * (starts == 1)} "
+         "engines") if starts else "",
         f"{within} restart{'s' * (within > 1)}, args_from_concurrency" if within else ""]
         if x)
     last = mine[-1][0] == len(cmp.turn_costs) - 1
