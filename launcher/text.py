@@ -11,7 +11,16 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from launcher.control import compute_env, prepare, staging, visibility
-from launcher.planning import capacity, containers, cost, engine_argv, render, schedulers, ucx
+from launcher.planning import (
+    capacity,
+    containers,
+    cost,
+    engine_argv,
+    render,
+    schedulers,
+    study,
+    ucx,
+)
 from launcher.run import lengths, listing, published, rundir
 from launcher.run.plandoc import CPU_LABEL, PlanError, read_plan
 from launcher.run.rundir import RunDir, RunStatus
@@ -152,27 +161,24 @@ def study_plan_text(runs: list[Prepared]) -> str:
     if shared is not None:
         out += [f"Order in the allocation ({shared.nodes} nodes"
                 + (f", time limit {cost.duration(shared.minutes * 60)}" if shared.minutes else "")
-                + "):"]
+                + f"; {len(shared.turns)} visit{'s' * (len(shared.turns) != 1)}, "
+                f"{cmp.one_rounds} load round{'s' * (cmp.one_rounds != 1)}: each "
+                "configuration's points grouped by the engine settings they need):"]
         by_run = {r.run.run_id: r for r in runs}
         for i, t in enumerate(shared.turns, 1):
             procs = by_run[t.run].rendered.processes
-            points = list(by_run[t.run].plan.recipe.benchmark.concurrency)
-            if t.descending:
-                points.reverse()
-            within = sorted({c for p in procs for c in _changes(p, points)},
-                            reverse=t.descending)
+            points = list(t.points or by_run[t.run].plan.recipe.benchmark.concurrency)
+            within = [] if t.points else sorted({c for p in procs for c in _changes(p, points)})
             moved = sorted({p.endpoint for p in procs if p.restarts and p.endpoint})
-            parts = [f"starts {', '.join(t.start)}" if t.start else "",
+            parts = [_points(t.points) if t.points else "",
+                     f"starts {', '.join(t.start)}" if t.start else "",
                      f"restarts {', '.join(t.restart)} (another command line)" if t.restart else "",
                      f"keeps {', '.join(t.keep)} loaded" if t.keep else "",
                      f"leaves {', '.join(t.idle)} idle (not counted)" if t.idle else "",
                      f"stops {', '.join(t.stop)} (on GPUs or ports it needs)" if t.stop else "",
-                     " and ".join(x for x in [
-                         f"its sweep runs from {points[0]} down" if t.descending else "",
-                         ("restarts" if t.descending else "its sweep restarts")
-                         + f" {', '.join(moved)} before concurrency "
-                         f"{', '.join(map(str, within))} (args_from_concurrency)"
-                         if within else ""] if x)]
+                     f"its sweep restarts {', '.join(moved)} before concurrency "
+                     f"{', '.join(map(str, within))} (args_from_concurrency)" if within else "",
+                     _gate(t)]
             out.append(f"  {i}. {t.run}: " + "; ".join(x for x in parts if x) + "; a router of "
                        "its own")
         out.append(f"Study folder: {shared.path}  (study.json"
@@ -188,6 +194,31 @@ def study_plan_text(runs: list[Prepared]) -> str:
         out.append("What this submission changes from what was asked:")
         out += [f"  - {x}" for x in changed]
     return "\n".join(out)
+
+
+def _visit_detail(c: cost.Cost, turns, last: bool) -> str:
+    """The phases of a configuration's visits: its gate only where one of them runs it
+    (one gate per engine set), the teardown where the allocation's last visit is its."""
+    gates = any(t.gate for t in turns)
+    parts = ", ".join(f"{name} {cost.duration(s)}" for name, s in c.phases
+                      if s and name != cost.RESTARTS and (last or name != "teardown")
+                      and (gates or name != "accuracy gate"))
+    return f"{parts}; per request from {c.basis or 'no request'}"
+
+
+def _points(points: tuple[int, ...]) -> str:
+    return f"concurrency {', '.join(map(str, points))}"
+
+
+def _gate(t) -> str:
+    """What a visit does of the accuracy gate (the plan of turns runs one per engine set)."""
+    others = [r for r in t.gate if r != t.run]
+    if others:
+        return ("then the accuracy gate on these engines, for "
+                + ("itself and " if t.run in t.gate else "") + ", ".join(others))
+    if t.gate:
+        return "then its accuracy gate"
+    return ""
 
 
 def _changes(proc, points: list[int]) -> list[int]:
@@ -215,7 +246,24 @@ def study_ways(cmp, one: bool, n: int) -> list[str]:
             " of work", " of job time in all", 1)
         + f"; {cmp.each_loads} engine start(s)" + ("" if one else " <- this submission"),
         f"  (an engine start taken as {cost.duration(cmp.load_s)}: {cmp.load_basis})",
+        useful_line(cmp),
     ]
+
+
+def useful_line(cmp) -> str:
+    """GPU-seconds inside measured windows over GPU-seconds allocated, both ways: at the
+    health timeout (every load at its bound) and at the site's load time (the profile's
+    load_time_s), else at the load assumed above."""
+    loads = [(cmp.load_bound_s, "health.timeout_s")]
+    site = cmp.site_load_s
+    if site and site != cmp.load_bound_s:
+        loads.append((site, "load_time_s, the cluster profile's"))
+    elif not site and cmp.load_s < cmp.load_bound_s:
+        loads.append((cmp.load_s, "the engine start assumed above"))
+    at = lambda one: ", ".join(  # noqa: E731
+        f"{cmp.useful(s, one):.2f} at a {cost.duration(s)} load ({why})" for s, why in loads)
+    return ("  useful GPU time (GPU-seconds inside measured windows / GPU-seconds allocated): "
+            f"one allocation {at(True)}; one job each {at(False)}")
 
 
 def cost_line(prepared: Prepared, c: cost.Cost) -> str:
@@ -226,18 +274,27 @@ def cost_line(prepared: Prepared, c: cost.Cost) -> str:
         return cost.text(c)
     if prepared.shared is None:
         return cost.text(c, load_s=cmp.load_s)
-    i, share = next((i, t) for i, t in enumerate(cmp.turn_costs) if t.run == prepared.run.run_id)
-    starts = share.rounds - c.restarts
+    run = prepared.run.run_id
+    mine = [(i, t) for i, t in enumerate(cmp.turn_costs) if t.run == run]
+    share = study.Share(run, sum(t.work_s for _, t in mine), sum(t.rounds for _, t in mine),
+                        mine[0][1].gpus)
+    turns = [prepared.shared.turns[i] for i, _ in mine]
+    starts = sum(1 for t in turns if t.loads)
+    within = share.rounds - starts
     why = ", ".join(x for x in [
-        "its engines' start" if starts else "",
-        f"{c.restarts} restart{'s' * (c.restarts > 1)}, args_from_concurrency"
-        if c.restarts else ""] if x)
-    last = i == len(cmp.turn_costs) - 1
-    return (f"Cost, its turn in the one allocation ({i + 1} of {len(cmp.turn_costs)}; "
+        ("its engines' start" if len(mine) == 1 else
+         f"{starts} of its visits start{'s' * (starts == 1)} or restart{'s' * (starts == 1)} "
+         "engines") if starts else "",
+        f"{within} restart{'s' * (within > 1)}, args_from_concurrency" if within else ""]
+        if x)
+    last = mine[-1][0] == len(cmp.turn_costs) - 1
+    where = ", ".join(str(i + 1) for i, _ in mine)
+    return (f"Cost, its {'visits' if len(mine) > 1 else 'turn'} in the one allocation "
+            f"({where} of {len(cmp.turn_costs)}; "
             f"{cmp.one_nodes} nodes, {share.gpus} GPUs allocated, {c.gpus_working} working"
-            + ("" if starts else ", its engines kept loaded") + "): "
+            + ("" if share.rounds else ", its engines kept loaded") + "): "
             + cost.spend(_shares([share]), cmp.load_s, cmp.load_bound_s,
-                         cost.detail(c, teardown=last), why)
+                         _visit_detail(c, turns, last), why)
             + "; " + cost.requests_text(c))
 
 
@@ -578,8 +635,11 @@ def study_status_text(study: listing.Study, statuses: dict[str, RunStatus], root
         elif rec.running:
             where = (f"job {rec.slurm_job_id}" if rec.slurm_job_id else
                      f"pid {rec.pid} on {rec.host}")
-            lines.append(f"allocation: running ({where}), configuration {len(confs)} of "
-                         f"{len(study.runs)}: {confs[-1].run if confs else '-'}")
+            turns = len(study.planned.turns) if study.planned is not None else 0
+            what = (f"visit {len(confs)} of {turns}" if turns > len(study.runs) else
+                    f"configuration {len(confs)} of {len(study.runs)}")
+            lines.append(f"allocation: running ({where}), {what}: "
+                         f"{confs[-1].run if confs else '-'}")
         else:
             s = rec.summary
             lines.append(

@@ -13,7 +13,6 @@ from launcher.control.pool import EnginePool
 from launcher.planning import study
 from launcher.run.plandoc import read_plan
 from launcher.run.vocab import Kind
-from launcher.schema import recipe as recipe_mod
 
 SEED = "qwen3.5-397b-gb200-disagg"
 
@@ -38,39 +37,35 @@ class FakeBook:
         pass
 
 
-def replay(orch_runs: list[Path]) -> list[dict]:
-    """The orchestrator's decisions, configuration by configuration in the study's order:
-    EngineLifetime.direction, EnginePool.settle and the restarts of its sweep
-    (study.changed), on one pool."""
+def replay(folder: Path, turns: list[dict]) -> list[dict]:
+    """The orchestrator's decisions, visit by visit in the study's order: the signatures its
+    engines start with for the visit's first point (EngineLifetime.take_over),
+    EnginePool.settle, and the restarts its points would need (study.changed), on one
+    pool."""
     pool = EnginePool()
     out = []
-    for run in orch_runs:
+    for t in turns:
+        run = folder / t["run"]
         doc = read_plan(run)
         engines = doc.of_kind(Kind.ENGINE)
-        orch = object.__new__(EngineLifetime)  # the real methods, without a run to start
-        orch.pool, orch.book, orch.descending = pool, FakeBook(), False
-        orch.run = type("R", (), {"run_id": run.name, "path": run})()
-        orch.plan = type("P", (), {"recipe": recipe_mod.load(str(run / "recipe.yaml"))})()
-        want = orch.direction(engines, orch.signatures(engines))
+        life = object.__new__(EngineLifetime)  # the real methods, without a run to start
+        life.pool, life.book = pool, FakeBook()
+        life.run = type("R", (), {"run_id": run.name, "path": run})()
+        first = t["points"][0] if t["points"] else None
+        want = life.signatures(engines, at=first)
         before = {ep: e.signature for ep, e in pool.loaded.items()}
         kept = pool.settle(want, run.name)
         started = sorted(ep for ep in want if ep not in kept)
         out.append({"run": run.name, "keep": sorted(kept),
                     "restart": sorted(ep for ep in started if ep in before),
-                    "start": sorted(ep for ep in started if ep not in before),
-                    "descending": orch.descending})
+                    "start": sorted(ep for ep in started if ep not in before)})
         for ep in started:
             pool.add(ep, [FakeHandle(p) for p in engines if p.endpoint == ep], want[ep],
                      run.name, FakeBackend())
-        # its sweep: before each point the engines whose command line changes restart
-        b = orch.plan.recipe.benchmark
-        for c in sorted(b.concurrency, reverse=orch.descending):
+        # its points: none needs an engine other than the one it holds
+        for c in t["points"]:
             now = {ep: e.signature for ep, e in pool.loaded.items() if ep in want}
-            at_c = orch.signatures(engines, at=c)
-            for ep in study.changed(at_c, now):
-                pool.drop(ep, run.name, "restart")
-                pool.add(ep, [FakeHandle(p) for p in engines if p.endpoint == ep],
-                         at_c[ep], run.name, FakeBackend())
+            assert study.changed(life.signatures(engines, at=c), now) == [], (run.name, c)
     return out
 
 
@@ -81,13 +76,14 @@ def test_the_plan_of_turns_and_the_orchestrator_decide_alike(cli, tmp_path):
     (folder,) = [p for p in (tmp_path / "runs").iterdir() if p.name.endswith("-study")]
     doc = json.loads((folder / "study.json").read_text())
     turns = doc["allocation"]["turns"]
-    order = [folder / t["run"] for t in turns]
-    got = replay(order)
-    want = [{k: (sorted(t[k]) if isinstance(t[k], list) else t[k])
-             for k in ("run", "keep", "restart", "start", "descending")} for t in turns]
+    got = replay(folder, turns)
+    want = [{k: sorted(t[k]) if isinstance(t[k], list) else t[k]
+             for k in ("run", "keep", "restart", "start")} for t in turns]
     assert got == want
     # the published study as the golden plan shows it: everything loads once at the start;
-    # each next configuration keeps every engine it uses as the last sweep left it, its
-    # sweep running the other way (down from 5120, then up from 64, ...)
-    assert len(turns[0]["start"]) == 9 and not any(t["restart"] for t in turns)
-    assert [t["descending"] for t in turns] == [False, True, False, True, False]
+    # every configuration's points below 4096 on it, then each at 4096 after one restart of
+    # the decode, then each at 5120 after another: 3 load rounds, 11 engine starts
+    assert len(turns[0]["start"]) == 9
+    assert [t["restart"] for t in turns if t["restart"]] == [["decode-0"], ["decode-0"]]
+    assert [len(t["points"]) for t in turns] == [7] * 5 + [1] * 10
+    assert sum(len(t["start"]) + len(t["restart"]) for t in turns) == 11

@@ -20,6 +20,7 @@ from launcher.schema import recipe
 
 REPO = Path(__file__).resolve().parents[1]
 SEED = "qwen3.5-397b-gb200-disagg"
+PORT_BASES = (32000, 26800, 27800)  # this suite's local study, apart from the others'
 
 
 def _err(*sets: str) -> str:
@@ -114,21 +115,48 @@ def test_dry_run_shows_each_restart_and_what_it_costs(tmp_path):
             assert top == p.argv and p.restarts == [], p.name
 
 
-def test_in_a_study_the_next_sweep_runs_down_from_where_the_last_one_left_its_engines():
-    """The decode a sweep left at its top point's command line is kept by the next
-    configuration, whose sweep runs from its top point down (restarting on the way), and
-    the one after runs upwards again; without such a start, a sweep runs upwards."""
+def test_in_a_study_every_configurations_points_that_need_one_engine_setting_run_together():
+    """Each configuration's points grouped by the engines they need: every setting of the
+    decode is loaded once for the whole study (a configuration visited once per setting),
+    the largest configuration first in each setting; its gate once per engine set."""
     base = {"decode-0": ("base",), "prefill-0": ("p",)}
-    top = {"decode-0": ("768",), "prefill-0": ("p",)}
-    turns = study_plan.schedule([("a", base), ("b", base), ("c", base)],
-                                ends={"a": top, "b": top, "c": top})
-    assert [(t.run, t.descending, t.restart) for t in turns] == [
-        ("a", False, ()), ("b", True, ()), ("c", False, ())]
-    assert turns[1].keep == ("decode-0", "prefill-0")
-    # without ends (no args_from_concurrency) nothing changes
-    assert not any(t.descending for t in study_plan.schedule([("a", base), ("b", base)]))
-    # the plan of turns keeps the direction
-    assert study_plan.Turn.from_json(turns[1].to_json()) == turns[1]
+    big = {**base, "prefill-1": ("p1",)}
+    top = {"decode-0": ("768",)}
+    segs = lambda want: [((4, 8), want), ((16,), {**want, **top})]  # noqa: E731
+    turns = study_plan.schedule([("a", segs(base)), ("b", segs(big)), ("c", segs(base))],
+                                gates={"a": "g", "b": "g", "c": "g"})
+    assert [(t.run, t.points, t.first, t.last) for t in turns] == [
+        ("b", (4, 8), True, False), ("a", (4, 8), True, False), ("c", (4, 8), True, False),
+        ("b", (16,), False, True), ("a", (16,), False, True), ("c", (16,), False, True)]
+    assert sum(t.loads for t in turns) == 4  # decode, two prefills, the decode at 16 once
+    assert [t.restart for t in turns] == [(), (), (), ("decode-0",), (), ()]
+    # one gate, in the largest configuration's visit of the top setting, for all three
+    assert [t.gate for t in turns] == [(), (), (), ("a", "b", "c"), (), ()]
+    # gates that ask other things each run their own; without gates none is planned
+    other = study_plan.schedule([("a", segs(base)), ("b", segs(big))],
+                                gates={"a": "g", "b": "h"})
+    assert [t.gate for t in other if t.gate] == [("b",), ("a",)]
+    assert not any(t.gate for t in study_plan.schedule([("a", segs(base))]))
+    # the plan of turns keeps every visit's points, first, last and gate
+    assert study_plan.Turn.from_json(turns[3].to_json()) == turns[3]
+
+
+def test_the_published_study_loads_each_decode_setting_once(cli, tmp_path):
+    """The published five configurations: 3 load rounds (base, cc4096, cc5120) where a
+    configuration at a time took 11, one accuracy gate, and its useful GPU time at a
+    10-minute load (the gb200 profile's load_time_s) at least 0.8."""
+    code, out, err = cli("submit", SEED, "--sweep", "prefill.endpoints=4,5,6,7,8",
+                         "--dry-run", timeout=300)
+    assert code == 0, err
+    assert "for each of 3 load rounds" in out and "15 visits, 3 load rounds" in out, out
+    (folder,) = [p for p in (tmp_path / "runs").iterdir() if p.name.endswith("-study")]
+    alloc = json.loads((folder / "study.json").read_text())["allocation"]
+    assert alloc["comparison"]["one_rounds"] == 3
+    assert sum(1 for t in alloc["turns"] if t["gate"]) == 1
+    useful = alloc["comparison"]["useful_gpu_time"]
+    assert useful["at_load_time_s"] >= 0.8 > useful["at_health_timeout"], useful
+    line = next(x for x in out.splitlines() if "useful GPU time" in x)
+    assert "at a 10 min load (load_time_s" in line and "at a 40 min load" in line, line
 
 
 def test_cost_holds_a_load_per_restart_round():
@@ -210,61 +238,90 @@ def test_restart_time_is_loading_and_the_summary_has_every_point(follow_run):
     assert totals["engine_crashes"] == 0 and totals["tracebacks"] == 0, totals
 
 
-def test_in_one_allocation_a_restarted_engine_is_the_pools_and_the_next_configuration_restarts_it(
+def test_in_one_allocation_each_decode_setting_is_loaded_once_and_one_gate_covers_both(
         tmp_path):
-    """A study in one allocation whose decode restarts inside each sweep: the pool holds
-    the restarted engine (the next configuration finds it with another command line and
-    restarts it, as the plan of turns said), and nothing is left running at the end."""
+    """A study in one allocation whose decode needs another command line from 16 on: every
+    configuration's point 4 on the first decode, then every one's point 16 on the second;
+    the decode started twice in all, each configuration's curve whole, each point naming
+    the engine start it ran on; the accuracy gate run once, on the largest configuration's
+    engines at the top setting, recorded for both; nothing left running at the end."""
     import subprocess
     import sys
+
+    import helpers
 
     from launcher.control import prepare
     from launcher.run import rundir
 
+    profile = helpers.profile_copy(tmp_path / "local.yaml", "local",
+                                   port_base=helpers.free_port_base(PORT_BASES, 400))
     runs = prepare.prepare_all(
-        "local-sim", ["accuracy.enabled=false", "benchmark.concurrency=[4,16]",
+        "local-sim", [f"cluster={profile}", "benchmark.concurrency=[4,16]",
+                      "accuracy.num_questions=20",
                       "benchmark.prompts_multiplier=2", "benchmark.warmup=2",
                       "decode.args_from_concurrency={16: {num-gpu-blocks-override: 640}}"],
         ["prefill.endpoints=1,2"], tmp_path / "runs", allocation="one")
     shared = runs[0].shared
-    assert [(t.restart, t.descending) for t in shared.turns] == [((), False), ((), True)]
+    p1, p2 = (r.run.run_id for r in runs)
+    assert [(t.run, t.points, t.restart, t.gate) for t in shared.turns] == [
+        (p2, (4,), (), ()), (p1, (4,), (), ()), (p2, (16,), ("decode-0",), (p1, p2)),
+        (p1, (16,), (), ())]
     p = subprocess.run([sys.executable, "-m", "launcher", "run", str(shared.path)],
                        capture_output=True, text=True, timeout=300, cwd=tmp_path)
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-3000:]
     alloc = json.loads((shared.path / "allocation.json").read_text())
-    assert [c["state"] for c in alloc["configurations"]] == ["succeeded", "succeeded"]
+    assert [c["state"] for c in alloc["configurations"]] == ["running", "running",
+                                                              "succeeded", "succeeded"]
     seen = [(e["event"], e["endpoint"], e.get("why", "")) for e in alloc["engines"]
             if e["endpoint"] == "decode-0"]
-    # the second configuration keeps the decode the first left at 16, measures 16 first,
-    # then restarts it back for 4: three decode starts in all, not four
     assert seen == [
         ("started", "decode-0", ""),
-        ("stopped", "decode-0", "restarted before concurrency 16"),
-        ("started", "decode-0", ""),
-        ("stopped", "decode-0", "restarted before concurrency 4"),
+        ("stopped", "decode-0", "this configuration starts it with another command line"),
         ("started", "decode-0", ""),
         ("stopped", "decode-0", "stopped at the end of this configuration"),
     ], seen
-    for t, order, restart in zip(shared.turns, (["bench-c4", "bench-c16"],
-                                                ["bench-c16", "bench-c4"]), (16, 4),
-                                 strict=True):
-        rd = rundir.RunDir(shared.path / t.run)
-        events = [json.loads(x) for x in (rd.path / "events.jsonl").read_text().splitlines()]
-        assert [e["concurrency"] for e in events if e["event"] == "engines_restarted"] == [
-            restart]
+    s = alloc["summary"]
+    assert s["engine_starts"] == 4 and s["succeeded"] == 2  # decode twice, two prefills
+    assert 0 < s["useful_gpu_time"] < 1 and s["measured_windows_s"] > 0, s
+    assert s["useful_gpu_time"] == pytest.approx(s["measured_windows_s"] / s["wall_s"], abs=2e-3)
+    # the Study page's facts (and the report's): the measured one beside GPU-hours, with the
+    # dry-run's estimate
+    from launcher.analysis import studies
+
+    facts = dict(studies.allocation_facts(studies.find_study(shared.path.parent, None)))
+    assert list(facts).index("useful GPU time") == list(facts).index("GPU-hours") + 1
+    assert facts["useful GPU time"].startswith(f"{s['useful_gpu_time']:.2f}: GPU-seconds "
+                                               "inside the sweep points' measured windows")
+    assert "estimated before: " in facts["useful GPU time"], facts
+    starts = {}
+    for run_id in (p1, p2):
+        rd = rundir.RunDir(shared.path / run_id)
+        events = list(rd.events())
+        assert not [e for e in events if e["event"] == "engines_restarted"]
         points = [e for e in events if e["event"] == "sweep_point"]
-        assert [e["process"] for e in points] == order
+        assert [e["process"] for e in points] == ["bench-c4", "bench-c16"]
         assert all(e["status"] == "ok" for e in points)
-        assert leftovers(rd.path) == [], t.run
+        starts[run_id] = [e["engines"]["decode-0@local-1"] for e in points]
+        assert leftovers(rd.path) == [], run_id
         summary = json.loads((rd.path / "summary.json").read_text())
         assert sorted(p["max_concurrency"] for p in summary["points"]) == [4, 16]
-    # the kept decode's log in the second run is the first run's file, read from where the
-    # second began; the restart appended to it, and nothing was written to another run's log
-    second = rundir.RunDir(shared.path / shared.turns[1].run)
-    rec = second.read_record()
-    head = rec.processes["decode-0@local-1"]
-    assert head.log_bytes_at_start and (second.path / head.log).is_symlink()
+        assert summary["state"] == "succeeded"
+        # its lifecycle is its own visits' time, not the other configuration's between
+        lc = summary["lifecycle"]
+        assert lc["seconds"] == pytest.approx(sum(v["seconds"] for v in lc["phases"].values()),
+                                              abs=0.1)
+        gate = [e for e in events if e["event"] == "accuracy"]
+        assert len(gate) == 1 and gate[0].get("gate_run") == p2, gate
+        assert rd.read_record().accuracy_passed is True
+    # both configurations' point 4 ran on the decode p2 started first, both 16s on its
+    # second start
+    assert starts[p1][0] == starts[p2][0] and starts[p1][1] == starts[p2][1]
+    assert starts[p1][0]["started"] < starts[p1][1]["started"]
+    assert {x["started_by"] for x in starts[p1]} == {p2}
+    assert sum(1 for e in rundir.RunDir(shared.path / p2).events()
+               if e["event"] == "accuracy_gate") == 1
+    assert not any(e["event"] == "accuracy_gate" for e in rundir.RunDir(shared.path / p1).events())
 
 
 @pytest.mark.parametrize("restarts", [

@@ -546,10 +546,11 @@ def test_a_study_dry_run_says_what_it_reserves_once(cli, tmp_path):
     assert "100 GPUs working over them" in total
     assert f"{sum(c['requests'] for c in costs):,} requests" in total
     # both ways side by side: one allocation of the largest footprint loads every engine
-    # once, and each configuration's sweep restarts the decode twice (4096, 5120) in either
-    # way, every other one from its top point down, where the last left the decode
+    # once and each decode setting (4096, 5120) once for every configuration's points that
+    # need it; as one job each, each configuration's sweep restarts the decode twice
     (one,) = [ln for ln in lines if ln.strip().startswith("one allocation:")]
-    assert one.strip().startswith("one allocation:  6 nodes x") and "19 engine start(s)" in one
+    assert one.strip().startswith("one allocation:  6 nodes x") and "11 engine start(s)" in one
+    assert "each of 3 load rounds" in one
     (each,) = [ln for ln in lines if ln.strip().startswith("one job each:")]
     assert "5 jobs" in each and "45 engine start(s)" in each and "<- this submission" in each
     # the default takes the fewer GPU-hours at the profile's load time: with the two top

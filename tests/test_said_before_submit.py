@@ -91,7 +91,7 @@ def _study_lines(runs) -> tuple[list[str], list[str]]:
 def test_a_studys_cost_lines_add_up_to_what_is_submitted(tmp_path):
     runs = prepare.prepare_all(SEED, [], STUDY, tmp_path / "one", allocation="one")
     lines, ways = _study_lines(runs)
-    assert len(lines) == 5 and all("its turn in the one allocation" in ln for ln in lines), lines
+    assert len(lines) == 5 and all("its visits in the one allocation" in ln for ln in lines), lines
     one = next(w for w in ways if "one allocation:" in w)
     sums = [sum(x) for x in zip(*map(_hours, lines), strict=True)]
     assert all(abs(s - t) < 0.3 for s, t in zip(sums, _hours(one), strict=True)), (sums, one)
@@ -99,9 +99,9 @@ def test_a_studys_cost_lines_add_up_to_what_is_submitted(tmp_path):
     cmp = runs[0].compared
     assert abs(sum(t.work_s for t in cmp.turn_costs) - cmp.one_work_s) < 1e-6
     assert abs(sum(t.work_s + t.rounds * cmp.load_s for t in cmp.turn_costs) - cmp.one_s) < 1e-6
-    # the first turn loads every engine at once; a later one keeps them (its decode's
-    # restarts its only loads)
-    assert [t.rounds for t in cmp.turn_costs] == [3, 2, 2, 2, 2]
+    # the first visit loads every engine at once; the first visit at 4096 and the first at
+    # 5120 restart the decode; every other visit keeps what it finds
+    assert [t.rounds for t in cmp.turn_costs] == [1] + [0] * 4 + [1] + [0] * 4 + [1] + [0] * 4
 
     runs = prepare.prepare_all(SEED, [], STUDY, tmp_path / "each", allocation="each")
     lines, ways = _study_lines(runs)

@@ -235,15 +235,16 @@ def _headline(run: Path) -> dict[int, float]:
     return {p["max_concurrency"]: p["total_tokens_per_s_per_gpu"] for p in summary["points"]}
 
 
-def _a_run_of_its_own(run: Path) -> None:
-    """What a run directory holds after a successful run, whichever way it ran."""
+def _a_run_of_its_own(run: Path, points: int = 2) -> None:
+    """What a run directory holds after a successful run of `points` sweep points, whichever
+    way it ran."""
     from launcher.analysis import derive, load
 
     st = rundir.RunDir(run).status()
     assert st.state == "succeeded", (run, st.error)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["verdict"] == "passed" and [p["status"] for p in summary["points"]] == [
-        "ok", "ok"]
+        "ok"] * points
     plan = load.read_plan_safe(run)[0]
     for proc in plan.processes:
         assert (run / proc.log).is_file(), f"{run.name}: no log for {proc.name}"
@@ -330,3 +331,37 @@ def test_scancel_during_the_third_configuration_keeps_the_first_two(tmp_path):
     assert states == ["succeeded", "succeeded", "cancelled"], states
     assert "scancel" in rundir.RunDir(runs[2]).status().error
     assert all(leftovers(r) == [] for r in runs)
+
+
+def test_a_study_loads_each_decode_setting_once_for_every_configurations_points(tmp_path):
+    """Two configurations whose decode needs another command line from 16 and again from
+    32 (args_from_concurrency), in one Slurm job: every configuration's 8 on the first
+    decode, every one's 16 on the second, every one's 32 on the third: the decode started 3
+    times in all (a configuration at a time: 5), every configuration's curve whole, and the
+    measured useful GPU time on the Study page's facts."""
+    from launcher.analysis import studies
+
+    all_idle()
+    steps = "{16: {num-gpu-blocks-override: 1152}, 32: {num-gpu-blocks-override: 1280}}"
+    code, out = launcher(tmp_path, "submit", RECIPE, *STUDY, "--set",
+                         "benchmark.concurrency=[8,16,32]", "--set",
+                         f"decode.args_from_concurrency={steps}", "--sweep",
+                         "prefill.endpoints=1,2", "--allocation", "one", "--wait", timeout=400)
+    assert code == 0, out[-4000:]
+    assert "6 visits, 3 load rounds" in out, out[-4000:]
+    (study,) = [p.parent for p in (tmp_path / "runs").glob("*/study.json")]
+    alloc = json.loads((study / "allocation.json").read_text())
+    assert alloc["state"] == "succeeded", alloc
+    decode = [e for e in alloc["engines"] if e["endpoint"] == "decode-0"
+              and e["event"] == "started"]
+    assert len(decode) == 3, alloc["engines"]
+    assert [c["turn"]["points"] for c in alloc["configurations"]] == [[8], [8], [16], [16],
+                                                                       [32], [32]]
+    for run in {c["run"] for c in alloc["configurations"]}:
+        r = study / run
+        _a_run_of_its_own(r, points=3)  # its telemetry and figures at every point too
+        assert sorted(_headline(r)) == [8, 16, 32]
+    s = alloc["summary"]
+    assert s["succeeded"] == 2 and 0 < s["useful_gpu_time"] < 1, s
+    facts = dict(studies.allocation_facts(studies.find_study(study.parent, None)))
+    assert facts["useful GPU time"].startswith(f"{s['useful_gpu_time']:.2f}: "), facts

@@ -43,12 +43,13 @@ def test_the_order_runs_configurations_that_share_a_changed_engine_together():
     ]
     turns = study.schedule(configs)
     # the largest first (one load round), then what restarts nothing, then the two with the
-    # other decode together
-    assert [t.run for t in turns] == ["c3", "c1", "c2", "c4"]
+    # other decode together, the larger first
+    assert [t.run for t in turns] == ["c3", "c1", "c4", "c2"]
     assert sum(t.loads for t in turns) == 4  # decode, p0, p1, and the decode once more
     assert turns[0].start == ("decode", "p0", "p1")
     assert turns[1].keep == ("decode", "p0") and turns[1].idle == ("p1",)
-    assert turns[2].restart == ("decode",) and turns[2].keep == ("p0",)
+    assert turns[2].restart == ("decode",) and turns[2].keep == ("p0", "p1")
+    assert turns[3].keep == ("decode", "p0") and turns[3].idle == ("p1",)
     naive = [study._turn(r, w, dict(p for c in configs[:i] for p in c[1].items()))
              for i, (r, w) in enumerate(configs)]
     assert sum(t.loads for t in naive) > 4
@@ -270,3 +271,28 @@ def test_a_damaged_plan_of_turns_is_one_sentence(tmp_path):
     assert p.returncode == 2 and (f"{study_dir.name}/study.json is damaged "
                                   "(allocation.turns[0].run is missing)") in p.stderr, p.stderr
     assert "Traceback" not in p.stderr and not (study_dir / "allocation.json").exists()
+
+
+def test_a_configuration_the_study_ends_between_its_visits_is_cancelled_with_its_points(
+        tmp_path):
+    """A configuration begun in an earlier visit (running, between visits) and not reached
+    again: cancelled, saying its earlier visits' points are kept, and summarised with them;
+    one never begun: `not run`."""
+    from launcher.control import study as control_study
+    from launcher.run.rundir import RunRecord
+    from launcher.run.vocab import State
+
+    begun = rundir.RunDir(tmp_path / "begun")
+    begun.path.mkdir()
+    begun.write_record(RunRecord(state=State.RUNNING, started=time.time() - 5))
+    begun.event("visit_end", points=[4])
+    fresh = rundir.RunDir(tmp_path / "fresh")
+    fresh.path.mkdir()
+    for rd in (begun, fresh):
+        control_study._not_run(rd, "the study ended before its turn (SIGTERM)")
+    rec = begun.read_record()
+    assert rec.state == State.CANCELLED and rec.started is not None
+    assert rec.error == ("cancelled before its later visits: the study ended before its turn "
+                         "(SIGTERM); the points measured in its earlier visits are kept")
+    assert json.loads(begun.summary.read_text())["state"] == "cancelled"
+    assert fresh.read_record().error == "not run: the study ended before its turn (SIGTERM)"

@@ -94,16 +94,34 @@ def allocation_facts(study: listing.Study) -> list[tuple[str, str]]:
         rows += [("time", f"{s.wall_s:,.0f} s: {s.loading_s:,.0f} s loading engines, "
                           f"{s.measuring_s:,.0f} s measuring"),
                  ("GPU-hours", f"{s.gpu_hours:,.3f}"),
+                 *([("useful GPU time", f"{s.useful_gpu_time:.2f}: GPU-seconds inside the "
+                     f"sweep points' measured windows ({s.measured_windows_s:,.0f} s x "
+                     f"{s.gpus} GPUs) over the {s.gpu_hours:,.3f} GPU-hours allocated"
+                     + useful_estimate(planned))]
+                   if s.useful_gpu_time is not None and s.measured_windows_s is not None
+                   else []),
                  ("engine starts", f"{s.engine_starts}"
                   + (f" (one job per configuration: {each_loads})" if each_loads else ""))]
     if planned is not None and (gh := planned.estimated_gpu_hours()):
         rows.append(("estimated before", f"{gh[0]:,.2f} GPU-hours in one allocation, "
                                          f"{gh[1]:,.2f} as one job each"))
-    order = [f"{i}. {c.run} ({c.state or 'running'})"
-             for i, c in enumerate(rec.configurations, 1)]
+    order = [f"{i}. {c.run}"
+             + (f" at {', '.join(map(str, c.turn['points']))}" if c.turn.get("points") else "")
+             + f" ({c.state or 'running'})" for i, c in enumerate(rec.configurations, 1)]
     if order:
         rows.append(("order", "; ".join(order)))
     return rows
+
+
+def useful_estimate(planned) -> str:
+    """The dry-run's useful GPU time beside the measured one, where it made one."""
+    u = planned.estimated_useful() if planned is not None else {}
+    parts = [f"{u['at_load_time_s']:.2f} at the profile's load_time_s"
+             if "at_load_time_s" in u else "",
+             f"{u['at_health_timeout']:.2f} at the health timeout"
+             if "at_health_timeout" in u else ""]
+    parts = [x for x in parts if x]
+    return f" (estimated before: {', '.join(parts)})" if parts else ""
 
 
 def configs(study: listing.Study) -> list[tuple[str, Path]]:

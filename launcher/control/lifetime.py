@@ -4,7 +4,7 @@ earlier configuration, which it restarts before a sweep point (args_from_concurr
 which it leaves loaded at its end for the next configuration.
 
 Each of these asks launcher.planning.study's one rule, "is this the same engine?"
-(same_engine, through signatures, changed and best_start here and EnginePool.settle in the
+(same_engine, through signatures and changed here and EnginePool.settle in the
 pool), the rule the dry-run's plan of turns asks too, so both decide alike. The orchestrator
 calls it at its stages; what it starts, keeps and stops is recorded by
 launcher.control.processes.
@@ -19,7 +19,7 @@ from launcher.control.pool import STOP_GRACE_S, EnginePool
 from launcher.control.processes import Processes
 from launcher.control.record import Book, say
 from launcher.planning.plan import Plan
-from launcher.planning.study import best_start, changed
+from launcher.planning.study import changed
 from launcher.planning.study import signatures as study_signatures
 from launcher.run import rundir
 from launcher.run.plandoc import Process
@@ -38,7 +38,7 @@ class EngineLifetime:
         self.book = book
         self.processes = processes
         self.pool = pool
-        self.descending = False  # the sweep from its top point down (direction)
+        self.first: int | None = None  # a study visit's first point: its engines' setting
         self.want: dict[str, tuple] = {}  # endpoint -> the engine this run starts it as
         self.kept: set[str] = set()  # endpoints taken over loaded from an earlier configuration
 
@@ -50,32 +50,13 @@ class EngineLifetime:
             return {}
         return study_signatures(engines, str(self.run.path), at=at)
 
-    def direction(self, engines: list[Process], want: dict[str, tuple]) -> dict[str, tuple]:
-        """In a study's allocation: when the pool holds engines as an earlier sweep left
-        them at its top point (args_from_concurrency), this sweep runs from the top down and
-        its engines start with their top command lines (the rule of the plan of turns);
-        the signatures its engines start with."""
-        b = self.plan.recipe.benchmark
-        if self.pool is None or not b.sweeps or not any(p.restarts for p in engines):
-            return want
-        top_c = max(b.concurrency)
-        top = self.signatures(engines, at=top_c)
-        running = {ep: e.signature for ep, e in self.pool.loaded.items() if e.alive()}
-        if not best_start(self.run.run_id, want, top, running).descending:
-            return want
-        self.descending = True
-        self.book.event("sweep_order", order="descending", reason="engines loaded as the "
-                        "top point's command line")
-        say(f"the sweep runs from concurrency {top_c} down: engines are loaded as an earlier "
-            "configuration's top point left them (args_from_concurrency)")
-        return top
-
     def first_argv(self, proc: Process) -> list[str] | None:
-        """The command line an engine starts with: its top point's on a sweep run
-        downwards, else its own (None)."""
-        if not self.descending or not proc.restarts:
+        """The command line an engine starts with: in a study's visit, the one its first
+        point needs (args_from_concurrency), so the visit's points restart nothing; else its
+        own (None)."""
+        if self.pool is None or self.first is None or not proc.restarts:
             return None
-        return proc.argv_at(max(self.plan.recipe.benchmark.concurrency))
+        return proc.argv_at(self.first)
 
     def changed_at(self, c: int) -> list[str]:
         """The endpoints whose command line at sweep concurrency `c` differs from the one
@@ -87,12 +68,13 @@ class EngineLifetime:
         return changed(study_signatures(procs, str(self.run.path), at=c), running)
 
     # --- at the orchestrator's stages ---
-    def take_over(self, engines: list[Process]) -> None:
+    def take_over(self, engines: list[Process], first: int | None = None) -> None:
         """Before the engines start (and the agents, which read where logs stand): the
-        engines this run wants; in a study's allocation those already loaded as it wants
-        them are taken over as its own (what died is dropped, what it wants with another
-        command line is stopped)."""
-        self.want = self.direction(engines, self.signatures(engines))
+        engines this run wants (in a study's visit, as its first point `first` needs them);
+        in a study's allocation those already loaded as it wants them are taken over as its
+        own (what died is dropped, what it wants with another command line is stopped)."""
+        self.first = first
+        self.want = self.signatures(engines, at=first)
         if self.pool is None:
             return
         self.kept = self.pool.settle(self.want, self.run.run_id)

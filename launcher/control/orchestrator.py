@@ -54,6 +54,7 @@ from launcher.control.record import Book, say
 from launcher.control.watch import NodeWatch
 from launcher.errors import Cancelled, RunFailed, UserError
 from launcher.planning import cost, render, schedulers
+from launcher.planning.study import Turn
 from launcher.run import rundir
 from launcher.run.plandoc import Process
 from launcher.run.results import point_failure
@@ -136,7 +137,7 @@ def cancel_behind(reason: Callable[[], str | None], run: rundir.RunDir, job: str
 
 class Orchestrator:
     def __init__(self, run: rundir.RunDir, rendered: render.Rendered, backend: Backend,
-                 book: Book, pool: EnginePool | None = None):
+                 book: Book, pool: EnginePool | None = None, visit: Turn | None = None):
         self.run = run
         self.book = book
         self.record = book.record
@@ -145,11 +146,20 @@ class Orchestrator:
         self.planned = rendered.processes  # what the plan runs
         self.doc = rendered.doc
         self.processes = Processes(run, book, backend)  # those started: handles and record
+        # a study's visit of this configuration: the points it measures on the engines it
+        # holds, whether it is the first (preflight) and last (gate's verdict, summary), and
+        # the configurations whose gate it runs (None: a run of its own, all of it at once)
+        self.visit = visit
+        if visit is not None and not visit.first:
+            self.processes.earlier = dict(book.record.processes)
         # `pool`: a study in one allocation, its engines kept loaded across configurations
         self.lifetime = EngineLifetime(run, self.plan, book, self.processes, pool)
         self.cancel_reason: str | None = None
         self.teardown_budget_s: float = 60.0
-        self.failed_points: list[str] = []
+        self.failed_points: list[str] = [  # those of its earlier visits
+            f"{e.get('process')}: {e.get('reason')}" for e in run.events()
+            if e.get("event") == "sweep_point" and e.get("status") == "failed"
+        ] if visit is not None and not visit.first else []
         self.bench_failure: RunFailed | None = None  # a custom benchmark's non-zero exit
         self.watch = NodeWatch(list(self.plan.nodes), schedulers.of(self.plan.cluster).allocates)
         self.partial: dict[str, str] = {}  # node -> why its telemetry is partial (noted once)
@@ -374,8 +384,12 @@ class Orchestrator:
         engines = [p for p in self.planned if p.kind == Kind.ENGINE]
         router = next(p for p in self.planned if p.kind == Kind.ROUTER)
         self.stage(Stage.PREFLIGHT)
-        run_preflight(self.run, self.plan, self.doc, self.book, self.run_step)
-        self.lifetime.take_over(engines)  # before the agents: they read where logs stand
+        if self.visit is None or self.visit.first:
+            run_preflight(self.run, self.plan, self.doc, self.book, self.run_step)
+        else:  # the same engines' image and nodes, checked in its first visit
+            self.book.event("preflight_done_before", why="checked in this configuration's "
+                            "first visit")
+        self.lifetime.take_over(engines, self.first_point())  # before the agents: they read where logs stand
         if agents:
             self.stage(Stage.AGENTS)
             for p in agents:
@@ -415,7 +429,6 @@ class Orchestrator:
         if r.hold_s:
             self.hold(r.hold_s)
         if r.accuracy.enabled:
-            self.stage(Stage.ACCURACY)
             try:
                 self.accuracy()
             except RunFailed as e:
@@ -425,7 +438,7 @@ class Orchestrator:
                 raise RunFailed(f"{b}\nand the {e}", b.culprit, stage=b.stage) from None
         if self.bench_failure is not None:
             raise self.bench_failure
-        if self.failed_points:
+        if self.failed_points and (self.visit is None or self.visit.last):
             raise RunFailed(
                 f"{len(self.failed_points)} sweep point(s) failed: " + "; ".join(self.failed_points),
                 stage=Stage.SWEEP)
@@ -460,9 +473,7 @@ class Orchestrator:
 
     def sweep(self) -> None:
         b = self.plan.recipe.benchmark
-        points = [p for p in self.planned if p.kind == Kind.BENCH]
-        if self.lifetime.descending:
-            points.reverse()
+        points = self.points()
         planned, load_s = self.planned_points()
         self.book.event("sweep_planned", points=[
             {**p.to_json(), "concurrency": c} for c, p in planned.items()],
@@ -492,8 +503,9 @@ class Orchestrator:
                 write_window(result_file, end)
             self.book.event(
                 "sweep_point", process=proc.name, status="failed" if failure else "ok",
-                reason=failure, seconds=round(end - start, 2),
-                concurrency=concurrency_of(proc.result), planned_s=None if plan_s[i] is None else round(plan_s[i], 1),
+                reason=failure, seconds=round(end - start, 2), start=round(start, 3),
+                engines=self.engine_starts(), concurrency=concurrency_of(proc.result),
+                planned_s=None if plan_s[i] is None else round(plan_s[i], 1),
             )  # fmt: skip
             if failure:
                 self.failed_points.append(f"{proc.name}: {failure}")
@@ -545,6 +557,28 @@ class Orchestrator:
             return {}, 0.0
         return {p.concurrency: p for p in c.points}, c.load_expected_s
 
+    def points(self) -> list[Process]:
+        """The sweep's points this run (or this visit of a study's configuration) measures."""
+        points = [p for p in self.planned if p.kind == Kind.BENCH]
+        if self.visit is None or not self.visit.points:
+            return points
+        return [p for p in points if concurrency_of(p.result) in self.visit.points]
+
+    def first_point(self) -> int | None:
+        """The concurrency of the first point measured here: its engines start as it needs
+        them (args_from_concurrency); None where nothing is measured."""
+        b = self.plan.recipe.benchmark
+        points = self.points() if b.enabled else []
+        return concurrency_of(points[0].result) if points else None
+
+    def engine_starts(self) -> dict[str, dict]:
+        """Each engine process a point ran on: when it started, and by which run (a study's
+        configurations share them)."""
+        return {h.proc.name: {"started": round(h.started or 0, 3),
+                              "started_by": self.processes.started_by.get(h.proc.name,
+                                                                          self.run.run_id)}
+                for h in self.processes.handles if h.proc.kind == Kind.ENGINE}
+
     def follow_concurrency(self, c: int) -> None:
         """Before a sweep point: restart the endpoints whose command line at this
         concurrency differs from the one running (args_from_concurrency), whole endpoints,
@@ -581,34 +615,70 @@ class Orchestrator:
             time.sleep(POLL_S)
 
     def accuracy(self) -> None:
+        """The gate: run here (a run of its own; in a study, the visit the plan of turns
+        gives it, once per engine set, recorded for every configuration it covers), and
+        judged in the configuration's last visit."""
         a = self.plan.recipe.accuracy
         proc = next(p for p in self.planned if p.kind == Kind.ACCURACY)
-        code = self.run_client(proc)
-        result = rundir.read_json(self.run.path / proc.result)
-        if (not isinstance(result, dict) or result.get("failure_reason")) and self.cancel_behind():
-            raise Cancelled(self.cancel_reason)
-        if not isinstance(result, dict):
-            raise RunFailed(
-                f"the accuracy gate wrote no result (exit status {code}); see {proc.log}",
-                culprit=proc.name,
-            )
+        own = self.run.path / proc.result
+        v = self.visit
+        here = v is None or bool(v.gate) or (v.last and not own.exists())
+        if here:
+            self.stage(Stage.ACCURACY)
+            code = self.run_client(proc)
+            result = rundir.read_json(own)
+            if (not isinstance(result, dict) or result.get("failure_reason")) \
+                    and self.cancel_behind():
+                raise Cancelled(self.cancel_reason)
+            if not isinstance(result, dict):
+                raise RunFailed(
+                    f"the accuracy gate wrote no result (exit status {code}); see {proc.log}",
+                    culprit=proc.name,
+                )
+            if v is not None:
+                self.record_gate(proc, result)
+        if v is not None and not v.last:
+            return
+        result = rundir.read_json(own)
+        if not isinstance(result, dict):  # pragma: no cover - written above or by its gate
+            raise RunFailed(f"the accuracy gate wrote no result; see {proc.log}", proc.name)
         score = result.get("accuracy")
         self.record.accuracy, self.record.accuracy_passed = score, bool(result.get("passed"))
         self.save()
         self.book.event(
-            "accuracy", score=score, threshold=a.threshold, passed=result.get("passed")
+            "accuracy", score=score, threshold=a.threshold, passed=result.get("passed"),
+            **({"gate_run": result["gate_run"]} if result.get("gate_run") else {}),
         )
         if result.get("failure_reason"):
             raise RunFailed(f"accuracy gate failed: {result['failure_reason']}", proc.name)
         what = (f"{a.task} {a.metric}" if a.harness == "lm-eval" else
                 f"{a.task} (vllm harness{f', mean of {a.repeat} runs' if a.repeat > 1 else ''})")
-        say(f"accuracy {what}: {score:.3f} (threshold {a.threshold:g})")
+        by = (f", the gate {result['gate_run']} ran on the same engines"
+              if result.get("gate_run") not in (None, self.run.run_id) else "")
+        say(f"accuracy {what}: {score:.3f} (threshold {a.threshold:g}{by})")
         if not result.get("passed"):
             raise RunFailed(
                 f"accuracy gate failed: {what} scored {score:.3f}, below the "
-                f"threshold {a.threshold:g} (the sweep's results are kept and labelled)",
+                f"threshold {a.threshold:g}{by} (the sweep's results are kept and labelled)",
                 culprit=proc.name,
             )
+
+    def record_gate(self, proc: Process, result: dict) -> None:
+        """A study's gate, run here on engines other configurations use as they are: its
+        result written into each configuration it covers (`gate_run` names where it ran)."""
+        v = self.visit
+        doc = {**result, "gate_run": self.run.run_id,
+               "gate_covers": list(v.gate or (self.run.run_id,))}
+        for run_id in v.gate or (self.run.run_id,):
+            dest = self.run.path.parent / run_id / proc.result
+            try:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                rundir.write_json(dest, doc)
+            except OSError as e:
+                self.book.note(f"could not record the accuracy gate in {dest}: {e}")
+        if v.gate and self.run.run_id not in v.gate:  # its own gate runs on other engines
+            (self.run.path / proc.result).unlink(missing_ok=True)
+        self.book.event("accuracy_gate", covers=list(v.gate or (self.run.run_id,)))
 
     def report(self, state: State, error: str | None) -> None:
         try:
@@ -777,6 +847,7 @@ class InStudy:
     more: bool = True  # configurations follow: healthy engines stay loaded at the end
     # nodes lost in this configuration -> whether the study goes on without them
     lose: Callable[[dict[str, str], str], bool] = lambda lost, run: False
+    visit: Turn | None = None  # this configuration's visit (its points, first, last, gate)
 
 
 def run(run_dir: Path, shared: InStudy | None = None) -> int:
@@ -784,7 +855,10 @@ def run(run_dir: Path, shared: InStudy | None = None) -> int:
     run = rundir.RunDir(Path(run_dir))
     if not run.recipe.exists():
         raise UserError(f"{run_dir} is not a prepared run directory (no recipe.yaml)")
-    refuse_second_attempt(run)
+    visit = shared.visit if shared is not None else None
+    later = visit is not None and not visit.first and run.read_record() is not None
+    if not later:
+        refuse_second_attempt(run)
     if shared is None:  # a study's allocation was checked for its largest configuration
         prepared = rundir.read_json(run.plan)
         prepared = prepared if isinstance(prepared, dict) else {}
@@ -794,8 +868,13 @@ def run(run_dir: Path, shared: InStudy | None = None) -> int:
         state=State.RUNNING, stage=Stage.PLAN, started=time.time(), host=socket.gethostname(),
         orchestrator_pid=os.getpid(), slurm_job_id=os.environ.get("SLURM_JOB_ID"),
     )  # fmt: skip
+    if later:  # a later visit of a study's configuration goes on with its record
+        record = run.read_record() or record
+        record.stage, record.orchestrator_pid = Stage.PLAN, os.getpid()
     book = Book(run, record)
     book.save()
+    if visit is not None:
+        book.event("visit_start", points=list(visit.points), first=visit.first, last=visit.last)
     book.make_reserve()
     signals = shared.signals if shared is not None else Signals.for_recipe(run.recipe)
     raise_open_files(65536)
@@ -858,7 +937,7 @@ def run(run_dir: Path, shared: InStudy | None = None) -> int:
         raise UserError(error)
     raise_open_files(plan.cluster.nofile)
     orch = Orchestrator(run, rendered, make_backend(plan, run.path), book,
-                        pool=shared.pool if shared else None)
+                        pool=shared.pool if shared else None, visit=visit)
     signals.orch = orch
     if signals.reason:
         orch.cancel_reason, orch.teardown_budget_s = signals.reason, signals.budget_s or 30
@@ -904,9 +983,13 @@ def run(run_dir: Path, shared: InStudy | None = None) -> int:
         orch.teardown(keep_engines=not ending)
         book.drop_reserve()  # room for the record of the end, on a disk that filled up
         orch.note_partial_telemetry(final=True)
-        if state != State.CANCELLED or plan.recipe.benchmark.enabled:
+        if visit is not None and not visit.last and state == State.SUCCEEDED:
+            pass  # its summary is written in its last visit
+        elif state != State.CANCELLED or plan.recipe.benchmark.enabled:
             orch.stage(Stage.REPORT)
             orch.report(state, error)
+    if visit is not None and not visit.last and state == State.SUCCEEDED:
+        return visit_done(book, visit)
     if error:
         say(f"run {state}: {error}")
         book.event(str(state), error=error)
@@ -920,6 +1003,17 @@ def run(run_dir: Path, shared: InStudy | None = None) -> int:
             f"`python -m launcher status` will say what Slurm or the process table knows")
     say(f"run directory: {run.path}")
     return 0 if state == State.SUCCEEDED else 1
+
+
+def visit_done(book: Book, visit: Turn) -> int:
+    """A study's configuration whose points of this visit are measured: it stays running
+    (no summary yet) and goes on in a later visit."""
+    book.record.stage, book.record.serving = None, False
+    book.event("visit_end", points=list(visit.points))
+    book.save()
+    say(f"visit done: concurrency {', '.join(map(str, visit.points))}; this configuration "
+        "goes on in a later visit")
+    return 0
 
 
 def refuse_second_attempt(run: rundir.RunDir) -> None:

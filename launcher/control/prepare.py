@@ -528,6 +528,25 @@ def shares_one_host(cluster) -> bool:
     return not schedulers.of(cluster).remote_nodes(cluster)
 
 
+def visits(p: Prepared) -> list[study.Segment]:
+    """A configuration's sweep points grouped by the engines they need: one visit each."""
+    procs, path, b = p.rendered.processes, str(p.run.path), p.plan.recipe.benchmark
+    if not b.enabled:
+        return [((), study.signatures(procs, path))]
+    return study.segments(list(b.concurrency), lambda c: study.signatures(procs, path, at=c))
+
+
+def gate_key(p: Prepared) -> str | None:
+    """What a configuration's accuracy gate asks (None: no gate), its own run directory (a
+    copy of the data may be there) written as {run_dir}: one gate serves the configurations
+    that ask the same of the same engines."""
+    import json
+
+    a = p.plan.recipe.accuracy
+    return json.dumps(a.model_dump(mode="json"), sort_keys=True).replace(
+        str(p.run.path), study.RUN_DIR) if a.enabled else None
+
+
 def study_job(study_dir: Path, runs: list[Prepared], root: Path, allocation: str | None,
               ) -> tuple[StudyJob | None, study.Comparison | None, study.Choice | None]:
     """The study's one allocation when it is asked for (or, unasked, costs fewer GPU-hours
@@ -540,17 +559,15 @@ def study_job(study_dir: Path, runs: list[Prepared], root: Path, allocation: str
                             f"cluster profiles ({', '.join(sorted(clusters))}); one "
                             "allocation holds one cluster's nodes: use --allocation each")
         return None, None, None
-    turns = study.schedule(
-        [(p.run.run_id, study.signatures(p.rendered.processes, str(p.run.path))) for p in runs],
-        ends={p.run.run_id: study.signatures(p.rendered.processes, str(p.run.path),
-                                             at=max(p.plan.recipe.benchmark.concurrency))
-              for p in runs if p.plan.recipe.restart_points()},
-        one_host=shares_one_host(runs[0].plan.cluster))
+    turns = study.schedule([(p.run.run_id, visits(p)) for p in runs],
+                           one_host=shares_one_host(runs[0].plan.cluster),
+                           gates={p.run.run_id: gate_key(p) for p in runs})
     costs = {p.run.run_id: cost.estimate(p.plan) for p in runs}
     largest = max(runs, key=lambda p: p.nodes)
     load_s, basis = assumed_load_s(root, largest.plan, costs[largest.run.run_id])
     cluster = largest.plan.cluster
-    compared = study.compare(turns, costs, largest.nodes, cluster.gpus_per_node, load_s, basis)
+    compared = study.compare(turns, costs, largest.nodes, cluster.gpus_per_node, load_s, basis,
+                             site_load_s=cluster.load_time_s)
     choice = choose(allocation, compared, runs, largest)
     if choice.way == "each":
         return None, compared, choice

@@ -34,6 +34,8 @@ class Processes:
         self.started_by: dict[str, str] = {}  # kept process -> the run that started it
         self.start_marks: dict[str, int] = {}  # kept process -> its log's size here at start
         self.left_loaded: set[str] = set()  # processes left running for the next configuration
+        # a study's configuration visited again: its processes of earlier visits, as recorded
+        self.earlier: dict[str, ProcessRecord] = {}
 
     def start(self, proc: Process, argv: list[str] | None = None) -> Handle:
         missing = [n for n in proc.env_from_host if n not in os.environ]
@@ -82,7 +84,7 @@ class Processes:
                     pass
 
     def write(self) -> None:
-        self.book.record.processes = {
+        self.book.record.processes = {**self.earlier, **{
             h.proc.name: ProcessRecord(
                 node=h.proc.node, kind=h.proc.kind, pid=h.pid, started=h.started,
                 exit_code=h.exit_code(), stopped=h.stopped and not h.died, log=h.proc.log,
@@ -92,7 +94,7 @@ class Processes:
                 kept=h.proc.name in self.left_loaded,
             )  # fmt: skip
             for h in self.handles
-        }
+        }}
         self.book.save()
 
     def tails(self, kinds: tuple[Kind, ...] = (Kind.ENGINE, Kind.ROUTER)) -> str:

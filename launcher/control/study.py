@@ -52,9 +52,26 @@ def study_plan(study_dir: Path) -> StudyAllocation:
 
 
 def _not_run(run: RunDir, why: str) -> None:
-    """A configuration the study never reached: cancelled, and why, in its own run.json."""
+    """A configuration the study never reached: cancelled, and why, in its own run.json; one
+    begun in an earlier visit keeps what it measured there and says which points it lacks."""
     now = time.time()
+    rec = run.read_record()
     try:
+        if rec is not None and not State(rec.state).final:
+            rec.state, rec.ended, rec.updated, rec.stage = State.CANCELLED, now, now, None
+            rec.error = (f"cancelled before its later visits: {why}; the points measured in "
+                         "its earlier visits are kept")
+            rec.failed_stage = None
+            run.write_record(rec)
+            run.event("cancelled", error=rec.error)
+            try:  # its summary: the points it has, labelled as a cancelled run's
+                from launcher.run import figures
+
+                rundir.write_json(run.summary, figures.summary(run.path, State.CANCELLED,
+                                                               rec.error))
+            except Exception as e:  # noqa: BLE001 - the record above is what must stay
+                say(f"could not write {run.run_id}'s summary: {e!r}")
+            return
         run.write_record(RunRecord(state=State.CANCELLED, started=None, ended=now, updated=now,
                                    error=f"not run: {why}", host=socket.gethostname()))
         run.event("cancelled", error=f"not run: {why}")
@@ -153,6 +170,12 @@ def run_study(study_dir: Path) -> int:
         run_dir = RunDir(study_dir / turn.run)
         entry = ConfigurationRecord(run=turn.run, turn=turn.to_json())
         doc.configurations.append(entry)
+        rec = run_dir.read_record() if not turn.first else None
+        if rec is not None and State(rec.state).final:  # it ended in an earlier visit
+            entry.state, entry.seconds = rec.state, 0.0
+            entry.error = f"not visited: it ended in an earlier visit ({rec.state})"
+            save()
+            continue
         if ended_by is None and signals.reason:
             ended_by = signals.reason
         if ended_by is None and i and doc.slurm_job_id:
@@ -175,37 +198,46 @@ def run_study(study_dir: Path) -> int:
             entry.state, entry.seconds = State.CANCELLED, 0.0
             save()
             continue
-        say(f"study: configuration {i + 1} of {len(turns)}: {turn.run} (starts "
+        say(f"study: visit {i + 1} of {len(turns)}: {turn.run}"
+            + (f" at concurrency {', '.join(map(str, turn.points))}" if turn.points else "")
+            + " (starts "
             f"{', '.join(turn.start + turn.restart) or 'no engine'}; keeps "
             f"{', '.join(turn.keep) or 'none'}; idle {', '.join(turn.idle) or 'none'}"
             + (f"; stops {', '.join(turn.stop)}, on GPUs or ports it needs" if turn.stop else "")
             + ")")
         t0 = time.time()
         try:
-            run(run_dir.path, InStudy(pool, signals, alloc.port_span,
-                                      str(study_dir), more=i < len(turns) - 1, lose=lose))
+            run(run_dir.path, InStudy(pool, signals, alloc.port_span, str(study_dir),
+                                      more=i < len(turns) - 1, lose=lose, visit=turn))
         except UserError as e:  # recorded in its run.json by the orchestrator
             say(f"study: {turn.run}: {e}")
         rec = run_dir.read_record()
         entry.state = rec.state if rec else State.FAILED
         entry.seconds = round(time.time() - t0, 2)
         entry.error = rec.error if rec else "no run.json was written"
-        entry.phases_s, entry.nodes = _phases(run_dir), _plan_nodes(run_dir)
+        entry.phases_s = _phases(run_dir) if State(entry.state).final else {}
+        entry.nodes = _plan_nodes(run_dir)
         if ended_by is None and not all(r.released for r in lost.values()):
             ended_by = _lost_sentence(lost)
         save()
     Signals.ignore()
     pool.stop_all("study", "the study's end")
-    doc.state = (State.SUCCEEDED if all(c.state == State.SUCCEEDED for c in doc.configurations)
+    for t in turns:  # begun and not ended (a visit left undone): cancelled, its points kept
+        rec = RunDir(study_dir / t.run).read_record()
+        if rec is not None and not State(rec.state).final:
+            _not_run(RunDir(study_dir / t.run), ended_by or "the study ended")
+    final = {c.run: c.state for c in doc.configurations}  # each one's state after its last
+    doc.state = (State.SUCCEEDED if all(s == State.SUCCEEDED for s in final.values())
                  else State.CANCELLED if signals.reason else State.FAILED)
     doc.ended = time.time()
     doc.engines = [EngineEvent.of(e) for e in pool.events]  # with the stops at its end
-    doc.summary = s = allocation_summary(doc)
+    doc.summary = s = allocation_summary(doc, study_dir)
     save()
-    say(f"study {doc.state}: {s.succeeded} of {len(turns)} configuration(s) succeeded; "
+    say(f"study {doc.state}: {s.succeeded} of {len(final)} configuration(s) succeeded; "
         f"{s.engine_starts} engine start(s); {s.gpu_hours:.2f} GPU-hours over "
         f"{s.wall_s:.0f} s ({s.loading_s:.0f} s loading, {s.measuring_s:.0f} s "
-        f"measuring)" + "".join(f"; {r.node} lost in {r.run}" for r in lost.values()))
+        f"measuring; useful GPU time {s.useful_gpu_time or 0:.2f}: the sweep points' windows "
+        "over the allocation's time)" + "".join(f"; {r.node} lost in {r.run}" for r in lost.values()))
     return 0 if doc.state == State.SUCCEEDED else 1
 
 
@@ -213,19 +245,32 @@ MEASURING = ("measuring",)  # the run's lifecycle phases (launcher.run.figures)
 LOADING = ("loading",)
 
 
-def allocation_summary(doc: AllocationRecord) -> AllocationSummary:
+def allocation_summary(doc: AllocationRecord, study_dir: Path | None = None
+                       ) -> AllocationSummary:
     """The allocation's figures: wall time and GPU-hours, engine starts, and its time spent
     loading engines against measuring (from each configuration's lifecycle)."""
     wall = (doc.ended or time.time()) - doc.started
     gpus = (doc.nodes or 0) * (doc.gpus_per_node or 0)
     phases: dict[str, float] = {}
-    for c in doc.configurations:
+    for c in doc.configurations:  # a configuration's lifecycle, from the visit that ended it
         for k, v in c.phases_s.items():
             phases[k] = phases.get(k, 0.0) + v
+    final = {c.run: c.state for c in doc.configurations}
+    measured = sum(measured_windows(study_dir / run) for run in final) if study_dir else None
     return AllocationSummary(
         wall_s=round(wall, 1), gpus=gpus, gpu_hours=round(gpus * wall / 3600, 3),
         engine_starts=sum(e.event == "started" for e in doc.engines),
-        succeeded=sum(c.state == State.SUCCEEDED for c in doc.configurations),
+        succeeded=sum(s == State.SUCCEEDED for s in final.values()),
         loading_s=round(sum(v for k, v in phases.items() if k in LOADING), 1),
         measuring_s=round(sum(v for k, v in phases.items() if k in MEASURING), 1),
+        measured_windows_s=None if measured is None else round(measured, 1),
+        useful_gpu_time=round(measured / wall, 3) if measured is not None and wall > 0
+        else None,
     )
+
+
+def measured_windows(run_dir: Path) -> float:
+    """Seconds inside a configuration's measured windows: each sweep point's client run
+    (its warm-up and measured requests), from its events."""
+    return sum(float(e["seconds"]) for e in RunDir(run_dir).events()
+               if e.get("event") == "sweep_point" and type(e.get("seconds")) in (int, float))

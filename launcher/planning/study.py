@@ -10,10 +10,11 @@ node, GPUs, argv and environment, the run directory aside: then it is started on
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from launcher.planning.cost import RESTARTS, duration
+from launcher.planning.cost import duration
 from launcher.planning.plan import VLLM_PORT_SPAN
 from launcher.run.vocab import Kind
 
@@ -44,7 +45,10 @@ def signatures(procs: list[Process], run_dir: str, at: int | None = None) -> dic
 
 @dataclass(frozen=True)
 class Turn:
-    """One configuration's turn in the allocation."""
+    """One visit of a configuration in the allocation: the engines it finds and the sweep
+    points it measures on them. A configuration whose points need other engine settings
+    (args_from_concurrency) is visited once per setting, so every setting is loaded once
+    for the whole study."""
 
     run: str  # its run id
     start: tuple[str, ...]  # endpoints not running before: started
@@ -53,9 +57,12 @@ class Turn:
     idle: tuple[str, ...]  # running, not used by this configuration: left loaded
     # running, not used, and holding GPUs or ports this configuration needs: stopped
     stop: tuple[str, ...] = ()
-    # its sweep runs from the top point down: it finds its engines as an earlier sweep left
-    # them at the top (args_from_concurrency), and restarts them on the way down instead
-    descending: bool = False
+    points: tuple[int, ...] = ()  # the sweep concurrencies measured here; (): its whole sweep
+    first: bool = True  # the configuration's first visit: its preflight
+    last: bool = True  # its last visit: its gate's verdict, its summary
+    # the configurations whose accuracy gate this visit runs, on the engines it holds: each
+    # one's engines at its top point are among them, as loaded here (once per engine set)
+    gate: tuple[str, ...] = ()
 
     @property
     def loads(self) -> int:
@@ -66,9 +73,11 @@ class Turn:
 
     @classmethod
     def from_json(cls, d: dict) -> Turn:
-        return cls(run=str(d["run"]), descending=bool(d.get("descending")),
+        return cls(run=str(d["run"]), first=bool(d.get("first", True)),
+                   last=bool(d.get("last", True)),
+                   points=tuple(int(c) for c in d.get("points") or ()),
                    **{k: tuple(d.get(k) or ()) for k in ("start", "restart", "keep", "idle",
-                                                         "stop")})
+                                                         "stop", "gate")})
 
 
 # Ports an engine's part holds on its node: its flags' and, from a base, its environment's
@@ -128,77 +137,114 @@ def changed(want: dict[str, tuple], running: dict[str, tuple]) -> list[str]:
 
 
 def _turn(run: str, want: dict[str, tuple], running: dict[str, tuple],
-          descending: bool = False, one_host: bool = False) -> Turn:
+          one_host: bool = False, **visit) -> Turn:
     wanted = {h for sig in want.values() for h in holds(sig, one_host)}
     unused = [ep for ep in running if ep not in want]
     stop = tuple(sorted(ep for ep in unused
                         if wanted & holds(running[ep], one_host)))
     return Turn(
-        run=run, descending=descending,
+        run=run,
         start=tuple(sorted(ep for ep in want if ep not in running)),
         restart=tuple(changed(want, running)),
         keep=tuple(sorted(ep for ep in want if same_engine(want[ep], running.get(ep)))),
         idle=tuple(sorted(ep for ep in unused if ep not in stop)),
-        stop=stop,
+        stop=stop, **visit,
     )
 
 
-def schedule(configs: list[tuple[str, dict[str, tuple]]],
-             ends: dict[str, dict[str, tuple]] | None = None,
-             one_host: bool = False) -> list[Turn]:
-    """An order of the configurations and each one's turn. The one with the most endpoints
-    goes first: every engine it uses loads at once, in one load round rather than one per
-    configuration, and its preflight covers every node of the allocation. Then, greedily,
-    the configuration that restarts the fewest engines from what runs now, then starts the
-    fewest (the given order breaking ties): configurations that share a changed engine run
-    one after another. `ends`: run -> its engines as its sweep leaves them, where
-    args_from_concurrency restarted some (the next configuration finds those)."""
-    ends = ends or {}
-    left = list(configs)
+Segment = tuple[tuple[int, ...], dict[str, tuple]]  # sweep points, the engines they run on
+
+
+def segments(points: list[int], at) -> list[Segment]:
+    """A configuration's sweep points grouped by the engines they need (`at(c)`: endpoint ->
+    signature at concurrency c), in sweep order: one group per engine setting."""
+    out: list[tuple[list[int], dict]] = []
+    for c in points:
+        sig = at(c)
+        same = next((g for g in out if g[1] == sig), None)
+        if same is None:
+            out.append(([c], sig))
+        else:
+            same[0].append(c)
+    return [(tuple(cs), sig) for cs, sig in out]
+
+
+def schedule(configs: list[tuple[str, dict[str, tuple] | list[Segment]]],
+             one_host: bool = False, gates: dict[str, object] | None = None) -> list[Turn]:
+    """An order of visits and what each finds. A configuration is its engines (a dict: one
+    visit for its whole sweep) or its sweep's segments, one per engine setting the points
+    need (`segments`); its points may be measured in several visits.
+
+    The configuration with the most endpoints goes first: every engine it uses loads at
+    once, in one load round rather than one per configuration, and its preflight covers
+    every node of the allocation. Then, greedily over every segment left, the one that
+    restarts the fewest engines from what runs now, then starts the fewest (where it
+    restarts some, the one with the most endpoints: its gate can cover the others; the
+    given order breaking ties): every configuration's points that need the same engines
+    run together, so each engine setting is loaded once for the study.
+
+    `gates`: run -> what its accuracy gate asks (None: no gate); a gate runs once per engine
+    set, in the first visit that holds a configuration's top-point engines as they are (the
+    same gate settings), recorded for every configuration it covers. Without `gates` each
+    configuration runs its own gate in its last visit."""
+    todo = [(run, list(segs) if isinstance(segs, list) else [((), segs)])
+            for run, segs in configs]
+    order = {run: i for i, (run, _) in enumerate(todo)}
+    count = {run: len(segs) for run, segs in todo}
+    left = {run: list(enumerate(segs)) for run, segs in todo}
     running: dict[str, tuple] = {}
     turns: list[Turn] = []
-    while left:
+    wants: list[dict[str, tuple]] = []
+    while any(left.values()):
+        def visit(run: str, i: int, seg: Segment) -> Turn:
+            return _turn(run, seg[1], running, one_host, points=seg[0], first=False,
+                         last=False)
         if not turns:
-            run, want = max(left, key=lambda c: len(c[1]))
-            t = _turn(run, want, running, one_host=one_host)
+            run = max((r for r in left if left[r]), key=lambda r: (len(left[r][0][1][1]),
+                                                                      -order[r]))
+            i, seg = left[run][0]
         else:
-            t = min((best_start(run, want, ends.get(run), running, one_host)
-                     for run, want in left),
-                    key=lambda t: (len(t.restart), len(t.start)))
-            run = t.run
-            want = dict(configs)[run]
-        left = [c for c in left if c[0] != run]
+            _, run, i, seg = min(
+                ((visit(r, i, seg), r, i, seg) for r in left for i, seg in left[r]),
+                key=lambda x: (len(x[0].restart), len(x[0].start),
+                               -len(x[3][1]) if x[0].restart else 0, order[x[1]], x[2]))
+        left[run] = [x for x in left[run] if x[0] != i]
+        done = count[run] - len(left[run])
+        t = _turn(run, seg[1], running, one_host, points=seg[0], first=done == 1,
+                  last=not left[run])
         turns.append(t)
-        end = ends.get(run, want)
+        wants.append(seg[1])
         for ep in t.stop:
             running.pop(ep, None)
-        running.update(want if t.descending else end)
-    return turns
-
-
-def best_start(run: str, want: dict[str, tuple], top: dict[str, tuple] | None,
-               running: dict[str, tuple], one_host: bool = False) -> Turn:
-    """A configuration's turn from what runs: its sweep upwards from its first command
-    lines, or, where args_from_concurrency gives it others at the top, downwards from those
-    when that restarts fewer engines (then starts fewer; upwards on a tie). The orchestrator
-    decides the same way from what its pool holds."""
-    up = _turn(run, want, running, one_host=one_host)
-    if not top or top == want:
-        return up
-    down = _turn(run, top, running, descending=True, one_host=one_host)
-    return down if (len(down.restart), len(down.start)) < (len(up.restart), len(up.start)) \
-        else up
+        running.update(seg[1])
+    if gates is None:
+        return turns
+    # the engines each configuration's gate checks: its top point's (the gate follows its
+    # sweep), the last segment's
+    top = {run: segs[-1][1] for run, segs in todo}
+    by_turn: dict[int, list[str]] = {}
+    for run, _ in todo:
+        if gates.get(run) is None:
+            continue
+        first = next(k for k, (t, want) in enumerate(zip(turns, wants, strict=True))
+                     if (t.run == run and t.last) or (
+                         gates.get(t.run) == gates[run]
+                         and all(want.get(ep) == sig for ep, sig in top[run].items())))
+        by_turn.setdefault(first, []).append(run)
+    return [dataclasses.replace(t, gate=tuple(by_turn.get(k, ()))) for k, t in enumerate(turns)]
 
 
 @dataclass(frozen=True)
 class Share:
-    """What one configuration takes of a way of running the study: its work (everything but
-    loading) and its load rounds; in one allocation its turn, as a job its whole job."""
+    """What one visit (or, as a job, one configuration) takes of a way of running the study:
+    its work (everything but loading), its load rounds, and of its work the seconds inside
+    measured windows (each sweep point's client run: its warm-up and measured requests)."""
 
     run: str
     work_s: float
     rounds: int
     gpus: int  # allocated while it runs
+    measured_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -215,8 +261,9 @@ class Comparison:
     load_s: float  # what one engine start was assumed to take
     load_basis: str
     load_bound_s: float = 0.0  # health.timeout_s: the most one load may take
-    turn_costs: tuple[Share, ...] = ()  # one allocation, in its order; they add up to it
+    turn_costs: tuple[Share, ...] = ()  # one allocation, visit by visit; they add up to it
     job_costs: tuple[Share, ...] = ()  # one job each, in the study's order
+    site_load_s: float | None = None  # the profile's load_time_s: the site's measured load
 
     @property
     def cheaper(self) -> str:
@@ -227,9 +274,20 @@ class Comparison:
         return sum(t.work_s for t in self.turn_costs)
 
     @property
+    def one_rounds(self) -> int:
+        return sum(t.rounds for t in self.turn_costs)
+
+    @property
     def one_most_s(self) -> float:
         """The allocation's time if every load round takes the health timeout."""
         return sum(t.work_s + t.rounds * self.load_bound_s for t in self.turn_costs)
+
+    def useful(self, load_s: float, one: bool = True) -> float:
+        """GPU-seconds inside measured windows over GPU-seconds allocated, each load round
+        taking `load_s`: in the one allocation, or over the jobs of one job each."""
+        shares = self.turn_costs if one else self.job_costs
+        spent = sum(s.gpus * (s.work_s + s.rounds * load_s) for s in shares)
+        return sum(s.gpus * s.measured_s for s in shares) / spent if spent else 0.0
 
     def longest_job(self, bound: bool = False) -> float:
         """The longest job of one job each (every load at the health timeout: `bound`)."""
@@ -241,39 +299,58 @@ class Comparison:
         for key in ("turn_costs", "job_costs"):
             for share in doc[key]:
                 share["work_s"] = round(share["work_s"], 1)
+                share["measured_s"] = round(share["measured_s"], 1)
+        useful = {"at_health_timeout": round(self.useful(self.load_bound_s), 3)}
+        if self.site_load_s:
+            useful["at_load_time_s"] = round(self.useful(self.site_load_s), 3)
         return {**doc, "cheaper": self.cheaper, "one_work_s": round(self.one_work_s, 1),
-                "one_most_s": round(self.one_most_s, 1),
+                "one_most_s": round(self.one_most_s, 1), "one_rounds": self.one_rounds,
+                "useful_gpu_time": useful,
                 "longest_job_s": round(self.longest_job(), 1),
                 "longest_job_most_s": round(self.longest_job(bound=True), 1)}
 
 
 def compare(turns: list[Turn], costs: dict[str, Cost], nodes: int, gpus_per_node: int,
-            load_s: float, load_basis: str) -> Comparison:
-    """`costs`: each configuration's own estimate (cost.estimate). One allocation runs every
-    configuration's preflight, sweep and gate in turn (a router start each, as each job has),
-    and a load round wherever a turn starts an engine; separate jobs each load every engine
-    they use. The allocation's teardown is its last turn's."""
+            load_s: float, load_basis: str, site_load_s: float | None = None) -> Comparison:
+    """`costs`: each configuration's own estimate (cost.estimate). One allocation runs, visit
+    by visit, the points each visit measures; a configuration's preflight in its first
+    visit and its gate where the plan of turns puts it (its last visit without one); a load
+    round wherever a visit starts an engine, so a visit's points need no restart. Separate
+    jobs each load every engine they use, and restart within their sweep. The allocation's
+    teardown is its last visit's."""
     shares = []
+    gated = {r for t in turns for r in t.gate}
     for i, t in enumerate(turns):
         c = costs[t.run]
-        work = sum(s for name, s in c.phases if name not in ("teardown", RESTARTS))
+        phases = dict(c.phases)
+        pts = [p for p in c.points if not t.points or p.concurrency in t.points]
+        work = sum(p.seconds for p in pts) + phases.get("hold", 0.0) * t.last
+        if t.first:
+            work += phases.get("preflight", 0.0)
+        gating = t.gate or ((t.run,) if t.last and t.run not in gated else ())
+        work += max((dict(costs[g].phases).get("accuracy gate", 0.0) for g in gating),
+                    default=0.0)
         if i == len(turns) - 1:
             work += max(dict(c.phases).get("teardown", 0.0) for c in costs.values())
-        # a load round where it starts engines, and its sweep's restarts in either way
-        shares.append(Share(t.run, work, (1 if t.loads else 0) + c.restarts,
-                            nodes * gpus_per_node))
-    jobs = tuple(Share(run, c.work_s, c.loads, c.gpus_allocated) for run, c in costs.items())
+        # without points (a configuration visited once), its sweep restarts as its job does
+        within = c.restarts if not t.points else 0
+        shares.append(Share(t.run, work, (1 if t.loads else 0) + within,
+                            nodes * gpus_per_node, sum(p.seconds for p in pts)))
+    jobs = tuple(Share(run, c.work_s, c.loads, c.gpus_allocated,
+                       sum(p.seconds for p in c.points)) for run, c in costs.items())
     one_s = sum(t.work_s + t.rounds * load_s for t in shares)
     each = [(j.work_s + j.rounds * load_s, j.gpus) for j in jobs]
-    within = sum(c.restart_loads for c in costs.values())
+    within = sum(c.restart_loads for run, c in costs.items()
+                 if any(t.run == run and not t.points for t in turns))
     return Comparison(
         one_nodes=nodes, one_s=one_s, one_gpu_s=one_s * nodes * gpus_per_node,
         one_loads=sum(t.loads for t in turns) + within,
         each_s=sum(s for s, _ in each), each_gpu_s=sum(s * g for s, g in each),
-        each_loads=sum(len(t.start) + len(t.restart) + len(t.keep) for t in turns) + within,
+        each_loads=sum(len(t.start) + len(t.restart) + len(t.keep) for t in turns if t.first)
+        + sum(c.restart_loads for c in costs.values()),
         load_s=load_s, load_basis=load_basis,
         load_bound_s=max(c.load_bound_s for c in costs.values()),
-        turn_costs=tuple(shares), job_costs=jobs,
+        turn_costs=tuple(shares), job_costs=jobs, site_load_s=site_load_s,
     )  # fmt: skip
 
 

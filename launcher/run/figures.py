@@ -462,12 +462,24 @@ def lifecycle(rd: RunDir, plan: PlanDoc | None, gpus: int | None,
     elif rec and rec.state in {str(x) for x in State if not x.final}:
         end = max(end, now or time.time())  # still running: up to now
     seconds = dict.fromkeys(PHASES, 0.0)
-    phase, since = "preflight", start
+    phase: str | None = "preflight"
+    since = start
     for e in events:
-        if e.get("event") == "stage" and e.get("stage") in PHASE_OF_STAGE:
+        # a study's configuration visited several times: the time between its visits is
+        # other configurations', not its own
+        if e.get("event") == "visit_end" and phase is not None:
             seconds[phase] += e["ts"] - since
+            phase = None
+        elif e.get("event") == "visit_start" and phase is None:
+            phase, since = "preflight", e["ts"]
+        elif e.get("event") == "stage" and e.get("stage") in PHASE_OF_STAGE:
+            if phase is not None:
+                seconds[phase] += e["ts"] - since
             phase, since = PHASE_OF_STAGE[e["stage"]], e["ts"]
-    seconds[phase] += end - since
+    if phase is not None:
+        seconds[phase] += end - since
+    if any(e.get("event") == "visit_end" for e in events):
+        end = start + sum(seconds.values())  # its own time, its visits added up
     started = {e["process"]: e["ts"] for e in events if e.get("event") == "process_started"}
     engines = {p.name for p in plan.of_kind(Kind.ENGINE)} if plan else set()
     ready = {e["process"]: round(e["ts"] - started[e["process"]], 2) for e in events

@@ -34,7 +34,8 @@ from launcher.run.vocab import State
 
 # launcher.planning.study.Turn.to_json(): one configuration's turn in the allocation
 TURN_TYPES = {"run": "str", "start": "list[str]", "restart": "list[str]", "keep": "list[str]",
-              "idle": "list[str]", "stop": "list[str]", "descending": "bool"}  # fmt: skip
+              "idle": "list[str]", "stop": "list[str]", "points": "list[int]", "first": "bool",
+              "last": "bool", "gate": "list[str]"}  # fmt: skip
 TURN_REQUIRED = ("run",)
 # launcher.planning.study.Comparison.to_json(): one allocation against one job each, estimated
 COMPARISON_TYPES = {
@@ -42,7 +43,8 @@ COMPARISON_TYPES = {
     "each_s": "float", "each_gpu_s": "float", "each_loads": "int", "load_s": "float",
     "load_basis": "str", "load_bound_s": "float", "turn_costs": "list[dict]",
     "job_costs": "list[dict]", "cheaper": "str", "one_work_s": "float", "one_most_s": "float",
-    "longest_job_s": "float", "longest_job_most_s": "float",
+    "longest_job_s": "float", "longest_job_most_s": "float", "one_rounds": "int",
+    "useful_gpu_time": "dict", "site_load_s": "float | None",
 }  # fmt: skip
 # launcher.planning.study.Choice.to_json(): how the study runs and why
 CHOICE_TYPES = {"way": "str", "asked": "str | None", "reason": "str", "changes": "list[str]",
@@ -126,6 +128,13 @@ class StudyAllocation:
         one, each = self.comparison.get("one_gpu_s"), self.comparison.get("each_gpu_s")
         return (one / 3600, each / 3600) if one and each else None
 
+    def estimated_useful(self) -> dict[str, float]:
+        """The dry-run's useful GPU time in one allocation: at the health timeout and, where
+        the profile gives one, at its load_time_s (empty where it has none)."""
+        u = self.comparison.get("useful_gpu_time")
+        return {k: float(v) for k, v in u.items() if type(v) in (int, float)} \
+            if isinstance(u, dict) else {}
+
     def estimated_each_loads(self) -> int | None:
         """Engine starts as one job each, as the dry-run counted them, or None."""
         return self.comparison.get("each_loads") or None
@@ -183,11 +192,12 @@ class StudyDoc:
 
 @dataclass(kw_only=True)
 class ConfigurationRecord:
-    """allocation.json's `configurations`: one configuration's turn as it went."""
+    """allocation.json's `configurations`: one visit of a configuration as it went (a
+    configuration whose points need other engine settings is visited once per setting)."""
 
     run: str  # its run id
     turn: dict[str, Any]  # its turn as planned (study.json's allocation.turns)
-    state: State | None = None  # its run's end; None while it runs
+    state: State | None = None  # its run's state after this visit; None while it runs
     seconds: float | None = None  # its turn's wall time
     error: str | None = None
     phases_s: dict[str, float] = field(default_factory=dict)  # its lifecycle, per phase
@@ -234,6 +244,10 @@ class AllocationSummary:
     succeeded: int  # configurations that succeeded
     loading_s: float
     measuring_s: float
+    # the sweep points' client runs (warm-up and measured requests), added up, and that
+    # time x the allocation's GPUs over its GPU-seconds: its useful GPU time, measured
+    measured_windows_s: float | None = None
+    useful_gpu_time: float | None = None
 
 
 @dataclass(kw_only=True)

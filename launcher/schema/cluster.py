@@ -174,9 +174,10 @@ class Cluster(Strict):
     )
     load_time_s: float | None = Field(
         default=None, gt=0, le=86400,
-        description="how long one engine start takes here, start to healthy (a planning "
-        "figure: the cost, the time-limit check and the study's choice count each load round "
-        "at it, health.timeout_s bounding it); unset: taken as health.timeout_s",
+        description="how long one engine start takes here, start to healthy (the site's "
+        "measured figure): the cost, the time-limit check and the study's choice count each "
+        "load round at it, health.timeout_s bounding it, and the dry-run's useful GPU time is "
+        "also given at it; unset: taken as health.timeout_s",
     )
     prometheus_sd_dir: str | None = Field(
         default=None,
