@@ -68,7 +68,7 @@ def test_the_seed_sweep_is_what_the_published_per_point_figures_imply(cli, tmp_p
     (line,) = [ln for ln in out.splitlines() if ln.startswith("Cost: ")]
     assert "sweep from the published per-point figures" in line, line
     assert "accuracy gate from the simulator's speed model" in line, line
-    assert "loading ~15 min (gb200-nvl72's load_time_s) each for 3 load rounds" in line, line
+    assert "loading ~10 min (gb200-nvl72's load_time_s) each for 3 load rounds" in line, line
     (planned,) = [ln for ln in out.splitlines() if ln.startswith("Sweep as planned")]
     assert all(f"c={c} " in planned for c in points), planned
 
@@ -151,7 +151,7 @@ def test_the_time_limit_check_counts_loads_at_the_stated_load_time(cli, tmp_path
     (line,) = err.strip().splitlines()
     assert line.startswith("error: slurm.time_limit 01:30:00 (1 h 30 min) cannot fit this run")
     for words in ("sweep 1 h 07 min from the published per-point figures",
-                  "3 load rounds at 15 min each (gb200-nvl72's load_time_s)",
+                  "3 load rounds at 10 min each (gb200-nvl72's load_time_s)",
                   "stops 120 s before the limit"):
         assert words in line, line
     assert "before any loading" not in line

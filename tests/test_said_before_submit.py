@@ -45,10 +45,10 @@ def test_the_cost_line_splits_the_work_from_the_loading_bound(cli, tmp_path):
     c = cost.estimate(p.plan)
     # the sweep, gate, preflight and teardown are estimated; the three loads (the start and
     # the decode's two restarts) at the profile's load time, bounded by the health timeout
-    assert c.loads == 3 and c.load_expected_s == 900, c
-    assert abs(c.expected_s - (c.work_s + 3 * 900)) < 1e-6, c
+    assert c.loads == 3 and c.load_expected_s == 600, c
+    assert abs(c.expected_s - (c.work_s + 3 * 600)) < 1e-6, c
     assert abs(c.worst_s - (c.work_s + 3 * 2400)) < 1e-6, c
-    assert f"about {cost.duration(c.expected_s)} (loading ~15 min (gb200-nvl72's load_time_s) " \
+    assert f"about {cost.duration(c.expected_s)} (loading ~10 min (gb200-nvl72's load_time_s) " \
         "each for 3 load rounds (the start and 2 restarts" in line, line
     assert f"at most {cost.duration(c.worst_s)} if each load takes its health.timeout_s" in line
     assert "engine restarts" not in line, line  # a load is not a phase of the work

@@ -850,6 +850,19 @@ class InStudy:
     visit: Turn | None = None  # this configuration's visit (its points, first, last, gate)
 
 
+def starting_record(run: rundir.RunDir, later: bool) -> RunRecord:
+    """A run's record as it starts; a later visit of a study's configuration goes on with
+    the one its first visit began."""
+    record = RunRecord(
+        state=State.RUNNING, stage=Stage.PLAN, started=time.time(), host=socket.gethostname(),
+        orchestrator_pid=os.getpid(), slurm_job_id=os.environ.get("SLURM_JOB_ID"),
+    )  # fmt: skip
+    if later:
+        record = run.read_record() or record
+        record.stage, record.orchestrator_pid = Stage.PLAN, os.getpid()
+    return record
+
+
 def run(run_dir: Path, shared: InStudy | None = None) -> int:
     """Run a prepared run directory to its end. Returns 0 only if the run succeeded."""
     run = rundir.RunDir(Path(run_dir))
@@ -864,14 +877,8 @@ def run(run_dir: Path, shared: InStudy | None = None) -> int:
         prepared = prepared if isinstance(prepared, dict) else {}
         check_allocation(run.recipe, len(prepared.get("nodes") or []),
                          prepared.get("runtime"), "this run")
-    record = RunRecord(
-        state=State.RUNNING, stage=Stage.PLAN, started=time.time(), host=socket.gethostname(),
-        orchestrator_pid=os.getpid(), slurm_job_id=os.environ.get("SLURM_JOB_ID"),
-    )  # fmt: skip
-    if later:  # a later visit of a study's configuration goes on with its record
-        record = run.read_record() or record
-        record.stage, record.orchestrator_pid = Stage.PLAN, os.getpid()
-    book = Book(run, record)
+    book = Book(run, starting_record(run, later))
+    record = book.record
     book.save()
     if visit is not None:
         book.event("visit_start", points=list(visit.points), first=visit.first, last=visit.last)
