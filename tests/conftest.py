@@ -52,6 +52,9 @@ def _cpu_to_itself(request, tmp_path_factory):
         return
     import fcntl
 
+    import simprocs
+
+    simprocs.ON_DEVCLUSTER[0] = request.node.get_closest_marker("slurm") is not None
     root = tmp_path_factory.getbasetemp().parent  # the session's, shared by its workers
     alone = request.node.get_closest_marker("alone") is not None
     with open(root / "cpu.turnstile", "a") as gate, open(root / "cpu.lock", "a") as cpu:

@@ -134,10 +134,20 @@ EPHEMERAL_FLOOR = 32768  # Linux's ip_local_port_range starts here
 
 def free_port_base(bases: Iterable[int], span: int) -> int:
     """The first of `bases` whose `span` ports all bind on 127.0.0.1 now (SO_REUSEADDR, as the
-    servers bind). Each suite passes its own bases, so suites sharing a host stay apart.
+    servers bind). Each suite passes its own bases, so suites sharing a host stay apart;
+    under pytest-xdist a worker's own blocks stand in for them (worker_blocks).
     Blocks reaching into the ephemeral range are skipped: a client's outgoing connection can
     take any port there after the check (a demo's prefill once lost its port that way)."""
     tried = []
+    from simprocs import worker_blocks
+
+    if (own := worker_blocks()) is not None:
+        import random
+
+        step = 100 if span <= 900 else 1000
+        bases = [b + off for b in own for off in range(0, 1000 - span + 1 if span <= 1000
+                                                         else 1, step)]
+        random.Random().shuffle(bases)
     for base in bases:
         if base + span > EPHEMERAL_FLOOR:
             continue

@@ -76,8 +76,10 @@ def site_run(tmp_path_factory) -> tuple[Path, Path]:
     venv = tmp_path / "login-venv"
     venv.symlink_to(REPO / ".venv")
     env = dict(os.environ, VIRTUAL_ENV=str(venv), PATH=f"{venv}/bin:{os.environ['PATH']}")
-    prof = profile(tmp_path, SITE_PROFILE,
-                   **{"loopback_ok: true": "loopback_ok: false\n  interface: lo"})
+    # the dev cluster's nodes are one host: UCX moves its KV over TCP on lo, which this
+    # profile allows (a site naming an ib0-like interface is refused at dry-run instead)
+    prof = profile(tmp_path, SITE_PROFILE, **{
+        "loopback_ok: true": "loopback_ok: false\n  interface: lo\n  kv_over_tcp: allow"})
     code, out, run = submit(
         tmp_path, "--set", f"cluster={prof}", "--set", "slurm.directives.hold=true",
         "--set", "decode.fronts=per_node", "--set", "decode.srun_options=[--comment=decode-steps]",

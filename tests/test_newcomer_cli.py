@@ -428,7 +428,7 @@ def test_a_bound_message_states_the_real_bound(cli, tmp_path):
     ("model.facts.weight_bits=x", "must be a number"),
     ("health.timeout_s=.inf", "must be a finite number"),
     ("prefill=3", "must be a section of keys and values"),
-    ("vllm_args.max-num-seqs=[1,2]", "lists 2 values, but vLLM 0.33.0's --max-num-seqs takes one"),
+    ("vllm_args.max-num-seqs=[1,2]", "vllm_args.max-num-seqs lists 2 values, but --max-num-seqs takes one"),
     ("vllm_args.max-num-seqs=[1,[2]]", "in a list of flag values: write numbers or words"),
 ])  # fmt: skip
 def test_validation_errors_say_the_accepted_form(cli, tmp_path, override, words):

@@ -138,8 +138,12 @@ def plan_here(run: rundir.RunDir, book: Book,
         return make_plan(recipe, cluster, nodes, runtime=rt, job_id=job, model=model,
                          study_span=study_span, port_slot=slot)
 
-    # outside a scheduler's job nothing else keeps two runs on one host apart
-    first, moved = (plan_at(None), None) if job else probes.local_port_slot(plan_at)
+    # nodes on other hosts: the job id keeps jobs apart; runs on this host (the local
+    # profile, a one-host cluster) also keep apart from whatever else runs here
+    if job and sched.remote_nodes(cluster):
+        first, moved = plan_at(None), None
+    else:
+        first, moved = probes.local_port_slot(plan_at, job)
     if moved:
         book.note(moved)
     first = first.at(str(run.path), mount_dir)

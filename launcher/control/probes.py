@@ -13,7 +13,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from launcher.planning.plan import Plan, job_port_slots
+from launcher.planning.plan import Plan, job_port_shift, job_port_slots
 
 
 def busy_ports(plan: Plan, ours: frozenset[int] = frozenset()) -> list[str]:
@@ -61,26 +61,30 @@ def busy_ports(plan: Plan, ours: frozenset[int] = frozenset()) -> list[str]:
 _SLOT_HELD: dict[int, tuple[int, int]] = {}  # port_base -> (slot, lock fd) of this process
 
 
-def local_port_slot(plan_at: Callable[[int], Plan]) -> tuple[Plan, str | None]:
-    """The plan of a run outside a scheduler's job on the first of its profile's port blocks
-    (the blocks a Slurm job's id picks from) that no other run on this host holds: a lock
-    file per block, held for this process's life, and every planned port free. A second
-    local run on one host then takes the next block instead of meeting the first on its
-    ports; a study in one process keeps its block. Also what was passed over and why (None:
-    the first block). Every block taken: block 0, whose busy ports the orchestrator names."""
+def local_port_slot(plan_at: Callable[[int], Plan], job: str | None = None,
+                    ) -> tuple[Plan, str | None]:
+    """The plan of a run whose nodes are this host (the local profile; a one-host cluster) on
+    the first of its profile's port blocks, from the one its job id picks, that no other run
+    on this host holds: a lock file per block, held for this process's life, and every
+    planned port free. A second run on one host then takes the next block instead of
+    meeting the first on its ports; a study in one process keeps its block. Also what was
+    passed over and why (None: its own block). Every block taken: its own, whose busy ports
+    the orchestrator names."""
     first = plan_at(0)
     base = first.cluster.port_base
     if base in _SLOT_HELD:
         return plan_at(_SLOT_HELD[base][0]), None
     slots, block = job_port_slots(base, first.port_span)
+    own = job_port_shift(job, base, first.port_span) // block
+    first = plan_at(own)
     folder = Path(tempfile.gettempdir()) / "pd-launcher-ports"
     try:
         folder.mkdir(mode=0o1777, exist_ok=True)
     except OSError:
         return first, None
     passed: list[str] = []
-    for slot in range(slots):
-        plan = first if slot == 0 else plan_at(slot)
+    for slot in [(own + k) % slots for k in range(slots)]:
+        plan = first if slot == own else plan_at(slot)
         start = base + slot * block
         try:
             fd = os.open(folder / f"{start}.lock", os.O_CREAT | os.O_RDWR, 0o666)

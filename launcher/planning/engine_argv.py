@@ -309,6 +309,9 @@ def _whole(v: object, *, sizes: bool) -> int | None:
 
 def _value_problem(where: str, kind: str, v: object) -> str | None:
     got = f"(got {show(repr(v), 60)})"
+    if isinstance(v, list):
+        return (f"{where} lists {len(v)} values, but --{where.rsplit('.', 1)[-1]} takes one "
+                f"{got}: vLLM refuses it")
     if kind == "fraction":
         ok = not isinstance(v, bool) and isinstance(v, int | float | str)
         try:

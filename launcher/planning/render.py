@@ -367,18 +367,18 @@ def tokenizer_flags(plan: Plan) -> list[str]:
     r = plan.recipe
     args = {k: v for _, pool in r.pools() for k, v in engine_args(r, pool).items()}
     path = str(args.get("tokenizer") or r.model.path)
-    out = ["--tokenizer", path]
     rev = args.get("tokenizer-revision") or (r.model.revision if "tokenizer" not in args else None)
-    if rev and r.model.hub_id:
-        if r.benchmark.driver == "builtin":
-            out += ["--tokenizer-revision", str(rev)]
-        elif plan.cluster.models.hf_home and re.fullmatch(r"[0-9a-f]{40}", str(rev)):
-            # vllm bench serve takes no revision: the commit's snapshot folder is one
-            out[1] = (f"{plan.cluster.models.hf_home}/hub/models--{path.replace('/', '--')}"
-                      f"/snapshots/{rev}")
+    if rev and r.model.hub_id and r.benchmark.driver != "builtin" \
+            and plan.cluster.models.hf_home and re.fullmatch(r"[0-9a-f]{40}", str(rev)):
+        # vllm bench serve takes no revision: the commit's snapshot folder is one
+        path = (f"{plan.cluster.models.hf_home}/hub/models--{path.replace('/', '--')}"
+                f"/snapshots/{rev}")
+    out = option("--tokenizer", path)
+    if rev and r.model.hub_id and r.benchmark.driver == "builtin":
+        out += option("--tokenizer-revision", rev)
     mode = args.get("tokenizer-mode")
     if mode and mode != "auto":
-        out += ["--tokenizer-mode", str(mode)]
+        out += option("--tokenizer-mode", mode)
     if args.get("trust-remote-code") is True:
         out.append("--trust-remote-code")
     return out

@@ -378,9 +378,9 @@ def _model(src: _Source, out: dict, aliases: dict[str, str], given: set[str],
         repo = src.peek("identity.model.repo")  # the checkpoint the file says it serves
         value = repo if isinstance(repo, str) and repo else "HF_ID_OR_FOLDER"
         src.refuse("model.path", f"{show(path)} is an alias that only a site's srtslurm.yaml "
-                   f"resolves: give --site SRTSLURM_YAML, --alias {path}={value}"
+                   f"resolves: give --alias {path}={value}"
                    + (" (the file's identity.model.repo)" if value == repo else "")
-                   + " or --set model.path=...")
+                   + ", the site's file (--site SRTSLURM_YAML) or --set model.path=...")
     image = src.get("model.container")
     if not isinstance(image, str) or not image:
         src.refuse("model.container", "is required: the engine image")
