@@ -662,6 +662,7 @@ def test_local_run_is_found_scraped_and_forgotten(tmp_path, prometheus):
 
 
 @pytest.mark.slurm
+@pytest.mark.alone  # figures measured against each other / sample times matched
 def test_devcluster_run_is_found_and_forgotten(tmp_path, prometheus):
     """The same through Slurm (slurm/devcluster/), with the profile naming a shared target
     directory: the snippet printed for that profile's directory finds the job."""

@@ -256,6 +256,7 @@ def _a_run_of_its_own(run: Path, points: int = 2) -> None:
     assert leftovers(run) == []
 
 
+@pytest.mark.alone  # figures measured against each other / sample times matched
 def test_a_study_in_one_allocation_loads_each_engine_once_and_matches_runs_of_their_own(
         tmp_path):
     """One decode, 1..3 prefill endpoints, a load delay: one Slurm job of 4 nodes; every

@@ -24,6 +24,7 @@ from typing import Any
 
 from launcher.run import numbers
 from launcher.run.rundir import RunDir, read_json
+from launcher.run.vocab import State
 
 FIGURES = {
     "total_tokens_per_s_per_gpu": "tok/s/working GPU",
@@ -276,10 +277,12 @@ def compare(a: Path, b: Path, pool: list[RunDir] | None = None) -> dict[str, Any
     """`pool`: other runs to find repeats of A and of B in (the run-to-run spread)."""
     ra, rb = run_at(a), run_at(b)
     never = {side: st.shown_state for side, st in (("A", ra.status()), ("B", rb.status()))
-             if not (st.record and st.record.identity)}
+             if st.state in (State.PLANNED, State.SUBMITTED, State.REFUSED)
+             or st.record is None}
     # a run with no fingerprint (refused, a dry-run, not yet at its preflight) has nothing
     # that could have drifted: said as never started, not as every item changed
-    sets, drifted = settings(ra, rb), ([] if never else drift(ra, rb))
+    printed = all(st.record and st.record.identity for st in (ra.status(), rb.status()))
+    sets, drifted = settings(ra, rb), (drift(ra, rb) if printed and not never else [])
     rows = figures(ra, rb)
     groups = [repeats(ra, pool or []), repeats(rb, pool or [])]
     known = spread(groups)
