@@ -95,7 +95,7 @@ def test_dry_run_shows_each_restart_and_what_it_costs(tmp_path):
     assert "adding: --max-cudagraph-capture-size 768" in out
     # two decode restarts: load rounds at the profile's load time each, bounded by
     # health.timeout_s
-    assert ("loading ~15 min (gb200-nvl72's load_time_s) each for 3 load rounds (the start "
+    assert ("loading ~10 min (gb200-nvl72's load_time_s) each for 3 load rounds (the start "
             "and 2 restarts, args_from_concurrency)") in out
     assert "at most 3 h 11 min if each load takes its health.timeout_s (40 min)" in out
     run = next((tmp_path / "runs").iterdir())
@@ -148,7 +148,7 @@ def test_the_published_study_loads_each_decode_setting_once(cli, tmp_path):
     code, out, err = cli("submit", SEED, "--sweep", "prefill.endpoints=4,5,6,7,8",
                          "--dry-run", timeout=300)
     assert code == 0, err
-    assert "for each of 3 load rounds" in out and "15 visits, 3 load rounds" in out, out
+    assert "each for 3 load rounds" in out and "15 visits, 3 load rounds" in out, out
     (folder,) = [p for p in (tmp_path / "runs").iterdir() if p.name.endswith("-study")]
     alloc = json.loads((folder / "study.json").read_text())["allocation"]
     assert alloc["comparison"]["one_rounds"] == 3

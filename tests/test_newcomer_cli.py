@@ -550,12 +550,12 @@ def test_a_study_dry_run_says_what_it_reserves_once(cli, tmp_path):
     # need it; as one job each, each configuration's sweep restarts the decode twice
     (one,) = [ln for ln in lines if ln.strip().startswith("one allocation:")]
     assert one.strip().startswith("one allocation:  6 nodes x") and "11 engine start(s)" in one
-    assert "each of 3 load rounds" in one
+    assert "each for 3 load rounds" in one
     (each,) = [ln for ln in lines if ln.strip().startswith("one job each:")]
     assert "5 jobs" in each and "45 engine start(s)" in each and "<- this submission" in each
-    # the default takes the fewer GPU-hours at the profile's load time: with the two top
-    # points each configuration's sweep is long, and a job each holds only its own nodes
-    for sets, way in [([], "one job each:"),
+    # the default takes the fewer GPU-hours at the profile's load time: one allocation, with
+    # the two top points too (3 load rounds for the whole study against 15 as a job each)
+    for sets, way in [([], "one allocation:"),
                       (["--set", "benchmark.concurrency=[64,128,256,512,1024,2048,3072]"],
                        "one allocation:")]:
         rc, out, err = cli("submit", SEED, "--sweep", "prefill.endpoints=4,5,6,7,8", *sets,

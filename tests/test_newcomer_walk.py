@@ -102,14 +102,26 @@ def test_the_port_conflict_advice_works_when_followed_literally(tmp_path):
 
     base = free_port_base(range(31000, 40000, 500), 400)
     prof = profile_copy(tmp_path / "mine.yaml", "local", port_base=base)
-    taken = socket.socket()
-    taken.bind(("127.0.0.1", base))  # the router's port
-    taken.listen()
-    try:
-        code, out = launcher(tmp_path, "submit", "local-sim", "--set", f"cluster={prof}",
-                             "--set", "benchmark.concurrency=[4]")
-    finally:
-        pass
+    # the router's port of every block the run could move to (as another local run's would
+    # be): refused, with the advice
+    from launcher.planning import plan
+    from launcher.schema import cluster, recipe
+
+    span = plan.make_plan(recipe.load("local-sim"), cluster.load(prof),
+                          ["local-1", "local-2", "local-3"]).port_span
+    slots, block = plan.job_port_slots(base, span)
+    held = []
+    for port in range(base, base + slots * block, block):
+        s = socket.socket()
+        held.append(s)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
+        try:
+            s.bind(("127.0.0.1", port))
+            s.listen()
+        except OSError:  # taken already: busy all the same
+            pass
+    code, out = launcher(tmp_path, "submit", "local-sim", "--set", f"cluster={prof}",
+                         "--set", "benchmark.concurrency=[4]")
     try:
         assert code == 2 and "ports in use on this host" in out, out
         m = re.search(r"copy (\S+), set port_base: (\d+) in the copy and add "
@@ -123,7 +135,8 @@ def test_the_port_conflict_advice_works_when_followed_literally(tmp_path):
                              "--set", "benchmark.concurrency=[4]")
         assert code == 0, out
     finally:
-        taken.close()
+        for s in held:
+            s.close()
 
 
 def test_status_of_a_dry_run_with_a_blocker_names_its_fix_not_submit(tmp_path):

@@ -681,9 +681,9 @@ def test_devcluster_run_is_found_and_forgotten(tmp_path, prometheus):
                       .replace("refresh_interval: 10s", "refresh_interval: 2s"))
     t0 = time.time()
     # the targets are up about 4-8 s into the hold (Prometheus passes file-SD changes on
-    # every 5 s); 12 s leaves the margin, and the run's host samples (at least 10) with it
+    # every 5 s, later on a loaded host); 18 s leaves the margin, and the host samples with it
     proc = submit(tmp_path, "devcluster-sim", f"cluster={prof}", "benchmark.enabled=false",
-                  "accuracy.enabled=false", "hold_s=12")
+                  "accuracy.enabled=false", "hold_s=18")
     run = None
     try:
         sub_out, _ = proc.communicate(timeout=120)

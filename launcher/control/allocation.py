@@ -134,16 +134,11 @@ def plan_here(run: rundir.RunDir, book: Book,
     rt = compute_env.current(run.plan)
     job = sched.job_id()
 
-    def plan_at(slot: int | None) -> Plan:
+    def plan_at(slot: int | None) -> Plan:  # None: the block the job id picks
         return make_plan(recipe, cluster, nodes, runtime=rt, job_id=job, model=model,
                          study_span=study_span, port_slot=slot)
 
-    # nodes on other hosts: the job id keeps jobs apart; runs on this host (the local
-    # profile, a one-host cluster) also keep apart from whatever else runs here
-    if job and sched.remote_nodes(cluster):
-        first, moved = plan_at(None), None
-    else:
-        first, moved = probes.local_port_slot(plan_at, job)
+    first, moved = probes.free_port_block(plan_at, cluster.port_base)
     if moved:
         book.note(moved)
     first = first.at(str(run.path), mount_dir)

@@ -83,10 +83,15 @@ ENDING = ("COMPLETING", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "DEADL
 def other_ports(plan) -> str:
     """Advice that moves a run's ports, as a user can follow it: the profile file to copy,
     the port_base to write in the copy, and the --set that points the run at it."""
+    from launcher.planning.plan import EPHEMERAL_FLOOR, job_port_slots
     from launcher.schema import cluster as cluster_mod
 
+    # past every block a run of this profile takes before it gives up (they are all taken)
     base = plan.cluster.port_base
-    new = base + 1000 if base + 1000 + plan.port_span <= 60000 else max(1024, base - 1000)
+    slots, block = job_port_slots(base, plan.port_span)
+    new = base + slots * block
+    if new + plan.port_span > EPHEMERAL_FLOOR:
+        new = max(1024, base - slots * block)
     return (f"give it other ports: copy {cluster_mod.file_of(plan.recipe.cluster)}, set "
             f"port_base: {new} in the copy and add --set cluster=COPY.yaml")
 
@@ -568,7 +573,7 @@ class Orchestrator:
         """The concurrency of the first point measured here: its engines start as it needs
         them (args_from_concurrency); None where nothing is measured."""
         b = self.plan.recipe.benchmark
-        points = self.points() if b.enabled else []
+        points = self.points() if b.sweeps else []
         return concurrency_of(points[0].result) if points else None
 
     def engine_starts(self) -> dict[str, dict]:

@@ -13,7 +13,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from launcher.planning.plan import Plan, job_port_shift, job_port_slots
+from launcher.planning.plan import Plan, job_port_slots
 
 
 def busy_ports(plan: Plan, ours: frozenset[int] = frozenset()) -> list[str]:
@@ -58,25 +58,23 @@ def busy_ports(plan: Plan, ours: frozenset[int] = frozenset()) -> list[str]:
     return busy
 
 
-_SLOT_HELD: dict[int, tuple[int, int]] = {}  # port_base -> (slot, lock fd) of this process
+_BLOCK_HELD: dict[int, tuple[int, int]] = {}  # port_base -> (slot, lock fd) of this process
 
 
-def local_port_slot(plan_at: Callable[[int], Plan], job: str | None = None,
+def free_port_block(plan_at: Callable[[int | None], Plan], base: int,
                     ) -> tuple[Plan, str | None]:
-    """The plan of a run whose nodes are this host (the local profile; a one-host cluster) on
-    the first of its profile's port blocks, from the one its job id picks, that no other run
-    on this host holds: a lock file per block, held for this process's life, and every
-    planned port free. A second run on one host then takes the next block instead of
-    meeting the first on its ports; a study in one process keeps its block. Also what was
-    passed over and why (None: its own block). Every block taken: its own, whose busy ports
-    the orchestrator names."""
-    first = plan_at(0)
-    base = first.cluster.port_base
-    if base in _SLOT_HELD:
-        return plan_at(_SLOT_HELD[base][0]), None
+    """The run's plan on the block of ports its job id picks (`plan_at(None)`; block 0
+    outside a job), or, when another run on this host holds that block, on the next free
+    one: a lock file per block in this host's temp folder, held for this process's life,
+    and every port planned on this host free. Two runs on one host (local runs; jobs of a
+    cluster whose nodes are one host, or that share a node) then keep apart; a study in one
+    process keeps its block. Also what was passed over and why (None: its own block).
+    Every block taken: its own, whose busy ports the orchestrator names."""
+    if base in _BLOCK_HELD:
+        return plan_at(_BLOCK_HELD[base][0]), None
+    first = plan_at(None)
     slots, block = job_port_slots(base, first.port_span)
-    own = job_port_shift(job, base, first.port_span) // block
-    first = plan_at(own)
+    own = (first.router_port - base) // block
     folder = Path(tempfile.gettempdir()) / "pd-launcher-ports"
     try:
         folder.mkdir(mode=0o1777, exist_ok=True)
@@ -98,7 +96,7 @@ def local_port_slot(plan_at: Callable[[int], Plan], job: str | None = None,
             continue
         busy = busy_ports(plan)
         if not busy:
-            _SLOT_HELD[base] = (slot, fd)
+            _BLOCK_HELD[base] = (slot, fd)
             why = None
             if passed:
                 why = (f"ports {'; '.join(passed)} are taken on this host: this run plans on "
