@@ -1293,7 +1293,7 @@ class Site:
                     continue
                 mine = out.get("container_mounts")
                 if isinstance(mine, dict) or mine is None:
-                    out["container_mounts"] = {**(mine or {}), **(value or {})}
+                    out["container_mounts"] = {**(value or {}), **(mine or {})}  # the recipe's win
                 row(key, "mapped", SITE_APPLIED[key])
             elif key == "gpus_per_node":
                 row(key, "mapped" if value in (None, 4) else "refused",
