@@ -135,18 +135,16 @@ EPHEMERAL_FLOOR = 32768  # Linux's ip_local_port_range starts here
 def free_port_base(bases: Iterable[int], span: int) -> int:
     """The first of `bases` whose `span` ports all bind on 127.0.0.1 now (SO_REUSEADDR, as the
     servers bind). Each suite passes its own bases, so suites sharing a host stay apart;
-    under pytest-xdist a worker's own blocks stand in for them (worker_blocks).
+    under pytest-xdist a worker's own ports stand in for them (worker_ports).
     Blocks reaching into the ephemeral range are skipped: a client's outgoing connection can
     take any port there after the check (a demo's prefill once lost its port that way)."""
     tried = []
-    from simprocs import worker_blocks
+    from simprocs import worker_ports
 
-    if (own := worker_blocks()) is not None:
+    if (own := worker_ports()) is not None:
         import random
 
-        step = 100 if span <= 900 else 1000
-        bases = [b + off for b in own for off in range(0, 1000 - span + 1 if span <= 1000
-                                                         else 1, step)]
+        bases = list(range(own.start, own.stop - span + 1, 100))
         random.Random().shuffle(bases)
     for base in bases:
         if base + span > EPHEMERAL_FLOOR:
@@ -156,6 +154,40 @@ def free_port_base(bases: Iterable[int], span: int) -> int:
             return base
     raise AssertionError(f"no free block of {span} ports at any of {tried[:8]}...: "
                          "other runs on this host hold them")
+
+
+@contextmanager
+def listening(ports: Iterable[int]) -> Iterator[None]:
+    """Another program listening on each of `ports`, as a user's would be, each under the
+    launcher's lock for it: a run holds that lock from its port check to its end, so this
+    never takes a port a run has already planned on. Where a run holds the lock, its port is
+    taken all the same."""
+    import fcntl
+    import os
+
+    from launcher.control.probes import block_lock
+
+    held: list = []
+    try:
+        for port in ports:
+            path = block_lock(port)
+            path.parent.mkdir(mode=0o1777, exist_ok=True)
+            fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue
+            held.append(fd)
+            s = socket.socket()
+            held.append(s)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
+            s.bind(("127.0.0.1", port))
+            s.listen()
+        yield
+    finally:
+        for h in held:
+            h.close() if isinstance(h, socket.socket) else os.close(h)
 
 
 def _binds(port: int) -> bool:

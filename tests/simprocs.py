@@ -23,24 +23,23 @@ LOOPBACK = "127.0.0.1"
 
 # Ports under pytest-xdist: the dev cluster's tests (one worker, one at a time) keep the
 # bases they name (23000-31999, where the shipped profiles' runs are too: those take a free
-# block by lock, launcher/control/probes.py); every other worker takes only the 1,000-port
-# blocks of 10000-20999 it owns (block number mod workers), so tests on two workers never
-# plan the same port, and never one of a shipped profile's runs.
-WORKER_PORTS = range(10000, 21000)
+# block by lock, launcher/control/probes.py); every other worker takes only its own
+# contiguous share of 10000-21999, so tests on two workers never plan the same port, and
+# never one of a shipped profile's runs.
+WORKER_PORTS = range(10000, 22000)
 ON_DEVCLUSTER = [False]  # set per test by tests/conftest.py
 
 
-def worker_blocks() -> list[int] | None:
-    """The first port of each 1,000-port block this xdist worker owns; None outside xdist or
-    on the dev cluster's worker."""
+def worker_ports() -> range | None:
+    """The ports this xdist worker owns (whole thousands); None outside xdist or on the dev
+    cluster's worker."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
     if not worker.startswith("gw") or ON_DEVCLUSTER[0]:
         return None
-    k = int(worker[2:])
-    return [b for b in range(WORKER_PORTS.start, WORKER_PORTS.stop, 1000)
-            if (b // 1000) % count == k % count]
-
+    share = len(WORKER_PORTS) // 1000 // count * 1000
+    start = WORKER_PORTS.start + int(worker[2:]) % count * share
+    return range(start, start + share)
 
 
 def _can_bind(port: int) -> bool:
@@ -61,9 +60,9 @@ def free_ports(n: int = 1) -> int:
     for _ in range(2000):
         # below Linux's ephemeral range (32768+) and above the launcher's port plans
         # (port_base 21000-24000 + a few hundred), so concurrent runs do not collide; under
-        # pytest-xdist in this worker's own blocks (helpers.worker_blocks)
-        own = worker_blocks()
-        base = (rng.choice(own) + rng.randrange(0, 1000 - n) if own
+        # pytest-xdist in this worker's own ports (worker_ports)
+        own = worker_ports()
+        base = (rng.randrange(own.start, own.stop - n) if own
                 else rng.randrange(26000, 32700 - n))
         ports = range(base, base + n)
         if any(p in _used for p in ports):

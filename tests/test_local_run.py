@@ -213,13 +213,14 @@ def test_a_busy_port_moves_the_run_and_every_block_busy_is_named_before_anything
     from launcher.planning import plan
     from launcher.schema import cluster, recipe
 
-    # a profile on a block of this test's own (other runs on this host take the shipped one's)
-    path = helpers.profile_copy(tmp_path / "mine.yaml", "local",
-                                port_base=helpers.free_port_base(range(27000, 32000, 100), 400))
+    # a profile of two blocks of this test's own (other runs on this host take the shipped
+    # one's)
+    path = helpers.profile_copy(tmp_path / "mine.yaml", "local", port_blocks=2,
+                                port_base=helpers.free_port_base(range(27000, 32000, 100), 1400))
     mine = ["--set", f"cluster={path}"]
     prof = cluster.load(path)
     p = plan.make_plan(recipe.load(RECIPE), prof, ["local-1", "local-2", "local-3"])
-    slots, block = plan.job_port_slots(prof.port_base, p.port_span)
+    slots, block = plan.job_port_slots(prof, p.port_span)
     port = p.endpoints[0].http_port
     held = []
     try:
@@ -235,16 +236,8 @@ def test_a_busy_port_moves_the_run_and_every_block_busy_is_named_before_anything
         assert f"({port} (decode-0 http, held by pid {os.getpid()} (" in out, out
         assert "are taken on this host: this run plans on " in out
         # the same port of every block taken: refused, naming it, before anything starts
-        for slot in range(1, slots):
-            s = socket.socket()
-            held.append(s)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("127.0.0.1", port + slot * block))
-                s.listen()
-            except OSError:  # another run's already: busy all the same
-                pass
-        code, out = launcher(tmp_path, "submit", RECIPE, *mine)
+        with helpers.listening(port + slot * block for slot in range(1, slots)):
+            code, out = launcher(tmp_path, "submit", RECIPE, *mine)
     finally:
         for s in held:
             s.close()

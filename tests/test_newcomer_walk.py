@@ -96,12 +96,12 @@ def test_the_port_conflict_advice_works_when_followed_literally(tmp_path):
     """Ports taken on this host: the refusal names the profile file to copy and the
     port_base to set in it, and how to point the run at the copy; doing just that runs."""
     import re
-    import socket
 
     from helpers import free_port_base, profile_copy
 
-    base = free_port_base(range(31000, 40000, 500), 400)
-    prof = profile_copy(tmp_path / "mine.yaml", "local", port_base=base)
+    # two blocks of this test's own, and the two past them the advice moves the run to
+    base = free_port_base(range(27000, 30000, 500), 3400)
+    prof = profile_copy(tmp_path / "mine.yaml", "local", port_base=base, port_blocks=2)
     # the router's port of every block the run could move to (as another local run's would
     # be): refused, with the advice
     from launcher.planning import plan
@@ -109,17 +109,13 @@ def test_the_port_conflict_advice_works_when_followed_literally(tmp_path):
 
     span = plan.make_plan(recipe.load("local-sim"), cluster.load(prof),
                           ["local-1", "local-2", "local-3"]).port_span
-    slots, block = plan.job_port_slots(base, span)
-    held = []
-    for port in range(base, base + slots * block, block):
-        s = socket.socket()
-        held.append(s)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
-        try:
-            s.bind(("127.0.0.1", port))
-            s.listen()
-        except OSError:  # taken already: busy all the same
-            pass
+    slots, block = plan.job_port_slots(cluster.load(prof), span)
+    import contextlib
+
+    from helpers import listening
+
+    held = contextlib.ExitStack()
+    held.enter_context(listening(range(base, base + slots * block, block)))
     code, out = launcher(tmp_path, "submit", "local-sim", "--set", f"cluster={prof}",
                          "--set", "benchmark.concurrency=[4]")
     try:
@@ -135,8 +131,7 @@ def test_the_port_conflict_advice_works_when_followed_literally(tmp_path):
                              "--set", "benchmark.concurrency=[4]")
         assert code == 0, out
     finally:
-        for s in held:
-            s.close()
+        held.close()
 
 
 def test_status_of_a_dry_run_with_a_blocker_names_its_fix_not_submit(tmp_path):

@@ -80,7 +80,7 @@ def test_jobs_that_share_a_host_plan_disjoint_ports(ref, prof, sets):
     r_big = recipe.load(ref, ["prefill.endpoints=4"] if ref != SEED else [])
     dry = plan.make_plan(r_small, c, nodes)
     assert dry.router_port == c.port_base
-    slots, block = plan.job_port_slots(c.port_base, dry.port_span)
+    slots, block = plan.job_port_slots(c, dry.port_span)
     assert slots > 1 and block >= dry.port_span
     seen: dict[int, str] = {}
     for i, job in enumerate(range(4100, 4100 + slots)):
@@ -95,6 +95,23 @@ def test_jobs_that_share_a_host_plan_disjoint_ports(ref, prof, sets):
     a = plan.make_plan(r_small, c, nodes, job_id="4242")
     assert all_port_numbers(a) == all_port_numbers(plan.make_plan(r_small, c, nodes, job_id="4242"))
     assert plan.make_plan(r_small, c, nodes, job_id="4242_7").router_port == a.router_port
+
+
+def test_a_sites_port_blocks_bound_where_jobs_sharing_a_host_plan():
+    """A profile's port_blocks (a site's open port range) bounds the blocks jobs take turns
+    on: job ids past it wrap around inside it, and no port leaves the range."""
+    c = cluster.load("devcluster").model_copy(update={"port_blocks": 3})
+    nodes = cluster.expand_nodelist("gb200-[01-06]")
+    r = recipe.load("devcluster-sim")
+    span = plan.make_plan(r, c, nodes).port_span
+    assert plan.job_port_slots(c, span) == (3, 1000)
+    routers = [plan.make_plan(r, c, nodes, job_id=str(j)).router_port for j in range(30, 36)]
+    assert routers == [c.port_base + k % 3 * 1000 for k in range(30, 36)], routers
+    top = max(max(all_port_numbers(plan.make_plan(r, c, nodes, job_id=str(j))))
+              for j in range(30, 36))
+    assert top < c.port_base + 3000
+    # without it: as many as fit below the ephemeral range, at most 16
+    assert plan.job_port_slots(cluster.load("devcluster"), span)[0] == 9
 
 
 def test_multinode_rendezvous_flags():

@@ -88,7 +88,7 @@ def other_ports(plan) -> str:
 
     # past every block a run of this profile takes before it gives up (they are all taken)
     base = plan.cluster.port_base
-    slots, block = job_port_slots(base, plan.port_span)
+    slots, block = job_port_slots(plan.cluster, plan.port_span)
     new = base + slots * block
     if new + plan.port_span > EPHEMERAL_FLOOR:
         new = max(1024, base - slots * block)

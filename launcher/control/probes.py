@@ -58,26 +58,51 @@ def busy_ports(plan: Plan, ours: frozenset[int] = frozenset()) -> list[str]:
     return busy
 
 
-_BLOCK_HELD: dict[int, tuple[int, int]] = {}  # port_base -> (slot, lock fd) of this process
+_BLOCK_HELD: dict[int, tuple[int, list[int]]] = {}  # port_base -> (slot, lock fds) held here
+LOCK_PAGE = 1000  # ports per lock file: runs of profiles with different port_bases meet there
+
+
+def block_lock(port: int) -> Path:
+    """The lock file a run on this host holds (flock) while it plans on `port`: one per
+    thousand ports, whatever the run's port_base."""
+    return (Path(tempfile.gettempdir()) / "pd-launcher-ports"
+            / f"{port // LOCK_PAGE * LOCK_PAGE}.lock")
+
+
+def _lock_span(start: int, span: int) -> list[int] | None:
+    """The locks of every thousand from `start` to `start + span`, or None (and none held)
+    when another process holds one."""
+    fds: list[int] = []
+    for page in range(start // LOCK_PAGE, (start + span - 1) // LOCK_PAGE + 1):
+        fd = os.open(block_lock(page * LOCK_PAGE), os.O_CREAT | os.O_RDWR, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            for held in fds:
+                os.close(held)  # closing releases the lock
+            return None
+        fds.append(fd)
+    return fds
 
 
 def free_port_block(plan_at: Callable[[int | None], Plan], base: int,
                     ) -> tuple[Plan, str | None]:
     """The run's plan on the block of ports its job id picks (`plan_at(None)`; block 0
     outside a job), or, when another run on this host holds that block, on the next free
-    one: a lock file per block in this host's temp folder, held for this process's life,
-    and every port planned on this host free. Two runs on one host (local runs; jobs of a
-    cluster whose nodes are one host, or that share a node) then keep apart; a study in one
-    process keeps its block. Also what was passed over and why (None: its own block).
+    one: lock files in this host's temp folder over the ports it plans, held for this
+    process's life, and every port planned on this host free. Two runs on one host (local
+    runs; jobs of a cluster whose nodes are one host, or that share a node) then keep apart,
+    whatever their profiles' port_base; a study in one process keeps its block. Also what
+    was passed over and why (None: its own block).
     Every block taken: its own, whose busy ports the orchestrator names."""
     if base in _BLOCK_HELD:
         return plan_at(_BLOCK_HELD[base][0]), None
     first = plan_at(None)
-    slots, block = job_port_slots(base, first.port_span)
+    slots, block = job_port_slots(first.cluster, first.port_span)
     own = (first.router_port - base) // block
-    folder = Path(tempfile.gettempdir()) / "pd-launcher-ports"
     try:
-        folder.mkdir(mode=0o1777, exist_ok=True)
+        block_lock(base).parent.mkdir(mode=0o1777, exist_ok=True)
     except OSError:
         return first, None
     passed: list[str] = []
@@ -85,24 +110,22 @@ def free_port_block(plan_at: Callable[[int | None], Plan], base: int,
         plan = first if slot == own else plan_at(slot)
         start = base + slot * block
         try:
-            fd = os.open(folder / f"{start}.lock", os.O_CREAT | os.O_RDWR, 0o666)
+            fds = _lock_span(start, plan.port_span)
         except OSError:
             return first, None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
+        if fds is None:
             passed.append(f"{start}-{start + block - 1} (another run of this launcher)")
             continue
         busy = busy_ports(plan)
         if not busy:
-            _BLOCK_HELD[base] = (slot, fd)
+            _BLOCK_HELD[base] = (slot, fds)
             why = None
             if passed:
                 why = (f"ports {'; '.join(passed)} are taken on this host: this run plans on "
                        f"{start}-{start + block - 1} (port_base {base} + {slot} x {block})")
             return plan, why
-        os.close(fd)  # closing releases the lock
+        for fd in fds:
+            os.close(fd)
         passed.append(f"{start}-{start + block - 1} ({busy[0]}"
                       + (f" and {len(busy) - 1} more" if len(busy) > 1 else "") + ")")
     return first, None

@@ -453,22 +453,24 @@ def port_block(span: int) -> int:
     return max(1, -(-span // 1000)) * 1000
 
 
-def job_port_slots(base: int, span: int) -> tuple[int, int]:
-    """(slots, block): how many blocks of ports fit from ``base`` below the ephemeral range
-    (at most 16), and the block's size."""
-    block = port_block(span)
+def job_port_slots(cluster: Cluster, span: int) -> tuple[int, int]:
+    """(slots, block): how many blocks of ports runs of this profile take turns on from its
+    port_base (its port_blocks, or as many as fit below the ephemeral range, at most 16),
+    and the block's size."""
+    base, block = cluster.port_base, port_block(span)
     ceiling = EPHEMERAL_FLOOR if base + span <= EPHEMERAL_FLOOR else 65536
-    return min(JOB_PORT_SLOTS, max(1, (ceiling - base) // block)), block
+    fit = min(JOB_PORT_SLOTS, max(1, (ceiling - base) // block))
+    return min(fit, cluster.port_blocks or fit), block
 
 
-def job_port_shift(job_id: str | None, base: int, span: int) -> int:
+def job_port_shift(job_id: str | None, cluster: Cluster, span: int) -> int:
     """How far a Slurm job's ports sit above port_base: (job id mod slots) x block, so jobs
     that share a host (a dev cluster, a partition that is not exclusive) do not plan the same
     ports. 0 outside a job."""
     head = (job_id or "").split("_")[0]
     if not head.isdigit():
         return 0
-    slots, block = job_port_slots(base, span)
+    slots, block = job_port_slots(cluster, span)
     return int(head) % slots * block
 
 
@@ -506,7 +508,7 @@ def make_plan(
     base = cluster.port_base
     endpoints, span = _endpoints(recipe, cluster, nodes, base)
     if port_slot is None:
-        shift = job_port_shift(job_id, base, max(span, study_span or 0))
+        shift = job_port_shift(job_id, cluster, max(span, study_span or 0))
     else:
         shift = port_slot * port_block(max(span, study_span or 0))
     if shift:

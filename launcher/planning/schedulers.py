@@ -204,7 +204,7 @@ class Slurm(Local):
     def port_note(self, plan: Plan) -> str | None:
         if plan.job_id is not None:
             return None  # inside the job: its ports are the plan's
-        slots, block = job_port_slots(plan.router_port, plan.port_span)
+        slots, block = job_port_slots(plan.cluster, plan.port_span)
         if slots <= 1:
             return None
         return (f"Ports: each job adds (its job id mod {slots}) x {block:,} to those below, so "

@@ -159,6 +159,11 @@ class Cluster(Strict):
     )
     bind_host: str = "0.0.0.0"
     port_base: int = Field(ge=1024, le=60000)
+    port_blocks: int | None = Field(
+        default=None, ge=1, le=16,
+        description="1,000-port blocks from port_base that runs sharing a host take turns on "
+        "(a site's open port range); default: as many as fit below 32768, at most 16",
+    )  # fmt: skip
     dry_run_nodes: str = Field(description="Slurm-style node list used by --dry-run")
     env: dict[str, str] = Field(default_factory=dict, description="env for every engine process")
     compute_env: ComputeEnv = Field(default_factory=ComputeEnv)
