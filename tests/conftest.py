@@ -1,5 +1,6 @@
 import os
 import sys
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
@@ -27,41 +28,63 @@ def cli(tmp_path):
 
 # --- tests in parallel (pytest-xdist, `make test` runs `-n 3 --dist loadgroup`) ----------
 # Most of the suite waits on processes and timers, so a few workers share the 2 cores. What
-# tests share decides who runs with whom: every test of the dev cluster (one Slurm cluster,
-# whose node faults and restarts other jobs would meet) runs on one worker in turn, first
-# (the longest group); any other test runs with its module, whose module fixtures then start
-# once. Local runs keep apart by themselves (each holds its own block of ports).
+# tests share decides who runs with whom. The dev cluster's tests (one Slurm cluster of 6
+# nodes) run in two lanes, first (the longest groups), each on one worker in turn: their jobs
+# fit side by side and keep their ports apart by job id and the launcher's port locks. A test
+# that needs the whole cluster (`@pytest.mark.whole_cluster`: it kills or drains a node,
+# takes enroot away, or waits for every node idle) runs with no other dev-cluster test beside
+# it. Any other test runs with its module, whose module fixtures then start once. Local runs
+# keep apart by themselves (each holds its own block of ports).
 DEVCLUSTER = "devcluster"
+# the second lane's modules: about half the dev cluster's time that is not whole_cluster
+SECOND_LANE = {"test_slurm_run", "test_pyxis", "test_rack_faults", "test_srt_devcluster",
+               "test_prometheus"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        group = DEVCLUSTER if item.get_closest_marker("slurm") else item.module.__name__
+        group = item.module.__name__
+        if item.get_closest_marker("slurm"):
+            group = DEVCLUSTER + ("-2" if group in SECOND_LANE else "")
         item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=lambda item: not item.get_closest_marker("slurm"))  # stable: order kept
 
 
+@contextmanager
+def _held(gate_path: Path, lock_path: Path, alone: bool):
+    """`lock_path` held shared, or alone (exclusive); a turnstile keeps new holders from
+    slipping in while one waits to be alone."""
+    import fcntl
+
+    with open(gate_path, "a") as gate, open(lock_path, "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        yield
+
+
 # A test that asserts how long something takes (`@pytest.mark.alone`) runs with no other
-# test beside it: a lock file every test holds shared and it holds alone; a turnstile keeps
-# new tests from slipping in while it waits. Module fixtures start outside the lock.
+# test beside it. Module fixtures start outside the locks. The dev cluster's lock is taken
+# before the CPU's, always, so no two tests wait on each other.
 @pytest.fixture(autouse=True)
 def _cpu_to_itself(request, tmp_path_factory):
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         yield
         return
-    import fcntl
-
     import simprocs
 
-    simprocs.ON_DEVCLUSTER[0] = request.node.get_closest_marker("slurm") is not None
+    on_cluster = request.node.get_closest_marker("slurm") is not None
+    simprocs.ON_DEVCLUSTER[0] = on_cluster
     root = tmp_path_factory.getbasetemp().parent  # the session's, shared by its workers
-    alone = request.node.get_closest_marker("alone") is not None
-    with open(root / "cpu.turnstile", "a") as gate, open(root / "cpu.lock", "a") as cpu:
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        fcntl.flock(cpu, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        if not alone:
-            fcntl.flock(gate, fcntl.LOCK_UN)
+    with ExitStack() as held:
+        if on_cluster:
+            whole = request.node.get_closest_marker("whole_cluster") is not None
+            held.enter_context(_held(root / "devcluster.turnstile", root / "devcluster.lock",
+                                     whole))
+        alone = request.node.get_closest_marker("alone") is not None
+        held.enter_context(_held(root / "cpu.turnstile", root / "cpu.lock", alone))
         yield
 
 

@@ -254,6 +254,7 @@ def test_an_image_cache_without_room_is_one_sentence(tmp_path):
     assert "containers.image_cache" in err
 
 
+@pytest.mark.whole_cluster
 def test_enroot_missing_on_the_nodes_is_one_sentence(tmp_path):
     exe = shutil.which("enroot")
     assert exe, "enroot is not installed: run slurm/devcluster/containers.sh"

@@ -29,8 +29,10 @@ import os, sys
 sys.path[:0] = [{tests!r}, {repo!r}]
 import helpers
 from launcher.planning.plan import job_port_shift
+from launcher.schema import cluster
 base = {base}
-start = base + job_port_shift(os.environ["SLURM_JOB_ID"], base, 400)
+prof = cluster.load("devcluster").model_copy(update={{"port_base": base}})
+start = base + job_port_shift(os.environ["SLURM_JOB_ID"], prof, 400)
 helpers.wait_for(lambda: all(helpers._binds(p) for p in range(start, start + 400)), 180,
                  f"ports {{start}}.. free")
 os.execv(sys.executable, [sys.executable, "-m", "launcher", "run", *sys.argv[1:]])

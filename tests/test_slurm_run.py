@@ -173,6 +173,7 @@ def all_idle(timeout=90, settle_s=5.0) -> None:
     raise AssertionError(f"dev cluster nodes not idle in {timeout} s: {states}")
 
 
+@pytest.mark.whole_cluster
 def test_a_study_submits_one_job_per_value_and_jobs_sharing_a_host_do_not_collide(tmp_path):
     """1 and 2 prefill endpoints take 3 + 3 of the 6 nodes: the two jobs run side by side on
     this one host, and each plans its ports inside its allocation. Each holds 30 s: for up
@@ -256,6 +257,7 @@ def _a_run_of_its_own(run: Path, points: int = 2) -> None:
     assert leftovers(run) == []
 
 
+@pytest.mark.whole_cluster
 @pytest.mark.alone  # figures measured against each other / sample times matched
 def test_a_study_in_one_allocation_loads_each_engine_once_and_matches_runs_of_their_own(
         tmp_path):
@@ -307,6 +309,7 @@ def test_a_study_in_one_allocation_loads_each_engine_once_and_matches_runs_of_th
             assert abs(shared[c] - v) <= SPREAD * v, (n, c, shared[c], v)
 
 
+@pytest.mark.whole_cluster
 def test_scancel_during_the_third_configuration_keeps_the_first_two(tmp_path):
     """A study in one allocation ended by scancel: the configuration in progress is
     cancelled, the finished ones keep their results, nothing is left in the job."""
@@ -334,6 +337,7 @@ def test_scancel_during_the_third_configuration_keeps_the_first_two(tmp_path):
     assert all(leftovers(r) == [] for r in runs)
 
 
+@pytest.mark.whole_cluster
 def test_a_study_loads_each_decode_setting_once_for_every_configurations_points(tmp_path):
     """Two configurations whose decode needs another command line from 16 and again from
     32 (args_from_concurrency), in one Slurm job: every configuration's 8 on the first

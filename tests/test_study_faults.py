@@ -44,9 +44,11 @@ def _release_when_ports_free(study: Path, job: str, base: int) -> None:
     """The held job's ports are its profile's port_base shifted by its job id (another
     suite's run, shifted by its own, can sit there): released once they are free."""
     from launcher.planning.plan import job_port_shift
+    from launcher.schema import cluster
 
     span = int(json.loads((study / "study.json").read_text())["allocation"]["port_span"])
-    start = base + job_port_shift(job, base, span)
+    prof = cluster.load("devcluster").model_copy(update={"port_base": base})
+    start = base + job_port_shift(job, prof, span)
     _wait(lambda: all(helpers._binds(p) for p in range(start, start + span)), 180,
           f"ports {start}-{start + span - 1} free for job {job}")
     subprocess.run(["scontrol", "release", job], check=True, capture_output=True)
@@ -72,6 +74,7 @@ def _in_hold(run: Path) -> bool:
     return st.state == "running" and st.stage == "hold"
 
 
+@pytest.mark.whole_cluster
 @pytest.mark.slurm
 def test_a_node_lost_in_the_second_configuration_fails_it_and_the_third_runs(tmp_path):
     """1..3 prefill endpoints in one allocation of 4 nodes run as 3, 1, 2. During the
