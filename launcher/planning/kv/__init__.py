@@ -1,5 +1,5 @@
 """KV-cache capacity of one vLLM 0.33 engine, shaped like vLLM's own accounting
-(docs/kv-capacity.md, docs/kv-architectures.md): each architecture (archs/) turns a model's
+(docs/kv-capacity.md; per architecture: archs/ and its docs): each architecture turns a model's
 facts (facts.py) into one spec per layer cache (specs.py); vLLM's planner groups them
 (grouping.py); one estimate (estimate.py) divides the memory left after the weights
 (memory.py) by a block's bytes and counts what the sweep's requests hold (result.py).

@@ -25,16 +25,7 @@ from launcher.planning.kv.engine import (
 from launcher.planning.kv.facts import ModelFacts
 from launcher.planning.kv.memory import Overheads, kv_memory
 from launcher.planning.kv.result import KvCapacity
-from launcher.planning.kv.specs import NoEstimate
 from launcher.run import lengths as run_lengths
-
-
-def caches(model: ModelFacts, engine: EngineArgs, tp: int, device: Device) -> Caches:
-    """What the model's layers report for this engine, or why there is no estimate."""
-    if model.unmodelled:
-        raise NoEstimate(f"no estimate for architecture {model.architecture or 'unknown'}: "
-                         f"{model.unmodelled} (docs/kv-architectures.md)")
-    return archs.for_facts(model).caches(model, engine, tp, device)
 
 
 def estimate(model: ModelFacts, engine: EngineArgs, par: Parallelism, device: Device,
@@ -44,7 +35,7 @@ def estimate(model: ModelFacts, engine: EngineArgs, par: Parallelism, device: De
     sweep's requests need of it. Raises ValueError for models it does not model. Where
     prefix caching changes the layout (GDN state), the result also carries the same
     estimate with it the other way (`other_prefix_caching`), which is what the flag is worth."""
-    reported = caches(model, engine, par.tp, device)
+    reported = archs.caches(model, engine, par.tp, device)
     layout = grouping.plan(list(reported.specs))
     mem = kv_memory(model, engine, par, device, overheads)
     assumptions = [*reported.notes, *mem.notes]

@@ -1,5 +1,5 @@
-"""vLLM 0.33's grouping planner (v1/core/kv_cache_planning.py, docs/kv-architectures.md
-section 1): the layers' specs in, KV-cache groups out. Every group draws block ids from one
+"""vLLM 0.33's grouping planner (v1/core/kv_cache_planning.py): the layers' specs in,
+KV-cache groups out. Every group draws block ids from one
 pool; one block id holds a page of each cache of a group, so a block weighs the widest
 group's pages.
 

@@ -1,6 +1,6 @@
 """One spec per kind of layer cache, as vLLM 0.33's v1/kv_cache_interface.py has them: what
 one page (one block of one layer) weighs, what a running request holds of it and what
-vLLM's start-up line counts for it (docs/kv-architectures.md section 1).
+vLLM's start-up line counts for it.
 
 A spec `grows` when a request holds a block per `block_size` tokens (full attention, MLA,
 DeepSeek-V4's compressed caches); the others hold a fixed number of blocks whatever the
@@ -91,7 +91,7 @@ def mla(block_size: int, latent_dim: int, kv_dtype: str, model_dtype: str) -> Fu
 class SlidingWindowSpec:
     """SlidingWindowSpec (and DeepSeek-V4's window caches): the blocks that cover the window.
     A decoding request holds ceil((window - 1 + 2k) / block) + 1 blocks (k speculative
-    tokens; measured on vLLM's own manager, docs/kv-architectures.md section 4); vLLM's
+    tokens; measured on vLLM's own manager with DeepSeek-V4's caches); vLLM's
     start-up line counts the admission bound, the window behind every in-flight token
     (kv_cache_interface.py:918-944)."""
 

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from launcher.planning.kv.archs import deepseek_v4, dense, gdn_hybrid, mla, sliding_window
 from launcher.planning.kv.archs.common import layer_types
+from launcher.planning.kv.specs import NoEstimate
 
-__all__ = ["ARCHITECTURES", "architecture_name", "for_config", "for_facts", "layer_types"]
+__all__ = ["ARCHITECTURES", "architecture_name", "caches", "for_config", "for_facts",
+           "layer_types"]
 
 ARCHITECTURES = (deepseek_v4, mla, gdn_hybrid, sliding_window, dense)
 
@@ -28,6 +30,14 @@ def for_config(t: dict):
 def for_facts(model):
     """The architecture of facts read from a config.json or declared by a recipe."""
     return next(a for a in ARCHITECTURES if a.describes(model))
+
+
+def caches(model, engine, tp: int, device):
+    """What the model's layers report for this engine, or why there is no estimate."""
+    if model.unmodelled:
+        raise NoEstimate(f"no estimate for architecture {model.architecture or 'unknown'}: "
+                         f"{model.unmodelled} (docs/kv-architectures.md)")
+    return for_facts(model).caches(model, engine, tp, device)
 
 
 def architecture_name(cfg: dict) -> str:
