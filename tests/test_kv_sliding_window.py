@@ -36,7 +36,9 @@ GEMMA3 = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
           "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 3, "rms_norm_eps": 1e-6,
           "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 64,
           "tie_word_embeddings": True}
-FLAGS = {"kv-cache-memory-bytes": "64M", "max-model-len": 2048, "max-num-batched-tokens": 512}
+# --enforce-eager: no torch.compile warm-up (the start-up line is the same, the start quicker)
+FLAGS = {"kv-cache-memory-bytes": "64M", "max-model-len": 2048, "max-num-batched-tokens": 512,
+         "enforce-eager": True}
 
 
 def estimate(flags: dict = FLAGS) -> kv.KvCapacity:
@@ -76,7 +78,7 @@ def vllm_start_up_line(model: Path, flags: dict, port: int) -> tuple[int, int, f
     generate a few tokens (it runs the architecture, not only sizes its cache)."""
     argv = [str(VLLM), "serve", str(model), "--load-format", "dummy", "--port", str(port)]
     for k, v in flags.items():
-        argv += [f"--{k}", str(v)]
+        argv += [f"--{k}"] if v is True else [f"--{k}", str(v)]
     log = model / "serve.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
