@@ -46,3 +46,12 @@ def test_the_architecture_that_claims_a_config_describes_its_facts(config, arch)
     claimed = archs.for_config(config)
     assert claimed.__name__.endswith(f".{arch}")
     assert archs.for_facts(kv.ModelFacts.from_config(config)) is claimed
+
+
+def test_a_model_without_attention_layers_is_named_not_estimated():
+    from launcher.planning import kv
+
+    facts = kv.ModelFacts.from_config({"num_hidden_layers": 0, "num_key_value_heads": 2})
+    with pytest.raises(kv.NoEstimate, match="gives no full-attention layers"):
+        kv.estimate(facts, kv.EngineArgs(), kv.Parallelism(), kv.Device(80.0),
+                    kv.Workload(10, 1))

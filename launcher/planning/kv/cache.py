@@ -39,5 +39,7 @@ def default_block(engine: EngineArgs, device: Device) -> int:
 
 
 def require_attention(model) -> None:
+    """An architecture whose cache follows its full-attention layers needs some."""
     if not model.full_attention_layers:
-        raise NoEstimate("only full-attention and GDN (linear_attention) layers are modelled")
+        raise NoEstimate("its config.json (or model.facts) gives no full-attention layers, "
+                         "which this architecture's cache follows")
