@@ -117,7 +117,7 @@ def make_plan(run_id: str, sc: Scenario) -> dict:
 
 def predicted_capacity(plan: dict) -> list[dict]:
     """A KV-capacity estimate per decode endpoint in the shape the planner writes into
-    plan.json (launcher.planning.kv_cache.KvCapacity.to_json's keys), for blocks a bit
+    plan.json (launcher.planning.kv.KvCapacity.to_json's keys), for blocks a bit
     below what the synthetic engines report (an estimate errs on the safe side)."""
     out = []
     for ep in plan["endpoints"]:

@@ -76,7 +76,7 @@ def test_the_simulator_gets_the_estimated_capacity():
     (cap,) = capacity.estimates(p)
     decode = next(ep for ep in p.endpoints if ep.name == "decode-0")
     env = render.sim_env(p, decode)
-    from launcher.planning.kv_cache import simulator_kv_blocks
+    from launcher.planning.kv import simulator_kv_blocks
 
     block, blocks, state = simulator_kv_blocks(cap)
     assert env["SIM_DEFAULT_BLOCK_SIZE"] == str(block) == "2128"

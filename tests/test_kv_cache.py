@@ -8,7 +8,9 @@ import json
 
 import pytest
 
-from launcher.planning import kv_cache as kv
+from launcher.planning import kv
+from launcher.planning.kv import grouping, specs
+from launcher.planning.kv.archs import gdn_hybrid
 from launcher.schema.sections import DeclaredFacts
 
 QWEN35_TEXT = {
@@ -135,10 +137,16 @@ def test_wrong_32_value_heads_also_gives_1056_at_tp1_bf16():
 
 
 def test_groups_follow_the_layer_ratio():
-    assert kv.kv_cache_groups(15, 45) == (15, 1, 3)  # Qwen3.5-397B: 4 groups of 15
-    assert kv.kv_cache_groups(1, 3) == (1, 1, 3)  # the tiny model
-    assert kv.kv_cache_groups(12, 13) == (13, 1, 1)  # under 1.5x: the larger count
-    assert kv.kv_cache_groups(2, 0) == (2, 1, 0)  # attention only: one group
+    def groups(attn, state):  # (layers per group, attention groups, state groups)
+        a = specs.FullAttentionSpec(16, 1024)
+        m = specs.MambaSpec(16 * 1024, "bfloat16", "bfloat16", "none", 16, 16)
+        layout = grouping.plan([a] * attn + [m] * state)
+        return layout.layers_per_group, len(layout.growing), len(layout.state_groups)
+
+    assert groups(15, 45) == (15, 1, 3)  # Qwen3.5-397B: 4 groups of 15
+    assert groups(1, 3) == (1, 1, 3)  # the tiny model
+    assert groups(12, 13) == (13, 1, 1)  # under 1.5x: the larger count
+    assert groups(2, 0) == (2, 1, 0)  # attention only: one group
 
 
 # ----- the seed's decode endpoint (docs section 9) ------------------------------------------
@@ -250,7 +258,7 @@ def test_without_bf16_ssm_flag_qwen35_keeps_fp32_state():
     assert r.num_gpu_blocks == 124_247_920_415 // (15 * 4224 * 1024) == 1915
     # Qwen3-Next has no such hook: auto is the model dtype.
     tiny = kv.ModelFacts.from_config(TINY)
-    assert kv.mamba_dtypes(tiny, kv.EngineArgs())[:2] == ("bfloat16", "bfloat16")
+    assert gdn_hybrid.mamba_dtypes(tiny, kv.EngineArgs())[:2] == ("bfloat16", "bfloat16")
 
 
 def test_num_gpu_blocks_override_and_explicit_cache_size():
@@ -270,7 +278,7 @@ def test_tp_splits_gdn_heads_and_replicates_kv_heads():
 
 def test_weights_per_gpu():
     # Qwen3.5-397B counted from its architecture (docs section 7).
-    w = kv.count_qwen3_next_params(QWEN35_TEXT, "nvfp4")
+    w = gdn_hybrid.count_weights(QWEN35_TEXT, "nvfp4")
     assert (w.dense_params, w.expert_params) == (9_799_293_696, 386_547_056_640)
     lean = kv.EngineArgs(language_model_only=True)
     assert kv.weight_bytes_per_gpu(w, DEP8, "bfloat16", lean) == 46_777_677_312
@@ -316,7 +324,7 @@ def test_tiny_hybrid_on_gpu_and_cpu():
 
 
 def test_tiny_parameter_count():
-    w = kv.count_qwen3_next_params(TINY)
+    w = gdn_hybrid.count_weights(TINY)
     assert (w.dense_params, w.expert_params) == (1_728_088, 3_145_728)
 
 
@@ -533,14 +541,17 @@ def test_mla_latent_is_not_split_by_tensor_parallelism_and_follows_the_backend_b
     facts = kv.ModelFacts.from_config({"architectures": ["KimiK25ForConditionalGeneration"],
                                        "text_config": cfg})
     dev = kv.Device(184.0)
-    geo = {tp: kv.geometry(facts, kv.EngineArgs.from_flags({"kv-cache-dtype": "fp8"}), tp, dev)
-           for tp in (1, 8)}
+
+    def geometry(flags, tp):
+        return kv.estimate(facts, kv.EngineArgs.from_flags(flags), kv.Parallelism(tp), dev,
+                           kv.Workload(1024, 1024))
+
+    geo = {tp: geometry({"kv-cache-dtype": "fp8"}, tp) for tp in (1, 8)}
     assert geo[1].attention_bytes_per_token == geo[8].attention_bytes_per_token == 576
     for backend, block in (("", 32), ("FLASHMLA", 64), ("CUTLASS_MLA", 128)):
         args = {"attention-backend": backend} if backend else {}
-        assert kv.geometry(facts, kv.EngineArgs.from_flags(args), 8, dev).block_size == block
-    assert kv.geometry(facts, kv.EngineArgs.from_flags({"block-size": 64}), 8,
-                       dev).block_size == 64
+        assert geometry(args, 8).block_size == block
+    assert geometry({"block-size": 64}, 8).block_size == 64
 
 
 # The same for a tiny MiniMaxM2 (grouped-query attention: 3 layers, 2 KV heads of 64), whose

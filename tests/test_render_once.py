@@ -13,7 +13,7 @@ import pytest
 
 from launcher import text
 from launcher.control import allocation, backends, orchestrator, prepare, record
-from launcher.planning import kv_cache, render, schedulers
+from launcher.planning import kv, render, schedulers
 from launcher.run.rundir import RunRecord
 from launcher.run.vocab import State
 
@@ -33,7 +33,7 @@ def counts(monkeypatch) -> Counter:
 
     for module in (prepare, allocation):
         count(module, "make_plan")
-    count(kv_cache, "read_checkpoint")  # the model folder: once per plan, not per engine
+    count(kv, "read_checkpoint")  # the model folder: once per plan, not per engine
     for name in ("processes", "engine_processes", "commands_sh", "plan_doc"):
         count(render, name)
     count(schedulers.Slurm, "batch_script")

@@ -367,9 +367,9 @@ def engine_revision(plan: dict) -> str | None:
 
 def _hybrid(folder: Path) -> bool | None:
     """Whether the checkpoint's config.json has Mamba/GDN layers (None: unreadable)."""
-    from launcher.planning import kv_cache
+    from launcher.planning import kv
 
-    facts = kv_cache.read_checkpoint(folder)
+    facts = kv.read_checkpoint(folder)
     return None if facts is None else facts.hybrid
 
 

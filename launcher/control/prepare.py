@@ -18,7 +18,7 @@ from launcher.control import compute_env
 from launcher.errors import UserError
 from launcher.planning import cost, engine_argv, render, schedulers, study, ucx
 from launcher.planning.capacity import estimates, resolve_model
-from launcher.planning.kv_cache import KvCapacity
+from launcher.planning.kv import KvCapacity
 from launcher.planning.plan import Plan, make_plan, nodes_needed
 from launcher.run import rundir, studydoc
 from launcher.schema import cluster as cluster_mod

@@ -1,4 +1,4 @@
-"""The KV-capacity estimate of a plan's endpoints: launcher.planning.kv_cache (vLLM 0.33's
+"""The KV-capacity estimate of a plan's endpoints: launcher.planning.kv (vLLM 0.33's
 own accounting, docs/kv-capacity.md) fed from the plan.
 
 Model facts come from the checkpoint's config.json (and its quantization config for the
@@ -13,23 +13,23 @@ import dataclasses
 import functools
 import math
 
-from launcher.planning import kv_cache
+from launcher.planning import kv
 from launcher.planning.plan import Endpoint, Plan, engine_args
 from launcher.run.vocab import Role
 from launcher.schema.recipe import Recipe
 
 
-def model_facts(plan: Plan) -> kv_cache.ModelFacts | None:
+def model_facts(plan: Plan) -> kv.ModelFacts | None:
     """The model's facts as the plan was made with them (read once, at the boundary)."""
     return plan.model
 
 
-def resolve_model(recipe: Recipe) -> kv_cache.ModelFacts | None:
+def resolve_model(recipe: Recipe) -> kv.ModelFacts | None:
     """What the checkpoint's config.json says when its folder is on this machine (the
     recipe's declared parameter counts filling in for the weights), else the recipe's
     `model.facts`, else the facts recorded for a known checkpoint of that name, else None.
     The one read of the model folder for a plan."""
-    found = kv_cache.read_checkpoint(recipe.model.path)
+    found = kv.read_checkpoint(recipe.model.path)
     declared, given_by = recipe.model.facts, "recipe"
     if declared is None and (known := known_facts(recipe.model.path)):
         declared, given_by = known
@@ -37,9 +37,9 @@ def resolve_model(recipe: Recipe) -> kv_cache.ModelFacts | None:
         if found.weights is None and declared is not None:
             # config.json has no parameter counts: the declared ones stand in for them
             found = dataclasses.replace(
-                found, weights=kv_cache.ModelFacts.from_declared(declared).weights)
+                found, weights=kv.ModelFacts.from_declared(declared).weights)
         return found
-    return None if declared is None else kv_cache.ModelFacts.from_declared(declared,
+    return None if declared is None else kv.ModelFacts.from_declared(declared,
                                                                            given_by=given_by)
 
 
@@ -52,7 +52,7 @@ def known_facts(path: str):
     table = _known_table()
     if repo not in table:
         return None
-    return DeclaredFacts(**table[repo]), f"{kv_cache.KNOWN_FACTS_SOURCE}:{repo}"
+    return DeclaredFacts(**table[repo]), f"{kv.KNOWN_FACTS_SOURCE}:{repo}"
 
 
 @functools.cache
@@ -70,31 +70,31 @@ def device_kind(plan: Plan) -> str:
     return plan.recipe.engine_kind.device(plan.cluster.gpu_kind)
 
 
-def estimate(plan: Plan, ep: Endpoint, facts: kv_cache.ModelFacts) -> kv_cache.KvCapacity | None:
+def estimate(plan: Plan, ep: Endpoint, facts: kv.ModelFacts) -> kv.KvCapacity | None:
     cap = _estimate(plan, ep, facts)
-    return cap if isinstance(cap, kv_cache.KvCapacity) else None
+    return cap if isinstance(cap, kv.KvCapacity) else None
 
 
-def _estimate(plan: Plan, ep: Endpoint, facts: kv_cache.ModelFacts) -> kv_cache.KvCapacity | str:
+def _estimate(plan: Plan, ep: Endpoint, facts: kv.ModelFacts) -> kv.KvCapacity | str:
     """The estimate, or why there is none."""
     b = plan.recipe.benchmark
     pool = ep.pool
     try:
-        return kv_cache.estimate(
+        return kv.estimate(
             facts,
-            kv_cache.EngineArgs.from_flags(engine_args(plan.recipe, pool)),
-            kv_cache.Parallelism(pool.tensor_parallel, pool.data_parallel, pool.expert_parallel),
-            kv_cache.Device(plan.cluster.gpu_memory_gib, device_kind(plan)),
-            kv_cache.Workload(b.input_len, b.output_len, b.range_ratio, rule=b.length_rule),
+            kv.EngineArgs.from_flags(engine_args(plan.recipe, pool)),
+            kv.Parallelism(pool.tensor_parallel, pool.data_parallel, pool.expert_parallel),
+            kv.Device(plan.cluster.gpu_memory_gib, device_kind(plan)),
+            kv.Workload(b.input_len, b.output_len, b.range_ratio, rule=b.length_rule),
             name=ep.name,
         )
-    except kv_cache.NoEstimate as e:
+    except kv.NoEstimate as e:
         return str(e)
     except (ValueError, KeyError, ZeroDivisionError) as e:
         return f"{type(e).__name__}: {e}"
 
 
-def missing(plan: Plan, caps: list[kv_cache.KvCapacity]) -> str | None:
+def missing(plan: Plan, caps: list[kv.KvCapacity]) -> str | None:
     """Why a decode (or aggregated) endpoint has no estimate, in one line; None if all do."""
     lacking = [ep for ep in plan.endpoints if ep.role in (Role.DECODE, Role.AGG)
                and ep.name not in {c.name for c in caps}]
@@ -109,7 +109,7 @@ def missing(plan: Plan, caps: list[kv_cache.KvCapacity]) -> str | None:
     return f"no KV-capacity estimate for {names}: {why}"
 
 
-def estimates(plan: Plan) -> list[kv_cache.KvCapacity]:
+def estimates(plan: Plan) -> list[kv.KvCapacity]:
     """One estimate per decode endpoint (or aggregated endpoint): where requests stay."""
     facts = model_facts(plan)
     if facts is None:
@@ -123,7 +123,7 @@ def estimates(plan: Plan) -> list[kv_cache.KvCapacity]:
     return out
 
 
-def warnings(plan: Plan, caps: list[kv_cache.KvCapacity]) -> list[str]:
+def warnings(plan: Plan, caps: list[kv.KvCapacity]) -> list[str]:
     """What the estimate says will go wrong: an endpoint that cannot hold one request, or a
     sweep the decode side cannot hold."""
     out = []
@@ -131,8 +131,8 @@ def warnings(plan: Plan, caps: list[kv_cache.KvCapacity]) -> list[str]:
         if c.per_rank_at_max_length < 1:
             out.append(
                 f"{c.name} cannot hold one request of {c.lengths.max_total:,} tokens: its "
-                f"weights take {c.weights_bytes / kv_cache.GIB:.1f} GiB of each GPU and leave "
-                f"{max(c.kv_cache_bytes, 0) / kv_cache.GIB:.1f} GiB for the KV cache; vLLM "
+                f"weights take {c.weights_bytes / kv.GIB:.1f} GiB of each GPU and leave "
+                f"{max(c.kv_cache_bytes, 0) / kv.GIB:.1f} GiB for the KV cache; vLLM "
                 f"would refuse to start: spread it over more GPUs (data_parallel with "
                 f"expert_parallel) or raise gpu-memory-utilization"
             )
@@ -140,7 +140,7 @@ def warnings(plan: Plan, caps: list[kv_cache.KvCapacity]) -> list[str]:
     return out + ([sweep] if sweep and not out else [])
 
 
-def sweep_warning(plan: Plan, caps: list[kv_cache.KvCapacity]) -> str | None:
+def sweep_warning(plan: Plan, caps: list[kv.KvCapacity]) -> str | None:
     """A sweep whose top concurrency the decode side cannot hold: say so with the number,
     and whether the KV cache or max-num-seqs is the limit."""
     if not caps or not plan.recipe.benchmark.sweeps:

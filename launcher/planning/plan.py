@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.errors import UserError
-from launcher.planning import kv_cache, pairing
+from launcher.planning import kv, pairing
 from launcher.run import lengths
 from launcher.run.vocab import Role
 from launcher.schema.cluster import Cluster
@@ -19,7 +19,7 @@ from launcher.schema.recipe import Recipe
 from launcher.schema.sections import Pool, flag_key
 
 if TYPE_CHECKING:
-    from launcher.planning.kv_cache import ModelFacts
+    from launcher.planning.kv import ModelFacts
 
 # Flags and env the launcher derives itself; a user setting them would break the rendezvous.
 OWNED_FLAGS = {
@@ -284,7 +284,7 @@ def _check_lengths(recipe: Recipe, model: ModelFacts | None) -> None:
             limit, where = None, ""
             if raw is not None:
                 try:
-                    limit = kv_cache.EngineArgs.from_flags({"max-model-len": raw}).max_model_len
+                    limit = kv.EngineArgs.from_flags({"max-model-len": raw}).max_model_len
                 except ValueError:  # not a length: vLLM's parser names the flag
                     limit = None
                 if limit is not None:

@@ -87,7 +87,7 @@ def sim_env(plan: Plan, ep: Endpoint) -> dict[str, str]:
 
         cap = capacity.estimate(plan, ep, plan.model) if plan.model else None
         if cap is not None:
-            from launcher.planning.kv_cache import simulator_kv_blocks
+            from launcher.planning.kv import simulator_kv_blocks
 
             block, blocks, state = simulator_kv_blocks(cap)
             env["SIM_KV_CAPACITY_TOKENS"] = str(block * blocks)

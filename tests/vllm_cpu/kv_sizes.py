@@ -4,7 +4,7 @@ architecture: `.venv/bin/python tests/vllm_cpu/kv_sizes.py` (after tests/vllm_cp
 For each case it writes a config.json (with tiny-dense's tokenizer), starts real vLLM for CPU
 (`--load-format dummy`, `--kv-cache-memory-bytes 64M`, `--max-model-len 2048`), reads its
 start-up line "CPU KV cache size: N tokens, Maximum concurrency for 2,048 tokens per
-request: X x", stops it, and prints N and X beside launcher.planning.kv_cache's estimate for
+request: X x", stops it, and prints N and X beside launcher.planning.kv.s estimate for
 the same config and flags. About a minute per case on two cores; not part of `make test`
 (tests/test_kv_cache.py pins the numbers this printed, docs/kv-architectures.md section 5).
 Exits non-zero when a case disagrees.
@@ -96,7 +96,7 @@ def vllm_line(model: Path, flags: list[str], port: int) -> tuple[int, float] | s
 
 
 def estimate(cfg: dict, flags: list[str]) -> tuple[int, float]:
-    from launcher.planning import kv_cache as kv
+    from launcher.planning import kv
 
     args = {"kv-cache-memory-bytes": "64M", "max-model-len": 2048}
     for k, v in zip(flags[::2], flags[1::2], strict=True):
