@@ -295,8 +295,11 @@ def stop(proc, grace_s: float = 10) -> None:
 
 
 def server_of(process: str, marker: str, under: Path, timeout: float = 120) -> int:
-    """The pid of a run's `process` (PD_PROCESS) whose command line holds `marker`, once it
-    runs, for a run directory anywhere under `under`."""
+    """The pid of a run's `process` (PD_PROCESS, a glob: "decode-0@*" on whichever node
+    Slurm gave it) whose command line holds `marker`, once it runs, for a run directory
+    anywhere under `under`."""
+    from fnmatch import fnmatchcase
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for p in psutil.process_iter(["cmdline"]):
@@ -304,7 +307,8 @@ def server_of(process: str, marker: str, under: Path, timeout: float = 120) -> i
                 env = p.environ()
             except (psutil.Error, OSError):
                 continue
-            if env.get("PD_PROCESS") == process and env.get("PD_RUN_DIR", "").startswith(
+            if fnmatchcase(env.get("PD_PROCESS", ""), process) and env.get(
+                    "PD_RUN_DIR", "").startswith(
                     str(under)) and marker in " ".join(p.info["cmdline"] or []):
                 return p.pid
         time.sleep(0.5)

@@ -541,7 +541,7 @@ def test_the_preflight_finds_the_tokenizer_and_numactl_in_the_container_on_the_d
     assert "set numa-bind, which runs vLLM's workers under numactl, but numactl is not in the "\
            "engine's container" in st.error, st.error
     assert f"setup_script {tmp_path / 'none.sh'} ran first" in st.error
-    assert not (run / "logs" / "agg-0@gb200-01.log").exists()  # no engine was started
+    assert not list((run / "logs").glob("agg-0@*.log"))  # no engine was started
     events = rundir.RunDir(run).events()
     start = next(e["ts"] for e in events if e["event"] == "stage" and e["stage"] == "preflight")
     took = max(e["ts"] for e in events) - start

