@@ -22,7 +22,7 @@ from launcher.planning import (
     ucx,
 )
 from launcher.run import lengths, listing, published, rundir
-from launcher.run.plandoc import CPU_LABEL, PlanError, read_plan
+from launcher.run.plandoc import CPU_LABEL, PlanError, option_value, read_plan
 from launcher.run.rundir import RunDir, RunStatus
 from launcher.run.vocab import Kind, State
 
@@ -347,15 +347,14 @@ def tokenizer_note(plan) -> str:
         return ""
     flags = render.tokenizer_flags(plan)
     said = []
-    if "--tokenizer-mode" in flags:
-        mode = flags[flags.index("--tokenizer-mode") + 1]
+    if mode := option_value(flags, "--tokenizer-mode"):
         said.append(f"the template rendered by vLLM's own {mode} tokenizer from the image, "
                     "as the engines' tokenizer-mode names it and sa-bench's custom_tokenizer "
                     "loads it")
     if "--trust-remote-code" in flags:
         said.append("the tokenizer's own code trusted, as the engines' trust-remote-code")
-    if "--tokenizer-revision" in flags:
-        said.append(f"at revision {flags[flags.index('--tokenizer-revision') + 1]}")
+    if rev := option_value(flags, "--tokenizer-revision"):
+        said.append(f"at revision {rev}")
     return f" ({'; '.join(said)})" if said else ""
 
 

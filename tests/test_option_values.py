@@ -137,3 +137,16 @@ def test_the_simulator_prints_help_only_as_the_engine():
 
     found = argcheck.check("sim", [["serve", "m", "--hel"], ["serve", "m", "--tokenizer=-h"]])
     assert [r["message"] for r in found["results"]] == [argcheck.ASKS_HELP, None]
+
+
+@pytest.mark.parametrize("value", ["-1", "--foo=bar", "plain", "a=b"])
+def test_what_reads_a_flag_back_reads_both_forms_the_planner_writes(value):
+    """The node check, the dry-run's tokenizer note and `recommend` read a flag's value back
+    from an argv the planner wrote with `option`: either form gives the value written."""
+    from launcher.planning.render import option
+    from launcher.run.plandoc import option_value
+
+    argv = ["vllm", "serve", "m", *option("--tokenizer-revision", value), "--enforce-eager"]
+    assert option_value(argv, "--tokenizer-revision") == value
+    assert option_value(argv, "--tokenizer") is None  # a prefix of another flag is not it
+    assert option_value(argv, "--enforce-eager") is None  # no value after it

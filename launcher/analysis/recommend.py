@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.analysis.diagnose import Thresholds
+from launcher.run.plandoc import option_value
 
 # --- thresholds (printed in the evidence where they decide something) ----------------------
 
@@ -513,15 +514,6 @@ def _num(x: Any) -> float:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan
 
 
-def _argv_value(argv: list[str], flag: str) -> str | None:
-    for i, a in enumerate(argv):
-        if a == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
-
-
 def topology_of(plan: Any) -> Topology:
     """The run's shape from plan.json (PlanDoc): endpoints, GPUs per endpoint, decode
     engines and --max-num-seqs / --num-gpu-blocks-override x --block-size from the argv."""
@@ -540,11 +532,11 @@ def topology_of(plan: Any) -> Topology:
     seqs = None
     kv: list[float] = []
     for p in heads:
-        s = _argv_value(p.argv, "--max-num-seqs")
+        s = option_value(p.argv, "--max-num-seqs")
         if s and s.isdigit():
             seqs = int(s)
-        blocks = _argv_value(p.argv, "--num-gpu-blocks-override")
-        bs = _argv_value(p.argv, "--block-size")
+        blocks = option_value(p.argv, "--num-gpu-blocks-override")
+        bs = option_value(p.argv, "--block-size")
         if blocks and bs and blocks.isdigit() and bs.isdigit():
             ep = next(e for e in dec if e.name == p.endpoint)
             kv += [float(int(blocks) * int(bs))] * ep.dp_size

@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from launcher.run import engines
+from launcher.run.plandoc import option_value
 
 
 def imex_channels(folder: str | None, channel: str | None) -> list[str] | None:
@@ -251,10 +252,6 @@ def engine_platform(engine: str) -> str | None:
     return "cpu" if "+cpu" in version else "gpu"
 
 
-def _flag(argv: list[str], name: str) -> str | None:
-    return argv[argv.index(name) + 1] if name in argv[:-1] else None
-
-
 def files_read(plan: dict, node: str) -> list[tuple[str, str, str]]:
     """(process, what, path) for the inputs this node's processes read."""
     out = []
@@ -263,8 +260,8 @@ def files_read(plan: dict, node: str) -> list[tuple[str, str, str]]:
             continue
         argv, env = p.get("argv") or [], p.get("env") or {}
         for flag, what in (("--test", "GSM8K test file"), ("--train", "GSM8K train file")):
-            if _flag(argv, flag):
-                out.append((p["name"], what, _flag(argv, flag)))
+            if option_value(argv, flag):
+                out.append((p["name"], what, option_value(argv, flag)))
         if env.get("SIM_ANSWER_KEY"):
             out.append((p["name"], "answer key", env["SIM_ANSWER_KEY"]))
     return out
@@ -336,8 +333,8 @@ def tokenizer_checks(plan: dict, node: str) -> list[dict]:
         if p.get("node") != node or BENCH_MODULE not in argv or "--use-chat-template" not in argv:
             continue
         flags = argv[argv.index(BENCH_MODULE) + 1:]
-        key = (_flag(flags, "--tokenizer"), _flag(flags, "--tokenizer-mode"),
-               _flag(flags, "--tokenizer-revision"), "--trust-remote-code" in flags)
+        key = (option_value(flags, "--tokenizer"), option_value(flags, "--tokenizer-mode"),
+               option_value(flags, "--tokenizer-revision"), "--trust-remote-code" in flags)
         if key in seen:
             continue
         seen.add(key)
@@ -360,7 +357,7 @@ def tokenizer_checks(plan: dict, node: str) -> list[dict]:
 def engine_revision(plan: dict) -> str | None:
     """The --revision the engines are started with (model.revision), if any."""
     for p in plan.get("processes", []):
-        if p.get("kind") == "engine" and (rev := _flag(p.get("argv") or [], "--revision")):
+        if p.get("kind") == "engine" and (rev := option_value(p.get("argv") or [], "--revision")):
             return rev
     return None
 

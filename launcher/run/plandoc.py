@@ -28,6 +28,17 @@ class PlanError(Exception):
     """plan.json is missing, torn, of another version or malformed: one sentence."""
 
 
+def option_value(argv: list[str], flag: str) -> str | None:
+    """The value of `flag` in an argv, written either way the planner writes it
+    (["--flag", "value"] or ["--flag=value"]); None when absent."""
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
 @dataclass(frozen=True)
 class Process:
     """One process of a run: where it runs, its exact argv and env, where it logs."""
