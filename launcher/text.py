@@ -340,6 +340,40 @@ def custom_bench_lines(prepared: Prepared) -> list[str]:
     return out
 
 
+def agentic_lines(prepared: Prepared) -> list[str]:
+    """benchmark.agentic: the trace, the live sessions, AIPerf, the routing, where the
+    files go (docs/agentic.md)."""
+    from launcher.control import datasets
+
+    plan = prepared.plan
+    r = plan.recipe
+    ag = r.benchmark.agentic
+    _, note = datasets.check(r, plan.cluster)
+    what = (f"AIPerf's public corpus {ag.corpus}" if ag.corpus else
+            f"{ag.trace} ({ag.trace_format})")
+    length = (f"{ag.duration_s:g} s a point" if ag.duration_s else
+              f"{ag.sessions_per_point} sessions a point" if ag.sessions_per_point else
+              "every session of the trace once a point")
+    policies = render.session_policies(r)
+    routing = ", ".join(f"{k.replace('_', '-')} {v}" for k, v in policies.items()) or \
+        "vllm-router's default"
+    sticky = all(v == "consistent_hash" for v in policies.values()) and policies
+    out = [f"Agentic benchmark (benchmark.agentic, docs/agentic.md): AIPerf ({ag.aiperf}) "
+           f"replays {what} at {', '.join(map(str, r.benchmark.concurrency))} live sessions, "
+           f"{length}, seed {ag.seed}, warm-up {ag.warmup_requests} requests"
+           + (f", scenario {ag.scenario}" if ag.scenario else "")
+           + (f", sessions longer than {ag.max_context:,} tokens dropped"
+              if ag.max_context else ""),
+           f"  trace: {note}" if note else "  trace: see the blocker below",
+           f"  sessions: AIPerf sends each session's id in {ag.session_header}; the router "
+           f"runs {routing}" + (" (every turn of a session to one prefill and one decode, "
+                                "so its prefix is found in KV)" if sticky else ""),
+           "  per point: AIPerf's own files kept whole in bench/aiperf-cNNNNN/, the point's "
+           "figures in bench/cNNNNN.json, then every engine drained before the next (no "
+           "restart; AIPerf's first-turn cache-bust keeps points apart)"]
+    return out
+
+
 def tokenizer_note(plan) -> str:
     """How the client loads the tokenizer for the chat template, where not plainly."""
     b = plan.recipe.benchmark
@@ -387,6 +421,8 @@ def plan_text(prepared: Prepared) -> str:
     b = r.benchmark
     if b.enabled and b.custom is not None:
         lines += custom_bench_lines(prepared)
+    elif b.enabled and b.agentic is not None:
+        lines += agentic_lines(prepared)
     elif b.enabled:
         lines.append(
             f"Sweep: concurrency {', '.join(map(str, b.concurrency))} at "
@@ -412,9 +448,11 @@ def plan_text(prepared: Prepared) -> str:
             + f", pass at >= {a.threshold:g}"
         )
     match, _ = published.comparable(prepared.rendered.doc)
-    if prepared.capacity and b.enabled and b.custom is not None:
+    if prepared.capacity and b.enabled and (b.custom is not None or b.agentic is not None):
         lines.append("KV capacity below: for benchmark.input_len/output_len "
-                     f"({b.input_len}/{b.output_len}); the custom command sends its own lengths")
+                     f"({b.input_len}/{b.output_len}); the "
+                     + ("custom command" if b.custom is not None else "session trace")
+                     + " sends its own lengths")
     for cap in prepared.capacity:
         lines.append(cap.describe())
         if match is not None and cap.name.startswith("decode"):
