@@ -112,6 +112,9 @@ def _add_plan_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS,
                    help="where runs live; a trace file goes to its .pd-datasets folder "
                         "(default: %(default)s)")
+    s.add_argument("--block-size", type=int, default=512,
+                   help="tokens per hash id of a mooncake_trace (benchmark.agentic.block_size; "
+                        "default: %(default)s)")
     s.set_defaults(func=cmd_stage_dataset)
 
     s = sub.add_parser("run", help="run a prepared run directory, or a study prepared for one "
@@ -513,7 +516,7 @@ def cmd_stage_dataset(args) -> int:
     from launcher.schema import cluster as cluster_mod
 
     c = cluster_mod.load(args.cluster)
-    where = datasets.stage(args.trace, c, args.runs_dir.resolve())
+    where = datasets.stage(args.trace, c, args.runs_dir.resolve(), args.block_size)
     print(f"staged {args.trace} at {where}")
     if args.trace not in datasets.AGENTIC_CORPORA:
         print(f"set benchmark.agentic.trace: {where}")

@@ -145,7 +145,7 @@ def check(recipe, cluster) -> tuple[str | None, str | None]:
     return None, f"trace {path} (weka_trace, read by AIPerf)"
 
 
-def stage(trace: str, cluster, runs_dir: Path) -> Path:
+def stage(trace: str, cluster, runs_dir: Path, block_size: int = 512) -> Path:
     """Put a trace where the nodes read it; returns its path there."""
     if trace in AGENTIC_CORPORA:
         hf_home = cluster.models.hf_home
@@ -168,7 +168,7 @@ def stage(trace: str, cluster, runs_dir: Path) -> Path:
     if trace not in AGENTIC_CORPORA and "/" not in trace and not src.exists():
         raise UserError(f"stage-dataset {trace}: neither a file here nor a corpus AIPerf "
                         "0.13.0 knows (" + ", ".join(AGENTIC_CORPORA) + ")")
-    read_mooncake(src)
+    read_mooncake(src, block_size)
     dest = runs_dir / STAGED / src.name
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + ".part")
