@@ -174,9 +174,11 @@ def to_result(art: Path, sessions: int, roles: dict[str, str], exit_code: int,
             + (f"; its last line: {log_tail[-1][:200]}" if log_tail else "")))
         res["agentic"] = {"sessions": sessions, "artifacts": art.name, "exit_code": exit_code}
         return res
-    completed = int(_stat(export, "completed_request_count", "avg") or
-                    _stat(export, "request_count", "avg") or 0)
+    # request_count counts the successes, error_request_count the failures (AIPerf's
+    # metrics_json_exporter adds the two for its own totals)
+    completed = int(_stat(export, "request_count", "avg") or 0)
     failed = int(_stat(export, "error_request_count", "avg") or 0)
+    overflow = int(_stat(export, "context_overflow_count", "avg") or 0)
     errors = [f"{e.get('error_details', {}).get('message') or e.get('error_details')}"
               f" x{e.get('count')}" for e in export.get("error_summary") or []
               if isinstance(e, dict)]
@@ -210,6 +212,7 @@ def to_result(art: Path, sessions: int, roles: dict[str, str], exit_code: int,
         "benchmark_id": export.get("benchmark_id"),
         "was_cancelled": export.get("was_cancelled"), "is_complete": export.get("is_complete"),
         "error_rate": (_stat(export, "request_error_rate", "avg") or 0.0) / 100.0,
+        "context_overflow_rate": overflow / (completed + failed) if completed + failed else 0.0,
         "interactivity_tok_s": 1000.0 / p90_itl if p90_itl else None,
         "submission_valid": meta.get("submission_valid"),
         "invalid_reasons": meta.get("submission_invalid_reasons") or [],

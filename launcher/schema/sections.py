@@ -553,7 +553,9 @@ class Benchmark(Strict):
         description="wrap each prompt in the served model's chat template, its tokens "
         "inside input_len (sa-bench's use_chat_template); the builtin driver only",
     )
-    concurrency: list[int] = Field(default_factory=lambda: [64], min_length=1, max_length=64)
+    concurrency: list[int] = Field(
+        default_factory=lambda: [64], min_length=1, max_length=64,
+        description="requests in flight per sweep point; with benchmark.agentic, live sessions")
     prompts_per_point: int | None = Field(
         default=None, ge=1, le=10_000_000, description="requests per point (default: 5 x concurrency)"
     )
