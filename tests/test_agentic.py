@@ -68,7 +68,7 @@ def records(art: Path) -> list[dict]:
 
 
 def test_aiperf_replays_sessions_through_the_router_and_the_second_turn_hits_the_prefix(
-        tmp_path):
+        tmp_path, monkeypatch):
     aiperf()
     write_tokenizer(tmp_path / "tok")
     trace = write_trace(tmp_path / "trace.jsonl", SESSIONS, TURNS)
@@ -121,6 +121,15 @@ def test_aiperf_replays_sessions_through_the_router_and_the_second_turn_hits_the
         assert ag["prefix_hit_rate"] == hits / ag["prefix_cache"]["prefill"]["queries"]
         assert ag["prefix_cache"]["decode"]["hits"] == 0  # a P/D decode pulls, never hits
     assert leftovers(run) == []
+    # the dashboard's Sweep page: live sessions against the prefill hit rate, both points
+    at = helpers.open_app(run.parent, monkeypatch, run=run.name)
+    at.switch_page("app_pages/sweep.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "Agentic sessions" in [h.value for h in at.subheader]
+    shown = next(t.value for t in at.dataframe if "hit" in t.value.columns)
+    assert list(shown["sessions"]) == [2, 3]
+    assert [round(h, 6) for h in shown["hit"]] == [
+        round(points[c]["agentic"]["prefix_hit_rate"] * 100.0, 6) for c in (2, 3)]
 
 
 def test_stage_dataset_copies_a_trace_and_refuses_a_broken_one(tmp_path):
