@@ -368,10 +368,32 @@ def agentic_lines(prepared: Prepared) -> list[str]:
            f"  sessions: AIPerf sends each session's id in {ag.session_header}; the router "
            f"runs {routing}" + (" (every turn of a session to one prefill and one decode, "
                                 "so its prefix is found in KV)" if sticky else ""),
+           *_sessions_held(plan, r),
            "  per point: AIPerf's own files kept whole in bench/aiperf-cNNNNN/, the point's "
            "figures in bench/cNNNNN.json, then every engine drained before the next (no "
            "restart; AIPerf's first-turn cache-bust keeps points apart)"]
     return out
+
+
+def _sessions_held(plan, r) -> list[str]:
+    """The live sessions the decode KV holds at the workload's contexts (the same estimate
+    as the KV lines below, at that length)."""
+    from launcher.control import datasets
+
+    ctx = datasets.context_of(r)
+    if ctx is None:
+        return []
+    held = capacity.sessions_held(plan, ctx[0])
+    if not held:
+        return [f"  KV: no estimate of the live sessions the decode holds at {ctx[0]:,} "
+                f"tokens ({ctx[1]})"]
+    top = max(r.benchmark.concurrency)
+    total = sum(n for _, n in held)
+    return [f"  KV: the decode side holds about {total:,} live sessions' contexts at once at "
+            f"{ctx[0]:,} tokens each ({ctx[1]}; "
+            + ", ".join(f"{name} {n:,}" for name, n in held) + ")"
+            + (f"; above that ({top:,} live sessions at the top point) a returning session "
+               "finds its prefix evicted and prefills it again" if top > total else "")]
 
 
 def tokenizer_note(plan) -> str:

@@ -223,3 +223,23 @@ def test_an_agentic_script_setting_the_driver_does_not_read_is_refused_by_name()
     del data["benchmark"]["env"]["AIPERF_TRAJECTORY_START_MIN_RATIO"]
     recipe, _ = srt_slurm.convert(data, "x.yaml", "0" * 64, aliases)
     assert recipe["benchmark"]["concurrency"] == [16, 64]
+
+
+def test_the_dry_run_says_how_many_live_sessions_the_decode_kv_holds(tmp_path):
+    """At the trace's mean session context (3 sessions of 2 turns of 64 + 8 tokens: 144),
+    100 blocks of 16 tokens hold floor(99 / 9) = 11 sessions; 16 live sessions are more."""
+    from launcher import text
+
+    write_tokenizer(tmp_path / "tok")
+    trace = write_trace(tmp_path / "trace.jsonl", 3, 2, input_len=64)
+    path = recipe_file(tmp_path, trace)
+    [p] = prepare.prepare_all(str(path), [
+        "model.facts={total_params_b: 0.5, full_attention_layers: 16, num_kv_heads: 4, "
+        "head_dim: 64, max_position_embeddings: 4096}",
+        "decode.args={num-gpu-blocks-override: 100}", "benchmark.concurrency=[4,16]"],
+        [], tmp_path / "runs")
+    out = text.plan_text(p)
+    assert ("KV: the decode side holds about 11 live sessions' contexts at once at 144 "
+            "tokens each (the trace's mean session context, 3 sessions; decode-0 11); above "
+            "that (16 live sessions at the top point)") in out, out
+    assert "warning: " not in out  # the fixed-length sweep's KV warnings do not apply

@@ -145,6 +145,30 @@ def check(recipe, cluster) -> tuple[str | None, str | None]:
     return None, f"trace {path} (weka_trace, read by AIPerf)"
 
 
+# InferenceX's AgentX FAQ (InferenceX-app blog agentx-how-the-benchmark-works-faq.mdx,
+# 2026-08-11): the Weka corpora's median request, 142,016 input + 444 output tokens
+CORPUS_MEDIAN_CONTEXT = 142_016 + 444
+
+
+def context_of(recipe) -> tuple[int, str] | None:
+    """The context a live session holds, in tokens, and where the figure comes from: a
+    local mooncake_trace's mean session context, or a corpus's published median request."""
+    ag = recipe.benchmark.agentic
+    if ag is None:
+        return None
+    if ag.corpus:
+        return CORPUS_MEDIAN_CONTEXT, ("the Weka corpora's published median request, "
+                                       "InferenceX's AgentX FAQ")
+    if ag.trace_format != "mooncake_trace":
+        return None
+    try:
+        sessions = read_mooncake(Path(ag.trace), ag.block_size)
+    except UserError:
+        return None
+    mean = round(sum(sessions.values()) / len(sessions))
+    return mean, f"the trace's mean session context, {len(sessions):,} sessions"
+
+
 def stage(trace: str, cluster, runs_dir: Path, block_size: int = 512) -> Path:
     """Put a trace where the nodes read it; returns its path there."""
     if trace in AGENTIC_CORPORA:
