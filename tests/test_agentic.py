@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import yaml
 from agentic_trace import write_tokenizer, write_trace
 from helpers import launcher, leftovers
 
+from launcher.clients import agentic
 from launcher.control import datasets, prepare
 from launcher.errors import UserError
 from launcher.run import results, rundir
@@ -121,6 +123,17 @@ def test_aiperf_replays_sessions_through_the_router_and_the_second_turn_hits_the
         assert ag["prefix_hit_rate"] == hits / ag["prefix_cache"]["prefill"]["queries"]
         assert ag["prefix_cache"]["decode"]["hits"] == 0  # a P/D decode pulls, never hits
     assert leftovers(run) == []
+    # AIPerf ended before its summary (killed mid-point): the requests its records hold are
+    # kept, the point failed with AIPerf's own last words
+    crashed = tmp_path / "aiperf-crashed"
+    shutil.copytree(run / "bench" / points[3]["agentic"]["artifacts"], crashed)
+    (crashed / "profile_export_aiperf.json").unlink()
+    res = agentic.to_result(crashed, 3, {}, -9, ["Killed"])
+    assert res["status"] == "failed" and res["completed"] == SESSIONS * TURNS
+    assert res["failure_reason"] == (
+        "AIPerf exited with status -9 before writing profile_export_aiperf.json (Killed); "
+        f"the {SESSIONS * TURNS} request(s) it had recorded are kept (profile_export.jsonl)")
+    assert res["p50_ttft_ms"] == pytest.approx(points[3]["p50_ttft_ms"])
     # the dashboard's Sweep page: live sessions against the prefill hit rate, both points
     at = helpers.open_app(run.parent, monkeypatch, run=run.name)
     at.switch_page("app_pages/sweep.py").run()

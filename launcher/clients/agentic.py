@@ -160,6 +160,60 @@ def window(server: dict | None) -> tuple[float | None, float | None]:
     return (s / 1e9 if isinstance(s, int) else None, e / 1e9 if isinstance(e, int) else None)
 
 
+def salvaged(art: Path, res: dict, sessions: int, exit_code: int,
+             log_tail: list[str]) -> dict[str, Any]:
+    """A point whose AIPerf ended before its summary: what its per-request records hold
+    (AIPerf streams profile_export.jsonl as requests end) is kept, the point failed with
+    AIPerf's own words."""
+    ttfts, itls, lat, ok, bad = [], [], [], 0, 0
+    try:
+        lines = (art / "profile_export.jsonl").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # the line it was writing when it ended
+        meta, m = rec.get("metadata") or {}, rec.get("metrics") or {}
+        if meta.get("benchmark_phase", "profiling") != "profiling":
+            continue
+        if rec.get("error"):
+            bad += 1
+            continue
+        ok += 1
+        for xs, name in ((ttfts, "time_to_first_token"), (itls, "inter_token_latency"),
+                         (lat, "request_latency")):
+            v = (m.get(name) or {}).get("value")
+            if isinstance(v, (int, float)):
+                xs.append(float(v))
+    res.update(completed=ok, failed=bad, num_prompts=ok + bad)
+    for ours, xs in (("ttft", ttfts), ("itl", itls), ("tpot", itls), ("e2el", lat)):
+        if xs:
+            res[f"mean_{ours}_ms"] = sum(xs) / len(xs)
+            for q in (50, 90, 99):
+                res[f"p{q}_{ours}_ms"] = _percentile(xs, q)
+            res[f"median_{ours}_ms"] = res[f"p50_{ours}_ms"]
+    why = log_tail[-1][:200] if log_tail else "no output"
+    kept = (f"; the {ok + bad} request(s) it had recorded are kept (profile_export.jsonl)"
+            if ok + bad else "")
+    res.update(status="failed", failure_reason=(
+        f"AIPerf exited with status {exit_code} before writing profile_export_aiperf.json "
+        f"({why}){kept}"))
+    res["agentic"] = {"sessions": sessions, "artifacts": art.name, "exit_code": exit_code,
+                      "per_turn": per_turn(art / "profile_export.jsonl"), "salvaged": True}
+    return res
+
+
+def _percentile(xs: list[float], p: float) -> float:
+    """numpy's default (linear) percentile."""
+    s = sorted(xs)
+    pos = (len(s) - 1) * p / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
 def to_result(art: Path, sessions: int, roles: dict[str, str], exit_code: int,
               log_tail: list[str]) -> dict[str, Any]:
     """The point's result from AIPerf's files in `art` (what was measured is kept when
@@ -169,11 +223,7 @@ def to_result(art: Path, sessions: int, roles: dict[str, str], exit_code: int,
     res: dict[str, Any] = {"driver": "aiperf", "max_concurrency": sessions,
                            "date": time.strftime("%Y%m%d-%H%M%S")}
     if export is None:
-        res.update(completed=0, failed=0, status="failed", failure_reason=(
-            f"AIPerf exited with status {exit_code} and wrote no profile_export_aiperf.json"
-            + (f"; its last line: {log_tail[-1][:200]}" if log_tail else "")))
-        res["agentic"] = {"sessions": sessions, "artifacts": art.name, "exit_code": exit_code}
-        return res
+        return salvaged(art, res, sessions, exit_code, log_tail)
     # request_count counts the successes, error_request_count the failures (AIPerf's
     # metrics_json_exporter adds the two for its own totals)
     completed = int(_stat(export, "request_count", "avg") or 0)
