@@ -123,6 +123,10 @@ def test_aiperf_replays_sessions_through_the_router_and_the_second_turn_hits_the
         assert ag["prefix_hit_rate"] == hits / ag["prefix_cache"]["prefill"]["queries"]
         assert ag["prefix_cache"]["decode"]["hits"] == 0  # a P/D decode pulls, never hits
     assert leftovers(run) == []
+    said = " ".join(out.split())
+    assert ("agentic points (AIPerf, conc = live sessions): tok/s counts input as the server "
+            "counts it, its cached prefix included") in said
+    assert f"c=3 {points[3]['agentic']['prefix_hit_rate'] * 100:.1f} %" in said
     # AIPerf ended before its summary (killed mid-point): the requests its records hold are
     # kept, the point failed with AIPerf's own last words
     crashed = tmp_path / "aiperf-crashed"
