@@ -127,6 +127,9 @@ def test_aiperf_replays_sessions_through_the_router_and_the_second_turn_hits_the
     assert ("agentic points (AIPerf, conc = live sessions): tok/s counts input as the server "
             "counts it, its cached prefix included") in said
     assert f"c=3 {points[3]['agentic']['prefix_hit_rate'] * 100:.1f} %" in said
+    code, _ = launcher(tmp_path, "report", str(run), "-o", str(tmp_path / "r.html"))
+    page = " ".join((tmp_path / "r.html").read_text().split())
+    assert code == 0 and "agentic session replay (benchmark.agentic) with AIPerf" in page
     # AIPerf ended before its summary (killed mid-point): the requests its records hold are
     # kept, the point failed with AIPerf's own last words
     crashed = tmp_path / "aiperf-crashed"
