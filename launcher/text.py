@@ -358,12 +358,13 @@ def agentic_lines(prepared: Prepared) -> list[str]:
     routing = ", ".join(f"{k.replace('_', '-')} {v}" for k, v in policies.items()) or \
         "vllm-router's default"
     sticky = all(v == "consistent_hash" for v in policies.values()) and policies
-    out = [f"Agentic benchmark (benchmark.agentic, docs/agentic.md): AIPerf ({ag.aiperf}) "
-           f"replays {what} at {', '.join(map(str, r.benchmark.concurrency))} live sessions, "
+    _, tool = datasets.aiperf_check(r, plan.cluster)
+    out = [f"Agentic benchmark (benchmark.agentic, docs/agentic.md): AIPerf replays {what} at {', '.join(map(str, r.benchmark.concurrency))} live sessions, "
            f"{length}, seed {ag.seed}, warm-up {ag.warmup_requests} requests"
            + (f", scenario {ag.scenario}" if ag.scenario else "")
            + (f", sessions longer than {ag.max_context:,} tokens dropped"
               if ag.max_context else ""),
+           f"  AIPerf: {tool}" if tool else "  AIPerf: see the blocker below",
            f"  trace: {note}" if note else "  trace: see the blocker below",
            f"  sessions: AIPerf sends each session's id in {ag.session_header}; the router "
            f"runs {routing}" + (" (every turn of a session to one prefill and one decode, "

@@ -230,6 +230,17 @@ def test_an_unstaged_corpus_is_a_blocker_with_the_command_that_stages_it(tmp_pat
     assert p.blockers == []
 
 
+def test_an_aiperf_missing_on_a_local_profile_is_a_blocker(tmp_path):
+    write_tokenizer(tmp_path / "tok")
+    path = recipe_file(tmp_path, write_trace(tmp_path / "trace.jsonl", 2, 2))
+    [p] = prepare.prepare_all(str(path), ["benchmark.agentic.aiperf=/no/such/aiperf"], [],
+                              tmp_path / "runs")
+    assert p.blockers == [
+        "benchmark.agentic.aiperf /no/such/aiperf is not a command on this host: install "
+        "AIPerf 0.13.0 in an environment of its own (bash tests/aiperf/setup.sh makes one) and "
+        "name its aiperf"]
+
+
 def test_an_agentic_script_setting_the_driver_does_not_read_is_refused_by_name():
     data = yaml.safe_load(AGENTIC.read_text())
     data = srt_slurm_v2.deep_merge(data, {"benchmark": {"env": {

@@ -169,6 +169,26 @@ def context_of(recipe) -> tuple[int, str] | None:
     return mean, f"the trace's mean session context, {len(sessions):,} sessions"
 
 
+def aiperf_check(recipe, cluster) -> tuple[str | None, str | None]:
+    """(a blocker, a note) about the aiperf an agentic run calls: on a profile whose nodes
+    are this host it must be here; elsewhere it is the router node's, not seen from here."""
+    ag = recipe.benchmark.agentic
+    if ag is None:
+        return None, None
+    if cluster.scheduler != "local":
+        return None, (f"{ag.aiperf} on the router's node (its environment is the site's, not "
+                      "checked from here: docs/agentic.md)")
+    exe = shutil.which(ag.aiperf)
+    if exe is None:
+        return (f"benchmark.agentic.aiperf {ag.aiperf} is not a command on this host: install "
+                "AIPerf 0.13.0 in an environment of its own (bash tests/aiperf/setup.sh makes "
+                "one) and name its aiperf"), None
+    found = sorted(Path(exe).resolve().parent.parent.glob(
+        "lib/python*/site-packages/aiperf-*.dist-info"))
+    version = found[-1].name.removeprefix("aiperf-").removesuffix(".dist-info") if found else None
+    return None, exe + (f" (aiperf {version})" if version else "")
+
+
 def stage(trace: str, cluster, runs_dir: Path, block_size: int = 512) -> Path:
     """Put a trace where the nodes read it; returns its path there."""
     if trace in AGENTIC_CORPORA:

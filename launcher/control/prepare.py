@@ -497,8 +497,9 @@ def find_blockers(runs: list[Prepared]) -> list[Prepared]:
     for p in runs:
         refuse, _ = staging.check(p.plan.recipe, p.plan.cluster)
         p.blockers = [refuse] if refuse else []
-        trace, _ = datasets.check(p.plan.recipe, p.plan.cluster)
-        p.blockers += [trace] if trace else []
+        for check in (datasets.check, datasets.aiperf_check):
+            blocker, _ = check(p.plan.recipe, p.plan.cluster)
+            p.blockers += [blocker] if blocker else []
         p.blockers += ucx.ucx_lines(p.plan)[1]
         p.blockers += setup_script_lines(p)[1]
         if p.shared is not None:
