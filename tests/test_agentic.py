@@ -228,6 +228,11 @@ def test_an_unstaged_corpus_is_a_blocker_with_the_command_that_stages_it(tmp_pat
         f"cluster={prof}", "benchmark.agentic.trace=semianalysis_cc_traces_weka_062126"],
         [], tmp_path / "runs")
     assert p.blockers == []
+    bench = next(x for x in p.rendered.processes if x.name == "bench-c2")
+    assert bench.argv[bench.argv.index("--public-dataset") + 1] == \
+        "semianalysis-cc-traces-weka-062126"
+    assert {k: bench.env[k] for k in ("HF_HOME", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")} == {
+        "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
 def test_an_aiperf_missing_on_a_local_profile_is_a_blocker(tmp_path):

@@ -395,6 +395,9 @@ def agentic_processes(plan: Plan) -> list[Process]:
     trace = (["--public-dataset", AGENTIC_CORPORA[ag.corpus][0]] if ag.corpus else
              ["--input-file", ag.trace, "--trace-format", ag.trace_format,
               "--block-size", str(ag.block_size)])
+    # a staged corpus is read from the shared cache by the datasets library, offline too
+    offline = ({"HF_DATASETS_OFFLINE": "1"} if plan.cluster.models.hf_home
+               and not plan.cluster.models.internet else {})
     procs = []
     for c in r.benchmark.concurrency:
         name = f"bench-c{c}"
@@ -423,7 +426,8 @@ def agentic_processes(plan: Plan) -> list[Process]:
                  "--output", str(result)]
         procs.append(Process(
             name=name, kind=Kind.BENCH, node=plan.router_node, argv=argv,
-            env={**model_env(plan), **host_env(plan), **_base_env(name, plan.run_dir)},
+            env={**model_env(plan), **offline, **host_env(plan),
+                 **_base_env(name, plan.run_dir)},
             log=f"logs/{name}.log", env_from_host=list(r.env_from_host), container=False,
             result=str(result.relative_to(run.path))))
     return procs
