@@ -171,11 +171,14 @@ def context_of(recipe) -> tuple[int, str] | None:
 
 def aiperf_check(recipe, cluster) -> tuple[str | None, str | None]:
     """(a blocker, a note) about the aiperf an agentic run calls: on a profile whose nodes
-    are this host it must be here; elsewhere it is the router node's, not seen from here."""
+    are this host (the local profile, the dev cluster) it must be here; elsewhere it is the
+    router node's, not seen from here."""
+    from launcher.control.prepare import shares_one_host
+
     ag = recipe.benchmark.agentic
     if ag is None:
         return None, None
-    if cluster.scheduler != "local":
+    if not shares_one_host(cluster):
         return None, (f"{ag.aiperf} on the router's node (its environment is the site's, not "
                       "checked from here: docs/agentic.md)")
     exe = shutil.which(ag.aiperf)
