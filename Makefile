@@ -23,7 +23,7 @@ demo: setup
 # and pyxis built from ../shared/vendor (PD_VENDOR_DIR) with a registry and the engine
 # image on this host (the site's container runtime, for real), Chromium (the dashboard's browser tests), Prometheus (it
 # scrapes a job's targets), lm-evaluation-harness (the accuracy gate is checked against
-# it) and real vLLM built for CPU with tiny local models (tests/test_vllm_cpu.py; about
+# it), AIPerf 0.13.0 (the agentic benchmark replays sessions with it) and real vLLM built for CPU with tiny local models (tests/test_vllm_cpu.py; about
 # 2 minutes the first time, docs/vllm-cpu.md). Every script is idempotent.
 test: setup
 	bash slurm/devcluster/up.sh
@@ -31,6 +31,7 @@ test: setup
 	bash tests/browser/setup.sh
 	bash tests/prometheus/setup.sh
 	bash tests/lmeval/setup.sh
+	bash tests/aiperf/setup.sh
 	bash tests/vllm_cpu/setup.sh
 	$(BIN)/python -m pytest -n 3 --dist loadgroup
 

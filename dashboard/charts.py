@@ -432,3 +432,15 @@ def capacity_bars(df: pd.DataFrame) -> alt.Chart:
         tooltip=["endpoint:N", "source:N", alt.Tooltip("value:Q", format=",.0f")],
     ).properties(title="KV capacity: predicted (plan.json) vs observed (top sweep point)",
                  height=alt.Step(16))
+
+
+def hit_rate_vs_sessions(df: pd.DataFrame) -> alt.Chart:
+    """df: sessions, hit (%): an agentic run's prefill prefix-cache hit rate per point, live
+    sessions on the x axis (log 2, ticks at the run's own values)."""
+    ticks = sorted({float(c) for c in df["sessions"].dropna()})
+    return alt.Chart(df.dropna(subset=["hit"])).mark_line(point=True).encode(
+        x=alt.X("sessions:Q", title="live sessions", scale=alt.Scale(type="log", base=2),
+                axis=alt.Axis(values=ticks, format=",d") if ticks else alt.Undefined),
+        y=alt.Y("hit:Q", title="prefix-cache hit rate (%)", scale=alt.Scale(domain=[0, 100])),
+        tooltip=["sessions", alt.Tooltip("hit:Q", format=".1f")],
+    ).properties(title="Prefill prefix-cache hit rate vs live sessions", height=260)

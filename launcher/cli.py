@@ -104,6 +104,19 @@ def _add_plan_commands(sub: argparse._SubParsersAction) -> None:
                    help="a branch, tag or commit of the model (default: the hub's main)")
     s.set_defaults(func=cmd_stage_model)
 
+    s = sub.add_parser("stage-dataset", help="put an agentic session trace where the nodes "
+                                             "read it (a trace file, or an AIPerf corpus name)")
+    s.add_argument("trace", help="a mooncake_trace JSONL file, or one of AIPerf's public "
+                                 "corpora (e.g. semianalysis_cc_traces_weka_062126)")
+    s.add_argument("--cluster", required=True, help="a cluster profile name or YAML path")
+    s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS,
+                   help="where runs live; a trace file goes to its .pd-datasets folder "
+                        "(default: %(default)s)")
+    s.add_argument("--block-size", type=int, default=512,
+                   help="tokens per hash id of a mooncake_trace (benchmark.agentic.block_size; "
+                        "default: %(default)s)")
+    s.set_defaults(func=cmd_stage_dataset)
+
     s = sub.add_parser("run", help="run a prepared run directory, or a study prepared for one "
                                    "allocation, here (inside an allocation, e.g. under salloc)")
     s.add_argument("run_dir", type=Path, metavar="RUN_OR_STUDY_DIR",
@@ -496,6 +509,18 @@ def cmd_stage_model(args) -> int:
         raise UserError(f"cluster profile {c.name} names no models.hf_home to stage into")
     return staging.main([args.model, "--hf-home", c.models.hf_home] +
                         (["--revision", args.revision] if args.revision else []))
+
+
+def cmd_stage_dataset(args) -> int:
+    from launcher.control import datasets
+    from launcher.schema import cluster as cluster_mod
+
+    c = cluster_mod.load(args.cluster)
+    where = datasets.stage(args.trace, c, args.runs_dir.resolve(), args.block_size)
+    print(f"staged {args.trace} at {where}")
+    if args.trace not in datasets.AGENTIC_CORPORA:
+        print(f"set benchmark.agentic.trace: {where}")
+    return 0
 
 
 def cmd_run(args) -> int:

@@ -420,6 +420,17 @@ def measured(rd: RunDir) -> str:
                                     f"{b.custom.command}")),
                   ("its exit status", esc("it did not end" if code is None else str(code))
                    + " (its output: logs/bench.log)")]
+    elif b.enabled and b.agentic is not None:
+        ag = b.agentic
+        pairs += [
+            ("benchmark", esc("agentic session replay (benchmark.agentic) with AIPerf, in "
+                              f"place of the fixed-length sweep: {ag.trace}"
+                              + ("" if ag.corpus else f" ({ag.trace_format})"))),
+            ("live sessions", esc(", ".join(map(str, b.concurrency)))),
+            ("per point", esc(f"{ag.duration_s:g} s" if ag.duration_s else
+                              "every session of the trace once")),
+            ("its files", esc("bench/aiperf-cNNNNN/ (AIPerf's own export, kept whole)")),
+        ]
     elif b.enabled:
         pairs += [
             ("workload", esc(workload_sent(rd, b))),

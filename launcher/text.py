@@ -340,6 +340,63 @@ def custom_bench_lines(prepared: Prepared) -> list[str]:
     return out
 
 
+def agentic_lines(prepared: Prepared) -> list[str]:
+    """benchmark.agentic: the trace, the live sessions, AIPerf, the routing, where the
+    files go (docs/agentic.md)."""
+    from launcher.control import datasets
+
+    plan = prepared.plan
+    r = plan.recipe
+    ag = r.benchmark.agentic
+    _, note = datasets.check(r, plan.cluster)
+    what = (f"AIPerf's public corpus {ag.corpus}" if ag.corpus else
+            f"{ag.trace} ({ag.trace_format})")
+    length = (f"{ag.duration_s:g} s a point" if ag.duration_s else
+              f"{ag.sessions_per_point} sessions a point" if ag.sessions_per_point else
+              "every session of the trace once a point")
+    policies = render.session_policies(r)
+    routing = ", ".join(f"{k.replace('_', '-')} {v}" for k, v in policies.items()) or \
+        "vllm-router's default"
+    sticky = all(v == "consistent_hash" for v in policies.values()) and policies
+    _, tool = datasets.aiperf_check(r, plan.cluster)
+    out = [f"Agentic benchmark (benchmark.agentic, docs/agentic.md): AIPerf replays {what} at {', '.join(map(str, r.benchmark.concurrency))} live sessions, "
+           f"{length}, seed {ag.seed}, warm-up {ag.warmup_requests} requests"
+           + (f", scenario {ag.scenario}" if ag.scenario else "")
+           + (f", sessions longer than {ag.max_context:,} tokens dropped"
+              if ag.max_context else ""),
+           f"  AIPerf: {tool}" if tool else "  AIPerf: see the blocker below",
+           f"  trace: {note}" if note else "  trace: see the blocker below",
+           f"  sessions: AIPerf sends each session's id in {ag.session_header}; the router "
+           f"runs {routing}" + (" (every turn of a session to one prefill and one decode, "
+                                "so its prefix is found in KV)" if sticky else ""),
+           *_sessions_held(plan, r),
+           "  per point: AIPerf's own files kept whole in bench/aiperf-cNNNNN/, the point's "
+           "figures in bench/cNNNNN.json, then every engine drained before the next (no "
+           "restart; AIPerf's first-turn cache-bust keeps points apart)"]
+    return out
+
+
+def _sessions_held(plan, r) -> list[str]:
+    """The live sessions the decode KV holds at the workload's contexts (the same estimate
+    as the KV lines below, at that length)."""
+    from launcher.control import datasets
+
+    ctx = datasets.context_of(r)
+    if ctx is None:
+        return []
+    held = capacity.sessions_held(plan, ctx[0])
+    if not held:
+        return [f"  KV: no estimate of the live sessions the decode holds at {ctx[0]:,} "
+                f"tokens ({ctx[1]})"]
+    top = max(r.benchmark.concurrency)
+    total = sum(n for _, n in held)
+    return [f"  KV: the decode side holds about {total:,} live sessions' contexts at once at "
+            f"{ctx[0]:,} tokens each ({ctx[1]}; "
+            + ", ".join(f"{name} {n:,}" for name, n in held) + ")"
+            + (f"; above that ({top:,} live sessions at the top point) a returning session "
+               "finds its prefix evicted and prefills it again" if top > total else "")]
+
+
 def tokenizer_note(plan) -> str:
     """How the client loads the tokenizer for the chat template, where not plainly."""
     b = plan.recipe.benchmark
@@ -386,6 +443,8 @@ def plan_text(prepared: Prepared) -> str:
     b = r.benchmark
     if b.enabled and b.custom is not None:
         lines += custom_bench_lines(prepared)
+    elif b.enabled and b.agentic is not None:
+        lines += agentic_lines(prepared)
     elif b.enabled:
         lines.append(
             f"Sweep: concurrency {', '.join(map(str, b.concurrency))} at "
@@ -411,9 +470,11 @@ def plan_text(prepared: Prepared) -> str:
             + f", pass at >= {a.threshold:g}"
         )
     match, _ = published.comparable(prepared.rendered.doc)
-    if prepared.capacity and b.enabled and b.custom is not None:
+    if prepared.capacity and b.enabled and (b.custom is not None or b.agentic is not None):
         lines.append("KV capacity below: for benchmark.input_len/output_len "
-                     f"({b.input_len}/{b.output_len}); the custom command sends its own lengths")
+                     f"({b.input_len}/{b.output_len}); the "
+                     + ("custom command" if b.custom is not None else "session trace")
+                     + " sends its own lengths")
     for cap in prepared.capacity:
         lines.append(cap.describe())
         if match is not None and cap.name.startswith("decode"):

@@ -218,11 +218,24 @@ def test_a_billion_laughs_file_is_one_sentence_within_a_second(tmp_path):
     assert "refers to a value that contains it" in one_line(e.value)
 
 
-def test_the_published_agentic_schema_2_file_is_refused_naming_the_feature():
-    with pytest.raises(UserError) as e:
-        srt_slurm.import_file(AGENTIC)
-    text = one_line(e.value)
-    assert "agentic" in text and "SemiAnalysisAI/InferenceX@4fa2a2ff" in text
+def test_the_published_agentic_schema_2_file_imports_as_an_agentic_benchmark():
+    """It was refused naming the agentic benchmark; now its custom command is
+    benchmark.agentic: the corpus from WEKA_LOADER_OVERRIDE, the script's own settings
+    written out, every env key mapped or said why not, nothing refused."""
+    recipe, report = srt_slurm.import_file(AGENTIC, aliases={
+        "deepseek-v4-pro": "deepseek-ai/DeepSeek-V4-Pro"})
+    b = recipe["benchmark"]
+    assert "custom" not in b
+    assert b["agentic"] == {"scenario": "inferencex-agentx-mvp", "duration_s": 1800.0,
+                            "seed": 42, "failed_request_threshold": 0.1,
+                            "trace": "semianalysis_cc_traces_weka_062126"}
+    assert b["concurrency"] == [256]
+    assert not report.refused
+    said = {k for k, _ in report.mapped + report.deviations}
+    for k in yaml.safe_load(AGENTIC.read_text())["benchmark"]["env"]:
+        assert f"benchmark.env.{k}" in said, k
+    routing = dict(report.deviations)["frontend.args.router-mode"]
+    assert "consistent_hash" in routing
 
 
 def test_the_published_schema_2_file_with_a_fixed_length_benchmark_reaches_the_command_lines(

@@ -132,7 +132,53 @@ def body(info) -> None:  # the run as re-read at each live refresh
             st.markdown(f"**{run}**")
         points_tables(t, energy)
     speculative(table)
-    lengths_sent(info)
+    if not agentic(info):
+        lengths_sent(info)
+
+
+def agentic(info) -> bool:
+    """An agentic run's points (benchmark.agentic, docs/agentic.md): live sessions against
+    the prefill's prefix-cache hit rate and TTFT, from AIPerf's files and the engines'
+    counters. False when the run has none."""
+    rows = []
+    for p in ui.bench(info):
+        ag = p.get("agentic")
+        if not isinstance(ag, dict) or p.get("status") != "ok":
+            continue
+        hit = ag.get("prefix_hit_rate")
+        turns = ag.get("per_turn") or []
+        rows.append({"sessions": ag.get("sessions"),
+                     "hit": None if hit is None else hit * 100.0,
+                     "ttft_p90": p.get("p90_ttft_ms"),
+                     "ttft_first": turns[0].get("mean_ttft_ms") if turns else None,
+                     "ttft_later": _mean([t.get("mean_ttft_ms") for t in turns[1:]]),
+                     "interactivity": ag.get("interactivity_tok_s"),
+                     "requests": p.get("completed"), "turns": len(turns)})
+    if not rows:
+        return False
+    st.subheader("Agentic sessions")
+    st.caption("Per point, AIPerf's replay at that many live sessions: the prefills' "
+               "prefix-cache hit rate over the point (vllm:prefix_cache_hits ÷ queries, the "
+               "engines' own counters as AIPerf recorded them), TTFT p90, mean TTFT of first "
+               "and of later turns (AIPerf's per-request records), interactivity = 1000 ÷ "
+               "ITL p90 (ms).")
+    t = pd.DataFrame(rows).sort_values("sessions")
+    ui.altair(charts.hit_rate_vs_sessions(t))
+    num = st.column_config.NumberColumn
+    ui.table(t, column_config={
+        "sessions": num("live sessions", format="%d"),
+        "hit": num("prefix hit %", format="%.1f"),
+        "ttft_p90": num("TTFT p90 ms", format="%.0f"),
+        "ttft_first": num("TTFT first turn ms", format="%.0f"),
+        "ttft_later": num("TTFT later turns ms", format="%.0f"),
+        "interactivity": num("interactivity tok/s", format="%.1f"),
+        "requests": num("requests", format="%d"), "turns": num("turns", format="%d")})
+    return True
+
+
+def _mean(xs: list) -> float | None:
+    xs = [x for x in xs if isinstance(x, (int, float))]
+    return sum(xs) / len(xs) if xs else None
 
 
 def speculative(table: pd.DataFrame) -> None:

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher.control import compute_env
+from launcher.control import compute_env, datasets
 from launcher.errors import UserError
 from launcher.planning import cost, engine_argv, render, schedulers, study, ucx
 from launcher.planning.capacity import estimates, resolve_model
@@ -127,6 +127,7 @@ def plan_run(
         names = cluster_mod.profile_nodes(cluster, need)
     plan = make_plan(recipe, cluster, names, runtime=rt, model=model)
     engine_argv.check(plan)
+    datasets.check(recipe, cluster)  # a missing or malformed trace: one sentence, now
     refusal, _ = cost.time_limit_problems(plan, cost.estimate(plan))
     if refusal:
         raise UserError(refusal)
@@ -496,6 +497,9 @@ def find_blockers(runs: list[Prepared]) -> list[Prepared]:
     for p in runs:
         refuse, _ = staging.check(p.plan.recipe, p.plan.cluster)
         p.blockers = [refuse] if refuse else []
+        for check in (datasets.check, datasets.aiperf_check):
+            blocker, _ = check(p.plan.recipe, p.plan.cluster)
+            p.blockers += [blocker] if blocker else []
         p.blockers += ucx.ucx_lines(p.plan)[1]
         p.blockers += setup_script_lines(p)[1]
         if p.shared is not None:

@@ -94,6 +94,31 @@ def _estimate(plan: Plan, ep: Endpoint, facts: kv.ModelFacts) -> kv.KvCapacity |
         return f"{type(e).__name__}: {e}"
 
 
+def sessions_held(plan: Plan, context: int) -> list[tuple[str, int]]:
+    """(decode endpoint, live sessions whose `context`-token contexts its KV cache holds at
+    once) by the same estimate at that length: an agentic run's KV room."""
+    facts = model_facts(plan)
+    out: list[tuple[str, int]] = []
+    if facts is None:
+        return out
+    for ep in plan.endpoints:
+        if ep.role not in (Role.DECODE, Role.AGG):
+            continue
+        pool = ep.pool
+        try:
+            cap = kv.estimate(
+                facts, kv.EngineArgs.from_flags(engine_args(plan.recipe, pool)),
+                kv.Parallelism(pool.tensor_parallel, pool.data_parallel,
+                                     pool.expert_parallel),
+                kv.Device(plan.cluster.gpu_memory_gib, device_kind(plan)),
+                kv.Workload(max(1, context - 1), 1, 1.0, rule="sa-bench"), name=ep.name)
+        except (kv.NoEstimate, ValueError, KeyError, ZeroDivisionError):
+            continue
+        out.append((ep.name, math.floor(max(0, cap.num_gpu_blocks - 1)
+                                        / cap.blocks_per_request_at_mean) * cap.dp))
+    return out
+
+
 def missing(plan: Plan, caps: list[kv.KvCapacity]) -> str | None:
     """Why a decode (or aggregated) endpoint has no estimate, in one line; None if all do."""
     lacking = [ep for ep in plan.endpoints if ep.role in (Role.DECODE, Role.AGG)
@@ -125,7 +150,10 @@ def estimates(plan: Plan) -> list[kv.KvCapacity]:
 
 def warnings(plan: Plan, caps: list[kv.KvCapacity]) -> list[str]:
     """What the estimate says will go wrong: an endpoint that cannot hold one request, or a
-    sweep the decode side cannot hold."""
+    sweep the decode side cannot hold. None for an agentic run: its lengths are the trace's
+    (the dry-run's KV line gives the live sessions held at them)."""
+    if plan.recipe.benchmark.agentic is not None:
+        return []
     out = []
     for c in caps:
         if c.per_rank_at_max_length < 1:

@@ -108,6 +108,7 @@ PUBLISHED = "the published per-point figures"
 SIM_DEFAULT = "the simulator's speed model (default knobs)"  # a real engine, another model
 SIM_RECIPE = "the simulator's speed model (the recipe's sim knobs)"  # engine sim: the model
 ASSUMED_CPU = "assumed"  # the basis of a CPU engine's request times starts with it
+ASSUMED_AGENTIC = "assumed from the recipe"  # an agentic point's time: its duration
 CPU_BASIS = f"{ASSUMED_CPU} TTFT {CPU_TTFT_S:g} s and TPOT {CPU_TPOT_S * 1000:g} ms on CPU"
 
 
@@ -235,6 +236,8 @@ def point_times(plan: Plan) -> tuple[list[PointTime], str]:
     b = r.benchmark
     if not b.sweeps:  # no sweep, or a custom command in its place (its time is its own)
         return [], ""
+    if b.agentic is not None:
+        return agentic_point_times(plan)
     n = b.lengths()
     config = _published_config(plan) if not r.engine_kind.simulated else None
     room = kv_room(plan)
@@ -268,6 +271,23 @@ def point_times(plan: Plan) -> tuple[list[PointTime], str]:
         basis += (f"; at most {room:,} requests run at once on the decode side (its KV "
                   "estimate and max-num-seqs)")
     return out, basis
+
+
+AGENTIC_START_S = 30.0  # AIPerf's start (dataset load, workers) and the drain after a point
+AGENTIC_ONCE_S = 600.0  # a trace played once: its length is its sessions', unknown here
+
+
+def agentic_point_times(plan: Plan) -> tuple[list[PointTime], str]:
+    """An agentic point lasts its duration_s plus AIPerf's start and the drain; a trace
+    played once is assumed AGENTIC_ONCE_S (its recorded think times decide)."""
+    ag = plan.recipe.benchmark.agentic
+    length = ag.duration_s or AGENTIC_ONCE_S
+    out = [PointTime(c, ag.warmup_requests, length + AGENTIC_START_S, ASSUMED_AGENTIC)
+           for c in plan.recipe.benchmark.concurrency]
+    basis = (f"{ASSUMED_AGENTIC}: benchmark.agentic.duration_s {ag.duration_s:g} s a point"
+             if ag.duration_s else f"{ASSUMED_AGENTIC}: {AGENTIC_ONCE_S:g} s a point for a "
+             "trace played once (set benchmark.agentic.duration_s to bound it)")
+    return out, basis + f" + {AGENTIC_START_S:g} s for AIPerf's start and the drain"
 
 
 def kv_room(plan: Plan) -> int | None:
@@ -305,7 +325,7 @@ def estimate(plan: Plan) -> Cost:
         phases.append(("sweep", sum(p.seconds for p in points)))
         sources.append(("sweep", basis))
         requests = sum(p.requests for p in points)
-        tokens = round(requests * b.lengths().mean_total)
+        tokens = 0 if b.agentic else round(requests * b.lengths().mean_total)
     if r.hold_s:
         phases.append(("hold", float(r.hold_s)))
     if a.enabled:
@@ -324,7 +344,8 @@ def estimate(plan: Plan) -> Cost:
                             f"and {out} out"))
         phases.append(("accuracy gate", gate))
         requests += q
-    warmups = sum(p.requests - b.prompts(p.concurrency) for p in points)
+    warmups = sum(p.requests - (0 if b.agentic else b.prompts(p.concurrency))
+                  for p in points)
     bound = r.health.timeout_s
     if r.engine_kind.simulated:
         load = min(bound, float(r.sim.start_delay_s or 0) + 5)

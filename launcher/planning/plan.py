@@ -273,8 +273,11 @@ def _check_lengths(recipe: Recipe, model: ModelFacts | None) -> None:
     b = recipe.benchmark
     if not b.sweeps:
         return
-    n = b.lengths()
     context = model.max_position_embeddings if model else 0
+    if b.agentic is not None:
+        _check_context(recipe, context)
+        return
+    n = b.lengths()
     for role, pool in recipe.pools():
         if pool.endpoints < 1:
             continue
@@ -299,6 +302,37 @@ def _check_lengths(recipe: Recipe, model: ModelFacts | None) -> None:
                     f"{lengths.RULE_TEXT[b.length_rule]} at range_ratio {b.range_ratio:g}) "
                     f"but {where} is shorter: vLLM refuses such requests; raise "
                     f"{role}.args.max-model-len or lower benchmark.input_len/output_len")
+
+
+def max_model_len(recipe: Recipe, context: int = 0) -> tuple[int, str] | None:
+    """The shortest max-model-len of the serving pools (else the model's context), and
+    where it comes from in words; None when neither is known."""
+    best: tuple[int, str] | None = None
+    for role, pool in recipe.pools():
+        if pool.endpoints < 1:
+            continue
+        raw = engine_args(recipe, pool).get("max-model-len")
+        try:
+            limit = (kv.EngineArgs.from_flags({"max-model-len": raw}).max_model_len
+                     if raw is not None else None)
+        except ValueError:  # not a length: vLLM's parser names the flag
+            limit = None
+        if limit is not None and (best is None or limit < best[0]):
+            best = (limit, f"{role}.args.max-model-len {limit:,}")
+    if best is None and context:
+        best = (context, f"the model's context ({context:,} tokens)")
+    return best
+
+
+def _check_context(recipe: Recipe, context: int) -> None:
+    """An agentic run's max_context past what the engines take: every longer session would
+    fail its later turns."""
+    ag = recipe.benchmark.agentic
+    limit = max_model_len(recipe, context)
+    if ag.max_context and limit and ag.max_context > limit[0]:
+        raise UserError(
+            f"benchmark.agentic.max_context {ag.max_context:,} is longer than {limit[1]}: "
+            "vLLM refuses a turn past it; lower max_context or raise max-model-len")
 
 
 def _side(recipe: Recipe, role: Role, concurrency: int | None = None) -> pairing.Side:

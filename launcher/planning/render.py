@@ -19,10 +19,11 @@ from launcher.planning.plan import Endpoint, Plan, engine_args
 from launcher.run import lengths, rundir
 from launcher.run.plandoc import EndpointDoc, NodeDoc, PlanDoc, Process
 from launcher.run.vocab import Kind, Role
-from launcher.schema.sections import flag_key
+from launcher.schema.sections import AGENTIC_CORPORA, flag_key
 
 # The launcher's own modules behind each program (the simulator stands in for `vllm`).
 BENCH_MODULE = "launcher.clients.bench"
+AGENTIC_MODULE = "launcher.clients.agentic"
 ACCURACY_MODULE = "launcher.clients.accuracy"
 AGENT_MODULE = "launcher.telemetry.agent"
 KV_CONNECTOR_FLAG = {"nixl": "nixl", "mooncake": "mooncake", "moriio": "moriio"}
@@ -284,10 +285,8 @@ def router_process(plan: Plan) -> Process:
     else:
         argv += ["--worker-urls", *[u for ep in plan.endpoints for u in plan.front_urls(ep)]]
     argv += ["--prometheus-host", bind, "--prometheus-port", str(plan.router_metrics_port)]
-    for key in ("policy", "prefill_policy", "decode_policy"):
-        value = getattr(r.router, key)
-        if value:
-            argv += option(f"--{key.replace('_', '-')}", value)
+    for key, value in session_policies(r).items():
+        argv += option(f"--{key.replace('_', '-')}", value)
     argv += flags({flag_key(k): v for k, v in r.router.args.items() if v is not None})
     node = plan.router_node
     return Process(
@@ -384,10 +383,76 @@ def tokenizer_flags(plan: Plan) -> list[str]:
     return out
 
 
+def agentic_processes(plan: Plan) -> list[Process]:
+    """benchmark.agentic: per point (live sessions), AIPerf through the router from the
+    router's node, in AIPerf's own environment on the host (docs/agentic.md); its files in
+    bench/aiperf-cNNNNN/, the point's result beside them."""
+    r = plan.recipe
+    ag = r.benchmark.agentic
+    run = rundir.RunDir(Path(plan.run_dir))
+    metrics = [f"{ep.role}=http://{plan.address(p.node)}:{p.http_port}/metrics"
+               for ep in plan.endpoints for p in ep.fronts]
+    trace = (["--public-dataset", AGENTIC_CORPORA[ag.corpus][0]] if ag.corpus else
+             ["--input-file", ag.trace, "--trace-format", ag.trace_format,
+              "--block-size", str(ag.block_size)])
+    # a staged corpus is read from the shared cache by the datasets library, offline too
+    offline = ({"HF_DATASETS_OFFLINE": "1"} if plan.cluster.models.hf_home
+               and not plan.cluster.models.internet else {})
+    procs = []
+    for c in r.benchmark.concurrency:
+        name = f"bench-c{c}"
+        result = run.bench_result(c)
+        argv = [*launcher_cmd(plan, AGENTIC_MODULE, False), "--aiperf", ag.aiperf,
+                "--url", plan.router_url, "--model", r.model.name,
+                *option("--tokenizer", ag.tokenizer or r.model.path), *trace,
+                "--sessions", str(c)]
+        if ag.duration_s:
+            argv += ["--duration", f"{ag.duration_s:g}"]
+        elif ag.sessions_per_point:
+            argv += ["--conversations", str(ag.sessions_per_point)]
+        argv += ["--warmup", str(ag.warmup_requests), "--seed", str(ag.seed),
+                 "--failed-threshold", f"{ag.failed_request_threshold:g}",
+                 "--session-header", ag.session_header,
+                 "--drain-poll-s", f"{ag.drain_poll_s:g}"]
+        if ag.think_time_cap_s is not None:
+            argv += ["--think-cap", f"{ag.think_time_cap_s:g}"]
+        if ag.max_context:
+            argv += ["--max-context", str(ag.max_context)]
+        if ag.scenario:
+            argv += ["--scenario", ag.scenario]
+        for m in metrics:
+            argv += ["--metrics", m]
+        argv += ["--artifact-dir", str(result.with_name(f"aiperf-{result.stem}")),
+                 "--output", str(result)]
+        procs.append(Process(
+            name=name, kind=Kind.BENCH, node=plan.router_node, argv=argv,
+            env={**model_env(plan), **offline, **host_env(plan),
+                 **_base_env(name, plan.run_dir)},
+            log=f"logs/{name}.log", env_from_host=list(r.env_from_host), container=False,
+            result=str(result.relative_to(run.path))))
+    return procs
+
+
+def session_policies(recipe) -> dict[str, str]:
+    """The router's policies: the recipe's, or for an agentic run that names none,
+    consistent_hash for prefill and decode, so every turn of a session (keyed by its
+    session header) reaches the prefill and decode that hold its prefix."""
+    r = recipe.router
+    given = {k: getattr(r, k) for k in ("policy", "prefill_policy", "decode_policy")
+             if getattr(r, k)}
+    if given or recipe.benchmark.agentic is None:
+        return given
+    if recipe.mode == "disagg":
+        return {"prefill_policy": "consistent_hash", "decode_policy": "consistent_hash"}
+    return {"policy": "consistent_hash"}
+
+
 def bench_processes(plan: Plan) -> list[Process]:
     """One client run per concurrency point, against the router, from the first node."""
     r = plan.recipe
     b = r.benchmark
+    if b.agentic is not None:
+        return agentic_processes(plan)
     run = rundir.RunDir(Path(plan.run_dir))
     boxed = r.container is not None
     exe = ["vllm", "bench", "serve"] if b.driver == "vllm" else launcher_cmd(plan, BENCH_MODULE, boxed)
@@ -561,6 +626,13 @@ def workload_doc(plan: Plan) -> dict:
         return {}
     if b.custom is not None:
         return {"driver": "custom", "command": b.custom.command}
+    if b.agentic is not None:
+        ag = b.agentic
+        return {"driver": "aiperf", "trace": ag.trace, "corpus": ag.corpus,
+                "trace_format": None if ag.corpus else ag.trace_format,
+                "sessions": list(b.concurrency), "duration_s": ag.duration_s,
+                "routing": session_policies(plan.recipe),
+                "session_header": ag.session_header}
     n = b.lengths()
     return {"driver": b.driver, "length_rule": b.length_rule, "range_ratio": b.range_ratio,
             "input_len": b.input_len, "output_len": b.output_len,

@@ -193,6 +193,11 @@ def point_figures(result: dict[str, Any], denominators: dict[str, int],
         na["tokens_per_s_per_user"] = "no median TPOT (every request made at most one token)"
     fig["denominators"] = den
     fig["not_applicable"] = na
+    ag = result.get("agentic")
+    if isinstance(ag, dict):  # an AIPerf session replay's own figures (docs/agentic.md)
+        fig["agentic"] = {k: ag.get(k) for k in (
+            "sessions", "prefix_hit_rate", "interactivity_tok_s", "error_rate",
+            "context_overflow_rate", "submission_valid", "invalid_reasons")}
     return fig
 
 
@@ -698,6 +703,18 @@ def render_table(s: dict[str, Any], console: Any = None) -> None:
                       "(the published metric)"
                       + ("; (allocated): ÷ nodes x GPUs per node, idle GPUs "
                          f"included ({alloc} vs {den.get('gpus_total')})" if both else ""))
+    agentic = [p for p in s.get("points", []) if isinstance(p.get("agentic"), dict)]
+    if agentic:
+        console.print(
+            "agentic points (AIPerf, conc = live sessions): tok/s counts input as the server "
+            "counts it, its cached prefix included (InferenceX's AgentX figure), not "
+            "comparable with sa-bench's; prefill prefix-cache hit rate "
+            + ", ".join(f"c={p['max_concurrency']} {_pct(p['agentic'].get('prefix_hit_rate'))}"
+                        for p in agentic)
+            + "; interactivity (1000 ÷ ITL p90) "
+            + ", ".join(f"c={p['max_concurrency']} "
+                        f"{_f(p['agentic'].get('interactivity_tok_s'), 1)} tok/s"
+                        for p in agentic))
     for p in s.get("points", []):
         if p.get("status") != "ok":
             console.print(f"[red]point {p.get('max_concurrency')} failed:[/] "
@@ -712,6 +729,10 @@ def render_table(s: dict[str, Any], console: Any = None) -> None:
     console.print(f"verdict: [bold {color}]{verdict}[/]")
     for r in s.get("verdict_reasons", []):
         console.print(f"  - {r}")
+
+
+def _pct(x) -> str:
+    return "-" if not isinstance(x, (int, float)) else f"{x * 100:.1f} %"
 
 
 def summary_table(s: dict[str, Any], width: int = 140) -> str:

@@ -8,7 +8,8 @@ Pure: the command and its env are read as text, nothing is run.
   `utils/bench_serving/benchmark_serving.py` itself (its flags on the command line): both
   send sa-bench's workload, which the builtin sweep sends.
 - InferenceX's agentic AIPerf replay (`agentic_srt.sh`, `srt_agentic.sh`, srt-slurm's
-  `agentx.sh`): named; the launcher has no agentic driver yet, so it runs as given.
+  `agentx.sh`): the srt-slurm import makes it benchmark.agentic; written by hand as
+  benchmark.custom, it runs as given.
 """
 
 from __future__ import annotations
@@ -33,13 +34,20 @@ class Native:
 
     def text(self) -> str:
         if not self.runs_natively:
-            return (f"This is {self.what}; the launcher has no native agentic driver yet, so "
-                    "the command runs as given.")
+            return (f"This is {self.what}, which benchmark.agentic runs natively with the "
+                    "real AIPerf (docs/agentic.md): an srt-slurm recipe's command is "
+                    "imported as it; here the command runs as given.")
         sets = " ".join(f"--set {shlex.quote(s)}" for s in ["benchmark.custom=null", *self.sets])
         gap = (f" (give {', '.join(self.missing)} too: the command takes them from the "
                "environment InferenceX's workflow exports)" if self.missing else "")
         return (f"This is {self.what}, which the builtin sweep sends natively (sa-bench's "
                 f"lengths and warm-up, per-point results, the dashboard): {sets}{gap}")
+
+
+def is_agentic(command) -> bool:
+    """The command is InferenceX's agentic AIPerf replay (the import makes it
+    benchmark.agentic)."""
+    return isinstance(command, str) and any(s in command for s in AGENTIC_SCRIPTS)
 
 
 def recognise(command: str, env: dict[str, str]) -> Native | None:

@@ -407,6 +407,137 @@ class CustomBenchmark(Strict):
         return v
 
 
+# AIPerf 0.13.0's public session corpora (its plugins.yaml, public_dataset_loader entries):
+# the name a recipe gives -> (the --public-dataset spelling its CLI takes, the Hugging Face
+# dataset it downloads). docs/agentic.md.
+AGENTIC_CORPORA = {
+    "semianalysis_cc_traces_weka": ("semianalysis-cc-traces-weka",
+                                    "semianalysisai/cc-traces-weka-no-subagents-051826"),
+    "semianalysis_cc_traces_weka_no_subagents": (
+        "semianalysis-cc-traces-weka-no-subagents",
+        "semianalysisai/cc-traces-weka-no-subagents-051826"),
+    "semianalysis_cc_traces_weka_with_subagents": (
+        "semianalysis-cc-traces-weka-with-subagents", "semianalysisai/cc-traces-weka-062126"),
+    "semianalysis_cc_traces_weka_061326": ("semianalysis-cc-traces-weka-061326",
+                                           "semianalysisai/cc-traces-weka-061326"),
+    "semianalysis_cc_traces_weka_061526": ("semianalysis-cc-traces-weka-061526",
+                                           "semianalysisai/cc-traces-weka-061526"),
+    "semianalysis_cc_traces_weka_062126": ("semianalysis-cc-traces-weka-062126",
+                                           "semianalysisai/cc-traces-weka-062126"),
+    "semianalysis_cc_traces_weka_062126_256k": ("semianalysis-cc-traces-weka-062126-256-k",
+                                                "semianalysisai/cc-traces-weka-062126-256k"),
+}
+AGENTX_SCENARIO = "inferencex-agentx-mvp"
+NO_SUBAGENTS = ("semianalysis_cc_traces_weka", "semianalysis_cc_traces_weka_no_subagents")
+
+
+class AgenticBenchmark(Strict):
+    """Multi-turn session replay with the real AIPerf (docs/agentic.md): each sweep point is
+    `aiperf profile` at benchmark.concurrency live sessions, through the router."""
+
+    trace: str = Field(
+        max_length=4096,
+        description="the session trace: a local file or folder in trace_format, or one of "
+        "AIPerf's public corpora by name (e.g. semianalysis_cc_traces_weka_062126), which "
+        "stage-dataset puts on the shared filesystem first",
+    )
+    trace_format: Literal["mooncake_trace", "weka_trace"] = Field(
+        default="mooncake_trace",
+        description="a local trace's format as AIPerf reads it (--custom-dataset-type): "
+        "mooncake_trace (JSONL, session_id/delay/hash_ids per turn) or weka_trace (the "
+        "session-tree corpus format); a public corpus has its own",
+    )
+    block_size: int = Field(
+        default=512, ge=1, le=1 << 20,
+        description="tokens per hash id of a mooncake_trace (--isl-block-size; Mooncake's "
+        "and AIPerf's default 512)")
+    duration_s: float | None = Field(
+        default=None, gt=0, le=30 * 86400,
+        description="each point's length (--benchmark-duration); none: every session of "
+        "the trace played once (--conversation-num)",
+    )
+    sessions_per_point: int | None = Field(
+        default=None, ge=1, le=10_000_000,
+        description="sessions replayed per point when duration_s is not set (default: "
+        "every session in a local trace)",
+    )
+    warmup_requests: int = Field(default=0, ge=0, le=10_000_000,
+                                 description="warm-up requests before each point "
+                                 "(--warmup-request-count), not measured")
+    tokenizer: str | None = Field(
+        default=None, max_length=4096,
+        description="the tokenizer AIPerf builds prompts with (a hub id or folder; default "
+        "the model's path)")
+    seed: int = Field(default=42, ge=0, le=2**31 - 1, description="--random-seed")
+    think_time_cap_s: float | None = Field(
+        default=None, ge=0, le=86400,
+        description="cap on a turn's recorded think time (--inter-turn-delay-cap-seconds); "
+        "none: as recorded")
+    max_context: int | None = Field(
+        default=None, ge=1, le=1 << 24,
+        description="drop whole sessions whose context exceeds this (--max-context-length)")
+    failed_request_threshold: float = Field(
+        default=0.10, gt=0, le=1,
+        description="AIPerf ends a point once this share of its requests failed "
+        "(InferenceX's 0.10)")
+    scenario: str | None = Field(
+        default=None, pattern=r"^[a-z0-9][a-z0-9-]{0,63}$",
+        description="an AIPerf scenario that locks its settings (--scenario, e.g. "
+        "inferencex-agentx-mvp)")
+    session_header: str = Field(
+        default="X-Session-ID", pattern=r"^[A-Za-z][A-Za-z0-9-]{0,63}$",
+        description="the header AIPerf carries each session's id in (--session-header); "
+        "vllm-router's consistent_hash keys a session on it")
+    aiperf: str = Field(
+        default="aiperf", max_length=4096,
+        description="the aiperf command on the router's node (its own environment: "
+        "tests/aiperf/setup.sh makes one)")
+    drain_poll_s: float = Field(
+        default=10.0, gt=0, le=600,
+        description="after a point, every engine is polled this often until it holds no "
+        "running or waiting request three polls in a row")
+
+    @model_validator(mode="after")
+    def _scenario_locks(self) -> AgenticBenchmark:
+        # what AIPerf 0.13.0's inferencex-agentx-mvp scenario refuses at start-up
+        # (aiperf/common/scenario/inferencex_agentx_mvp.py), said before a GPU is spent
+        if self.scenario != AGENTX_SCENARIO:
+            return self
+        if self.duration_s is not None and self.duration_s < 900:
+            raise ValueError(f"duration_s {self.duration_s:g} is below the 900 s scenario "
+                             f"{AGENTX_SCENARIO} requires; raise it or remove scenario")
+        if self.think_time_cap_s is not None:
+            raise ValueError(f"think_time_cap_s: scenario {AGENTX_SCENARIO} keeps the "
+                             "recorded think times (it caps idle gaps at 10 s itself); "
+                             "remove one of them")
+        allowed = [c for c in AGENTIC_CORPORA if c not in NO_SUBAGENTS]
+        if self.corpus in NO_SUBAGENTS or not (self.corpus or self.trace_format == "weka_trace"):
+            raise ValueError(f"scenario {AGENTX_SCENARIO} replays a Weka corpus with "
+                             "subagents only: name one of " + ", ".join(allowed)
+                             + " or a weka_trace, or remove scenario")
+        return self
+
+    @property
+    def corpus(self) -> str | None:
+        """The public corpus this trace names, or None for a local trace."""
+        return self.trace if self.trace in AGENTIC_CORPORA else None
+
+    @field_validator("trace")
+    @classmethod
+    def _a_trace(cls, v: str) -> str:
+        v = v.strip()
+        if not v or _CONTROL.search(v):
+            raise ValueError("the trace is empty or holds a control character: name a local "
+                             "trace file or folder, or one of AIPerf's public corpora ("
+                             + ", ".join(AGENTIC_CORPORA) + ")")
+        if "/" not in v and not v.endswith((".jsonl", ".json", ".gz")) \
+                and v not in AGENTIC_CORPORA:
+            raise ValueError(f"{show(v)} is neither a path nor a corpus AIPerf 0.13.0 knows: "
+                             "name a local trace file or folder (with a /), or one of "
+                             + ", ".join(AGENTIC_CORPORA))
+        return v
+
+
 class Benchmark(Strict):
     driver: Literal["builtin", "vllm"] = "builtin"
     input_len: int = Field(default=8192, ge=1, le=1 << 20)
@@ -422,7 +553,9 @@ class Benchmark(Strict):
         description="wrap each prompt in the served model's chat template, its tokens "
         "inside input_len (sa-bench's use_chat_template); the builtin driver only",
     )
-    concurrency: list[int] = Field(default_factory=lambda: [64], min_length=1, max_length=64)
+    concurrency: list[int] = Field(
+        default_factory=lambda: [64], min_length=1, max_length=64,
+        description="requests in flight per sweep point; with benchmark.agentic, live sessions")
     prompts_per_point: int | None = Field(
         default=None, ge=1, le=10_000_000, description="requests per point (default: 5 x concurrency)"
     )
@@ -439,6 +572,12 @@ class Benchmark(Strict):
         default=None,
         description="{command, env}: run this command instead of the concurrency sweep "
         "(srt-slurm's benchmark.type: custom); the sweep's keys then do not apply",
+    )
+    agentic: AgenticBenchmark | None = Field(
+        default=None,
+        description="{trace, ...}: replay multi-turn sessions with AIPerf at each "
+        "concurrency (then the number of live sessions) in place of the fixed-length "
+        "sweep; the length keys then do not apply (docs/agentic.md)",
     )
 
     @property
@@ -470,6 +609,9 @@ class Benchmark(Strict):
                 f"range_ratio {self.range_ratio:g} with length_rule vllm: vLLM's rule takes "
                 "[0, 1) (sa-bench's takes 1 for fixed lengths)"
             )
+        if self.agentic is not None and self.custom is not None:
+            raise ValueError("set benchmark.agentic (AIPerf's session replay) or "
+                             "benchmark.custom (your own command), not both")
         if self.chat_template and self.driver == "vllm":
             raise ValueError(
                 "chat_template with driver vllm: vllm bench serve's random dataset sends no "

@@ -20,7 +20,7 @@ from typing import Any
 
 from launcher.errors import UserError
 from launcher.schema import native_bench
-from launcher.schema.sections import flag_key
+from launcher.schema.sections import AGENTIC_CORPORA, flag_key
 from launcher.schema.wording import did_you_mean, show
 
 SCHEMA_READ = "NVIDIA/srt-slurm v1.0.68 (c88ef731)"
@@ -738,6 +738,18 @@ def _environment(src: _Source, out: dict) -> None:
             out[p]["env"] = env
 
 
+# Dynamo's session routing of an agentic recipe, and the nearest vllm-router setting
+# (vllm-router 0.1.17 --help; docs/agentic.md)
+DYNAMO_SESSION_ROUTING = {
+    "router-mode": "Dynamo's router mode; here vllm-router's consistent_hash for prefill and "
+    "decode on the session header (an agentic run that names no router policy), the "
+    "nearest setting that keeps every turn of a session on the engines holding its prefix "
+    "(vllm-router's kv_aware needs a KV event source per worker)",
+    "router-session-affinity-ttl-secs": "Dynamo's session affinity; consistent_hash keeps a "
+    "session on its engines for the whole run (no idle expiry)",
+}
+
+
 def _frontend(src: _Source, out: dict, provenance: list[str]) -> None:
     kind = src.get("frontend.type", "dynamo")
     if kind == "dynamo":
@@ -759,7 +771,11 @@ def _frontend(src: _Source, out: dict, provenance: list[str]) -> None:
     if "args" in fe and kind == "vllm-router":
         _router_args(src, out)
     elif "args" in fe:
+        agentic = native_bench.is_agentic(src.peek("benchmark.command"))
         for k, v in (src.section("frontend.args") or {}).items():
+            if agentic and k in DYNAMO_SESSION_ROUTING:
+                src.deviate(f"frontend.args.{k}", f"{show(v)}: {DYNAMO_SESSION_ROUTING[k]}")
+                continue
             src.deviate(f"frontend.args.{k}", f"{show(v)} is a Dynamo frontend flag with no "
                         "vllm-router meaning (router.policy chooses vllm-router's)")
     if "env" in fe:
@@ -914,6 +930,8 @@ def _benchmark(src: _Source, out: dict) -> None:
             if k in b:
                 src.get(f"benchmark.{k}")
                 src.deviate(f"benchmark.{k}", "not read by srt-slurm's gsm8k benchmark")
+    elif kind == "custom" and native_bench.is_agentic(src.peek("benchmark.command")):
+        bench.update(_agentic_benchmark(src))
     elif kind == "custom":
         spec = _custom_benchmark(src)
         if spec is not None:
@@ -933,6 +951,109 @@ def _benchmark(src: _Source, out: dict) -> None:
                    "and vLLM's GSM8K harness (sa-bench, gsm8k, manual)")
     out["benchmark"] = bench
     out["accuracy"] = acc
+
+
+# InferenceX's agentic replay (benchmarks/srt_agentic.sh and benchmark_lib.sh's
+# build_replay_cmd, SemiAnalysisAI/InferenceX@4fa2a2ff): what it runs when its workflow
+# does not say otherwise (docs/agentic.md)
+AGENTX_DEFAULTS = {"scenario": "inferencex-agentx-mvp", "duration_s": 1800.0, "seed": 42,
+                   "failed_request_threshold": 0.10}
+AGENTX_SESSIONS = [256]  # the published DeepSeek-V4-Pro P/D anchor's (srt-slurm #229)
+# benchmark.env keys of srt_agentic.sh that the launcher's own driver makes moot
+AGENTX_ENV_MOOT = {
+    "INFMAX_CONTAINER_WORKSPACE": "InferenceX's checkout in the container: the launcher "
+    "runs AIPerf itself, no checkout needed",
+    "RESULT_DIR": "AIPerf's files go to the run directory's bench/aiperf-cNNNNN/",
+    "PORT": "the router's port is the plan's",
+    "IS_MULTINODE": "the script's switch between one node and many: every point runs in "
+    "this one allocation",
+    "AIPERF_DATASET_MMAP_CACHE_DIR": "AIPerf's dataset cache stays its default",
+    "HF_HUB_CACHE": "the corpus is read from the profile's models.hf_home, where "
+    "stage-dataset puts it",
+}
+
+
+def _agentic_benchmark(src: _Source) -> dict:
+    """InferenceX's agentic AIPerf replay (benchmark.type custom running srt_agentic.sh) as
+    our benchmark.agentic: its env settings mapped, the script's own defaults written out,
+    anything else refused by name."""
+    src.get("benchmark.command")
+    env = src.get("benchmark.env", {}) or {}
+    image = src.get("benchmark.container_image")
+    if image is not None:
+        src.refuse("benchmark.container_image", f"{show(image)}: AIPerf runs from its own "
+                   "environment on the router's node; remove it")
+    if not isinstance(env, dict):
+        src.refuse("benchmark.env", "is a mapping of variable names to values")
+        env = {}
+    ag: dict[str, Any] = dict(AGENTX_DEFAULTS)
+    out: dict[str, Any] = {"agentic": ag, "concurrency": list(AGENTX_SESSIONS)}
+    src.map("benchmark.type", "custom running InferenceX's agentic replay: benchmark.agentic, "
+            "the real AIPerf per point at benchmark.concurrency live sessions "
+            "(docs/agentic.md)")
+    src.map("benchmark.command", "benchmark.agentic with the script's own settings written "
+            f"out: scenario {AGENTX_DEFAULTS['scenario']}, duration_s "
+            f"{AGENTX_DEFAULTS['duration_s']:g}, seed {AGENTX_DEFAULTS['seed']}, "
+            f"failed_request_threshold {AGENTX_DEFAULTS['failed_request_threshold']:g}")
+    text = {str(k): "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+            for k, v in env.items()}
+    for k, v in text.items():
+        key = f"benchmark.env.{k}"
+        if k == "WEKA_LOADER_OVERRIDE":
+            if v in AGENTIC_CORPORA:
+                ag["trace"] = v
+                src.map(key, f"benchmark.agentic.trace: {v} ({AGENTIC_CORPORA[v][1]}; "
+                        "stage-dataset puts it on the shared filesystem)")
+            else:
+                src.refuse(key, f"{show(v)} is not a corpus AIPerf 0.13.0 knows: "
+                           + ", ".join(AGENTIC_CORPORA))
+        elif k in ("CONC_LIST", "CONC"):
+            conc = _concurrencies(src, [int(x) for x in v.replace("x", " ").split()
+                                        if x.isdigit()] or v)
+            if conc:
+                out["concurrency"] = conc
+                src.map(key, "benchmark.concurrency (live sessions)")
+        elif k == "DURATION":
+            try:
+                ag["duration_s"] = float(v)
+                src.map(key, "benchmark.agentic.duration_s")
+            except ValueError:
+                src.refuse(key, f"{show(v)}: seconds, a number")
+        elif k == "AIPERF_MAX_CONTEXT_LENGTH":
+            if v.isdigit() and int(v) > 0:
+                ag["max_context"] = int(v)
+                src.map(key, "benchmark.agentic.max_context")
+            else:
+                src.refuse(key, f"{show(v)}: a positive whole number of tokens")
+        elif k in ("AIPERF_HTTP_X_DYNAMO_SESSION_ID_FROM_CORRELATION_ID",
+                   "AIPERF_HTTP_X_SESSION_ID_FROM_CORRELATION_ID"):
+            src.map(key, "benchmark.agentic.session_header X-Session-ID: AIPerf sends each "
+                    "session's id in the header vllm-router's consistent_hash reads first")
+        elif k == "AIPERF_USE_DYNAMO_CONV_AWARE_ROUTING":
+            if v in ("0", "false", ""):
+                src.map(key, f"{v or 'unset'}: off (Dynamo's own routing hint; the router "
+                        "keeps sessions by consistent_hash here)")
+            else:
+                src.deviate(key, "Dynamo's conversation-aware routing: vllm-router keeps "
+                            "a session on one prefill and decode by consistent_hash instead")
+        elif k == "AIPERF_REQUIRED_SERVER_METRIC_PREFIX":
+            src.map(key, "AIPerf records every engine's /metrics (vllm:*) in "
+                    "server_metrics_export.json")
+        elif k in AGENTX_ENV_MOOT:
+            src.deviate(key, AGENTX_ENV_MOOT[k])
+        else:
+            src.refuse(key, "is read by InferenceX's script, not by the launcher's AIPerf "
+                       "driver; remove it or set the benchmark.agentic key it means")
+    if "trace" not in ag:
+        ag["trace"] = "semianalysis_cc_traces_weka_062126"
+        src.deviate("benchmark.env", "names no WEKA_LOADER_OVERRIDE: the trace is the "
+                    "script's default corpus, semianalysis_cc_traces_weka_062126")
+    if "CONC_LIST" not in text and "CONC" not in text:
+        src.deviate("benchmark.command", "InferenceX's workflow passes CONC_LIST, which "
+                    f"the file does not hold: benchmark.concurrency {AGENTX_SESSIONS} live "
+                    "sessions (the published DeepSeek-V4-Pro P/D anchor's); --set "
+                    "benchmark.concurrency=[...] for others")
+    return out
 
 
 def _custom_benchmark(src: _Source) -> dict | None:

@@ -118,10 +118,6 @@ def _feature(data: dict) -> str | None:
     kind = bench.get("type")
     if kind in ("agentperf", "aiperf", "mooncake-router", "trace-replay"):
         return f"an agentic benchmark (benchmark.type {kind})"
-    command = bench.get("command")
-    if kind == "custom" and isinstance(command, str) and "agentic" in command:
-        return ("an agentic benchmark (benchmark.command runs InferenceX's agentic trace "
-                "replay, aiperf over recorded sessions)")
     services = data.get("services")
     for s in services if isinstance(services, list) else []:
         if isinstance(s, dict) and s.get("type") in FEATURE_SERVICES:

@@ -53,8 +53,31 @@ def render_all() -> dict[str, dict[str, str]]:
             out[name] = {
                 f: normalise(t, p.run.path).replace(root, "<REPO>") for f, t in files.items()
             }
+        for name, (source, sets, aliases) in IMPORTED.items():
+            [p] = prepare.prepare_all(str(source), sets, [], Path(tmp), aliases=aliases)
+            files = {"dry-run.txt": text.plan_text(p) + "\n"}
+            for f in FILES:
+                if (p.run.path / f).exists():
+                    files[f] = (p.run.path / f).read_text()
+            root = str(Path(__file__).resolve().parents[2])
+            out[name] = {
+                f: normalise(t, p.run.path).replace(root, "<REPO>") for f, t in files.items()
+            }
         out[STUDY] = render_study(Path(tmp) / "study")
     return out
+
+
+# Published srt-slurm recipes that are not shipped as ours, dry-run as a user brings them:
+# InferenceX's agentic DeepSeek-V4-Pro P/D recipe (benchmark.agentic, docs/agentic.md), its
+# model alias given as --alias gives it and its nightly image's vLLM named (0.33's parser
+# refuses one key of its attention-config).
+IMPORTED = {
+    "dsv4-gb200-agentx-1p1d-dep8-dep8-mtp": (
+        HERE.parents[1] / "launcher" / "data" / "srt-slurm-recipes" / "InferenceX" / "benchmarks"
+        / "multi_node" / "srt-slurm-recipes" / "dsv4" / "vllm" / "gb200-fp4" / "agentx"
+        / "disagg-1p1d-dep8-dep8-mtp.yaml",
+        ["engine_version='0.34'"], {"deepseek-v4-pro": "deepseek-ai/DeepSeek-V4-Pro"}),
+}
 
 
 # Shipped recipes with --set: the other decode front layout of the seed, and the dev

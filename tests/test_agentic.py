@@ -1,0 +1,281 @@
+"""benchmark.agentic: the real AIPerf 0.13.0 (tests/aiperf/setup.sh) replays a tiny session
+trace through the real vllm-router over simulated engines; the per-point results come from
+AIPerf's own files and the engines' own prefix-cache counters (docs/agentic.md). Plus the
+dry-run's refusals, one sentence each, and the import of InferenceX's agentic recipe."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import helpers
+import pytest
+import yaml
+from agentic_trace import write_tokenizer, write_trace
+from helpers import launcher, leftovers
+
+from launcher.clients import agentic
+from launcher.control import datasets, prepare
+from launcher.errors import UserError
+from launcher.run import results, rundir
+from launcher.schema import srt_slurm, srt_slurm_v2
+
+AIPERF = Path(os.environ.get("PD_AIPERF", "/var/tmp/pd-aiperf/venv/bin/aiperf"))
+INSTALL = "bash tests/aiperf/setup.sh"
+PORT_BASES = range(29400, 31400, 200)
+SESSIONS, TURNS, BLOCK = 3, 3, 16  # the sim's KV block size (the recipe's block-size)
+AGENTIC = (srt_slurm.BUNDLED / "InferenceX/benchmarks/multi_node/srt-slurm-recipes/dsv4/vllm/"
+           "gb200-fp4/agentx/disagg-1p1d-dep8-dep8-mtp.yaml")
+
+
+def aiperf() -> str:
+    probe = subprocess.run([str(AIPERF), "--version"], capture_output=True, text=True,
+                           check=False) if AIPERF.exists() else None
+    if probe is None or probe.returncode != 0:
+        pytest.fail(f"aiperf 0.13.0 is not installed at {AIPERF}: run `{INSTALL}` (as root; "
+                    "PD_AIPERF may name another environment's aiperf)")
+    return str(AIPERF)
+
+
+def recipe_file(tmp: Path, trace: Path, **agentic) -> Path:
+    """Two prefills and a decode on simulated engines, the agentic benchmark at 2 and 3
+    live sessions."""
+    data = {
+        "name": "agentic-sim", "cluster": "local", "engine": "sim", "mode": "disagg",
+        "model": {"path": "sim/toy", "served_name": "toy"},
+        "vllm_args": {"block-size": BLOCK},
+        "prefill": {"endpoints": 2}, "decode": {"endpoints": 1},
+        "benchmark": {"concurrency": [2, 3], "agentic": {
+            "trace": str(trace), "trace_format": "mooncake_trace", "block_size": 64,
+            "tokenizer": str(tmp / "tok"), "aiperf": str(AIPERF), "drain_poll_s": 0.3,
+            **agentic}},
+        "accuracy": {"enabled": False},
+    }
+    path = tmp / "agentic.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def records(art: Path) -> list[dict]:
+    """AIPerf's per-request records (profile_export.jsonl), profiling phase."""
+    out = []
+    for line in (art / "profile_export.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec["metadata"].get("benchmark_phase", "profiling") == "profiling":
+            out.append(rec)
+    return out
+
+
+def test_aiperf_replays_sessions_through_the_router_and_the_second_turn_hits_the_prefix(
+        tmp_path, monkeypatch):
+    aiperf()
+    write_tokenizer(tmp_path / "tok")
+    trace = write_trace(tmp_path / "trace.jsonl", SESSIONS, TURNS)
+    prof = helpers.profile_copy(tmp_path / "local.yaml", "local",
+                                port_base=helpers.free_port_base(PORT_BASES, 200))
+    code, out = launcher(tmp_path, "submit", str(recipe_file(tmp_path, trace)),
+                         "--set", f"cluster={prof}")
+    (run,) = [p.parent for p in (tmp_path / "runs").glob("*/plan.json")]
+    assert code == 0, out
+    assert rundir.RunDir(run).status().state == "succeeded"
+    router = next(p for p in json.loads((run / "plan.json").read_text())["processes"]
+                  if p["name"] == "router")["argv"]
+    assert router[router.index("--prefill-policy") + 1] == "consistent_hash"
+    assert router[router.index("--decode-policy") + 1] == "consistent_hash"
+    points = {r["max_concurrency"]: r for r in results.load_results(run)}
+    assert sorted(points) == [2, 3]
+    for c, point in points.items():
+        art = run / "bench" / point["agentic"]["artifacts"]
+        export = json.loads((art / "profile_export_aiperf.json").read_text())
+        assert export["aiperf_version"] == "0.13.0"
+        # every turn of every session, once: figures as AIPerf's own export has them
+        assert point["status"] == "ok", point["failure_reason"]
+        assert point["driver"] == "aiperf" and point["completed"] == SESSIONS * TURNS
+        assert point["failed"] == 0
+        assert point["p90_ttft_ms"] == export["time_to_first_token"]["p90"]
+        assert point["p99_itl_ms"] == export["inter_token_latency"]["p99"]
+        assert point["request_throughput"] == export["request_throughput"]["avg"]
+        assert point["total_output_tokens"] == 8 * SESSIONS * TURNS
+        ag = point["agentic"]
+        assert [t["turn"] for t in ag["per_turn"]] == list(range(TURNS))
+        assert all(t["requests"] == SESSIONS for t in ag["per_turn"])
+        assert ag["drain"]["idle"] and ag["sessions"] == c
+        # the prefills' own counters over the point: each later turn found the previous
+        # turn's prompt in the KV of the prefill it reached (its session's: a turn sent to
+        # the other prefill would miss all of it), the first turns nothing (AIPerf's
+        # per-point cache-bust keeps the second point from the first one's blocks)
+        seen: dict[str, list[tuple[int, int]]] = {}
+        for rec in records(art):
+            meta = rec["metadata"]
+            seen.setdefault(meta["x_correlation_id"], []).append(
+                (meta["turn_index"], rec["metrics"]["usage_prompt_tokens"]["value"]))
+        low = high = 0
+        for turns in seen.values():
+            prompts = [n for _, n in sorted(turns)]
+            for prev in prompts[:-1]:
+                low += (prev - 2 * BLOCK) // BLOCK * BLOCK
+                high += prev
+        hits = ag["prefix_cache"]["prefill"]["hits"]
+        assert 0 < low <= hits <= high, (low, hits, high)
+        assert ag["prefix_hit_rate"] == hits / ag["prefix_cache"]["prefill"]["queries"]
+        assert ag["prefix_cache"]["decode"]["hits"] == 0  # a P/D decode pulls, never hits
+    assert leftovers(run) == []
+    said = " ".join(out.split())
+    assert ("agentic points (AIPerf, conc = live sessions): tok/s counts input as the server "
+            "counts it, its cached prefix included") in said
+    assert f"c=3 {points[3]['agentic']['prefix_hit_rate'] * 100:.1f} %" in said
+    code, _ = launcher(tmp_path, "report", str(run), "-o", str(tmp_path / "r.html"))
+    page = " ".join((tmp_path / "r.html").read_text().split())
+    assert code == 0 and "agentic session replay (benchmark.agentic) with AIPerf" in page
+    # AIPerf ended before its summary (killed mid-point): the requests its records hold are
+    # kept, the point failed with AIPerf's own last words
+    crashed = tmp_path / "aiperf-crashed"
+    shutil.copytree(run / "bench" / points[3]["agentic"]["artifacts"], crashed)
+    (crashed / "profile_export_aiperf.json").unlink()
+    res = agentic.to_result(crashed, 3, {}, -9, ["Killed"])
+    assert res["status"] == "failed" and res["completed"] == SESSIONS * TURNS
+    assert res["failure_reason"] == (
+        "AIPerf exited with status -9 before writing profile_export_aiperf.json (Killed); "
+        f"the {SESSIONS * TURNS} request(s) it had recorded are kept (profile_export.jsonl)")
+    assert res["p50_ttft_ms"] == pytest.approx(points[3]["p50_ttft_ms"])
+    # the dashboard's Sweep page: live sessions against the prefill hit rate, both points
+    at = helpers.open_app(run.parent, monkeypatch, run=run.name)
+    at.switch_page("app_pages/sweep.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "Agentic sessions" in [h.value for h in at.subheader]
+    shown = next(t.value for t in at.dataframe if "hit" in t.value.columns)
+    assert list(shown["sessions"]) == [2, 3]
+    assert [round(h, 6) for h in shown["hit"]] == [
+        round(points[c]["agentic"]["prefix_hit_rate"] * 100.0, 6) for c in (2, 3)]
+
+
+def test_stage_dataset_copies_a_trace_and_refuses_a_broken_one(tmp_path):
+    trace = write_trace(tmp_path / "t.jsonl", 2, 2)
+    code, out = launcher(tmp_path, "stage-dataset", str(trace), "--cluster", "local",
+                         "--block-size", "64")
+    staged = tmp_path / "runs" / datasets.STAGED / "t.jsonl"
+    assert code == 0 and staged.read_text() == trace.read_text(), out
+    assert f"set benchmark.agentic.trace: {staged}" in out
+    (tmp_path / "cut.jsonl").write_text(trace.read_text()[:-20])
+    code, out = launcher(tmp_path, "stage-dataset", str(tmp_path / "cut.jsonl"), "--cluster",
+                         "local", "--block-size", "64")
+    assert code == 2 and len(out.strip().splitlines()) == 1, out
+    assert "line 4 is not JSON (a file cut short?)" in out
+    code, out = launcher(tmp_path, "stage-dataset", "no_such_corpus", "--cluster", "local")
+    assert code == 2 and "neither a file here nor a corpus AIPerf 0.13.0 knows" in out, out
+
+
+def _refusal(tmp_path: Path, trace: Path | None = None, sets: tuple = (), **agentic) -> str:
+    write_tokenizer(tmp_path / "tok")
+    trace = trace or write_trace(tmp_path / "trace.jsonl", 2, 2)
+    with pytest.raises(UserError) as e:
+        prepare.prepare_all(str(recipe_file(tmp_path, trace, **agentic)), list(sets), [],
+                            tmp_path / "runs")
+    assert not list((tmp_path / "runs").glob("*/plan.json"))  # nothing written
+    return " ".join(str(e.value).split())
+
+
+@pytest.mark.parametrize("change, said", [
+    (lambda t: t.write_text(t.read_text()[:-15]), "line 4 is not JSON (a file cut short?)"),
+    (lambda t: t.write_text('{"session_id": "a", "output_length": 3}\n'),
+     "line 1 needs exactly one of input_length, text_input, messages, payload"),
+    (lambda t: t.write_text('{"input_length": 300, "hash_ids": [1, 2]}\n'),
+     "line 1 has input_length 300 for 2 hash_ids of 64 tokens"),
+    (lambda t: t.unlink(), "cannot be read"),
+])
+def test_a_corrupt_or_truncated_trace_is_one_sentence_at_dry_run(tmp_path, change, said):
+    trace = write_trace(tmp_path / "trace.jsonl", 2, 2)
+    change(trace)
+    text = _refusal(tmp_path, trace)
+    assert f"benchmark.agentic.trace {trace}: " in text and said in text, text
+
+
+def test_contexts_past_max_model_len_and_bad_values_are_one_sentence(tmp_path):
+    text = _refusal(tmp_path, sets=("vllm_args.max-model-len=200",))
+    assert "a session reaches 528 tokens of context but decode.args.max-model-len 200 is " \
+        "shorter" in text, text
+    text = _refusal(tmp_path, max_context=4096, sets=("vllm_args.max-model-len=1024",))
+    assert "benchmark.agentic.max_context 4,096 is longer than decode.args.max-model-len " \
+        "1,024" in text, text
+    assert "every concurrency must be between 1 and 1,000,000" in _refusal(
+        tmp_path, sets=("benchmark.concurrency=[0]",))
+    assert "is neither a path nor a corpus AIPerf 0.13.0 knows" in _refusal(
+        tmp_path, sets=("benchmark.agentic.trace=cc_traces_weka",))
+    assert "below the 900 s scenario inferencex-agentx-mvp requires" in _refusal(
+        tmp_path, sets=("benchmark.agentic.trace=semianalysis_cc_traces_weka_062126",
+                        "benchmark.agentic.scenario=inferencex-agentx-mvp",
+                        "benchmark.agentic.duration_s=60"))
+
+
+def test_an_unstaged_corpus_is_a_blocker_with_the_command_that_stages_it(tmp_path):
+    write_tokenizer(tmp_path / "tok")
+    path = recipe_file(tmp_path, tmp_path / "x.jsonl")
+    prof = helpers.profile_copy(tmp_path / "local.yaml", "local",
+                                models={"hf_home": str(tmp_path / "hf"), "internet": False})
+    [p] = prepare.prepare_all(str(path), [
+        f"cluster={prof}", "benchmark.agentic.trace=semianalysis_cc_traces_weka_062126"],
+        [], tmp_path / "runs")
+    assert p.blockers == [
+        "the corpus semianalysis_cc_traces_weka_062126 (semianalysisai/cc-traces-weka-062126) "
+        f"is not staged in {tmp_path / 'hf'}: python -m launcher stage-dataset "
+        "semianalysis_cc_traces_weka_062126 --cluster local"]
+    snap = datasets.corpus_dir(str(tmp_path / "hf"), "semianalysis_cc_traces_weka_062126")
+    (snap / "snapshots" / "abc").mkdir(parents=True)
+    [p] = prepare.prepare_all(str(path), [
+        f"cluster={prof}", "benchmark.agentic.trace=semianalysis_cc_traces_weka_062126"],
+        [], tmp_path / "runs")
+    assert p.blockers == []
+    bench = next(x for x in p.rendered.processes if x.name == "bench-c2")
+    assert bench.argv[bench.argv.index("--public-dataset") + 1] == \
+        "semianalysis-cc-traces-weka-062126"
+    assert {k: bench.env[k] for k in ("HF_HOME", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")} == {
+        "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def test_an_aiperf_missing_on_a_local_profile_is_a_blocker(tmp_path):
+    write_tokenizer(tmp_path / "tok")
+    path = recipe_file(tmp_path, write_trace(tmp_path / "trace.jsonl", 2, 2))
+    [p] = prepare.prepare_all(str(path), ["benchmark.agentic.aiperf=/no/such/aiperf"], [],
+                              tmp_path / "runs")
+    assert p.blockers == [
+        "benchmark.agentic.aiperf /no/such/aiperf is not a command on this host: install "
+        "AIPerf 0.13.0 in an environment of its own (bash tests/aiperf/setup.sh makes one) and "
+        "name its aiperf"]
+
+
+def test_an_agentic_script_setting_the_driver_does_not_read_is_refused_by_name():
+    data = yaml.safe_load(AGENTIC.read_text())
+    data = srt_slurm_v2.deep_merge(data, {"benchmark": {"env": {
+        "AIPERF_TRAJECTORY_START_MIN_RATIO": "0.25", "CONC_LIST": "16 64"}}})
+    aliases = {"deepseek-v4-pro": "deepseek-ai/DeepSeek-V4-Pro"}
+    with pytest.raises(UserError) as e:
+        srt_slurm.convert(data, "x.yaml", "0" * 64, aliases)
+    text = " ".join(str(e.value).split())
+    assert "problems" not in text and "benchmark.env.AIPERF_TRAJECTORY_START_MIN_RATIO is read " \
+           "by InferenceX's script, not by the launcher's AIPerf driver" in text, text
+    del data["benchmark"]["env"]["AIPERF_TRAJECTORY_START_MIN_RATIO"]
+    recipe, _ = srt_slurm.convert(data, "x.yaml", "0" * 64, aliases)
+    assert recipe["benchmark"]["concurrency"] == [16, 64]
+
+
+def test_the_dry_run_says_how_many_live_sessions_the_decode_kv_holds(tmp_path):
+    """At the trace's mean session context (3 sessions of 2 turns of 64 + 8 tokens: 144),
+    100 blocks of 16 tokens hold floor(99 / 9) = 11 sessions; 16 live sessions are more."""
+    from launcher import text
+
+    write_tokenizer(tmp_path / "tok")
+    trace = write_trace(tmp_path / "trace.jsonl", 3, 2, input_len=64)
+    path = recipe_file(tmp_path, trace)
+    [p] = prepare.prepare_all(str(path), [
+        "model.facts={total_params_b: 0.5, full_attention_layers: 16, num_kv_heads: 4, "
+        "head_dim: 64, max_position_embeddings: 4096}",
+        "decode.args={num-gpu-blocks-override: 100}", "benchmark.concurrency=[4,16]"],
+        [], tmp_path / "runs")
+    out = text.plan_text(p)
+    assert ("KV: the decode side holds about 11 live sessions' contexts at once at 144 "
+            "tokens each (the trace's mean session context, 3 sessions; decode-0 11); above "
+            "that (16 live sessions at the top point)") in out, out
+    assert "warning: " not in out  # the fixed-length sweep's KV warnings do not apply
