@@ -448,7 +448,7 @@ def measured(rd: RunDir) -> str:
     pairs += [(k, esc(v)) for k, v in found]
     plan = _plan(rd)
     seen: set[str] = set()
-    for p in (plan.of_kind(Kind.ENGINE) if plan else []):
+    for p in (plan.processes_of_kind(Kind.ENGINE) if plan else []):
         if p.headless or p.role in seen:
             continue
         seen.add(p.role)

@@ -536,7 +536,7 @@ def topology_of(plan: Any) -> Topology:
             raise NoRecommendation(f"the {role} endpoints differ in shape "
                                    f"({', '.join(sorted({e.shape for e in eps}))}); the "
                                    "method needs identical endpoints per role")
-    heads = [p for p in plan.of_kind(Kind.ENGINE) if p.role == Role.DECODE and p.url]
+    heads = [p for p in plan.processes_of_kind(Kind.ENGINE) if p.role == Role.DECODE and p.url]
     seqs = None
     kv: list[float] = []
     for p in heads:

@@ -329,7 +329,7 @@ def summary(
         reasons.append(f"the run {state}: {(error or 'no reason recorded').splitlines()[0]}")
     elif state is not None and state.live:
         reasons.append(f"the run is still {state}")
-    benches = plan.of_kind(Kind.BENCH) if plan else []
+    benches = plan.processes_of_kind(Kind.BENCH) if plan else []
     planned = sorted(concurrency_of(p.result) for p in benches
                      if p.result and p.result != CUSTOM_BENCH)
     custom = custom_outcome(rd) if any(p.result == CUSTOM_BENCH for p in benches) else None
@@ -350,7 +350,7 @@ def summary(
                            f"{p['failure_reason']}")
     bench_damaged = len(damaged)
     acc = load_accuracy(rd.path, damaged)
-    gate_planned = bool(plan and plan.of_kind(Kind.ACCURACY))
+    gate_planned = bool(plan and plan.processes_of_kind(Kind.ACCURACY))
     accuracy = None
     reasons += [f"{why}: left out" for _, why in damaged]
     if acc is None:
@@ -481,7 +481,7 @@ def lifecycle(rd: RunDir, plan: PlanDoc | None, gpus: int | None,
     if any(e.get("event") == "visit_end" for e in events):
         end = start + sum(seconds.values())  # its own time, its visits added up
     started = {e["process"]: e["ts"] for e in events if e.get("event") == "process_started"}
-    engines = {p.name for p in plan.of_kind(Kind.ENGINE)} if plan else set()
+    engines = {p.name for p in plan.processes_of_kind(Kind.ENGINE)} if plan else set()
     ready = {e["process"]: round(e["ts"] - started[e["process"]], 2) for e in events
              if e.get("event") == "ready" and e.get("process") in engines
              and e["process"] in started}

@@ -90,7 +90,7 @@ def comparable(plan: PlanDoc | None) -> tuple[Match | None, str]:
     model = plan.model_path.lower()
     if MODEL_MARK not in model or QUANT_MARK not in model:
         return None, (f"model {plan.model_path} is not {reference()['workload']['model']}")
-    benches = plan.of_kind(Kind.BENCH)
+    benches = plan.processes_of_kind(Kind.BENCH)
     if not benches:
         return None, "the plan has no benchmark client"
     if (plan.workload or {}).get("driver") == "custom":
