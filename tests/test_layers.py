@@ -135,6 +135,7 @@ def test_no_function_is_over_150_lines():
 
 # A scheduler's flags: what its class answers as a fact (a data attribute, a method that
 # returns bool) instead of doing the work as a method. Outside launcher/planning/schedulers.py
+# (what the planner asks) and launcher/control/scheduling.py (what it does)
 # a branch on one is left only where the question really is "does it allocate":
 SCHEDULER_FLAG_BRANCHES = {
     # write_run: an allocation's nodes are known only inside it, so the dry-run's are
@@ -155,11 +156,16 @@ SCHEDULER_FLAG_BRANCHES = {
 }
 
 
+SCHEDULER_MODULES = ("launcher/planning/schedulers.py", "launcher/control/scheduling.py")
+
+
 def scheduler_flags() -> set[str]:
+    from launcher.control import scheduling
     from launcher.planning import schedulers
 
     flags = set()
-    for cls in {type(s) for s in schedulers.SCHEDULERS.values()}:
+    for cls in {type(s) for s in [*schedulers.SCHEDULERS.values(),
+                                  *scheduling.ACTIONS.values()]}:
         for klass in cls.__mro__[:-1]:
             for k, v in vars(klass).items():
                 if k.startswith("_") or k == "name":
@@ -170,7 +176,8 @@ def scheduler_flags() -> set[str]:
 
 
 def test_schedulers_do_their_work_through_methods():
-    """Adding a scheduler is one class in launcher/planning/schedulers.py: elsewhere nothing
+    """Adding a scheduler is one class in launcher/planning/schedulers.py (and its effects
+    in launcher/control/scheduling.py): elsewhere nothing
     branches on what it is, only on what it answers. The scheduler's name is never compared
     either."""
     flags = scheduler_flags()
@@ -180,7 +187,7 @@ def test_schedulers_do_their_work_through_methods():
     found: dict[str, list[str]] = {}
     for f in sorted([*REPO.glob("launcher/**/*.py"), *REPO.glob("dashboard/**/*.py")]):
         rel = str(f.relative_to(REPO))
-        if rel == "launcher/planning/schedulers.py":
+        if rel in SCHEDULER_MODULES:
             continue
         for n, line in enumerate(f.read_text().splitlines(), 1):
             if pattern.search(line):
@@ -190,3 +197,16 @@ def test_schedulers_do_their_work_through_methods():
     assert not over, ("branches on a scheduler flag (make it a method of the scheduler, or "
                       "say in SCHEDULER_FLAG_BRANCHES why the question is whether it "
                       "allocates):\n" + "\n".join(over))
+
+
+def test_no_scheduler_is_built_on_another():
+    """Each scheduler is its own class beside the others: a new one copies no behaviour it
+    did not choose from the local one."""
+    from launcher.control import scheduling
+    from launcher.planning import schedulers
+
+    for table in (schedulers.SCHEDULERS, scheduling.ACTIONS):
+        classes = {type(s) for s in table.values()}
+        assert len(classes) == len(table) >= 2
+        for cls in classes:
+            assert cls.__bases__ == (object,), f"{cls.__name__} is built on {cls.__bases__}"
