@@ -335,7 +335,7 @@ def _on_cpu(rd: RunDir, s: dict) -> bool:
     if s.get("vllm_cpu"):
         return True
     plan = _plan(rd)
-    return bool(plan and plan.on_cpu)
+    return bool(plan and plan.engine_kind.on_host_cpu)  # an older summary has no vllm_cpu
 
 
 def identity(rd: RunDir, s: dict, source: str) -> str:

@@ -157,7 +157,7 @@ def test_a_dry_run_plans_with_no_process_started_by_planning(monkeypatch, tmp_pa
     monkeypatch.setattr(subprocess, "Popen", refuse)
     part = schedulers.Partition(facts["partition"], facts["max_minutes"], facts["max_nodes"],
                                 facts["max_time"]) if facts else None
-    assert schedulers.partition_blockers(p.plan, p.nodes, part) == []
+    assert cost.partition_blockers(p.plan, p.nodes, part) == []
     out = render.render(p.plan, p.run.run_id, placeholder_nodes=True,
                         capacity=[c.to_json() for c in capacity.estimates(p.plan)])
     assert out.sbatch == (p.run.path / "job.sbatch").read_text()
@@ -171,8 +171,8 @@ def test_a_dry_run_plans_with_no_process_started_by_planning(monkeypatch, tmp_pa
 def test_partition_limits_reach_planning_as_data(max_time, max_nodes, want):
     """scontrol's answer is read into a Partition (control asks, planning judges): a time
     limit or node count past it is a blocker sentence naming the key to change."""
+    from launcher.planning import cost, schedulers
     from launcher.planning import plan as plan_mod
-    from launcher.planning import schedulers
     from launcher.schema import cluster as cluster_mod
     from launcher.schema import recipe
 
@@ -183,7 +183,7 @@ def test_partition_limits_reach_planning_as_data(max_time, max_nodes, want):
            f"PartitionName=batch Default=YES MaxNodes={max_nodes} MaxTime={max_time} State=UP")
     part = schedulers.read_partition(out, None)
     assert part is not None and part.name == "batch" and part.max_time == max_time
-    blockers = schedulers.partition_blockers(pl, 2, part)
+    blockers = cost.partition_blockers(pl, 2, part)
     if want is None:
         assert blockers == []
     else:

@@ -26,7 +26,8 @@ def run_points(run) -> pd.DataFrame:
     if t.empty:
         return t
     t = t.copy()
-    t["run"] = run.run_id + (" (SIM)" if run.simulated else "")
+    tag = run.engine_kind.tag
+    t["run"] = run.run_id + (f" ({tag})" if tag else "")
     v = {x.point: x.label for x in ui.verdicts(run)}
     t["verdict"] = t["point"].map(v).fillna("—")
     return t

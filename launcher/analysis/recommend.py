@@ -553,7 +553,7 @@ def topology_of(plan: Any) -> Topology:
         prefill_dp=pre[0].dp_size,
         decode_endpoints=len(dec), decode_gpus=dec[0].gpus, decode_shape=dec[0].shape,
         decode_engines=sum(e.dp_size for e in dec), decode_kv_tokens=kv, max_num_seqs=seqs,
-        simulated=plan.simulated)
+        simulated=plan.engine_kind.speed_modelled)
 
 
 def _steady_mean(ss: Any, ids: Any, a: float, b: float, step: float, how: str) -> float:

@@ -239,7 +239,7 @@ def setup_script_lines(p: Prepared) -> tuple[list[str], list[str]]:
             "or set setup_script to your copy")
     numa = sorted({proc.name.split("@")[0] for proc in p.rendered.processes
                    if "--numa-bind" in proc.argv})
-    if numa and p.plan.recipe.engine_kind.real_vllm:  # the simulator binds nothing
+    if numa and p.plan.recipe.engine_kind.binds_numa:
         return [], [text + f": {', '.join(numa)} set numa-bind, which needs what it installs "
                     "(numactl)"]
     return [text], []
@@ -503,7 +503,7 @@ def find_blockers(runs: list[Prepared]) -> list[Prepared]:
         key = (p.plan.cluster.scheduler, p.plan.recipe.slurm.partition)
         if key not in parts:
             parts[key] = scheduling.partition_limits(p.plan.cluster, key[1])
-        p.blockers += schedulers.partition_blockers(p.plan, p.nodes, parts[key])
+        p.blockers += cost.partition_blockers(p.plan, p.nodes, parts[key])
     return runs
 
 

@@ -78,30 +78,6 @@ def read_partition(text: str, name: str | None) -> Partition | None:
     return None
 
 
-def partition_blockers(plan: Plan, nodes: int, part: Partition | None) -> list[str]:
-    """Why the partition would not start a job of its own for this run (its time limit or
-    node count past the partition's limits); none where no limits are known."""
-    from launcher.planning.cost import duration
-
-    s = plan.recipe.slurm
-    if part is None:  # no limits known (none asked, or no scheduler to hold it to any)
-        return []
-    out = []
-    if part.max_minutes is not None and s.minutes > part.max_minutes:
-        out.append(
-            f"slurm.time_limit {s.time_limit} ({duration(s.minutes * 60)}, "
-            f"{s.minutes} min) is longer than partition {part.name}'s MaxTime of "
-            f"{duration(part.max_minutes * 60)} ({part.max_minutes} min) (scontrol "
-            "show partition): Slurm would not start it; lower slurm.time_limit or name "
-            "another slurm.partition")
-    if part.max_nodes is not None and nodes > part.max_nodes:
-        out.append(
-            f"the run needs {nodes} nodes, more than partition {part.name}'s MaxNodes "
-            f"of {part.max_nodes} (scontrol show partition): name another "
-            "slurm.partition or plan fewer endpoints")
-    return out
-
-
 class Local:
     """This host: the orchestrator runs in the submitting process."""
 

@@ -318,8 +318,7 @@ def summary(
     den = gpu_denominators(plan)
     engine = plan.engine if plan else None
     platform = plan.engine_platform if plan else None
-    on_cpu = bool(plan and plan.on_cpu)
-    simulated = bool(plan and plan.simulated)
+    kind = plan.engine_kind if plan else None
     alloc = allocated_gpus(plan) if plan else None
     points = [point_figures(r, den, mode, alloc) for r in load_results(rd.path, damaged)]
 
@@ -367,13 +366,9 @@ def summary(
                            f"{acc.get('accuracy') or 0:.3f} is below the "
                            f"threshold {acc.get('threshold')}")
     notes += [n for n in run_notes if n not in notes]
-    labels = []
-    if simulated:
-        labels.append("simulated")
-    if on_cpu:
-        labels.append("vllm-cpu")
-        notes.append(f"engine {CPU_LABEL}: real vLLM on the host's CPU; the per-GPU figures "
-                     "are per CPU engine, not a GPU measurement")
+    labels = list(kind.point_labels) if kind else []
+    if kind and kind.figures_note:
+        notes.append(kind.figures_note)
     if acc is not None and not acc.get("passed"):
         labels.append("accuracy-gate-failed")
     for p in points:
@@ -408,8 +403,9 @@ def summary(
         "engine": engine,
         "engine_platform": platform,
         "engine_label": engine_label(engine, platform) if engine else None,
-        "simulated": simulated,
-        "vllm_cpu": on_cpu,
+        # the summary's own record of what its figures are (readers take it, not plan.json)
+        "simulated": bool(kind and kind.speed_modelled),
+        "vllm_cpu": bool(kind and kind.on_host_cpu),
         "mode": mode,
         "model": plan.served_name if plan else None,
         "state": str(state) if state else None,

