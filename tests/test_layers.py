@@ -146,6 +146,21 @@ ENGINE_KIND_QUESTIONS = {
 }
 
 
+def reads_over_budget(pattern: re.Pattern, budget: dict[str, int], skip) -> list[str]:
+    """The lines matching `pattern` in launcher/ and dashboard/ (files `skip` leaves out) of
+    each file that has more of them than its `budget` says."""
+    found: dict[str, list[str]] = {}
+    for f in sorted([*REPO.glob("launcher/**/*.py"), *REPO.glob("dashboard/**/*.py")]):
+        rel = str(f.relative_to(REPO))
+        if skip(rel):
+            continue
+        for n, line in enumerate(f.read_text().splitlines(), 1):
+            if pattern.search(line):
+                found.setdefault(rel, []).append(f"{rel}:{n}: {line.strip()}")
+    return [line for rel, lines in found.items() if len(lines) > budget.get(rel, 0)
+            for line in lines]
+
+
 def test_the_engine_kind_is_asked_not_tested():
     """Code asks the kind what to do (its values: label, tag, caveat, costs, ...), never which
     kind it is: the identity flags are gone, and each yes-or-no question is read only where
@@ -160,16 +175,12 @@ def test_the_engine_kind_is_asked_not_tested():
     flags = sorted(name for name, t in fields.items() if t in (bool, "bool"))
     assert {"loads_weights", "speed_modelled"} <= set(flags), flags  # the counting itself
     pattern = re.compile(rf"\.({'|'.join(flags)})\b")
-    found: dict[str, list[str]] = {}
-    for f in sorted([*REPO.glob("launcher/**/*.py"), *REPO.glob("dashboard/**/*.py")]):
-        rel = str(f.relative_to(REPO))
-        if rel == "launcher/run/engines.py" or rel.startswith("launcher/sim/"):
-            continue
-        for n, line in enumerate(f.read_text().splitlines(), 1):
-            if pattern.search(line):
-                found.setdefault(rel, []).append(f"{rel}:{n}: {line.strip()}")
-    over = [line for rel, lines in found.items()
-            if len(lines) > ENGINE_KIND_QUESTIONS.get(rel, 0) for line in lines]
+
+    def skip(rel: str) -> bool:
+        return rel == "launcher/run/engines.py" or rel.startswith("launcher/sim/")
+
+    assert reads_over_budget(pattern, {}, skip)  # the scan itself finds the reads it budgets
+    over = reads_over_budget(pattern, ENGINE_KIND_QUESTIONS, skip)
     assert not over, ("reads a yes-or-no of the engine kind (ask it for a value, or say in "
                       "ENGINE_KIND_QUESTIONS why the question is that one):\n" + "\n".join(over))
 
@@ -249,16 +260,8 @@ def test_schedulers_do_their_work_through_methods():
     assert {"allocates", "remote_nodes"} <= flags, flags  # the counting itself
     pattern = re.compile(rf"\.({'|'.join(sorted(flags))})\b"
                          r"""|\bscheduler\s*[!=]=|[!=]=\s*["'](slurm|local)["']""")
-    found: dict[str, list[str]] = {}
-    for f in sorted([*REPO.glob("launcher/**/*.py"), *REPO.glob("dashboard/**/*.py")]):
-        rel = str(f.relative_to(REPO))
-        if rel in SCHEDULER_MODULES:
-            continue
-        for n, line in enumerate(f.read_text().splitlines(), 1):
-            if pattern.search(line):
-                found.setdefault(rel, []).append(f"{rel}:{n}: {line.strip()}")
-    over = [line for rel, lines in found.items()
-            if len(lines) > SCHEDULER_FLAG_BRANCHES.get(rel, 0) for line in lines]
+    over = reads_over_budget(pattern, SCHEDULER_FLAG_BRANCHES,
+                             lambda rel: rel in SCHEDULER_MODULES)
     assert not over, ("branches on a scheduler flag (make it a method of the scheduler, or "
                       "say in SCHEDULER_FLAG_BRANCHES why the question is whether it "
                       "allocates):\n" + "\n".join(over))
