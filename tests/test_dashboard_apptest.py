@@ -202,8 +202,7 @@ def test_sweep_compares_runs_on_one_pareto(runs, monkeypatch):
         t = pa.ipc.open_stream(d.data.data).read_all()
         if "run" in t.column_names:
             runs_drawn |= set(t.column("run").to_pylist())
-    assert {f"{runs['healthy'].name} (SIMULATION)",
-            f"{runs['large'].name} (SIMULATION)"} <= runs_drawn
+    assert {f"{runs['healthy'].name} (SIM)", f"{runs['large'].name} (SIM)"} <= runs_drawn
 
 
 def test_run_that_died_before_the_sweep(tmp_path, monkeypatch):

@@ -70,6 +70,7 @@ class EngineKind:
     kv_over_tcp_expected: bool = False  # P->D KV over TCP is its normal (no NVLink/RDMA)
     speed_modelled: bool = False  # its timings come from a speed model, not a measurement
     tag: str = ""  # the mark beside a run of it in lists and titles ("" for none)
+    legend_mark: str = ""  # its shorter mark beside a run's name in a chart's legend
     point_labels: tuple[str, ...] = ()  # the labels on each of its sweep points' figures
     figures_note: str = ""  # the summary's note on what its figures are
     kv_report: str = "UCX's own report"  # where the KV transport a run names comes from
@@ -118,7 +119,7 @@ SIM = EngineKind(
     "sim", None, "SIMULATED (launcher.sim)", serve_module="launcher.sim", takes_sim_knobs=True,
     loads_weights=False, needs_image=False, checks_version=False, binds_numa=False,
     parser_name="the simulator", stand_in_version="simulator", tokenizes=False, speed_modelled=True, tag="SIMULATION",
-    list_name="sim", status_note=" [SIMULATED engines]",
+    legend_mark="SIM", list_name="sim", status_note=" [SIMULATED engines]",
     banner="engine: SIMULATED (launcher.sim): no model runs, timings come from the speed model",
     plan_note=" (SIMULATED: no GPU work)",
     caveat=("**SIMULATION** — the engines in this run are the launcher's simulator "
