@@ -63,10 +63,8 @@ def main() -> None:
             if cur is not None:
                 bits = [f":{ui.STATE_COLOR.get(cur.state, 'gray')}"
                         f"[{ui.STATE_BADGE.get(cur.state, cur.state)}]"]
-                if cur.simulated:
-                    bits.append("SIMULATION")
-                elif cur.on_cpu:
-                    bits.append("vLLM (CPU)")
+                if cur.engine_kind.tag:
+                    bits.append(cur.engine_kind.tag)
                 if cur.study:
                     bits.append(f"study `{cur.study}`")
                 st.caption(" · ".join(bits))

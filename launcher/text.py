@@ -22,7 +22,7 @@ from launcher.planning import (
     ucx,
 )
 from launcher.run import lengths, listing, published, rundir
-from launcher.run.plandoc import CPU_LABEL, PlanError, option_value, read_plan
+from launcher.run.plandoc import PlanError, option_value, read_plan
 from launcher.run.rundir import RunDir, RunStatus
 from launcher.run.vocab import Kind, State
 
@@ -578,9 +578,7 @@ def status_text(run: RunDir, st: RunStatus, slurm: str | None = None,
         live = (None, None) if why else (rec is not None and rec.running, None)
     try:
         plan = read_plan(run.plan)
-        sim = " [SIMULATED engines]" if plan.simulated else ""
-        if plan.on_cpu:
-            sim = f" [{CPU_LABEL} engines: not a GPU measurement]"
+        sim = plan.engine_kind.status_note
     except PlanError as e:
         plan, sim = None, ""
         if run.plan.exists():
@@ -804,7 +802,7 @@ def _engine_and_problem(run: RunDir) -> tuple[str, str | None]:
         plan = read_plan(run.plan)
     except PlanError as e:
         return "-", (str(e).replace(f"{run.plan}: ", "") if run.plan.exists() else None)
-    return ("sim" if plan.simulated else plan.engine_label), None
+    return plan.engine_kind.shown_as, None
 
 
 def headline_figure(run: RunDir) -> str:

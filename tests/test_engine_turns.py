@@ -47,7 +47,7 @@ def replay(folder: Path, turns: list[dict]) -> list[dict]:
     for t in turns:
         run = folder / t["run"]
         doc = read_plan(run)
-        engines = doc.of_kind(Kind.ENGINE)
+        engines = doc.processes_of_kind(Kind.ENGINE)
         life = object.__new__(EngineLifetime)  # the real methods, without a run to start
         life.pool, life.book = pool, FakeBook()
         life.run = type("R", (), {"run_id": run.name, "path": run})()

@@ -206,7 +206,7 @@ def test_each_problem_carries_its_culprit_as_data():
     rejected on several engines names the first of them, a host problem its node."""
     p = _plan()
     doc = render.plan_doc(p.at("/runs/r1"), "r1", placeholder_nodes=False)
-    engines = [x.name for x in doc.of_kind("engine") if x.node == "n2"]
+    engines = [x.name for x in doc.processes_of_kind("engine") if x.node == "n2"]
     facts = {n: {"engine_version": "0.33.0", "argv_checks": [], "model": {"ok": True},
                  "files": []} for n in p.nodes}
     facts["n2"]["files"] = [{"ok": False, "path": "/datasets/gsm8k/test.jsonl",

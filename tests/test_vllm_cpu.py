@@ -532,7 +532,7 @@ def test_the_preflight_holds_the_recipe_to_the_engines_platform(declared, found,
     c = cluster_mod.load(r.cluster)
     p = plan_mod.make_plan(r, c, cluster_mod.profile_nodes(c, plan_mod.nodes_needed(r, c)))
     doc = render.plan_doc(p.at("/runs/r1"), "r1", placeholder_nodes=False)
-    assert doc.engine_platform == declared and doc.on_cpu == (declared == "cpu")
+    assert doc.engine_platform == declared and doc.engine_kind.on_host_cpu == (declared == "cpu")
     assert doc.engine_label == ("vLLM (CPU)" if declared == "cpu" else "vLLM")
     version = "0.32.0+cpu" if found == "cpu" else "0.33.0"
     facts = {n: {"engine_version": version, "engine_platform": found, "argv_checks": [],

@@ -46,15 +46,16 @@ c2.selectbox("Run B", ids, key="cmp_b", on_change=picked, format_func=ui.run_lab
 picked()
 info_a, info_b = by_id[st.session_state["cmp_a"]], by_id[st.session_state["cmp_b"]]
 for side, info in (("A", info_a), ("B", info_b)):
-    label = " · SIMULATION" if info.simulated else " · vLLM (CPU)" if info.on_cpu else ""
+    label = f" · {info.engine_kind.tag}" if info.engine_kind.tag else ""
     st.caption(f"**{side}** {info.run_id}{label} · "
                f"{ui.STATE_BADGE.get(info.state, info.state)} · {info.topology}")
 for why in dict.fromkeys(info_a.study_problems + info_b.study_problems):  # their studies'
     st.error(f"{why}: left out, so the runs are compared from their own files.",
              icon=":material/report:")
-if info_a.simulated or info_b.simulated:
-    st.warning("**SIMULATION** — at least one of these runs uses the launcher's simulated "
-               "engine: the comparison checks the pipeline, not GB200 performance.",
+tags = list(dict.fromkeys(i.engine_kind.tag for i in (info_a, info_b) if i.engine_kind.tag))
+if tags:
+    st.warning(f"**{' and '.join(tags)}** — at least one of these runs is not a GB200 "
+               "measurement: the comparison checks the pipeline, not GB200 performance.",
                icon=":material/science:")
 if info_a.run_id == info_b.run_id:
     st.info("A and B are the same run: pick another for B.")

@@ -152,9 +152,7 @@ def identity_panel(info) -> None:
     if transport:
         cfgs = sorted({c for v in transport.values() for c in v})
         tcp = [c for c in cfgs if c.startswith("tcp/")]
-        text = (f"KV transfers over {', '.join(cfgs)} (the simulator's stand-in for UCX's "
-                "report: no KV moved over any wire)" if info.simulated else
-                f"KV transfers over {', '.join(cfgs)} (UCX's own report)")
+        text = f"KV transfers over {', '.join(cfgs)} ({info.engine_kind.kv_report})"
         (st.warning if tcp else st.caption)(
             text + (": TCP, not NVLink/RDMA, check UCX_TLS" if tcp else ""))
 

@@ -30,7 +30,7 @@ def run_row(i: load.RunInfo, name: str, config: str = "") -> dict:
         state = f"{state} ({i.stage})"
     return {
         "run": name, "state": state, "configuration": config,
-        "engine": "SIMULATION" if i.simulated else "vLLM (CPU)" if i.on_cpu else (i.engine or "—"),
+        "engine": i.engine_kind.tag or i.engine or "—",
         "topology": compact_topology(i),
         "stage / error": i.error or (ui.progress_line(i) or i.stage if i.live else "") or "",
         "_page": "app_pages/overview.py", "_query": {"run": i.run_id},
@@ -59,9 +59,8 @@ for e in entries:
             "run": f"▾ {e.name}",
             "state": ", ".join(f"{n} {s}" for s, n in states.items()) or "—",
             "configuration": axes or "?",
-            "engine": "SIMULATION" if any(m.simulated for m in members) else
-            "vLLM (CPU)" if any(m.on_cpu for m in members) else
-            (members[0].engine if members else "—") or "—",
+            "engine": next((m.engine_kind.tag for m in members if m.engine_kind.tag), "")
+            or (members[0].engine if members else "—") or "—",
             "topology": f"{len(members)} configurations",
             "stage / error": "; ".join(f"{m.run_id}: {m.error}" for m in members if m.error),
             "_page": "app_pages/study.py", "_query": {"study": e.name},
@@ -85,7 +84,7 @@ c1.metric("Runs", len(infos))
 c2.metric("Studies", sum(isinstance(e, listing.Study) for e in entries))
 c3.metric("Live", sum(i.live for i in infos))
 c4.metric("Failed", sum(i.state == "failed" for i in infos))
-c5.metric("Simulated", sum(i.simulated for i in infos))
+c5.metric("Simulated", sum(i.engine_kind.speed_modelled for i in infos))  # a model's figures
 
 df = pd.DataFrame(rows)
 show = df.drop(columns=[c for c in df.columns if c.startswith("_")] + ["stage / error"])

@@ -56,8 +56,9 @@ st.caption(" · ".join(x for x in (
 for why in study.problems():  # its damaged files (study.json, allocation.json)
     st.error(f"{why}: left out, so what is shown comes from its runs.",
              icon=":material/report:")
-if any(m.simulated for _, m in members):
-    st.warning("**SIMULATION** — these runs use the launcher's simulated engine: the "
+tags = list(dict.fromkeys(m.engine_kind.tag for _, m in members if m.engine_kind.tag))
+if tags:
+    st.warning(f"**{' and '.join(tags)}** — these runs are not GB200 measurements: the "
                "comparison checks the pipeline, not GB200 performance.",
                icon=":material/science:")
 if not members:

@@ -26,7 +26,8 @@ def run_points(run) -> pd.DataFrame:
     if t.empty:
         return t
     t = t.copy()
-    t["run"] = run.run_id + (" (SIM)" if run.simulated else "")
+    mark = run.engine_kind.legend_mark  # short: a run's name is long already
+    t["run"] = run.run_id + (f" ({mark})" if mark else "")
     v = {x.point: x.label for x in ui.verdicts(run)}
     t["verdict"] = t["point"].map(v).fillna("—")
     return t

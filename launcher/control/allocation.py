@@ -10,13 +10,13 @@ import resource
 import subprocess
 from collections.abc import Callable
 
-from launcher.control import preflight, probes
+from launcher.control import preflight, probes, scheduling
 from launcher.control.prepare import write_run_files
 from launcher.control.record import Book
+from launcher.control.scheduling import allocation_nodes as allocation_nodes
 from launcher.errors import RunFailed, UserError
 from launcher.planning import render, schedulers
 from launcher.planning.plan import Plan, make_plan, nodes_needed
-from launcher.planning.schedulers import allocation_nodes as allocation_nodes
 from launcher.run import rundir
 from launcher.schema import cluster as cluster_mod
 from launcher.schema import recipe as recipe_mod
@@ -122,7 +122,7 @@ def plan_here(run: rundir.RunDir, book: Book,
     commands.sh for them, and what the orchestrator starts."""
     recipe = recipe_mod.load(str(run.recipe))
     cluster = cluster_mod.load(recipe.cluster)
-    sched = schedulers.of(cluster)
+    sched = scheduling.of(cluster)
     from launcher.control import compute_env
     from launcher.planning.capacity import resolve_model
 

@@ -3,7 +3,7 @@
 Both run exactly the line commands.sh shows (`[srun ...] env K=V ... argv`), so the dry-run
 and the real run cannot drift apart: local runs it as a child process group, Slurm as an
 `srun --overlap` step inside the allocation. How a step is told to stop, besides its process
-group, is its scheduler's (launcher.planning.schedulers).
+group, is its scheduler's (launcher.control.scheduling).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher.planning import schedulers
+from launcher.control import scheduling
 from launcher.planning.plan import Plan
 from launcher.planning.render import Process, command_line
 
@@ -73,7 +73,7 @@ class Backend:
         self.run_dir = run_dir
         self.env = child_env()
         # only rendered commands before the plan is final: their process groups alone
-        self.sched = schedulers.of(plan.cluster) if plan is not None else schedulers.LOCAL
+        self.sched = scheduling.of(plan.cluster) if plan is not None else scheduling.LOCAL
 
     @classmethod
     def for_steps(cls, run_dir: Path) -> Backend:

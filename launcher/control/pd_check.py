@@ -94,7 +94,7 @@ def tcp_verdict(plan: Plan, seen: dict[str, list[str]]) -> tuple[str | None, str
         return (f"the P->D KV transfer of {', '.join(tcp)} went over TCP (UCX chose {chose}), "
                 f"which {plan.cluster.name} refuses: NVLink/RDMA is not in use between prefill "
                 f"and decode; {why}, or set network.kv_over_tcp: allow in the profile", None)
-    if plan.recipe.engine_kind.on_cpu:
+    if plan.recipe.engine_kind.kv_over_tcp_expected:
         return None, None
     return None, (f"KV transfers of {', '.join(tcp)} go over TCP (UCX chose {chose}): "
                   "NVLink/RDMA is not in use between P and D; "

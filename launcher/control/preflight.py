@@ -256,7 +256,9 @@ def judge_container(
     container's must differ from; `step_error`: the last lines of the check step's log when
     it exited non-zero for a cause nothing recognised)."""
     problems = []
-    engine_nodes = {p.node for p in doc.of_kind(Kind.ENGINE)}
+    kind = doc.engine_kind
+    expect_version = kind.expected_version(expect_version)  # none for a stand-in's
+    engine_nodes = {p.node for p in doc.processes_of_kind(Kind.ENGINE)}
     mounts = "{run_dir}"
     rejected: dict[str, list[str]] = {}  # vLLM's message -> the engines it names (once)
     hosts = hosts or {}
@@ -285,12 +287,11 @@ def judge_container(
                 f"the image: pyxis did not start a container there (is it in that node's "
                 f"plugstack.conf?); ask the site, or exclude the node", node=node))
         if node in engine_nodes and not f.get("engine_version"):
-            what = doc.kind.parser_name
+            what = kind.parser_name
             problems.append(Problem(
                 f"{node}: {what} cannot be imported in the engine's environment", node=node))
         elif (
             expect_version
-            and doc.kind.real_vllm  # the simulator stands in for the version it imitates
             and f.get("engine_version")
             and not f["engine_version"].startswith(expect_version)
         ):
@@ -299,7 +300,7 @@ def judge_container(
                 f"{expect_version}: use the matching image or set engine_version",
                 node=node))
         found = f.get("engine_platform")
-        if node in engine_nodes and doc.kind.real_vllm and found and doc.engine_platform \
+        if node in engine_nodes and kind.checks_version and found and doc.engine_platform \
                 and found != doc.engine_platform:
             build = "a CPU build of vLLM" if found == "cpu" else "a GPU build of vLLM"
             problems.append(Problem(
@@ -376,7 +377,7 @@ def judge_pairing(plan: Plan, doc: PlanDoc, facts: dict[str, dict | None]) -> li
     from launcher.planning.plan import is_hybrid
 
     heads = {}
-    for p in doc.of_kind(Kind.ENGINE):
+    for p in doc.processes_of_kind(Kind.ENGINE):
         if p.role in (Role.PREFILL, Role.DECODE) and not p.headless:
             heads.setdefault(p.role, p)
     if len(heads) < 2:
@@ -384,9 +385,8 @@ def judge_pairing(plan: Plan, doc: PlanDoc, facts: dict[str, dict | None]) -> li
     seen = [f for f in (facts.get(p.node) or {} for p in heads.values())]
     hybrid = (any((f.get("model") or {}).get("hybrid") for f in seen)
               or is_hybrid(plan.recipe, plan.model))
-    version = next((f["engine_version"] for f in seen if f.get("engine_version")), None)
-    if not doc.kind.real_vllm:
-        version = None  # the simulator stands in for the version it imitates
+    version = doc.engine_kind.expected_version(
+        next((f["engine_version"] for f in seen if f.get("engine_version")), None))
     sides = [pairing.side_of_argv(r, heads[r].argv, heads[r].env)
              for r in (Role.PREFILL, Role.DECODE)]
     who = (heads[Role.PREFILL].name, heads[Role.DECODE].name)

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher.control import compute_env, datasets
+from launcher.control import compute_env, datasets, scheduling
 from launcher.errors import UserError
 from launcher.planning import cost, engine_argv, render, schedulers, study, ucx
 from launcher.planning.capacity import estimates, resolve_model
@@ -240,7 +240,7 @@ def setup_script_lines(p: Prepared) -> tuple[list[str], list[str]]:
             "or set setup_script to your copy")
     numa = sorted({proc.name.split("@")[0] for proc in p.rendered.processes
                    if "--numa-bind" in proc.argv})
-    if numa and p.plan.recipe.engine_kind.real_vllm:  # the simulator binds nothing
+    if numa and p.plan.recipe.engine_kind.binds_numa:
         return [], [text + f": {', '.join(numa)} set numa-bind, which needs what it installs "
                     "(numactl)"]
     return [text], []
@@ -504,24 +504,10 @@ def find_blockers(runs: list[Prepared]) -> list[Prepared]:
         p.blockers += setup_script_lines(p)[1]
         if p.shared is not None:
             continue  # a study's one job is fitted to the partition by choose()
-        s, sched = p.plan.recipe.slurm, schedulers.of(p.plan.cluster)
-        if (sched.name, s.partition) not in parts:
-            parts[sched.name, s.partition] = sched.partition(s.partition)
-        part = parts[sched.name, s.partition]
-        if part is None:  # no limits known (none asked, or no scheduler to hold it to any)
-            continue
-        if part.max_minutes is not None and s.minutes > part.max_minutes:
-            p.blockers.append(
-                f"slurm.time_limit {s.time_limit} ({cost.duration(s.minutes * 60)}, "
-                f"{s.minutes} min) is longer than partition {part.name}'s MaxTime of "
-                f"{cost.duration(part.max_minutes * 60)} ({part.max_minutes} min) (scontrol "
-                "show partition): Slurm would not start it; lower slurm.time_limit or name "
-                "another slurm.partition")
-        if part.max_nodes is not None and p.nodes > part.max_nodes:
-            p.blockers.append(
-                f"the run needs {p.nodes} nodes, more than partition {part.name}'s MaxNodes "
-                f"of {part.max_nodes} (scontrol show partition): name another "
-                "slurm.partition or plan fewer endpoints")
+        key = (p.plan.cluster.scheduler, p.plan.recipe.slurm.partition)
+        if key not in parts:
+            parts[key] = scheduling.partition_limits(p.plan.cluster, key[1])
+        p.blockers += cost.partition_blockers(p.plan, p.nodes, parts[key])
     return runs
 
 
@@ -593,12 +579,12 @@ def choose(allocation: str | None, compared: study.Comparison, runs: list[Prepar
     minutes = limits = None
     lead = largest.plan.recipe.slurm.signal_lead_s
     recipe_minutes = None
-    sched = schedulers.of(largest.plan.cluster)
-    if sched.allocates:
+    if schedulers.of(largest.plan.cluster).allocates:
         # the one job covers its worst case: every load round at health.timeout_s
         recipe_minutes = max(p.plan.recipe.slurm.minutes for p in runs)
         minutes = max(recipe_minutes, -(-int(compared.one_most_s + lead) // 60))
-        part = sched.partition(largest.plan.recipe.slurm.partition)
+        part = scheduling.partition_limits(largest.plan.cluster,
+                                           largest.plan.recipe.slurm.partition)
         limits = (study.Limits(True, part.name, part.max_minutes, part.max_nodes,
                                part.max_time) if part else
                   study.Limits(partition=largest.plan.recipe.slurm.partition))

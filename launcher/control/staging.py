@@ -76,7 +76,7 @@ def check(recipe, cluster) -> tuple[str | None, str | None]:
     rev = recipe.model.revision
     hint = f"python -m launcher stage-model {path}" + (f" --revision {rev}" if rev else "")
     at = f" at revision {rev}" if rev else ""
-    if not recipe.engine_kind.real_vllm:
+    if not recipe.engine_kind.loads_weights:
         return None, None
     if not recipe.model.hub_id:
         return None, f"model folder {path}: checked on every node by preflight"

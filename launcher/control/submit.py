@@ -1,5 +1,5 @@
 """Submit (the effect): a prepared run, or a study in one allocation, is handed to its
-scheduler (launcher.planning.schedulers): Slurm queues it through submitit, the local profile
+scheduler (launcher.control.scheduling): Slurm queues it through submitit, the local profile
 runs it here.
 
 Before anything starts: the model must be reachable from the compute nodes
@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import time
 
-from launcher.control import compute_env, staging
+from launcher.control import compute_env, scheduling, staging
 from launcher.control.prepare import Prepared
 from launcher.errors import UserError
-from launcher.planning import schedulers
 
 
 def ready(p: Prepared) -> None:
@@ -90,12 +89,12 @@ def _submit_all(runs: list[Prepared], check: bool) -> int:
         return submit_study(runs, check)
     if check:
         for p in runs:
-            said, words = schedulers.of(p.plan.cluster).check(p.plan, p.run.sbatch)
+            said, words = scheduling.of(p.plan.cluster).check(p.plan, p.run.sbatch)
             print(f"{p.run.run_id}: {said}")
             checked([p], words)
         return 0
     for p in runs:
-        done = schedulers.of(p.plan.cluster).submit(_job(p))
+        done = scheduling.of(p.plan.cluster).submit(_job(p))
         code = max(code, done.code)
         if done.job_id is None:
             continue  # it ran here, to its end
@@ -107,14 +106,14 @@ def _submit_all(runs: list[Prepared], check: bool) -> int:
     return code
 
 
-def _job(p: Prepared) -> schedulers.Job:
+def _job(p: Prepared) -> scheduling.Job:
     def here() -> int:
         from launcher.control import orchestrator
 
         print(f"running {p.run.run_id} here (local profile)", flush=True)
         return orchestrator.run(p.run.path)
 
-    return schedulers.Job(p.plan, p.run.path, p.nodes, None, lambda: ready(p), here)
+    return scheduling.Job(p.plan, p.run.path, p.nodes, None, lambda: ready(p), here)
 
 
 def submit_study(runs: list[Prepared], check: bool) -> int:
@@ -122,7 +121,7 @@ def submit_study(runs: list[Prepared], check: bool) -> int:
     configuration."""
     p, shared = runs[0], runs[0].shared
     assert shared is not None
-    sched = schedulers.of(p.plan.cluster)
+    sched = scheduling.of(p.plan.cluster)
     if check:
         said, words = sched.check(p.plan, shared.sbatch_file)
         print(f"{shared.path.name}: {said}")
@@ -139,7 +138,7 @@ def submit_study(runs: list[Prepared], check: bool) -> int:
         return study.run_study(shared.path)
 
     # every configuration is ready (above): nothing more to do before it starts
-    done = sched.submit(schedulers.Job(p.plan, shared.path, shared.nodes, shared.minutes,
+    done = sched.submit(scheduling.Job(p.plan, shared.path, shared.nodes, shared.minutes,
                                        lambda: None, here))
     if done.job_id is None:
         return done.code

@@ -218,7 +218,7 @@ class Pyxis(ContainerRuntime):
 
     def check_image(self, recipe: Recipe, cluster: Cluster) -> None:
         c = recipe.container
-        if c is None and recipe.engine_kind.real_vllm:
+        if c is None and recipe.engine_kind.needs_image:
             raise UserError(
                 f"{cluster.name} runs engines in containers (pyxis): set container.image to a "
                 "vLLM image, pinned by digest (e.g. vllm/vllm-openai@sha256:...)"

@@ -14,21 +14,22 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from launcher.run import engines
+
 if TYPE_CHECKING:
     from launcher.planning.plan import Plan
+    from launcher.planning.schedulers import Partition
 
-PREFLIGHT_S = {"sim": 2.0, "vllm": 60.0}
-# a sweep point's client process: its start (Python, the tokenizer) and its last request's
-# tail, around the requests (the demo's points took ~1.5 s more than their requests)
-CLIENT_S = {"sim": 1.5, "vllm": 10.0}
-TEARDOWN_S = {"sim": 5.0, "vllm": 30.0}
+# Each engine kind's preflight, client and teardown times and GSM8K answer length are its
+# cost table (launcher.run.engines.Costs): a sweep point's client process is its start
+# (Python, the tokenizer) and its last request's tail, around the requests (the demo's
+# points took ~1.5 s more than their requests).
 GSM8K_TEST_QUESTIONS = 1319  # the test split, when num_questions is unset
 GSM8K_SHOT_TOKENS = 150  # a 5-shot prompt is ~6 question-answer pairs of ~150 tokens
-GSM8K_ANSWER_TOKENS = {"vllm": 200, "sim": 20}  # a model's 5-shot answer: ~100-250 tokens;
-# the simulator's is the key's "... #### N"
 # Real vLLM on a CPU (tiny models): assumed, the simulator models GPUs (docs/vllm-cpu.md
 # measured 0.2-0.37 s for 8 tokens at a quiet moment, more under load).
 CPU_TTFT_S, CPU_TPOT_S = 2.0, 0.2
@@ -192,6 +193,47 @@ def cpu_batch_s(n: int, concurrency: int, out_tokens: float) -> float:
     return math.ceil(n / concurrency) * (CPU_TTFT_S + out_tokens * CPU_TPOT_S) if n else 0.0
 
 
+def _cpu_batch_s(plan: Plan, n: int, concurrency: int, mean_in: float, mean_out: float,
+                 ctx: float) -> float:
+    return cpu_batch_s(n, concurrency, mean_out)
+
+
+@dataclass(frozen=True)
+class Speed:
+    """One way to plan request times, named by an engine kind's cost table (Costs.speed)."""
+
+    source: str  # a point's source (PointTime.source)
+    basis: str  # the sweep's basis in words
+    gate: str  # the accuracy gate's source ({q}, {prompt} and {out} filled in)
+    batch_s: Callable[[Plan, int, int, float, float, float], float]  # n, held, in, out, ctx
+
+
+_GATE = ", {q:,} prompts of ~{prompt:,} tokens and {out} out"
+SPEEDS = {
+    engines.SPEED_DEFAULT: Speed(
+        SIM_DEFAULT, SIM_DEFAULT + " for this shape: Qwen3.5-397B-ish per GB200 DP rank, not "
+        "measured for this model; no published figures for this recipe", SIM_DEFAULT + _GATE,
+        sim_batch_s),
+    engines.SPEED_SIM_KNOBS: Speed(SIM_RECIPE, SIM_RECIPE, SIM_RECIPE + _GATE, sim_batch_s),
+    engines.SPEED_CPU: Speed(ASSUMED_CPU, CPU_BASIS, CPU_BASIS, _cpu_batch_s),
+}  # fmt: skip
+
+
+def _sim_start(plan: Plan, bound: float) -> tuple[float, str]:
+    return (min(bound, float(plan.recipe.sim.start_delay_s or 0) + 5),
+            "the simulator's start, sim.start_delay_s + 5 s")
+
+
+def _profile_load(plan: Plan, bound: float) -> tuple[float, str]:
+    if plan.cluster.load_time_s:
+        return min(bound, plan.cluster.load_time_s), f"{plan.cluster.name}'s load_time_s"
+    return bound, f"health.timeout_s ({plan.cluster.name} states no load_time_s)"
+
+
+# How long an engine start is planned to take, named by a kind's cost table (Costs.load).
+LOADS = {engines.LOAD_SIM_START: _sim_start, engines.LOAD_PROFILE: _profile_load}
+
+
 def _published_config(plan: Plan) -> dict | None:
     """The published configuration this plan runs (as many DEP2 prefill endpoints and the
     DEP8 decode, the published workload's model and lengths), or None."""
@@ -239,34 +281,27 @@ def point_times(plan: Plan) -> tuple[list[PointTime], str]:
     if b.agentic is not None:
         return agentic_point_times(plan)
     n = b.lengths()
-    config = _published_config(plan) if not r.engine_kind.simulated else None
+    costs = r.engine_kind.costs
+    speed = SPEEDS[costs.speed]
+    config = _published_config(plan) if costs.published else None
     room = kv_room(plan)
     out = []
     for c in b.concurrency:
         reqs = b.warmups(c) + b.prompts(c)
         if config is not None:  # measured at this concurrency: KV waits included
             tps = published_rate(config, c) * plan.gpu_count()["total"]
-            out.append(PointTime(c, reqs, CLIENT_S[r.engine] + reqs * n.mean_total / tps,
+            out.append(PointTime(c, reqs, costs.client_s + reqs * n.mean_total / tps,
                                  PUBLISHED))
             continue
         held = min(c, room) if room else c  # the rest wait for KV (or a slot)
-        if r.engine_kind.on_cpu:
-            s = cpu_batch_s(reqs, held, n.mean_output)
-            out.append(PointTime(c, reqs, CLIENT_S[r.engine] + s, ASSUMED_CPU))
-        else:
-            s = sim_batch_s(plan, reqs, held, n.mean_input, n.mean_output, n.in_flight_mean)
-            out.append(PointTime(c, reqs, CLIENT_S[r.engine] + s,
-                                 SIM_RECIPE if r.engine_kind.simulated else SIM_DEFAULT))
+        s = speed.batch_s(plan, reqs, held, n.mean_input, n.mean_output, n.in_flight_mean)
+        out.append(PointTime(c, reqs, costs.client_s + s, speed.source))
     if config is not None:
         basis = (f"{PUBLISHED} ({config['name']}'s total tok/s per working GPU at each "
                  f"concurrency, launcher/data/published_pareto_qwen35_gb200.json, linear "
                  f"between its points, x {plan.gpu_count()['total']} working GPUs)")
-    elif r.engine_kind.on_cpu:
-        basis = CPU_BASIS
     else:
-        basis = (SIM_RECIPE if r.engine_kind.simulated else
-                 SIM_DEFAULT + " for this shape: Qwen3.5-397B-ish per GB200 DP rank, not "
-                 "measured for this model; no published figures for this recipe")
+        basis = speed.basis
     if room and max(b.concurrency) > room and config is None:
         basis += (f"; at most {room:,} requests run at once on the decode side (its KV "
                   "estimate and max-num-seqs)")
@@ -317,7 +352,8 @@ def _lines(path: str | None) -> int:
 def estimate(plan: Plan) -> Cost:
     r = plan.recipe
     b, a = r.benchmark, r.accuracy
-    phases: list[tuple[str, float]] = [("preflight", PREFLIGHT_S[r.engine])]
+    costs = r.engine_kind.costs
+    phases: list[tuple[str, float]] = [("preflight", costs.preflight_s)]
     sources: list[tuple[str, str]] = []
     requests = tokens = 0
     points, basis = point_times(plan)
@@ -330,38 +366,25 @@ def estimate(plan: Plan) -> Cost:
         phases.append(("hold", float(r.hold_s)))
     if a.enabled:
         q = (a.num_questions or _lines(a.data) or GSM8K_TEST_QUESTIONS) * a.repeat
-        out = min(a.max_tokens, GSM8K_ANSWER_TOKENS[r.engine])
+        out = min(a.max_tokens, costs.gsm8k_answer_tokens)
         prompt = GSM8K_SHOT_TOKENS * (a.num_shots + 1)
         room = kv_room(plan)
         held = min(a.concurrency, room) if room else a.concurrency
-        if r.engine_kind.on_cpu:
-            gate = cpu_batch_s(q, held, out)
-            sources.append(("accuracy gate", CPU_BASIS))
-        else:
-            gate = sim_batch_s(plan, q, held, prompt, out, prompt + out / 2)
-            model = SIM_RECIPE if r.engine_kind.simulated else SIM_DEFAULT
-            sources.append(("accuracy gate", f"{model}, {q:,} prompts of ~{prompt:,} tokens "
-                            f"and {out} out"))
+        speed = SPEEDS[costs.speed]
+        gate = speed.batch_s(plan, q, held, prompt, out, prompt + out / 2)
+        sources.append(("accuracy gate", speed.gate.format(q=q, prompt=prompt, out=out)))
         phases.append(("accuracy gate", gate))
         requests += q
     warmups = sum(p.requests - (0 if b.agentic else b.prompts(p.concurrency))
                   for p in points)
     bound = r.health.timeout_s
-    if r.engine_kind.simulated:
-        load = min(bound, float(r.sim.start_delay_s or 0) + 5)
-        load_basis = "the simulator's start, sim.start_delay_s + 5 s"
-    elif plan.cluster.load_time_s:
-        load = min(bound, plan.cluster.load_time_s)
-        load_basis = f"{plan.cluster.name}'s load_time_s"
-    else:
-        load = bound
-        load_basis = f"health.timeout_s ({plan.cluster.name} states no load_time_s)"
+    load, load_basis = LOADS[costs.load](plan, bound)
     restarts = len(r.restart_points())  # none without a sweep
     restart_loads = sum(pool.endpoints for c in r.restart_points() for _, pool in r.pools()
                         if c in pool.args_from_concurrency)
     if restarts:  # a load of the restarted engines each (the others stay loaded meanwhile)
         phases.append((RESTARTS, restarts * load))
-    phases.append(("teardown", TEARDOWN_S[r.engine]))
+    phases.append(("teardown", costs.teardown_s))
     return Cost(
         nodes=len(plan.nodes), gpus_per_node=plan.cluster.gpus_per_node,
         gpus_working=plan.gpu_count()["total"], load_expected_s=load, load_bound_s=bound,
@@ -371,6 +394,28 @@ def estimate(plan: Plan) -> Cost:
         estimates=tuple(name for name, src in sources
                         if not src.startswith((PUBLISHED, SIM_RECIPE))),
     )  # fmt: skip
+
+
+def partition_blockers(plan: Plan, nodes: int, part: Partition | None) -> list[str]:
+    """Why the partition would not start a job of its own for this run (its time limit or
+    node count past the partition's limits); none where no limits are known."""
+    s = plan.recipe.slurm
+    if part is None:  # no limits known (none asked, or no scheduler to hold it to any)
+        return []
+    out = []
+    if part.max_minutes is not None and s.minutes > part.max_minutes:
+        out.append(
+            f"slurm.time_limit {s.time_limit} ({duration(s.minutes * 60)}, "
+            f"{s.minutes} min) is longer than partition {part.name}'s MaxTime of "
+            f"{duration(part.max_minutes * 60)} ({part.max_minutes} min) (scontrol "
+            "show partition): Slurm would not start it; lower slurm.time_limit or name "
+            "another slurm.partition")
+    if part.max_nodes is not None and nodes > part.max_nodes:
+        out.append(
+            f"the run needs {nodes} nodes, more than partition {part.name}'s MaxNodes "
+            f"of {part.max_nodes} (scontrol show partition): name another "
+            "slurm.partition or plan fewer endpoints")
+    return out
 
 
 def duration(seconds: float) -> str:

@@ -27,8 +27,8 @@ def table_version() -> str:
 
 def applies(plan: Plan) -> bool:
     """Whether the table is the version the recipe's engine runs."""
-    want = plan.recipe.engine_version
-    if plan.recipe.engine_kind.simulated or not want:
+    want = plan.recipe.engine_kind.expected_version(plan.recipe.engine_version)
+    if not want:
         return True
     return table_version().startswith(want) or want.startswith(table_version())
 
@@ -253,7 +253,7 @@ def _kv_config_problems(kv: dict) -> list[str]:
 def checked_by(plan: Plan) -> str:
     """Which parser reads the engines' flags, in one line of the dry-run."""
     r = plan.recipe
-    if r.engine_kind.simulated:
+    if not r.engine_kind.checks_version:  # no image of its own to check them again
         return (f"Engine flags: checked by vLLM {table_version()}'s parser (the simulator's), "
                 "before anything is written")
     if applies(plan):
@@ -339,9 +339,8 @@ def value_problems(recipe) -> list[str]:
     from launcher.sim import vllm_flags
 
     known = {o.lstrip("-") for rec in vllm_flags.FLAGS for o in rec["options"]}
-    table = recipe.engine_kind.simulated or not recipe.engine_version or \
-        table_version().startswith(recipe.engine_version) or \
-        recipe.engine_version.startswith(table_version())
+    want = recipe.engine_kind.expected_version(recipe.engine_version)
+    table = not want or table_version().startswith(want) or want.startswith(table_version())
     out = []
     for where, args in recipe.engine_arg_sources():
         for key, v in args.items():

@@ -207,7 +207,7 @@ def engine_processes(plan: Plan, ep: Endpoint) -> list[Process]:
             env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(ep.nixl_port_base)
         if ep.role == Role.DECODE:
             env.setdefault("UCX_PROTO_INFO", "y")  # UCX names the transport it picked
-        if r.engine_kind.simulated:
+        if r.engine_kind.takes_sim_knobs:
             env.update(sim_env(plan, ep))
         env.update(containers.of(plan.cluster).env(plan))
         env.update(_base_env(name, plan.run_dir))
@@ -356,7 +356,7 @@ def workload_flags(plan: Plan) -> list[str]:
 def chat_template_applies(plan: Plan) -> bool:
     """The chat template needs the served model's tokenizer: a simulated engine has none,
     so its prompts are ids of the same lengths (the template's tokens counted inside)."""
-    return not plan.recipe.engine_kind.simulated
+    return plan.recipe.engine_kind.tokenizes
 
 
 def tokenizer_flags(plan: Plan) -> list[str]:
@@ -812,7 +812,7 @@ def stage_command(plan: Plan) -> list[str] | None:
     """Fetch a hub model once into the shared cache before any engine starts (only where
     compute nodes reach the hub; otherwise submit refuses an unstaged model)."""
     r, m = plan.recipe, plan.cluster.models
-    if not r.engine_kind.real_vllm or not r.model.hub_id or not m.hf_home or not m.internet:
+    if not r.engine_kind.loads_weights or not r.model.hub_id or not m.hf_home or not m.internet:
         return None
     cmd = [*launcher_cmd(plan, "launcher.control.staging", r.container is not None),
            r.model.path, "--hf-home", m.hf_home]  # fmt: skip

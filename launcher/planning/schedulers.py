@@ -1,12 +1,11 @@
-"""Schedulers: where a run's nodes come from, how a process is started and stopped on one,
-and how a job is checked and submitted.
+"""Schedulers as the planner sees them: addresses, step lines, the batch script, the time
+limit, and the words for what a scheduler's own programs said. Pure: nothing here starts a
+process; what a scheduler does (sbatch, scontrol, squeue, scancel) is
+launcher.control.scheduling, which asks and hands the answers back as data (`Partition`).
 
-One class per `scheduler` of a cluster profile, and what differs between them is its
-methods, so adding a scheduler is one class here (the renderer, the planner, the submitter
-and the orchestrator ask `of(cluster)`). The planner's questions are pure (addresses, step
-lines, the batch script, the time limit); the rest run the scheduler's own programs
-(sbatch, scontrol, squeue, scancel) and are handed the launcher's own work (`Job.ready`,
-`Job.here`), so nothing here imports the control layer.
+One class per `scheduler` of a cluster profile, each on its own (none is built on another),
+and what differs between them is its methods: the renderer, the planner and the dry-run ask
+`of(cluster)`.
 
 - `local`: this host; the profile's nodes are names of slots on it, and the orchestrator
   runs here, in the submitting process.
@@ -16,21 +15,14 @@ lines, the batch script, the time limit); the rest run the scheduler's own progr
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
-import shutil
-import subprocess
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher.errors import UserError
 from launcher.planning.plan import job_port_slots
-from launcher.run import rundir
 from launcher.run.vocab import Kind
-from launcher.schema import cluster as cluster_mod
 from launcher.schema.sections import sbatch_problem
 
 if TYPE_CHECKING:
@@ -40,8 +32,6 @@ if TYPE_CHECKING:
     from launcher.schema.recipe import Recipe
 
 Commands = list[list[str]]
-
-LOCAL_CHECK = "the local profile has no scheduler to ask; plan is valid"
 
 
 def gpu_request(plan: Plan) -> list[str]:
@@ -65,25 +55,6 @@ def site_options(plan: Plan, proc: Process | None) -> list[str]:
 
 
 @dataclass(frozen=True)
-class Job:
-    """What a scheduler is handed: a prepared run directory (or a study's folder, for a study
-    in one allocation) and the launcher's own work around it."""
-
-    plan: Plan
-    path: Path  # what `launcher run` runs
-    nodes: int
-    minutes: int | None  # a study's one allocation holds its configurations' time together
-    ready: Callable[[], None]  # what must exist before it starts (refuses otherwise)
-    here: Callable[[], int]  # it, run to its end in this process; its exit status
-
-
-@dataclass(frozen=True)
-class Submitted:
-    job_id: str | None  # None: it ran here, to its end
-    code: int = 0
-
-
-@dataclass(frozen=True)
 class Partition:
     name: str
     max_minutes: int | None  # None: no limit
@@ -96,19 +67,22 @@ class Partition:
                 "source": "scontrol show partition"}
 
 
+def read_partition(text: str, name: str | None) -> Partition | None:
+    """The partition `name` (else the default one) in `scontrol -o show partition`'s
+    output, or None when it is not there."""
+    for line in text.splitlines():
+        f = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+        if (f.get("PartitionName") == name) if name else (f.get("Default") == "YES"):
+            return Partition(f["PartitionName"], slurm_minutes(f.get("MaxTime")),
+                             _count(f.get("MaxNodes")), f.get("MaxTime") or "?")
+    return None
+
+
 class Local:
     """This host: the orchestrator runs in the submitting process."""
 
     name = "local"
     allocates = False   # nodes come from a batch allocation, known only inside it
-
-    def job_id(self) -> str | None:
-        """The job this process runs in."""
-        return None
-
-    def nodes(self, recipe: Recipe, cluster: Cluster, need: Callable[[], int]) -> list[str]:
-        """The nodes a run has where it runs (`need()`: how many its plan needs)."""
-        return cluster_mod.profile_nodes(cluster, need())
 
     def addresses(self, nodes: list[str]) -> dict[str, str]:
         """Each node's address before the nodes report their own."""
@@ -121,7 +95,6 @@ class Local:
     def port_note(self, plan: Plan) -> str | None:
         """What the dry-run says about the ports beside the plan's, if anything."""
         return None
-
 
     def gpu_count_problem(self, cluster: Cluster, gpus: dict) -> str | None:
         """What is wrong with the GPUs a node's host check found (its `gpus` fact)."""
@@ -153,47 +126,12 @@ class Local:
         """Why the runs directory's path cannot be written where this scheduler writes it."""
         return None
 
-    def partition(self, name: str | None) -> Partition | None:
-        """The limits a job of its own is held to, as the scheduler has them; None: none
-        known (or none asked)."""
-        return None
 
-    def check(self, plan: Plan, script: Path) -> tuple[str, str]:
-        """Would it take the job? (what to print, what submission.json's `checked` says);
-        a refusal is a UserError."""
-        return LOCAL_CHECK, LOCAL_CHECK
-
-    def submit(self, job: Job) -> Submitted:
-        """Hand it the job. Here: it runs in this process, to its end."""
-        job.ready()
-        return Submitted(None, job.here())
-
-    def signal_steps(self, names: set[str]) -> set[str]:
-        """SIGTERM the processes `names` the scheduler's way; the ones it told (the rest
-        get their process group's)."""
-        return set()
-
-    def cancel_steps(self, names: set[str]) -> None:
-        """What the scheduler still runs for processes whose own process was SIGKILLed."""
-
-
-class Slurm(Local):
+class Slurm:
     """A Slurm allocation: every process is an srun step of the job."""
 
     name = "slurm"
     allocates = True
-
-    def job_id(self) -> str | None:
-        return os.environ.get("SLURM_JOB_ID")
-
-    def nodes(self, recipe: Recipe, cluster: Cluster, need: Callable[[], int]) -> list[str]:
-        nodes = allocation_nodes()
-        if nodes is None:
-            raise UserError(
-                f"recipe {recipe.name} is for Slurm cluster {cluster.name}: run it inside an "
-                f"allocation (submit does that), or use a recipe for the local profile"
-            )
-        return nodes
 
     def addresses(self, nodes: list[str]) -> dict[str, str]:
         return {n: n for n in nodes}
@@ -352,48 +290,6 @@ class Slurm(Local):
         command = self.job_command(plan, str(Path(folder).parent))
         return _make_sbatch_string(command=command, folder=folder, **params)
 
-    # --- asking Slurm ----------------------------------------------------------------------
-
-    def need_sbatch(self, plan: Plan) -> None:
-        if shutil.which("sbatch") is None:
-            raise UserError(
-                f"recipe {plan.recipe.name} is for Slurm cluster {plan.cluster.name} but sbatch "
-                "is not on PATH here: submit from a login node (or start slurm/devcluster/up.sh)"
-            )
-
-    def partition(self, name: str | None) -> Partition | None:
-        """The partition a job goes to (`name`, else the default one) as this host's Slurm
-        has it (`scontrol show partition`), or None when it cannot be asked (no scontrol, a
-        controller that does not answer, a partition it does not know)."""
-        if shutil.which("scontrol") is None:
-            return None
-        argv = ["scontrol", "-o", "show", "partition", *([name] if name else [])]
-        try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=ASK_TIMEOUT_S)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        if proc.returncode != 0:
-            return None
-        for line in proc.stdout.splitlines():
-            f = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
-            if (f.get("PartitionName") == name) if name else (f.get("Default") == "YES"):
-                return Partition(f["PartitionName"], slurm_minutes(f.get("MaxTime")),
-                                 _count(f.get("MaxNodes")), f.get("MaxTime") or "?")
-        return None
-
-    def check(self, plan: Plan, script: Path) -> tuple[str, str]:
-        """sbatch --test-only on the exact script: the scheduler's own verdict, nothing
-        queued."""
-        self.need_sbatch(plan)
-        proc = subprocess.run(
-            ["sbatch", "--test-only", str(script)], capture_output=True, text=True, timeout=60
-        )
-        words = " ".join((proc.stderr + proc.stdout).split())
-        if proc.returncode != 0:
-            raise UserError(f"sbatch --test-only refused {script}: {words}"
-                            + self.sbatch_hint(plan, proc.stderr))
-        return words, f"sbatch --test-only: {words}"
-
     def sbatch_hint(self, plan: Plan, stderr: str) -> str:
         """For each option sbatch does not know ("sbatch: unrecognized option '--segment=4'",
         glibc getopt_long's words), the key that put it in the batch script and how to turn
@@ -411,96 +307,7 @@ class Slurm(Local):
                        + (off or "the launcher needs it, so it cannot be turned off"))
         return "".join(f"; {x}" for x in out)
 
-    def submit(self, job: Job) -> Submitted:
-        """sbatch through submitit, as a command line (`_submit_command`), not a pickled
-        function: the script says what it runs, and no submitit handler sits between
-        Slurm's signals and the orchestrator. job.sbatch becomes what Slurm really got."""
-        self.need_sbatch(job.plan)
-        job.ready()
-        import submitit
 
-        folder = job.path / rundir.SLURM
-        executor = submitit.SlurmExecutor(folder=str(folder))
-        executor.update_parameters(**self.parameters(job.plan, job.nodes, job.minutes))
-        command = self.job_command(job.plan, str(job.path))
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            queued = executor._submit_command(command)
-        except Exception as e:  # sbatch's refusal comes back as a generic error: its words
-            raise UserError(f"sbatch refused the job: {' '.join(str(e).split())}"
-                            + self.sbatch_hint(job.plan, str(e))) from None
-        submitted = folder / f"{queued.job_id}_submission.sh"
-        if submitted.exists():  # what Slurm really got, byte for byte
-            rundir.write_atomic(job.path / rundir.SBATCH, submitted.read_text())
-        return Submitted(queued.job_id)
-
-    # --- the job's steps -------------------------------------------------------------------
-
-    def signal_steps(self, names: set[str]) -> set[str]:
-        """`scancel --signal=TERM JOB.STEP`, which reaches a step's tasks as SIGTERM (srun
-        turns a SIGTERM of its own into SIGKILL of the tasks)."""
-        ids = step_ids(names)
-        if not ids:
-            return set()
-        try:
-            # In a multi-node job scancel can exit non-zero ("Invalid job id") for the
-            # nodes without the step although the step's tasks got the signal: waiting
-            # out the grace, then SIGKILL, covers a signal that really did not arrive.
-            subprocess.run(
-                ["scancel", "--signal=TERM", *[i for v in ids.values() for i in v]],
-                capture_output=True, timeout=10,
-            )  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired):
-            return set()
-        return set(ids)
-
-    def cancel_steps(self, names: set[str]) -> None:
-        """An srun that had to be SIGKILLed leaves its step running: cancel it by name."""
-        ids = [i for v in step_ids(names).values() for i in v]
-        if ids:
-            try:
-                subprocess.run(["scancel", "--signal=KILL", *ids], capture_output=True,
-                               timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-
-
-def allocation_nodes() -> list[str] | None:
-    """The allocation's node names in Slurm's order, or None outside an allocation."""
-    nodelist = os.environ.get("SLURM_JOB_NODELIST")
-    if not nodelist:
-        return None
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "hostnames", nodelist],
-            capture_output=True, text=True, timeout=30, check=True,
-        ).stdout  # fmt: skip
-        return out.split()
-    except (OSError, subprocess.SubprocessError):
-        return cluster_mod.expand_nodelist(nodelist)
-
-
-def step_ids(names: set[str]) -> dict[str, list[str]]:
-    """This job's steps named after these processes (srun --job-name): name -> step ids."""
-    job = os.environ.get("SLURM_JOB_ID")
-    if not job or not names:
-        return {}
-    try:
-        out = subprocess.run(
-            ["squeue", "--steps", f"--jobs={job}", "--noheader", "--format=%i %j"],
-            capture_output=True, text=True, timeout=10,
-        ).stdout  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    found: dict[str, list[str]] = {}
-    for line in out.splitlines():
-        sid, _, name = line.strip().partition(" ")
-        if name.strip() in names:
-            found.setdefault(name.strip(), []).append(sid)
-    return found
-
-
-ASK_TIMEOUT_S = 5.0  # a controller that does not answer must not hold up a dry-run
 UNLIMITED = ("UNLIMITED", "INFINITE", "NONE")
 
 
@@ -532,8 +339,9 @@ def _count(text: str | None) -> int | None:
 
 
 LOCAL, SLURM = Local(), Slurm()
-SCHEDULERS: dict[str, Local] = {s.name: s for s in (LOCAL, SLURM)}
+Scheduler = Local | Slurm
+SCHEDULERS: dict[str, Scheduler] = {s.name: s for s in (LOCAL, SLURM)}
 
 
-def of(cluster: Cluster) -> Local:
+def of(cluster: Cluster) -> Scheduler:
     return SCHEDULERS[cluster.scheduler]  # the profile's schema admits only these

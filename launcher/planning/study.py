@@ -356,7 +356,7 @@ def compare(turns: list[Turn], costs: dict[str, Cost], nodes: int, gpus_per_node
 
 @dataclass(frozen=True)
 class Limits:
-    """The partition's limits as Slurm has them (schedulers.Slurm.partition), or unknown."""
+    """The partition's limits as Slurm has them (asked by launcher.control.scheduling), or unknown."""
 
     known: bool = False
     partition: str | None = None

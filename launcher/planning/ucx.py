@@ -123,7 +123,7 @@ def ucx_lines(plan) -> tuple[list[str], list[str]]:
     """(warnings, blockers) of the dry-run about the P->D transport: what UCX will get where
     it has only TCP between nodes, and whether the P->D check will then fail the run."""
     found = tcp_only(plan)
-    if found is None or plan.recipe.engine_kind.on_cpu:
+    if found is None or plan.recipe.engine_kind.kv_over_tcp_expected:
         return [], []
     if not other_hosts(plan):
         return [], []

@@ -323,8 +323,7 @@ def summary(
     den = gpu_denominators(plan)
     engine = plan.engine if plan else None
     platform = plan.engine_platform if plan else None
-    on_cpu = bool(plan and plan.on_cpu)
-    simulated = bool(plan and plan.simulated)
+    kind = plan.engine_kind if plan else None
     alloc = allocated_gpus(plan) if plan else None
     points = [point_figures(r, den, mode, alloc) for r in load_results(rd.path, damaged)]
 
@@ -334,7 +333,7 @@ def summary(
         reasons.append(f"the run {state}: {(error or 'no reason recorded').splitlines()[0]}")
     elif state is not None and state.live:
         reasons.append(f"the run is still {state}")
-    benches = plan.of_kind(Kind.BENCH) if plan else []
+    benches = plan.processes_of_kind(Kind.BENCH) if plan else []
     planned = sorted(concurrency_of(p.result) for p in benches
                      if p.result and p.result != CUSTOM_BENCH)
     custom = custom_outcome(rd) if any(p.result == CUSTOM_BENCH for p in benches) else None
@@ -355,7 +354,7 @@ def summary(
                            f"{p['failure_reason']}")
     bench_damaged = len(damaged)
     acc = load_accuracy(rd.path, damaged)
-    gate_planned = bool(plan and plan.of_kind(Kind.ACCURACY))
+    gate_planned = bool(plan and plan.processes_of_kind(Kind.ACCURACY))
     accuracy = None
     reasons += [f"{why}: left out" for _, why in damaged]
     if acc is None:
@@ -372,13 +371,9 @@ def summary(
                            f"{acc.get('accuracy') or 0:.3f} is below the "
                            f"threshold {acc.get('threshold')}")
     notes += [n for n in run_notes if n not in notes]
-    labels = []
-    if simulated:
-        labels.append("simulated")
-    if on_cpu:
-        labels.append("vllm-cpu")
-        notes.append(f"engine {CPU_LABEL}: real vLLM on the host's CPU; the per-GPU figures "
-                     "are per CPU engine, not a GPU measurement")
+    labels = list(kind.point_labels) if kind else []
+    if kind and kind.figures_note:
+        notes.append(kind.figures_note)
     if acc is not None and not acc.get("passed"):
         labels.append("accuracy-gate-failed")
     for p in points:
@@ -413,8 +408,9 @@ def summary(
         "engine": engine,
         "engine_platform": platform,
         "engine_label": engine_label(engine, platform) if engine else None,
-        "simulated": simulated,
-        "vllm_cpu": on_cpu,
+        # the summary's own record of what its figures are (readers take it, not plan.json)
+        "simulated": bool(kind and kind.speed_modelled),
+        "vllm_cpu": bool(kind and kind.on_host_cpu),
         "mode": mode,
         "model": plan.served_name if plan else None,
         "state": str(state) if state else None,
@@ -486,7 +482,7 @@ def lifecycle(rd: RunDir, plan: PlanDoc | None, gpus: int | None,
     if any(e.get("event") == "visit_end" for e in events):
         end = start + sum(seconds.values())  # its own time, its visits added up
     started = {e["process"]: e["ts"] for e in events if e.get("event") == "process_started"}
-    engines = {p.name for p in plan.of_kind(Kind.ENGINE)} if plan else set()
+    engines = {p.name for p in plan.processes_of_kind(Kind.ENGINE)} if plan else set()
     ready = {e["process"]: round(e["ts"] - started[e["process"]], 2) for e in events
              if e.get("event") == "ready" and e.get("process") in engines
              and e["process"] in started}

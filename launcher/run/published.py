@@ -83,14 +83,14 @@ def comparable(plan: PlanDoc | None) -> tuple[Match | None, str]:
     """(the published configuration this run is, "") or (None, why it is not comparable)."""
     if plan is None:
         return None, "no readable plan.json"
-    if plan.on_cpu:
-        return None, "the engines are vLLM on a host CPU, not a GPU measurement"
+    if plan.engine_kind.unlike_published:
+        return None, plan.engine_kind.unlike_published
     if plan.mode != "disagg":
         return None, f"mode {plan.mode}: the published runs are disaggregated"
     model = plan.model_path.lower()
     if MODEL_MARK not in model or QUANT_MARK not in model:
         return None, (f"model {plan.model_path} is not {reference()['workload']['model']}")
-    benches = plan.of_kind(Kind.BENCH)
+    benches = plan.processes_of_kind(Kind.BENCH)
     if not benches:
         return None, "the plan has no benchmark client"
     if (plan.workload or {}).get("driver") == "custom":
@@ -111,7 +111,7 @@ def comparable(plan: PlanDoc | None) -> tuple[Match | None, str]:
     if config is None:
         have = ", ".join(str(c["prefill_endpoints"]) for c in configurations())
         return None, f"{len(pre)} prefill endpoints: the published ones have {have}"
-    return Match(config, plan.simulated), ""
+    return Match(config, plan.engine_kind.speed_modelled), ""
 
 
 def workload_differs(plan: PlanDoc) -> str:
@@ -137,7 +137,7 @@ def workload_differs(plan: PlanDoc) -> str:
     if w["chat_template"] and not got.get("chat_template"):
         out.append("prompts without the chat template (the published ones are in it)")
     elif got.get("chat_template") and not got.get("chat_template_applied") \
-            and not plan.simulated:
+            and plan.engine_kind.tokenizes:
         out.append("the chat template was asked for but not applied")
     if w["ignore_eos"] and got.get("ignore_eos") is False:
         out.append("output lengths not forced (ignore_eos)")

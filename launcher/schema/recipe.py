@@ -171,7 +171,7 @@ class Recipe(Strict):
                 if found := secrets.secret_flag(key, router=where == "router.args"):
                     bad.append(secrets.flag_refusal(f"{where}.{key}", *found))
         bad += self._check_steps()
-        if self.sim.model_dump(exclude_none=True) and not self.engine_kind.simulated:
+        if self.sim.model_dump(exclude_none=True) and not self.engine_kind.takes_sim_knobs:
             bad.append("sim knobs are only for engine: sim")
         if bad:
             raise ValueError(PROBLEMS_SEP.join(bad))
