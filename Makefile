@@ -31,6 +31,7 @@ test: setup
 	bash tests/browser/setup.sh
 	bash tests/prometheus/setup.sh
 	bash tests/lmeval/setup.sh
+	bash tests/mooncake/setup.sh
 	bash tests/vllm_cpu/setup.sh
 	$(BIN)/python -m pytest -n 3 --dist loadgroup
 
