@@ -343,3 +343,27 @@ def test_the_master_killed_mid_run_ends_the_run_within_seconds_naming_it(tmp_pat
     seen = pd.concat(frames)
     names = set(seen[seen["process"] == "mooncake-master"]["name"].astype(str))
     assert "master_allocated_bytes" in names  # its /metrics, scraped by the node's agent
+
+
+@pytest.mark.alone
+def test_a_study_in_one_allocation_restarts_engines_that_share_a_store_with_its_master(
+        tmp_path):
+    """Engines kept loaded for the next configuration would outlive the master their store
+    segments live in: with a kv_store each configuration starts its master and its engines."""
+    master_installed()
+    prof = helpers.profile_copy(tmp_path / "prof.yaml", "local", port_blocks=1,
+                                port_base=helpers.free_port_base(range(27000, 32000, 100), 1000))
+    f = store_recipe(tmp_path, cluster=prof, **{"benchmark.concurrency": [4],
+                                                "accuracy.enabled": False})
+    code, out = helpers.launcher(tmp_path, "submit", str(f), "--sweep",
+                                 "benchmark.warmup=2,3", "--allocation", "one")
+    assert code == 0, out
+    runs = sorted(p for p in (tmp_path / "runs").glob("*/*-local-sim-store*") if p.is_dir())
+    assert len(runs) == 2, runs
+    for run in runs:
+        events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+        started = [e["process"] for e in events if e.get("event") == "process_started"]
+        engines = [i for i, p in enumerate(started) if p.startswith(("decode-", "prefill-"))]
+        assert engines and started.index("mooncake-master") < engines[0], (run.name, started)
+        assert not [e for e in events if e.get("event") == "process_kept_loaded"]
+        assert not helpers.leftovers(run)
