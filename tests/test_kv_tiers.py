@@ -355,8 +355,14 @@ def test_a_study_in_one_allocation_restarts_engines_that_share_a_store_with_its_
                                 port_base=helpers.free_port_base(range(27000, 32000, 100), 1000))
     f = store_recipe(tmp_path, cluster=prof, **{"benchmark.concurrency": [4],
                                                 "accuracy.enabled": False})
-    code, out = helpers.launcher(tmp_path, "submit", str(f), "--sweep",
-                                 "benchmark.warmup=2,3", "--allocation", "one")
+    study = ("submit", str(f), "--sweep", "benchmark.warmup=2,3", "--allocation", "one")
+    (tmp_path / "plan").mkdir()
+    code, out = helpers.launcher(tmp_path / "plan", *study, "--dry-run")
+    assert code == 0, out
+    text = " ".join(out.split())  # the dry-run's "same engine?" rule agrees: loaded twice
+    assert "one allocation: 3 nodes" in text and "for 2 load rounds" in text
+    assert "6 engine start(s) <- this submission" in text
+    code, out = helpers.launcher(tmp_path, *study)
     assert code == 0, out
     runs = sorted(p for p in (tmp_path / "runs").glob("*/*-local-sim-store*") if p.is_dir())
     assert len(runs) == 2, runs
