@@ -373,3 +373,15 @@ def test_a_study_in_one_allocation_restarts_engines_that_share_a_store_with_its_
         assert engines and started.index("mooncake-master") < engines[0], (run.name, started)
         assert not [e for e in events if e.get("event") == "process_kept_loaded"]
         assert not helpers.leftovers(run)
+
+
+def test_a_master_port_taken_on_this_host_is_said_before_anything_starts(tmp_path):
+    base = helpers.free_port_base(range(27000, 32000, 100), 1000)
+    prof = helpers.profile_copy(tmp_path / "prof.yaml", "local", port_blocks=1, port_base=base)
+    f = store_recipe(tmp_path, cluster=prof, **{"benchmark.concurrency": [4],
+                                                "accuracy.enabled": False})
+    with helpers.listening([base + 2]):
+        code, out = helpers.launcher(tmp_path, "submit", str(f))
+    assert code != 0, out
+    assert f"{base + 2} (mooncake-master rpc" in " ".join(out.split())
+    assert not list((tmp_path / "runs").glob("*/logs/mooncake-master.log"))
