@@ -385,3 +385,18 @@ def test_a_master_port_taken_on_this_host_is_said_before_anything_starts(tmp_pat
     assert code != 0, out
     assert f"{base + 2} (mooncake-master rpc" in " ".join(out.split())
     assert not list((tmp_path / "runs").glob("*/logs/mooncake-master.log"))
+
+
+def test_an_aggregated_pool_with_a_store_gets_its_connector_and_the_store(tmp_path):
+    """The published agentic recipes include aggregated engines over a Mooncake store (no
+    P/D): the pool's own connector reaches its command line, with the store's env."""
+    f = store_recipe(tmp_path, mode="agg", prefill=None, decode=None, **{
+        "agg.endpoints": 1, "agg.data_parallel": 2,
+        "agg.kv_connector": {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both"}})
+    [p] = prepare.prepare_all(str(f), [], [], tmp_path / "runs")
+    [eng] = [x for x in p.rendered.processes if x.kind == "engine"]
+    kv = json.loads(eng.argv[eng.argv.index("--kv-transfer-config") + 1])
+    assert kv == {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both"}
+    assert eng.env["MOONCAKE_MASTER"].endswith(f":{p.plan.router_port + 2}")
+    assert eng.env["PYTHONHASHSEED"] == "0"
+    assert any(x.name == "mooncake-master" for x in p.rendered.processes)

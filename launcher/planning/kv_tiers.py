@@ -95,14 +95,18 @@ def names(cfg: dict[str, Any]) -> list[str]:
     return [str(c.get("kv_connector")) for c in chain(cfg)]
 
 
-def disagg_roles(recipe: Recipe) -> list[Role]:
-    return [r for r in (Role.PREFILL, Role.DECODE) if getattr(recipe, r).endpoints] \
-        if recipe.mode == "disagg" else []
+def connector_roles(recipe: Recipe) -> list[Role]:
+    """The roles whose engines run a KV connector: prefill and decode of a P/D recipe, an
+    aggregated pool that names its own (a store or CPU offload without P/D)."""
+    if recipe.mode == "disagg":
+        return [r for r in (Role.PREFILL, Role.DECODE) if getattr(recipe, r).endpoints]
+    return [Role.AGG] if recipe.agg.endpoints and recipe.agg.kv_connector is not None else []
 
 
 def store_roles(recipe: Recipe) -> list[Role]:
     """The roles whose engines share the Mooncake store."""
-    return [r for r in disagg_roles(recipe) if STORE_CONNECTOR in names(role_config(recipe, r))]
+    return [r for r in connector_roles(recipe)
+            if STORE_CONNECTOR in names(role_config(recipe, r))]
 
 
 def connector_problems(recipe: Recipe) -> list[str]:
@@ -111,7 +115,7 @@ def connector_problems(recipe: Recipe) -> list[str]:
 
     fields = vllm_flags.CONFIG_CLASSES["KVTransferConfig"]["fields"]
     out: list[str] = []
-    for role in disagg_roles(recipe):
+    for role in connector_roles(recipe):
         pool = getattr(recipe, role)
         if pool.kv_connector is None:
             continue  # the recipe's kv_connector: checked key by key with the engine flags
@@ -372,10 +376,10 @@ def memory_blockers(plan: Plan) -> list[str]:
 def summary(plan: Plan) -> list[str]:
     """The dry-run's lines: the master, the store config, each node's host-memory budget."""
     r = plan.recipe
-    if r.kv_store is None and not any(getattr(r, x).kv_connector for x in disagg_roles(r)):
+    if r.kv_store is None and not any(getattr(r, x).kv_connector for x in connector_roles(r)):
         return []  # NIXL alone: the engine lines show its --kv-transfer-config
     lines = []
-    for role in disagg_roles(r):
+    for role in connector_roles(r):
         lines.append(f"KV connector ({role}): " + " + ".join(
             f"{c.get('kv_connector')} ({c.get('kv_role')})" for c in chain(role_config(r, role))))
     if r.kv_store is not None:

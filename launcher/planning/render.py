@@ -147,7 +147,7 @@ def serve_argv(plan: Plan, ep: Endpoint, part, concurrency: int | None = None) -
         argv.append("--headless")
     else:
         argv += ["--headless", "--data-parallel-start-rank", str(part.dp_ranks[0])]
-    if ep.role.disaggregated:
+    if ep.role.disaggregated or pool.kv_connector is not None:
         argv += ["--kv-transfer-config", kv_transfer_config(plan, ep.role)]
     return argv + flags(engine_args(r, pool, concurrency))
 
