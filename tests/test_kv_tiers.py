@@ -254,11 +254,22 @@ def test_a_child_without_its_role_and_an_offload_tier_without_size_are_named(tmp
     assert "OffloadingConnector's CPU tier needs kv_connector_extra_config.cpu_bytes_to_use" in text
 
 
-def test_a_store_connector_without_kv_store_and_a_store_nobody_uses_are_named(tmp_path):
+def test_a_store_connector_without_kv_store_is_one_sentence(tmp_path):
     text = refusal(tmp_path, store_recipe(tmp_path, kv_store=None))
     assert "prefill's connector names MooncakeStoreConnector but the recipe has no kv_store" in text
+
+
+
+def test_a_store_no_role_uses_runs_its_master_as_srt_slurm_does_with_a_warning(tmp_path):
+    """A published agg recipe (InferenceX agg-gb200-tp8-c4-mtp2-agentic) sets a store and no
+    store connector: srt-slurm starts the master anyway, so does the launcher, and says so."""
     f = store_recipe(tmp_path, **{"prefill.kv_connector": None, "decode.kv_connector": None})
-    assert "no role's kv_connector names MooncakeStoreConnector" in refusal(tmp_path, f)
+    code, out = helpers.launcher(tmp_path, "submit", str(f), "--dry-run")
+    assert code == 0, out
+    text = " ".join(out.split())
+    assert ("warning: kv_store is set but no role's kv_connector names MooncakeStoreConnector: "
+            "its master runs") in text
+    assert "no engine uses it" in text
 
 
 def test_a_pool_larger_than_host_memory_is_a_blocker_naming_the_node(tmp_path):

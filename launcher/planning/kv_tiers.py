@@ -203,9 +203,6 @@ def store_problems(recipe: Recipe) -> list[str]:
         return [f"{r}'s connector names {STORE_CONNECTOR} but the recipe has no kv_store: add "
                 "kv_store.store_config (the launcher then runs its mooncake_master)"
                 for r in using]
-    if not using:
-        return ["kv_store is set but no role's kv_connector names MooncakeStoreConnector: the "
-                "master would serve no engine; add the connector or remove kv_store"]
     cfg = store.store_config
     out = []
     for key in cfg:
@@ -379,15 +376,19 @@ def summary(plan: Plan) -> list[str]:
     if r.kv_store is None and not any(getattr(r, x).kv_connector for x in connector_roles(r)):
         return []  # NIXL alone: the engine lines show its --kv-transfer-config
     lines = []
+    if r.kv_store is not None and not store_roles(r):
+        lines.append("warning: kv_store is set but no role's kv_connector names "
+                     f"{STORE_CONNECTOR}: its master runs (as srt-slurm runs it) and serves no "
+                     "engine; add the connector or remove kv_store")
     for role in connector_roles(r):
         lines.append(f"KV connector ({role}): " + " + ".join(
             f"{c.get('kv_connector')} ({c.get('kv_role')})" for c in chain(role_config(r, role))))
     if r.kv_store is not None:
         p = master_ports(plan)
+        users = (f"engines of {', '.join(store_roles(r))} share it with PYTHONHASHSEED="
+                 f"{hash_seed(r)[0]}") if store_roles(r) else "no engine uses it"
         lines.append(f"KV store: mooncake_master on {master_node(plan)} (rpc {p.rpc}, metadata "
-                     f"{p.metadata}, admin/metrics {p.admin}); engines of "
-                     f"{', '.join(store_roles(r))} share it with PYTHONHASHSEED="
-                     f"{hash_seed(r)[0]}")
+                     f"{p.metadata}, admin/metrics {p.admin}); {users}")
         lines.append(f"KV store config ({CONFIG_FILE}): "
                      + json.dumps(store_config(plan), separators=(",", ":"), sort_keys=True))
     have = plan.cluster.host_memory_gib
