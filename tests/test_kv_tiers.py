@@ -411,3 +411,21 @@ def test_an_aggregated_pool_with_a_store_gets_its_connector_and_the_store(tmp_pa
     assert eng.env["MOONCAKE_MASTER"].endswith(f":{p.plan.router_port + 2}")
     assert eng.env["PYTHONHASHSEED"] == "0"
     assert any(x.name == "mooncake-master" for x in p.rendered.processes)
+
+
+def test_a_master_that_is_not_there_is_said_at_preflight_before_any_engine(tmp_path):
+    base = helpers.free_port_base(range(27000, 32000, 100), 1000)
+    prof = helpers.profile_copy(tmp_path / "prof.yaml", "local", port_blocks=1, port_base=base)
+    f = store_recipe(tmp_path, cluster=prof, **{
+        "kv_store.master_command": str(tmp_path / "no-such" / "mooncake_master"),
+        "accuracy.enabled": False})
+    code, out = helpers.launcher(tmp_path, "submit", str(f))
+    assert code != 0, out
+    [run] = (tmp_path / "runs").glob("*-local-sim-store")
+    record = json.loads((run / "run.json").read_text())
+    assert record["state"] == "failed"
+    assert (f"the KV store's master {tmp_path}/no-such/mooncake_master does not run in the "
+            "node (not found)") in " ".join(record["error"].split())
+    started = [json.loads(x).get("process") for x in (run / "events.jsonl").read_text().splitlines()
+               if '"process_started"' in x]
+    assert not [p for p in started if p.startswith(("prefill", "decode", "mooncake"))]
