@@ -432,3 +432,16 @@ def test_a_master_that_is_not_there_is_said_at_preflight_before_any_engine(tmp_p
     started = [json.loads(x).get("process") for x in (run / "events.jsonl").read_text().splitlines()
                if '"process_started"' in x]
     assert not [p for p in started if p.startswith(("prefill", "decode", "mooncake"))]
+
+
+def test_the_recipes_own_multiconnector_is_checked_once_for_both_sides(tmp_path):
+    f = store_recipe(tmp_path, kv_store=None, **{
+        "prefill.kv_connector": None, "decode.kv_connector": None,
+        "kv_connector": {"kv_connector": "MultiConnector", "kv_connector_extra_config": {
+            "connectors": [{"kv_connector": "NixlConnector", "kv_role": "kv_both"},
+                           {"kv_connector": "SimpleCPUOfloadConnector", "kv_role": "kv_both"}]}}})
+    text = refusal(tmp_path, f)
+    said = ("kv_connector.kv_connector_extra_config.connectors[1]: connector "
+            "SimpleCPUOfloadConnector is not one vLLM 0.33 knows (did you mean "
+            "'SimpleCPUOffloadConnector'?)")
+    assert text.count(said) == 1, text

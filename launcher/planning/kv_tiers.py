@@ -116,12 +116,11 @@ def connector_problems(recipe: Recipe) -> list[str]:
     fields = vllm_flags.CONFIG_CLASSES["KVTransferConfig"]["fields"]
     out: list[str] = []
     for role in connector_roles(recipe):
-        pool = getattr(recipe, role)
-        if pool.kv_connector is None:
-            continue  # the recipe's kv_connector: checked key by key with the engine flags
-        cfg = pool.kv_connector
-        where = f"{role}.kv_connector"
-        out += _keys(cfg, where, fields)
+        own = getattr(recipe, role).kv_connector
+        cfg = own if own is not None else role_config(recipe, role)
+        where = f"{role}.kv_connector" if own is not None else "kv_connector"
+        if own is not None:  # the recipe's own keys are checked with the engine flags
+            out += _keys(cfg, where, fields)
         if cfg.get("kv_connector") == "MultiConnector":
             kids = (cfg.get("kv_connector_extra_config") or {}).get("connectors")
             if not isinstance(kids, list) or not kids or not all(
@@ -136,7 +135,7 @@ def connector_problems(recipe: Recipe) -> list[str]:
                 out += _one(kid, at)
         else:
             out += _one(cfg, where)
-    return out
+    return list(dict.fromkeys(out))  # the recipe's kv_connector is both sides': said once
 
 
 def _keys(cfg: dict, where: str, fields: list[str]) -> list[str]:
