@@ -445,3 +445,15 @@ def test_the_recipes_own_multiconnector_is_checked_once_for_both_sides(tmp_path)
             "SimpleCPUOfloadConnector is not one vLLM 0.33 knows (did you mean "
             "'SimpleCPUOffloadConnector'?)")
     assert text.count(said) == 1, text
+
+
+def test_a_store_block_key_of_the_wrong_kind_or_unknown_is_named(tmp_path):
+    data = yaml.safe_load(fixed_length(PUBLISHED.read_text()))
+    block = data["backend"]["mooncake_kv_store"]
+    block["master_extra_args"] = "--nof_eviction_high_watermark_ratio=0.9"
+    block["master_port"] = 9000
+    with pytest.raises(UserError) as e:
+        srt_slurm.convert(data, "x.yaml", "0" * 64, ALIAS)
+    text = " ".join(str(e.value).split())
+    assert "mooncake_kv_store.master_extra_args is str: srt-slurm takes a list here" in text
+    assert "mooncake_kv_store.master_port is not a key of srt-slurm's mooncake_kv_store" in text

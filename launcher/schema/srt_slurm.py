@@ -751,11 +751,13 @@ def _mooncake(src: _Source, out: dict) -> None:
                 src.refuse(f"{key}.container", f"{show(v)}: the master runs in the engines' "
                            "image here; remove it")
         elif k in MOONCAKE_KEYS:
+            want = {"master_extra_args": "list", "default_kv_lease_ttl_ms": "whole number"}
             src.refuse(f"{key}.{k}", f"is {type(v).__name__}: srt-slurm takes a "
-                       f"{'list' if k == 'master_extra_args' else 'mapping' if k != 'default_kv_lease_ttl_ms' else 'whole number'} here")
+                       f"{want.get(k, 'mapping')} here")
         else:
-            src.refuse(f"{key}.{k}", "is not a key of srt-slurm's mooncake_kv_store (store_config, "
-                       "env, master_extra_args, default_kv_lease_ttl_ms, container)")
+            src.refuse(f"{key}.{k}", "is not a key of srt-slurm's mooncake_kv_store "
+                       "(store_config, env, master_extra_args, default_kv_lease_ttl_ms, "
+                       "container)")
     if "store_config" not in store:
         src.refuse(key, "has no store_config: vLLM's MooncakeStoreConnector reads its "
                    "configuration from it (srt-slurm requires it for vLLM)")
