@@ -457,3 +457,20 @@ def test_a_store_block_key_of_the_wrong_kind_or_unknown_is_named(tmp_path):
     text = " ".join(str(e.value).split())
     assert "mooncake_kv_store.master_extra_args is str: srt-slurm takes a list here" in text
     assert "mooncake_kv_store.master_port is not a key of srt-slurm's mooncake_kv_store" in text
+
+
+def test_kv_offloading_size_on_a_pd_engine_is_one_sentence_and_counted_on_an_agg_one(tmp_path):
+    """vLLM 0.33 turns --kv-offloading-size into the engine's connector: on a P/D engine it
+    replaces NIXL (the handoff stops); on an aggregated one it is a CPU tier to budget."""
+    f = store_recipe(tmp_path, kv_store=None, **{"prefill.kv_connector": None,
+                                                 "decode.kv_connector": None,
+                                                 "decode.args.kv-offloading-size": 8})
+    text = refusal(tmp_path, f)
+    assert ("decode.args.kv-offloading-size on a decode engine makes vLLM replace its "
+            "NixlConnector with the CPU offload connector") in text
+    f = store_recipe(tmp_path, kv_store=None, mode="agg", prefill=None, decode=None, **{
+        "agg.endpoints": 1, "agg.tensor_parallel": 2, "agg.args.kv-offloading-size": 8})
+    [p] = prepare.prepare_all(str(f), [], [], tmp_path / "runs2")
+    lines = kv_tiers.summary(p.plan)
+    assert any("8.0 GiB" in x and "2 rank(s) x 4 GiB CPU offload (--kv-offloading-size)" in x
+               for x in lines), lines

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from launcher.run.vocab import Role
+from launcher.schema.sections import flag_key
 from launcher.schema.wording import did_you_mean, show
 
 if TYPE_CHECKING:
@@ -135,7 +136,42 @@ def connector_problems(recipe: Recipe) -> list[str]:
                 out += _one(kid, at)
         else:
             out += _one(cfg, where)
+    out += _offloading_flag(recipe)
     return list(dict.fromkeys(out))  # the recipe's kv_connector is both sides': said once
+
+
+def offloading_size(recipe: Recipe, role: Role) -> tuple[str, float] | None:
+    """(where, GiB) of --kv-offloading-size on `role`'s engines, native backend: vLLM makes
+    the engine's connector OffloadingConnector (or SimpleCPUOffloadConnector) itself."""
+    from launcher.planning.plan import engine_args
+
+    pool = getattr(recipe, role)
+    args = engine_args(recipe, pool)
+    if args.get("kv-offloading-size") is None or args.get("kv-offloading-backend",
+                                                           "native") != "native":
+        return None
+    where = f"{role}.args" if "kv-offloading-size" in {
+        flag_key(k) for k in pool.args_at(recipe.first_point())} else "vllm_args"
+    try:
+        return f"{where}.kv-offloading-size", float(args["kv-offloading-size"])
+    except (TypeError, ValueError):
+        return None  # vLLM's parser names it
+
+
+def _offloading_flag(recipe: Recipe) -> list[str]:
+    """vLLM 0.33 (config/vllm.py _post_init_kv_transfer_config) sets the engine's
+    kv_connector to the offload connector when --kv-offloading-size is given: on a P/D
+    engine that replaces its NixlConnector, and the handoff silently stops."""
+    out = []
+    for role in connector_roles(recipe):
+        found = offloading_size(recipe, role)
+        if found and role != Role.AGG:
+            out.append(f"{found[0]} on a {role} engine makes vLLM replace its "
+                       f"{' + '.join(names(role_config(recipe, role)))} with the CPU offload "
+                       "connector, so the P/D handoff stops: give the role a MultiConnector of "
+                       "NixlConnector and OffloadingConnector (kv_connector_extra_config."
+                       "cpu_bytes_to_use) instead")
+    return out
 
 
 def _keys(cfg: dict, where: str, fields: list[str]) -> list[str]:
@@ -333,6 +369,8 @@ def rank_bytes(recipe: Recipe, role: Role) -> list[tuple[str, int]]:
                 out.append(("CPU offload", int(extra["cpu_bytes_to_use"]) // tp))
         except (TypeError, ValueError):
             continue  # a value the checks above name
+    if (found := offloading_size(recipe, role)) is not None:  # GiB over the TP ranks
+        out.append(("CPU offload (--kv-offloading-size)", int(found[1] * GIB) // tp))
     return out
 
 
@@ -372,7 +410,9 @@ def memory_blockers(plan: Plan) -> list[str]:
 def summary(plan: Plan) -> list[str]:
     """The dry-run's lines: the master, the store config, each node's host-memory budget."""
     r = plan.recipe
-    if r.kv_store is None and not any(getattr(r, x).kv_connector for x in connector_roles(r)):
+    roles = connector_roles(r) or [role for role, _ in r.pools()]
+    if r.kv_store is None and not any(getattr(r, x).kv_connector is not None
+                                      or offloading_size(r, x) for x in roles):
         return []  # NIXL alone: the engine lines show its --kv-transfer-config
     lines = []
     if r.kv_store is not None and not store_roles(r):
