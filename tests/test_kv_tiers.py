@@ -474,3 +474,44 @@ def test_kv_offloading_size_on_a_pd_engine_is_one_sentence_and_counted_on_an_agg
     lines = kv_tiers.summary(p.plan)
     assert any("8.0 GiB" in x and "2 rank(s) x 4 GiB CPU offload (--kv-offloading-size)" in x
                for x in lines), lines
+
+
+@pytest.mark.slurm
+def test_the_master_runs_as_a_slurm_step_before_the_engines_on_the_dev_cluster(tmp_path):
+    """Through real Slurm: the master is an srun step on the first node, its store config is
+    rewritten with the allocation's address and ports (the dry-run's were planned), it is
+    ready before the engines start, and nothing is left after the run."""
+    import shutil
+
+    master_installed()
+    if shutil.which("sinfo") is None:
+        pytest.fail("Slurm is not installed: run `bash slurm/devcluster/up.sh` (as root)")
+    data = yaml.safe_load((rmod.RECIPES_DIR / "devcluster-sim.yaml").read_text())
+    data.pop("container")  # the image has no Mooncake: the host's master, on the same host
+    data["name"] = "devcluster-sim-store"
+    data["accuracy"]["enabled"] = False
+    data["benchmark"]["concurrency"] = [8]
+    for role, kv_role in (("prefill", "kv_both"), ("decode", "kv_consumer")):
+        data[role]["kv_connector"] = multi(kv_role, {"kv_connector": "MooncakeStoreConnector"})
+    data["kv_store"] = {"master_command": str(MASTER), "store_config": dict(STORE)}
+    f = tmp_path / "dev-store.yaml"
+    f.write_text(yaml.safe_dump(data, sort_keys=False))
+    code, out = helpers.launcher(tmp_path, "submit", str(f), "--wait", timeout=600)
+    assert code == 0, out
+    [run] = [p.parent for p in (tmp_path / "runs").glob("*/plan.json")]
+    record = json.loads((run / "run.json").read_text())
+    assert record["state"] == "succeeded", record.get("error")
+    events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+    ready = [e["process"] for e in events if e.get("event") == "ready"]
+    assert ready[0] == "mooncake-master", ready
+    doc = json.loads((run / "plan.json").read_text())
+    master = next(p for p in doc["processes"] if p["name"] == "mooncake-master")
+    rpc = int(master["argv"][1].split("=")[1])
+    written = json.loads((run / "mooncake_store_config.json").read_text())
+    assert written["master_server_address"].endswith(f":{rpc}")
+    assert written["master_server_address"].split(":")[0] == next(
+        n["address"] for n in doc["nodes"] if n["name"] == master["node"])
+    commands = (run / "commands.sh").read_text()
+    assert any(x.startswith("srun ") and "--job-name=mooncake-master" in x
+               for x in commands.splitlines())
+    assert not helpers.leftovers(run)
