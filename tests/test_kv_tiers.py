@@ -359,7 +359,6 @@ def test_the_master_killed_mid_run_ends_the_run_within_seconds_naming_it(tmp_pat
     assert "master_allocated_bytes" in names  # its /metrics, scraped by the node's agent
 
 
-@pytest.mark.alone
 def test_a_study_in_one_allocation_restarts_engines_that_share_a_store_with_its_master(
         tmp_path):
     """Engines kept loaded for the next configuration would outlive the master their store
