@@ -514,3 +514,32 @@ def test_the_master_runs_as_a_slurm_step_before_the_engines_on_the_dev_cluster(t
     assert any(x.startswith("srun ") and "--job-name=mooncake-master" in x
                for x in commands.splitlines())
     assert not helpers.leftovers(run)
+
+
+def test_a_connectors_extra_config_that_is_not_a_mapping_is_one_sentence(tmp_path):
+    cfg = multi("kv_both", {"kv_connector": "MooncakeStoreConnector",
+                            "kv_connector_extra_config": "load_async"})
+    text = refusal(tmp_path, store_recipe(tmp_path, **{"prefill.kv_connector": cfg}))
+    assert ("prefill.kv_connector.kv_connector_extra_config.connectors[1]."
+            "kv_connector_extra_config must be a mapping of the connector's own settings (got "
+            "load_async)") in text
+
+
+@pytest.mark.parametrize("path", [
+    "kv_store.store_config.global_segment_size", "kv_store.store_config.mode",
+    "kv_store.store_config.tenant_id", "kv_store.master_args", "kv_store.lease_ttl_ms",
+    "kv_store.env", "kv_store", "prefill.kv_connector",
+    "prefill.kv_connector.kv_connector_extra_config",
+    "prefill.kv_connector.kv_connector_extra_config.connectors", "decode.kv_connector.kv_role",
+    "kv_connector.kv_connector_extra_config", "prefill.args.kv-offloading-size",
+    "prefill.env.PYTHONHASHSEED",
+])
+def test_any_value_in_a_kv_tier_key_plans_or_is_one_sentence(path, tmp_path):
+    """Never a traceback: every value a user can write there plans, or is refused in words."""
+    for i, value in enumerate([None, True, -1, 10**30, "", "x", "..gb", [], [1], [{}], {},
+                               {"a": 1}]):
+        f = store_recipe(tmp_path, **{path: value})
+        try:
+            prepare.prepare_all(str(f), [], [], tmp_path / f"runs{i}")
+        except UserError as e:
+            assert str(e).strip() and "Traceback" not in str(e)

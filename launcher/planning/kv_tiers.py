@@ -87,9 +87,15 @@ def role_config(recipe: Recipe, role: Role) -> dict[str, Any]:
 def chain(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     """The connectors a config runs: a MultiConnector's children, else the one."""
     if cfg.get("kv_connector") == "MultiConnector":
-        kids = (cfg.get("kv_connector_extra_config") or {}).get("connectors")
+        kids = extra_of(cfg).get("connectors")
         return [c for c in kids if isinstance(c, dict)] if isinstance(kids, list) else []
     return [cfg]
+
+
+def extra_of(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A connector's kv_connector_extra_config ({} when absent or not a mapping: said)."""
+    extra = cfg.get("kv_connector_extra_config")
+    return extra if isinstance(extra, dict) else {}
 
 
 def names(cfg: dict[str, Any]) -> list[str]:
@@ -123,7 +129,7 @@ def connector_problems(recipe: Recipe) -> list[str]:
         if own is not None:  # the recipe's own keys are checked with the engine flags
             out += _keys(cfg, where, fields)
         if cfg.get("kv_connector") == "MultiConnector":
-            kids = (cfg.get("kv_connector_extra_config") or {}).get("connectors")
+            kids = extra_of(cfg).get("connectors")
             if not isinstance(kids, list) or not kids or not all(
                     isinstance(k, dict) for k in kids):
                 out.append(f"{where}: a MultiConnector lists its children in "
@@ -187,6 +193,10 @@ def _keys(cfg: dict, where: str, fields: list[str]) -> list[str]:
 def _one(cfg: dict, where: str) -> list[str]:
     name = cfg.get("kv_connector")
     out = []
+    if cfg.get("kv_connector_extra_config") is not None and not isinstance(
+            cfg["kv_connector_extra_config"], dict):
+        out.append(f"{where}.kv_connector_extra_config must be a mapping of the connector's "
+                   f"own settings (got {show(cfg['kv_connector_extra_config'])})")
     if cfg.get("kv_connector_module_path") is None and name not in KNOWN_CONNECTORS:
         hint = did_you_mean(str(name), KNOWN_CONNECTORS)
         out.append(f"{where}: connector {show(name)} is not one vLLM 0.33 knows"
@@ -198,7 +208,7 @@ def _one(cfg: dict, where: str) -> list[str]:
     if cfg.get("kv_role") is None:
         out.append(f"{where} ({show(name)}) has no kv_role: vLLM refuses a connector without "
                    "one; write kv_producer, kv_consumer or kv_both")
-    extra = cfg.get("kv_connector_extra_config") or {}
+    extra = extra_of(cfg)
     if name == "OffloadingConnector" and "spec_name" not in extra \
             and not extra.get("cpu_bytes_to_use"):
         out.append(f"{where}: OffloadingConnector's CPU tier needs "
@@ -353,7 +363,7 @@ def rank_bytes(recipe: Recipe, role: Role) -> list[tuple[str, int]]:
     tp = getattr(recipe, role).tensor_parallel
     for kid in chain(cfg):
         name = kid.get("kv_connector")
-        extra = kid.get("kv_connector_extra_config") or {}
+        extra = extra_of(kid)
         try:
             if name == STORE_CONNECTOR and recipe.kv_store is not None:
                 sc = recipe.kv_store.store_config
