@@ -32,6 +32,7 @@ test: setup
 	bash tests/prometheus/setup.sh
 	bash tests/lmeval/setup.sh
 	bash tests/aiperf/setup.sh
+	bash tests/mooncake/setup.sh
 	bash tests/vllm_cpu/setup.sh
 	$(BIN)/python -m pytest -n 3 --dist loadgroup
 

@@ -16,6 +16,7 @@ from launcher.planning import (
     containers,
     cost,
     engine_argv,
+    kv_tiers,
     render,
     schedulers,
     study,
@@ -69,6 +70,9 @@ def process_rows(prepared: Prepared) -> list[tuple[str, str, str, str]]:
             ports = f"http {plan.router_port}, metrics {plan.router_metrics_port}"
         elif proc.kind == Kind.AGENT:
             ports = f"exporter {plan.exporter_ports[proc.node]}"
+        elif proc.kind == Kind.STORE:
+            m = kv_tiers.master_ports(plan)
+            ports = f"rpc {m.rpc}, metadata {m.metadata}, admin {m.admin}"
         else:
             continue
         gpus = ",".join(map(str, proc.gpus)) if proc.gpus else "-"
@@ -439,6 +443,7 @@ def plan_text(prepared: Prepared) -> str:
         )
     lines += engine_lines(prepared)
     lines.append(engine_argv.checked_by(plan))
+    lines += kv_tiers.summary(plan)
     lines += launch_lines(plan)
     b = r.benchmark
     if b.enabled and b.custom is not None:

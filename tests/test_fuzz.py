@@ -107,7 +107,11 @@ EXTRA_PATHS = [
     "sim.crash_after_s", "engine", "mode", "cluster", "name", "hold_s", "slurm.time_limit",
     "slurm.signal_lead_s", "engine_version", "agg.endpoints", "agg.data_parallel",
     "prefill.gpus_per_node", "decode.gpus_per_node", "decode.api_servers",
-    "prefill.expert_parallel",
+    "prefill.expert_parallel", "kv_store.store_config.metadata_server",
+    "kv_store.store_config.global_segment_size", "kv_store.store_config.mode",
+    "kv_store.master_args", "kv_store.master_command", "kv_store.lease_ttl_ms",
+    "kv_store.env.MC_X", "prefill.kv_connector.kv_connector", "decode.kv_connector.kv_role",
+    "agg.kv_connector.kv_connector_extra_config.connectors",
 ]  # fmt: skip
 CLUSTER_PATHS = [
     "name", "scheduler", "gpus_per_node", "gpu_memory_gib", "port_base", "dry_run_nodes",
@@ -116,7 +120,7 @@ CLUSTER_PATHS = [
     "containers.runtime", "containers.mounts", "containers.writable",
     "containers.image_cache", "network.interface", "models.hf_home", "models.internet",
     "nodes_per_rack", "gres_type", "gpu_directive", "segment", "mem_zero", "nofile",
-    "kill_wait_s", "arch", "gpu_kind", "prometheus_sd_dir", "exclusive",
+    "kill_wait_s", "arch", "gpu_kind", "prometheus_sd_dir", "exclusive", "host_memory_gib",
 ]  # fmt: skip
 
 # Free-text fields: any string is valid there, so hostile text reaches the scripts.

@@ -268,9 +268,7 @@ def test_the_published_schema_2_file_with_a_fixed_length_benchmark_reaches_the_c
 
 @pytest.mark.parametrize("change, feature", [
     ({"benchmark": {"type": "agentperf"}}, "agentic benchmark (benchmark.type agentperf)"),
-    ({"services": [{"name": "m", "type": "mooncake-master"}]}, "Mooncake"),
-    ({"roles": {"decode": {"args": {"kv-transfer-config":
-                                    '{"kv_connector":"MultiConnector"}'}}}}, "MultiConnector"),
+    ({"services": [{"name": "s", "type": "lmcache-server"}]}, "LMCache"),
 ])
 def test_agentic_and_kv_store_files_are_refused_in_one_sentence(change, feature):
     data = yaml.safe_load((MIGRATED_DIR / "kimi-k2.5-1k1k-1p1d-dep4-dep8.yaml").read_text())

@@ -132,8 +132,9 @@ class EngineLifetime:
     def leave_loaded(self, keep: bool) -> None:
         """At teardown (`keep`: a study's allocation goes on): the engines its next
         configuration may use stay loaded: every part of the endpoint is running, and its
-        head answered healthy here."""
-        if not keep or self.pool is None:
+        head answered healthy here. Engines sharing a KV store go down with it: its master
+        is this configuration's, and their segments cannot move to the next one's."""
+        if not keep or self.pool is None or self.plan.recipe.kv_store is not None:
             self.processes.left_loaded = set()
             return
         by_ep: dict[str, list[Handle]] = {}

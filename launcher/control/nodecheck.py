@@ -323,6 +323,27 @@ def numa_check(plan: dict, node: str) -> dict | None:
     return {"processes": who, "numactl": exe, "ok": works, "message": said}
 
 
+def store_check(plan: dict, node: str) -> dict | None:
+    """The KV store's master runs on this node: its executable answers --version where it
+    will run (in the engines' container when they have one), before any engine loads."""
+    master = next((p for p in plan.get("processes", [])
+                   if p.get("node") == node and p.get("kind") == "store"), None)
+    if master is None or not master.get("argv"):
+        return None
+    cmd = master["argv"][0]
+    exe = shutil.which(cmd)
+    works, said = False, "not found" + ("" if "/" in cmd else " on PATH")
+    if exe:
+        try:
+            r = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=20)
+            works = r.returncode == 0
+            said = (r.stdout or r.stderr).strip().splitlines()[0][:200] if (
+                r.stdout or r.stderr).strip() else f"exit status {r.returncode}"
+        except (OSError, subprocess.SubprocessError) as e:
+            said = str(e)[:200]
+    return {"process": master["name"], "command": cmd, "ok": works, "message": said}
+
+
 BENCH_MODULE = "launcher.clients.bench"
 CHECK_TOKENIZER = "--check-tokenizer"  # the client's own question (launcher.clients.bench)
 
@@ -409,6 +430,7 @@ def container_facts(node: str, run_dir: Path, engine: str) -> dict:
     facts["model"] = model_check(plan)
     facts["tokenizers"] = tokenizer_checks(plan, node)
     facts["numa_bind"] = numa_check(plan, node)
+    facts["store"] = store_check(plan, node)
     facts["packages"] = packages()
     facts["torch_cuda"] = torch_cuda()
     facts["files"] = [

@@ -53,7 +53,7 @@ from launcher.control.processes import Processes
 from launcher.control.record import Book, say
 from launcher.control.watch import NodeWatch
 from launcher.errors import Cancelled, RunFailed, UserError
-from launcher.planning import cost, render, schedulers
+from launcher.planning import cost, kv_tiers, render, schedulers
 from launcher.planning.study import Turn
 from launcher.run import rundir
 from launcher.run.plandoc import Process
@@ -297,10 +297,13 @@ class Orchestrator:
             self.book.note(why + f" (logs/{agent}.log)")
 
     def wait_ready(
-        self, targets: list[tuple[Process, str]], timeout_s: float, what: str
+        self, targets: list[tuple[Process, str]], timeout_s: float, what: str,
+        probe: Callable[[str], tuple[bool, str]] | None = None,
     ) -> None:
-        """Poll every target until ready, failing fast on a dead process or the timeout."""
+        """Poll every target until ready (`probe`: vLLM's API by default), failing fast on a
+        dead process or the timeout."""
         model = self.plan.recipe.model.name
+        ready = probe or (lambda url: api_ready(url, model))
         pending = {p.name: (p, url) for p, url in targets}
         reasons: dict[str, str] = {}
         deadline = time.monotonic() + timeout_s
@@ -311,7 +314,7 @@ class Orchestrator:
                 results = dict(
                     zip(
                         pending,
-                        pool.map(lambda t: api_ready(t[1], model), pending.values()),
+                        pool.map(lambda t: ready(t[1]), pending.values()),
                         strict=False,
                     )
                 )
@@ -400,6 +403,9 @@ class Orchestrator:
             for p in agents:
                 self.processes.start(p)
         self.stage(Stage.ENDPOINTS)
+        store = next((p for p in self.planned if p.kind == Kind.STORE), None)
+        if store is not None:
+            self.start_store(store)
         self.lifetime.start(engines)
         self.stage(Stage.HEALTH)
         t0 = time.monotonic()
@@ -447,6 +453,17 @@ class Orchestrator:
             raise RunFailed(
                 f"{len(self.failed_points)} sweep point(s) failed: " + "; ".join(self.failed_points),
                 stage=Stage.SWEEP)
+
+    def start_store(self, proc: Process) -> None:
+        """The KV store's master before the engines: its config written with this
+        allocation's addresses, then its admin /health (a master that dies later ends the
+        run, as any server does)."""
+        rundir.write_atomic(self.run.path / kv_tiers.CONFIG_FILE,
+                            kv_tiers.store_config_text(self.plan))
+        self.processes.start(proc)
+        self.wait_ready([(proc, proc.url)], self.plan.recipe.health.router_timeout_s,
+                        "KV store master", probe=lambda url: http_ok(f"{url}/health"))
+        say(f"KV store master up at {kv_tiers.master_address(self.plan)}")
 
     def wait_registered(self, router: Process, timeout_s: float) -> None:
         """The router lists every endpoint as a healthy worker of its role."""

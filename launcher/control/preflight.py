@@ -343,6 +343,15 @@ def judge_container(
                 "script that installs it (DeepSeek-V4-Pro's srt-slurm recipes run "
                 "vllm-container-deps.sh), use an image that has it, or drop numa-bind",
                 node=node, processes=tuple(numa["processes"])))
+        store = f.get("store") or {}
+        if store and not store.get("ok"):
+            where = "the engines' container" if plan.recipe.container else "the node"
+            problems.append(Problem(
+                f"{node}: the KV store's master {store.get('command')} does not run in {where} "
+                f"({store.get('message')}): use an image with Mooncake (the "
+                "mooncake-transfer-engine package ships mooncake_master) or set "
+                "kv_store.master_command to its path there",
+                node=node, processes=(store["process"],)))
         for t in f.get("tokenizers") or []:
             if not t.get("ok"):
                 problems.append(Problem(

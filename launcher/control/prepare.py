@@ -16,7 +16,7 @@ from pathlib import Path
 
 from launcher.control import compute_env, datasets, scheduling
 from launcher.errors import UserError
-from launcher.planning import cost, engine_argv, render, schedulers, study, ucx
+from launcher.planning import cost, engine_argv, kv_tiers, render, schedulers, study, ucx
 from launcher.planning.capacity import estimates, resolve_model
 from launcher.planning.kv import KvCapacity
 from launcher.planning.plan import Plan, make_plan, nodes_needed
@@ -88,6 +88,9 @@ def write_run_files(
     run.commands.chmod(0o644)  # not to be run whole (it says so at its top)
     if out.sbatch is not None:
         rundir.write_atomic(run.sbatch, out.sbatch, sync=False)
+    if plan.recipe.kv_store is not None:  # the orchestrator writes it again with real addresses
+        rundir.write_atomic(run.path / kv_tiers.CONFIG_FILE, kv_tiers.store_config_text(plan),
+                            sync=False)
     return out, capacity
 
 
@@ -128,6 +131,8 @@ def plan_run(
     plan = make_plan(recipe, cluster, names, runtime=rt, model=model)
     engine_argv.check(plan)
     datasets.check(recipe, cluster)  # a missing or malformed trace: one sentence, now
+    if found := kv_tiers.problems(recipe):
+        raise UserError.of("vLLM would refuse the engines' KV connectors or store:", found)
     refusal, _ = cost.time_limit_problems(plan, cost.estimate(plan))
     if refusal:
         raise UserError(refusal)
@@ -502,6 +507,7 @@ def find_blockers(runs: list[Prepared]) -> list[Prepared]:
             p.blockers += [blocker] if blocker else []
         p.blockers += ucx.ucx_lines(p.plan)[1]
         p.blockers += setup_script_lines(p)[1]
+        p.blockers += kv_tiers.memory_blockers(p.plan)
         if p.shared is not None:
             continue  # a study's one job is fitted to the partition by choose()
         key = (p.plan.cluster.scheduler, p.plan.recipe.slurm.partition)

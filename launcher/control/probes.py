@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from launcher.planning import kv_tiers
 from launcher.planning.plan import Plan, job_port_slots
 
 
@@ -31,6 +32,10 @@ def busy_ports(plan: Plan, ours: frozenset[int] = frozenset()) -> list[str]:
     if plan.router_node in local:
         wanted += [(plan.router_port, "router http"), (plan.router_metrics_port, "router metrics")]
     wanted += [(p, f"agent@{n} exporter") for n, p in plan.exporter_ports.items() if n in local]
+    if plan.recipe.kv_store is not None and kv_tiers.master_node(plan) in local:
+        m = kv_tiers.master_ports(plan)
+        wanted += [(m.rpc, "mooncake-master rpc"), (m.metadata, "mooncake-master metadata"),
+                   (m.admin, "mooncake-master admin")]
     for ep in plan.endpoints:
         for part in ep.parts:
             if part.node not in local:

@@ -14,7 +14,7 @@ import re
 import shlex
 from pathlib import Path
 
-from launcher.planning import containers, schedulers
+from launcher.planning import containers, kv_tiers, schedulers
 from launcher.planning.plan import Endpoint, Plan, engine_args
 from launcher.run import lengths, rundir
 from launcher.run.plandoc import EndpointDoc, NodeDoc, PlanDoc, Process
@@ -57,12 +57,9 @@ def flags(args: dict) -> list[str]:
 
 
 def kv_transfer_config(plan: Plan, role: Role) -> str:
-    """The recipe's kv_connector with each side's kv_role: the recipe's kv_both on every
-    side when it names one, else kv_producer on prefill and kv_consumer on decode."""
-    cfg = dict(plan.recipe.kv_connector)
-    if cfg.get("kv_role") != "kv_both":
-        cfg["kv_role"] = "kv_producer" if role == Role.PREFILL else "kv_consumer"
-    return json.dumps(cfg, separators=(",", ":"), sort_keys=True)
+    """The role's --kv-transfer-config (launcher.planning.kv_tiers.role_config)."""
+    return json.dumps(kv_tiers.role_config(plan.recipe, role), separators=(",", ":"),
+                      sort_keys=True)
 
 
 def _kv_connector_flag(plan: Plan) -> str:
@@ -151,7 +148,7 @@ def serve_argv(plan: Plan, ep: Endpoint, part, concurrency: int | None = None) -
         argv.append("--headless")
     else:
         argv += ["--headless", "--data-parallel-start-rank", str(part.dp_ranks[0])]
-    if ep.role.disaggregated:
+    if ep.role.disaggregated or pool.kv_connector is not None:
         argv += ["--kv-transfer-config", kv_transfer_config(plan, ep.role)]
     return argv + flags(engine_args(r, pool, concurrency))
 
@@ -199,6 +196,7 @@ def engine_processes(plan: Plan, ep: Endpoint) -> list[Process]:
         env.update(model_env(plan))
         env.update(r.env)
         env.update(pool.env)
+        env.update(kv_tiers.engine_env(plan, ep.role, part.node))
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in part.gpus)
         for k, v in engine_wait_env(plan, ep).items():
             env.setdefault(k, v)  # a recipe's own value wins
@@ -298,6 +296,29 @@ def router_process(plan: Plan) -> Process:
         log="logs/router.log",
         url=plan.router_url,
         metrics_url=plan.url(node, plan.router_metrics_port) + "/metrics",
+    )
+
+
+def store_process(plan: Plan) -> Process | None:
+    """The KV store's mooncake_master on the head node (None: the recipe has no kv_store),
+    in the engines' container where they have one (the image ships Mooncake)."""
+    r = plan.recipe
+    if r.kv_store is None:
+        return None
+    node, ports = kv_tiers.master_node(plan), kv_tiers.master_ports(plan)
+    url = plan.url(node, ports.admin)
+    boxed = r.container is not None
+    env = containers.of(plan.cluster).env(plan) if boxed else {}
+    return Process(
+        name=kv_tiers.MASTER,
+        kind=Kind.STORE,
+        node=node,
+        argv=kv_tiers.master_argv(plan),
+        env={**env, **_base_env(kv_tiers.MASTER, plan.run_dir)},
+        log=f"logs/{kv_tiers.MASTER}.log",
+        url=url,
+        metrics_url=f"{url}/metrics",
+        container=boxed,
     )
 
 
@@ -601,10 +622,13 @@ def accuracy_process(plan: Plan) -> Process | None:
 
 
 def processes(plan: Plan) -> list[Process]:
-    """Every process of the run, in start order: agents, engines, router, bench, accuracy."""
+    """Every process of the run, in start order: agents, the KV store's master, engines,
+    router, bench, accuracy."""
     out: list[Process] = []
     if plan.recipe.telemetry.enabled:
         out += agent_processes(plan)
+    if (store := store_process(plan)) is not None:
+        out.append(store)
     for ep in plan.endpoints:
         out += engine_processes(plan, ep)
     out.append(router_process(plan))

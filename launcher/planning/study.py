@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 RUN_DIR = "{run_dir}"
 
 
+STORE_CONFIG_ENV = "MOONCAKE_CONFIG_PATH"
+
+
 def signatures(procs: list[Process], run_dir: str, at: int | None = None) -> dict[str, tuple]:
     """endpoint -> what makes it the same engine: each part's node, GPUs, argv and env, with
     the run directory written as {run_dir}; `at`: as it runs at that sweep concurrency
@@ -36,7 +39,10 @@ def signatures(procs: list[Process], run_dir: str, at: int | None = None) -> dic
     for p in procs:
         if p.kind != Kind.ENGINE or p.endpoint is None:
             continue
-        env = tuple(sorted((k, neutral(v)) for k, v in p.env.items() if k != "PD_RUN_DIR"))
+        # an engine sharing a KV store is its configuration's, as the store's master is:
+        # its store config's path keeps the run directory (docs/kv-store.md)
+        env = tuple(sorted((k, v if k == STORE_CONFIG_ENV else neutral(v))
+                           for k, v in p.env.items() if k != "PD_RUN_DIR"))
         out.setdefault(p.endpoint, []).append(
             (p.name, p.node, tuple(p.gpus),
              tuple(neutral(a) for a in (p.argv if at is None else p.argv_at(at))), env))

@@ -59,6 +59,7 @@ class Kind(StrEnum):
     AGENT = "agent"
     BENCH = "bench"
     ACCURACY = "accuracy"
+    STORE = "store"  # a KV store's master (mooncake_master): up before the engines, down last
 
     @property
     def client(self) -> bool:
@@ -84,5 +85,6 @@ TEARDOWN_ORDER = (
     (Kind.BENCH, Kind.ACCURACY),
     (Kind.ROUTER,),
     (Kind.ENGINE,),
+    (Kind.STORE,),
     (Kind.AGENT,),
 )

@@ -129,6 +129,11 @@ class Cluster(Strict):
     arch: Literal["any", "x86_64", "aarch64"] = "any"
     gpus_per_node: int = Field(ge=1, le=64)
     gpu_memory_gib: float = Field(gt=0, le=100_000)
+    host_memory_gib: float | None = Field(
+        default=None, gt=0, le=1_000_000,
+        description="host memory a node can give KV tiers (a Mooncake store's segments, CPU "
+        "offload), GiB; the dry-run holds their sum per node to it (null: not checked)",
+    )
     gpu_kind: Literal["gb200", "b200", "h200", "h100", "cpu"] = Field(
         default="gb200", description="what the KV-capacity estimate assumes for start-up memory"
     )

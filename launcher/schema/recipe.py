@@ -30,6 +30,7 @@ from launcher.schema.sections import (
     EnvMap,
     FlagValue,
     Health,
+    KvStore,
     Model,
     Pool,
     Router,
@@ -85,6 +86,12 @@ class Recipe(Strict):
         description="--kv-transfer-config; without kv_role the launcher sets kv_producer on "
         "prefill and kv_consumer on decode, with kv_role: kv_both both sides get kv_both (the "
         "published recipes' scheme)",
+    )
+    kv_store: KvStore | None = Field(
+        default=None,
+        description="a Mooncake KV store the engines share (their kv_connector names "
+        "MooncakeStoreConnector): the launcher runs its mooncake_master on the first node "
+        "before the engines and gives them its address (docs/kv-store.md)",
     )
     prefill: Pool = Field(default_factory=lambda: Pool(endpoints=0))
     decode: Pool = Field(default_factory=lambda: Pool(endpoints=0))
@@ -153,6 +160,8 @@ class Recipe(Strict):
         envs = [("env", self.env)] + [(f"{p}.env", getattr(self, p).env) for p in POOLS]
         if self.benchmark.custom is not None:
             envs.append(("benchmark.custom.env", self.benchmark.custom.env))
+        if self.kv_store is not None:
+            envs.append(("kv_store.env", self.kv_store.env))
         for where, env in envs:
             for key in env:
                 if not ENV_NAME.match(key):

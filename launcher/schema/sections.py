@@ -6,6 +6,7 @@ option names.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any, Literal
 
@@ -348,6 +349,20 @@ class Pool(Strict):
         "pool's engines restart with them before that point",
     )
     env: EnvMap = Field(default_factory=dict)
+    kv_connector: dict[str, Any] | None = Field(
+        default=None,
+        description="this role's --kv-transfer-config as written, kv_role included (e.g. a "
+        "MultiConnector of NixlConnector and MooncakeStoreConnector or a CPU offload "
+        "connector, each child with its own kv_role); it replaces the recipe's kv_connector "
+        "for this role (docs/kv-store.md)",
+    )
+
+    @field_validator("kv_connector")
+    @classmethod
+    def _kv_json(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None:
+            json_only(v)
+        return v
 
     @property
     def gpus(self) -> int:
@@ -361,6 +376,66 @@ class Pool(Strict):
             if concurrency is not None and c <= concurrency:
                 out.update(self.args_from_concurrency[c])
         return out
+
+
+def json_only(v: Any) -> None:
+    """A mapping that becomes vLLM's --kv-transfer-config JSON."""
+    try:
+        json.dumps(v, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        raise ValueError(
+            "it becomes vLLM's --kv-transfer-config JSON: write strings, finite numbers, "
+            "true/false, null, lists and mappings only"
+        ) from None
+
+
+class KvStore(Strict):
+    """A Mooncake KV store the engines share through MooncakeStoreConnector: its
+    `mooncake_master` runs on the first node before the engines (docs/kv-store.md)."""
+
+    store_config: dict[str, Any] = Field(
+        description="vLLM's MooncakeStoreConfig as JSON (the file at MOONCAKE_CONFIG_PATH): "
+        "metadata_server, protocol, device_name, mode, global_segment_size, "
+        "local_buffer_size, ...; the launcher fills in master_server_address only",
+    )
+    env: EnvMap = Field(
+        default_factory=dict,
+        description="environment of every engine that shares the store (Mooncake's MC_* "
+        "knobs)",
+    )
+    master_args: list[str] = Field(
+        default_factory=list, max_length=64,
+        description="extra mooncake_master flags (--name=value), after the launcher's own; "
+        "its ports are the launcher's",
+    )
+    master_command: str = Field(
+        default="mooncake_master", min_length=1, max_length=4096,
+        description="the master's executable where it runs: in the engines' container when "
+        "the recipe has one (the vLLM image ships Mooncake), else on the node's PATH",
+    )
+    lease_ttl_ms: int = Field(
+        default=10000, ge=1, le=86_400_000,
+        description="the master's --default_kv_lease_ttl (ms): how long a read holds an "
+        "object against eviction",
+    )
+
+    @field_validator("store_config")
+    @classmethod
+    def _store_json(cls, v: dict[str, Any]) -> dict[str, Any]:
+        try:
+            json.dumps(v, allow_nan=False)
+        except (TypeError, ValueError, RecursionError):
+            raise ValueError("it becomes the store's JSON config: write strings, finite "
+                             "numbers, true/false and null only") from None
+        return v
+
+    @field_validator("master_args")
+    @classmethod
+    def _master_flags(cls, v: list[str]) -> list[str]:
+        for a in v:
+            if not re.fullmatch(r"--[A-Za-z0-9_]+(=.*)?", a) or "\n" in a:
+                raise ValueError(f"{a!r} is not a mooncake_master flag: write --name=value")
+        return v
 
 
 class Router(Strict):

@@ -572,7 +572,10 @@ def _pools(src: _Source, out: dict) -> str:
             src.map(f"{key}.served-model-name", "model.served_name")
         conn = args.pop("connector", _MISSING)
         kv = args.pop("kv-transfer-config", None)
-        connectors.append(_connector(src, key, conn, kv))
+        shared_kv, own_kv = _connector(src, key, ours, conn, kv)
+        connectors.append(shared_kv)
+        if own_kv is not None:
+            pool["kv_connector"] = own_kv
         _pool_flags(src, key, ours, args)
         pool["args"] = args
         workers = _int_flag(src, f"resources.{short}_workers", res.get(f"{short}_workers"))
@@ -604,8 +607,8 @@ def _pools(src: _Source, out: dict) -> str:
     for k in ("set_cuda_visible_devices",):
         if src.has(f"backend.{k}"):
             src.deviate(f"backend.{k}", "GPUs are always pinned with CUDA_VISIBLE_DEVICES here")
-    for k, why in (("mooncake_kv_store", "a Mooncake KV store is not run here"),
-                   ("kv_events_config", "KV events feed Dynamo's KV router, not run here"),
+    _mooncake(src, out)
+    for k, why in (("kv_events_config", "KV events feed Dynamo's KV router, not run here"),
                    ("allow_prefill_decode_colocation", "the planner never puts prefill and "
                     "decode on one node"),
                    ("allow_prefill_decode_colocation_across_nodes", "the planner never puts "
@@ -660,42 +663,106 @@ def _dp_launch_mode(src: _Source) -> None:
                    "srt-slurm; use per_node")
 
 
-def _connector(src: _Source, key: str, conn: Any, kv: Any) -> dict | None:
-    """The KV connector of one mode: its own `connector`, else backend.connector."""
+def _connector(src: _Source, key: str, ours: str, conn: Any,
+               kv: Any) -> tuple[dict | None, dict | None]:
+    """The KV connector of one mode: its own `connector`, else backend.connector, as
+    (the connector both sides share, or this role's own). NIXL alone (kv_both or no role) is
+    shared; any other kv-transfer-config (a MultiConnector of NIXL and a store or offload
+    connector, a role of its own) is the role's, as written."""
     where = f"{key}.connector"
     if conn is _MISSING:
         where = "backend.connector"
         conn = src.get("backend.connector", "nixl")
     if conn is None:
         if kv is None:
-            return None
+            return None, None
         try:
             parsed = json.loads(kv) if isinstance(kv, str) else dict(kv)
         except (ValueError, TypeError):
             src.refuse(f"{key}.kv-transfer-config", "is not JSON: write the connector as a "
                        "JSON object")
-            return None
-        if parsed.get("kv_connector") != "NixlConnector":
-            src.refuse(f"{key}.kv-transfer-config", f"connector {show(parsed.get('kv_connector'))}"
-                       ": this launcher moves KV with NixlConnector only")
-            return None
-        role = parsed.get("kv_role")
-        if role not in (None, "kv_both"):
-            src.refuse(f"{key}.kv-transfer-config", f"kv_role {show(role)}: the launcher sets "
-                       "producer/consumer itself, or takes kv_both")
-            return None
-        src.map(f"{key}.kv-transfer-config", "kv_connector")
+            return None, None
+        if not isinstance(parsed, dict):
+            src.refuse(f"{key}.kv-transfer-config", "is not a JSON object: write the "
+                       "connector as one")
+            return None, None
         src.map(where, "null: the mode's kv-transfer-config")
-        return parsed
+        if parsed.get("kv_connector") == "NixlConnector" and parsed.get("kv_role") in (
+                None, "kv_both"):
+            src.map(f"{key}.kv-transfer-config", "kv_connector")
+            return parsed, None
+        src.map(f"{key}.kv-transfer-config", f"{ours}.kv_connector (as written, each "
+                "connector with its own kv_role)")
+        return None, parsed
     if conn == "nixl":
         src.map(where, "kv_connector: NixlConnector, kv_role kv_both")
         if kv is not None:
             src.deviate(f"{key}.kv-transfer-config", "srt-slurm's connector preset wins over "
                         "it, as here")
-        return {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
-    src.refuse(where, f"{show(conn)}: this launcher moves KV with NIXL only (connector: nixl "
-               "or null with a NixlConnector kv-transfer-config)")
-    return None
+        return {"kv_connector": "NixlConnector", "kv_role": "kv_both"}, None
+    src.refuse(where, f"{show(conn)}: this launcher takes srt-slurm's nixl preset, or null "
+               "with the role's own kv-transfer-config (NIXL, or a MultiConnector of NIXL and "
+               "a Mooncake store or CPU offload connector)")
+    return None, None
+
+
+# srt-slurm's mooncake_kv_store keys (docs/mooncake-kv-store.md) -> kv_store's
+MOONCAKE_KEYS = {"store_config": "kv_store.store_config", "env": "kv_store.env",
+                 "master_extra_args": "kv_store.master_args",
+                 "default_kv_lease_ttl_ms": "kv_store.lease_ttl_ms"}
+
+
+def _mooncake(src: _Source, out: dict) -> None:
+    """backend.mooncake_kv_store (a schema-2 mooncake-master service arrives here too) as
+    kv_store: the master runs on the first node; the store config is passed on as written,
+    its master_server_address the launcher's, as srt-slurm does."""
+    key = "backend.mooncake_kv_store"
+    block = src.peek(key)
+    if block is None:
+        return
+    if not isinstance(block, dict):
+        src.get(key)
+        src.refuse(key, f"is {type(block).__name__}, srt-slurm's schema has a mapping here")
+        return
+    store: dict[str, Any] = {}
+    for k in block:
+        v = src.get(f"{key}.{k}")
+        if k == "store_config" and isinstance(v, dict):
+            cfg = dict(v)
+            if "master_server_address" in cfg:
+                cfg.pop("master_server_address")
+                src.deviate(f"{key}.store_config.master_server_address", "the launcher fills "
+                            "in the master's address (srt-slurm ignores this value too)")
+            store["store_config"] = cfg
+            src.map(f"{key}.store_config", MOONCAKE_KEYS[k])
+        elif k == "env" and isinstance(v, dict):
+            store["env"] = {str(n): "" if x is None else str(x) for n, x in v.items()}
+            src.map(f"{key}.env", MOONCAKE_KEYS[k])
+        elif k == "master_extra_args" and isinstance(v, list):
+            store["master_args"] = [str(a) for a in v]
+            src.map(f"{key}.master_extra_args", MOONCAKE_KEYS[k])
+        elif k == "default_kv_lease_ttl_ms" and isinstance(v, int):
+            store["lease_ttl_ms"] = v
+            src.map(f"{key}.{k}", MOONCAKE_KEYS[k])
+        elif k == "container":
+            if v in (None, src.peek("model.container")):
+                src.map(f"{key}.container", "the engines' image (the master runs in it)")
+            else:
+                src.refuse(f"{key}.container", f"{show(v)}: the master runs in the engines' "
+                           "image here; remove it")
+        elif k in MOONCAKE_KEYS:
+            want = {"master_extra_args": "list", "default_kv_lease_ttl_ms": "whole number"}
+            src.refuse(f"{key}.{k}", f"is {type(v).__name__}: srt-slurm takes a "
+                       f"{want.get(k, 'mapping')} here")
+        else:
+            src.refuse(f"{key}.{k}", "is not a key of srt-slurm's mooncake_kv_store "
+                       "(store_config, env, master_extra_args, default_kv_lease_ttl_ms, "
+                       "container)")
+    if "store_config" not in store:
+        src.refuse(key, "has no store_config: vLLM's MooncakeStoreConnector reads its "
+                   "configuration from it (srt-slurm requires it for vLLM)")
+        return
+    out["kv_store"] = store
 
 
 def _env_map(src: _Source, key: str, ours: str) -> dict[str, str]:
@@ -1244,6 +1311,9 @@ BUNDLED_OTHERS = {
     "InferenceX/benchmarks/multi_node/srt-slurm-recipes/dsv4/vllm/gb200-fp4/agentx/"
     "disagg-1p1d-dep8-dep8-mtp.yaml":
         "SemiAnalysisAI/InferenceX@4fa2a2ffe45a668403bc3cec91b05a9d65811bc4",
+    "InferenceX/benchmarks/multi_node/srt-slurm-recipes/vllm/deepseek-v4/agentic/"
+    "disagg-gb200-1p1d-dep8-dep8-c128-mtp2-agentic.yaml":
+        "SemiAnalysisAI/InferenceX@843c6254ff69b567f772f6a5fd97675af3d04431",
 }
 
 

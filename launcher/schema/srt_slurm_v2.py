@@ -33,8 +33,7 @@ SERVICES = {
 }
 # A service whose feature is another issue's: the whole file is refused in one sentence.
 FEATURE_SERVICES = {
-    "mooncake-master": "a Mooncake KV store (services type mooncake-master)",
-    "mooncake-store": "a Mooncake KV store (services type mooncake-store)",
+    "mooncake-store": "a standalone Mooncake store client (services type mooncake-store)",
     "lmcache-server": "an LMCache KV server (services type lmcache-server)",
 }
 
@@ -122,23 +121,13 @@ def _feature(data: dict) -> str | None:
     for s in services if isinstance(services, list) else []:
         if isinstance(s, dict) and s.get("type") in FEATURE_SERVICES:
             return FEATURE_SERVICES[s["type"]]
-    engine = data.get("engine")
-    if isinstance(engine, dict) and isinstance(engine.get("mooncake_kv_store"), dict):
-        return "a Mooncake KV store (engine.mooncake_kv_store)"
-    roles = data.get("roles") if isinstance(data.get("roles"), dict) else {}
-    backend = data.get("backend") if isinstance(data.get("backend"), dict) else {}
-    cfg = backend.get("vllm_config") if isinstance(backend.get("vllm_config"), dict) else {}
-    for args in [r.get("args") for r in roles.values() if isinstance(r, dict)] + list(
-            cfg.values()):
-        kv = args.get("kv-transfer-config") if isinstance(args, dict) else None
-        if isinstance(kv, str) and "MultiConnector" in kv:
-            return "a KV offload store (kv-transfer-config MultiConnector)"
     return None
 
 
 def refuse_features(data: dict, source: str) -> None:
     """One sentence, before any key is read, for a file built around a feature we do not
-    run yet (agentic benchmarks, Mooncake, KV offload): naming it is the whole answer."""
+    run yet (agentic benchmarks, a standalone store client, LMCache): naming it is the whole
+    answer."""
     what = _feature(data)
     if what:
         raise UserError(f"cannot import {source} (srt-slurm recipe): it needs {what}, which "
@@ -164,6 +153,7 @@ def normalize(data: dict) -> tuple[dict, list[tuple[str, str]], list[tuple[str, 
     backend, engine = _engine(data, rows, renames)
     renames.append(("backend.vllm_config", "roles"))  # a role missing is named as roles
     _roles(data, out, backend, rows, renames)
+    _mooncake_service(data, backend, rows, renames)
     if backend or engine is not _ABSENT:
         out["backend"] = backend
     _placements(out, renames)
@@ -276,6 +266,62 @@ def _roles(data: dict, out: dict, backend: dict, rows: list, renames: list) -> N
                     (f"resources.gpus_per_{short}", f"roles.{role}.gpus")]
 
 
+def _mooncake_service(data: dict, backend: dict, rows: list, renames: list) -> None:
+    """A `mooncake-master` service as v1's backend.mooncake_kv_store, as srt-slurm 2.x's
+    expand_services does (docs/services.md): options.store_config, args (the master's extra
+    flags)."""
+    services = data.get("services")
+    for i, s in enumerate(services if isinstance(services, list) else []):
+        if not (isinstance(s, dict) and s.get("type") == "mooncake-master"
+                and s.get("enabled") is not False):
+            continue
+        where = f"services[{i}]"
+        if "mooncake_kv_store" in backend:
+            rows.append(("refused", where, "a second Mooncake master: one store per job"))
+            continue
+        block: dict[str, Any] = {}
+        for k, v in s.items():
+            if k in ("name", "type"):
+                rows.append(("mapped", f"{where}.{k}", "kv_store (the launcher's "
+                             "mooncake-master process)"))
+            elif k == "placement":
+                node = v.get("node") if isinstance(v, dict) else v
+                if node in (None, "infra", "head"):
+                    rows.append(("mapped", f"{where}.placement", "the first node (the head, "
+                                 "where the router's node block begins)"))
+                else:
+                    rows.append(("refused", f"{where}.placement", f"{show(node)}: the master "
+                                 "runs on the first node here (infra or head)"))
+            elif k == "options" and isinstance(v, dict):
+                for o, ov in v.items():
+                    if o == "store_config":
+                        block["store_config"] = ov
+                        renames.append(("backend.mooncake_kv_store.store_config",
+                                        f"{where}.options.store_config"))
+                    elif o == "default_kv_lease_ttl_ms":
+                        block[o] = ov
+                        renames.append((f"backend.mooncake_kv_store.{o}", f"{where}.options.{o}"))
+                    else:
+                        rows.append(("refused", f"{where}.options.{o}", "is not read here "
+                                     "(store_config, default_kv_lease_ttl_ms): remove it"))
+            elif k == "args":
+                block["master_extra_args"] = v
+                renames.append(("backend.mooncake_kv_store.master_extra_args", f"{where}.args"))
+            elif k == "container":
+                block["container"] = v
+                renames.append(("backend.mooncake_kv_store.container", f"{where}.container"))
+            elif k == "env" and not v:
+                rows.append(("mapped", f"{where}.env", "none, as here"))
+            elif k == "enabled":
+                rows.append(("mapped", f"{where}.enabled", "true"))
+            else:
+                rows.append(("refused", f"{where}.{k}", "is not read for a mooncake-master "
+                             "service here (name, type, placement, options.store_config, args, "
+                             "container): remove it"))
+        renames.append(("backend.mooncake_kv_store", where))
+        backend["mooncake_kv_store"] = block
+
+
 def _placements(out: dict, renames: list) -> None:
     """`frontend.placement` and `benchmark.placement` as v1's placement keys."""
     for section in ("frontend", "benchmark"):
@@ -305,6 +351,8 @@ def _extras(data: dict, rows: list) -> None:
         where = f"services[{i}]" + (f" ({s.get('name')})" if isinstance(s, dict) else "")
         if isinstance(s, dict) and s.get("enabled") is False:
             rows.append(("mapped", where, "enabled: false, as here"))
+        elif kind == "mooncake-master":
+            continue  # read as backend.mooncake_kv_store (_mooncake_service)
         elif kind in SERVICES:
             cat, why = SERVICES[kind]
             rows.append((cat, where, f"type {kind}: {why}"))

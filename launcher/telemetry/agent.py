@@ -110,7 +110,7 @@ def local_setup(plan: PlanDoc | None, node: str, run_dir: Path) -> dict[str, Any
             logs[p.name] = run_dir / p.log
             for g in p.gpus:
                 gpus[int(g)] = p.name
-        elif p.kind == Kind.ROUTER and p.metrics_url:
+        elif p.kind in (Kind.ROUTER, Kind.STORE) and p.metrics_url:
             targets.append(Target(p.name, p.metrics_url))
     return {"targets": targets, "logs": logs, "gpus": gpus, "names": names, "ports": ports}
 

@@ -84,7 +84,7 @@ def target_labels(plan: PlanDoc, p: Process) -> dict[str, str]:
         "recipe": plan.recipe,
         "cluster": plan.cluster,
         "engine_kind": plan.engine,  # sim | vllm: a simulated run is labelled as one
-        "kind": str(p.kind),  # engine | router | agent
+        "kind": str(p.kind),  # engine | router | agent | store
         "node": p.node,
         "role": str(p.role) if p.role else "",
         "endpoint": p.endpoint or "",
@@ -93,7 +93,7 @@ def target_labels(plan: PlanDoc, p: Process) -> dict[str, str]:
 
 
 def _group(plan: PlanDoc, p: Process, run_dir: str) -> dict | None:
-    if not p.metrics_url or p.kind not in (Kind.ENGINE, Kind.ROUTER, Kind.AGENT):
+    if not p.metrics_url or p.kind not in (Kind.ENGINE, Kind.ROUTER, Kind.AGENT, Kind.STORE):
         return None
     u = urlsplit(p.metrics_url)
     if not u.netloc:
