@@ -66,6 +66,12 @@ def _add_plan_commands(sub: argparse._SubParsersAction) -> None:
              "study",
     )  # fmt: skip
     s.add_argument(
+        "--slo", metavar="LIMITS",
+        help="latency limits, e.g. 'ttft_p99<=2s,itl_p90<=30ms' (benchmark.slo.limits): each "
+             "configuration's sweep searches for the highest concurrency meeting them all, "
+             "and the study names the best configuration (docs/slo.md)",
+    )  # fmt: skip
+    s.add_argument(
         "--allocation", choices=("one", "each"), default=None,
         help="a study's configurations in one allocation (each engine loaded once, a router "
              "per configuration) or one job each; default: whichever the dry-run estimates "
@@ -378,6 +384,8 @@ def cmd_submit(args) -> int:
     elif not args.recipe:
         raise UserError("submit needs a recipe (a shipped name or a YAML path), or --again RUN")
 
+    if args.slo is not None:  # JSON is YAML: the limits stay one string
+        args.overrides = [*(args.overrides or []), f"benchmark.slo.limits={json.dumps(args.slo)}"]
     from launcher.schema.srt_slurm import parse_aliases
 
     runs = prepare.prepare_all(

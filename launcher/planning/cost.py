@@ -239,7 +239,7 @@ def point_times(plan: Plan) -> tuple[list[PointTime], str]:
     config = _published_config(plan) if not r.engine_kind.simulated else None
     room = kv_room(plan)
     out = []
-    for c in b.concurrency:
+    for c in b.points:
         reqs = b.warmups(c) + b.prompts(c)
         if config is not None:  # measured at this concurrency: KV waits included
             tps = published_rate(config, c) * plan.gpu_count()["total"]
@@ -264,7 +264,7 @@ def point_times(plan: Plan) -> tuple[list[PointTime], str]:
         basis = (SIM_RECIPE if r.engine_kind.simulated else
                  SIM_DEFAULT + " for this shape: Qwen3.5-397B-ish per GB200 DP rank, not "
                  "measured for this model; no published figures for this recipe")
-    if room and max(b.concurrency) > room and config is None:
+    if room and max(b.points) > room and config is None:
         basis += (f"; at most {room:,} requests run at once on the decode side (its KV "
                   "estimate and max-num-seqs)")
     return out, basis

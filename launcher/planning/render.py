@@ -17,6 +17,7 @@ from pathlib import Path
 from launcher.planning import containers, schedulers
 from launcher.planning.plan import Endpoint, Plan, engine_args
 from launcher.run import lengths, rundir
+from launcher.run import slo as run_slo
 from launcher.run.plandoc import EndpointDoc, NodeDoc, PlanDoc, Process
 from launcher.run.vocab import Kind, Role
 from launcher.schema.sections import flag_key
@@ -385,52 +386,54 @@ def tokenizer_flags(plan: Plan) -> list[str]:
 
 
 def bench_processes(plan: Plan) -> list[Process]:
-    """One client run per concurrency point, against the router, from the first node."""
+    """One client run per planned concurrency point, against the router, from the first
+    node."""
+    return [bench_process(plan, c) for c in plan.recipe.benchmark.points]
+
+
+def bench_process(plan: Plan, c: int) -> Process:
+    """The client run of one sweep point at concurrency `c` (a planned point, or one the SLO
+    search picks as it runs)."""
     r = plan.recipe
     b = r.benchmark
     run = rundir.RunDir(Path(plan.run_dir))
     boxed = r.container is not None
     exe = ["vllm", "bench", "serve"] if b.driver == "vllm" else launcher_cmd(plan, BENCH_MODULE, boxed)
     env = containers.of(plan.cluster).env(plan) if boxed else host_env(plan)
-    procs = []
-    for c in b.concurrency:
-        name = f"bench-c{c}"
-        result = run.bench_result(c)
-        argv = [
-            *exe,
-            "--backend", "openai",
-            "--base-url", plan.router_url,
-            "--endpoint", "/v1/completions",
-            "--model", r.model.name,
-            *tokenizer_flags(plan),
-            "--dataset-name", "random",
-            *workload_flags(plan),
-            "--num-prompts", str(b.prompts(c)),
-            "--max-concurrency", str(c),
-            "--num-warmups", str(b.warmups(c)),
-            "--ignore-eos",
-            "--temperature", "0",
-            "--percentile-metrics", "ttft,tpot,itl,e2el",
-            "--metric-percentiles", "50,90,99",
-            "--seed", "0",
-            "--save-result",
-            "--result-dir", str(result.parent),
-            "--result-filename", result.name,
-        ]  # fmt: skip
-        procs.append(
-            Process(
-                name=name,
-                kind=Kind.BENCH,
-                node=plan.router_node,
-                argv=argv,
-                env={**model_env(plan), **env, **_base_env(name, plan.run_dir)},
-                log=f"logs/{name}.log",
-                env_from_host=list(r.env_from_host),
-                container=boxed,
-                result=str(result.relative_to(run.path)),
-            )
-        )
-    return procs
+    name = f"bench-c{c}"
+    result = run.bench_result(c)
+    argv = [
+        *exe,
+        "--backend", "openai",
+        "--base-url", plan.router_url,
+        "--endpoint", "/v1/completions",
+        "--model", r.model.name,
+        *tokenizer_flags(plan),
+        "--dataset-name", "random",
+        *workload_flags(plan),
+        "--num-prompts", str(b.prompts(c)),
+        "--max-concurrency", str(c),
+        "--num-warmups", str(b.warmups(c)),
+        "--ignore-eos",
+        "--temperature", "0",
+        "--percentile-metrics", ",".join(run_slo.METRICS),
+        "--metric-percentiles", ",".join(map(str, run_slo.PERCENTILES)),
+        "--seed", "0",
+        "--save-result",
+        "--result-dir", str(result.parent),
+        "--result-filename", result.name,
+    ]  # fmt: skip
+    return Process(
+        name=name,
+        kind=Kind.BENCH,
+        node=plan.router_node,
+        argv=argv,
+        env={**model_env(plan), **env, **_base_env(name, plan.run_dir)},
+        log=f"logs/{name}.log",
+        env_from_host=list(r.env_from_host),
+        container=boxed,
+        result=str(result.relative_to(run.path)),
+    )
 
 
 CUSTOM_BENCH = "bench"  # the one process of a custom benchmark (benchmark.custom)
