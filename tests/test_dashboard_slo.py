@@ -1,0 +1,91 @@
+"""A study under an SLO as the Study page, the report and `recommend` show it: the answer in
+one sentence, each configuration's frontier with the limit's line and its passing and
+failing points. On a real local study of simulated engines (tests/data/slo-knee.yaml,
+searched from 4 to 16: decode DP1 fails at 16, DP2 passes there)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+from helpers import launcher, open_app  # noqa: E402
+
+from launcher.run import listing, slo_answer  # noqa: E402
+
+RECIPE = Path(__file__).resolve().parent / "data" / "slo-knee.yaml"
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory) -> listing.Study:
+    tmp = tmp_path_factory.mktemp("slo-dash")
+    code, out = launcher(tmp, "submit", str(RECIPE), "--sweep", "decode.data_parallel=1,2",
+                         "--set", "benchmark.concurrency=[4]", "--set",
+                         "benchmark.slo.max_concurrency=16", timeout=420)
+    assert code == 0, out[-3000:]
+    (s,) = [e for e in listing.entries(tmp / "runs") if isinstance(e, listing.Study)]
+    return s
+
+
+def test_the_study_records_its_answer(study):
+    recorded = json.loads((study.path / slo_answer.SLO_FILE).read_text())
+    fresh = slo_answer.answer(study.configurations())
+    assert recorded == fresh.to_json()
+    assert fresh.best == "decode.data_parallel=2"  # the model: 16 per DP2, 8 per DP1
+
+
+def test_study_page_shows_the_answer_and_each_frontier_against_the_limit(study, monkeypatch):
+    at = open_app(study.path.parent, monkeypatch, study=study.name)
+    at.switch_page("app_pages/study.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    ans = slo_answer.answer(study.configurations())
+    assert [s.value for s in at.success if s.value == ans.sentence] == [ans.sentence]
+    assert any(h.value == "SLO: the best configuration under the limits" for h in at.subheader)
+    charts = [c for c in at.get("vega_lite_chart")
+              if "against its limit" in json.dumps(json.loads(c.proto.spec).get("title", ""))]
+    assert len(charts) == 1  # one limit: one chart
+    spec = json.loads(charts[0].proto.spec)
+    marks = [layer["mark"]["type"] if isinstance(layer["mark"], dict) else layer["mark"]
+             for layer in spec["layer"]]
+    assert marks == ["line", "point", "rule", "text"]
+    rows = _rows(charts[0])
+    limit = [r for r in rows if "label" in r and r.get("label")]
+    assert limit and limit[0]["value"] == 42.0 and limit[0]["label"] == "SLO tpot_p50<=42ms"
+    points = {(r["config"], r["concurrency"]): r["result"] for r in rows if "config" in r}
+    for f in ans.frontiers:
+        for p in f.points:
+            assert points[(f.label, p.concurrency)] == ("passes" if p.passed else "fails")
+    assert "fails" in points.values() and "passes" in points.values()
+
+
+def _rows(chart) -> list[dict]:
+    import pyarrow as pa
+
+    rows = []
+    for d in chart.proto.datasets:
+        rows += pa.ipc.open_stream(d.data.data).read_all().to_pylist()
+    return rows
+
+
+def test_the_report_draws_the_answer_and_the_limit(study, tmp_path):
+    from launcher import report
+
+    out = report.write_report(study.path, tmp_path / "r.html")
+    html = out.read_text()
+    ans = slo_answer.answer(study.configurations())
+    from launcher.report import esc
+
+    assert f"<b>{esc(ans.sentence)}</b>" in html
+    assert 'class="limit"' in html and "SLO tpot_p50&lt;=42ms" in html
+    n_fail = sum(not p.passed for f in ans.frontiers for p in f.points)
+    assert html.count('class="pt ref"') >= n_fail > 0  # failing points drawn hollow
+
+
+def test_recommend_names_the_slo_answer(study):
+    code, out = launcher(study.path.parent.parent, "recommend", study.name, "--runs-dir",
+                         str(study.path.parent))
+    ans = slo_answer.answer(study.configurations())
+    assert code == 0, out
+    assert ans.sentence in out
