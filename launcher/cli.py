@@ -643,8 +643,14 @@ def cmd_recommend(args) -> int:
     study = runs_mod.find_study(args.runs_dir, args.run)
     if study is not None and not study.runs:
         raise UserError(f"study {study.name} has no runs to recommend from")
-    # a study's recommendation reads all of its runs from any one of them
+    # a study's recommendation reads all of its runs from any one of them: under an SLO,
+    # the run of the configuration its answer names
     run = study.runs[0] if study is not None else _find_run(args.runs_dir, args.run)
+    if study is not None:
+        from launcher.analysis.recommend import slo_of
+
+        named = (slo_of(run.path) or {}).get("best_run")
+        run = next((r for r in study.runs if r.run_id == named), run)
     argv = [str(run.path), "--format", args.format]
     if args.target_tok_s_user is not None:
         argv += ["--target-tok-s-user", str(args.target_tok_s_user)]

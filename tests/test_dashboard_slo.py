@@ -88,4 +88,11 @@ def test_recommend_names_the_slo_answer(study):
                          str(study.path.parent))
     ans = slo_answer.answer(study.configurations())
     assert code == 0, out
-    assert ans.sentence in out
+    assert out.startswith(f"Under the SLO: {ans.sentence}")
+    best = next(f for f in ans.frontiers if f.label == ans.best)
+    # read from the run the answer names, its TPOT limit as the tok/s per user target
+    assert f"Recommendation from {best.run} " in out
+    assert ">= 23.81 tok/s/user" in out and "targets taken from the SLO: 23.81 tok/s/user " \
+        "from tpot_p50<=42ms" in out
+    assert (f"the SLO search measured {best.passing} as this configuration's largest "
+            "concurrency meeting tpot_p50<=42ms") in out

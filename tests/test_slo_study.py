@@ -65,6 +65,10 @@ def _check_answer(study: Path, ans: dict, out: str) -> None:
         assert f["failing"] > knee and f["failing"] - f["passing"] <= slo.step(
             f["passing"], precision), f
         assert f["excluded"] is None
+        # its failing points are the search's upper bracket, not failures of the run
+        summary = json.loads((study / f["run"] / "summary.json").read_text())
+        assert summary["verdict"] == "passed", summary.get("reasons")
+        assert any(n.startswith("an SLO search (tpot_p50<=42ms): ") for n in summary["notes"])
         passed = {p["concurrency"]: p["passed"] for p in f["points"]}
         assert all(ok == (c <= f["passing"]) for c, ok in passed.items()), passed
         # probed by doubling from the first concurrency until one failed, then bisected
