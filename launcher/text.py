@@ -728,7 +728,10 @@ def progress_text(progress: dict) -> str:
     """'sweep point 2 of 5 (c=128), about 6m00s left' and engine loading fractions."""
     parts = []
     sweep = progress.get("sweep") if isinstance(progress, dict) else None
-    if isinstance(sweep, dict) and sweep.get("total"):
+    if isinstance(sweep, dict) and sweep.get("search") in ("probe", "bisect"):
+        parts.append(f"SLO search point {sweep.get('index', 0)} ({sweep['search']}s, "
+                     f"c={sweep.get('concurrency')})")
+    elif isinstance(sweep, dict) and sweep.get("total"):
         s = f"sweep point {sweep.get('index', 0)} of {sweep['total']}"
         if sweep.get("concurrency"):
             s += f" (c={sweep['concurrency']})"

@@ -96,3 +96,44 @@ def test_recommend_names_the_slo_answer(study):
         "from tpot_p50<=42ms" in out
     assert (f"the SLO search measured {best.passing} as this configuration's largest "
             "concurrency meeting tpot_p50<=42ms") in out
+
+
+@pytest.mark.browser
+def test_the_study_page_in_chromium_shows_the_answer_and_the_limit(study, tmp_path):
+    """What a person sees: the sentence, and the limit's chart drawn with its rule."""
+    import subprocess
+
+    from helpers import stop, streamlit_healthy
+    from playwright.sync_api import sync_playwright
+    from test_dashboard_browser import free_port, visit
+
+    import dashboard
+
+    port = free_port()
+    log = open(tmp_path / "streamlit.log", "wb")
+    proc = dashboard.start(study.path.parent, host="127.0.0.1", port=port, stdout=log,
+                           stderr=subprocess.STDOUT)
+    base = dashboard.url("127.0.0.1", port)
+    try:
+        streamlit_healthy(base, proc, tmp_path / "streamlit.log")
+        with sync_playwright() as p:
+            import synth
+
+            b = p.chromium.launch(executable_path=synth.CHROMIUM, args=synth.CHROMIUM_ARGS)
+            try:
+                got = visit(b.new_context(), f"{base}/study?study={study.name}", "Study", 3,
+                            tmp_path / "study-slo.png", then=lambda page: page.evaluate(
+                                """() => [...document.querySelectorAll(
+                                '[data-testid="stVegaLiteChart"] svg.marks')].map(s =>
+                                s.querySelectorAll('g.mark-rule path, g.mark-rule line')
+                                .length)"""))
+            finally:
+                b.close()
+    finally:
+        stop(proc)
+        log.close()
+    ans = slo_answer.answer(study.configurations())
+    assert "SLO: the best configuration under the limits" in got["text"]
+    assert ans.sentence in " ".join(got["text"].split())
+    assert "SLO tpot_p50<=42ms" in got["text"]  # the rule's label, drawn in the chart
+    assert any(n >= 1 for n in got["then"]), got["then"]  # a chart with the limit's rule

@@ -107,3 +107,10 @@ def test_outcome_when_nothing_or_everything_passes():
         "no concurrency met every limit (down to 1)")
     assert "the top of the search (slo.max_concurrency 64" in slo.outcome(
         _search(100, 8, 64, 0.1), 64, 0.1)
+
+
+def test_status_says_where_the_search_is():
+    from launcher.text import progress_text
+
+    assert progress_text({"sweep": {"index": 5, "total": None, "concurrency": 48,
+                                    "search": "bisect"}}) == "SLO search point 5 (bisects, c=48)"

@@ -507,6 +507,7 @@ class Orchestrator:
         self.record.progress["sweep"] = {
             "index": index, "total": total, "concurrency": c,
             "started": time.time(), "seconds_left": round(left) if left else None,
+            **({"search": extra["search"]} if "search" in extra else {}),
         }  # fmt: skip
         self.save()
         self.follow_concurrency(c)
