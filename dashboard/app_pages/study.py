@@ -239,10 +239,16 @@ def slo_section() -> None:
              "first failing": f.failing,
              "tok/s per working GPU": f.best.per_gpu if f.best else None,
              "per allocated GPU": f.best.per_allocated_gpu if f.best else None,
-             "outcome": f.excluded or f.outcome} for f in ans.frontiers]
-    show, cfg = ui.numbers_as_text(pd.DataFrame(rows), {"tok/s per working GPU": 0,
-                                                        "per allocated GPU": 0})
+             "not named because": f.excluded} for f in ans.frontiers]
+    table = pd.DataFrame(rows)
+    if table["not named because"].isna().all():
+        table = table.drop(columns=["not named because"])
+    show, cfg = ui.numbers_as_text(table, {"largest passing": 0, "first failing": 0,
+                                           "tok/s per working GPU": 0,
+                                           "per allocated GPU": 0})
     ui.table(show, column_config=cfg)
+    for f in ans.frontiers:
+        st.caption(f"{f.label}: {f.outcome}.")
     for lim in slo.parse(ans.limits):
         df = pd.DataFrame([{"config": f.label, "concurrency": p.concurrency,
                             "value": p.values_ms.get(lim.name),
