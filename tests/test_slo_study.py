@@ -43,11 +43,12 @@ def model_knees(recipe: dict) -> dict[int, tuple[int, float]]:
     return out
 
 
-def _study_answer(tmp_path: Path, *extra: str, timeout: float = 420) -> tuple[Path, dict, str]:
-    code, out = launcher(tmp_path, "submit", str(RECIPE), "--sweep",
-                         f"decode.data_parallel={','.join(map(str, DP))}", *extra,
-                         timeout=timeout)
-    assert code == 0, out[-4000:]
+def _study_answer(tmp_path: Path, *extra: str, timeout: float = 420, code: int = 0,
+                  ) -> tuple[Path, dict, str]:
+    sweep = [] if "--sweep" in extra else [
+        "--sweep", f"decode.data_parallel={','.join(map(str, DP))}"]
+    got, out = launcher(tmp_path, "submit", str(RECIPE), *sweep, *extra, timeout=timeout)
+    assert got == code, out[-4000:]
     (study,) = [p.parent for p in (tmp_path / "runs").glob("*/study.json")]
     return study, json.loads((study / "slo.json").read_text()), out
 
@@ -165,3 +166,40 @@ def test_devcluster_study_finds_each_knee_and_names_the_best_configuration(tmp_p
     alloc = json.loads((study / "allocation.json").read_text())
     assert alloc["state"] == "succeeded" and alloc["slurm_job_id"]
     assert time.monotonic() - t0 < 600
+
+
+DATA = Path(__file__).resolve().parents[1] / "launcher" / "data"
+
+
+def test_a_failed_gate_or_a_failing_deployment_never_passes(tmp_path):
+    """The same shape twice, one answering every GSM8K question wrong: its points meet the
+    latency limit, but its gate fails, so it is never named; a deployment that generates no
+    tokens fails every point, however fast, and its run fails."""
+    gate = ["--set", "accuracy.enabled=true", "--set", f"accuracy.data={DATA}/gsm8k_sample_test.jsonl",
+            "--set", f"accuracy.train={DATA}/gsm8k_sample_train.jsonl", "--set",
+            "accuracy.threshold=0.7", "--set", "accuracy.concurrency=16"]
+    study, ans, _ = _study_answer(
+        tmp_path, "--set", "benchmark.slo.max_concurrency=4", *gate, "--sweep",
+        "sim.wrong_answers=false,true", code=1)
+    by_label = {f["label"].split(", ")[-1]: f for f in ans["frontiers"]}
+    wrong, right = by_label["sim.wrong_answers=True"], by_label["sim.wrong_answers=False"]
+    assert wrong["excluded"].startswith("the accuracy gate failed"), wrong
+    assert wrong["points"] and not any(p["passed"] for p in wrong["points"])
+    assert all(p["failure"] == wrong["excluded"] for p in wrong["points"])
+    assert right["excluded"] is None and right["passing"] == 4
+    assert ans["best"] == right["label"] and ans["sentence"].startswith(
+        f"Best under tpot_p50<=42ms: {right['label']} at concurrency 4,")
+
+    (tmp_path / "zero").mkdir()
+    code, out = launcher(tmp_path / "zero", "submit", str(RECIPE), "--set", "sim.zero_tokens=true",
+                         "--set", "benchmark.slo.max_concurrency=4", timeout=300)
+    assert code == 1, out[-3000:]
+    (run,) = [p.parent for p in (tmp_path / "zero" / "runs").glob("*/plan.json")]
+    from launcher.run import slo_answer
+
+    one = slo_answer.answer([(run.name, run)])
+    assert [(p.concurrency, p.passed, p.failure) for p in one.frontiers[0].points] == [
+        (1, False, "zero output tokens generated"), (2, False, "zero output tokens generated")]
+    assert one.sentence == (f"No configuration meets tpot_p50<=42ms: the closest point is "
+                            f"{run.name} at concurrency 1 (zero output tokens generated).")
+    assert "bench-c1: zero output tokens generated" in out
