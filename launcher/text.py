@@ -665,6 +665,12 @@ def study_status_text(study: listing.Study, statuses: dict[str, RunStatus], root
             lines.append(f"allocation: {r.node} lost in {r.run} ({r.why}): "
                          + ("Slurm kept the job on the other nodes" if r.released
                             else f"the study ended there ({r.error})"))
+    if sts and not all(st.dry_run for st in sts):
+        from launcher.run import slo_answer
+
+        ans = slo_answer.answer(study.configurations())
+        if ans is not None and any(f.points for f in ans.frontiers):
+            lines.append(f"SLO: {ans.sentence}")
     if sts and all(st.dry_run for st in sts):
         again = _submit_again(sts[0].submission.command) or \
             _launcher("submit --again", study.runs[0].path)

@@ -98,6 +98,13 @@ def test_recommend_names_the_slo_answer(study):
             "concurrency meeting tpot_p50<=42ms") in out
 
 
+def test_status_of_the_study_says_the_answer(study):
+    code, out = launcher(study.path.parent.parent, "status", study.name, "--runs-dir",
+                         str(study.path.parent))
+    assert code == 0, out
+    assert f"SLO: {slo_answer.answer(study.configurations()).sentence}" in out.splitlines()
+
+
 @pytest.mark.browser
 def test_the_study_page_in_chromium_shows_the_answer_and_the_limit(study, tmp_path):
     """What a person sees: the sentence, and the limit's chart drawn with its rule."""
