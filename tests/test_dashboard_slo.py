@@ -144,3 +144,21 @@ def test_the_study_page_in_chromium_shows_the_answer_and_the_limit(study, tmp_pa
     assert ans.sentence in " ".join(got["text"].split())
     assert "SLO tpot_p50<=42ms" in got["text"]  # the rule's label, drawn in the chart
     assert any(n >= 1 for n in got["then"]), got["then"]  # a chart with the limit's rule
+
+
+def test_an_answer_while_a_configuration_still_runs_says_so(study, tmp_path):
+    import shutil
+
+    from launcher.run.rundir import RunDir
+    from launcher.run.vocab import State
+
+    copy = tmp_path / study.name
+    shutil.copytree(study.path, copy)
+    (label, path), *_ = listing.study_at(copy).configurations()
+    rd = RunDir(path)
+    rec = rd.read_record()
+    rec.state, rec.ended = State.RUNNING, None
+    rd.write_record(rec)
+    ans = slo_answer.answer(listing.study_at(copy).configurations())
+    assert ans.sentence.endswith("(so far: 1 configuration(s) still running).")
+    assert [f.live for f in ans.frontiers] == [True, False]

@@ -43,6 +43,7 @@ class Frontier:
     failing: int | None = None
     excluded: str | None = None  # why it cannot be named (its run failed, its gate failed)
     outcome: str = ""
+    live: bool = False  # its run has not ended: its frontier may still move
 
     @property
     def best(self) -> Point | None:
@@ -125,6 +126,7 @@ def frontier(label: str, path: Path, limits: list[slo.Limit], precision: float,
     f.passing, f.failing = b.passing, b.failing
     status = rd.status()
     state = str(status.state) if status.state is not None else None
+    f.live = status.state is not None and not status.state.final
     if gate:
         f.excluded = gate
     elif state in ("failed", "cancelled"):
@@ -164,6 +166,15 @@ def answer(configs: list[tuple[str, Path]]) -> Answer | None:
     precision = float(precision) if isinstance(precision, (int, float)) else slo.DEFAULT_PRECISION
     top = spec.get("max_concurrency") if isinstance(spec.get("max_concurrency"), int) else None
     fronts = [frontier(label, p, limits, precision, top) for label, p in configs]
+    ans = _answer(fronts, limits, precision)
+    live = sum(f.live for f in fronts)
+    if live:
+        ans.sentence = ans.sentence[:-1] + (f" (so far: {live} configuration(s) still "
+                                            "running).")
+    return ans
+
+
+def _answer(fronts: list[Frontier], limits: list[slo.Limit], precision: float) -> Answer:
     said = slo.text_of(limits)
     ranked = sorted((f for f in fronts if f.best is not None and f.best.per_gpu is not None),
                     key=lambda f: -f.best.per_gpu)
