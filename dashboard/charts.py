@@ -443,17 +443,18 @@ def slo_frontier(df: pd.DataFrame, *, limit_ms: float, limit_text: str, metric: 
     x = alt.X("concurrency:Q", title="max concurrency", scale=alt.Scale(type="log", base=2),
               axis=alt.Axis(values=ticks, format=",d") if ticks else alt.Undefined)
     y = alt.Y("value:Q", title=f"{metric} (ms)")
-    color = alt.Color("config:N", title=color_title,
+    color = alt.Color("config:N", title=color_title, scale=alt.Scale(scheme="tableau10"),
                       legend=alt.Legend(orient="bottom", columns=1, labelLimit=480))
     base = alt.Chart(df)
     line = base.mark_line(opacity=0.5).encode(x=x, y=y, color=color, order="concurrency:Q")
     dots = base.mark_point(size=90, strokeWidth=2).encode(
         x=x, y=y, color=color,
-        fill=alt.condition(alt.datum.result == "passes", "config:N", alt.value("white"),
-                           legend=None),
-        shape=alt.Shape("result:N", title="against every limit",
-                        scale=alt.Scale(domain=["passes", "fails"],
-                                        range=["circle", "diamond"])),
+        fill=alt.condition(alt.datum.result == "passes",
+                           alt.Fill("config:N", scale=alt.Scale(scheme="tableau10"),
+                                    legend=None), alt.value("white")),
+        # the title says which is which (a shape legend draws no symbols under the theme)
+        shape=alt.Shape("result:N", scale=alt.Scale(domain=["passes", "fails"],
+                                                    range=["circle", "diamond"]), legend=None),
         tooltip=["config:N", "concurrency:Q", alt.Tooltip("value:Q", format=",.1f",
                                                           title=f"{metric} (ms)"),
                  "result:N", "why:N"])
@@ -463,5 +464,6 @@ def slo_frontier(df: pd.DataFrame, *, limit_ms: float, limit_text: str, metric: 
     text = alt.Chart(limit).mark_text(color="#c0262d", align="left", dx=4, dy=-7).encode(
         y="value:Q", text="label:N", x=alt.value(0))
     return (line + dots + rule + text).properties(
-        title=f"{metric} against its limit ({limit_text}): filled passes, hollow fails",
+        title=f"{metric} against its limit ({limit_text}): filled circles pass, hollow "
+              "diamonds fail",
         height=280)
