@@ -560,9 +560,7 @@ class Orchestrator:
         tried: dict[int, bool] = {}
         failures: dict[int, str | None] = {}
         while (c := slo.next_concurrency(tried, b.concurrency[0], top, precision)) is not None:
-            proc = next((p for p in self.planned if p.kind == Kind.BENCH
-                         and concurrency_of(p.result) == c), None) \
-                or render.bench_process(self.plan, c)
+            proc = self.point_process(c)
             phase = "probe" if slo.bracket(tried).failing is None else "bisect"
             failure, _, verdict = self.measure(
                 proc, len(tried) + 1, None, planned[c].seconds if c in planned else None,
@@ -579,6 +577,14 @@ class Orchestrator:
             # not even the lowest point served cleanly: the deployment, not the limits
             self.failed_points.append(f"bench-c{low}: {failures[low]}")
         self.record.progress["sweep"] = {**self.record.progress["sweep"], "seconds_left": 0}
+
+    def point_process(self, c: int) -> Process:
+        """The client run of the sweep point at concurrency `c`: the planned one, else one
+        made as the plan makes them (a point the SLO search picks as it runs). The search
+        itself knows no benchmark kind: it reads each point's verdict."""
+        return next((p for p in self.planned if p.kind == Kind.BENCH
+                     and concurrency_of(p.result) == c), None) \
+            or render.bench_process(self.plan, c)
 
     def custom_benchmark(self) -> None:
         """benchmark.custom: its command to its end while the servers are watched; its
