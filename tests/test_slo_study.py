@@ -61,10 +61,11 @@ def _check_answer(study: Path, ans: dict, out: str) -> None:
     for dp, (knee, _) in knees.items():
         f = by_label[f"decode.data_parallel={dp}"]
         tol = slo.step(knee, precision)
-        # within the precision of the model's knee, never above it, bracketed by a failure
+        # within the precision of the model's knee, never above it (a loaded host only adds
+        # latency), bracketed by a failing point within the precision
         assert knee - tol <= f["passing"] <= knee, (dp, knee, f)
-        assert f["failing"] > knee and f["failing"] - f["passing"] <= slo.step(
-            f["passing"], precision), f
+        assert f["passing"] < f["failing"] <= f["passing"] + slo.step(f["passing"],
+                                                                      precision), f
         assert f["excluded"] is None
         # its failing points are the search's upper bracket, not failures of the run
         summary = json.loads((study / f["run"] / "summary.json").read_text())
