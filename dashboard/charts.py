@@ -444,3 +444,38 @@ def hit_rate_vs_sessions(df: pd.DataFrame) -> alt.Chart:
         y=alt.Y("hit:Q", title="prefix-cache hit rate (%)", scale=alt.Scale(domain=[0, 100])),
         tooltip=["sessions", alt.Tooltip("hit:Q", format=".1f")],
     ).properties(title="Prefill prefix-cache hit rate vs live sessions", height=260)
+
+
+def slo_frontier(df: pd.DataFrame, *, limit_ms: float, limit_text: str, metric: str,
+                 color_title: str = "configuration") -> alt.Chart:
+    """One limit of an SLO: every configuration's points (df: config, concurrency, value in
+    ms, result 'passes'/'fails', why), a line per configuration through them, filled where a
+    point passes and hollow where it fails, and the limit as a dashed red rule."""
+    ticks = sorted({float(c) for c in df["concurrency"].dropna()}) if not df.empty else []
+    x = alt.X("concurrency:Q", title="max concurrency", scale=alt.Scale(type="log", base=2),
+              axis=alt.Axis(values=ticks, format=",d") if ticks else alt.Undefined)
+    y = alt.Y("value:Q", title=f"{metric} (ms)")
+    color = alt.Color("config:N", title=color_title, scale=alt.Scale(scheme="tableau10"),
+                      legend=alt.Legend(orient="bottom", columns=1, labelLimit=480))
+    base = alt.Chart(df)
+    line = base.mark_line(opacity=0.5).encode(x=x, y=y, color=color, order="concurrency:Q")
+    dots = base.mark_point(size=90, strokeWidth=2).encode(
+        x=x, y=y, color=color,
+        fill=alt.condition(alt.datum.result == "passes",
+                           alt.Fill("config:N", scale=alt.Scale(scheme="tableau10"),
+                                    legend=None), alt.value("white")),
+        # the title says which is which (a shape legend draws no symbols under the theme)
+        shape=alt.Shape("result:N", scale=alt.Scale(domain=["passes", "fails"],
+                                                    range=["circle", "diamond"]), legend=None),
+        tooltip=["config:N", "concurrency:Q", alt.Tooltip("value:Q", format=",.1f",
+                                                          title=f"{metric} (ms)"),
+                 "result:N", "why:N"])
+    limit = pd.DataFrame({"value": [limit_ms], "label": [f"SLO {limit_text}"]})
+    rule = alt.Chart(limit).mark_rule(color="#c0262d", strokeDash=[5, 3], size=2).encode(
+        y="value:Q", tooltip=["label:N"])
+    text = alt.Chart(limit).mark_text(color="#c0262d", align="left", dx=4, dy=-7).encode(
+        y="value:Q", text="label:N", x=alt.value(0))
+    return (line + dots + rule + text).properties(
+        title=f"{metric} against its limit ({limit_text}): filled circles pass, hollow "
+              "diamonds fail",
+        height=280)

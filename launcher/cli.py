@@ -66,6 +66,12 @@ def _add_plan_commands(sub: argparse._SubParsersAction) -> None:
              "study",
     )  # fmt: skip
     s.add_argument(
+        "--slo", metavar="LIMITS",
+        help="latency limits, e.g. 'ttft_p99<=2s,itl_p90<=30ms' (benchmark.slo.limits): each "
+             "configuration's sweep searches for the highest concurrency meeting them all, "
+             "and the study names the best configuration (docs/slo.md)",
+    )  # fmt: skip
+    s.add_argument(
         "--allocation", choices=("one", "each"), default=None,
         help="a study's configurations in one allocation (each engine loaded once, a router "
              "per configuration) or one job each; default: whichever the dry-run estimates "
@@ -391,6 +397,8 @@ def cmd_submit(args) -> int:
     elif not args.recipe:
         raise UserError("submit needs a recipe (a shipped name or a YAML path), or --again RUN")
 
+    if args.slo is not None:  # JSON is YAML: the limits stay one string
+        args.overrides = [*(args.overrides or []), f"benchmark.slo.limits={json.dumps(args.slo)}"]
     from launcher.schema.srt_slurm import parse_aliases
 
     runs = prepare.prepare_all(
@@ -660,8 +668,14 @@ def cmd_recommend(args) -> int:
     study = runs_mod.find_study(args.runs_dir, args.run)
     if study is not None and not study.runs:
         raise UserError(f"study {study.name} has no runs to recommend from")
-    # a study's recommendation reads all of its runs from any one of them
+    # a study's recommendation reads all of its runs from any one of them: under an SLO,
+    # the run of the configuration its answer names
     run = study.runs[0] if study is not None else _find_run(args.runs_dir, args.run)
+    if study is not None:
+        from launcher.analysis.recommend import slo_of
+
+        named = (slo_of(run.path) or {}).get("best_run")
+        run = next((r for r in study.runs if r.run_id == named), run)
     argv = [str(run.path), "--format", args.format]
     if args.target_tok_s_user is not None:
         argv += ["--target-tok-s-user", str(args.target_tok_s_user)]

@@ -128,9 +128,11 @@ CHART_MARK: contextvars.ContextVar[str] = contextvars.ContextVar("chart_mark", d
 
 def svg_chart(series: list[dict], *, x_title: str, y_title: str, frontier: list | None = None,
               log2_x: bool = False, y_from_zero: bool = True, width: int = 860,
-              height: int = 400, title: str = "", mark: str = "") -> str:
+              height: int = 400, title: str = "", mark: str = "",
+              hline: tuple[float, str] | None = None) -> str:
     """A scatter/line chart as inline SVG. `series`: [{"name", "color", "points": [(x, y,
-    label, tooltip)], "line": bool, "dash": bool}]. `frontier`: [(x, y)] drawn dashed."""
+    label, tooltip)], "line": bool, "dash": bool, "hollow": bool}]. `frontier`: [(x, y)]
+    drawn dashed. `hline`: (y, label) a horizontal line across it (an SLO's limit)."""
     pts = [(x, y) for s in series for x, y, *_ in s["points"]
            if math.isfinite(x) and math.isfinite(y) and (x > 0 or not log2_x)]
     if not pts:
@@ -154,7 +156,7 @@ def svg_chart(series: list[dict], *, x_title: str, y_title: str, frontier: list 
         xt = nice_ticks(min(xs), max(xs))
         xlabels = [tick_text(v, xt) for v in xt]
         x0, x1 = xt[0], xt[-1]
-    yt = nice_ticks(0.0 if y_from_zero else min(ys), max(ys))
+    yt = nice_ticks(0.0 if y_from_zero else min(ys), max(ys + ([hline[0]] if hline else [])))
     y0, y1 = yt[0], yt[-1]
 
     def px(x: float) -> float:
@@ -185,6 +187,11 @@ def svg_chart(series: list[dict], *, x_title: str, y_title: str, frontier: list 
                f'class="axis-title">{esc(x_title)}</text>')
     out.append(f'<text transform="translate(16 {mt + ph / 2:.1f}) rotate(-90)" '
                f'text-anchor="middle" class="axis-title">{esc(y_title)}</text>')
+    if hline is not None:
+        out.append(f'<line x1="{ml}" x2="{ml + pw}" y1="{py(hline[0]):.1f}" '
+                   f'y2="{py(hline[0]):.1f}" class="limit"><title>{esc(hline[1])}</title>'
+                   f'</line><text x="{ml + 6}" y="{py(hline[0]) - 6:.1f}" class="limit-lab">'
+                   f"{esc(hline[1])}</text>")
     if frontier:
         fr = sorted(frontier)
         path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in fr)
@@ -210,6 +217,9 @@ def svg_chart(series: list[dict], *, x_title: str, y_title: str, frontier: list 
     legend = "".join(
         f'<span class="key"><i class="dash" style="border-color:{s["color"]}"></i>'
         f"{esc(s['name'])} (dashed)</span>" if s.get("dash") else
+        f'<span class="key"><i style="border:2px solid {s["color"]};background:#fff;'
+        f'width:8px;height:8px;border-radius:6px"></i>{esc(s["name"])}</span>'
+        if s.get("hollow") else
         f'<span class="key"><i style="background:{s["color"]}"></i>{esc(s["name"])}</span>'
         for s in series if s.get("name"))
     if frontier:
@@ -695,6 +705,8 @@ svg.chart{max-width:100%;height:auto;font-family:inherit}.grid{stroke:#eee}
 .frame{fill:none;stroke:#ccc}.tick{font-size:11px;fill:#555}.axis-title{font-size:12px;
 fill:#333}.lab{font-size:10px;fill:#444}.curve{fill:none;stroke-width:2;opacity:.8}
 .frontier{fill:none;stroke:#333;stroke-width:1.5;stroke-dasharray:6 4}
+.limit{stroke:#c0262d;stroke-width:1.5;stroke-dasharray:3 3}.limit-lab{font-size:11px;
+fill:#c0262d}
 .mark{font-size:13px;font-weight:700;fill:#b45309;opacity:.75;letter-spacing:.5px}
 .legend{margin:2px 0 8px}.key{display:inline-block;margin-right:16px;font-size:12.5px}
 .key i{display:inline-block;width:12px;height:12px;margin-right:5px;vertical-align:-1px;
@@ -915,6 +927,7 @@ def render_study(path: Path) -> str:
                         "of this study is the published workload (" + esc("; ".join(
                             f"{k}: {v}" for k, v in cmp["not_comparable"].items())) + ").</p>")
 
+    body += slo_block(configs, {d[0]: d[6] for d in data})
     body.append("<h2>Best configuration per interactivity band</h2>")
     import pandas as pd
 
@@ -968,6 +981,53 @@ def render_study(path: Path) -> str:
                     + summary_table(s, vmap) + "<h3>Bottleneck per sweep point</h3>"
                     + bottlenecks(vmap, why) + "</details>")
     return page(f"Study {study.name}", "".join(body))
+
+
+def slo_block(configs: list[tuple[str, Path]], colors: dict[str, str]) -> list[str]:
+    """Under benchmark.slo: the answer in one sentence, each configuration's frontier (its
+    largest passing and first failing concurrency, its figures there) and, per limit, every
+    point against the limit's line (filled: passing; hollow: failing)."""
+    from launcher.run import slo, slo_answer
+
+    ans = slo_answer.answer(configs)
+    if ans is None:
+        return []
+    out = ["<h2>SLO: the best configuration under the limits</h2>",
+           f'<div class="{"good" if ans.best else "warn"}"><p><b>{esc(ans.sentence)}</b></p>'
+           "</div>",
+           f'<p class="note">Each configuration searched for the highest concurrency meeting '
+           f"every limit of {esc(ans.limits)}: probing up by doubling, then bisecting to "
+           f"within {ans.precision:.0%}; a point that failed in any other way never passes "
+           "(docs/slo.md).</p>"]
+    rows = []
+    for f in ans.frontiers:
+        b = f.best
+        rows.append(f"<td>{esc(f.label)}</td>" + cell(f.passing) + cell(f.failing)
+                    + cell(b.per_gpu if b else None) + cell(b.per_allocated_gpu if b else None)
+                    + f"<td>{esc(f.excluded or f.outcome)}</td>")
+    out.append(table(["configuration", "largest passing concurrency", "first failing",
+                      "tok/s per working GPU there", "per allocated GPU", "outcome"], rows,
+                     "wrap"))
+    for lim in slo.parse(ans.limits):
+        series = []
+        for f in ans.frontiers:
+            color = colors.get(f.label, "#555")
+            for passed in (True, False):
+                pts = [(float(p.concurrency), float(p.values_ms[lim.name]), f"c={p.concurrency}",
+                        f"{f.label} c={p.concurrency}: {lim.name} {p.values_ms[lim.name]:,.1f} "
+                        f"ms; {p.why}")
+                       for p in f.points if p.passed == passed
+                       and isinstance(p.values_ms.get(lim.name), (int, float))]
+                series.append({"name": f"{f.label} {'passing' if passed else 'failing'}",
+                               "color": color, "points": pts, "line": False,
+                               "hollow": not passed})
+        out.append(svg_chart(series, x_title="max concurrency (log scale)",
+                             y_title=f"{lim.name} (ms)", log2_x=True, height=320,
+                             hline=(lim.value_ms, f"SLO {lim.text}"),
+                             title=f"{lim.name} against its limit, every configuration"))
+    out.append('<p class="note">Filled: a point that meets every limit; hollow: one that '
+               "fails (a limit, or any other failure); the dashed red line is the limit.</p>")
+    return out
 
 
 CSV_FIELDS = ("max_concurrency", "status", "total_tokens_per_s_per_gpu",

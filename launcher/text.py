@@ -171,7 +171,7 @@ def study_plan_text(runs: list[Prepared]) -> str:
         by_run = {r.run.run_id: r for r in runs}
         for i, t in enumerate(shared.turns, 1):
             procs = by_run[t.run].rendered.processes
-            points = list(t.points or by_run[t.run].plan.recipe.benchmark.concurrency)
+            points = list(t.points or by_run[t.run].plan.recipe.benchmark.points)
             within = [] if t.points else sorted({c for p in procs for c in _changes(p, points)})
             moved = sorted({p.endpoint for p in procs if p.restarts and p.endpoint})
             parts = [_points(t.points) if t.points else "",
@@ -419,6 +419,18 @@ def tokenizer_note(plan) -> str:
     return f" ({'; '.join(said)})" if said else ""
 
 
+def slo_line(b) -> str:
+    """What the SLO search will do (docs/slo.md)."""
+    from launcher.run import slo
+
+    return (f"SLO search: the highest concurrency meeting every limit of "
+            f"{slo.text_of(b.slo.parsed())}: probes {', '.join(map(str, b.points))} (doubling "
+            f"from the first, to {b.slo_top}) until a point fails, then bisects between the "
+            f"last passing and the first failing point until they are within "
+            f"{b.slo.precision:.0%} (benchmark.slo.precision), on the same engines; a point "
+            "that fails in any other way (errors, zero tokens, the accuracy gate) never passes")
+
+
 def plan_text(prepared: Prepared) -> str:
     """What `submit` (and `--dry-run`) prints: the plan table, the sweep, the estimate."""
     plan, r = prepared.plan, prepared.plan.recipe
@@ -452,10 +464,12 @@ def plan_text(prepared: Prepared) -> str:
         lines += agentic_lines(prepared)
     elif b.enabled:
         lines.append(
-            f"Sweep: concurrency {', '.join(map(str, b.concurrency))} at "
+            f"Sweep: concurrency {', '.join(map(str, b.points))} at "
             f"{lengths.workload_text(b, b.chat_template and render.chat_template_applies(plan))}"
             f"; driver {b.driver}" + driver_note(plan) + tokenizer_note(plan)
         )
+        if b.slo is not None:
+            lines.append(slo_line(b))
     a = r.accuracy
     if a.enabled and a.harness == "vllm":
         runs = f", {a.repeat} runs" if a.repeat > 1 else ""
@@ -714,6 +728,12 @@ def study_status_text(study: listing.Study, statuses: dict[str, RunStatus], root
             lines.append(f"allocation: {r.node} lost in {r.run} ({r.why}): "
                          + ("Slurm kept the job on the other nodes" if r.released
                             else f"the study ended there ({r.error})"))
+    if sts and not all(st.dry_run for st in sts):
+        from launcher.run import slo_answer
+
+        ans = slo_answer.answer(study.configurations())
+        if ans is not None and any(f.points for f in ans.frontiers):
+            lines.append(f"SLO: {ans.sentence}")
     if sts and all(st.dry_run for st in sts):
         again = _submit_again(sts[0].submission.command) or \
             _launcher("submit --again", study.runs[0].path)
@@ -777,7 +797,10 @@ def progress_text(progress: dict) -> str:
     """'sweep point 2 of 5 (c=128), about 6m00s left' and engine loading fractions."""
     parts = []
     sweep = progress.get("sweep") if isinstance(progress, dict) else None
-    if isinstance(sweep, dict) and sweep.get("total"):
+    if isinstance(sweep, dict) and sweep.get("search") in ("probe", "bisect"):
+        parts.append(f"SLO search point {sweep.get('index', 0)} ({sweep['search']}s, "
+                     f"c={sweep.get('concurrency')})")
+    elif isinstance(sweep, dict) and sweep.get("total"):
         s = f"sweep point {sweep.get('index', 0)} of {sweep['total']}"
         if sweep.get("concurrency"):
             s += f" (c={sweep['concurrency']})"

@@ -8,7 +8,7 @@ import streamlit as st
 
 from dashboard import charts, ui
 from launcher.analysis import load, studies
-from launcher.run import published
+from launcher.run import published, slo, slo_answer
 from launcher.run.figures import allocated_gpus, harness_of
 
 ui.header("Study", need_run=False)
@@ -80,6 +80,7 @@ def body() -> None:
         st.info(f"Live: **{lab}** ({m.run_id}) is {m.state}"
                 f"{', stage ' + m.stage if m.stage else ''}{': ' + line if line else ''}.",
                 icon=":material/autorenew:")
+    slo_section()
     frames = []
     for lab, m in members:
         t = ui.points(m)
@@ -220,6 +221,44 @@ def body() -> None:
 
     recommendation_section(best, members)
     ui.report_panel(study.path, "study")
+
+
+def slo_section() -> None:
+    """Under benchmark.slo: the answer in one sentence, each configuration's frontier and,
+    per limit, every point against the limit's line (launcher.run.slo_answer)."""
+    ans = slo_answer.answer(study.configurations())
+    if ans is None:
+        return
+    st.subheader("SLO: the best configuration under the limits")
+    (st.success if ans.best else st.warning)(ans.sentence, icon=":material/flag:")
+    st.caption(f"Each configuration searched for the highest concurrency meeting every limit "
+               f"of {ans.limits}: probing up by doubling from its first concurrency, then "
+               f"bisecting between the last passing and the first failing point to within "
+               f"{ans.precision:.0%}, on the same engines. A point that fails in any other "
+               "way (errors, zero tokens, the accuracy gate) never passes.")
+    rows = [{"configuration": f.label, "largest passing": f.passing,
+             "first failing": f.failing,
+             "tok/s per working GPU": f.best.per_gpu if f.best else None,
+             "per allocated GPU": f.best.per_allocated_gpu if f.best else None,
+             "not named because": f.excluded} for f in ans.frontiers]
+    table = pd.DataFrame(rows)
+    if table["not named because"].isna().all():
+        table = table.drop(columns=["not named because"])
+    show, cfg = ui.numbers_as_text(table, {"largest passing": 0, "first failing": 0,
+                                           "tok/s per working GPU": 0,
+                                           "per allocated GPU": 0})
+    ui.table(show, column_config=cfg)
+    for f in ans.frontiers:
+        st.caption(f"{f.label}: {f.outcome}.")
+    for lim in slo.parse(ans.limits):
+        df = pd.DataFrame([{"config": f.label, "concurrency": p.concurrency,
+                            "value": p.values_ms.get(lim.name),
+                            "result": "passes" if p.passed else "fails", "why": p.why}
+                           for f in ans.frontiers for p in f.points]).dropna(subset=["value"])
+        if df.empty:
+            continue
+        ui.altair(charts.slo_frontier(df, limit_ms=lim.value_ms, limit_text=lim.text,
+                                      metric=lim.name, color_title=axis_title))
 
 
 def published_section(cmp: dict, y: str) -> None:

@@ -685,10 +685,54 @@ def analyse(run_dir: str | Path, target_tokens_per_s_per_user: float | None = No
             target_ttft_ms: float | None = None,
             ) -> tuple[dict[str, Any] | None, str | None]:
     """(recommendation, None), or (None, the one-sentence reason there is none)."""
+    under = slo_of(Path(run_dir))
+    taken = []  # the targets the SLO gives where none was asked
+    if under is not None:
+        from launcher.run import slo
+
+        for lim in slo.parse(under["limits"]):
+            if target_tokens_per_s_per_user is None and lim.metric in ("tpot", "itl"):
+                target_tokens_per_s_per_user = round(1000.0 / lim.value_ms, 2)
+                taken.append(f"{target_tokens_per_s_per_user:g} tok/s/user from {lim.text}")
+            elif target_ttft_ms is None and lim.metric == "ttft":
+                target_ttft_ms = lim.value_ms
+                taken.append(f"a mean TTFT of {target_ttft_ms:g} ms from {lim.text}")
     try:
-        return _recommend(Path(run_dir), target_tokens_per_s_per_user, target_ttft_ms), None
+        rec = _recommend(Path(run_dir), target_tokens_per_s_per_user, target_ttft_ms)
     except NoRecommendation as e:
         return None, str(e)
+    if under is not None:
+        rec["slo"] = under
+        if taken:
+            rec["assumptions"].append(
+                "targets taken from the SLO: " + " and ".join(taken) + " (the recommender's "
+                "targets are the median TPOT and the mean TTFT, which a percentile limit "
+                "bounds from above: the SLO search's measured points are the stricter test)")
+        if under["concurrency"] is not None and under["this_run"]:
+            rec["assumptions"].append(
+                f"the SLO search measured {under['concurrency']} as this configuration's "
+                f"largest concurrency meeting {under['limits']}: serve it there")
+    return rec, None
+
+
+def slo_of(run_dir: Path) -> dict[str, Any] | None:
+    """Under benchmark.slo: its study's answer (or the run's own, outside a study), which
+    configuration it names, at which concurrency, and whether that is this run; None
+    without an SLO (launcher.run.slo_answer)."""
+    from launcher.run import listing, slo_answer
+    from launcher.run.rundir import RunDir
+
+    study = listing.study_of(RunDir(run_dir))
+    configs = study.configurations() if study is not None else [(RunDir(run_dir).run_id,
+                                                                 run_dir)]
+    ans = slo_answer.answer(configs)
+    if ans is None:
+        return None
+    best = next((f for f in ans.frontiers if f.label == ans.best), None)
+    return {"limits": ans.limits, "sentence": ans.sentence, "best": ans.best,
+            "best_run": best.run if best else None,
+            "concurrency": best.passing if best else None,
+            "this_run": best is not None and best.run == Path(run_dir).name}
 
 
 def recommend(run_dir: Path, target_tokens_per_s_per_user: float | None = None,
@@ -1120,7 +1164,9 @@ def render_text(rec: dict[str, Any]) -> str:
     pf, dc = c["prefill"], c["decode"]
     tgt = targets_text(rec)
     sim = " (SIMULATED)" if rec["simulated"] else ""
+    under = rec.get("slo")
     lines = [
+        *([f"Under the SLO: {under['sentence']}", ""] if under else []),
         f"Recommendation from {rec['run_id']}{sim}, ISL/OSL {rec['isl']:,.0f}/{rec['osl']:,.0f}, "
         f"{tgt}:",
         f"  {rec['prefill_endpoints']} prefill {pf['shape']} per {rec['decode_endpoints']} decode "

@@ -35,13 +35,6 @@ NICE = (1, 2, 5, 10, 15, 20, 25, 30, 40, 50, 60, 75, 100, 125, 150, 200, 250, 30
         750, 1000, 1500, 2000, 3000, 5000)
 
 
-def config_label(values: dict[str, Any], fallback: str) -> str:
-    """'prefill.endpoints=4' (the swept values of one configuration), or `fallback`."""
-    if not values:
-        return fallback
-    return ", ".join(f"{k}={v}" for k, v in values.items())
-
-
 def lead_and_spread(ok: pd.DataFrame, y: str) -> dict[str, Any] | None:
     """How far the best configuration is ahead of the next, against the spread between
     repeated runs of one configuration ("lab (run id)" labels share their base): None with
@@ -126,17 +119,7 @@ def useful_estimate(planned) -> str:
 
 def configs(study: listing.Study) -> list[tuple[str, Path]]:
     """(label, run path) per configuration, in study.json's order (then by name)."""
-    order = study.doc.order()
-    runs = sorted(study.runs, key=lambda r: (order.get(r.run_id, len(order)), r.run_id))
-    labels: list[tuple[str, Path]] = []
-    seen: set[str] = set()
-    for r in runs:
-        lab = config_label(study.values(r), r.run_id)
-        if lab in seen:  # two runs of one configuration: keep them apart
-            lab = f"{lab} ({r.run_id})"
-        seen.add(lab)
-        labels.append((lab, r.path))
-    return labels
+    return study.configurations()
 
 
 def verdict_columns(table: pd.DataFrame) -> pd.DataFrame:

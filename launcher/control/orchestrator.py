@@ -500,6 +500,9 @@ class Orchestrator:
         self.book.event("sweep_planned", points=[
             {**p.to_json(), "concurrency": c} for c, p in planned.items()],
             restart_load_s=load_s)
+        if b.slo is not None:
+            self.slo_search(planned)
+            return
         conc = [concurrency_of(p.result) for p in points]
         plan_s = [planned[c].seconds if c in planned else None for c in conc]
         loads = restart_loads([p for p in self.planned if p.kind == Kind.ENGINE], conc, load_s)
@@ -507,37 +510,98 @@ class Orchestrator:
         for i, proc in enumerate(points):
             left = eta(plan_s[i:], plan_s[:i], took)
             left = None if left is None else left + sum(loads[i:])
-            self.record.progress["sweep"] = {
-                "index": i + 1, "total": len(points), "concurrency": concurrency_of(proc.result),
-                "started": time.time(), "seconds_left": round(left) if left else None,
-            }  # fmt: skip
-            self.save()
-            self.follow_concurrency(concurrency_of(proc.result))
-            start = time.time()
-            code = self.run_client(proc)
-            end = time.time()
-            took.append(end - start)
-            result_file = self.run.path / proc.result
-            failure = point_failure(result_file, code)
-            if failure and self.cancel_behind():  # the deployment was ended under it
-                raise Cancelled(self.cancel_reason)
-            if b.driver == "vllm" and result_file.exists():
-                write_window(result_file, end)
-            self.book.event(
-                "sweep_point", process=proc.name, status="failed" if failure else "ok",
-                reason=failure, seconds=round(end - start, 2), start=round(start, 3),
-                engines=self.engine_starts(), concurrency=concurrency_of(proc.result),
-                planned_s=None if plan_s[i] is None else round(plan_s[i], 1),
-            )  # fmt: skip
-            if failure:
-                self.failed_points.append(f"{proc.name}: {failure}")
-                say(f"{proc.name}: FAILED: {failure}")
-                if b.on_failure == "stop":
-                    raise RunFailed(f"sweep point {proc.name} failed: {failure}", proc.name,
-                                    stage=Stage.SWEEP)
-            else:
-                say(f"{proc.name}: done in {end - start:.1f} s")
+            took.append(self.measure(proc, i + 1, len(points), plan_s[i], left)[1])
         self.record.progress["sweep"] = {**self.record.progress["sweep"], "seconds_left": 0}
+
+    def measure(self, proc: Process, index: int, total: int | None, planned_s: float | None,
+                left: float | None, **extra) -> tuple[str | None, float, dict | None]:
+        """One sweep point: its engines as its concurrency needs them, its client to its
+        end, its `sweep_point` event (with `extra`): (why it failed or None, its seconds,
+        its verdict against benchmark.slo or None). A failing point of an SLO search is one
+        of the search's, not a failure of the run."""
+        b = self.plan.recipe.benchmark
+        c = concurrency_of(proc.result)
+        self.record.progress["sweep"] = {
+            "index": index, "total": total, "concurrency": c,
+            "started": time.time(), "seconds_left": round(left) if left else None,
+            **({"search": extra["search"]} if "search" in extra else {}),
+        }  # fmt: skip
+        self.save()
+        self.follow_concurrency(c)
+        start = time.time()
+        code = self.run_client(proc)
+        end = time.time()
+        result_file = self.run.path / proc.result
+        failure = point_failure(result_file, code)
+        if failure and self.cancel_behind():  # the deployment was ended under it
+            raise Cancelled(self.cancel_reason)
+        if b.driver == "vllm" and result_file.exists():
+            write_window(result_file, end)
+        verdict = None
+        if b.slo is not None:
+            from launcher.run import slo
+            from launcher.run.results import load_result
+
+            verdict = slo.judge(load_result(result_file) or {"max_concurrency": c},
+                                b.slo.parsed(), failure)
+            extra = {**extra, "slo": verdict.to_json()}
+        self.book.event(
+            "sweep_point", process=proc.name, status="failed" if failure else "ok",
+            reason=failure, seconds=round(end - start, 2), start=round(start, 3),
+            engines=self.engine_starts(), concurrency=c,
+            planned_s=None if planned_s is None else round(planned_s, 1), **extra,
+        )  # fmt: skip
+        if failure and verdict is not None:
+            say(f"{proc.name}: FAILED: {failure} (a failing point of the SLO search)")
+        elif failure:
+            self.failed_points.append(f"{proc.name}: {failure}")
+            say(f"{proc.name}: FAILED: {failure}")
+            if b.on_failure == "stop":
+                raise RunFailed(f"sweep point {proc.name} failed: {failure}", proc.name,
+                                stage=Stage.SWEEP)
+        else:
+            say(f"{proc.name}: done in {end - start:.1f} s"
+                + (f"; SLO: {verdict.why}" if verdict is not None else ""))
+        return failure, end - start, None if verdict is None else verdict.to_json()
+
+    def slo_search(self, planned: dict[int, cost.PointTime]) -> None:
+        """benchmark.slo: the highest concurrency meeting every limit, probing up from the
+        first concurrency by doubling, then bisecting between the last passing and the first
+        failing point (launcher.run.slo.next_concurrency), on the engines that run: only a
+        point whose engine settings differ (args_from_concurrency) restarts them. A point
+        that fails in any way is a failing point; the search goes on below it."""
+        from launcher.run import slo
+
+        b = self.plan.recipe.benchmark
+        top, precision = b.slo_top, b.slo.precision
+        tried: dict[int, bool] = {}
+        failures: dict[int, str | None] = {}
+        while (c := slo.next_concurrency(tried, b.concurrency[0], top, precision)) is not None:
+            proc = self.point_process(c)
+            phase = "probe" if slo.bracket(tried).failing is None else "bisect"
+            failure, _, verdict = self.measure(
+                proc, len(tried) + 1, None, planned[c].seconds if c in planned else None,
+                None, search=phase)
+            tried[c] = failure is None and bool(verdict and verdict["passed"])
+            failures[c] = failure
+        said = slo.outcome(tried, top, precision)
+        self.book.event("slo_search", limits=b.slo.limits, precision=precision, top=top,
+                        tried={str(k): v for k, v in sorted(tried.items())},
+                        **slo.bracket(tried).__dict__, outcome=said)
+        say(f"SLO search ({slo.text_of(b.slo.parsed())}): {said}")
+        low = min(tried) if tried else None
+        if not any(tried.values()) and low is not None and failures.get(low):
+            # not even the lowest point served cleanly: the deployment, not the limits
+            self.failed_points.append(f"bench-c{low}: {failures[low]}")
+        self.record.progress["sweep"] = {**self.record.progress["sweep"], "seconds_left": 0}
+
+    def point_process(self, c: int) -> Process:
+        """The client run of the sweep point at concurrency `c`: the planned one, else one
+        made as the plan makes them (a point the SLO search picks as it runs). The search
+        itself knows no benchmark kind: it reads each point's verdict."""
+        return next((p for p in self.planned if p.kind == Kind.BENCH
+                     and concurrency_of(p.result) == c), None) \
+            or render.bench_process(self.plan, c)
 
     def custom_benchmark(self) -> None:
         """benchmark.custom: its command to its end while the servers are watched; its

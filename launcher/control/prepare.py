@@ -529,7 +529,9 @@ def visits(p: Prepared) -> list[study.Segment]:
     procs, path, b = p.rendered.processes, str(p.run.path), p.plan.recipe.benchmark
     if not b.enabled:
         return [((), study.signatures(procs, path))]
-    return study.segments(list(b.concurrency), lambda c: study.signatures(procs, path, at=c))
+    if b.slo is not None:  # the search picks its points as it runs: one visit holds it all
+        return [((), study.signatures(procs, path, at=b.points[0]))]
+    return study.segments(list(b.points), lambda c: study.signatures(procs, path, at=c))
 
 
 def gate_key(p: Prepared) -> str | None:

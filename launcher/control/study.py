@@ -233,12 +233,27 @@ def run_study(study_dir: Path) -> int:
     doc.engines = [EngineEvent.of(e) for e in pool.events]  # with the stops at its end
     doc.summary = s = allocation_summary(doc, study_dir)
     save()
+    record_answer(study_dir)
     say(f"study {doc.state}: {s.succeeded} of {len(final)} configuration(s) succeeded; "
         f"{s.engine_starts} engine start(s); {s.gpu_hours:.2f} GPU-hours over "
         f"{s.wall_s:.0f} s ({s.loading_s:.0f} s loading, {s.measuring_s:.0f} s "
         f"measuring; useful GPU time {s.useful_gpu_time or 0:.2f}: the sweep points' windows "
         "over the allocation's time)" + "".join(f"; {r.node} lost in {r.run}" for r in lost.values()))
     return 0 if doc.state == State.SUCCEEDED else 1
+
+
+def record_answer(study_dir: Path) -> None:
+    """Under benchmark.slo: the study's answer (the best configuration at its largest
+    passing load, each one's frontier) said and written to slo.json beside study.json."""
+    from launcher.run import listing, slo_answer
+
+    try:
+        ans = slo_answer.answer(listing.study_at(study_dir).configurations())
+        if ans is not None:
+            slo_answer.write(study_dir, ans)
+            say(f"study: {ans.sentence}")
+    except Exception as e:  # noqa: BLE001 - the runs' own records stand without it
+        say(f"could not write the study's SLO answer ({slo_answer.SLO_FILE}): {e!r}")
 
 
 MEASURING = ("measuring",)  # the run's lifecycle phases (launcher.run.figures)

@@ -173,7 +173,7 @@ def sweep_warning(plan: Plan, caps: list[kv.KvCapacity]) -> str | None:
     and whether the KV cache or max-num-seqs is the limit."""
     if not caps or not plan.recipe.benchmark.sweeps:
         return None
-    top = max(plan.recipe.benchmark.concurrency)
+    top = max(plan.recipe.benchmark.points)
     room = sum(c.endpoint_at_mean_length for c in caps)
     if top <= room:
         return None

@@ -286,7 +286,7 @@ def point_times(plan: Plan) -> tuple[list[PointTime], str]:
     config = _published_config(plan) if costs.published else None
     room = kv_room(plan)
     out = []
-    for c in b.concurrency:
+    for c in b.points:
         reqs = b.warmups(c) + b.prompts(c)
         if config is not None:  # measured at this concurrency: KV waits included
             tps = published_rate(config, c) * plan.gpu_count()["total"]
@@ -302,7 +302,7 @@ def point_times(plan: Plan) -> tuple[list[PointTime], str]:
                  f"between its points, x {plan.gpu_count()['total']} working GPUs)")
     else:
         basis = speed.basis
-    if room and max(b.concurrency) > room and config is None:
+    if room and max(b.points) > room and config is None:
         basis += (f"; at most {room:,} requests run at once on the decode side (its KV "
                   "estimate and max-num-seqs)")
     return out, basis

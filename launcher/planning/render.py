@@ -17,6 +17,7 @@ from pathlib import Path
 from launcher.planning import containers, kv_tiers, schedulers
 from launcher.planning.plan import Endpoint, Plan, engine_args
 from launcher.run import lengths, rundir
+from launcher.run import slo as run_slo
 from launcher.run.plandoc import EndpointDoc, NodeDoc, PlanDoc, Process
 from launcher.run.vocab import Kind, Role
 from launcher.schema.sections import AGENTIC_CORPORA, flag_key
@@ -404,8 +405,8 @@ def tokenizer_flags(plan: Plan) -> list[str]:
     return out
 
 
-def agentic_processes(plan: Plan) -> list[Process]:
-    """benchmark.agentic: per point (live sessions), AIPerf through the router from the
+def agentic_process(plan: Plan, c: int) -> Process:
+    """benchmark.agentic: one point (`c` live sessions), AIPerf through the router from the
     router's node, in AIPerf's own environment on the host (docs/agentic.md); its files in
     bench/aiperf-cNNNNN/, the point's result beside them."""
     r = plan.recipe
@@ -419,39 +420,35 @@ def agentic_processes(plan: Plan) -> list[Process]:
     # a staged corpus is read from the shared cache by the datasets library, offline too
     offline = ({"HF_DATASETS_OFFLINE": "1"} if plan.cluster.models.hf_home
                and not plan.cluster.models.internet else {})
-    procs = []
-    for c in r.benchmark.concurrency:
-        name = f"bench-c{c}"
-        result = run.bench_result(c)
-        argv = [*launcher_cmd(plan, AGENTIC_MODULE, False), "--aiperf", ag.aiperf,
-                "--url", plan.router_url, "--model", r.model.name,
-                *option("--tokenizer", ag.tokenizer or r.model.path), *trace,
-                "--sessions", str(c)]
-        if ag.duration_s:
-            argv += ["--duration", f"{ag.duration_s:g}"]
-        elif ag.sessions_per_point:
-            argv += ["--conversations", str(ag.sessions_per_point)]
-        argv += ["--warmup", str(ag.warmup_requests), "--seed", str(ag.seed),
-                 "--failed-threshold", f"{ag.failed_request_threshold:g}",
-                 "--session-header", ag.session_header,
-                 "--drain-poll-s", f"{ag.drain_poll_s:g}"]
-        if ag.think_time_cap_s is not None:
-            argv += ["--think-cap", f"{ag.think_time_cap_s:g}"]
-        if ag.max_context:
-            argv += ["--max-context", str(ag.max_context)]
-        if ag.scenario:
-            argv += ["--scenario", ag.scenario]
-        for m in metrics:
-            argv += ["--metrics", m]
-        argv += ["--artifact-dir", str(result.with_name(f"aiperf-{result.stem}")),
-                 "--output", str(result)]
-        procs.append(Process(
-            name=name, kind=Kind.BENCH, node=plan.router_node, argv=argv,
-            env={**model_env(plan), **offline, **host_env(plan),
-                 **_base_env(name, plan.run_dir)},
-            log=f"logs/{name}.log", env_from_host=list(r.env_from_host), container=False,
-            result=str(result.relative_to(run.path))))
-    return procs
+    name = f"bench-c{c}"
+    result = run.bench_result(c)
+    argv = [*launcher_cmd(plan, AGENTIC_MODULE, False), "--aiperf", ag.aiperf,
+            "--url", plan.router_url, "--model", r.model.name,
+            *option("--tokenizer", ag.tokenizer or r.model.path), *trace,
+            "--sessions", str(c)]
+    if ag.duration_s:
+        argv += ["--duration", f"{ag.duration_s:g}"]
+    elif ag.sessions_per_point:
+        argv += ["--conversations", str(ag.sessions_per_point)]
+    argv += ["--warmup", str(ag.warmup_requests), "--seed", str(ag.seed),
+             "--failed-threshold", f"{ag.failed_request_threshold:g}",
+             "--session-header", ag.session_header,
+             "--drain-poll-s", f"{ag.drain_poll_s:g}"]
+    if ag.think_time_cap_s is not None:
+        argv += ["--think-cap", f"{ag.think_time_cap_s:g}"]
+    if ag.max_context:
+        argv += ["--max-context", str(ag.max_context)]
+    if ag.scenario:
+        argv += ["--scenario", ag.scenario]
+    for m in metrics:
+        argv += ["--metrics", m]
+    argv += ["--artifact-dir", str(result.with_name(f"aiperf-{result.stem}")),
+             "--output", str(result)]
+    return Process(
+        name=name, kind=Kind.BENCH, node=plan.router_node, argv=argv,
+        env={**model_env(plan), **offline, **host_env(plan), **_base_env(name, plan.run_dir)},
+        log=f"logs/{name}.log", env_from_host=list(r.env_from_host), container=False,
+        result=str(result.relative_to(run.path)))
 
 
 def session_policies(recipe) -> dict[str, str]:
@@ -469,54 +466,56 @@ def session_policies(recipe) -> dict[str, str]:
 
 
 def bench_processes(plan: Plan) -> list[Process]:
-    """One client run per concurrency point, against the router, from the first node."""
+    """One client run per planned concurrency point, against the router, from the first
+    node."""
+    return [bench_process(plan, c) for c in plan.recipe.benchmark.points]
+
+
+def bench_process(plan: Plan, c: int) -> Process:
+    """The client run of one sweep point at concurrency `c` (a planned point, or one the SLO
+    search picks as it runs)."""
     r = plan.recipe
     b = r.benchmark
     if b.agentic is not None:
-        return agentic_processes(plan)
+        return agentic_process(plan, c)
     run = rundir.RunDir(Path(plan.run_dir))
     boxed = r.container is not None
     exe = ["vllm", "bench", "serve"] if b.driver == "vllm" else launcher_cmd(plan, BENCH_MODULE, boxed)
     env = containers.of(plan.cluster).env(plan) if boxed else host_env(plan)
-    procs = []
-    for c in b.concurrency:
-        name = f"bench-c{c}"
-        result = run.bench_result(c)
-        argv = [
-            *exe,
-            "--backend", "openai",
-            "--base-url", plan.router_url,
-            "--endpoint", "/v1/completions",
-            "--model", r.model.name,
-            *tokenizer_flags(plan),
-            "--dataset-name", "random",
-            *workload_flags(plan),
-            "--num-prompts", str(b.prompts(c)),
-            "--max-concurrency", str(c),
-            "--num-warmups", str(b.warmups(c)),
-            "--ignore-eos",
-            "--temperature", "0",
-            "--percentile-metrics", "ttft,tpot,itl,e2el",
-            "--metric-percentiles", "50,90,99",
-            "--seed", "0",
-            "--save-result",
-            "--result-dir", str(result.parent),
-            "--result-filename", result.name,
-        ]  # fmt: skip
-        procs.append(
-            Process(
-                name=name,
-                kind=Kind.BENCH,
-                node=plan.router_node,
-                argv=argv,
-                env={**model_env(plan), **env, **_base_env(name, plan.run_dir)},
-                log=f"logs/{name}.log",
-                env_from_host=list(r.env_from_host),
-                container=boxed,
-                result=str(result.relative_to(run.path)),
-            )
-        )
-    return procs
+    name = f"bench-c{c}"
+    result = run.bench_result(c)
+    argv = [
+        *exe,
+        "--backend", "openai",
+        "--base-url", plan.router_url,
+        "--endpoint", "/v1/completions",
+        "--model", r.model.name,
+        *tokenizer_flags(plan),
+        "--dataset-name", "random",
+        *workload_flags(plan),
+        "--num-prompts", str(b.prompts(c)),
+        "--max-concurrency", str(c),
+        "--num-warmups", str(b.warmups(c)),
+        "--ignore-eos",
+        "--temperature", "0",
+        "--percentile-metrics", ",".join(run_slo.METRICS),
+        "--metric-percentiles", ",".join(map(str, run_slo.PERCENTILES)),
+        "--seed", "0",
+        "--save-result",
+        "--result-dir", str(result.parent),
+        "--result-filename", result.name,
+    ]  # fmt: skip
+    return Process(
+        name=name,
+        kind=Kind.BENCH,
+        node=plan.router_node,
+        argv=argv,
+        env={**model_env(plan), **env, **_base_env(name, plan.run_dir)},
+        log=f"logs/{name}.log",
+        env_from_host=list(r.env_from_host),
+        container=boxed,
+        result=str(result.relative_to(run.path)),
+    )
 
 
 CUSTOM_BENCH = "bench"  # the one process of a custom benchmark (benchmark.custom)

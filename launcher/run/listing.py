@@ -42,6 +42,21 @@ class Study:
         """The swept values of one of its runs ({} when study.json does not say)."""
         return self.doc.values(run.run_id)
 
+    def configurations(self) -> list[tuple[str, Path]]:
+        """(label, run path) per configuration, in study.json's order (then by name); the
+        label is its swept values ('prefill.endpoints=4'), else its run id."""
+        order = self.doc.order()
+        runs = sorted(self.runs, key=lambda r: (order.get(r.run_id, len(order)), r.run_id))
+        labels: list[tuple[str, Path]] = []
+        seen: set[str] = set()
+        for r in runs:
+            lab = config_label(self.values(r), r.run_id)
+            if lab in seen:  # two runs of one configuration: keep them apart
+                lab = f"{lab} ({r.run_id})"
+            seen.add(lab)
+            labels.append((lab, r.path))
+        return labels
+
     @property
     def planned(self) -> StudyAllocation | None:
         """study.json's plan for one allocation, or None (one job each, or damaged)."""
@@ -69,6 +84,13 @@ class Study:
         return [w for w in (self.damaged, self.allocation_or_why()[1]) if w]
 
 
+def config_label(values: dict[str, Any], fallback: str) -> str:
+    """'prefill.endpoints=4' (the swept values of one configuration), or `fallback`."""
+    if not values:
+        return fallback
+    return ", ".join(f"{k}={v}" for k, v in values.items())
+
+
 Entry = RunDir | Study
 
 
@@ -81,6 +103,11 @@ def _subdirs(path: Path) -> list[Path]:
         return [p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")]
     except OSError:
         return []
+
+
+def study_at(path: Path) -> Study:
+    """The study in folder `path`, its runs and study.json (damaged: its sentence)."""
+    return _study(Path(path))
 
 
 def _study(path: Path) -> Study:

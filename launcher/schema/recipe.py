@@ -239,7 +239,7 @@ class Recipe(Strict):
         if not b.sweeps:
             return []
         return sorted({c for _, pool in self.pools() for c in pool.args_from_concurrency
-                       if b.concurrency[0] < c <= b.concurrency[-1]})
+                       if b.points[0] < c <= b.points[-1]})
 
     @property
     def engine_kind(self) -> engines.EngineKind:

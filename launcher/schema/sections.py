@@ -20,6 +20,7 @@ from pydantic import (
 )
 
 from launcher.run import lengths as run_lengths
+from launcher.run import slo as run_slo
 from launcher.schema.secrets import env_refusal, secret_env
 from launcher.schema.wording import _SURROGATE, show
 
@@ -612,6 +613,37 @@ class AgenticBenchmark(Strict):
                              + ", ".join(AGENTIC_CORPORA))
         return v
 
+class Slo(Strict):
+    """benchmark.slo: latency limits and the search for the highest concurrency that meets
+    them all (docs/slo.md). Written as the limits alone (`slo: ttft_p99<=2s,itl_p90<=30ms`)
+    or as this mapping."""
+
+    limits: str = Field(description="limits joined by commas, each <metric>_<statistic><="
+                        "<number><unit>: ttft|tpot|itl|e2el, p50|p90|p99|mean|median, ms|s; "
+                        "e.g. ttft_p99<=2s,itl_p90<=30ms")
+    precision: float = Field(
+        default=run_slo.DEFAULT_PRECISION, ge=0, le=1,
+        description="bisect until the first failing concurrency is within this fraction of "
+        "the last passing one (and at most 1 apart at 0)")
+    max_concurrency: int | None = Field(
+        default=None, ge=1, le=1_000_000,
+        description="the top of the search (default: the largest of benchmark.concurrency); "
+        "it probes from the first of benchmark.concurrency, doubling")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text(cls, v: Any) -> Any:
+        return {"limits": v} if isinstance(v, str) else v
+
+    @field_validator("limits")
+    @classmethod
+    def _grammar(cls, v: str) -> str:
+        run_slo.parse(v)  # ValueError: one sentence naming what to fix
+        return v
+
+    def parsed(self) -> list:
+        return run_slo.parse(self.limits)
+
 
 class Benchmark(Strict):
     driver: Literal["builtin", "vllm"] = "builtin"
@@ -654,6 +686,11 @@ class Benchmark(Strict):
         "concurrency (then the number of live sessions) in place of the fixed-length "
         "sweep; the length keys then do not apply (docs/agentic.md)",
     )
+    slo: Slo | None = Field(
+        default=None,
+        description="latency limits (e.g. ttft_p99<=2s,itl_p90<=30ms): each configuration's "
+        "sweep becomes a search for the highest concurrency meeting them all (docs/slo.md)",
+    )
 
     @property
     def sweeps(self) -> bool:
@@ -687,12 +724,38 @@ class Benchmark(Strict):
         if self.agentic is not None and self.custom is not None:
             raise ValueError("set benchmark.agentic (AIPerf's session replay) or "
                              "benchmark.custom (your own command), not both")
+        if self.slo is not None and self.custom is not None:
+            raise ValueError(
+                "slo with a custom benchmark: the SLO search measures the concurrency sweep's "
+                "points; remove benchmark.slo or benchmark.custom"
+            )
+        if self.slo is not None and self.slo.max_concurrency is not None \
+                and self.slo.max_concurrency < self.concurrency[0]:
+            raise ValueError(
+                f"slo.max_concurrency {self.slo.max_concurrency} is below the first "
+                f"concurrency {self.concurrency[0]}, where the search starts: raise it or "
+                "lower benchmark.concurrency"
+            )
         if self.chat_template and self.driver == "vllm":
             raise ValueError(
                 "chat_template with driver vllm: vllm bench serve's random dataset sends no "
                 "chat template; use driver builtin (sa-bench's prompts) or chat_template: false"
             )
         return self
+
+    @property
+    def points(self) -> list[int]:
+        """The sweep's planned concurrencies: the list, or with an SLO its probe ladder (the
+        first, doubling to the top); the search adds its bisection points as it runs."""
+        if self.slo is None:
+            return list(self.concurrency)
+        return run_slo.ladder(self.concurrency[0], self.slo_top)
+
+    @property
+    def slo_top(self) -> int:
+        """The top of the SLO search: slo.max_concurrency, else the largest concurrency."""
+        top = self.slo.max_concurrency if self.slo is not None else None
+        return top or max(self.concurrency)
 
     def lengths(self, template_len: int = 0):
         """The bounds every request's lengths are drawn from."""

@@ -214,7 +214,7 @@ def _problem(loc: str, err: dict, msg: str, members: dict, model, data) -> str:
         return f"missing required key {loc!r}"
     got = err.get("input")
     if err["type"] == "value_error":  # one part of a check that found several
-        has_value = False
+        has_value = isinstance(got, str) and bool(got.strip()) and "".join(got.split()) in msg
     else:
         msg, has_value = message(err, members.get(tuple(loc.split(".")), []))
     if err["type"] in ("greater_than_equal", "greater_than"):
