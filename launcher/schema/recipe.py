@@ -9,7 +9,6 @@ Unknown keys, wrong types and bad values are errors that name the key and the fi
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from pathlib import Path
@@ -39,6 +38,7 @@ from launcher.schema.sections import (
     Strict,
     Telemetry,
     _no_control_chars,
+    json_only,
     sbatch_problem,
 )
 from launcher.schema.wording import PROBLEMS_SEP, did_you_mean, format_error, show
@@ -122,13 +122,7 @@ class Recipe(Strict):
     @field_validator("kv_connector")
     @classmethod
     def _json_values(cls, v: dict[str, Any]) -> dict[str, Any]:
-        try:
-            json.dumps(v, allow_nan=False)
-        except (TypeError, ValueError, RecursionError):
-            raise ValueError(
-                "it becomes vLLM's --kv-transfer-config JSON: write strings, finite numbers, "
-                "true/false, null, lists and mappings only"
-            ) from None
+        json_only(v)
         role = v.get("kv_role")
         if role is not None and role not in KV_ROLE_SCHEMES:
             raise ValueError(

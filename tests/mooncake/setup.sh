@@ -10,46 +10,25 @@
 # `make test`). Idempotent: a stamp holds what was installed.
 set -euo pipefail
 
+SCRIPT=tests/mooncake/setup.sh
+WHAT=mooncake_master
 DIR=${PD_MOONCAKE_DIR:-/var/tmp/pd-mooncake}
 PY=${PYTHON:-python3}
+APT="libibverbs1 librdmacm1"
 case "$(uname -m)" in
     x86_64) WHEEL=mooncake-transfer-engine-non-cuda==0.3.13.post1 ;;
     *) WHEEL=mooncake-transfer-engine==0.3.13.post1 ;;
 esac
 WANT="$($PY -c 'import sys; print(sys.version.split()[0])') $WHEEL"
-STAMP=$DIR/.installed
-VENV=$DIR/venv
+# shellcheck source=../tool_venv.sh
+. "$(dirname "$0")/../tool_venv.sh"
 
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && [ -x "$VENV/bin/mooncake_master" ] \
-    && "$VENV/bin/python" -c 'import mooncake.store' 2>/dev/null; then
-    echo "mooncake_master already installed: $VENV/bin/mooncake_master"
-    exit 0
-fi
-
-step="checking"
-trap 'echo "tests/mooncake/setup.sh: installing $WHEEL into $DIR failed while $step; see the output above (it needs PyPI and apt)." >&2' ERR
-
-t0=$(date +%s)
-missing=""
-for lib in libibverbs.so.1 librdmacm.so.1; do
-    ldconfig -p | grep -q "$lib" || missing="$missing $lib"
-done
-if [ -n "$missing" ] || ! $PY -m venv --help >/dev/null 2>&1; then
-    step="installing libibverbs1 librdmacm1 python3-venv with apt-get (needs root)"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q && apt-get install -y -q libibverbs1 librdmacm1 python3-venv
-fi
-mkdir -p "$DIR"
-rm -rf "$VENV" "$STAMP"  # the stamp is written last: a half-done install is redone
-step="creating the venv"
-$PY -m venv "$VENV"
-step="pip-installing $WHEEL"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check "$WHEEL" 2>&1 \
-    | { grep -v "is ignored: it is neither" || true; }
-t1=$(date +%s)
+already_installed "$VENV/bin/mooncake_master" \
+    "$VENV/bin/python" -c 'import mooncake.store, os, sys; sys.exit(not os.access(sys.argv[1], os.X_OK))' \
+    "$VENV/bin/mooncake_master"
+fresh_venv
+pip_install "$WHEEL"
 step="checking that mooncake_master and the store client load"
 "$VENV/bin/python" -c 'import mooncake.store; mooncake.store.MooncakeDistributedStore()'
 "$VENV/bin/mooncake_master" --version
-echo "$WANT" > "$STAMP"
-t2=$(date +%s)
-echo "mooncake_master installed: $VENV/bin/mooncake_master ($(du -sh "$VENV" | cut -f1)); install $((t1 - t0)) s, check $((t2 - t1)) s"
+installed "$VENV/bin/mooncake_master"
