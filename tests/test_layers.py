@@ -216,9 +216,8 @@ def test_no_function_is_over_150_lines():
 SCHEDULER_FLAG_BRANCHES = {
     # write_run: an allocation's nodes are known only inside it, so the dry-run's are
     # placeholders; choose: a study's one allocation has a time limit and a partition to
-    # fit only where there is an allocation (Choice's one_minutes and limits say None);
-    # shares_one_host: nodes that are one host share their ports (the plan of turns)
-    "launcher/control/prepare.py": 3,
+    # fit only where there is an allocation (Choice's one_minutes and limits say None)
+    "launcher/control/prepare.py": 2,
     # NodeWatch knocks on an allocation's nodes (their slurmd, sinfo): only those can be lost
     "launcher/control/orchestrator.py": 1,
     # check_allocation: only an allocation (`launcher run` inside a salloc) can be too small

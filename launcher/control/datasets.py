@@ -173,7 +173,7 @@ def aiperf_check(recipe, cluster) -> tuple[str | None, str | None]:
     """(a blocker, a note) about the aiperf an agentic run calls: on a profile whose nodes
     are this host (the local profile, the dev cluster) it must be here; elsewhere it is the
     router node's, not seen from here."""
-    from launcher.control.prepare import shares_one_host
+    from launcher.planning.schedulers import shares_one_host
 
     ag = recipe.benchmark.agentic
     if ag is None:

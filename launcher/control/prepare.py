@@ -518,12 +518,6 @@ def find_blockers(runs: list[Prepared]) -> list[Prepared]:
 
 
 
-def shares_one_host(cluster) -> bool:
-    """Whether the profile's nodes are this one host (their ports are shared): the local
-    profile, or a Slurm whose nodes accept loopback as their address (the dev cluster)."""
-    return not schedulers.of(cluster).remote_nodes(cluster)
-
-
 def visits(p: Prepared) -> list[study.Segment]:
     """A configuration's sweep points grouped by the engines they need: one visit each."""
     procs, path, b = p.rendered.processes, str(p.run.path), p.plan.recipe.benchmark
@@ -558,7 +552,7 @@ def study_job(study_dir: Path, runs: list[Prepared], root: Path, allocation: str
                             "allocation holds one cluster's nodes: use --allocation each")
         return None, None, None
     turns = study.schedule([(p.run.run_id, visits(p)) for p in runs],
-                           one_host=shares_one_host(runs[0].plan.cluster),
+                           one_host=schedulers.shares_one_host(runs[0].plan.cluster),
                            gates={p.run.run_id: gate_key(p) for p in runs})
     costs = {p.run.run_id: cost.estimate(p.plan) for p in runs}
     largest = max(runs, key=lambda p: p.nodes)

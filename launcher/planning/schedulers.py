@@ -345,3 +345,9 @@ SCHEDULERS: dict[str, Scheduler] = {s.name: s for s in (LOCAL, SLURM)}
 
 def of(cluster: Cluster) -> Scheduler:
     return SCHEDULERS[cluster.scheduler]  # the profile's schema admits only these
+
+
+def shares_one_host(cluster: Cluster) -> bool:
+    """Whether the profile's nodes are this one host (their ports are shared): the local
+    profile, or a Slurm whose nodes accept loopback as their address (the dev cluster)."""
+    return not of(cluster).remote_nodes(cluster)
