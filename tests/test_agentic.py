@@ -40,14 +40,15 @@ def aiperf() -> str:
     return str(AIPERF)
 
 
-def recipe_file(tmp: Path, trace: Path, **agentic) -> Path:
-    """Two prefills and a decode on simulated engines, the agentic benchmark at 2 and 3
-    live sessions."""
+def recipe_file(tmp: Path, trace: Path, decodes: int = 1, **agentic) -> Path:
+    """Two prefills and `decodes` decodes on simulated engines, the agentic benchmark at 2
+    and 3 live sessions."""
     data = {
         "name": "agentic-sim", "cluster": "local", "engine": "sim", "mode": "disagg",
         "model": {"path": "sim/toy", "served_name": "toy"},
         "vllm_args": {"block-size": BLOCK},
-        "prefill": {"endpoints": 2}, "decode": {"endpoints": 1},
+        "prefill": {"endpoints": 2},
+        "decode": {"endpoints": decodes, "args": {"enable-log-requests": True}},
         "benchmark": {"concurrency": [2, 3], "agentic": {
             "trace": str(trace), "trace_format": "mooncake_trace", "block_size": 64,
             "tokenizer": str(tmp / "tok"), "aiperf": str(AIPERF), "drain_poll_s": 0.3,
@@ -57,6 +58,20 @@ def recipe_file(tmp: Path, trace: Path, **agentic) -> Path:
     path = tmp / "agentic.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+def conversations_by_engine(run: Path, role: str) -> dict[str, set[str]]:
+    """The engines' own per-request lines (the sim's, with --enable-log-requests): for each
+    conversation (the sha256 of its first user message, which every turn resends), the
+    engines of `role` that served a turn of it, and how many turns each."""
+    seen: dict[str, set[str]] = {}
+    for log in (run / "logs").glob(f"{role}-*.log"):
+        engine = log.name.split("@")[0]
+        for line in log.read_text().splitlines():
+            if "] SIMULATED request " in line:
+                conv = line.split(": conversation ", 1)[1].split(",", 1)[0]
+                seen.setdefault(conv, set()).add(engine)
+    return seen
 
 
 def records(art: Path) -> list[dict]:
@@ -76,7 +91,7 @@ def test_aiperf_replays_sessions_through_the_router_and_the_second_turn_hits_the
     trace = write_trace(tmp_path / "trace.jsonl", SESSIONS, TURNS)
     prof = helpers.profile_copy(tmp_path / "local.yaml", "local",
                                 port_base=helpers.free_port_base(PORT_BASES, 200))
-    code, out = launcher(tmp_path, "submit", str(recipe_file(tmp_path, trace)),
+    code, out = launcher(tmp_path, "submit", str(recipe_file(tmp_path, trace, decodes=2)),
                          "--set", f"cluster={prof}")
     (run,) = [p.parent for p in (tmp_path / "runs").glob("*/plan.json")]
     assert code == 0, out
@@ -122,6 +137,15 @@ def test_aiperf_replays_sessions_through_the_router_and_the_second_turn_hits_the
         assert 0 < low <= hits <= high, (low, hits, high)
         assert ag["prefix_hit_rate"] == hits / ag["prefix_cache"]["prefill"]["queries"]
         assert ag["prefix_cache"]["decode"]["hits"] == 0  # a P/D decode pulls, never hits
+    # one session's requests all reached one decode engine, by the decodes' own records:
+    # each point's sessions are their own conversations (AIPerf's cache-bust marker
+    # starts each first turn), every turn of one on a single decode
+    convs = conversations_by_engine(run, "decode")
+    turns = sum(line.count("] SIMULATED request ")
+                for log in (run / "logs").glob("decode-*.log")
+                for line in log.read_text().splitlines())
+    assert len(convs) == 2 * SESSIONS and turns == 2 * SESSIONS * TURNS, (convs, turns)
+    assert all(len(engines) == 1 for engines in convs.values()), convs
     assert leftovers(run) == []
     said = " ".join(out.split())
     assert ("agentic points (AIPerf, conc = live sessions): tok/s counts input as the server "
