@@ -33,7 +33,7 @@ _MODELLED = {
     "kv_cache_dtype", "mamba_ssm_cache_dtype", "disable_log_stats", "aggregate_engine_logging",
     "enable_request_id_headers", "enable_scale_out", "tokens_only", "config", "help",
     "disable_uvicorn_access_log", "fingerprint_mode", "fingerprint_value",
-    "enable_prefix_caching",
+    "enable_prefix_caching", "enable_log_requests",
 }
 _FIRST_OPTION = {rec["dest"]: rec["options"][0] for rec in vllm_flags.FLAGS}
 
