@@ -303,6 +303,32 @@ def decode_endpoints(rd: RunDir) -> str:
 SPEC_KEYS = ("spec_acceptance_rate", "spec_mean_acceptance_length", "spec_per_position")
 
 
+def prefix_reuse(s: dict, vmap: dict) -> str:
+    """An agentic run's prefix-cache hit rate per point, achieved beside what the trace
+    offers, and the point's verdict ('' for other runs; docs/agentic.md)."""
+    rows = []
+    for p in s.get("points") or []:
+        ag = p.get("agentic")
+        if not isinstance(ag, dict):
+            continue
+        c = p.get("max_concurrency")
+        hit, offered = ag.get("prefix_hit_rate"), ag.get("trace_hit_rate")
+        v = vmap.get(c) or {}
+        rows.append(f'<td class="n">{esc(c)}</td>'
+                    + cell(None if hit is None else hit * 100.0, None, 1)
+                    + cell(None if offered is None else offered * 100.0, None, 1)
+                    + f"<td>{esc(v.get('short') or '–')}</td>")
+    if not rows:
+        return ""
+    return ("<h3>Prefix reuse (agentic)</h3>"
+            + table(["live sessions", "prefix hit % achieved", "the trace offers %",
+                     "verdict"], rows)
+            + '<p class="note">Achieved: the prefills\' vllm:prefix_cache_hits ÷ queries over '
+              "the point; offered: each turn's resent session context over all prompt "
+              "tokens of the trace (an unbounded cache). A gap with the KV full is the "
+              "capacity cliff.</p>")
+
+
 def speculative(vmap: dict) -> str:
     """Speculative decoding per sweep point ('' when no point drafted)."""
     rows = []
@@ -742,7 +768,8 @@ def render_run(path: Path) -> str:
             "<h2>Identity</h2>", identity(rd, s, source),
             "<h2>What was measured</h2>", measured(rd),
             "<h2>Headline</h2>", headline(s), verdict_block(s),
-            "<h2>Summary per sweep point</h2>", summary_table(s, vmap), speculative(vmap),
+            "<h2>Summary per sweep point</h2>", summary_table(s, vmap), prefix_reuse(s, vmap),
+            speculative(vmap),
             "<h2>Pareto: throughput per GPU vs interactivity</h2>",
             svg_chart([pareto_series(s.get("points") or [], "", PALETTE[0], vmap)],
                       x_title=X_TITLE, y_title=MEASURE_TITLE,

@@ -17,6 +17,7 @@ import yaml
 from agentic_trace import write_tokenizer, write_trace
 from helpers import launcher, leftovers
 
+from launcher.analysis import derive, diagnose
 from launcher.clients import agentic
 from launcher.control import datasets, prepare
 from launcher.errors import UserError
@@ -40,14 +41,15 @@ def aiperf() -> str:
     return str(AIPERF)
 
 
-def recipe_file(tmp: Path, trace: Path, **agentic) -> Path:
-    """Two prefills and a decode on simulated engines, the agentic benchmark at 2 and 3
-    live sessions."""
+def recipe_file(tmp: Path, trace: Path, decodes: int = 1, **agentic) -> Path:
+    """Two prefills and `decodes` decodes on simulated engines, the agentic benchmark at 2
+    and 3 live sessions."""
     data = {
         "name": "agentic-sim", "cluster": "local", "engine": "sim", "mode": "disagg",
         "model": {"path": "sim/toy", "served_name": "toy"},
         "vllm_args": {"block-size": BLOCK},
-        "prefill": {"endpoints": 2}, "decode": {"endpoints": 1},
+        "prefill": {"endpoints": 2},
+        "decode": {"endpoints": decodes, "args": {"enable-log-requests": True}},
         "benchmark": {"concurrency": [2, 3], "agentic": {
             "trace": str(trace), "trace_format": "mooncake_trace", "block_size": 64,
             "tokenizer": str(tmp / "tok"), "aiperf": str(AIPERF), "drain_poll_s": 0.3,
@@ -57,6 +59,20 @@ def recipe_file(tmp: Path, trace: Path, **agentic) -> Path:
     path = tmp / "agentic.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+def conversations_by_engine(run: Path, role: str) -> dict[str, set[str]]:
+    """The engines' own per-request lines (the sim's, with --enable-log-requests): for each
+    conversation (the sha256 of its first user message, which every turn resends), the
+    engines of `role` that served a turn of it, and how many turns each."""
+    seen: dict[str, set[str]] = {}
+    for log in (run / "logs").glob(f"{role}-*.log"):
+        engine = log.name.split("@")[0]
+        for line in log.read_text().splitlines():
+            if "] SIMULATED request " in line:
+                conv = line.split(": conversation ", 1)[1].split(",", 1)[0]
+                seen.setdefault(conv, set()).add(engine)
+    return seen
 
 
 def records(art: Path) -> list[dict]:
@@ -76,7 +92,7 @@ def test_aiperf_replays_sessions_through_the_router_and_the_second_turn_hits_the
     trace = write_trace(tmp_path / "trace.jsonl", SESSIONS, TURNS)
     prof = helpers.profile_copy(tmp_path / "local.yaml", "local",
                                 port_base=helpers.free_port_base(PORT_BASES, 200))
-    code, out = launcher(tmp_path, "submit", str(recipe_file(tmp_path, trace)),
+    code, out = launcher(tmp_path, "submit", str(recipe_file(tmp_path, trace, decodes=2)),
                          "--set", f"cluster={prof}")
     (run,) = [p.parent for p in (tmp_path / "runs").glob("*/plan.json")]
     assert code == 0, out
@@ -122,6 +138,24 @@ def test_aiperf_replays_sessions_through_the_router_and_the_second_turn_hits_the
         assert 0 < low <= hits <= high, (low, hits, high)
         assert ag["prefix_hit_rate"] == hits / ag["prefix_cache"]["prefill"]["queries"]
         assert ag["prefix_cache"]["decode"]["hits"] == 0  # a P/D decode pulls, never hits
+    # the working set fits the KV: the prefills' hits are within a few points of what the
+    # trace offers, and no capacity-cliff verdict
+    table = derive.point_table(results.load_results(run), None, None)
+    verdicts = diagnose.diagnose(table.to_dict("records"))
+    for point in points.values():
+        ag = point["agentic"]
+        assert ag["trace_hit_rate"] == pytest.approx(792 / 1560)  # see the unit test below
+        assert abs(ag["prefix_hit_rate"] - ag["trace_hit_rate"]) < 0.05, ag
+    assert [v.kind for v in verdicts if v.kind == diagnose.KV_CLIFF] == []
+    # one session's requests all reached one decode engine, by the decodes' own records:
+    # each point's sessions are their own conversations (AIPerf's cache-bust marker
+    # starts each first turn), every turn of one on a single decode
+    convs = conversations_by_engine(run, "decode")
+    turns = sum(line.count("] SIMULATED request ")
+                for log in (run / "logs").glob("decode-*.log")
+                for line in log.read_text().splitlines())
+    assert len(convs) == 2 * SESSIONS and turns == 2 * SESSIONS * TURNS, (convs, turns)
+    assert all(len(engines) == 1 for engines in convs.values()), convs
     assert leftovers(run) == []
     said = " ".join(out.split())
     assert ("agentic points (AIPerf, conc = live sessions): tok/s counts input as the server "
@@ -150,6 +184,65 @@ def test_aiperf_replays_sessions_through_the_router_and_the_second_turn_hits_the
     assert list(shown["sessions"]) == [2, 3]
     assert [round(h, 6) for h in shown["hit"]] == [
         round(points[c]["agentic"]["prefix_hit_rate"] * 100.0, 6) for c in (2, 3)]
+    assert [round(h, 6) for h in shown["offered"]] == [round(792 / 1560 * 100.0, 6)] * 2
+    assert "KV capacity cliff" not in list(shown["verdict"])
+
+
+def test_the_theoretical_hit_rate_is_what_each_turn_repeats_of_its_session(tmp_path):
+    """Two sessions of three turns (input 256, output 8) and a lone turn: turn k of a
+    session repeats its earlier context k x 264; the lone turn and first turns repeat
+    nothing."""
+    trace = write_trace(tmp_path / "t.jsonl", 2, 3)
+    with trace.open("a") as f:
+        f.write(json.dumps({"input_length": 100, "output_length": 4}) + "\n")
+    repeat = 2 * (264 + 528)
+    total = 2 * (256 + 520 + 784) + 100
+    assert agentic.trace_hit_rate(str(trace)) == repeat / total
+    (tmp_path / "text.jsonl").write_text('{"session_id": "a", "text_input": "hi"}\n')
+    assert agentic.trace_hit_rate(str(tmp_path / "text.jsonl")) is None
+
+
+def test_a_working_set_past_the_prefix_kv_falls_below_the_theoretical_hit_rate(
+        tmp_path, monkeypatch):
+    """One prefill with 80 KV blocks of 16 tokens for 3 live sessions whose third turns
+    are ~75 blocks each: a returning session finds its prefix evicted, the hit rate falls
+    far below the trace's and the verdict names the capacity cliff."""
+    aiperf()
+    write_tokenizer(tmp_path / "tok")
+    trace = write_trace(tmp_path / "trace.jsonl", SESSIONS, TURNS)
+    prof = helpers.profile_copy(tmp_path / "local.yaml", "local",
+                                port_base=helpers.free_port_base(PORT_BASES, 200))
+    code, out = launcher(tmp_path, "submit", str(recipe_file(tmp_path, trace)),
+                         "--set", f"cluster={prof}", "--set", "prefill.endpoints=1",
+                         "--set", "prefill.args={num-gpu-blocks-override: 80}",
+                         "--set", "prefill.env.SIM_PREFILL_TOKENS_PER_S=2000",
+                         "--set", "benchmark.concurrency=[3]")
+    (run,) = [p.parent for p in (tmp_path / "runs").glob("*/plan.json")]
+    assert code == 0, out
+    (point,) = results.load_results(run)
+    ag = point["agentic"]
+    assert ag["trace_hit_rate"] - ag["prefix_hit_rate"] > 0.10, ag
+    assert ag["kv_usage_max"]["prefill"] >= 0.90, ag
+    (v,) = diagnose.diagnose(derive.point_table([point], None, None).to_dict("records"))
+    assert v.kind == diagnose.KV_CLIFF, v
+    achieved, offered = ag["prefix_hit_rate"] * 100, ag["trace_hit_rate"] * 100
+    assert v.evidence[0] == (f"prefix-cache hit rate {achieved:.0f}% achieved vs "
+                             f"{offered:.0f}% the trace offers (gap > 10%)"), v.evidence
+    assert leftovers(run) == []
+    # the report and the Sweep page show both rates and the verdict (with the telemetry)
+    code, _ = launcher(tmp_path, "report", str(run), "-o", str(tmp_path / "r.html"))
+    page = " ".join((tmp_path / "r.html").read_text().split())
+    assert code == 0 and "Prefix reuse (agentic)" in page
+    assert (f'<td class="n">3</td><td class="n" data-value="{achieved!r}">{achieved:.1f}</td>'
+            f'<td class="n" data-value="{offered!r}">{offered:.1f}</td>'
+            "<td>KV capacity cliff</td>") in page, page
+    at = helpers.open_app(run.parent, monkeypatch, run=run.name)
+    at.switch_page("app_pages/sweep.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    shown = next(t.value for t in at.dataframe if "hit" in t.value.columns)
+    assert list(shown["verdict"]) == ["KV capacity cliff"]
+    assert [round(x, 6) for x in shown["offered"]] == [round(offered, 6)]
+    assert any(w.value.startswith("c=3: KV capacity cliff: ") for w in at.warning)
 
 
 def test_stage_dataset_copies_a_trace_and_refuses_a_broken_one(tmp_path):

@@ -31,7 +31,7 @@ def test_renderer_argv_is_accepted_and_unmodelled_flags_listed():
         "--async-scheduling", "--mamba-ssm-cache-dtype", "bfloat16", "--language-model-only",
         "--gdn-prefill-backend", "flashinfer", "--gpu-memory-utilization", "0.85",
         "--trust-remote-code", "--kv-cache-dtype", "fp8", "--enforce-eager",
-        "--disable-log-requests",
+        "--disable-log-requests", "--disable-auto-tool-choice",
     ], env={"VLLM_NIXL_SIDE_CHANNEL_HOST": "10.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": "5700",
             "VLLM_LOG_STATS_INTERVAL": "5"})
     assert cfg.served_model_name == "qwen" and cfg.port == 8100
@@ -42,9 +42,11 @@ def test_renderer_argv_is_accepted_and_unmodelled_flags_listed():
     assert cfg.log_stats_interval == 5.0 and cfg.stats_logging
     assert cfg.engine_id and cfg.kv_lease_s == 30.0
     assert "--all2all-backend" in cfg.ignored_flags and "--enforce-eager" in cfg.ignored_flags
-    # listed once, under the flag's first name (--disable-log-requests is --enable-log-requests'
-    # negative form in vLLM 0.33)
-    assert "--enable-log-requests" in cfg.ignored_flags
+    # listed once, under the flag's first name (--disable-auto-tool-choice is
+    # --enable-auto-tool-choice's negative form in vLLM 0.33); --enable-log-requests is
+    # modelled (the sim's per-request line, docs/agentic.md)
+    assert "--enable-auto-tool-choice" in cfg.ignored_flags
+    assert "--enable-log-requests" not in cfg.ignored_flags and not cfg.log_requests
     assert len(cfg.ignored_flags) == len(set(cfg.ignored_flags))
     assert "--block-size" not in cfg.ignored_flags
 

@@ -142,14 +142,20 @@ def agentic(info) -> bool:
     the prefill's prefix-cache hit rate and TTFT, from AIPerf's files and the engines'
     counters. False when the run has none."""
     rows = []
+    verdicts = None
     for p in ui.bench(info):
         ag = p.get("agentic")
         if not isinstance(ag, dict) or p.get("status") != "ok":
             continue
-        hit = ag.get("prefix_hit_rate")
+        if verdicts is None:
+            verdicts = {v.concurrency: v for v in ui.verdicts(info)}
+        hit, offered = ag.get("prefix_hit_rate"), ag.get("trace_hit_rate")
         turns = ag.get("per_turn") or []
+        v = verdicts.get(float(ag.get("sessions") or p.get("max_concurrency") or 0))
         rows.append({"sessions": ag.get("sessions"),
                      "hit": None if hit is None else hit * 100.0,
+                     "offered": None if offered is None else offered * 100.0,
+                     "verdict": v.label if v else None,
                      "ttft_p90": p.get("p90_ttft_ms"),
                      "ttft_first": turns[0].get("mean_ttft_ms") if turns else None,
                      "ttft_later": _mean([t.get("mean_ttft_ms") for t in turns[1:]]),
@@ -160,15 +166,22 @@ def agentic(info) -> bool:
     st.subheader("Agentic sessions")
     st.caption("Per point, AIPerf's replay at that many live sessions: the prefills' "
                "prefix-cache hit rate over the point (vllm:prefix_cache_hits ÷ queries, the "
-               "engines' own counters as AIPerf recorded them), TTFT p90, mean TTFT of first "
+               "engines' own counters as AIPerf recorded them) beside the rate the trace "
+               "offers (each turn's resent session context over all its prompt tokens), "
+               "the point's verdict, TTFT p90, mean TTFT of first "
                "and of later turns (AIPerf's per-request records), interactivity = 1000 ÷ "
                "ITL p90 (ms).")
     t = pd.DataFrame(rows).sort_values("sessions")
     ui.altair(charts.hit_rate_vs_sessions(t))
+    for v in verdicts.values():
+        if v.kind == "kv-capacity-cliff":
+            st.warning(f"c={v.concurrency:g}: {v.title}. " + "; ".join(v.evidence))
     num = st.column_config.NumberColumn
     ui.table(t, column_config={
         "sessions": num("live sessions", format="%d"),
         "hit": num("prefix hit %", format="%.1f"),
+        "offered": num("the trace offers %", format="%.1f"),
+        "verdict": st.column_config.TextColumn("verdict"),
         "ttft_p90": num("TTFT p90 ms", format="%.0f"),
         "ttft_first": num("TTFT first turn ms", format="%.0f"),
         "ttft_later": num("TTFT later turns ms", format="%.0f"),

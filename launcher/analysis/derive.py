@@ -321,6 +321,7 @@ def point_table(points: list[dict], plan: PlanDoc | None, ss: SeriesSet | None,
             r[f"{m}_mean_s"] = _num(p.get(f"mean_{m}_ms")) / 1000.0
         r.update(headline(p, plan))
         r.update(window_evidence(window_of(p), ss, step_s))
+        r.update(prefix_reuse(p))
         rows.append(r)
     table = pd.DataFrame(rows)
     if table.empty:
@@ -335,6 +336,18 @@ def point_table(points: list[dict], plan: PlanDoc | None, ss: SeriesSet | None,
     table["joules_per_request"] = table["energy_j"] / table["completed"].where(
         table["completed"] > 0)
     return table
+
+
+def prefix_reuse(p: dict) -> dict[str, float]:
+    """An agentic point's prefix-cache hit rate achieved (the engines' counters) beside the
+    trace's theoretical one, and the peak KV use of the engines that hold the prefixes (the
+    prefills in P/D, where the hits are counted; docs/agentic.md). NaN elsewhere."""
+    ag = p.get("agentic") if isinstance(p.get("agentic"), dict) else {}
+    kv = ag.get("kv_usage_max") if isinstance(ag.get("kv_usage_max"), dict) else {}
+    held = kv.get("prefill") if "prefill" in kv else max(kv.values(), default=None)
+    return {"hit_achieved": _num(ag.get("prefix_hit_rate")),
+            "hit_theoretical": _num(ag.get("trace_hit_rate")),
+            "prefix_kv_max": _num(held)}
 
 
 def window_evidence(w: Window | None, ss: SeriesSet | None, step_s: float) -> dict[str, float]:

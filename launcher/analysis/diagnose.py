@@ -25,11 +25,12 @@ class VerdictKind(StrEnum):
     DECODE_COMPUTE = "decode-compute"
     CLIENT = "client-router"
     IMBALANCE = "dp-imbalance"
+    KV_CLIFF = "kv-capacity-cliff"
 
 
 # the kinds by their short names, as the rules below use them
 (HEALTHY, FAILED, UNKNOWN, PREFILL, KV_CAPACITY, KV_TRANSFER, DECODE_COMPUTE, CLIENT,
- IMBALANCE) = VerdictKind
+ IMBALANCE, KV_CLIFF) = VerdictKind
 
 # kind -> (short label, what to do); the title is "label: advice"
 _WORDS = {
@@ -43,6 +44,8 @@ _WORDS = {
                      "decode batch-bound (a trade-off; read it on the Pareto)"),
     CLIENT: ("client/router", "time is spent outside the engines"),
     IMBALANCE: ("DP imbalance", "one decode engine is much fuller than the rest (routing)"),
+    KV_CLIFF: ("KV capacity cliff",
+               "the sessions' prefixes do not fit the KV: fewer live sessions or more KV"),
 }
 LABELS = {k: label for k, (label, _) in _WORDS.items()}
 TITLES = {k: f"{label}: {advice}" if advice else label for k, (label, advice) in _WORDS.items()}
@@ -70,6 +73,8 @@ class Thresholds:
     tpot_growth: float = 1.5         # TPOT vs the run's best point: decode slowed by batching
     imbalance_gap: float = 0.35      # hottest decode engine's KV minus the mean KV (fraction)
     failed_share: float = 0.01       # failed requests / all requests at a point
+    hit_gap: float = 0.10            # agentic: prefix hit rate achieved this far (fraction)
+                                     # below the trace's theoretical one
 
 
 @dataclass
@@ -155,6 +160,18 @@ def diagnose_point(row: dict[str, Any], th: Thresholds, tpot_ref: float) -> Verd
         # Preemptions hurt TTFT and TPOT at once: rank above any single TTFT share.
         strength = 1.0 + (share(da) if _ok(share(da)) else 0.0)
         found.append((strength, KV_CAPACITY, ev))
+
+    # Agentic KV capacity cliff: returning sessions find their prefix evicted (hits fall
+    # below what the trace offers) while the KV that holds the prefixes is full.
+    hit, offered = _f(row, "hit_achieved"), _f(row, "hit_theoretical")
+    held = _f(row, "prefix_kv_max")
+    if _ok(hit) and _ok(offered) and _ok(held) and offered - hit > th.hit_gap and \
+            held >= th.kv_full:
+        found.append((1.5, KV_CLIFF, [
+            f"prefix-cache hit rate {_pct(hit)} achieved vs {_pct(offered)} the trace offers "
+            f"(gap > {_pct(th.hit_gap)})",
+            f"KV usage max {_pct(held)} on the engines holding the prefixes "
+            f"(≥ {_pct(th.kv_full)})"]))
 
     if big(pq) and (not _ok(pc) or pq >= th.queue_vs_compute * pc):
         ev = [f"prefill queue {_s(pq)} = {_pct(share(pq))} of {base} "

@@ -83,6 +83,32 @@ def sessions_in(path: str) -> int | None:
         return None
 
 
+def trace_hit_rate(path: str) -> float | None:
+    """The trace's theoretical prefix-cache hit rate: each turn's prompt is its session's
+    earlier context (every earlier turn's input and output, which AIPerf resends) plus its
+    own input; the earlier context is what an unbounded cache could serve. Repeated tokens
+    over all prompt tokens, turns in file order; None where a turn has no input_length."""
+    context: dict[object, int] = {}
+    repeat = total = 0
+    try:
+        with open(path, encoding="utf-8") as f:
+            for i, line in enumerate(f):
+                if not line.strip():
+                    continue
+                turn = json.loads(line)
+                n = turn.get("input_length")
+                if not isinstance(n, int):
+                    return None
+                sid = turn.get("session_id", ("line", i))
+                before = context.get(sid, 0)
+                repeat += before
+                total += before + n
+                context[sid] = before + n + int(turn.get("output_length") or 0)
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+    return repeat / total if total else None
+
+
 # --- reading AIPerf's files -----------------------------------------------------------------
 
 
@@ -149,6 +175,19 @@ def prefix_cache(server: dict | None, roles: dict[str, str]) -> dict[str, dict]:
                 out.setdefault(r, {"hits": 0.0, "queries": 0.0})[what] += total
     for v in out.values():
         v["hit_rate"] = v["hits"] / v["queries"] if v["queries"] else None
+    return out
+
+
+def kv_usage_max(server: dict | None, roles: dict[str, str]) -> dict[str, float]:
+    """The highest vllm:kv_cache_usage_perc AIPerf sampled over the profiling phase, by
+    role (AIPerf scrapes every engine several times a second, finer than the telemetry)."""
+    out: dict[str, float] = {}
+    gauge = ((server or {}).get("metrics") or {}).get("vllm:kv_cache_usage_perc") or {}
+    for s in gauge.get("series") or []:
+        role = roles.get(s.get("endpoint_url"))
+        top = (s.get("stats") or {}).get("max")
+        if role is not None and isinstance(top, (int, float)):
+            out[role] = max(out.get(role, 0.0), float(top))
     return out
 
 
@@ -269,6 +308,7 @@ def to_result(art: Path, sessions: int, roles: dict[str, str], exit_code: int,
         "theoretical_prefix_hit": _stat(export, "theoretical_prefix_cache_hit", "avg"),
         "prefix_cache": cache,
         "prefix_hit_rate": (cache.get("prefill") or cache.get("all") or {}).get("hit_rate"),
+        "kv_usage_max": kv_usage_max(server, roles),
         "per_turn": per_turn(art / "profile_export.jsonl"),
     }
     reasons = []
@@ -377,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     roles = {u: r for r, u in a.metrics}
     res = to_result(a.artifact_dir, a.sessions, roles, code, culprit(lines) if code else [])
     res["agentic"]["command"] = cmd
+    if a.input_file and a.trace_format == "mooncake_trace":
+        res["agentic"]["trace_hit_rate"] = trace_hit_rate(a.input_file)
     res["agentic"]["seconds"] = round(time.time() - t0, 2)
     res["agentic"]["drain"] = drain(list(roles), a.drain_poll_s, a.drain_timeout_s)
     if not res["agentic"]["drain"]["idle"] and res["status"] == "ok":

@@ -196,7 +196,8 @@ def point_figures(result: dict[str, Any], denominators: dict[str, int],
     ag = result.get("agentic")
     if isinstance(ag, dict):  # an AIPerf session replay's own figures (docs/agentic.md)
         fig["agentic"] = {k: ag.get(k) for k in (
-            "sessions", "prefix_hit_rate", "interactivity_tok_s", "error_rate",
+            "sessions", "prefix_hit_rate", "trace_hit_rate", "interactivity_tok_s",
+            "error_rate",
             "context_overflow_rate", "submission_valid", "invalid_reasons")}
     return fig
 
@@ -712,6 +713,8 @@ def render_table(s: dict[str, Any], console: Any = None) -> None:
             "counts it, its cached prefix included (InferenceX's AgentX figure), not "
             "comparable with sa-bench's; prefill prefix-cache hit rate "
             + ", ".join(f"c={p['max_concurrency']} {_pct(p['agentic'].get('prefix_hit_rate'))}"
+                        + (f" (the trace offers {_pct(p['agentic']['trace_hit_rate'])})"
+                           if p["agentic"].get("trace_hit_rate") is not None else "")
                         for p in agentic)
             + "; interactivity (1000 ÷ ITL p90) "
             + ", ".join(f"c={p['max_concurrency']} "

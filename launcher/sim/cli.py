@@ -33,7 +33,7 @@ _MODELLED = {
     "kv_cache_dtype", "mamba_ssm_cache_dtype", "disable_log_stats", "aggregate_engine_logging",
     "enable_request_id_headers", "enable_scale_out", "tokens_only", "config", "help",
     "disable_uvicorn_access_log", "fingerprint_mode", "fingerprint_value",
-    "enable_prefix_caching",
+    "enable_prefix_caching", "enable_log_requests",
 }
 _FIRST_OPTION = {rec["dest"]: rec["options"][0] for rec in vllm_flags.FLAGS}
 
@@ -78,6 +78,7 @@ class SimConfig:
     scale_out: bool = False
     access_log: bool = True  # uvicorn's access lines (--disable-uvicorn-access-log: off)
     system_fingerprint: str | None = None  # --fingerprint-mode (0.33): in every response
+    log_requests: bool = False  # --enable-log-requests: one line per request
     # --enable-prefix-caching / --no-enable-prefix-caching / --disable-prefix-caching; vLLM
     # 0.33 turns it on for generative models when none is given. It only shows in
     # cache_config_info: the KV estimate already sized the blocks for it.
@@ -265,6 +266,7 @@ def parse(argv: list[str], env: dict[str, str] | None = None) -> SimConfig:
         scale_out=bool(ns.enable_scale_out or ns.tokens_only),
         access_log=not ns.disable_uvicorn_access_log,
         system_fingerprint=fingerprint(ns, model, dp, max_model_len),
+        log_requests=bool(ns.enable_log_requests),
         enable_prefix_caching=ns.enable_prefix_caching is not False,
         hybrid_lb=hybrid_lb,
         num_spec_tokens=_spec_tokens(ns.speculative_config),

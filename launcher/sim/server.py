@@ -12,6 +12,7 @@ carries ``x-simulated-engine: launcher.sim``.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -25,7 +26,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
-from launcher.sim import SIM_HEADER, SIM_HEADER_VALUE, metrics, tokens
+from launcher.sim import SIM_HEADER, SIM_HEADER_VALUE, metrics, tokens, vlog
 from launcher.sim.answers import Answerer, text_of
 from launcher.sim.cli import SimConfig
 from launcher.sim.engine import Engine, Req
@@ -72,6 +73,21 @@ class UvicornAccessLog(AbstractAccessLogger):
         uvicorn_line(f'{who} - "{request.method} {request.path_qs} HTTP/{v.major}.{v.minor}" '
                      f"{response.status} {response.reason}")
 
+
+
+def conversation(body: dict[str, Any]) -> str:
+    """The simulation's name for a chat's conversation: the start of the sha256 of its first
+    user message, which every later turn of a session resends. vllm-router's P/D mode does
+    not forward the session header, so this is what tells an engine's requests apart by
+    session (docs/agentic.md)."""
+    for m in body.get("messages") or []:
+        if isinstance(m, dict) and m.get("role") == "user":
+            content = m.get("content")
+            if isinstance(content, list):
+                content = "".join(str(p.get("text", "")) for p in content
+                                  if isinstance(p, dict))
+            return hashlib.sha256(str(content or "").encode()).hexdigest()[:16]
+    return "none"
 
 def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
     body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
@@ -366,6 +382,9 @@ class Api:
                 raise BadRequest("launcher.sim streams one prompt per request")
         except BadRequest as exc:
             return _error(exc.status, str(exc), exc.kind)
+        if self.cfg.log_requests and chat:
+            vlog.info("sim.py:5", f"SIMULATED request {rid}: conversation "
+                                  f"{conversation(body)}, {prompts[0].num_tokens} prompt tokens")
         for req, _ in reqs:
             engine.add(req)
         if stream:
