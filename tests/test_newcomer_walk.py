@@ -99,8 +99,8 @@ def test_the_port_conflict_advice_works_when_followed_literally(tmp_path):
 
     from helpers import free_port_base, profile_copy
 
-    # two blocks of this test's own, and the two past them the advice moves the run to
-    base = free_port_base(range(27000, 30000, 500), 3400)
+    # two blocks of this test's own, and the block past them the advice moves the run to
+    base = free_port_base(range(27000, 30000, 500), 2400)
     prof = profile_copy(tmp_path / "mine.yaml", "local", port_base=base, port_blocks=2)
     # the router's port of every block the run could move to (as another local run's would
     # be): refused, with the advice
