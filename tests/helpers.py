@@ -162,23 +162,18 @@ def listening(ports: Iterable[int]) -> Iterator[None]:
     launcher's lock for it: a run holds that lock from its port check to its end, so this
     never takes a port a run has already planned on. Where a run holds the lock, its port is
     taken all the same."""
-    import fcntl
     import os
 
-    from launcher.control.probes import block_lock
+    from launcher.control.probes import block_lock, lock_ports
 
     held: list = []
     try:
         for port in ports:
-            path = block_lock(port)
-            path.parent.mkdir(mode=0o1777, exist_ok=True)
-            fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                os.close(fd)
+            block_lock(port).parent.mkdir(mode=0o1777, exist_ok=True)
+            fds = lock_ports(port, 1)
+            if fds is None:
                 continue
-            held.append(fd)
+            held += fds
             s = socket.socket()
             held.append(s)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind

@@ -93,11 +93,7 @@ def vllm_start_up_line(model: Path, flags: dict, port: int) -> tuple[int, int, f
             time.sleep(1)
         raise AssertionError(f"no KV line or completion in 500 s: {log.read_text()[-3000:]}")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        helpers.stop(proc, 30)
 
 
 def _generates(port: int, model: Path) -> bool:

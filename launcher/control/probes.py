@@ -74,7 +74,7 @@ def block_lock(port: int) -> Path:
             / f"{port // LOCK_PAGE * LOCK_PAGE}.lock")
 
 
-def _lock_span(start: int, span: int) -> list[int] | None:
+def lock_ports(start: int, span: int) -> list[int] | None:
     """The locks of every thousand from `start` to `start + span`, or None (and none held)
     when another process holds one."""
     fds: list[int] = []
@@ -115,7 +115,7 @@ def free_port_block(plan_at: Callable[[int | None], Plan], base: int,
         plan = first if slot == own else plan_at(slot)
         start = base + slot * block
         try:
-            fds = _lock_span(start, plan.port_span)
+            fds = lock_ports(start, plan.port_span)
         except OSError:
             return first, None
         if fds is None:
