@@ -533,6 +533,35 @@ def fit_columns(df: pd.DataFrame, config: dict | None = None) -> dict:
     return cfg
 
 
+# The main column at 1280 px with the sidebar open, the narrowest page the dashboard is
+# checked at (measured in Chromium), less a row-selection column; st.dataframe wraps a cell's
+# text only in rows taller than 4 rem (64 px).
+PAGE_PX, SELECT_PX, WRAP_ROW_PX = 818, 34, 65
+
+
+def fit_page(df: pd.DataFrame, config: dict | None = None,
+             selectable: bool = False) -> tuple[dict, int]:
+    """`config` with every text column as wide as its longest value, and the row height: when
+    those widths outgrow the narrowest page, the widest column is narrowed to what is left and
+    its text wraps (taller rows) rather than running past the page's edge."""
+    cfg = dict(config or {})
+    widths = {}
+    for col in df.columns:
+        c = cfg.get(col)
+        label = c.get("label") if isinstance(c, dict) and c.get("label") else str(col)
+        widths[col] = int(max([text_px(str(v)) for v in df[col] if v is not None]
+                              + [text_px(label)]) + 2 * 8 + 1)
+    over = sum(widths.values()) + (SELECT_PX if selectable else 0) - PAGE_PX
+    if over <= 0:
+        return fit_columns(df, cfg), ROW_PX
+    widest = max(widths, key=widths.get)
+    for col, w in widths.items():
+        c = cfg.get(col)
+        cfg[col] = {**(c if isinstance(c, dict) else st.column_config.TextColumn()),
+                    "width": w - over if col == widest else w}
+    return cfg, WRAP_ROW_PX
+
+
 def table(df: pd.DataFrame, **kw: Any) -> None:
     """A dataframe exactly as tall as its rows (no empty filler rows, no inner scrolling up
     to MAX_FIT_ROWS rows)."""

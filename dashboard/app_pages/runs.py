@@ -90,19 +90,19 @@ df = pd.DataFrame(rows)
 show = df.drop(columns=[c for c in df.columns if c.startswith("_")] + ["stage / error"])
 if not show["configuration"].astype(bool).any():
     show = show.drop(columns=["configuration"])
+columns, row_px = ui.fit_page(show, {
+    "run": st.column_config.TextColumn("run / study", help="its name begins with its "
+                                       "start time (YYYYMMDD-HHMMSS) and its recipe"),
+    "configuration": st.column_config.TextColumn(
+        help="a study's swept values; under it, each run's"),
+    "topology": st.column_config.TextColumn(
+        help="D = decode, P = prefill endpoints (count × shape); A = aggregated"),
+}, selectable=True)
 event = st.dataframe(
     show, hide_index=True, width="stretch", key="runs_table", on_select="rerun",
-    selection_mode="single-row",
-    height=ui.HEADER_PX + ui.ROW_PX * len(show) if len(show) <= 40 else "auto",
-    placeholder=numbers.MISSING,
-    column_config=ui.fit_columns(show, {
-        "run": st.column_config.TextColumn("run / study", help="its name begins with its "
-                                           "start time (YYYYMMDD-HHMMSS) and its recipe"),
-        "configuration": st.column_config.TextColumn(
-            help="a study's swept values; under it, each run's"),
-        "topology": st.column_config.TextColumn(
-            help="D = decode, P = prefill endpoints (count × shape); A = aggregated"),
-    }))
+    selection_mode="single-row", row_height=row_px,
+    height=ui.HEADER_PX + row_px * len(show) if len(show) <= 40 else "auto",
+    placeholder=numbers.MISSING, column_config=columns)
 st.caption("Select a row to open it (a study opens its Study page, a run its Overview). A "
            "study (`submit --sweep`) is one item with its configurations' runs under it. "
            "SIMULATION runs use the launcher's simulated engine, not vLLM on GPUs; vLLM (CPU) "
