@@ -93,12 +93,27 @@ def _cpu_to_itself(request, tmp_path_factory):
 # (setup + call + teardown; a module fixture's end-to-end run is charged to its first test).
 _TIMES: dict[str, float] = {}
 _T0: list[float] = []
+_CPU0: list[tuple[int, int]] = []
+
+
+def _cpu_ticks() -> tuple[int, int] | None:
+    """(busy, total) clock ticks of every core since boot, from /proc/stat (the machine's:
+    slurmd, engines and browsers included); None where there is none."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
 
 
 def pytest_configure(config):
     import time
 
     _T0.append(time.monotonic())
+    if not os.environ.get("PYTEST_XDIST_WORKER") and (t := _cpu_ticks()):
+        _CPU0.append(t)
 
 
 _WORKERS: dict[str, float] = {}  # pytest-xdist worker -> seconds inside its tests
@@ -132,6 +147,12 @@ def pytest_terminal_summary(terminalreporter):
         busy = ", ".join(f"{k} {v:.0f} s ({100 * v / wall:.0f} %)" for k, v in sorted(_WORKERS.items()))
         w(f"in parallel: {len(_WORKERS)} workers, {inside / wall:.2f} test-seconds per wall "
           f"second; each worker's time inside tests: {busy}")
+    if _CPU0 and (t := _cpu_ticks()) and t[1] > _CPU0[0][1]:
+        # near all cores busy: more workers would only queue; well below: they would help
+        cores = os.cpu_count() or 1
+        share = (t[0] - _CPU0[0][0]) / (t[1] - _CPU0[0][1])
+        w(f"cores busy: {share * cores:.1f} of {cores} on average ({100 * share:.0f} %, the "
+          f"whole machine's)")
     w("slowest modules (share of the wall time):")
     for mod, sec in sorted(modules.items(), key=lambda kv: -kv[1])[:12]:
         w(f"  {sec:7.1f} s  {100 * sec / wall:5.1f} %  {mod}")
