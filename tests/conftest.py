@@ -1,4 +1,5 @@
 import os
+import re
 import sys
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -66,7 +67,8 @@ def _held(gate_path: Path, lock_path: Path, alone: bool):
 
 
 # A test that asserts how long something takes (`@pytest.mark.alone`) runs with no other
-# test beside it. Module fixtures start outside the locks. The dev cluster's lock is taken
+# test beside it: `make test` runs them after the rest, one at a time; within one parallel
+# run they take the CPU's lock alone. Module fixtures start outside the locks. The dev cluster's lock is taken
 # before the CPU's, always, so no two tests wait on each other.
 @pytest.fixture(autouse=True)
 def _cpu_to_itself(request, tmp_path_factory):
@@ -78,6 +80,9 @@ def _cpu_to_itself(request, tmp_path_factory):
     on_cluster = request.node.get_closest_marker("slurm") is not None
     simprocs.ON_DEVCLUSTER[0] = on_cluster
     root = tmp_path_factory.getbasetemp().parent  # the session's, shared by its workers
+    import time
+
+    t0 = time.monotonic()
     with ExitStack() as held:
         if on_cluster:
             whole = request.node.get_closest_marker("whole_cluster") is not None
@@ -85,6 +90,8 @@ def _cpu_to_itself(request, tmp_path_factory):
                                      whole))
         alone = request.node.get_closest_marker("alone") is not None
         held.enter_context(_held(root / "cpu.turnstile", root / "cpu.lock", alone))
+        # a wait here is a worker idle, not a test working: the timing table tells them apart
+        request.node.user_properties.append(("waited_s", time.monotonic() - t0))
         yield
 
 
@@ -117,6 +124,7 @@ def pytest_configure(config):
 
 
 _WORKERS: dict[str, float] = {}  # pytest-xdist worker -> seconds inside its tests
+_WAITED: dict[str, float] = {}  # test -> seconds its worker waited for the tests' locks
 
 
 def pytest_runtest_logreport(report):
@@ -125,6 +133,10 @@ def pytest_runtest_logreport(report):
     worker = getattr(getattr(report, "node", None), "gateway", None)
     if worker is not None:
         _WORKERS[worker.id] = _WORKERS.get(worker.id, 0.0) + report.duration
+    if report.when == "setup":
+        for k, v in report.user_properties:
+            if k == "waited_s":
+                _WAITED[nodeid] = v
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -147,6 +159,12 @@ def pytest_terminal_summary(terminalreporter):
         busy = ", ".join(f"{k} {v:.0f} s ({100 * v / wall:.0f} %)" for k, v in sorted(_WORKERS.items()))
         w(f"in parallel: {len(_WORKERS)} workers, {inside / wall:.2f} test-seconds per wall "
           f"second; each worker's time inside tests: {busy}")
+    if _WAITED:
+        waited = sum(_WAITED.values())
+        top = sorted(_WAITED.items(), key=lambda kv: -kv[1])[:3]
+        w(f"waiting for the tests' locks (alone, whole_cluster), of the time inside tests: "
+          f"{waited:.0f} s, most before " + ", ".join(f"{n.split('::')[-1]} ({v:.0f} s)"
+                                                     for n, v in top))
     if _CPU0 and (t := _cpu_ticks()) and t[1] > _CPU0[0][1]:
         # near all cores busy: more workers would only queue; well below: they would help
         cores = os.cpu_count() or 1
@@ -159,7 +177,10 @@ def pytest_terminal_summary(terminalreporter):
     w("slowest tests:")
     for nodeid, sec in tests[:15]:
         w(f"  {sec:7.1f} s  {100 * sec / wall:5.1f} %  {nodeid}")
-    # every test's time, for comparing runs: .pytest_cache/timing.tsv (seconds, node id)
+    # every test's time, for comparing runs: .pytest_cache/timing.tsv (seconds, node id),
+    # timing-alone.tsv for `make test`'s second run (-m alone)
     cache = Path(terminalreporter.config.rootpath) / ".pytest_cache"
+    marks = re.sub(r"\W+", "-", terminalreporter.config.option.markexpr or "").strip("-")
+    name = "timing.tsv" if marks in ("", "not-alone") else f"timing-{marks}.tsv"
     if cache.is_dir():
-        (cache / "timing.tsv").write_text("".join(f"{s:.2f}\t{n}\n" for n, s in tests))
+        (cache / name).write_text("".join(f"{s:.2f}\t{n}\n" for n, s in tests))
