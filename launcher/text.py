@@ -368,7 +368,9 @@ def agentic_lines(prepared: Prepared) -> list[str]:
            + (f", scenario {ag.scenario}" if ag.scenario else "")
            + (f", sessions longer than {ag.max_context:,} tokens dropped"
               if ag.max_context else ""),
-           f"  AIPerf: {tool}" if tool else "  AIPerf: see the blocker below",
+           (f"  AIPerf: {tool}" if tool else "  AIPerf: see the blocker below")
+           + ("; its own settings: " + ", ".join(f"{k}={v}" for k, v in ag.env.items())
+              if ag.env else ""),
            f"  trace: {note}" if note else "  trace: see the blocker below",
            f"  sessions: AIPerf sends each session's id in {ag.session_header}; the router "
            f"runs {routing}" + (" (every turn of a session to one prefill and one decode, "

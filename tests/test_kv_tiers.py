@@ -101,11 +101,12 @@ def test_the_published_store_recipe_imports_its_store_and_each_roles_connector_a
     assert not report.refused
 
 
-def test_the_published_agentic_store_recipe_is_still_refused_for_its_benchmark_alone():
-    with pytest.raises(UserError) as e:
-        srt_slurm.import_file(PUBLISHED)
-    text = " ".join(str(e.value).split())
-    assert "agentic" in text and "Mooncake" not in text and "MultiConnector" not in text
+def test_the_published_agentic_store_recipe_imports_whole_with_its_alias_given():
+    out, report = srt_slurm.import_file(PUBLISHED, ALIAS)
+    assert out["benchmark"]["agentic"]["scenario"] == "inferencex-agentx-mvp"
+    assert out["kv_store"]["store_config"] == yaml.safe_load(
+        PUBLISHED.read_text())["backend"]["mooncake_kv_store"]["store_config"]
+    assert not report.refused
 
 
 def test_a_schema_2_mooncake_master_service_is_the_same_store_named_by_its_own_keys():

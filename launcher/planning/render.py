@@ -446,7 +446,8 @@ def agentic_process(plan: Plan, c: int) -> Process:
              "--output", str(result)]
     return Process(
         name=name, kind=Kind.BENCH, node=plan.router_node, argv=argv,
-        env={**model_env(plan), **offline, **host_env(plan), **_base_env(name, plan.run_dir)},
+        env={**model_env(plan), **offline, **host_env(plan), **ag.env,
+             **_base_env(name, plan.run_dir)},
         log=f"logs/{name}.log", env_from_host=list(r.env_from_host), container=False,
         result=str(result.relative_to(run.path)))
 

@@ -6,8 +6,10 @@ option names.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -22,7 +24,7 @@ from pydantic import (
 from launcher.run import lengths as run_lengths
 from launcher.run import slo as run_slo
 from launcher.schema.secrets import env_refusal, secret_env
-from launcher.schema.wording import _SURROGATE, show
+from launcher.schema.wording import _SURROGATE, did_you_mean, show
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -504,6 +506,14 @@ AGENTIC_CORPORA = {
                                                 "semianalysisai/cc-traces-weka-062126-256k"),
 }
 AGENTX_SCENARIO = "inferencex-agentx-mvp"
+
+
+@functools.cache
+def aiperf_env_names() -> frozenset[str]:
+    """The environment variables AIPerf 0.13.0 reads (its settings), from the list made from
+    its source (docs/agentic.md)."""
+    text = (Path(__file__).parent.parent / "data" / "aiperf-0.13.0-env.txt").read_text()
+    return frozenset(line for line in text.split() if line.startswith("AIPERF_"))
 NO_SUBAGENTS = ("semianalysis_cc_traces_weka", "semianalysis_cc_traces_weka_no_subagents")
 
 
@@ -572,6 +582,24 @@ class AgenticBenchmark(Strict):
         default=10.0, gt=0, le=600,
         description="after a point, every engine is polled this often until it holds no "
         "running or waiting request three polls in a row")
+    env: EnvMap = Field(
+        default_factory=dict,
+        description="AIPerf's own settings as its environment variables (AIPERF_*, e.g. "
+        "AIPERF_DATASET_MMAP_CACHE_ENABLED: false), passed to its process; only names "
+        "AIPerf 0.13.0 reads")
+
+    @field_validator("env")
+    @classmethod
+    def _aiperf_reads(cls, v: dict[str, str]) -> dict[str, str]:
+        # a name AIPerf does not read would be ignored silently: say so before the run
+        known = aiperf_env_names()
+        for k in v:
+            if k not in known:
+                hint = did_you_mean(k, known)
+                raise ValueError(f"{k} is not a setting AIPerf 0.13.0 reads"
+                                 + (f"; {hint}" if hint else
+                                    " (launcher/data/aiperf-0.13.0-env.txt lists them)"))
+        return v
 
     @model_validator(mode="after")
     def _scenario_locks(self) -> AgenticBenchmark:

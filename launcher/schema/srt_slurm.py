@@ -20,7 +20,7 @@ from typing import Any
 
 from launcher.errors import UserError
 from launcher.schema import native_bench
-from launcher.schema.sections import AGENTIC_CORPORA, flag_key
+from launcher.schema.sections import AGENTIC_CORPORA, aiperf_env_names, flag_key
 from launcher.schema.wording import did_you_mean, show
 
 SCHEMA_READ = "NVIDIA/srt-slurm v1.0.68 (c88ef731)"
@@ -1108,6 +1108,10 @@ def _agentic_benchmark(src: _Source) -> dict:
                     "server_metrics_export.json")
         elif k in AGENTX_ENV_MOOT:
             src.deviate(key, AGENTX_ENV_MOOT[k])
+        elif k in aiperf_env_names():  # AIPerf's own setting: AIPerf reads it, as there
+            ag.setdefault("env", {})[k] = v
+            src.map(key, f"benchmark.agentic.env.{k} (AIPerf's own setting, passed to its "
+                    "environment)")
         else:
             src.refuse(key, "is read by InferenceX's script, not by the launcher's AIPerf "
                        "driver; remove it or set the benchmark.agentic key it means")

@@ -68,7 +68,7 @@ def render_all() -> dict[str, dict[str, str]]:
 
 
 # Published srt-slurm recipes that are not shipped as ours, dry-run as a user brings them:
-# InferenceX's agentic DeepSeek-V4-Pro P/D recipe (benchmark.agentic, docs/agentic.md), its
+# InferenceX's agentic DeepSeek-V4-Pro P/D recipes (benchmark.agentic, docs/agentic.md), its
 # model alias given as --alias gives it and its nightly image's vLLM named (0.33's parser
 # refuses one key of its attention-config).
 IMPORTED = {
@@ -76,6 +76,13 @@ IMPORTED = {
         HERE.parents[1] / "launcher" / "data" / "srt-slurm-recipes" / "InferenceX" / "benchmarks"
         / "multi_node" / "srt-slurm-recipes" / "dsv4" / "vllm" / "gb200-fp4" / "agentx"
         / "disagg-1p1d-dep8-dep8-mtp.yaml",
+        ["engine_version='0.34'"], {"deepseek-v4-pro": "deepseek-ai/DeepSeek-V4-Pro"}),
+    # its schema-1 sibling with a Mooncake store (MultiConnector of NIXL and the store, the
+    # master on the head node) and one of AIPerf's own settings (docs/kv-store.md)
+    "dsv4-gb200-agentic-store-1p1d-dep8-dep8-mtp2": (
+        HERE.parents[1] / "launcher" / "data" / "srt-slurm-recipes" / "InferenceX" / "benchmarks"
+        / "multi_node" / "srt-slurm-recipes" / "vllm" / "deepseek-v4" / "agentic"
+        / "disagg-gb200-1p1d-dep8-dep8-c128-mtp2-agentic.yaml",
         ["engine_version='0.34'"], {"deepseek-v4-pro": "deepseek-ai/DeepSeek-V4-Pro"}),
 }
 
