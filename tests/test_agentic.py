@@ -14,7 +14,13 @@ from pathlib import Path
 import helpers
 import pytest
 import yaml
-from agentic_trace import write_tokenizer, write_trace
+from agentic_trace import (
+    conversations_by_engine,
+    hit_bounds,
+    records,
+    write_tokenizer,
+    write_trace,
+)
 from helpers import launcher, leftovers
 
 from launcher.analysis import derive, diagnose
@@ -61,30 +67,6 @@ def recipe_file(tmp: Path, trace: Path, decodes: int = 1, **agentic) -> Path:
     return path
 
 
-def conversations_by_engine(run: Path, role: str) -> dict[str, set[str]]:
-    """The engines' own per-request lines (the sim's, with --enable-log-requests): for each
-    conversation (the sha256 of its first user message, which every turn resends), the
-    engines of `role` that served a turn of it, and how many turns each."""
-    seen: dict[str, set[str]] = {}
-    for log in (run / "logs").glob(f"{role}-*.log"):
-        engine = log.name.split("@")[0]
-        for line in log.read_text().splitlines():
-            if "] SIMULATED request " in line:
-                conv = line.split(": conversation ", 1)[1].split(",", 1)[0]
-                seen.setdefault(conv, set()).add(engine)
-    return seen
-
-
-def records(art: Path) -> list[dict]:
-    """AIPerf's per-request records (profile_export.jsonl), profiling phase."""
-    out = []
-    for line in (art / "profile_export.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if rec["metadata"].get("benchmark_phase", "profiling") == "profiling":
-            out.append(rec)
-    return out
-
-
 def test_aiperf_replays_sessions_through_the_router_and_the_second_turn_hits_the_prefix(
         tmp_path, monkeypatch):
     aiperf()
@@ -123,17 +105,7 @@ def test_aiperf_replays_sessions_through_the_router_and_the_second_turn_hits_the
         # turn's prompt in the KV of the prefill it reached (its session's: a turn sent to
         # the other prefill would miss all of it), the first turns nothing (AIPerf's
         # per-point cache-bust keeps the second point from the first one's blocks)
-        seen: dict[str, list[tuple[int, int]]] = {}
-        for rec in records(art):
-            meta = rec["metadata"]
-            seen.setdefault(meta["x_correlation_id"], []).append(
-                (meta["turn_index"], rec["metrics"]["usage_prompt_tokens"]["value"]))
-        low = high = 0
-        for turns in seen.values():
-            prompts = [n for _, n in sorted(turns)]
-            for prev in prompts[:-1]:
-                low += (prev - 2 * BLOCK) // BLOCK * BLOCK
-                high += prev
+        low, high = hit_bounds(records(art), BLOCK)
         hits = ag["prefix_cache"]["prefill"]["hits"]
         assert 0 < low <= hits <= high, (low, hits, high)
         assert ag["prefix_hit_rate"] == hits / ag["prefix_cache"]["prefill"]["queries"]
