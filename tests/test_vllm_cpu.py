@@ -456,22 +456,25 @@ def test_aiperf_sessions_on_real_vllm_pd_find_their_prefix(tmp_path):
     session's first prompt from its cache (all but the last token's block: vLLM computes the
     last token), the first turns nothing; the decode holds those blocks too and pulls only
     the rest over NIXL."""
-    from agentic_trace import records, write_trace
+    from agentic_trace import records, write_tokenizer, write_trace
 
     need_vllm_cpu()
     aiperf = Path(os.environ.get("PD_AIPERF", "/var/tmp/pd-aiperf/venv/bin/aiperf"))
     if not aiperf.exists():
         pytest.fail(f"aiperf 0.13.0 is not installed at {aiperf}: run `bash tests/aiperf/setup.sh`")
     block = 32  # CPU attention's block (local-vllm-cpu-agg)
-    trace = write_trace(tmp_path / "trace.jsonl", 2, 2, input_len=128, output_len=4,
+    trace = write_trace(tmp_path / "trace.jsonl", 2, 2, input_len=64, output_len=4,
                         block=block)
+    # AIPerf builds its prompts with the word-level tokenizer in 1-2 s where the model's
+    # takes ~40 s on these busy cores; vLLM counts the tokens with the model's own
+    tok = write_tokenizer(tmp_path / "tok")
     t0 = time.monotonic()
     p = subprocess.run(launcher_cmd(
         tmp_path, PD_RECIPE, f"cluster={profile(tmp_path, 'local', free_port_base())}",
         f"model.path={CPU_DIR / 'models' / 'tiny-dense'}", "model.served_name=tiny-dense",
         f"vllm_args.block-size={block}", "benchmark.concurrency=[2]", "accuracy.enabled=false",
         f"benchmark.agentic={{trace: {trace}, block_size: {block}, aiperf: {aiperf}, "
-        "drain_poll_s: 0.5}"), cwd=tmp_path, capture_output=True, text=True, timeout=900)
+        f"tokenizer: {tok}, drain_poll_s: 0.5}}"), cwd=tmp_path, capture_output=True, text=True, timeout=900)
     run = only_run(tmp_path / "runs")
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     (point,) = load_results(run)

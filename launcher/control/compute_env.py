@@ -43,10 +43,13 @@ COMPUTE_PACKAGES = (
     "submitit", "pydantic", "pyyaml", "prometheus-client", "psutil", "nvidia-ml-py",
     "aiohttp", "rich", "vllm-router", "pyarrow",
 )  # fmt: skip
-# manylinux tags pip may take for each arch (newest first).
+# manylinux tags pip may take for each arch (newest first); then linux_<arch>, the tag of a
+# wheel built by hand on such a host (the package index takes none of those)
 PLATFORMS = {
-    "x86_64": ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"],
-    "aarch64": ["manylinux_2_28_aarch64", "manylinux_2_17_aarch64", "manylinux2014_aarch64"],
+    "x86_64": ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
+               "linux_x86_64"],
+    "aarch64": ["manylinux_2_28_aarch64", "manylinux_2_17_aarch64", "manylinux2014_aarch64",
+                "linux_aarch64"],
 }
 
 
