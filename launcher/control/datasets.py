@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 
 from launcher.errors import UserError
-from launcher.schema.sections import AGENTIC_CORPORA
+from launcher.schema.sections import AGENTIC_CORPORA, AIPERF_VERSION
 
 STAGED = ".pd-datasets"
 MAX_LINES = 5_000_000
@@ -115,7 +115,8 @@ def check(recipe, cluster) -> tuple[str | None, str | None]:
     ag = recipe.benchmark.agentic
     if ag is None:
         return None, None
-    hint = f"python -m launcher stage-dataset {ag.trace} --cluster {cluster.name}"
+    # the profile as the recipe names it (a path for a profile of one's own)
+    hint = f"python -m launcher stage-dataset {ag.trace} --cluster {recipe.cluster}"
     if ag.corpus:
         repo = AGENTIC_CORPORA[ag.corpus][1]
         if not cluster.models.hf_home:
@@ -169,23 +170,33 @@ def context_of(recipe) -> tuple[int, str] | None:
     return mean, f"the trace's mean session context, {len(sessions):,} sessions"
 
 
-def aiperf_check(recipe, cluster) -> tuple[str | None, str | None]:
-    """(a blocker, a note) about the aiperf an agentic run calls: on a profile whose nodes
-    are this host (the local profile, the dev cluster) it must be here; elsewhere it is the
-    router node's, not seen from here."""
+def aiperf_check(plan) -> tuple[str | None, str | None]:
+    """(a blocker, a note) about the aiperf an agentic run calls: the staged one must be
+    on the shared filesystem (`env prepare --aiperf`); one the recipe names, or PATH's, is
+    checked where the nodes are this host (the local profile, the dev cluster), elsewhere
+    it is the router node's, not seen from here."""
+    from launcher.control import compute_env
     from launcher.planning.schedulers import shares_one_host
 
-    ag = recipe.benchmark.agentic
+    ag = plan.recipe.benchmark.agentic
     if ag is None:
         return None, None
+    cluster = plan.cluster
+    if plan.staged_aiperf:
+        if not compute_env.aiperf_staged(plan.runtime):
+            return (f"AIPerf {AIPERF_VERSION} is not staged for {cluster.name}'s nodes "
+                    f"({plan.runtime.arch}, Python {plan.runtime.python_version}): python -m "
+                    f"launcher env prepare --cluster {plan.recipe.cluster} --aiperf"), None
+        return None, (f"{plan.aiperf} (AIPerf {AIPERF_VERSION} staged in "
+                      f"{plan.staged_aiperf}; the job builds its venv from the wheels once)")
     if not shares_one_host(cluster):
-        return None, (f"{ag.aiperf} on the router's node (its environment is the site's, not "
-                      "checked from here: docs/agentic.md)")
-    exe = shutil.which(ag.aiperf)
+        return None, (f"{plan.aiperf} on the router's node (its environment is the site's, "
+                      "not checked from here: docs/agentic.md)")
+    exe = shutil.which(plan.aiperf)
     if exe is None:
-        return (f"benchmark.agentic.aiperf {ag.aiperf} is not a command on this host: install "
-                "AIPerf 0.13.0 in an environment of its own (bash tests/aiperf/setup.sh makes "
-                "one) and name its aiperf"), None
+        return (f"benchmark.agentic.aiperf {plan.aiperf} is not a command on this host: "
+                f"install AIPerf {AIPERF_VERSION} in an environment of its own (bash "
+                "tests/aiperf/setup.sh makes one) and name its aiperf"), None
     found = sorted(Path(exe).resolve().parent.parent.glob(
         "lib/python*/site-packages/aiperf-*.dist-info"))
     version = found[-1].name.removeprefix("aiperf-").removesuffix(".dist-info") if found else None

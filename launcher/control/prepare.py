@@ -502,8 +502,8 @@ def find_blockers(runs: list[Prepared]) -> list[Prepared]:
     for p in runs:
         refuse, _ = staging.check(p.plan.recipe, p.plan.cluster)
         p.blockers = [refuse] if refuse else []
-        for check in (datasets.check, datasets.aiperf_check):
-            blocker, _ = check(p.plan.recipe, p.plan.cluster)
+        for blocker in (datasets.check(p.plan.recipe, p.plan.cluster)[0],
+                        datasets.aiperf_check(p.plan)[0]):
             p.blockers += [blocker] if blocker else []
         p.blockers += ucx.ucx_lines(p.plan)[1]
         p.blockers += setup_script_lines(p)[1]

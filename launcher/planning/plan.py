@@ -16,7 +16,7 @@ from launcher.run import lengths
 from launcher.run.vocab import Role
 from launcher.schema.cluster import Cluster
 from launcher.schema.recipe import Recipe
-from launcher.schema.sections import Pool, flag_key
+from launcher.schema.sections import AIPERF_VERSION, Pool, flag_key
 
 if TYPE_CHECKING:
     from launcher.planning.kv import ModelFacts
@@ -86,6 +86,14 @@ class Runtime:
     @property
     def bootstrap(self) -> str | None:
         return f"{self.env}/bootstrap.sh" if self.env else None
+
+    @property
+    def aiperf_env(self) -> str | None:
+        """Shared mode: the AIPerf environment `env prepare --aiperf` stages beside the
+        launcher's (its wheels; the job builds its venv once, as the launcher's)."""
+        if not self.env:
+            return None
+        return f"{Path(self.env).parent}/aiperf-{AIPERF_VERSION}-{self.arch}-py{self.python_version}"
 
 
 LOCAL_RUNTIME = Runtime("submitter", "python", "", None, "any", "")
@@ -192,6 +200,21 @@ class Plan:
     @property
     def router_url(self) -> str:
         return self.url(self.router_node, self.router_port)
+
+    @property
+    def staged_aiperf(self) -> str | None:
+        """The staged AIPerf environment an agentic run uses (it names no aiperf of its
+        own and its profile's compute environment is shared), else None."""
+        ag = self.recipe.benchmark.agentic
+        return self.runtime.aiperf_env if ag is not None and ag.aiperf is None else None
+
+    @property
+    def aiperf(self) -> str:
+        """The aiperf command of an agentic run: the recipe's, the staged one, or PATH's."""
+        ag = self.recipe.benchmark.agentic
+        if ag is not None and ag.aiperf:
+            return ag.aiperf
+        return f"{self.staged_aiperf}/venv/bin/aiperf" if self.staged_aiperf else "aiperf"
 
     def gpu_count(self) -> dict[str, int]:
         counts = {str(r): 0 for r in Role}

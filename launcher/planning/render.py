@@ -422,7 +422,7 @@ def agentic_process(plan: Plan, c: int) -> Process:
                and not plan.cluster.models.internet else {})
     name = f"bench-c{c}"
     result = run.bench_result(c)
-    argv = [*launcher_cmd(plan, AGENTIC_MODULE, False), "--aiperf", ag.aiperf,
+    argv = [*launcher_cmd(plan, AGENTIC_MODULE, False), "--aiperf", plan.aiperf,
             "--url", plan.router_url, "--model", r.model.name,
             *option("--tokenizer", ag.tokenizer or r.model.path), *trace,
             "--sessions", str(c)]

@@ -266,11 +266,14 @@ class Slurm:
 
     def setup_lines(self, plan: Plan) -> list[str]:
         """Lines the batch script runs before the orchestrator: build (once) and use the
-        shared compute environment."""
+        shared compute environment, and AIPerf's for an agentic run that uses the staged one."""
         rt = plan.runtime
         if rt.mode != "shared" or not rt.bootstrap:
             return []
-        return [f"bash {shlex.quote(rt.bootstrap)}", f"export PYTHONPATH={shlex.quote(rt.src)}"]
+        aiperf = [f"bash {shlex.quote(plan.staged_aiperf + '/bootstrap.sh')}"] \
+            if plan.staged_aiperf else []
+        return [f"bash {shlex.quote(rt.bootstrap)}", *aiperf,
+                f"export PYTHONPATH={shlex.quote(rt.src)}"]
 
     def job_command(self, plan: Plan, job_dir: str) -> str:
         """The batch script's one command: the launcher's own `run` on the run directory (a

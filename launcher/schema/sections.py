@@ -488,6 +488,10 @@ class CustomBenchmark(Strict):
 # AIPerf 0.13.0's public session corpora (its plugins.yaml, public_dataset_loader entries):
 # the name a recipe gives -> (the --public-dataset spelling its CLI takes, the Hugging Face
 # dataset it downloads). docs/agentic.md.
+# The AIPerf `env prepare --aiperf` stages for the nodes (docs/agentic.md); its metadata
+# asks Python >=3.11,<3.14
+AIPERF_VERSION = "0.13.0"
+AIPERF_PYTHONS = ("3.11", "3.12", "3.13")
 AGENTIC_CORPORA = {
     "semianalysis_cc_traces_weka": ("semianalysis-cc-traces-weka",
                                     "semianalysisai/cc-traces-weka-no-subagents-051826"),
@@ -574,10 +578,12 @@ class AgenticBenchmark(Strict):
         default="X-Session-ID", pattern=r"^[A-Za-z][A-Za-z0-9-]{0,63}$",
         description="the header AIPerf carries each session's id in (--session-header); "
         "vllm-router's consistent_hash keys a session on it")
-    aiperf: str = Field(
-        default="aiperf", max_length=4096,
-        description="the aiperf command on the router's node (its own environment: "
-        "tests/aiperf/setup.sh makes one)")
+    aiperf: str | None = Field(
+        default=None, max_length=4096,
+        description="the aiperf command on the router's node; none: AIPerf "
+        f"{AIPERF_VERSION} as `python -m launcher env prepare --cluster PROFILE --aiperf` "
+        "staged it on the shared filesystem (a profile whose compute_env.mode is shared), "
+        "else the aiperf on PATH")
     drain_poll_s: float = Field(
         default=10.0, gt=0, le=600,
         description="after a point, every engine is polled this often until it holds no "
