@@ -382,3 +382,78 @@ def point_health(points: list[dict], ss: derive.SeriesSet | None,
                     "sources": src, "compute_per_token_s": comp,
                     "verdicts": verdicts(h, src, comp, th)})
     return out
+
+
+# --- what the dashboard and the report draw ---------------------------------------------------
+
+
+def sources_long(health: list[dict]) -> pd.DataFrame:
+    """point, concurrency, role, source (its title), tokens, share of the role's prompt
+    tokens, order: tokens by source per point and role, for stacked bars."""
+    rows = []
+    for h in health:
+        src = h["sources"]
+        for role, g in src.groupby("role", sort=False):
+            total = float(g["total"].sum())
+            for k, s in enumerate(SOURCES):
+                v = float(g[s].sum())
+                if v > 0:
+                    rows.append({"point": h["point"], "concurrency": h["concurrency"],
+                                 "role": role, "source": SOURCE_TITLES[s], "tokens": v,
+                                 "share": v / total if total > 0 else float("nan"),
+                                 "order": k})
+    return pd.DataFrame(rows, columns=["point", "concurrency", "role", "source", "tokens",
+                                       "share", "order"])
+
+
+def health_rows(health: list[dict]) -> pd.DataFrame:
+    """One row per point: the store's, the offload's and the master's figures that matter,
+    in display units (GiB, ms, fractions); absent figures are NaN."""
+    rows = []
+    for h in health:
+        x = h["health"]
+
+        def g(k: str, scale: float = 1.0, x: dict = x) -> float:
+            v = x.get(k)
+            return float(v) * scale if isinstance(v, (int, float)) else float("nan")
+
+        rows.append({
+            "point": h["point"],
+            "get_gib": g("load_get_bytes", 2.0**-30), "get_ms": g("load_get_mean_s", 1e3),
+            "put_gib": g("save_put_bytes", 2.0**-30), "put_ms": g("save_put_mean_s", 1e3),
+            "lookup_ms": g("lookup_exists_mean_s", 1e3),
+            "failed_keys": sum(v for k, v in x.items() if k.endswith("_failed_keys")
+                               and v == v) if any(k.endswith("_failed_keys") for k in x)
+            else float("nan"),
+            "offload_out_gib": g("offload_gpu_to_cpu_bytes", 2.0**-30),
+            "offload_in_gib": g("offload_cpu_to_gpu_bytes", 2.0**-30),
+            "used_max": g("master_used_max"), "watermark": g("master_watermark"),
+            "capacity_gib": g("master_capacity_bytes", 2.0**-30),
+            "keys_max": g("master_keys_max"), "evicted_keys": g("master_evicted_keys"),
+            "puts_refused": g("master_puts_refused"),
+            "load_ms_per_token": (g("load_get_time_s", 1e3) / float(h["sources"]["store_hit"]
+                                                                      .sum())
+                                  if len(h["sources"]) and h["sources"]["store_hit"].sum() > 0
+                                  else float("nan")),
+            "compute_ms_per_token": h["compute_per_token_s"] * 1e3,
+        })
+    return pd.DataFrame(rows)
+
+
+HEALTH_TITLES = {
+    "get_gib": "store get GiB", "get_ms": "get ms/call", "put_gib": "store put GiB",
+    "put_ms": "put ms/call", "lookup_ms": "lookup ms/call", "failed_keys": "failed keys",
+    "offload_out_gib": "offload GPU→CPU GiB", "offload_in_gib": "offload CPU→GPU GiB",
+    "used_max": "master used (peak)", "watermark": "eviction watermark",
+    "capacity_gib": "master capacity GiB", "keys_max": "keys (peak)",
+    "evicted_keys": "evicted keys", "puts_refused": "puts refused",
+    "load_ms_per_token": "store ms per hit token",
+    "compute_ms_per_token": "prefill ms per computed token",
+}
+
+
+def any_tier_data(health: list[dict]) -> bool:
+    """Whether the run shows a store, an offload tier or a master at all."""
+    return any(v == v for h in health for v in h["health"].values()) or any(
+        len(h["sources"]) and (h["sources"][["store_hit", "offload_hit"]].to_numpy().sum() > 0)
+        for h in health)
