@@ -446,10 +446,16 @@ def hit_rate_vs_sessions(df: pd.DataFrame) -> alt.Chart:
     ).properties(title="Prefill prefix-cache hit rate vs live sessions", height=260)
 
 
-SOURCE_COLORS = alt.Scale(  # launcher.analysis.kv_tiers.SOURCE_TITLES, in its order
-    domain=["local prefix-cache hit", "P→D handoff", "KV store hit", "CPU offload hit",
-            "external, not split", "computed"],
-    range=["#54a24b", "#f58518", "#4c78a8", "#72b7b2", "#bab0ac", "#e45756"])
+SOURCE_COLORS = {  # launcher.analysis.kv_tiers.SOURCE_TITLES, in its order
+    "local prefix-cache hit": "#54a24b", "P→D handoff": "#f58518", "KV store hit": "#4c78a8",
+    "CPU offload hit": "#72b7b2", "external, not split": "#bab0ac", "computed": "#e45756"}
+
+
+def source_scale(shown) -> alt.Scale:
+    """The sources' fixed colours, for the sources a chart shows (its legend lists no
+    other)."""
+    domain = [s for s in SOURCE_COLORS if s in set(shown)]
+    return alt.Scale(domain=domain, range=[SOURCE_COLORS[s] for s in domain])
 
 
 def tokens_by_source(df: pd.DataFrame, role: str) -> alt.Chart:
@@ -459,7 +465,7 @@ def tokens_by_source(df: pd.DataFrame, role: str) -> alt.Chart:
         y=alt.Y("point:N", sort=None, title="sweep point"),
         x=alt.X("share:Q", title="share of prompt tokens", stack="zero",
                 axis=alt.Axis(format=".0%"), scale=alt.Scale(domain=[0, 1])),
-        color=alt.Color("source:N", scale=SOURCE_COLORS, title="came from",
+        color=alt.Color("source:N", scale=source_scale(df["source"]), title="came from",
                         legend=alt.Legend(orient="bottom", columns=3, labelLimit=240)),
         order=alt.Order("order:Q"),
         tooltip=["point:N", "source:N", alt.Tooltip("tokens:Q", format=",.0f"),
@@ -475,11 +481,12 @@ def reuse_vs_theoretical(df: pd.DataFrame) -> alt.Chart:
                           ("store_hit_share", "KV store hit", 2),
                           ("offload_hit_share", "CPU offload hit", 3)):
         parts.append(df[["point"]].assign(source=title, share=df[key].fillna(0.0), order=k))
-    bars = alt.Chart(pd.concat(parts, ignore_index=True)).mark_bar().encode(
+    hits = pd.concat(parts, ignore_index=True)
+    bars = alt.Chart(hits).mark_bar().encode(
         y=alt.Y("point:N", sort=None, title="sweep point"),
         x=alt.X("share:Q", title="share of prompt tokens served from a cache", stack="zero",
                 axis=alt.Axis(format=".0%"), scale=alt.Scale(domain=[0, 1])),
-        color=alt.Color("source:N", scale=SOURCE_COLORS, title="hit in",
+        color=alt.Color("source:N", scale=source_scale(hits["source"]), title="hit in",
                         legend=alt.Legend(orient="bottom")),
         order=alt.Order("order:Q"),
         tooltip=["point:N", "source:N", alt.Tooltip("share:Q", format=".1%")])

@@ -64,7 +64,10 @@ def body(info) -> None:  # the run as re-read at each live refresh
                             index=len(health) - 1, key="tiers_point")
         src = next(h["sources"] for h in health if h["point"] == pick)
         show = src[["engine_key", "role", *kv_tiers.SOURCES, "total"]]
-        ui.table(show.rename(columns=kv_tiers.SOURCE_TITLES | {"engine_key": "engine"}))
+        ui.table(show, column_config={"engine_key": "engine", **{
+            c: st.column_config.NumberColumn(kv_tiers.SOURCE_TITLES.get(c, c), format="%.0f")
+            for c in (*kv_tiers.SOURCES, "total")}})
+        st.caption("Prompt tokens per engine over the chosen point's window.")
 
     st.subheader("Hits against the trace's theoretical hit rate")
     reuse = data["reuse"]
@@ -73,8 +76,11 @@ def body(info) -> None:  # the run as re-read at each live refresh
     else:
         ui.altair(charts.reuse_vs_theoretical(reuse))
         role = reuse["role"].iloc[0]
-        st.caption(f"On the {role} engines (the first to see each prompt). The tick is the "
-                   "trace's theoretical hit rate (an unbounded cache; agentic traces only).")
+        theo = ("The tick is the trace's theoretical hit rate (an unbounded cache)."
+                if reuse["theoretical"].notna().any() else
+                "This run replayed no agentic trace, so there is no theoretical hit rate to "
+                "set them against.")
+        st.caption(f"On the {role} engines (the first to see each prompt). {theo}")
 
     st.subheader("KV store and master health")
     rows = data["rows"]
@@ -84,10 +90,15 @@ def body(info) -> None:  # the run as re-read at each live refresh
                 "vllm:kv_offload_* series and no mooncake_master scraped.")
         return
     pct = {"used_max", "watermark"}
-    cfg = {c: st.column_config.NumberColumn(kv_tiers.HEALTH_TITLES.get(c, c),
-                                            format="percent" if c in pct else "%.3g")
-           for c in shown.columns if c != "point"}
-    ui.table(shown, column_config=cfg)
+    for title, cols in kv_tiers.HEALTH_GROUPS:
+        cols = [c for c in cols if c in shown.columns]
+        if not cols:
+            continue
+        st.markdown(f"**{title}**")
+        ui.table(shown[["point", *cols]], column_config={
+            c: st.column_config.NumberColumn(kv_tiers.HEALTH_TITLES.get(c, c),
+                                             format="percent" if c in pct else "%.3g")
+            for c in cols})
     st.caption("Per sweep point: the engines' vllm:mooncake_store_operation_* (get = "
                "load_get, put = save_put), vllm:kv_offload_* (the flat 0.33 names, else the "
                "deprecated ones, never both), and the master's admin /metrics "

@@ -452,6 +452,17 @@ HEALTH_TITLES = {
 }
 
 
+# the health table in parts that fit a page's width
+HEALTH_GROUPS = (
+    ("The store's operations", ("get_gib", "get_ms", "put_gib", "put_ms", "lookup_ms",
+                                "failed_keys")),
+    ("Loading against recomputing, offload traffic", (
+        "load_ms_per_token", "compute_ms_per_token", "offload_out_gib", "offload_in_gib")),
+    ("The master", ("used_max", "watermark", "capacity_gib", "keys_max", "evicted_keys",
+                    "puts_refused")),
+)
+
+
 def any_tier_data(health: list[dict]) -> bool:
     """Whether the run shows a store, an offload tier or a master at all."""
     return any(v == v for h in health for v in h["health"].values()) or any(
