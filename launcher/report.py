@@ -362,8 +362,7 @@ def kv_tiers(rd: RunDir) -> str:
         out.append("<ul>" + "".join(
             f"<li><b>{esc(p)}</b> · {esc(t)}<ul>" + "".join(f"<li>{esc(e)}</li>" for e in ev)
             + "</ul></li>" for p, t, ev in items) + "</ul>" if items else
-            '<p class="note">The store was never full, never evicted, failed no key and '
-            "loaded faster than the prefill recomputes, at every sweep point.</p>")
+            f'<p class="note">{esc(kv_tiers.healthy_sentence(health))}</p>')
     return "".join(out)
 
 

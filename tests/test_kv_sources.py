@@ -183,3 +183,15 @@ def test_the_watermark_is_the_masters_last_flag_or_its_default():
                                     "--eviction_high_watermark_ratio", "0.8"])) == 0.8
     assert kv_tiers.watermark(plan(["mooncake_master"])) == 0.9
     assert kv_tiers.watermark(None) == 0.9
+
+
+def test_a_store_without_verdicts_is_said_healthy_in_only_what_was_measured():
+    """No hit served: the sentence does not claim the store was faster than recomputing."""
+    ss = frame({"prefill-0@n1": PREFILL + STORE})
+    health = [{"point": "c=1", "health": kv_tiers.store_health(ss, T0, T1),
+               "sources": kv_tiers.engine_sources(ss, T0, T1)}]
+    health[0]["health"] = {k: v for k, v in health[0]["health"].items()  # none failed
+                           if not k.endswith("_failed_keys")}
+    assert kv_tiers.healthy_sentence(health) == (
+        "At every sweep point the store failed no key and served no hit (nothing to compare "
+        "with recomputing).")

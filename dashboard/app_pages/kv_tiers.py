@@ -109,8 +109,7 @@ def body(info) -> None:  # the run as re-read at each live refresh
     if items:
         ui.verdict_list(items)
     else:
-        st.success("The store was never full, never evicted, failed no key and loaded "
-                   "faster than the prefill recomputes, at every sweep point.")
+        st.success(kv_tiers.healthy_sentence(health))
 
 
 ui.live(info, body)

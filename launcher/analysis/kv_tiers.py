@@ -452,6 +452,20 @@ HEALTH_TITLES = {
 }
 
 
+def healthy_sentence(health: list[dict]) -> str:
+    """What a store without verdicts did, in one sentence: only what was measured."""
+    hits = sum(float(h["sources"][["store_hit", "offload_hit"]].to_numpy().sum())
+               for h in health if len(h["sources"]))
+    caps = [h["health"].get("master_capacity_bytes") for h in health]
+    master = any(isinstance(c, float) and c == c for c in caps)
+    said = ["failed no key"]
+    if master:
+        said.insert(0, "was never full, never evicted")
+    said.append("loaded its hits faster than the prefill recomputes" if hits > 0 else
+                "served no hit (nothing to compare with recomputing)")
+    return "At every sweep point the store " + ", ".join(said[:-1]) + " and " + said[-1] + "."
+
+
 # the health table in parts that fit a page's width
 HEALTH_GROUPS = (
     ("The store's operations", ("get_gib", "get_ms", "put_gib", "put_ms", "lookup_ms",
