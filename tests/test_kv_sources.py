@@ -113,6 +113,18 @@ def test_without_the_tier_counter_external_tokens_are_a_handoff_only_where_no_ti
     assert with_store["split"] == "none"
 
 
+def test_a_vllm_without_the_by_source_counters_is_read_from_its_prefix_cache_counters():
+    """vllm:prefix_cache_queries / hits and vllm:external_prefix_cache_hits: the decode
+    fixture's 1,302,528 queried tokens are 1,302,369 external (the handoff: no tier runs)
+    and 159 computed, as its by-source counter says."""
+    old = "\n".join(x for x in DECODE.splitlines() if "by_source" not in x)
+    got = kv_tiers.engine_sources(frame({"decode-0@n1": old}), T0, T1, tiers=False)
+    d0 = by_engine(got)["decode-0/e0"]
+    assert (d0["handoff"], d0["computed"], d0["local_hit"]) == (1302369, 159, 0)
+    with_tier = kv_tiers.engine_sources(frame({"decode-0@n1": old}), T0, T1, tiers=True)
+    assert by_engine(with_tier)["decode-0/e0"]["external"] == 1302369
+
+
 def test_store_traffic_and_offload_bytes_each_way_count_once_under_either_name():
     h = kv_tiers.store_health(frame({"prefill-0@n1": STORE}), T0, T1)
     assert h["load_get_bytes"] == 1.3631488e9 + 1.440743424e9

@@ -48,6 +48,12 @@ BY_SOURCE = {"local_compute": "computed", "local_cache_hit": "local_hit",
              "external_kv_transfer": "external"}
 
 BY_SOURCE_NAME = "vllm:prompt_tokens_by_source_total"
+# (name, our sources it adds to, sign): computed = queries - hits - external hits
+PREFIX_COUNTERS = (("vllm:prefix_cache_queries_total", ("computed",), 1.0),
+                   ("vllm:prefix_cache_hits_total", ("local_hit",), 1.0),
+                   ("vllm:prefix_cache_hits_total", ("computed",), -1.0),
+                   ("vllm:external_prefix_cache_hits_total", ("external",), 1.0),
+                   ("vllm:external_prefix_cache_hits_total", ("computed",), -1.0))
 CACHED_NAME = "vllm:prompt_tokens_cached_by_source_total"
 STORE_OP = "vllm:mooncake_store_operation"
 OPERATIONS = ("load_get", "save_put", "lookup_exists", "save_exists")
@@ -115,6 +121,15 @@ def _by_label(ss: derive.SeriesSet, name: str, key: str, a: float, b: float) -> 
     return out.reset_index(drop=True)
 
 
+def _totals(ss: derive.SeriesSet, name: str, a: float, b: float) -> pd.DataFrame:
+    """Counter increase over [a, b] per engine."""
+    sel = ss.select(name)
+    out = sel[["engine_key", "endpoint", "engine", "role"]].copy()
+    out["tokens"] = ss.increase(sel.index, a, b) if len(sel) else []
+    return out.groupby(["engine_key", "endpoint", "engine", "role"], as_index=False,
+                       observed=True)["tokens"].sum()
+
+
 def engine_sources(ss: derive.SeriesSet | None, a: float, b: float,
                    tiers: bool = True) -> pd.DataFrame:
     """Per engine over [a, b]: prompt tokens by where they came from (SOURCES), their total
@@ -137,6 +152,15 @@ def engine_sources(ss: derive.SeriesSet | None, a: float, b: float,
         ours = BY_SOURCE.get(r.label)
         if ours is not None:
             row(r)[ours] += float(r.tokens)
+    # A vLLM without the by-source counter: the prefix-cache counters say the same of new
+    # requests (queries = the prompt, hits = local, external hits = from a connector)
+    counted = set(rows)
+    for name, ours, sign in PREFIX_COUNTERS:
+        for r in _totals(ss, name, a, b).itertuples():
+            if r.engine_key not in counted:
+                row(r)
+                for o in ours:
+                    rows[r.engine_key][o] += sign * float(r.tokens)
     tier = {}  # engine_key -> {our tier: tokens vLLM attributed to it}
     for r in cached.itertuples():
         ours = CACHED_SOURCE.get(r.label)
@@ -160,6 +184,7 @@ def engine_sources(ss: derive.SeriesSet | None, a: float, b: float,
             d["handoff"], d["external"], d["split"] = d["external"], 0.0, "handoff"
         else:
             d["split"] = "none"
+        d["computed"] = max(d["computed"], 0.0)
         d["total"] = sum(d[s] for s in SOURCES)
     out = pd.DataFrame(list(rows.values()), columns=cols)
     return out.sort_values("engine_key", key=lambda s: s.map(derive._natural)

@@ -77,6 +77,9 @@ TTFT_NAMES = (
 TIER_NAMES = (
     "vllm:prompt_tokens_by_source_total",
     "vllm:prompt_tokens_cached_by_source_total",
+    # a vLLM without the two: the prefix-cache counters of new requests
+    "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+    "vllm:external_prefix_cache_hits_total",
     "vllm:request_prefill_time_seconds_sum",
     *(f"vllm:mooncake_store_operation_{s}" for s in (
         "total", "keys_total", "bytes_total", "failed_keys_total", "time_seconds_sum",
