@@ -7,6 +7,8 @@ binary). Each sample goes through the scraper's parser, as the telemetry agent s
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -66,7 +68,9 @@ def test_the_parser_keeps_the_store_and_master_names_and_drops_created_series():
     from launcher.analysis import load
 
     engine = {s.name for s in scrape.parse_metrics(DECODE)}
-    assert set(load.TIER_NAMES) <= names | engine
+    # a counter vLLM writes once it counts (allocation failures) is declared, with no sample
+    declared = set(re.findall(r"^# TYPE (\S+) counter", STORE, re.M))
+    assert set(load.TIER_NAMES) <= names | engine | declared
 
 
 def test_a_p_to_d_handoff_is_told_from_a_local_hit_and_from_computed_tokens():
@@ -135,6 +139,17 @@ def test_store_traffic_and_offload_bytes_each_way_count_once_under_either_name()
     gpu_to_cpu = 3.537895424e9 + 3.670016e9
     assert h["offload_gpu_to_cpu_bytes"] == gpu_to_cpu
     assert h["offload_cpu_to_gpu_bytes"] == 1.33169152e9 + 1.539309568e9
+    # p90 of the gets: the fixture's buckets, both engines summed
+    les, counts = [], []
+    for smp in scrape.parse_metrics(STORE):
+        if smp.name.endswith("time_seconds_bucket") and '"load_get"' in smp.labels:
+            les.append(json.loads(smp.labels)["le"])
+            counts.append(smp.value)
+    per_le = pd.Series(counts).groupby(les).sum()
+    assert h["load_get_p90_s"] == pytest.approx(derive.hist_quantile(
+        list(per_le.index), per_le.to_numpy(), 0.9))
+    assert 0.01 < h["load_get_p90_s"] < 0.05  # gets of 2-40 ms
+    assert math.isnan(h["offload_refused"])  # vLLM writes it once it counts a failure
     deprecated_only = "\n".join(x for x in STORE.splitlines()
                                 if not re.match(r"vllm:kv_offload_(load|store)_", x))
     h2 = kv_tiers.store_health(frame({"prefill-0@n1": deprecated_only}), T0, T1)
@@ -184,6 +199,19 @@ def test_a_store_slower_than_recomputing_is_named_and_a_faster_one_is_not():
     assert "store-slow" not in {k for k, _, _ in kv_tiers.verdicts(h, src, compute)}
     strict = Thresholds(store_slower=10.0**-6)
     assert "store-slow" in {k for k, _, _ in kv_tiers.verdicts(h, src, compute, strict)}
+
+
+def test_a_cpu_tier_without_room_is_named_full():
+    """vllm:kv_offload_allocation_failure (the offloading scheduler counts a store that
+    prepare_store could not place): its sample as PrometheusStatLogger labels it."""
+    failed = ('vllm:kv_offload_allocation_failure_total{engine="0",model_name='
+              '"nvidia/Qwen3.5-397B-A17B-NVFP4"} 12.0\n')
+    h = kv_tiers.store_health(frame({"prefill-0@n1": STORE + failed}), T0, T1)
+    found = {k: ev for k, _, ev in kv_tiers.verdicts(
+        h, pd.DataFrame(columns=list(kv_tiers.SOURCES)), float("nan"))}
+    assert found["offload-full"] == ["12 offload stores found no room in the CPU tier "
+                                     "(vllm:kv_offload_allocation_failure): what the GPU "
+                                     "evicts is lost"]
 
 
 def test_the_watermark_is_the_masters_last_flag_or_its_default():

@@ -71,6 +71,7 @@ VERDICTS = {
     "store-slow": "KV store slower than recomputing",
     "offload-slow": "CPU offload slower than recomputing",
     "store-failing": "KV store failing keys",
+    "offload-full": "CPU offload full: stores refused",
 }
 
 
@@ -246,6 +247,17 @@ def _total(ss: derive.SeriesSet, name: str, a: float, b: float, **labels: str) -
     return float(ss.increase(ids, a, b).sum()) if len(ids) else float("nan")
 
 
+def _quantile(ss: derive.SeriesSet, name: str, a: float, b: float, q: float,
+              **labels: str) -> float:
+    """A histogram's quantile over [a, b], its buckets summed over engines and statuses."""
+    ids = ss.select(name, **labels).index
+    if len(ids) == 0:
+        return float("nan")
+    per_le = pd.Series(ss.increase(ids, a, b)).groupby(
+        np.array(ss.label_values(ids, "le"))).sum()
+    return derive.hist_quantile(list(per_le.index), per_le.to_numpy(), q)
+
+
 def _gauge_max(ss: derive.SeriesSet, name: str, a: float, b: float) -> float:
     ids = ss.select(name).index
     if len(ids) == 0:
@@ -292,6 +304,8 @@ def store_health(ss: derive.SeriesSet | None, a: float, b: float,
                                      status="error")
         out[f"{op}_time_s"] = t
         out[f"{op}_mean_s"] = t / n if n > 0 else float("nan")
+        out[f"{op}_p90_s"] = _quantile(ss, f"{STORE_OP}_time_seconds_bucket", a, b, 0.9,
+                                       operation=op)
     flat = any(len(ss.select(f"{base}_bytes_total")) for _, base, _ in OFFLOAD)
     for way, base, ttype in OFFLOAD:
         if flat:
@@ -302,6 +316,7 @@ def store_health(ss: derive.SeriesSet | None, a: float, b: float,
                                                  transfer_type=ttype)
             out[f"offload_{way}_s"] = _total(ss, "vllm:kv_offload_total_time_total", a, b,
                                              transfer_type=ttype)
+    out["offload_refused"] = _total(ss, "vllm:kv_offload_allocation_failure_total", a, b)
     out["master_capacity_bytes"] = _gauge_max(ss, "master_total_capacity_bytes", a, b)
     if not math.isnan(out["master_capacity_bytes"]):
         out["master_allocated_max_bytes"] = _gauge_max(ss, "master_allocated_bytes", a, b)
@@ -367,6 +382,10 @@ def verdicts(health: dict[str, float], sources: pd.DataFrame, compute_s: float,
         if fill:
             ev.append(fill)
         out.append(("store-evicting", VERDICTS["store-evicting"], ev))
+    if f("offload_refused") > 0:
+        out.append(("offload-full", VERDICTS["offload-full"], [
+            f"{f('offload_refused'):,.0f} offload stores found no room in the CPU tier "
+            "(vllm:kv_offload_allocation_failure): what the GPU evicts is lost"]))
     failed = sum(v for k, v in h.items() if k.endswith("_failed_keys") and v == v)
     if failed > 0:
         ev = [f"{h[k]:,.0f} failed keys in {k.removesuffix('_failed_keys')} "
@@ -445,6 +464,7 @@ def health_rows(health: list[dict]) -> pd.DataFrame:
         rows.append({
             "point": h["point"],
             "get_gib": g("load_get_bytes", 2.0**-30), "get_ms": g("load_get_mean_s", 1e3),
+            "get_p90_ms": g("load_get_p90_s", 1e3),
             "put_gib": g("save_put_bytes", 2.0**-30), "put_ms": g("save_put_mean_s", 1e3),
             "lookup_ms": g("lookup_exists_mean_s", 1e3),
             "failed_keys": sum(v for k, v in x.items() if k.endswith("_failed_keys")
@@ -452,6 +472,7 @@ def health_rows(health: list[dict]) -> pd.DataFrame:
             else float("nan"),
             "offload_out_gib": g("offload_gpu_to_cpu_bytes", 2.0**-30),
             "offload_in_gib": g("offload_cpu_to_gpu_bytes", 2.0**-30),
+            "offload_refused": g("offload_refused"),
             "used_max": g("master_used_max"), "watermark": g("master_watermark"),
             "capacity_gib": g("master_capacity_bytes", 2.0**-30),
             "keys_max": g("master_keys_max"), "evicted_keys": g("master_evicted_keys"),
@@ -466,9 +487,10 @@ def health_rows(health: list[dict]) -> pd.DataFrame:
 
 
 HEALTH_TITLES = {
-    "get_gib": "store get GiB", "get_ms": "get ms/call", "put_gib": "store put GiB",
+    "get_gib": "store get GiB", "get_ms": "get ms/call", "get_p90_ms": "get p90 ms", "put_gib": "store put GiB",
     "put_ms": "put ms/call", "lookup_ms": "lookup ms/call", "failed_keys": "failed keys",
     "offload_out_gib": "offload GPU→CPU GiB", "offload_in_gib": "offload CPU→GPU GiB",
+    "offload_refused": "offload stores refused",
     "used_max": "master used (peak)", "watermark": "eviction watermark",
     "capacity_gib": "master capacity GiB", "keys_max": "keys (peak)",
     "evicted_keys": "evicted keys", "puts_refused": "puts refused",
@@ -493,10 +515,11 @@ def healthy_sentence(health: list[dict]) -> str:
 
 # the health table in parts that fit a page's width
 HEALTH_GROUPS = (
-    ("The store's operations", ("get_gib", "get_ms", "put_gib", "put_ms", "lookup_ms",
-                                "failed_keys")),
+    ("The store's operations", ("get_gib", "get_ms", "get_p90_ms", "put_gib", "put_ms",
+                                "lookup_ms", "failed_keys")),
     ("Loading against recomputing, offload traffic", (
-        "load_ms_per_token", "compute_ms_per_token", "offload_out_gib", "offload_in_gib")),
+        "load_ms_per_token", "compute_ms_per_token", "offload_out_gib", "offload_in_gib",
+        "offload_refused")),
     ("The master", ("used_max", "watermark", "capacity_gib", "keys_max", "evicted_keys",
                     "puts_refused")),
 )

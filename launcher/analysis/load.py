@@ -83,11 +83,12 @@ TIER_NAMES = (
     "vllm:request_prefill_time_seconds_sum",
     *(f"vllm:mooncake_store_operation_{s}" for s in (
         "total", "keys_total", "bytes_total", "failed_keys_total", "time_seconds_sum",
-        "time_seconds_count")),
+        "time_seconds_count", "time_seconds_bucket")),
     *(f"vllm:kv_offload_{way}_{what}_total" for way in ("store", "load")
       for what in ("bytes", "time")),
     "vllm:kv_offload_total_bytes_total",  # the deprecated names (0.33 emits both)
     "vllm:kv_offload_total_time_total",
+    "vllm:kv_offload_allocation_failure_total",  # the CPU tier had no room for a store
     # mooncake_master's admin /metrics (tests/data/mooncake_master)
     "master_allocated_bytes", "master_total_capacity_bytes", "master_key_count",
     "master_evicted_key_count", "master_evicted_size_bytes",
