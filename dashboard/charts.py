@@ -446,6 +446,62 @@ def hit_rate_vs_sessions(df: pd.DataFrame) -> alt.Chart:
     ).properties(title="Prefill prefix-cache hit rate vs live sessions", height=260)
 
 
+SOURCE_COLORS = {  # launcher.analysis.kv_tiers.SOURCE_TITLES, in its order
+    "local prefix-cache hit": "#54a24b", "P→D handoff": "#f58518", "KV store hit": "#4c78a8",
+    "CPU offload hit": "#72b7b2", "external, not split": "#bab0ac", "computed": "#e45756"}
+
+
+def source_scale(shown) -> alt.Scale:
+    """The sources' fixed colours, for the sources a chart shows (its legend lists no
+    other)."""
+    domain = [s for s in SOURCE_COLORS if s in set(shown)]
+    return alt.Scale(domain=domain, range=[SOURCE_COLORS[s] for s in domain])
+
+
+def tokens_by_source(df: pd.DataFrame, role: str) -> alt.Chart:
+    """Stacked bars per sweep point, each the role's prompt tokens by where they came from
+    (df: point, source, tokens, share, order; kv_tiers.sources_long)."""
+    return alt.Chart(df).mark_bar().encode(
+        y=alt.Y("point:N", sort=None, title="sweep point"),
+        x=alt.X("share:Q", title="share of prompt tokens", stack="zero",
+                axis=alt.Axis(format=".0%"), scale=alt.Scale(domain=[0, 1])),
+        color=alt.Color("source:N", scale=source_scale(df["source"]), title="came from",
+                        legend=alt.Legend(orient="bottom", columns=3, labelLimit=240)),
+        order=alt.Order("order:Q"),
+        tooltip=["point:N", "source:N", alt.Tooltip("tokens:Q", format=",.0f"),
+                 alt.Tooltip("share:Q", format=".1%")],
+    ).properties(title=f"Prompt tokens by source, {role}", height=alt.Step(28))
+
+
+def reuse_vs_theoretical(df: pd.DataFrame) -> alt.Chart:
+    """Per point: local, store and offload hit shares stacked, and a black tick at the
+    trace's theoretical hit rate (df: kv_tiers.reuse's point, *_share, theoretical)."""
+    parts = []
+    for key, title, k in (("local_hit_share", "local prefix-cache hit", 0),
+                          ("store_hit_share", "KV store hit", 2),
+                          ("offload_hit_share", "CPU offload hit", 3)):
+        parts.append(df[["point"]].assign(source=title, share=df[key].fillna(0.0), order=k))
+    hits = pd.concat(parts, ignore_index=True)
+    bars = alt.Chart(hits).mark_bar().encode(
+        y=alt.Y("point:N", sort=None, title="sweep point"),
+        x=alt.X("share:Q", title="share of prompt tokens served from a cache", stack="zero",
+                axis=alt.Axis(format=".0%"), scale=alt.Scale(domain=[0, 1])),
+        color=alt.Color("source:N", scale=source_scale(hits["source"]), title="hit in",
+                        legend=alt.Legend(orient="bottom")),
+        order=alt.Order("order:Q"),
+        tooltip=["point:N", "source:N", alt.Tooltip("share:Q", format=".1%")])
+    theo = df.dropna(subset=["theoretical"])
+    if theo.empty:
+        return bars.properties(title="Prompt tokens served from a cache", height=alt.Step(28))
+    tick = alt.Chart(theo).mark_tick(color="black", thickness=2, size=22).encode(
+        y=alt.Y("point:N", sort=None), x="theoretical:Q",
+        tooltip=["point:N", alt.Tooltip("theoretical:Q", format=".1%",
+                                        title="the trace's theoretical hit rate")])
+    return (bars + tick).properties(
+        title="Hits against the trace's theoretical hit rate (black tick)",
+        height=alt.Step(28))
+
+
 def slo_frontier(df: pd.DataFrame, *, limit_ms: float, limit_text: str, metric: str,
                  color_title: str = "configuration") -> alt.Chart:
     """One limit of an SLO: every configuration's points (df: config, concurrency, value in

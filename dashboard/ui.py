@@ -38,6 +38,7 @@ PAGES = (  # (file, title, icon, url path); Material icons ship with Streamlit's
     ("app_pages/overview.py", "Overview", ":material/hub:", "overview"),
     ("app_pages/sweep.py", "Sweep", ":material/show_chart:", "sweep"),
     ("app_pages/kv_cache.py", "KV cache", ":material/memory:", "kv"),
+    ("app_pages/kv_tiers.py", "KV tiers", ":material/layers:", "kv-tiers"),
     ("app_pages/ttft.py", "TTFT breakdown", ":material/timer:", "ttft"),
     ("app_pages/gpus.py", "GPUs and hosts", ":material/developer_board:", "gpus"),
     ("app_pages/logs.py", "Logs", ":material/article:", "logs"),

@@ -300,6 +300,72 @@ def decode_endpoints(rd: RunDir) -> str:
             "peak KV use (its most used engine).</p>")
 
 
+def kv_tiers(rd: RunDir) -> str:
+    """Where each sweep point's prompt tokens came from (per role), the hits against the
+    trace's theoretical rate, the KV store's and its master's health and the store's
+    verdicts ('' without telemetry of prompt tokens; docs/kv-store.md)."""
+    try:
+        from launcher.analysis import derive, kv_tiers, load
+    except ImportError:  # the dashboard's pandas stack is not installed
+        return ""
+    try:
+        if not load.run_info(rd.path).has_telemetry:
+            return ""
+        plan = load.read_plan_safe(rd.path)[0]
+        ss = derive.SeriesSet(load.read_telemetry(rd.path, names=load.TIER_NAMES), plan)
+        points = load.load_bench(rd.path)
+        health = kv_tiers.point_health(points, ss, plan)
+        long = kv_tiers.sources_long(health)
+        reuse = kv_tiers.reuse(points, ss, plan)
+        rows_h = kv_tiers.health_rows(health)
+    except Exception:  # noqa: BLE001 - a report without this section beats no report
+        return ""
+    if long.empty:
+        return ""
+    titles = [kv_tiers.SOURCE_TITLES[s] for s in kv_tiers.SOURCES]
+    rows = []
+    for (point, role), g in long.groupby(["point", "role"], sort=False):
+        share = dict(zip(g["source"], g["share"], strict=True))
+        rows.append(f"<td>{esc(point)}</td><td>{esc(role)}</td>"
+                    + cell(float(g["tokens"].sum()), None)
+                    + "".join(cell(share.get(t, 0.0) * 100.0, None, 1) for t in titles))
+    out = ["<h2>KV tiers: where each prompt token came from</h2>",
+           table(["point", "role", "prompt tokens", *(f"{t} %" for t in titles)], rows),
+           '<p class="note">Over each point\'s window, from vllm:prompt_tokens_by_source with '
+           "the external tokens split by vllm:prompt_tokens_cached_by_source (p2p = the P→D "
+           "handoff, external_unspecified = the Mooncake store, host/disk = CPU offload; "
+           "docs/kv-store.md).</p>"]
+    if len(reuse) and reuse["theoretical"].notna().any():
+        rr = [f"<td>{esc(r['point'])}</td><td>{esc(r['role'])}</td>"
+              + cell(r["local_hit_share"] * 100.0, None, 1)
+              + cell(r["store_hit_share"] * 100.0, None, 1)
+              + cell(r["offload_hit_share"] * 100.0, None, 1)
+              + cell(r["achieved"] * 100.0, None, 1) + cell(r["theoretical"] * 100.0, None, 1)
+              for r in reuse.to_dict("records")]
+        out += ["<h3>Hits against the trace's theoretical hit rate</h3>",
+                table(["point", "on", "local hit %", "store hit %", "offload hit %",
+                       "all hits %", "the trace offers %"], rr)]
+    if kv_tiers.any_tier_data(health):
+        shown = rows_h.dropna(axis=1, how="all")
+        cols = [c for c in shown.columns if c != "point"]
+        pct = {"used_max", "watermark"}
+        hr = [f"<td>{esc(r['point'])}</td>"
+              + "".join(cell(r[c] * 100.0, None, 1) if c in pct else
+                        cell(r[c], None, 3 if c.endswith("_per_token") else 2
+                             if c.endswith(("_gib", "_ms")) else 0)
+                        for c in cols) for r in shown.to_dict("records")]
+        out += ["<h3>KV store and master health</h3>",
+                table(["point", *(kv_tiers.HEALTH_TITLES.get(c, c) + (" %" if c in pct else "")
+                                  for c in cols)], hr)]
+        items = [(h["point"], title, ev) for h in health for _, title, ev in h["verdicts"]]
+        out.append("<h3>Store verdicts</h3>")
+        out.append("<ul>" + "".join(
+            f"<li><b>{esc(p)}</b> · {esc(t)}<ul>" + "".join(f"<li>{esc(e)}</li>" for e in ev)
+            + "</ul></li>" for p, t, ev in items) + "</ul>" if items else
+            f'<p class="note">{esc(kv_tiers.healthy_sentence(health))}</p>')
+    return "".join(out)
+
+
 SPEC_KEYS = ("spec_acceptance_rate", "spec_mean_acceptance_length", "spec_per_position")
 
 
@@ -782,7 +848,7 @@ def render_run(path: Path) -> str:
             "<h2>TTFT vs concurrency</h2>",
             ttft_chart([("", PALETTE[0], s.get("points") or [])]),
             "<h2>Bottleneck per sweep point</h2>", bottlenecks(vmap, why),
-            decode_endpoints(rd),
+            decode_endpoints(rd), kv_tiers(rd),
             "<h2>Planned against measured, per sweep point</h2>", planned_table(rd)]
     cmp = comparison([(name, _plan(rd), s.get("points") or [])])
     if cmp is not None and cmp["matched"]:

@@ -75,6 +75,8 @@ class Scenario:
     gb200: bool = False               # GB200-scale speeds (gb200_speed), for published_study
     spec_tokens: int = 0              # MTP drafts per decode step (vllm:spec_decode_*)
     spec_accept: float = 0.75         # each draft position's acceptance, given the one before
+    kv_store: bool = False            # a Mooncake store on the prefills and its master:
+                                      # store hits, store ops and master figures (real names)
 
 
 # --- plan ----------------------------------------------------------------------------------
@@ -381,6 +383,8 @@ def engine_telemetry(sc: Scenario, plan: dict, tl: Timeline, models: list[PointM
                 {"source": "local_compute"}, counter(r * ISL))
             add(proc, engines, "vllm:prompt_tokens_by_source_total",
                 {"source": "local_cache_hit"}, counter(r * ISL * 0.02))
+            if sc.kv_store:
+                store_engine(add, proc, engines, r, counter, pidx, active, len(models))
             add(proc, engines, "vllm:generation_tokens_total", None, count)
             add(proc, engines, "vllm:nixl_num_kv_expired_reqs_total", None,
                 np.zeros((dp, n_t)))
@@ -410,6 +414,9 @@ def engine_telemetry(sc: Scenario, plan: dict, tl: Timeline, models: list[PointM
                 {"stage": "completed_waiting"}, np.round(wd * 0.1))
             add(proc, engines, "vllm:prompt_tokens_by_source_total",
                 {"source": "external_kv_transfer"}, counter(r * ISL))
+            if sc.kv_store:  # vLLM names NIXL's tokens p2p (docs/kv-store.md)
+                add(proc, engines, "vllm:prompt_tokens_cached_by_source_total",
+                    {"source": "p2p"}, counter(r * ISL))
             add(proc, engines, "vllm:prompt_tokens_by_source_total",
                 {"source": "local_compute"}, counter(r))
             add(proc, engines, "vllm:generation_tokens_total", None, counter(r * OSL))
@@ -442,6 +449,71 @@ def engine_telemetry(sc: Scenario, plan: dict, tl: Timeline, models: list[PointM
                 {"block_size": str(BLOCK_SIZE), "cache_dtype": "fp8", "enable_prefix_caching":
                  "False", "gpu_memory_utilization": "0.9", "num_gpu_blocks": str(blocks)},
                 np.ones((1, n_t)))
+
+
+STORE_SHARE = (0.2, 0.3, 0.4, 0.3)  # prompt tokens a prefill found in the store, per point
+STORE_KEY_BYTES = 2 << 20           # bytes of one stored block
+STORE_THEORETICAL = 0.45            # the hit rate the trace offers (an unbounded cache)
+
+
+def store_engine(add, proc: str, engines: list[str], r: np.ndarray, counter, pidx: np.ndarray,
+                 active: np.ndarray, n_points: int) -> None:
+    """A prefill with MooncakeStoreConnector: its store hits (vLLM counts them external and,
+    by tier, external_unspecified), its get and put operations, and at the top point gets
+    slow and some puts failing."""
+    share = np.where(active, np.array(STORE_SHARE)[pidx % len(STORE_SHARE)], 0.0)
+    top = active & (pidx == n_points - 1)
+    hits = r * ISL * share[None, :]
+    add(proc, engines, "vllm:prompt_tokens_by_source_total", {"source": "external_kv_transfer"},
+        counter(hits))
+    add(proc, engines, "vllm:prompt_tokens_cached_by_source_total", {"source": "device"},
+        counter(r * ISL * 0.02))
+    add(proc, engines, "vllm:prompt_tokens_cached_by_source_total",
+        {"source": "external_unspecified"}, counter(hits))
+    op = "vllm:mooncake_store_operation"
+    get_s = np.where(top, 0.8, 0.004)[None, :]  # seconds per get call
+    put_keys = r * ISL * (1 - share[None, :]) / (BLOCK_SIZE * 64)
+    for name, calls, keys, secs, failed in (
+            ("load_get", r, hits / (BLOCK_SIZE * 64), r * get_s, 0 * r),
+            ("save_put", r, put_keys, r * 0.01, put_keys * 0.05 * top[None, :])):
+        lab = {"operation": name, "status": "ok"}
+        add(proc, engines, f"{op}_total", lab, counter(calls))
+        add(proc, engines, f"{op}_time_seconds_count", lab, counter(calls))
+        add(proc, engines, f"{op}_time_seconds_sum", lab, counter(secs, integer=False))
+        add(proc, engines, f"{op}_keys_total", lab, counter(keys))
+        add(proc, engines, f"{op}_bytes_total", lab, counter(keys * STORE_KEY_BYTES))
+        add(proc, engines, f"{op}_failed_keys_total", lab, counter(failed))
+
+
+def master_telemetry(plan: dict, tl: Timeline, models: list[PointModel],
+                     rows: dict[str, NodeRows]) -> None:
+    """The mooncake_master's admin /metrics (names as the real binary exports them,
+    tests/data/mooncake_master): it fills to its 0.9 watermark, evicts from then on, and at
+    the top point refuses puts."""
+    head = plan["nodes"][0]["name"]
+    active = tl.point >= 0
+    pidx = np.where(active, tl.point, 0)
+    rate = np.array([m.req_rate for m in models] or [0.0])[pidx] * active
+    put = np.cumsum(rate * ISL * 0.7 / (BLOCK_SIZE * 64) * STORE_KEY_BYTES
+                    * np.gradient(tl.ts))
+    cap = float(np.round(put[-1] / 2.5 / 2**30) * 2**30 or 2**30)  # full before the end
+    alloc = np.minimum(put, 0.9 * cap)
+    evicted = np.round((put - alloc) / STORE_KEY_BYTES)
+    top = active & (pidx == len(models) - 1)
+    refused = np.cumsum(top * rate * 0.5)
+    puts = np.cumsum(rate * 4)
+    alloc = np.where(top, cap, alloc)
+    nr = rows[head]
+    for name, m in (("master_total_capacity_bytes", np.full(len(tl.ts), cap)),
+                    ("master_allocated_bytes", alloc),
+                    ("master_key_count", np.round(alloc / STORE_KEY_BYTES)),
+                    ("master_evicted_key_count", evicted),
+                    ("master_evicted_size_bytes", evicted * STORE_KEY_BYTES),
+                    ("master_successful_evictions_total", np.round(evicted / 8)),
+                    ("master_attempted_evictions_total", np.round(evicted / 8 + refused)),
+                    ("master_put_start_requests_total", np.round(puts)),
+                    ("master_put_start_alloc_failures_total", np.round(refused))):
+        nr.add("mooncake-master", [""], name, None, m[None, :])
 
 
 def gpu_host_telemetry(sc: Scenario, plan: dict, tl: Timeline, models: list[PointModel],
@@ -582,7 +654,11 @@ def write_run(root: Path, sc: Scenario, *, t0: float | None = None,
     rd.bench.mkdir(parents=True, exist_ok=True)
     for k, m in enumerate(models):
         fail = sc.fail_at_point is not None and k == sc.fail_at_point
-        write_json(rd.bench_result(m.conc), bench_result(sc, m, tl.windows[k], fail))
+        res = bench_result(sc, m, tl.windows[k], fail)
+        if sc.kv_store:  # the trace's theoretical hit rate, as an agentic point records it
+            res["agentic"] = {"sessions": m.conc, "trace_hit_rate": STORE_THEORETICAL,
+                              "prefix_hit_rate": 0.02}
+        write_json(rd.bench_result(m.conc), res)
 
     # telemetry/
     keyframe_every = max(1, int(KEYFRAME_S / sc.interval_s))
@@ -590,6 +666,8 @@ def write_run(root: Path, sc: Scenario, *, t0: float | None = None,
     tl_w = Timeline(tl.ts[:end], tl.point[:end], tl.windows)
     rows = {n["name"]: NodeRows(n["name"], tl_w, keyframe_every) for n in plan["nodes"]}
     engine_telemetry(sc, plan, tl_w, models, rng, rows)
+    if sc.kv_store:
+        master_telemetry(plan, tl_w, models, rows)
     gpu_host_telemetry(sc, plan, tl_w, models, rng, rows)
     from launcher.telemetry.store import write_agent_info
 
@@ -663,6 +741,12 @@ def kv_capacity_bound(root: Path, **kw: Any) -> Path:
 
 def kv_transfer_bound(root: Path, **kw: Any) -> Path:
     return write_run(root, Scenario("kv-transfer-bound", "kv_transfer", **kw))
+
+
+def kv_store(root: Path, **kw: Any) -> Path:
+    """A healthy P/D run whose prefills share a Mooncake store: its hits, its operations and
+    its master fill, evict and, at the top point, refuse puts and serve gets slowly."""
+    return write_run(root, Scenario("kv-store", "healthy", kv_store=True, **kw))
 
 
 def failed(root: Path, **kw: Any) -> Path:
@@ -843,7 +927,7 @@ def screenshot_dir(basetemp: Path) -> Path:
 
 SCENARIOS = {"healthy": healthy, "prefill": prefill_bound, "kv_capacity": kv_capacity_bound,
              "kv_transfer": kv_transfer_bound, "failed": failed, "empty": empty,
-             "large": large, "study": study}
+             "large": large, "study": study, "kv_store": kv_store}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,6 +31,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         "empty": synth.empty(root),
         "failed": synth.failed(root),
         "large": synth.large(root, duration_s=LARGE_S),
+        "kv_store": synth.kv_store(root),
     }
 
 
@@ -101,6 +102,30 @@ def test_kv_page_draws_data(runs, kind, monkeypatch):
     if kind == "large":
         heat = next(s for s in specs if "per engine" in str(s.get("title")))
         assert "decode" in str(heat.get("title"))
+
+
+def test_kv_tiers_page_shows_tokens_by_source_the_stores_health_and_verdicts(runs,
+                                                                            monkeypatch):
+    run = runs["kv_store"]
+    at = open_page(run.parent, run.name, "app_pages/kv_tiers.py", monkeypatch)
+    assert not at.exception, [e.value for e in at.exception]
+    titles = " | ".join(str(json.loads(c.proto.spec).get("title", ""))
+                        for c in at.get("vega_lite_chart"))
+    for want in ("Prompt tokens by source, prefill", "Prompt tokens by source, decode",
+                 "Hits against the trace's theoretical hit rate"):
+        assert want in titles, titles
+    body = texts(at)
+    # the synthetic master fills at c=32 (evicting) and refuses puts at c=64; gets slow there
+    for want in ("**c=32** · KV store evicting", "**c=64** · KV store full: puts refused",
+                 "**c=64** · KV store slower than recomputing", "130 of 1,042 puts refused"):
+        assert want in body, want
+    assert "**c=8**" not in body  # a healthy point has no store verdict
+    # a run without a store says so instead of an empty table
+    healthy = open_page(runs["healthy"].parent, runs["healthy"].name, "app_pages/kv_tiers.py",
+                        monkeypatch)
+    assert "No KV store or CPU offload in this run" in texts(healthy)
+    assert "Prompt tokens by source, decode" in " | ".join(
+        str(json.loads(c.proto.spec).get("title", "")) for c in healthy.get("vega_lite_chart"))
 
 
 def test_kv_page_heatmap_is_downsampled(runs, monkeypatch):
@@ -228,7 +253,7 @@ def test_run_that_died_before_the_sweep(tmp_path, monkeypatch):
 # --- damage isolation: a bad file costs only the panels that read it -------------------------
 
 TELEMETRY_PAGES = ("app_pages/overview.py", "app_pages/sweep.py", "app_pages/kv_cache.py",
-                   "app_pages/ttft.py", "app_pages/gpus.py")
+                   "app_pages/kv_tiers.py", "app_pages/ttft.py", "app_pages/gpus.py")
 
 
 @pytest.fixture(scope="module")

@@ -61,6 +61,9 @@ PAGES = [
                            "KV capacity: predicted vs observed",
                            "concurrent requests, predicted (plan.json)",
                            "Prompt tokens by source, decode"]),
+    ("kv-tiers", "KV tiers", 3, ["Where each prompt token came from",
+                                 "Hits against the trace's theoretical hit rate",
+                                 "No KV store or CPU offload in this run"]),
     ("ttft", "TTFT breakdown", 1, ["Diagnosis per sweep point"]),
     ("gpus", "GPUs and hosts", 0, ["GPUs (NVML)", "Hosts"]),
     ("logs", "Logs", 0, ["Processes with logs", "Tail"]),
@@ -196,7 +199,8 @@ def server(tmp_path_factory):
     runs = {"demo": demo, "healthy": synth.healthy(root), "failed": synth.failed(root),
             "large": synth.large(root, duration_s=1800.0), "study": synth.study(root),
             "study_one": synth.in_one_allocation(root, synth.study(root / "one")),
-            "live": synth.live(root / "live-runs", index=1, total=4)}
+            "live": synth.live(root / "live-runs", index=1, total=4),
+            "kv_store": synth.kv_store(root)}
     # the live run sits in a runs dir of its own: a second server below serves it
     port = free_port()
     log = open(root / "streamlit.log", "wb")
@@ -593,6 +597,24 @@ def test_the_mtp_acceptance_per_point_of_the_72_gpu_run(server, browser, shots):
     drawn = set(got["canvas"])
     assert {"acceptance %", "mean acceptance length", "per position"} <= drawn, drawn
     assert any(t.startswith("0.75") and ", 0.56" in t for t in drawn), drawn
+
+
+def test_the_kv_tiers_page_of_a_run_with_a_store(server, browser, shots):
+    """Tokens by source per role, hits against the trace's theoretical rate, the store's and
+    master's health and the verdicts naming the store full, evicting and slow, as drawn."""
+    base, runs = server
+    run = runs["kv_store"]
+    got = visit(browser, f"{base}/kv-tiers?run={run.name}", "KV tiers", 3,
+                shots / "kv-store-tiers.png")
+    text = got["text"]
+    for want in ("Prompt tokens by source, prefill", "Prompt tokens by source, decode",
+                 "Hits against the trace's theoretical hit rate (black tick)",
+                 "KV store and master health", "c=32 · KV store evicting",
+                 "c=64 · KV store full: puts refused", "c=64 · KV store slower than recomputing",
+                 "130 of 1,042 puts refused for space"):
+        assert want in text, want
+    drawn = set(got["canvas"])  # the tables are canvases: their texts as drawn
+    assert {"master used (peak)", "evicted keys", "KV store hit", "P→D handoff"} <= drawn, drawn
 
 
 def test_failed_run_shows_the_error(server, browser, shots):

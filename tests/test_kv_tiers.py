@@ -358,6 +358,15 @@ def test_the_master_killed_mid_run_ends_the_run_within_seconds_naming_it(tmp_pat
     seen = pd.concat(frames)
     names = set(seen[seen["process"] == "mooncake-master"]["name"].astype(str))
     assert "master_allocated_bytes" in names  # its /metrics, scraped by the node's agent
+    # ... and read by the KV tiers view under the names the running binary exports
+    from launcher.analysis import derive, kv_tiers, load
+
+    ss = derive.SeriesSet(load.read_telemetry(run, names=load.TIER_NAMES),
+                          load.read_plan_safe(run)[0])
+    a, b = ss.t_range
+    health = kv_tiers.store_health(ss, a, b, load.read_plan_safe(run)[0])
+    assert health["master_capacity_bytes"] >= 0 and health["master_watermark"] == 0.9
+    assert health["master_puts_refused"] == 0 and health["master_evicted_keys"] == 0
 
 
 def test_a_study_in_one_allocation_restarts_engines_that_share_a_store_with_its_master(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import html.parser
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,25 @@ def test_run_report(root):
     assert "1 decode DEP4 + 2 prefill DEP2 (8 GPUs)" in text
     assert "Bottleneck per sweep point" in text and "healthy" in text
     assert 'data-key="verdict">incomplete' in text or 'data-key="verdict">passed' in text
+
+
+def test_a_store_runs_report_says_where_prompt_tokens_came_from_and_names_the_store(
+        tmp_path, root):
+    run = synth.kv_store(tmp_path)
+    text = report.write_report(run).read_text()
+    assert "KV tiers: where each prompt token came from" in text
+    words = " ".join(re.sub(r"<[^>]+>", " ", text).split())
+    # columns: local hit, handoff, store, offload, unsplit, computed (%). c=8's prefill found
+    # 16.4 % in the store (synth.STORE_SHARE's 0.2 beside its computed and local tokens);
+    # the decode's prompt was all handed off
+    assert re.search(r"c=8 prefill [\d,]+ 1\.\d 0\.0 16\.4 0\.0 0\.0 8\d\.\d", words), words
+    assert re.search(r"c=8 decode [\d,]+ 0\.0 100\.0 0\.0 0\.0 0\.0 0\.0", words)
+    assert "the trace offers %" in text and "KV store and master health" in text
+    assert "KV store full: puts refused" in text and "KV store evicting" in text
+    assert "master_put_start_alloc_failures_total" in text
+    healthy = report.render_run(next(p for p in root.iterdir() if p.name.endswith("-healthy")))
+    assert "KV tiers: where each prompt token came from" in healthy  # a handoff is a source
+    assert "KV store and master health" not in healthy
 
 
 def test_failed_run_report_says_so(root):

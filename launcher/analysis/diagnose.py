@@ -75,6 +75,10 @@ class Thresholds:
     failed_share: float = 0.01       # failed requests / all requests at a point
     hit_gap: float = 0.10            # agentic: prefix hit rate achieved this far (fraction)
                                      # below the trace's theoretical one
+    store_full_used: float = 0.99    # KV store: master capacity used (fraction) that is full
+                                     # (it evicts at its watermark; past it, eviction lags)
+    store_slower: float = 1.0        # KV store/offload: load time per hit token this many
+                                     # times the prefill time per computed token is slower
 
 
 @dataclass

@@ -73,7 +73,30 @@ TTFT_NAMES = (
     "vllm:spec_decode_num_accepted_tokens_total",
     "vllm:spec_decode_num_accepted_tokens_per_pos_total",
 )
-FAMILIES = {"kv": KV_NAMES, "ttft": TTFT_NAMES}
+# Where prompt tokens came from and the KV store's health (launcher.analysis.kv_tiers)
+TIER_NAMES = (
+    "vllm:prompt_tokens_by_source_total",
+    "vllm:prompt_tokens_cached_by_source_total",
+    # a vLLM without the two: the prefix-cache counters of new requests
+    "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+    "vllm:external_prefix_cache_hits_total",
+    "vllm:request_prefill_time_seconds_sum",
+    *(f"vllm:mooncake_store_operation_{s}" for s in (
+        "total", "keys_total", "bytes_total", "failed_keys_total", "time_seconds_sum",
+        "time_seconds_count", "time_seconds_bucket")),
+    *(f"vllm:kv_offload_{way}_{what}_total" for way in ("store", "load")
+      for what in ("bytes", "time")),
+    "vllm:kv_offload_total_bytes_total",  # the deprecated names (0.33 emits both)
+    "vllm:kv_offload_total_time_total",
+    "vllm:kv_offload_allocation_failure_total",  # the CPU tier had no room for a store
+    # mooncake_master's admin /metrics (tests/data/mooncake_master)
+    "master_allocated_bytes", "master_total_capacity_bytes", "master_key_count",
+    "master_evicted_key_count", "master_evicted_size_bytes",
+    "master_successful_evictions_total", "master_attempted_evictions_total",
+    "master_put_start_requests_total", "master_put_start_alloc_failures_total",
+    "total_get_nums_", "valid_get_nums_",
+)
+FAMILIES = {"kv": KV_NAMES, "ttft": TTFT_NAMES, "tiers": TIER_NAMES}
 
 
 @dataclass
