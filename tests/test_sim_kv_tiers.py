@@ -1,0 +1,139 @@
+"""The simulator's KV tiers (launcher/sim/tiers.py, docs/sim-kv-tiers.md): simulated engines
+that speak the Mooncake store for real (Mooncake's own client, the real mooncake_master over
+TCP) and a modelled CPU offload tier, counted under vLLM 0.33's names."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from simprocs import SimProc, free_ports, http_json, sample, scrape, start_sim
+
+pytestmark = pytest.mark.timeout(120)
+
+MASTER = Path(os.environ.get("PD_MOONCAKE_MASTER", "/var/tmp/pd-mooncake/venv/bin/mooncake_master"))
+STORE_PYTHON = str(MASTER.with_name("python"))
+BS = 16
+
+
+def multi(role: str, second: dict) -> str:
+    return json.dumps({"kv_connector": "MultiConnector", "kv_role": role,
+                       "kv_connector_extra_config": {"connectors": [
+                           {"kv_connector": "NixlConnector", "kv_role": role},
+                           {"kv_role": role, **second}]}})
+
+
+def start_master(tmp_path: Path) -> tuple[SimProc, int]:
+    if not MASTER.exists():
+        pytest.fail(f"mooncake_master is not installed at {MASTER}: run `bash "
+                    "tests/mooncake/setup.sh` (as root; PD_MOONCAKE_MASTER may name another)")
+    rpc = free_ports(3)
+    master = SimProc([str(MASTER), f"--port={rpc}", "--enable_http_metadata_server=true",
+                      f"--http_metadata_server_port={rpc + 1}",
+                      "--eviction_high_watermark_ratio=0.9", "--default_kv_lease_ttl=10000",
+                      "--enable_metric_reporting=true", f"--metrics_port={rpc + 2}"],
+                     dict(os.environ), tmp_path / "mooncake-master.log", port=rpc + 2).start()
+    master.wait_healthy(20)
+    return master, rpc
+
+
+def master_metrics(master: SimProc) -> str:
+    with urllib.request.urlopen(master.url + "/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def complete(sim: SimProc, ids: list[int], **extra) -> dict:
+    status, body = http_json(sim.url + "/v1/completions",
+                             {"prompt": ids, "max_tokens": 1, **extra}, timeout=20)
+    assert status == 200, body
+    return body
+
+
+def wait_until(what, timeout: float, why: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := what():
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {why}")
+
+
+def test_a_turn_the_prefill_evicted_is_served_from_the_real_store_and_counted_so(tmp_path):
+    """P/D over NIXL + MooncakeStoreConnector, the real master: a session's first turn is put
+    to the store; other prompts evict it from the prefill's GPU blocks; its second turn finds
+    it by a real lookup, gets it from the store (tokens counted external, source
+    external_unspecified, not computed), and the decode still pulls the prompt over NIXL."""
+    master, rpc = start_master(tmp_path)
+    config = tmp_path / "mooncake_store_config.json"
+    config.write_text(json.dumps({
+        "metadata_server": "P2PHANDSHAKE", "protocol": "tcp", "device_name": "",
+        "global_segment_size": "64MB", "local_buffer_size": "16MB",
+        "master_server_address": f"127.0.0.1:{rpc}"}))
+    env = {"PYTHONHASHSEED": "0", "MOONCAKE_CONFIG_PATH": str(config),
+           "MOONCAKE_LOCAL_HOSTNAME": "127.0.0.1", "SIM_STORE_PYTHON": STORE_PYTHON,
+           "SIM_SPEED": "20", "SIM_KV_BYTES_PER_TOKEN": "1024"}
+    store = {"kv_connector": "MooncakeStoreConnector"}
+    prefill = start_sim(tmp_path, "prefill-0", "m", "--block-size", str(BS),
+                        "--num-gpu-blocks-override", "14",
+                        "--kv-transfer-config", multi("kv_both", store),
+                        VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_ports(1)), **env)
+    decode = start_sim(tmp_path, "decode-0", "m", "--block-size", str(BS),
+                       "--kv-transfer-config", multi("kv_consumer", store),
+                       VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_ports(1)), **env)
+    try:
+        prefill.wait_healthy(30)
+        decode.wait_healthy(30)
+        turn1 = list(range(1000, 1000 + 5 * BS + 5))  # 5 full blocks and a tail
+        turn2 = turn1 + list(range(9000, 9000 + 40))  # the next turn repeats the first
+
+        def pd(ids: list[int]) -> None:
+            p = complete(prefill, ids, kv_transfer_params={"do_remote_decode": True})
+            complete(decode, ids, kv_transfer_params=p["kv_transfer_params"])
+
+        pd(turn1)
+        for other in (20000, 30000):  # 10 blocks each: the prefill's 14 cannot keep turn 1
+            complete(prefill, list(range(other, other + 10 * BS + 3)))
+        saved = wait_until(lambda: sample(scrape(prefill.url),
+                                          "vllm:mooncake_store_operation_keys_total",
+                                          operation="save_put", status="ok") >= 25,
+                           20, "the prefill's puts (5 + 10 + 10 blocks)")
+        assert saved
+        pd(turn2)
+        pt, dt = scrape(prefill.url), scrape(decode.url)
+        hit = 5 * BS
+        # the second turn: nothing local (evicted), turn 1's blocks from the store
+        assert sample(pt, "vllm:prefix_cache_hits_total") == 0
+        assert sample(pt, "vllm:prompt_tokens_by_source_total",
+                      source="external_kv_transfer") == hit
+        assert sample(pt, "vllm:prompt_tokens_cached_by_source_total",
+                      source="external_unspecified") == hit
+        assert sample(pt, "vllm:external_prefix_cache_hits_total") == hit
+        computed = len(turn1) + 2 * (10 * BS + 3) + len(turn2) - hit
+        assert sample(pt, "vllm:prompt_tokens_by_source_total",
+                      source="local_compute") == computed
+        # a real lookup and a real get, each block read back whole
+        assert sample(pt, "vllm:mooncake_store_operation_keys_total",
+                      operation="load_get", status="ok") == 5
+        assert sample(pt, "vllm:mooncake_store_operation_bytes_total",
+                      operation="load_get", status="ok") == 5 * BS * 1024
+        assert sample(pt, "vllm:mooncake_store_operation_failed_keys_total") == 0
+        assert sample(pt, "vllm:mooncake_store_operation_total", operation="lookup_exists") == 4
+        assert sample(pt, "vllm:mooncake_store_operation_time_seconds_count",
+                      operation="load_get") == 1
+        # the decode puts nothing (kv_consumer) and still pulls both prompts from the prefill
+        assert sample(dt, "vllm:mooncake_store_operation_total", operation="save_put") == 0
+        assert sample(dt, "vllm:prompt_tokens_cached_by_source_total",
+                      source="p2p") == len(turn1) - 1 + len(turn2) - 1
+        # the master saw it: the keys it holds, the replica lookups of the get
+        mt = master_metrics(master)
+        assert sample(mt, "master_key_count") >= 25
+        assert sample(mt, "master_get_replica_list_requests_total") >= 5
+        assert sample(mt, "master_batch_exist_key_items_total") > 0  # the lookups, the saves
+    finally:
+        prefill.stop()
+        decode.stop()
+        master.stop()
