@@ -180,6 +180,8 @@ def test_the_dry_run_plans_the_master_its_config_and_each_engines_store_environm
         assert proc.env["MOONCAKE_CONFIG_PATH"] == f"{p.run.path}/mooncake_store_config.json"
         assert proc.env["MOONCAKE_MASTER"] == f"127.0.0.1:{base + 2}"
         assert proc.env["MOONCAKE_TE_META_DATA_SERVER"] == f"http://127.0.0.1:{base + 3}/metadata"
+        # the simulated engine's store client runs with the Python beside the master
+        assert proc.env["SIM_STORE_PYTHON"] == str(MASTER.with_name("python"))
         kv = json.loads(proc.argv[proc.argv.index("--kv-transfer-config") + 1])
         assert kv["kv_connector"] == "MultiConnector" and kv["kv_role"] == (
             "kv_both" if proc.role == "prefill" else "kv_consumer")
