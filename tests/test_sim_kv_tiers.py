@@ -4,6 +4,7 @@ TCP) and a modelled CPU offload tier, counted under vLLM 0.33's names."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -12,6 +13,11 @@ from pathlib import Path
 
 import pytest
 from simprocs import SimProc, free_ports, http_json, sample, scrape, start_sim
+
+from launcher.sim import metrics, tiers
+from launcher.sim.cli import parse
+from launcher.sim.engine import Engine, Req
+from launcher.sim.prefix_cache import block_hashes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -137,3 +143,72 @@ def test_a_turn_the_prefill_evicted_is_served_from_the_real_store_and_counted_so
         prefill.stop()
         decode.stop()
         master.stop()
+
+
+# --- CPU offload, modelled (in-process engines: no store, nothing to start) -----------------
+
+
+def _offload_engine(connector: str, cpu_bytes: int, gpu_blocks: int) -> Engine:
+    kv = {"kv_connector": connector, "kv_role": "kv_both",
+          "kv_connector_extra_config": {"cpu_bytes_to_use": cpu_bytes}}
+    cfg = parse(["serve", "m", "--block-size", str(BS), "--num-gpu-blocks-override",
+                 str(gpu_blocks), "--kv-transfer-config", json.dumps(kv)],
+                env={"SIM_SPEED": "200", "SIM_KV_BYTES_PER_TOKEN": "1024",
+                     "SIM_OFFLOAD_BANDWIDTH_GBPS": "2"})
+    e = Engine(cfg, 0, "e", "127.0.0.1")
+    client, kids = asyncio.run(tiers.open_tiers(cfg, env={}))
+    assert client is None  # no store: no client process
+    tiers.attach(e, kids, None)
+    return e
+
+
+def _serve_in_turn(e: Engine, prompts: list[list[int]]) -> list[Req]:
+    async def go() -> list[Req]:
+        e.start()
+        out = []
+        for i, ids in enumerate(prompts):
+            req = Req(f"r{i}", len(ids), 1, hashes=block_hashes(ids, BS))
+            e.add(req)
+            while not req.finished:
+                await req.event.wait()
+                req.event.clear()
+            assert req.finished == "length", (req.finished, req.error)
+            out.append(req)
+        return out
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("connector", ["OffloadingConnector", "SimpleCPUOffloadConnector"])
+def test_a_cpu_offload_tier_serves_what_the_gpu_evicted_at_its_copy_bandwidth(connector):
+    block = BS * 1024
+    e = _offload_engine(connector, cpu_bytes=40 * block, gpu_blocks=14)
+    turn1 = list(range(1000, 1000 + 5 * BS + 5))
+    others = [list(range(x, x + 10 * BS + 3)) for x in (20000, 30000)]
+    *_, again = _serve_in_turn(e, [turn1, *others, turn1 + [7] * 20])
+    c, off = e.stats.counters, e.stats.offload
+    assert again.local_hit == 0 and again.external == 5 * BS  # evicted on the GPU, not on the host
+    assert c["vllm:prompt_tokens_cached_by_source|host"] == 5 * BS
+    assert c["vllm:prompt_tokens_by_source|external_kv_transfer"] == 5 * BS
+    assert off.load_bytes == 5 * block and off.load_time == pytest.approx(5 * block / 2e9)
+    assert off.store_bytes == (5 + 10 + 10 + 1) * block  # every full prompt block once
+    text = metrics.render([e], "m", nixl=False, consumer=True, multiproc=False)
+    if connector == "OffloadingConnector":  # the flat names and the deprecated ones
+        assert sample(text, "vllm:kv_offload_load_bytes_total") == 5 * block
+        assert sample(text, "vllm:kv_offload_total_bytes_total",
+                      transfer_type="CPU_to_GPU") == 5 * block
+        assert sample(text, "vllm:kv_offload_store_size_count") == 4
+    else:
+        assert sample(text, "vllm:simple_kv_offload_load_blocks_total") == 5
+        assert sample(text, "vllm:simple_kv_offload_save_outcomes_total", outcome="stored") == 26
+    assert "vllm:nixl_" not in text and "mooncake" not in text
+
+
+def test_a_cpu_tier_too_small_for_a_prompt_keeps_only_its_tail_and_never_hits():
+    block = BS * 1024
+    e = _offload_engine("OffloadingConnector", cpu_bytes=3 * block, gpu_blocks=14)
+    turn1 = list(range(1000, 1000 + 5 * BS + 5))
+    others = [list(range(x, x + 10 * BS + 3)) for x in (20000, 30000)]
+    *_, again = _serve_in_turn(e, [turn1, *others, turn1 + [7] * 20])
+    assert again.external == 0 and e.stats.counters["vllm:prompt_tokens_cached_by_source|host"] == 0
+    assert len(e.tiers[0].blocks) == 3  # LRU: the last prompt's last three blocks
