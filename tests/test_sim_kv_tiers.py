@@ -130,8 +130,10 @@ def test_a_turn_the_prefill_evicted_is_served_from_the_real_store_and_counted_so
         assert sample(pt, "vllm:mooncake_store_operation_total", operation="lookup_exists") == 4
         assert sample(pt, "vllm:mooncake_store_operation_time_seconds_count",
                       operation="load_get") == 1
-        # the decode puts nothing (kv_consumer) and still pulls both prompts from the prefill
+        # the decode puts nothing (kv_consumer), looks each prompt up (MultiConnector asks
+        # every child) and still pulls both prompts from the prefill
         assert sample(dt, "vllm:mooncake_store_operation_total", operation="save_put") == 0
+        assert sample(dt, "vllm:mooncake_store_operation_total", operation="lookup_exists") == 2
         assert sample(dt, "vllm:prompt_tokens_cached_by_source_total",
                       source="p2p") == len(turn1) - 1 + len(turn2) - 1
         # the master saw it: the keys it holds, the replica lookups of the get

@@ -204,9 +204,11 @@ class Engine:
     def add(self, req: Req) -> None:
         if req.remote and self.cfg.is_consumer:
             req.fail_kv = self.fails_kv(req.remote.get("remote_request_id", req.id))
-        if self.tiers and req.hashes and not req.remote:
+        if self.tiers and req.hashes:
             # the tiers are asked before the request queues (vLLM asks each connector at
-            # admission; the store's answer is a round trip, so it is made here, once)
+            # admission; the store's answer is a round trip, so it is made here, once). A
+            # request pulled over NIXL is asked about too (MultiConnector asks every child)
+            # but NIXL, first in the chain, serves it.
             asyncio.get_running_loop().create_task(self._look_up_tiers(req))
             return
         self.waiting.append(req)
