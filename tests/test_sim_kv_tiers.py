@@ -214,3 +214,37 @@ def test_a_cpu_tier_too_small_for_a_prompt_keeps_only_its_tail_and_never_hits():
     *_, again = _serve_in_turn(e, [turn1, *others, turn1 + [7] * 20])
     assert again.external == 0 and e.stats.counters["vllm:prompt_tokens_cached_by_source|host"] == 0
     assert len(e.tiers[0].blocks) == 3  # LRU: the last prompt's last three blocks
+
+
+def test_a_store_the_engine_cannot_reach_is_one_sentence_at_start(tmp_path):
+    """What vLLM would raise at start, as one line: no MOONCAKE_CONFIG_PATH (vLLM's words),
+    a store Python that does not run (SIM_STORE_PYTHON named), one without mooncake.store."""
+    kv = json.dumps(json.loads(multi("kv_both", {"kv_connector": "MooncakeStoreConnector"})))
+
+    def refusal(env: dict[str, str], python: str = "") -> str:
+        cfg = parse(["serve", "m", "--kv-transfer-config", kv], env={"SIM_STORE_PYTHON": python})
+        with pytest.raises(tiers.TierError) as e:
+            asyncio.run(tiers.open_tiers(cfg, env=env))
+        return str(e.value)
+
+    assert refusal({}) == ("ValueError: The environment variable 'MOONCAKE_CONFIG_PATH' is "
+                           "not set.")
+    config = tmp_path / "store.json"
+    config.write_text(json.dumps({"master_server_address": "127.0.0.1:1"}))
+    env = {"MOONCAKE_CONFIG_PATH": str(config)}
+    missing = str(tmp_path / "no-python")
+    assert refusal(env, missing).startswith(
+        f"cannot start the Mooncake store client with {missing} (SIM_STORE_PYTHON)")
+    text = refusal(env, "/usr/bin/python3")  # a Python without Mooncake's client
+    assert text.startswith("RuntimeError: Initialize MooncakeDistributedStore failed. (master "
+                           "127.0.0.1:1, client /usr/bin/python3: the client printed nothing; "
+                           "is mooncake.store importable there? SIM_STORE_PYTHON names it)")
+    # the engine process says it and exits 1, as vLLM's engine core would fail to start
+    sim = start_sim(tmp_path, "prefill-0", "m", "--kv-transfer-config", kv,
+                    VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_ports(1)))
+    try:
+        assert sim.proc.wait(30) == 1
+        assert ("EngineCore failed to start: ValueError: The environment variable "
+                "'MOONCAKE_CONFIG_PATH' is not set.") in sim.log_text()
+    finally:
+        sim.stop()

@@ -18,6 +18,7 @@ Each answer has ``s``: the seconds the store call took. An exception is ``{"id",
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -39,6 +40,11 @@ def _get(store, keys: list[str], size: int) -> list[int]:
 
 
 def main() -> int:
+    # The answers get their own descriptor; whatever the library writes to stdout goes to
+    # stderr (the engine's log), so it can never be taken for an answer.
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     from mooncake.store import MooncakeDistributedStore
 
     setup = json.loads(sys.stdin.readline())
@@ -46,7 +52,8 @@ def main() -> int:
     rc = store.setup(setup["local_hostname"], setup["metadata_server"],
                      int(setup["global_segment_size"]), int(setup["local_buffer_size"]),
                      setup["protocol"], setup["device_name"], setup["master_server_address"])
-    print(json.dumps({"id": 0, "result": rc}), flush=True)
+    answers.write(json.dumps({"id": 0, "result": rc}) + "\n")
+    answers.flush()
     if rc != 0:
         return 1
     lock = threading.Lock()
@@ -70,8 +77,8 @@ def main() -> int:
                    "s": time.perf_counter() - start}
         line = json.dumps(out)
         with lock:
-            sys.stdout.write(line + "\n")
-            sys.stdout.flush()
+            answers.write(line + "\n")
+            answers.flush()
 
     # A few threads: a lookup need not wait behind a long put (the store client is
     # thread-safe; vLLM calls it from its worker's threads too).

@@ -202,7 +202,12 @@ class StoreClient:
             line = await self.proc.stdout.readline()
             if not line:
                 break
-            msg = json.loads(line)
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue  # not an answer (the client sends the library's output to stderr)
+            if not isinstance(msg, dict):
+                continue
             fut = self._waiting.pop(msg.get("id"), None)
             if fut is not None and not fut.done():
                 fut.set_result(msg)
