@@ -115,6 +115,9 @@ def test_real_pd_over_nixl_and_the_mooncake_store_and_cpu_offload_refused(tmp_pa
         assert sample(pt, "vllm:mooncake_store_operation_keys_total", operation="load_get",
                       status="ok") > 0
         assert sample(dt, "vllm:prompt_tokens_cached_by_source_total", source="p2p") > 0
+        # the decode (kv_consumer) looks each prompt up and puts nothing, as the simulator's
+        assert sample(dt, "vllm:mooncake_store_operation_total", operation="lookup_exists") == 2
+        assert sample(dt, "vllm:mooncake_store_operation_total", operation="save_put") == 0
         with urllib.request.urlopen(master.url + "/metrics", timeout=5) as r:
             assert sample(r.read().decode(), "master_key_count") > 0
     finally:
