@@ -90,9 +90,15 @@ def test_a_turn_the_prefill_evicted_is_served_from_the_real_store_and_counted_so
     decode = start_sim(tmp_path, "decode-0", "m", "--block-size", str(BS),
                        "--kv-transfer-config", multi("kv_consumer", store),
                        VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_ports(1)), **env)
+    # two engines of their own on the same store: one with the same PYTHONHASHSEED, one not
+    alone = json.dumps({**store, "kv_role": "kv_both"})
+    peer = start_sim(tmp_path, "peer", "m", "--block-size", str(BS), "--kv-transfer-config",
+                     alone, **env)
+    stranger = start_sim(tmp_path, "stranger", "m", "--block-size", str(BS),
+                         "--kv-transfer-config", alone, **{**env, "PYTHONHASHSEED": "1"})
     try:
-        prefill.wait_healthy(30)
-        decode.wait_healthy(30)
+        for sim in (prefill, decode, peer, stranger):
+            sim.wait_healthy(30)
         turn1 = list(range(1000, 1000 + 5 * BS + 5))  # 5 full blocks and a tail
         turn2 = turn1 + list(range(9000, 9000 + 40))  # the next turn repeats the first
 
@@ -141,9 +147,20 @@ def test_a_turn_the_prefill_evicted_is_served_from_the_real_store_and_counted_so
         assert sample(mt, "master_key_count") >= 25
         assert sample(mt, "master_get_replica_list_requests_total") >= 5
         assert sample(mt, "master_batch_exist_key_items_total") > 0  # the lookups, the saves
+        # another engine finds the session in the store (its hashes are the same with the same
+        # seed); one with another seed computes it all: its keys never match (docs/kv-store.md)
+        complete(peer, turn2)
+        complete(stranger, turn2)
+        shared = (len(turn2) - 1) // BS * BS  # turn 2's full blocks, short of its last token
+        assert sample(scrape(peer.url), "vllm:prompt_tokens_cached_by_source_total",
+                      source="external_unspecified") == shared
+        st = scrape(stranger.url)
+        assert sample(st, "vllm:mooncake_store_operation_total", operation="lookup_exists") == 1
+        assert sample(st, "vllm:prompt_tokens_by_source_total",
+                      source="external_kv_transfer") == 0
     finally:
-        prefill.stop()
-        decode.stop()
+        for sim in (prefill, decode, peer, stranger):
+            sim.stop()
         master.stop()
 
 
