@@ -73,10 +73,14 @@ def test_real_pd_over_nixl_and_the_mooncake_store_and_cpu_offload_refused(tmp_pa
     procs = []
     try:
         master.wait_healthy(30)
+        store = {"kv_connector": "MooncakeStoreConnector"}
+        # all three start together (their start-ups overlap on the shared cores)
         offload = engine("offload", multi("kv_both", {
             "kv_connector": "OffloadingConnector",
             "kv_connector_extra_config": {"cpu_bytes_to_use": 64 << 20}}), "0")
-        procs.append(offload)
+        prefill = engine("prefill", multi("kv_both", store), "0")
+        decode = engine("decode", multi("kv_consumer", store), "1")
+        procs += [offload, prefill, decode]
         # its worker raises while registering the KV caches; the rest is its teardown
         refused = helpers.wait_for(lambda: offload.proc.poll() is not None or "Exception: CPU "
                                    "Offloading is" in offload.log_text(), 300,
@@ -84,10 +88,6 @@ def test_real_pd_over_nixl_and_the_mooncake_store_and_cpu_offload_refused(tmp_pa
         assert refused and "Exception: CPU Offloading is currently only supported on " \
             "CUDA-alike and XPU GPUs" in offload.log_text(), offload.log_text()[-3000:]
         offload.stop(20)
-        store = {"kv_connector": "MooncakeStoreConnector"}
-        prefill = engine("prefill", multi("kv_both", store), "0")
-        decode = engine("decode", multi("kv_consumer", store), "1")
-        procs += [prefill, decode]
         prefill.wait_healthy(300)
         decode.wait_healthy(300)
         ids = [(7 * i) % 500 + 3 for i in range(300)]  # two full 128-token blocks and a tail
