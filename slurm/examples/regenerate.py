@@ -53,12 +53,7 @@ def render_all() -> dict[str, dict[str, str]]:
             out[name] = {
                 f: normalise(t, p.run.path).replace(root, "<REPO>") for f, t in files.items()
             }
-        for name, (source, sets, aliases, *edit) in IMPORTED.items():
-            if edit:  # the published text with one documented change, beside the original
-                edited = Path(tmp) / "edited" / source.name
-                edited.parent.mkdir(exist_ok=True)
-                edited.write_text(edit[0](source.read_text()))
-                source = edited
+        for name, (source, sets, aliases) in IMPORTED.items():
             [p] = prepare.prepare_all(str(source), sets, [], Path(tmp), aliases=aliases)
             files = {"dry-run.txt": text.plan_text(p) + "\n"}
             for f in FILES:
@@ -72,8 +67,6 @@ def render_all() -> dict[str, dict[str, str]]:
     return out
 
 
-AGENTIC = (HERE.parents[1] / "launcher" / "data" / "srt-slurm-recipes" / "InferenceX" / "benchmarks"
-           / "multi_node" / "srt-slurm-recipes" / "vllm" / "deepseek-v4" / "agentic")
 # Published srt-slurm recipes that are not shipped as ours, dry-run as a user brings them:
 # InferenceX's agentic DeepSeek-V4-Pro P/D recipe (benchmark.agentic, docs/agentic.md), its
 # model alias given as --alias gives it and its nightly image's vLLM named (0.33's parser
@@ -84,18 +77,6 @@ IMPORTED = {
         / "multi_node" / "srt-slurm-recipes" / "dsv4" / "vllm" / "gb200-fp4" / "agentx"
         / "disagg-1p1d-dep8-dep8-mtp.yaml",
         ["engine_version='0.34'"], {"deepseek-v4-pro": "deepseek-ai/DeepSeek-V4-Pro"}),
-    # InferenceX's GB200 agentic DeepSeek-V4-Pro recipe over NIXL + the Mooncake store (its
-    # mooncake_master, store config, each role's MultiConnector, the host-memory budget;
-    # docs/kv-store.md), with sa-bench in place of its agentic benchmark: that one runs
-    # InferenceX's own AIPerf script, whose environment the import refuses (docs/agentic.md);
-    # its nightly image's vLLM named, as for the agentx recipe above.
-    "dsv4-gb200-agentic-1p1d-dep8-dep8-c128-mtp2-store": (
-        AGENTIC / "disagg-gb200-1p1d-dep8-dep8-c128-mtp2-agentic.yaml",
-        # its setup_script where the published file names it (beside it), not beside the copy
-        ["engine_version='0.34'", f"setup_script={AGENTIC / 'vllm-container-deps.sh'}"], {"deepseek-v4-pro": "deepseek-ai/DeepSeek-V4-Pro"},
-        lambda text: text[
-            :text.index("benchmark:\n  type: custom")] + (
-            "benchmark:\n  type: sa-bench\n  isl: 8192\n  osl: 1024\n  concurrencies: [64]\n")),
 }
 
 
