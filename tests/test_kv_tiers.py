@@ -181,6 +181,8 @@ def test_the_dry_run_plans_the_master_its_config_and_each_engines_store_environm
         assert proc.env["MOONCAKE_CONFIG_PATH"] == f"{p.run.path}/mooncake_store_config.json"
         assert proc.env["MOONCAKE_MASTER"] == f"127.0.0.1:{base + 2}"
         assert proc.env["MOONCAKE_TE_META_DATA_SERVER"] == f"http://127.0.0.1:{base + 3}/metadata"
+        # the simulated engine's store client runs with the Python beside the master
+        assert proc.env["SIM_STORE_PYTHON"] == str(MASTER.with_name("python"))
         kv = json.loads(proc.argv[proc.argv.index("--kv-transfer-config") + 1])
         assert kv["kv_connector"] == "MultiConnector" and kv["kv_role"] == (
             "kv_both" if proc.role == "prefill" else "kv_consumer")
@@ -489,7 +491,9 @@ def test_kv_offloading_size_on_a_pd_engine_is_one_sentence_and_counted_on_an_agg
 def test_the_master_runs_as_a_slurm_step_before_the_engines_on_the_dev_cluster(tmp_path):
     """Through real Slurm: the master is an srun step on the first node, its store config is
     rewritten with the allocation's address and ports (the dry-run's were planned), it is
-    ready before the engines start, and nothing is left after the run."""
+    ready before the engines start, the simulated engines put and look up their blocks in it
+    (their store counters and the master's keys, as the run's telemetry scraped them), and
+    nothing is left after the run."""
     import shutil
 
     master_installed()
@@ -523,7 +527,23 @@ def test_the_master_runs_as_a_slurm_step_before_the_engines_on_the_dev_cluster(t
     commands = (run / "commands.sh").read_text()
     assert any(x.startswith("srun ") and "--job-name=mooncake-master" in x
                for x in commands.splitlines())
-    assert not helpers.leftovers(run)
+    assert not helpers.leftovers(run)  # the engines' store clients included
+    # the simulated engines spoke to that master through Mooncake's client: the prefill put
+    # its blocks, both looked prompts up, and the master holds keys (telemetry scraped both)
+    import pandas as pd
+
+    seen = pd.concat(pd.read_parquet(x) for x in (run / "telemetry").glob("*/samples-*.parquet"))
+    ops = seen[seen["name"] == "vllm:mooncake_store_operation_total"]
+
+    def most(frame, role: str, op: str) -> float:
+        rows = frame[frame["process"].astype(str).str.startswith(role)
+                     & frame["labels"].astype(str).str.contains(f'"operation":"{op}"')]
+        return rows["value"].max() if len(rows) else 0.0
+
+    assert most(ops, "prefill", "save_put") > 0 and most(ops, "prefill", "lookup_exists") > 0
+    assert most(ops, "decode", "save_put") == 0  # kv_consumer: it only reads
+    keys = seen[(seen["process"] == "mooncake-master") & (seen["name"] == "master_key_count")]
+    assert keys["value"].max() > 0
 
 
 def test_a_connectors_extra_config_that_is_not_a_mapping_is_one_sentence(tmp_path):

@@ -8,7 +8,6 @@ larger than a node's host memory. Facts and their sources: docs/kv-store.md.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -222,22 +221,16 @@ def _one(cfg: dict, where: str) -> list[str]:
 
 def parse_size(value: Any) -> int:
     """A size as vLLM's Mooncake config reads it: bytes, or a number with gb/mb/kb/b (powers
-    of 1024, any case)."""
+    of 1024, any case); the simulator's engines read it the same way."""
+    from launcher.sim.tiers import parse_size as read
+
     if isinstance(value, bool):
         raise ValueError("a size, not true/false")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        return int(value)
-    m = re.fullmatch(r"\s*([\d.]+)\s*(gb|mb|kb|b)?\s*", str(value).lower())
-    if not m:
-        raise ValueError(f"{show(value)} is not a size (bytes, or a number with GB, MB, KB)")
     try:
-        number = float(m.group(1))
+        return read(value)
     except ValueError:
         raise ValueError(f"{show(value)} is not a size (bytes, or a number with GB, MB, "
                          "KB)") from None
-    return int(number * {"gb": GIB, "mb": 1024**2, "kb": 1024, "b": 1}[m.group(2) or "b"])
 
 
 def store_problems(recipe: Recipe) -> list[str]:
@@ -334,6 +327,17 @@ def master_argv(plan: Plan) -> list[str]:
             f"--http_metadata_server_port={p.metadata}", "--eviction_high_watermark_ratio=0.9",
             f"--default_kv_lease_ttl={s.lease_ttl_ms}", "--rpc_thread_num=16",
             "--enable_metric_reporting=true", f"--metrics_port={p.admin}", *s.master_args]
+
+
+def store_client_python(recipe: Recipe) -> str | None:
+    """For simulated engines sharing the store: the Python beside kv_store.master_command
+    when that is a path (the mooncake-transfer-engine wheel installs mooncake_master and the
+    store client in one environment); else the simulator looks beside mooncake_master on
+    PATH itself."""
+    command = recipe.kv_store.master_command if recipe.kv_store is not None else ""
+    if "/" not in command:
+        return None
+    return f"{command.rsplit('/', 1)[0]}/python"
 
 
 def engine_env(plan: Plan, role: Role, node: str) -> dict[str, str]:

@@ -94,6 +94,9 @@ def sim_env(plan: Plan, ep: Endpoint) -> dict[str, str]:
                 env["SIM_STATE_BLOCKS_PER_REQUEST"] = str(state)
             if "block-size" not in args:
                 env["SIM_DEFAULT_BLOCK_SIZE"] = str(block)
+    python = kv_tiers.store_client_python(plan.recipe)
+    if python and "store_python" not in knobs and ep.role in kv_tiers.store_roles(plan.recipe):
+        env["SIM_STORE_PYTHON"] = python  # the store client runs with Mooncake's Python
     acc = plan.recipe.accuracy
     if acc.enabled and acc.data:
         # The simulator has no model: it answers GSM8K from the task's own answer key.

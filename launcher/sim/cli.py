@@ -20,7 +20,7 @@ from typing import Any
 
 from launcher.sim import argv as argv_mod
 from launcher.sim import knobs as knobs_mod
-from launcher.sim import vllm_flags
+from launcher.sim import tiers, vllm_flags
 
 # Destinations of vLLM flags the simulator models; any other flag given is listed at start-up.
 _MODELLED = {
@@ -93,6 +93,9 @@ class SimConfig:
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int = 29501
+    # the connectors of --kv-transfer-config (a MultiConnector's children, else the one)
+    kv_chain: list[dict[str, Any]] = field(default_factory=list)
+    kv_load_failure_policy: str = "fail"
     ignored_flags: list[str] = field(default_factory=list)
     argv_warnings: list[tuple[str, str]] = field(default_factory=list)
 
@@ -107,6 +110,11 @@ class SimConfig:
     @property
     def is_consumer(self) -> bool:
         return self.kv_role in ("kv_consumer", "kv_both")
+
+    @property
+    def nixl(self) -> bool:
+        """A P->D connector in the chain (anything but the store and CPU offload tiers)."""
+        return any(k.get("kv_connector") not in tiers.TIER_CONNECTORS for k in self.kv_chain)
 
     @property
     def stats_logging(self) -> bool:
@@ -274,6 +282,8 @@ def parse(argv: list[str], env: dict[str, str] | None = None) -> SimConfig:
         node_rank=ns.node_rank,
         master_addr=ns.master_addr,
         master_port=ns.master_port,
+        kv_chain=tiers.chain(kv),
+        kv_load_failure_policy=str(kv.get("kv_load_failure_policy") or "fail"),
         ignored_flags=ignored,
         argv_warnings=warnings,
     )

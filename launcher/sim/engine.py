@@ -25,8 +25,10 @@ from launcher.sim import vlog
 from launcher.sim.cli import SimConfig
 from launcher.sim.metrics import CACHED_SOURCES, EngineStats
 from launcher.sim.prefix_cache import BlockPool
+from launcher.sim.tiers import Tier
 
 _MAX_DEBT_S = 0.005
+LOADING = "loading"  # _admit_cached: blocks allocated, a KV tier's load comes first
 # kv fetch stages of a consumer request (vllm:num_requests_kv_fetch_by_stage)
 NO_FETCH, FETCH_WAITING, FETCH_RUNNING, FETCH_DONE = 0, 1, 2, 3
 
@@ -42,6 +44,7 @@ class Req:
         "counted_prompt",
         "error",
         "event",
+        "ext_source",
         "external",
         "fail_kv",
         "finished",
@@ -60,10 +63,12 @@ class Req:
         "queued",
         "remote",
         "remote_decode",
+        "saved_blocks",
         "scheduled",
         "stage",
         "state_ids",
         "stop_after",
+        "tier_hits",
     )
 
     def __init__(self, req_id: str, prompt_len: int, max_tokens: int,
@@ -92,6 +97,10 @@ class Req:
         self.remote_decode = remote_decode
         self.stage = FETCH_WAITING if remote else NO_FETCH
         self.external = 0
+        self.ext_source = "p2p"  # vLLM's CacheHitSource of the external tokens
+        # (tier, leading blocks it holds) per KV tier, from the lookup made on arrival
+        self.tier_hits: list[tuple[Tier, int]] = []
+        self.saved_blocks = 0  # leading prompt blocks handed to the tiers to keep
         self.finished: str | None = None
         self.error: str | None = None
         self.event = asyncio.Event()
@@ -170,6 +179,7 @@ class Engine:
         self.interval = Interval()
         self.wake = asyncio.Event()
         self.pull: PullFn | None = None
+        self.tiers: list[Tier] = []  # KV tiers below the GPU blocks, in chain order
         self._task: asyncio.Task[None] | None = None
         self._last_step_end = time.time()
         self._virtual_end = self._last_step_end
@@ -194,6 +204,23 @@ class Engine:
     def add(self, req: Req) -> None:
         if req.remote and self.cfg.is_consumer:
             req.fail_kv = self.fails_kv(req.remote.get("remote_request_id", req.id))
+        if self.tiers and req.hashes:
+            # the tiers are asked before the request queues (vLLM asks each connector at
+            # admission; the store's answer is a round trip, so it is made here, once). A
+            # request pulled over NIXL is asked about too (MultiConnector asks every child)
+            # but NIXL, first in the chain, serves it.
+            asyncio.get_running_loop().create_task(self._look_up_tiers(req))
+            return
+        self.waiting.append(req)
+        self.wake.set()
+
+    async def _look_up_tiers(self, req: Req) -> None:
+        cap = (req.prompt_len - 1) // self.block_size  # the last token is recomputed
+        for tier in self.tiers:
+            if tier.lookup_enabled and cap > 0:
+                req.tier_hits.append((tier, await tier.lookup(self.stats, req.hashes[:cap])))
+        if req.finished:  # aborted meanwhile
+            return
         self.waiting.append(req)
         self.wake.set()
 
@@ -351,13 +378,30 @@ class Engine:
         req.block_ids += self.pool.take(need_attn)
         return True
 
-    def _admit_cached(self, req: Req, tokens: int) -> bool:
+    def _admit_cached(self, req: Req, tokens: int) -> bool | str:
         """Admit a new request: take the longest cached run of its leading blocks (never its
         last token: vLLM recomputes it for the logits), then blocks for `tokens` more tokens
-        (capped at the prompt). False, with nothing taken, when that does not fit."""
+        (capped at the prompt). False, with nothing taken, when that does not fit; LOADING when a
+        KV tier holds blocks past the local hit: those are allocated and loaded first."""
         bs = self.block_size
         hit = self.pool.longest_hit(req.hashes, (req.prompt_len - 1) // bs)
         computed = len(hit) * bs
+        if not req.preemptions:
+            # the first tier holding blocks past the local hit serves them (vLLM's
+            # MultiConnector picks the first child with new matched tokens)
+            tier, more = next(((t, n - len(hit)) for t, n in req.tier_hits if n > len(hit)),
+                              (None, 0))
+            if tier is not None:
+                need = more + self.k.state_blocks_per_request + self.pool.free_among(hit)
+                if need > self.pool.num_free:
+                    return False
+                self.pool.touch(hit)
+                req.block_ids = list(hit)
+                req.cached_blocks = len(hit)
+                req.computed = computed
+                self._alloc(req, computed + more * bs)
+                req.tier_hits = [(tier, more)]
+                return LOADING
         n = min(tokens, req.prompt_len + req.generated - computed)
         need = (-(-(computed + n) // bs) - len(hit) + self.k.state_blocks_per_request
                 + self.pool.free_among(hit))
@@ -474,20 +518,21 @@ class Engine:
             break
         if preempted:
             return scheduled, prefill_tokens, decode_seqs, ctx
-        # KV pulled from a prefill: the last prompt token is computed here (1 token).
+        # KV pulled from a prefill (the last prompt token is computed here) or loaded from a
+        # tier (the rest of the prompt is, in chunks)
         while self.ready and budget > 0 and len(running) < cfg.max_num_seqs:
             req = self.ready[0]
-            if not self._alloc(req, req.prompt_len):
+            n = min(req.prompt_len - req.computed, budget)
+            if not self._alloc(req, req.computed + n):
                 break
             self.ready.popleft()
             req.stage = NO_FETCH
             req.scheduled = req.scheduled or now
-            n = req.prompt_len - req.computed
             running.append(req)
             scheduled.append((req, n))
             budget -= n
             prefill_tokens += n
-            self._cache_blocks(req, req.prompt_len)
+            self._cache_blocks(req, req.computed + n)
         waiting = self.waiting
         lookups = [0, 0, 0]  # this step's (requests, queried tokens, hit tokens)
         while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
@@ -500,10 +545,14 @@ class Engine:
                 self._count_lookup(req, lookups)
                 self._start_pull(req)
                 continue
-            if not self._admit_cached(req, budget):
+            admitted = self._admit_cached(req, budget)
+            if not admitted:
                 break
             waiting.popleft()
             self._count_lookup(req, lookups)
+            if admitted == LOADING:
+                self._start_load(req)
+                continue
             n = min(req.prompt_len + req.generated - req.computed, budget)
             if req.scheduled is None:
                 req.scheduled = now
@@ -537,6 +586,35 @@ class Engine:
         self.stats.inc("vllm:num_preemptions")
         self.interval.preemptions += 1
         self.waiting.appendleft(req)
+
+    def _start_load(self, req: Req) -> None:
+        self.fetching.add(req)
+        asyncio.get_running_loop().create_task(self._run_load(req))
+
+    async def _run_load(self, req: Req) -> None:
+        """Load the blocks a tier holds past the local hit (vLLM's load_async: the request
+        waits for them, then computes the rest of its prompt)."""
+        [(tier, more)] = req.tier_hits
+        first = req.computed // self.block_size
+        got = await tier.load(self.stats, req.hashes[first:first + more])
+        self.fetching.discard(req)
+        if req.finished:  # aborted meanwhile
+            self._free(req)
+            return
+        if got < more and self.cfg.kv_load_failure_policy == "fail":
+            vlog.warning("scheduler.py:3764", "Failing 1 request(s) due to KV load failure "
+                         f"(failure_policy=fail, {req.prompt_len} tokens affected). "
+                         f"Request IDs: ['{req.id}']", proc="EngineCore_DP0")
+            req.error = f"KV load from {tier.name} failed"
+            self._finish(req, "error", time.time())
+            self.wake.set()
+            return
+        req.external = got * self.block_size  # 'recompute': what arrived whole is kept
+        req.ext_source = tier.source
+        req.computed += req.external
+        req.stage = FETCH_DONE
+        self.ready.append(req)
+        self.wake.set()
 
     def _start_pull(self, req: Req) -> None:
         req.stage = FETCH_RUNNING
@@ -606,7 +684,11 @@ class Engine:
                 continue
             if req.computed < req.prompt_len:
                 interval.prompt_tokens += min(n, req.prompt_len - req.computed)
-            req.computed += n
+                req.computed += n
+                if self.saving:
+                    self._save(req)
+            else:
+                req.computed += n
             if req.computed < req.prompt_len + req.generated:
                 continue  # chunked prefill not done yet
             if req.first_token is None:
@@ -666,6 +748,22 @@ class Engine:
                 iv.spec_accepted_per_pos[pos] += 1
         return accepted
 
+    @property
+    def saving(self) -> bool:
+        return any(t.can_save for t in self.tiers)
+
+    def _save(self, req: Req) -> None:
+        """Hand the prompt's newly computed full blocks to the tiers that keep them (vLLM's
+        connectors save as the forward pass writes them)."""
+        full = min(req.computed // self.block_size, len(req.hashes))
+        if full <= req.saved_blocks:
+            return
+        new = req.hashes[req.saved_blocks:full]
+        req.saved_blocks = full
+        for tier in self.tiers:
+            if tier.can_save:
+                tier.save(self.stats, new)
+
     def _count_prompt(self, req: Req, now: float) -> None:
         st = self.stats
         c = st.counters
@@ -676,13 +774,15 @@ class Engine:
         c["vllm:prompt_tokens_by_source|local_cache_hit"] += local
         c["vllm:prompt_tokens_by_source|external_kv_transfer"] += ext
         c["vllm:prompt_tokens_cached"] += ext + local
-        c["vllm:prompt_tokens_cached_by_source|p2p"] += ext
+        c[f"vllm:prompt_tokens_cached_by_source|{req.ext_source}"] += ext
         if self.cfg.kv_connector:
             # vLLM's scheduler asks the connector about every new request, on the producer
-            # too (no hits there): both print "External prefix cache hit rate".
-            c["vllm:external_prefix_cache_queries"] += req.prompt_len
+            # too (no hits there): both print "External prefix cache hit rate". It asks for
+            # the tokens past the local hit (scheduler.py:1211).
+            asked = req.prompt_len - local
+            c["vllm:external_prefix_cache_queries"] += asked
             c["vllm:external_prefix_cache_hits"] += ext
-            self._ext_window.append((req.prompt_len, ext))
+            self._ext_window.append((asked, ext))
         st.hists["vllm:time_to_first_token_seconds"].observe(now - req.arrival)
 
     def _finish(self, req: Req, reason: str, now: float) -> None:

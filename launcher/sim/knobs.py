@@ -113,6 +113,15 @@ class Knobs:
         "and a prefill whose lease runs out meanwhile has freed their blocks, as in vLLM."))
     connect_timeout_s: float = field(default=5.0, metadata=_doc(
         "Timeout for side-channel (KV pull) connects and replies, wall-clock seconds."))
+    store_python: str = field(default="", metadata=_doc(
+        "The Python that has Mooncake's store client (mooncake.store, from the "
+        "mooncake-transfer-engine wheel), used when --kv-transfer-config names "
+        "MooncakeStoreConnector: the engine runs its store client with it. Empty: the python "
+        "beside mooncake_master on PATH, else the simulator's own."))
+    offload_bandwidth_gbps: float = field(default=100.0, metadata=_doc(
+        "Copy bandwidth between GPU and host memory of a CPU offload tier "
+        "(OffloadingConnector, SimpleCPUOffloadConnector), in GB/s each way (invented, not "
+        "measured)."))
     spec_accept: float = field(default=0.8, metadata=_doc(
         "With --speculative-config: the chance that each draft position is accepted given the "
         "one before it was (a step's tokens are 1 + the accepted run); the acceptance rate "
@@ -181,6 +190,7 @@ def load(env: dict[str, str] | None = None, flags: dict[str, str] | None = None)
 
 
 POSITIVE = frozenset({"speed", "prefill_tokens_per_s", "kv_bandwidth_gbps", "chars_per_token",
+                      "offload_bandwidth_gbps",
                       "default_block_size", "kv_capacity_tokens", "checkpoint_shards"})
 FRACTIONS = frozenset({"kv_fail_fraction", "accuracy"})
 CHOICES = {"crash_cause": ("", "oom", "nccl", "exception")}

@@ -16,7 +16,7 @@ async def _serve(cfg: SimConfig, fail: asyncio.Future[int]) -> list[object]:
     """Bring the part up; returns objects to close at exit. Runs as a task."""
     from aiohttp import web
 
-    from launcher.sim import nixl, statslog
+    from launcher.sim import nixl, statslog, tiers
     from launcher.sim.answers import Answerer
     from launcher.sim.dp import Head, HeadlessLink
     from launcher.sim.engine import Engine
@@ -56,7 +56,7 @@ async def _serve(cfg: SimConfig, fail: asyncio.Future[int]) -> list[object]:
             vlog.error("core.py:1080", str(exc))
             stop(1)
             return closers
-        if cfg.kv_connector:
+        if cfg.nixl:
             for rank in cfg.local_ranks:
                 read, done = link.handlers(rank)
                 closers.append(await nixl.serve_side_channel(
@@ -92,13 +92,25 @@ async def _serve(cfg: SimConfig, fail: asyncio.Future[int]) -> list[object]:
     hosts.update(head.remote_hosts)
     engines = [Engine(cfg, r, cfg.engine_id, hosts[r]) for r in ranks]
     head.engines = {e.rank: e for e in engines}
+    if any(k.get("kv_connector") in tiers.TIER_CONNECTORS for k in cfg.kv_chain):
+        try:
+            client, kids = await tiers.open_tiers(
+                cfg, ranks=len(engines) * max(1, cfg.tp_size // cfg.nnodes))
+        except tiers.TierError as exc:
+            vlog.error("core.py:1586", f"EngineCore failed to start: {exc}", proc="EngineCore_DP0")
+            stop(1)
+            return closers
+        if client is not None:
+            closers.append(client)
+        for e in engines:
+            tiers.attach(e, kids, client)
     if cfg.is_consumer:
         pull = nixl.make_pull(cfg)
         for e in engines:
             e.pull = pull
     for e in engines:
         e.start()
-    if cfg.kv_connector:
+    if cfg.nixl:
         for e in engines:
             if e.rank in cfg.local_ranks:
                 read, done = nixl.local_handlers(e)
@@ -178,6 +190,7 @@ async def run(cfg: SimConfig) -> int:
     from aiohttp import web
 
     from launcher.sim.dp import Head
+    from launcher.sim.tiers import StoreClient
     from launcher.sim.tp import Rendezvous
 
     for c in closers:
@@ -190,6 +203,8 @@ async def run(cfg: SimConfig) -> int:
                 await asyncio.wait_for(c.cleanup(), 2)
             elif isinstance(c, asyncio.Server):
                 c.close()
+            elif isinstance(c, StoreClient):
+                await c.close()
         except Exception:  # noqa: BLE001 - best effort at exit
             pass
     return code

@@ -151,7 +151,36 @@ HELP = {
     "vllm:request_prefill_kv_computed_tokens":
         "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
     "vllm:cache_config_info": "Information of the LLMEngine CacheConfig",
+    # vLLM 0.33 mooncake/store/metrics.py MooncakeStorePromMetrics
+    "vllm:mooncake_store_operation_time_seconds": "Histogram of Mooncake store communication time.",
+    "vllm:mooncake_store_operation": "Number of Mooncake store communication operations.",
+    "vllm:mooncake_store_operation_keys": "Number of Mooncake store keys touched by operations.",
+    "vllm:mooncake_store_operation_bytes":
+        "Number of bytes transferred by Mooncake store operations.",
+    "vllm:mooncake_store_operation_failed_keys":
+        "Number of Mooncake store keys that failed in operations.",
+    # offloading/metrics.py (OffloadingConnector, CPU spec): the flat names and the deprecated
+    # ones with transfer_type, both kept up to date
+    "vllm:kv_offload_load_bytes": "Total bytes loaded from offload storage to GPU.",
+    "vllm:kv_offload_load_time": "Total load time from offload storage to GPU, in seconds.",
+    "vllm:kv_offload_load_size": "Histogram of KV offload load operation size, in bytes.",
+    "vllm:kv_offload_store_bytes": "Total bytes stored from GPU to offload storage.",
+    "vllm:kv_offload_store_time": "Total store time from GPU to offload storage, in seconds.",
+    "vllm:kv_offload_store_size": "Histogram of KV offload store operation size, in bytes.",
+    "vllm:kv_offload_total_bytes": "Number of bytes offloaded by KV connector",
+    "vllm:kv_offload_total_time": "Total time measured by all KV offloading operations",
+    "vllm:kv_offload_size": "Histogram of KV offload transfer size, in bytes.",
+    # v1/simple_kv_offload/metrics.py (SimpleCPUOffloadConnector)
+    "vllm:simple_kv_offload_save_outcomes":
+        "Store admission decisions in SimpleCPUOffloadConnector, by outcome. Outcomes classify "
+        "eager-mode boundary hand-off stores; lazy-mode stores are not classified.",
+    "vllm:simple_kv_offload_load_blocks":
+        "KV blocks restored to GPU from the offload pool, counted when a load finishes. This "
+        "is prefill work avoided through offload cache hits.",
 }
+STORE_OPERATIONS = ("save_exists", "save_put", "load_get", "lookup_exists")
+SAVE_OUTCOMES = ("stored", "dropped_cpu_full", "dropped_request_gone", "dropped_null_block",
+                 "dropped_not_hashed", "skipped_already_cached", "skipped_in_flight")
 
 WAITING_REASONS = ("capacity", "deferred")
 KV_FETCH_STAGES = ("waiting_to_start", "in_progress", "completed_waiting")
@@ -236,6 +265,10 @@ class EngineStats:
     created: float = field(default_factory=time.time)
     counters: dict[str, float] = field(default_factory=dict)
     hists: dict[str, Hist] = field(default_factory=dict)
+    # KV tiers (launcher.sim.tiers): the Mooncake store's (operation, status) series, created
+    # when first observed as vLLM's are, and the CPU offload tier's counters
+    store_ops: dict[tuple[str, str], Any] = field(default_factory=dict)
+    offload: Any = None
 
     def __post_init__(self) -> None:
         keys = {
@@ -375,6 +408,84 @@ class _Family:
         self.created: list[str] = []
 
 
+def _tier_families(engines: list[GaugeSource], base: list[dict[str, str]], names: set[str],
+                   hist_fams: list[_Family], counter_fams: list[_Family],
+                   ordered: list[_Family]) -> None:
+    """The KV tiers' families (launcher.sim.tiers), after the P->D connector's as vLLM's
+    MultiConnector registers its children's. A store series exists once observed (vLLM binds
+    its labels on first use)."""
+    from launcher.sim.tiers import OFFLOADING, SIMPLE_OFFLOAD, STORE
+
+    def hist_series(fam: _Family, name: str, h: Hist, lab: dict[str, str], created: float):
+        acc = 0
+        for bound, c in zip(h.bounds, h.counts, strict=False):
+            acc += c
+            fam.lines.append(f"{name}_bucket{_labels({**lab, 'le': _fmt(bound)})} {_fmt(acc)}")
+        fam.lines.append(f"{name}_bucket{_labels({**lab, 'le': '+Inf'})} "
+                         f"{_fmt(acc + h.counts[-1])}")
+        fam.lines.append(f"{name}_count{_labels(lab)} {_fmt(h.count)}")
+        fam.lines.append(f"{name}_sum{_labels(lab)} {_fmt(h.sum)}")
+        fam.created.append(f"{name}_created{_labels(lab)} {_fmt(created)}")
+
+    def counter_fam(name: str, rows: list[tuple[dict[str, str], float, float]]) -> None:
+        fam = _Family(name + "_total", "counter", name)
+        for lab, value, created in rows:
+            fam.lines.append(f"{name}_total{_labels(lab)} {_fmt(value)}")
+            fam.created.append(f"{name}_created{_labels(lab)} {_fmt(created)}")
+        counter_fams.append(fam)
+        ordered.append(fam)
+
+    if STORE in names:
+        series = [({**lab, "operation": op, "status": st}, ops, e.stats.created)
+                  for e, lab in zip(engines, base, strict=True)
+                  for (op, st), ops in e.stats.store_ops.items()]
+        name = "vllm:mooncake_store_operation_time_seconds"
+        fam = _Family(name, "histogram")
+        for lab, ops, created in series:
+            hist_series(fam, name, ops.hist, lab, created)
+        hist_fams.append(fam)
+        ordered.append(fam)
+        for suffix, attr in (("", "calls"), ("_keys", "keys"), ("_bytes", "bytes"),
+                             ("_failed_keys", "failed_keys")):
+            counter_fam(f"vllm:mooncake_store_operation{suffix}",
+                        [(lab, getattr(ops, attr), c) for lab, ops, c in series])
+    offloads = [e for e in engines if e.stats.offload is not None]
+    if OFFLOADING in names and offloads:
+        rows = [(lab, e.stats.offload, e.stats.created)
+                for e, lab in zip(engines, base, strict=True) if e.stats.offload is not None]
+        for kind in ("load", "store"):
+            name = f"vllm:kv_offload_{kind}_size"
+            fam = _Family(name, "histogram")
+            for lab, c, created in rows:
+                hist_series(fam, name, getattr(c, f"{kind}_hist"), lab, created)
+            hist_fams.append(fam)
+            ordered.append(fam)
+            for what in ("bytes", "time"):
+                counter_fam(f"vllm:kv_offload_{kind}_{what}",
+                            [(lab, getattr(c, f"{kind}_{what}"), t) for lab, c, t in rows])
+        directions = (("CPU_to_GPU", "load"), ("GPU_to_CPU", "store"))
+        for what in ("bytes", "time"):
+            counter_fam(f"vllm:kv_offload_total_{what}",
+                        [({**lab, "transfer_type": tt}, getattr(c, f"{kind}_{what}"), t)
+                         for lab, c, t in rows for tt, kind in directions])
+        name = "vllm:kv_offload_size"
+        fam = _Family(name, "histogram")
+        for lab, c, created in rows:
+            for tt, kind in directions:
+                hist_series(fam, name, getattr(c, f"{kind}_hist"),
+                            {**lab, "transfer_type": tt}, created)
+        hist_fams.append(fam)
+        ordered.append(fam)
+    if SIMPLE_OFFLOAD in names and offloads:
+        rows = [(lab, e.stats.offload, e.stats.created)
+                for e, lab in zip(engines, base, strict=True) if e.stats.offload is not None]
+        counter_fam("vllm:simple_kv_offload_save_outcomes",
+                    [({**lab, "outcome": o}, c.outcomes.get(o, 0), t)
+                     for lab, c, t in rows for o in SAVE_OUTCOMES])
+        counter_fam("vllm:simple_kv_offload_load_blocks",
+                    [(lab, c.load_blocks, t) for lab, c, t in rows])
+
+
 def render(engines: list[GaugeSource], model_name: str, *, nixl: bool, consumer: bool,
            multiproc: bool, http: HttpStats | None = None) -> str:
     """The /metrics body for ``engines`` (all engines the API server fronts), with the API
@@ -449,6 +560,9 @@ def render(engines: list[GaugeSource], model_name: str, *, nixl: bool, consumer:
             hist(name)
         for name in _NIXL_COUNTERS:
             counter(name)
+    tier_names = {t.name for t in getattr(engines[0], "tiers", ())} if engines else set()
+    if tier_names:
+        _tier_families(engines, base, tier_names, hist_fams, counter_fams, ordered)
     for name in _PERF_COUNTERS:
         counter(name)
     gauge("vllm:num_requests_running", "running")

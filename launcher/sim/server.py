@@ -213,7 +213,7 @@ class Api:
 
     async def metrics(self, request: web.Request) -> web.Response:
         body = metrics.render(self.engines, self.cfg.served_model_name,
-                              nixl=bool(self.cfg.kv_connector), consumer=self.cfg.is_consumer,
+                              nixl=self.cfg.nixl, consumer=self.cfg.is_consumer,
                               multiproc=self.cfg.api_server_count > 1, http=self.http)
         return web.Response(body=body.encode(),
                             headers={"Content-Type": "text/plain; version=0.0.4; "
@@ -350,7 +350,7 @@ class Api:
                 remote = kvp
         n = body.get("n", 1)
         hashes = None
-        if engine.pool.caching:
+        if engine.pool.caching or engine.tiers:  # the tiers key blocks by the same hashes
             salt = body.get("cache_salt")
             try:
                 hashes = block_hashes(prompt.ids, engine.block_size,

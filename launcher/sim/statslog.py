@@ -138,7 +138,7 @@ def log_interval(engines: Sequence[Engine], aggregate: bool) -> None:
             merged.failed += iv.failed
             merged.expired += iv.expired
             merged.notifs_after_expiry += iv.notifs_after_expiry
-        kv = kv_message(merged) if engines[0].cfg.kv_connector else None
+        kv = kv_message(merged) if engines[0].cfg.nixl else None
         if kv:
             vlog.log(level, KV_WHERE, kv)
         return
@@ -155,7 +155,7 @@ def log_interval(engines: Sequence[Engine], aggregate: bool) -> None:
         spec = spec_message(iv, elapsed)
         if spec:  # after the stats line, before the KV connector's (loggers.py:340)
             vlog.log(level, SPEC_WHERE, spec)
-        kv = kv_message(iv) if e.cfg.kv_connector else None
+        kv = kv_message(iv) if e.cfg.nixl else None
         if kv:  # vLLM logs it with the stats line's level: an idle engine's is DEBUG too
             vlog.log(level, KV_WHERE, kv)
 
