@@ -158,3 +158,22 @@ def test_a_wrong_extra_input_or_cache_warm_up_is_one_sentence(bad, words):
     with pytest.raises(ValidationError) as e:
         AgenticBenchmark(**given)
     assert words in str(e.value)
+
+
+def test_the_schema_2_forms_of_the_same_classes_import():
+    """InferenceX's schema-2 agentic files (e.g. minimaxm3/vllm/gb200-fp4/agentx @cc775f53)
+    write KV events per role, the per-GPU DP layout and its power switches."""
+    f = ROOT / "dsv4" / "vllm" / "gb200-fp4" / "agentx" / "disagg-1p1d-dep8-dep8-mtp.yaml"
+    data = yaml.safe_load(f.read_text())
+    data["engine"]["dp_launch_mode"] = "per_gpu"
+    data["roles"]["prefill"]["kv_events"] = True
+    data["benchmark"]["env"].update(ENABLE_AGENTX_POWER="1", REQUIRE_POWER="1")
+    recipe, report = srt_slurm.convert(data, "x.yaml", "0" * 64, site_aliases(data))
+    dev = dict(report.deviations)
+    assert "Dynamo's KV router" in dev["roles.prefill.kv_events"]
+    assert "one vllm serve per node" in dev["engine.dp_launch_mode"]
+    assert "NVML" in dev["benchmark.env.ENABLE_AGENTX_POWER"]
+    assert not report.refused
+    data["frontend"]["type"] = "vllm-router"  # KV events without Dynamo: nothing reads them
+    with pytest.raises(UserError, match="roles.prefill.kv_events"):
+        srt_slurm.convert(data, "x.yaml", "0" * 64, site_aliases(data))

@@ -1103,6 +1103,11 @@ AGENTX_ENV_MOOT = {
     "AIPERF_BENCHMARK_GRACE_PERIOD": "read neither by InferenceX's script at the recipe's "
     "commit nor by AIPerf 0.13.0 (not one of its settings): AIPerf's --benchmark-grace-period "
     "stays its 30 s default, as it does there",
+    "ENABLE_AGENTX_POWER": "InferenceX's power figure per point (its script's GPU monitor, off "
+    "where IS_MULTINODE, where srt-slurm's telemetry measures it): the launcher's agent "
+    "records every GPU's power and energy (NVML) on every run",
+    "REQUIRE_POWER": "fails InferenceX's result without a power figure: the launcher's agent "
+    "records every GPU's power on every run, and no point fails for want of it",
     # labels of InferenceX's result file (benchmark_lib.sh set_parallelism_metadata): the
     # plan records the shape itself
     "TP": "a label of InferenceX's result file: the plan records each role's shape",
