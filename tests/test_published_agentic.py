@@ -162,14 +162,18 @@ def test_a_wrong_extra_input_or_cache_warm_up_is_one_sentence(bad, words):
 
 def test_the_schema_2_forms_of_the_same_classes_import():
     """InferenceX's schema-2 agentic files (e.g. minimaxm3/vllm/gb200-fp4/agentx @cc775f53)
-    write KV events per role, the per-GPU DP layout and its power switches."""
+    write KV events per role, the per-GPU DP layout, power switches and Dynamo's router
+    options on a worker."""
     f = ROOT / "dsv4" / "vllm" / "gb200-fp4" / "agentx" / "disagg-1p1d-dep8-dep8-mtp.yaml"
     data = yaml.safe_load(f.read_text())
     data["engine"]["dp_launch_mode"] = "per_gpu"
     data["roles"]["prefill"]["kv_events"] = True
     data["benchmark"]["env"].update(ENABLE_AGENTX_POWER="1", REQUIRE_POWER="1")
+    data["roles"]["prefill"]["args"]["router-mode"] = "least-loaded"  # Dynamo's, on a worker
     recipe, report = srt_slurm.convert(data, "x.yaml", "0" * 64, site_aliases(data))
     dev = dict(report.deviations)
+    assert "not a `vllm serve` flag" in dev["roles.prefill.args.router-mode"]
+    assert "router-mode" not in {**recipe.get("vllm_args", {}), **recipe["prefill"]["args"]}
     assert "Dynamo's KV router" in dev["roles.prefill.kv_events"]
     assert "one vllm serve per node" in dev["engine.dp_launch_mode"]
     assert "NVML" in dev["benchmark.env.ENABLE_AGENTX_POWER"]

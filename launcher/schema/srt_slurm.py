@@ -476,6 +476,12 @@ def _vllm_flags() -> frozenset[str]:
                      for o in rec["options"] if o.startswith("--"))
 
 
+def _vllm_version() -> str:
+    from launcher.sim import vllm_flags
+
+    return vllm_flags.VLLM_VERSION
+
+
 def _abbreviated(name: str) -> str | None:
     """The one vLLM flag `name` is a prefix of, where it is no flag itself."""
     known = _vllm_flags()
@@ -512,6 +518,13 @@ def _pool_flags(src: _Source, key: str, ours: str, args: dict) -> None:
             src.deviate(f"{key}.{flag}", "one of Dynamo's frontend options (read by "
                         "`python -m dynamo.vllm`, not `vllm serve`): vllm-router fronts "
                         "the engines here, so it is not passed on")
+        elif flag.startswith("router-") and flag not in _vllm_flags():
+            # Dynamo's router options (dynamo.frontend --router-mode, --router-session-
+            # affinity-ttl-secs) written on a worker: vllm serve has no such flag
+            value = args.pop(flag)
+            src.deviate(f"{key}.{flag}", f"{show(value)}: one of Dynamo's router options, "
+                        f"not a `vllm serve` flag (vLLM {_vllm_version()} has none named so): "
+                        "vllm-router routes here, so it is not passed on")
         elif flag == "headless":
             args.pop(flag)
             src.refuse(f"{key}.headless", "the planner decides which parts are headless "
