@@ -90,6 +90,8 @@ def test_a_published_agentic_recipe_imports_and_plans(results, f):
     assert list(p.plan.recipe.benchmark.points) == [256]  # the file holds no CONC_LIST
     if "AIPERF_EXTRA_INPUTS" in env:
         assert ag.extra_inputs == env["AIPERF_EXTRA_INPUTS"].split()
+    if "AIPERF_BENCHMARK_GRACE_PERIOD" in env:
+        assert ag.grace_period_s == float(env["AIPERF_BENCHMARK_GRACE_PERIOD"])
     if "AIPERF_LIVE_FAILED_REQUEST_THRESHOLD" in env:
         assert ag.failed_request_threshold == float(env["AIPERF_LIVE_FAILED_REQUEST_THRESHOLD"])
     # each role's connector chain is the file's kv-transfer-config, as written
@@ -137,11 +139,12 @@ def test_aiperf_gets_the_extra_inputs_and_the_cache_warm_up():
         session_header="X-Session-ID", artifact_dir="d", extra_input=["thinking:true"],
         tokenizer=None, public_dataset="x", duration=1800.0, conversations=None, warmup=0,
         think_cap=None, max_context=None, scenario="inferencex-agentx-mvp", cache_warmup=600.0,
-        metrics=[])
+        grace_period=120.0, metrics=[])
     argv = agentic.aiperf_argv(a)
     i = argv.index("--extra-inputs")
     assert argv[i + 1:i + 3] == ["ignore_eos:true", "thinking:true"]
     assert argv[argv.index("--agentic-cache-warmup-duration") + 1] == "600"
+    assert argv[argv.index("--benchmark-grace-period") + 1] == "120"
 
 
 @pytest.mark.parametrize("bad, words", [
@@ -168,7 +171,9 @@ def test_the_schema_2_forms_of_the_same_classes_import():
     data = yaml.safe_load(f.read_text())
     data["engine"]["dp_launch_mode"] = "per_gpu"
     data["roles"]["prefill"]["kv_events"] = True
-    data["benchmark"]["env"].update(ENABLE_AGENTX_POWER="1", REQUIRE_POWER="1")
+    data["benchmark"]["env"].update(  # the last two as @475b3e6c's files set them
+        ENABLE_AGENTX_POWER="1", REQUIRE_POWER="1", AIPERF_BENCHMARK_GRACE_PERIOD="120",
+        AIPERF_AGENTIC_CACHE_WARMUP_DURATION="600")
     data["roles"]["prefill"]["args"]["router-mode"] = "least-loaded"  # Dynamo's, on a worker
     recipe, report = srt_slurm.convert(data, "x.yaml", "0" * 64, site_aliases(data))
     dev = dict(report.deviations)
@@ -177,6 +182,8 @@ def test_the_schema_2_forms_of_the_same_classes_import():
     assert "Dynamo's KV router" in dev["roles.prefill.kv_events"]
     assert "one vllm serve per node" in dev["engine.dp_launch_mode"]
     assert "NVML" in dev["benchmark.env.ENABLE_AGENTX_POWER"]
+    ag = recipe["benchmark"]["agentic"]
+    assert (ag["grace_period_s"], ag["cache_warmup_s"]) == (120.0, 600.0)
     assert not report.refused
     data["frontend"]["type"] = "vllm-router"  # KV events without Dynamo: nothing reads them
     with pytest.raises(UserError, match="roles.prefill.kv_events"):

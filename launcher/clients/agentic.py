@@ -61,6 +61,8 @@ def aiperf_argv(a: argparse.Namespace) -> list[str]:
         argv += ["--max-context-length", str(a.max_context)]
     if a.scenario:
         argv += ["--scenario", a.scenario]
+    if a.grace_period is not None:
+        argv += ["--benchmark-grace-period", f"{a.grace_period:g}"]
     if a.cache_warmup is not None:
         argv += ["--agentic-cache-warmup-duration", f"{a.cache_warmup:g}"]
     urls = [u for _, u in a.metrics]
@@ -391,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--failed-threshold", type=float, default=0.10)
     p.add_argument("--scenario")
     p.add_argument("--cache-warmup", type=float)
+    p.add_argument("--grace-period", type=float)
     p.add_argument("--extra-input", action="append", default=[], metavar="KEY:VALUE")
     p.add_argument("--session-header", default="X-Session-ID")
     p.add_argument("--metrics", action="append", default=[], metavar="ROLE=URL",

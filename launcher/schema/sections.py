@@ -566,6 +566,10 @@ class AgenticBenchmark(Strict):
         default_factory=list, max_length=64,
         description="more fields of every request's body, each key:value (AIPerf's "
         "--extra-inputs, e.g. thinking:true), after the launcher's ignore_eos:true")
+    grace_period_s: float | None = Field(
+        default=None, ge=0, le=86400,
+        description="after duration_s, how long AIPerf still waits for answers that then "
+        "count (--benchmark-grace-period); none: AIPerf's 30 s")
     cache_warmup_s: float | None = Field(
         default=None, gt=0, le=86400,
         description="AIPerf's accelerated cache warm-up after the snapshot warm-up, seconds "

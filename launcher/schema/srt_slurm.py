@@ -1111,11 +1111,9 @@ AGENTX_ENV_MOOT = {
     "scenario inferencex-agentx-mvp refuses (forbid_trace_idle_gap_cap; it caps whole-system "
     "idle gaps at 10 s itself): not passed, so a trace's own idle gaps stay as recorded",
     "AGENTIC_WARMUP_GRACE_PERIOD": "--warmup-grace-period of InferenceX's per-lane warm-up "
-    "(--warmup-requests-per-lane), which AIPerf 0.13.0 does not have: warm-up is "
-    "benchmark.agentic.warmup_requests here, waited for in full",
-    "AIPERF_BENCHMARK_GRACE_PERIOD": "read neither by InferenceX's script at the recipe's "
-    "commit nor by AIPerf 0.13.0 (not one of its settings): AIPerf's --benchmark-grace-period "
-    "stays its 30 s default, as it does there",
+    "(--warmup-requests-per-lane), which AIPerf 0.13.0 does not have; its --warmup-grace-"
+    "period needs --warmup-duration, which benchmark.agentic.warmup_requests does not set: "
+    "the warm-up requests are waited for in full",
     "ENABLE_AGENTX_POWER": "InferenceX's power figure per point (its script's GPU monitor, off "
     "where IS_MULTINODE, where srt-slurm's telemetry measures it): the launcher's agent "
     "records every GPU's power and energy (NVML) on every run",
@@ -1208,6 +1206,13 @@ def _agentic_benchmark(src: _Source) -> dict:
             ag["extra_inputs"] = v.split()
             src.map(key, "benchmark.agentic.extra_inputs (AIPerf's --extra-inputs, after the "
                     "launcher's ignore_eos:true)")
+        elif k == "AIPERF_BENCHMARK_GRACE_PERIOD":
+            try:
+                ag["grace_period_s"] = float(v)
+                src.map(key, "benchmark.agentic.grace_period_s (AIPerf's "
+                        "--benchmark-grace-period, as the script passes it)")
+            except ValueError:
+                src.refuse(key, f"{show(v)}: seconds, a number")
         elif k == "AIPERF_AGENTIC_CACHE_WARMUP_DURATION":
             try:
                 ag["cache_warmup_s"] = float(v)
