@@ -61,14 +61,14 @@ def test_schema_2_keys_without_a_v1_field_each_get_a_row():
     data["roles"]["decode"]["nodes"] = "colocate"
     data["host_setup"] = {"commands": ["nvidia-smi -lgc 1980"]}
     data["services"].append({"name": "x", "type": "generic", "command": ["sleep", "1"]})
-    data["roles"]["prefill"]["kv_events"] = True
+    data["roles"]["prefill"]["sidecar"] = True
     data["backend"] = {"type": "vllm"}
     with pytest.raises(UserError) as e:
         srt_slurm.convert(data, "x.yaml", "0" * 64)
     head, each = e.value.problems
     named = " ".join(each)
     for key in ("roles.decode.nodes", "host_setup", "services[2] (x)",
-                "roles.prefill.kv_events", "backend"):
+                "roles.prefill.sidecar", "backend"):
         assert key in named, key
     assert len(each) == 5, each
     assert "5 problems" in head
@@ -344,6 +344,11 @@ def test_a_list_flag_is_rendered_as_repeated_values(tmp_path):
     [run] = prepare.prepare_all(str(f), [], [], tmp_path / "runs")
     commands = (run.run.path / "commands.sh").read_text()
     assert "--numa-bind --" in commands and "--numa-bind-nodes 0 0 1 1" in commands
+    # longer than the GPUs an engine sees (InferenceX's MiniMax-M3 TP2 decodes write the
+    # node's four): vLLM reads the first entries and starts, so it plans
+    [longer] = prepare.prepare_all(str(f), ["prefill.args.numa-bind-nodes=[0, 0, 1, 1, 1]"],
+                                   [], tmp_path / "runs2")
+    assert "--numa-bind-nodes 0 0 1 1 1" in (longer.run.path / "commands.sh").read_text()
     assert yaml.safe_load((run.run.path / "recipe.yaml").read_text())[
         "prefill"]["args"]["numa-bind-nodes"] == [0, 0, 1, 1]
 

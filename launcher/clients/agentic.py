@@ -40,7 +40,8 @@ def aiperf_argv(a: argparse.Namespace) -> list[str]:
             "--failed-request-threshold", f"{a.failed_threshold:g}",
             "--use-server-token-count", "--session-header", a.session_header,
             "--artifact-dir", str(a.artifact_dir), "--ui-type", "none", "--no-gpu-telemetry",
-            "--cache-bust", "first_turn_prefix", "--extra-inputs", "ignore_eos:true"]
+            "--cache-bust", "first_turn_prefix", "--extra-inputs", "ignore_eos:true",
+            *a.extra_input]
     if a.tokenizer:
         argv += ["--tokenizer", a.tokenizer]
     if a.public_dataset:
@@ -60,6 +61,10 @@ def aiperf_argv(a: argparse.Namespace) -> list[str]:
         argv += ["--max-context-length", str(a.max_context)]
     if a.scenario:
         argv += ["--scenario", a.scenario]
+    if a.grace_period is not None:
+        argv += ["--benchmark-grace-period", f"{a.grace_period:g}"]
+    if a.cache_warmup is not None:
+        argv += ["--agentic-cache-warmup-duration", f"{a.cache_warmup:g}"]
     urls = [u for _, u in a.metrics]
     if urls:
         argv += ["--server-metrics", *urls]
@@ -387,6 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-context", type=int)
     p.add_argument("--failed-threshold", type=float, default=0.10)
     p.add_argument("--scenario")
+    p.add_argument("--cache-warmup", type=float)
+    p.add_argument("--grace-period", type=float)
+    p.add_argument("--extra-input", action="append", default=[], metavar="KEY:VALUE")
     p.add_argument("--session-header", default="X-Session-ID")
     p.add_argument("--metrics", action="append", default=[], metavar="ROLE=URL",
                    type=lambda s: tuple(s.split("=", 1)))

@@ -191,7 +191,8 @@ def _lists_for_one_value(plan: Plan) -> list[str]:
 def _numa_bind_nodes(plan: Plan) -> list[str]:
     """numa-bind-nodes names one NUMA node per GPU the process sees (vLLM's ParallelConfig;
     numa_utils indexes it by the GPU's local index, so a shorter list fails the engine at
-    start): its length against each engine part's GPUs."""
+    start; a longer one runs, its first entries read): its length against each engine
+    part's GPUs."""
     out = []
     for role, pool in plan.recipe.pools():
         for at, args in [(None, plan.recipe.vllm_args | pool.args)] + [
@@ -202,7 +203,7 @@ def _numa_bind_nodes(plan: Plan) -> list[str]:
                 continue
             seen = sorted({len(part.gpus) for ep in plan.endpoints if str(ep.role) == str(role)
                            for part in ep.parts})
-            wrong = [n for n in seen if n != len(nodes)]
+            wrong = [n for n in seen if n > len(nodes)]
             if wrong:
                 where = _source(plan, str(role), "--numa-bind-nodes", at) or "numa-bind-nodes"
                 out.append(f"{where} lists {len(nodes)} NUMA node(s), but each {role} engine "

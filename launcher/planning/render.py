@@ -443,6 +443,12 @@ def agentic_process(plan: Plan, c: int) -> Process:
         argv += ["--max-context", str(ag.max_context)]
     if ag.scenario:
         argv += ["--scenario", ag.scenario]
+    if ag.grace_period_s is not None:
+        argv += ["--grace-period", f"{ag.grace_period_s:g}"]
+    if ag.cache_warmup_s is not None:
+        argv += ["--cache-warmup", f"{ag.cache_warmup_s:g}"]
+    for item in ag.extra_inputs:
+        argv += ["--extra-input", item]
     for m in metrics:
         argv += ["--metrics", m]
     argv += ["--artifact-dir", str(result.with_name(f"aiperf-{result.stem}")),

@@ -566,6 +566,19 @@ class AgenticBenchmark(Strict):
     max_context: int | None = Field(
         default=None, ge=1, le=1 << 24,
         description="drop whole sessions whose context exceeds this (--max-context-length)")
+    extra_inputs: list[str] = Field(
+        default_factory=list, max_length=64,
+        description="more fields of every request's body, each key:value (AIPerf's "
+        "--extra-inputs, e.g. thinking:true), after the launcher's ignore_eos:true")
+    grace_period_s: float | None = Field(
+        default=None, ge=0, le=86400,
+        description="after duration_s, how long AIPerf still waits for answers that then "
+        "count (--benchmark-grace-period); none: AIPerf's 30 s")
+    cache_warmup_s: float | None = Field(
+        default=None, gt=0, le=86400,
+        description="AIPerf's accelerated cache warm-up after the snapshot warm-up, seconds "
+        "(--agentic-cache-warmup-duration); agentic replay only (scenario "
+        "inferencex-agentx-mvp)")
     failed_request_threshold: float = Field(
         default=0.10, gt=0, le=1,
         description="AIPerf ends a point once this share of its requests failed "
@@ -607,11 +620,25 @@ class AgenticBenchmark(Strict):
                                     " (launcher/data/aiperf-0.13.0-env.txt lists them)"))
         return v
 
+    @field_validator("extra_inputs")
+    @classmethod
+    def _key_value(cls, v: list[str]) -> list[str]:
+        for item in v:  # AIPerf splits each on its first colon
+            if not isinstance(item, str) or ":" not in item or item.startswith(":") \
+                    or _CONTROL.search(item) or any(c.isspace() for c in item):
+                raise ValueError(f"{show(item)} is not key:value (one request field, no "
+                                 "spaces, e.g. thinking:true)")
+        return v
+
     @model_validator(mode="after")
     def _scenario_locks(self) -> AgenticBenchmark:
         # what AIPerf 0.13.0's inferencex-agentx-mvp scenario refuses at start-up
         # (aiperf/common/scenario/inferencex_agentx_mvp.py), said before a GPU is spent
         if self.scenario != AGENTX_SCENARIO:
+            if self.cache_warmup_s is not None:  # AIPerf refuses it outside agentic replay
+                raise ValueError(f"cache_warmup_s needs AIPerf's agentic replay, which "
+                                 f"scenario {AGENTX_SCENARIO} sets: add it or remove "
+                                 "cache_warmup_s")
             return self
         if self.duration_s is not None and self.duration_s < 900:
             raise ValueError(f"duration_s {self.duration_s:g} is below the 900 s scenario "

@@ -11,6 +11,7 @@ sentence), and a key this import does not know is refused by name.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -455,7 +456,39 @@ def _args_of(src: _Source, mode: str) -> dict[str, Any]:
     cfg = src.section(f"backend.vllm_config.{mode}")
     for k in cfg:  # reported under the flag's dashed name; the source may write _
         src.get(f"backend.vllm_config.{mode}.{k}")
-    return {flag_key(str(k)): v for k, v in cfg.items()}
+    out = {}
+    for k, v in cfg.items():
+        name = flag_key(str(k))
+        full = _abbreviated(name)
+        if full is not None and full not in cfg:
+            src.map(f"backend.vllm_config.{mode}.{k}", f"--{full}: vLLM's parser takes "
+                    f"--{name} as that flag (argparse's allow_abbrev), written in full")
+            name = full
+        out[name] = v
+    return out
+
+
+@functools.cache
+def _vllm_flags() -> frozenset[str]:
+    from launcher.sim import vllm_flags
+
+    return frozenset(o.removeprefix("--") for rec in vllm_flags.FLAGS
+                     for o in rec["options"] if o.startswith("--"))
+
+
+def _vllm_version() -> str:
+    from launcher.sim import vllm_flags
+
+    return vllm_flags.VLLM_VERSION
+
+
+def _abbreviated(name: str) -> str | None:
+    """The one vLLM flag `name` is a prefix of, where it is no flag itself."""
+    known = _vllm_flags()
+    if name in known or name.split(".", 1)[0] in known:
+        return None
+    longer = [f for f in known if f.startswith(name)]
+    return longer[0] if len(longer) == 1 else None
 
 
 def _int_flag(src: _Source, key: str, value: Any, default: int = 1) -> int:
@@ -485,6 +518,13 @@ def _pool_flags(src: _Source, key: str, ours: str, args: dict) -> None:
             src.deviate(f"{key}.{flag}", "one of Dynamo's frontend options (read by "
                         "`python -m dynamo.vllm`, not `vllm serve`): vllm-router fronts "
                         "the engines here, so it is not passed on")
+        elif flag.startswith("router-") and flag not in _vllm_flags():
+            # Dynamo's router options (dynamo.frontend --router-mode, --router-session-
+            # affinity-ttl-secs) written on a worker: vllm serve has no such flag
+            value = args.pop(flag)
+            src.deviate(f"{key}.{flag}", f"{show(value)}: one of Dynamo's router options, "
+                        f"not a `vllm serve` flag (vLLM {_vllm_version()} has none named so): "
+                        "vllm-router routes here, so it is not passed on")
         elif flag == "headless":
             args.pop(flag)
             src.refuse(f"{key}.headless", "the planner decides which parts are headless "
@@ -608,11 +648,20 @@ def _pools(src: _Source, out: dict) -> str:
         if src.has(f"backend.{k}"):
             src.deviate(f"backend.{k}", "GPUs are always pinned with CUDA_VISIBLE_DEVICES here")
     _mooncake(src, out)
+    dynamo_events = bool(src.peek("backend.kv_events_config")) and \
+        src.peek("frontend.type", "dynamo") == "dynamo"
+    if dynamo_events:
+        src.get("backend.kv_events_config")
+        src.deviate("backend.kv_events_config", "the engines' KV events feed Dynamo's KV router "
+                    "(router-mode kv); vllm-router fronts them here and reads none (sessions "
+                    "are kept by consistent_hash), so the engines publish none")
     for k, why in (("kv_events_config", "KV events feed Dynamo's KV router, not run here"),
                    ("allow_prefill_decode_colocation", "the planner never puts prefill and "
                     "decode on one node"),
                    ("allow_prefill_decode_colocation_across_nodes", "the planner never puts "
                     "prefill and decode on one node")):
+        if k == "kv_events_config" and dynamo_events:
+            continue
         v = src.get(f"backend.{k}")
         if v:
             src.refuse(f"backend.{k}", f"{why}; remove it")
@@ -621,10 +670,14 @@ def _pools(src: _Source, out: dict) -> str:
     shared = [c for c in connectors if c is not None]
     if shared:
         if any(json.dumps(c, sort_keys=True) != json.dumps(shared[0], sort_keys=True)
-               for c in shared):
-            src.refuse("backend.vllm_config", "prefill and decode name different "
-                       "kv-transfer-config connectors: NIXL needs the same on both sides")
-        out["kv_connector"] = shared[0]
+               for c in shared):  # e.g. one side pins its engine_id: each keeps its own
+            for pool, c in zip(pools.values(), connectors, strict=True):
+                if c is not None:
+                    pool["kv_connector"] = c
+            src.deviate("backend.vllm_config", "prefill and decode write different NIXL "
+                        "kv-transfer-configs: each role's kv_connector is its own, as written")
+        else:
+            out["kv_connector"] = shared[0]
     # flags equal on every side go to vllm_args, the rest stay per pool
     sides = list(pools.values())
     common = {k: v for k, v in sides[0]["args"].items()
@@ -641,9 +694,15 @@ def _pools(src: _Source, out: dict) -> str:
 def _gpus_per(src: _Source, res: dict, short: str, ours: str, pool: dict, gpn: int) -> None:
     key = f"resources.gpus_per_{short}"
     have = pool["data_parallel"] * pool["tensor_parallel"]
+    pp = pool["args"].get("pipeline-parallel-size") if "args" in pool else None
     if key.split(".")[1] in res:
         n = src.get(key)
-        if n != have:
+        if isinstance(pp, int) and pp > 1 and n == have * pp:
+            src.refuse(key, f"{n} GPUs for pipeline-parallel-size {pp}: an engine here is "
+                       "data x tensor parallel only (no pipeline stages across trays); use "
+                       f"tensor-parallel-size {have * pp // pool['data_parallel']} or "
+                       f"data-parallel-size {have * pp // pool['tensor_parallel']} instead")
+        elif n != have:
             src.refuse(key, f"{show(n)} is not data-parallel-size x tensor-parallel-size "
                        f"({have}) of vllm_config.{'aggregated' if short == 'agg' else short}: "
                        "make them agree")
@@ -658,9 +717,14 @@ def _dp_launch_mode(src: _Source) -> None:
     if v == "per_node":
         src.map("backend.dp_launch_mode", "<pool>.fronts: per_node for endpoints over several "
                 "nodes (a front per node, --data-parallel-hybrid-lb)")
+    elif v == "per_gpu":  # the same DP ranks, one process each instead of one per node
+        src.deviate("backend.dp_launch_mode", "per_gpu: a process per DP rank is srt-slurm's "
+                    "deprecated layout of the same data-parallel engine (and srtctl runs one "
+                    "process per node behind a vllm front end itself): one vllm serve per "
+                    "node here, its local ranks inside it")
     else:
-        src.refuse("backend.dp_launch_mode", f"{show(v)}: one worker per GPU is deprecated in "
-                   "srt-slurm; use per_node")
+        src.refuse("backend.dp_launch_mode", f"{show(v)}: srt-slurm's layouts are per_node "
+                   "and per_gpu")
 
 
 def _connector(src: _Source, key: str, ours: str, conn: Any,
@@ -1037,6 +1101,29 @@ AGENTX_ENV_MOOT = {
     "AIPERF_DATASET_MMAP_CACHE_DIR": "AIPerf's dataset cache stays its default",
     "HF_HUB_CACHE": "the corpus is read from the profile's models.hf_home, where "
     "stage-dataset puts it",
+    "AIPERF_SERVER_METRICS_URLS": "the engines' /metrics URLs, which srtctl fills in for a "
+    "custom benchmark: the launcher gives AIPerf every engine's from the plan "
+    "(--server-metrics)",
+    "AIPERF_DYNAMO_SESSION_TIMEOUT_SECONDS": "the lease of Dynamo's conversation-aware "
+    "routing (--dynamo-session-timeout-seconds, only with FRAMEWORK dynamo-*): vllm-router's "
+    "consistent_hash keeps a session on its engines for the whole run, with no lease",
+    "AIPERF_TRACE_IDLE_GAP_CAP_SECONDS": "--trace-idle-gap-cap-seconds, which AIPerf 0.13.0's "
+    "scenario inferencex-agentx-mvp refuses (forbid_trace_idle_gap_cap; it caps whole-system "
+    "idle gaps at 10 s itself): not passed, so a trace's own idle gaps stay as recorded",
+    "AGENTIC_WARMUP_GRACE_PERIOD": "--warmup-grace-period of InferenceX's per-lane warm-up "
+    "(--warmup-requests-per-lane), which AIPerf 0.13.0 does not have; its --warmup-grace-"
+    "period needs --warmup-duration, which benchmark.agentic.warmup_requests does not set: "
+    "the warm-up requests are waited for in full",
+    "ENABLE_AGENTX_POWER": "InferenceX's power figure per point (its script's GPU monitor, off "
+    "where IS_MULTINODE, where srt-slurm's telemetry measures it): the launcher's agent "
+    "records every GPU's power and energy (NVML) on every run",
+    "REQUIRE_POWER": "fails InferenceX's result without a power figure: the launcher's agent "
+    "records every GPU's power on every run, and no point fails for want of it",
+    # labels of InferenceX's result file (benchmark_lib.sh set_parallelism_metadata): the
+    # plan records the shape itself
+    "TP": "a label of InferenceX's result file: the plan records each role's shape",
+    "EP_SIZE": "a label of InferenceX's result file: the plan records each role's shape",
+    "DP_ATTENTION": "a label of InferenceX's result file: the plan records each role's shape",
 }
 
 
@@ -1103,6 +1190,36 @@ def _agentic_benchmark(src: _Source) -> dict:
             else:
                 src.deviate(key, "Dynamo's conversation-aware routing: vllm-router keeps "
                             "a session on one prefill and decode by consistent_hash instead")
+        elif k in ("AIPERF_LIVE_FAILED_REQUEST_THRESHOLD", "AIPERF_FAILED_REQUEST_THRESHOLD"):
+            live = "AIPERF_LIVE_FAILED_REQUEST_THRESHOLD"
+            if k != live and live in text:  # the live one is what AIPerf gets
+                src.deviate(key, f"InferenceX's post-run gate; {live} is the threshold AIPerf "
+                            "gets, benchmark.agentic.failed_request_threshold")
+                continue
+            try:
+                ag["failed_request_threshold"] = float(v)
+                src.map(key, "benchmark.agentic.failed_request_threshold (AIPerf's "
+                        "--failed-request-threshold)")
+            except ValueError:
+                src.refuse(key, f"{show(v)}: a share of requests, a number in (0, 1]")
+        elif k == "AIPERF_EXTRA_INPUTS":
+            ag["extra_inputs"] = v.split()
+            src.map(key, "benchmark.agentic.extra_inputs (AIPerf's --extra-inputs, after the "
+                    "launcher's ignore_eos:true)")
+        elif k == "AIPERF_BENCHMARK_GRACE_PERIOD":
+            try:
+                ag["grace_period_s"] = float(v)
+                src.map(key, "benchmark.agentic.grace_period_s (AIPerf's "
+                        "--benchmark-grace-period, as the script passes it)")
+            except ValueError:
+                src.refuse(key, f"{show(v)}: seconds, a number")
+        elif k == "AIPERF_AGENTIC_CACHE_WARMUP_DURATION":
+            try:
+                ag["cache_warmup_s"] = float(v)
+                src.map(key, "benchmark.agentic.cache_warmup_s (AIPerf's "
+                        "--agentic-cache-warmup-duration)")
+            except ValueError:
+                src.refuse(key, f"{show(v)}: seconds, a number")
         elif k == "AIPERF_REQUIRED_SERVER_METRIC_PREFIX":
             src.map(key, "AIPerf records every engine's /metrics (vllm:*) in "
                     "server_metrics_export.json")
@@ -1115,6 +1232,10 @@ def _agentic_benchmark(src: _Source) -> dict:
         else:
             src.refuse(key, "is read by InferenceX's script, not by the launcher's AIPerf "
                        "driver; remove it or set the benchmark.agentic key it means")
+    if src.has("benchmark.aiperf_server_metrics"):
+        v = src.get("benchmark.aiperf_server_metrics")
+        src.map("benchmark.aiperf_server_metrics", f"{show(v)}: AIPerf records every engine's "
+                "/metrics (--server-metrics, the plan's URLs) on every agentic run")
     if "trace" not in ag:
         ag["trace"] = "semianalysis_cc_traces_weka_062126"
         src.deviate("benchmark.env", "names no WEKA_LOADER_OVERRIDE: the trace is the "
@@ -1311,13 +1432,19 @@ BUNDLED_FROM = "NVIDIA/srt-slurm-recipes@8b088c0e1cdf7b5803fbac34b84b6c87096d5c5
 
 # Copies of other repositories' srt-slurm recipes, under BUNDLED/<repository>/<its path>
 # (README.md): the commit each was read at.
+# InferenceX/: every GB200 vLLM agentic recipe on InferenceX's main at this commit, and
+# the few below at their own commit (files since removed from main)
+INFERENCEX_AT = "SemiAnalysisAI/InferenceX@843c6254ff69b567f772f6a5fd97675af3d04431"
 BUNDLED_OTHERS = {
     "InferenceX/benchmarks/multi_node/srt-slurm-recipes/dsv4/vllm/gb200-fp4/agentx/"
     "disagg-1p1d-dep8-dep8-mtp.yaml":
         "SemiAnalysisAI/InferenceX@4fa2a2ffe45a668403bc3cec91b05a9d65811bc4",
     "InferenceX/benchmarks/multi_node/srt-slurm-recipes/vllm/deepseek-v4/agentic/"
-    "disagg-gb200-1p1d-dep8-dep8-c128-mtp2-agentic.yaml":
-        "SemiAnalysisAI/InferenceX@843c6254ff69b567f772f6a5fd97675af3d04431",
+    "disagg-gb200-4p1d-tep4-tp8-agentic.yaml":
+        "SemiAnalysisAI/InferenceX@76ad0903625044821f8b26df236f9d98face9028",
+    "InferenceX/benchmarks/multi_node/srt-slurm-recipes/vllm/deepseek-r1/agentic/"
+    "disagg-gb200-1p2d-dep4-vllm-router-agentic.yaml":
+        "SemiAnalysisAI/InferenceX@395d57f0e1355628e84e12b9826d0ee634d9c631",
 }
 
 
@@ -1327,8 +1454,8 @@ def label_of(path: Path) -> str:
         rel = path.resolve().relative_to(BUNDLED.resolve())
     except (OSError, ValueError):
         return str(path)
-    if str(rel) in BUNDLED_OTHERS:
-        return f"{BUNDLED_OTHERS[str(rel)]}:{Path(*rel.parts[1:])}"
+    if rel.parts[0] == "InferenceX":
+        return f"{BUNDLED_OTHERS.get(str(rel), INFERENCEX_AT)}:{Path(*rel.parts[1:])}"
     return f"{BUNDLED_FROM}:{rel}"
 
 

@@ -244,6 +244,11 @@ def _roles(data: dict, out: dict, backend: dict, rows: list, renames: list) -> N
                 rows.append(("mapped", where, "true: a worker that exits fails the run") if v
                             is not False else ("refused", where, "false: a worker that exits "
                                                "always fails the run here"))
+            elif k == "kv_events" and v and _front_end(data) == "dynamo":
+                rows.append(("deviation", where, "the engines' KV events feed Dynamo's KV "
+                             "router (router-mode kv); vllm-router fronts them here and reads "
+                             "none (sessions are kept by consistent_hash), so they publish "
+                             "none"))
             elif k in ("kv_events", "sidecar"):
                 if v:
                     rows.append(("refused", where, "feeds Dynamo (its KV router or sidecar), "
@@ -264,6 +269,11 @@ def _roles(data: dict, out: dict, backend: dict, rows: list, renames: list) -> N
                     (f"resources.{short}_nodes", f"roles.{role}.nodes"),
                     (f"resources.{short}_workers", f"roles.{role}.workers"),
                     (f"resources.gpus_per_{short}", f"roles.{role}.gpus")]
+
+
+def _front_end(data: dict) -> object:
+    fe = data.get("frontend")
+    return (fe.get("type") or "dynamo") if isinstance(fe, dict) else "dynamo"
 
 
 def _mooncake_service(data: dict, backend: dict, rows: list, renames: list) -> None:
