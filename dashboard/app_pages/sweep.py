@@ -187,7 +187,38 @@ def agentic(info) -> bool:
         "ttft_later": num("TTFT later turns ms", format="%.0f"),
         "interactivity": num("interactivity tok/s", format="%.1f"),
         "requests": num("requests", format="%d"), "turns": num("turns", format="%d")})
+    st.caption("TTFT against each turn's context: the TTFT breakdown page; KV use, prefix "
+               "hits and the queue over a point: the KV cache page.")
+    sessions_per_decode(info)
     return True
+
+
+def sessions_per_decode(info) -> None:
+    """How the router spread the sessions over the decode endpoints, per point, from the
+    decodes' own per-request lines (a session is its conversation)."""
+    ag = ui.agentic(info)
+    st.subheader("Sessions per decode endpoint")
+    if ag is None or ag.sessions.empty:
+        st.info("The decodes logged no per-request line, so how the sessions spread is not "
+                "known: the simulator logs one per chat request with --enable-log-requests "
+                "(decode.args.enable-log-requests: true); real vLLM's line does not name "
+                "the conversation and is not read yet.")
+        return
+    t = ag.sessions
+    ui.altair(charts.sessions_per_endpoint(t))
+    split = int(t["split"].sum())
+    if split:
+        st.warning(f"{split} session(s) had turns on more than one decode endpoint: the router "
+                   "did not keep them on one decode (router.decode_policy), so their "
+                   "prefixes were transferred again.")
+    else:
+        st.caption("Every session's turns reached one decode endpoint.")
+    num = st.column_config.NumberColumn
+    ui.table(t, column_config={
+        "endpoint": st.column_config.TextColumn("decode endpoint"),
+        "sessions": num("sessions", format="%d"), "requests": num("requests", format="%d"),
+        "split": num("also on another decode", format="%d",
+                     help="sessions of this point with a turn on another decode endpoint")})
 
 
 def _mean(xs: list) -> float | None:
