@@ -509,8 +509,8 @@ def ttft_vs_context(requests: pd.DataFrame, curves: pd.DataFrame) -> alt.LayerCh
                  alt.Tooltip("context:Q", format=",.0f", title="context tokens"),
                  alt.Tooltip("value:Q", format=",.0f", title="ms")])
     return (dots + lines).properties(
-        title="TTFT against the turn's context: dots = requests, lines = p50/p90 per "
-              "context bucket, dotted = prefill compute line", height=320)
+        title="TTFT against the turn's context (p50, p90 per bucket; compute line)",
+        height=320)
 
 
 def point_timeline(frame: pd.DataFrame, spans: pd.DataFrame, *, offered: float | None,

@@ -376,7 +376,7 @@ def ttft_by_context(ag) -> str:
                            "line": True, "dash": True,
                            "points": [(x, x * slope, "", f"{point}: {x:,.0f} tokens computed "
                                        f"at {slope:.3f} ms each") for x in (lo, hi)]})
-    rows = [f"<td>{esc(r.point)}</td><td>{esc(r.bucket)}</td>" + cell(r.requests, None)
+    rows = [f"<td>{esc(r.point)}</td><td>{esc(r.bucket)}</td>" + cell(int(r.requests))
             + cell(r.context_mean, None) + cell(r.ttft_p50_ms, None)
             + cell(r.ttft_p90_ms, None) + cell(r.compute_ms, None)
             + cell(r.over_line, None, 2) for r in b.itertuples()]
@@ -401,8 +401,8 @@ def sessions_per_decode(ag) -> str:
                 "per-request line (the simulator logs one with --enable-log-requests; real "
                 "vLLM's line does not name the conversation), so how the sessions spread is "
                 "not known.</p>")
-    rows = [f"<td>{esc(r.point)}</td><td>{esc(r.endpoint)}</td>" + cell(r.sessions, None)
-            + cell(r.requests, None) + cell(r.split, None) for r in t.itertuples()]
+    rows = [f"<td>{esc(r.point)}</td><td>{esc(r.endpoint)}</td>" + cell(int(r.sessions))
+            + cell(int(r.requests)) + cell(int(r.split)) for r in t.itertuples()]
     split = int(t["split"].sum())
     return ("<h3>Sessions per decode endpoint</h3>"
             + table(["point", "decode endpoint", "sessions", "requests",

@@ -141,8 +141,8 @@ def agentic_point(info, ss: derive.SeriesSet, step: float, clk) -> None:
     spans = pd.DataFrame(tl["full_spans"], columns=["start", "end"])
     ui.altair(charts.point_timeline(
         tl["frame"], spans, offered=offered, kv_full=th.kv_full, clock=clk,
-        title=f"{pick}: KV use, prefix-cache hit rate ({tl['holder']}) and requests waiting, "
-              f"{tl['bin_s']:g} s bins (shaded: {tl['holder']} KV ≥ {th.kv_full:.0%})"))
+        title=f"{pick}: KV use, prefix hits and queue ({tl['bin_s']:g} s bins; shaded: "
+              f"{tl['holder']} KV ≥ {th.kv_full:.0%})"))
     said = agentic.timeline_evidence(tl)
     if pick in cliff:
         st.warning(f"{pick}: KV capacity cliff. " + "; ".join(said) + ".")

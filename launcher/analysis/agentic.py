@@ -247,7 +247,10 @@ def point_timeline(ss: derive.SeriesSet, w: derive.Window, roles: list[str],
     for role in roles:
         kv = ss.select("vllm:kv_cache_usage_perc", role)
         if not kv.empty:
-            g = derive.grouped_series(ss, kv, lambda r: "x", bins, "gauge", step_s, how="max")
+            top = np.nanmax(np.where(np.isnan(m := bin_max(ss, kv.index, bins)), -1.0, m),
+                            axis=0)
+            g = derive.long_frame(np.where(top < 0, np.nan, top)[None, :],
+                                  pd.DataFrame({"group": ["x"]}), bins)
             parts.append(g.assign(measure="KV use", series=f"KV use, {role} (fullest engine)",
                                   role=role))
         wt = ss.select("vllm:num_requests_waiting", role)
@@ -255,6 +258,7 @@ def point_timeline(ss: derive.SeriesSet, w: derive.Window, roles: list[str],
             g = derive.grouped_series(ss, wt, lambda r: "x", bins, "gauge", step_s)
             parts.append(g.assign(measure="waiting", series=f"requests waiting, {role}",
                                   role=role))
+    h = q = np.zeros(bins.n)
     if holder:
         hits = ss.select("vllm:prefix_cache_hits_total", holder)
         queries = ss.select("vllm:prefix_cache_queries_total", holder)
@@ -291,10 +295,29 @@ def point_timeline(ss: derive.SeriesSet, w: derive.Window, roles: list[str],
         f = f[f["t"].isin(full_t) == inside]
         return float(f["value"].mean()) if len(f) else math.nan
 
-    out["hit_full"], out["hit_rest"] = (mean_where("hit rate", holder, True),
-                                        mean_where("hit rate", holder, False))
+    # hits over queries of the bins while full and of the rest (not a mean of bin rates)
+    starts = unix(pd.Series(bins.times()))
+    inside = np.isin(starts, list(full_t))
+    for key, sel in (("hit_full", inside), ("hit_rest", ~inside)):
+        out[key] = float(h[sel].sum() / q[sel].sum()) if q[sel].sum() > 0 else math.nan
     out["waiting_full"], out["waiting_rest"] = (mean_where("waiting", holder, True),
                                                 mean_where("waiting", holder, False))
+    return out
+
+
+def bin_max(ss: derive.SeriesSet, ids, bins: derive.Bins) -> np.ndarray:
+    """[len(ids), bins.n] the highest value of each gauge in each bin: its stored rows there
+    (the telemetry stores changes) and its values at the bin's edges (a peak between two bin
+    means is what "pinned near full" is about); NaN where the series has no data."""
+    edges = ss.values_at(ids, bins.edges)
+    out = np.fmax(edges[:, :-1], edges[:, 1:])
+    for k, i in enumerate(ids):
+        t, v = ss.ts[ss.off[i]:ss.off[i + 1]], ss.val[ss.off[i]:ss.off[i + 1]]
+        j = np.floor((t - bins.t0) / bins.width).astype(np.int64)
+        keep = (j >= 0) & (j < bins.n) & ~np.isnan(v)
+        row = np.full(bins.n, -np.inf)
+        np.maximum.at(row, j[keep], v[keep])
+        out[k] = np.fmax(out[k], np.where(np.isinf(row), np.nan, row))
     return out
 
 
