@@ -332,8 +332,10 @@ def pareto(df: pd.DataFrame, frontier: pd.DataFrame, *, y: str, y_title: str,
     published Pareto (`color`, tokens_per_s_per_user, `y`, concurrency, point, published),
     drawn as dotted curves with hollow diamonds in the colour of the configuration it
     belongs to."""
+    # 4 significant digits: a run of one point has a one-value axis whose tick is the
+    # value itself (82.043590 unformatted)
     x = alt.X("tokens_per_s_per_user:Q", title="tok/s per user (1000 ÷ median TPOT ms)",
-              scale=alt.Scale(zero=False))
+              scale=alt.Scale(zero=False), axis=alt.Axis(format=",.4~r"))
     # A study's few configurations: distinct hues, one name a line beside the plot.
     side = "right" if curves else "bottom"
     col = alt.Color(f"{color}:N", title=color_title,
@@ -488,13 +490,15 @@ def ttft_vs_context(requests: pd.DataFrame, curves: pd.DataFrame) -> alt.LayerCh
     """An agentic run's TTFT against each turn's context (log-log). `requests`: point,
     context, ttft_ms (AIPerf's records, dots); `curves`: point, context, value (ms), stat
     ('TTFT p50' / 'TTFT p90' per context bucket, 'prefill compute line')."""
+    # not niced to whole decades: a trace's contexts span one or two
     x = alt.X("context:Q", title="the turn's context (prompt tokens, log scale)",
-              scale=alt.Scale(type="log"), axis=alt.Axis(format="~s"))
-    y = alt.Y("value:Q", title="TTFT (ms, log scale)", scale=alt.Scale(type="log"))
+              scale=alt.Scale(type="log", nice=False, padding=12), axis=alt.Axis(format="~s"))
+    y = alt.Y("value:Q", title="TTFT (ms, log scale)",
+              scale=alt.Scale(type="log", nice=False, padding=12))
     color = alt.Color("point:N", title="point",
                       legend=alt.Legend(orient="bottom", columns=6, labelLimit=360))
     dots = alt.Chart(requests.rename(columns={"ttft_ms": "value"})).mark_circle(
-        size=14, opacity=0.35).encode(
+        size=28, opacity=0.45).encode(
         x=x, y=y, color=color,
         tooltip=["point:N", alt.Tooltip("context:Q", format=",.0f", title="context tokens"),
                  alt.Tooltip("value:Q", format=",.0f", title="TTFT ms")])
@@ -503,7 +507,8 @@ def ttft_vs_context(requests: pd.DataFrame, curves: pd.DataFrame) -> alt.LayerCh
         x=x, y=y, color=color,
         strokeDash=alt.StrokeDash("stat:N", title="line", scale=alt.Scale(
             domain=stats, range=[[1, 0], [6, 3], [2, 2]]),
-            legend=alt.Legend(orient="bottom", labelLimit=360)),
+            legend=alt.Legend(orient="bottom", labelLimit=360, symbolType="stroke",
+                              symbolStrokeWidth=2, symbolSize=300)),
         detail="stat:N",
         tooltip=["point:N", "stat:N",
                  alt.Tooltip("context:Q", format=",.0f", title="context tokens"),

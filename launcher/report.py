@@ -440,7 +440,7 @@ def point_timeline(rd: RunDir, ag, points: list[dict], plan, vmap: dict) -> str:
     pct, wait = [], []
     for k, (name, g) in enumerate(f.groupby("series", sort=False)):
         scale = 1.0 if g["measure"].iloc[0] == "waiting" else 100.0
-        mid = [min(max(t + tl["bin_s"] / 2, w.start), w.end) - w.start for t in g["t"]]
+        mid = [t - w.start for t in g["t"]]  # bins' middles
         pts = [(x, v * scale, "", f"{name}, bin at +{x:,.1f} s: {v * scale:,.1f}")
                for x, v in zip(mid, g["value"], strict=True)]
         s_ = {"name": name, "color": PALETTE[k % len(PALETTE)], "line": True, "points": pts}

@@ -649,7 +649,7 @@ CHART_TITLES_JS = f"""() => [...document.querySelectorAll('{CHART} svg.marks')].
   (s.querySelector('.role-title-text') || {{}}).textContent,
   [...s.querySelectorAll('.role-legend-label text, .role-axis-title text')]
     .map(t => t.textContent),
-  s.querySelectorAll('g.mark-rect path').length])]"""
+  s.querySelectorAll('g.mark-rect path').length])"""
 # (page, title, charts, texts on the page, (chart title starts with, a legend or axis text
 # in it, its rects: the shaded KV-full spans on the timeline)) for the agentic run
 AGENTIC_PAGES = [
@@ -659,7 +659,7 @@ AGENTIC_PAGES = [
                            "c=3: KV capacity cliff. prefill KV at or above 90%"],
      ("c=3: KV use, prefix hits and queue", "prefix-cache hit rate, prefill", 1)),
     ("ttft", "TTFT breakdown", 2, ["TTFT against the turn's context (agentic)",
-                                   "p50 ÷ line"],
+                                   "The prefill compute line is the turn's whole context"],
      ("TTFT against the turn's context", "prefill compute line", 0)),
 ]
 

@@ -177,16 +177,20 @@ def agentic(info) -> bool:
         if v.kind == "kv-capacity-cliff":
             st.warning(f"c={v.concurrency:g}: {v.title}. " + "; ".join(v.evidence))
     num = st.column_config.NumberColumn
-    ui.table(t, column_config={
+    # two tables: the ten columns in one did not fit the page at 1280 px
+    ui.table(t[["sessions", "hit", "offered", "verdict", "requests", "turns"]], column_config={
         "sessions": num("live sessions", format="%d"),
         "hit": num("prefix hit %", format="%.1f"),
         "offered": num("the trace offers %", format="%.1f"),
         "verdict": st.column_config.TextColumn("verdict"),
+        "requests": num("requests", format="%d"), "turns": num("turns", format="%d")})
+    ui.table(t[["sessions", "ttft_p90", "ttft_first", "ttft_later", "interactivity"]],
+             column_config={
+        "sessions": num("live sessions", format="%d"),
         "ttft_p90": num("TTFT p90 ms", format="%.0f"),
         "ttft_first": num("TTFT first turn ms", format="%.0f"),
         "ttft_later": num("TTFT later turns ms", format="%.0f"),
-        "interactivity": num("interactivity tok/s", format="%.1f"),
-        "requests": num("requests", format="%d"), "turns": num("turns", format="%d")})
+        "interactivity": num("interactivity tok/s", format="%.1f")})
     st.caption("TTFT against each turn's context: the TTFT breakdown page; KV use, prefix "
                "hits and the queue over a point: the KV cache page.")
     sessions_per_decode(info)

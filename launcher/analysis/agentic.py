@@ -272,21 +272,26 @@ def point_timeline(ss: derive.SeriesSet, w: derive.Window, roles: list[str],
                                  role=holder))
     frame = (pd.concat(parts, ignore_index=True).drop(columns="group") if parts else
              pd.DataFrame(columns=["t", "value", "measure", "series", "role"]))
-    frame["t"] = unix(frame["t"]) if len(frame) else frame["t"].astype("float64")
+    # each bin drawn at its middle (within the window), where the shaded spans put it
+    frame["t"] = (np.clip(unix(frame["t"]) + bins.width / 2, w.start, w.end) if len(frame)
+                  else frame["t"].astype("float64"))
     out: dict[str, Any] = {"frame": frame, "bin_s": bins.width, "start": w.start,
                            "end": w.end, "offered": offered, "kv_full": kv_full,
                            "holder": holder}
     kv = frame[(frame["measure"] == "KV use") & (frame["role"] == holder)].sort_values("t")
+    starts = unix(pd.Series(bins.times()))
+    mids = np.clip(starts + bins.width / 2, w.start, w.end)
     full = kv[kv["value"] >= kv_full]
     spans: list[tuple[float, float]] = []
     for t in full["t"]:
-        a, b = max(t, w.start), min(t + bins.width, w.end)
+        s0 = starts[np.argmin(np.abs(mids - t))]
+        a, b = float(max(s0, w.start)), float(min(s0 + bins.width, w.end))
         if spans and a <= spans[-1][1] + 1e-6:
             spans[-1] = (spans[-1][0], b)
         elif b > a:
             spans.append((a, b))
     out["full_spans"] = spans
-    out["full_share"] = (sum(b - a for a, b in spans) / (w.end - w.start)
+    out["full_share"] = (float(sum(b - a for a, b in spans)) / (w.end - w.start)
                          if w.end > w.start else math.nan)
     full_t = set(full["t"])
 
@@ -296,8 +301,7 @@ def point_timeline(ss: derive.SeriesSet, w: derive.Window, roles: list[str],
         return float(f["value"].mean()) if len(f) else math.nan
 
     # hits over queries of the bins while full and of the rest (not a mean of bin rates)
-    starts = unix(pd.Series(bins.times()))
-    inside = np.isin(starts, list(full_t))
+    inside = np.isin(mids, list(full_t))
     for key, sel in (("hit_full", inside), ("hit_rest", ~inside)):
         out[key] = float(h[sel].sum() / q[sel].sum()) if q[sel].sum() > 0 else math.nan
     out["waiting_full"], out["waiting_rest"] = (mean_where("waiting", holder, True),
