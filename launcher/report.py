@@ -320,7 +320,8 @@ def prefix_reuse(s: dict, vmap: dict) -> str:
         if not isinstance(ag, dict):
             continue
         c = p.get("max_concurrency")
-        hit, offered = ag.get("prefix_hit_rate"), ag.get("trace_hit_rate")
+        hit = ag.get("prefix_hit_rate")
+        offered = ag.get("offered_hit_rate", ag.get("trace_hit_rate"))  # older summaries
         v = vmap.get(c) or {}
         rows.append(f'<td class="n">{esc(c)}</td>'
                     + cell(None if hit is None else hit * 100.0, None, 1)
@@ -426,9 +427,9 @@ def point_timeline(rd: RunDir, ag, points: list[dict], plan, vmap: dict) -> str:
              if (vmap.get(p.get("max_concurrency")) or {}).get("kind") == diagnose.KV_CLIFF]
     p = (cliff or cands)[-1]
     w = derive.window_of(p)
-    offered = p["agentic"].get("trace_hit_rate")
-    if offered is None:
-        offered = p["agentic"].get("theoretical_prefix_hit")
+    from launcher.run.figures import offered_hit_rate
+
+    offered = offered_hit_rate(p["agentic"])
     th = diagnose.Thresholds()
     ss = derive.SeriesSet(load.read_telemetry(rd.path, names=load.KV_NAMES), plan)
     tl = agentic.point_timeline(ss, w, sorted(set(ag.roles.values())), ag.holder, offered,

@@ -461,3 +461,17 @@ def test_sessions_per_decode_from_the_engines_lines_logged_in_another_zone():
         {"point": "c=3", "endpoint": "decode-1", "sessions": 1, "requests": 1, "split": 1},
         {"point": "outside the points", "endpoint": "decode-10", "sessions": 1,
          "requests": 1, "split": 0}]
+
+
+def test_a_weka_corpus_offers_aiperfs_theoretical_rate_in_percent_and_gets_the_verdict():
+    """A Weka corpus has no trace_hit_rate: the offered rate is AIPerf's
+    theoretical_prefix_cache_hit, which it gives in percent (95.0 is 95 %)."""
+    point = {"max_concurrency": 64, "status": "ok", "completed": 100, "failed": 0,
+             "mean_ttft_ms": 900.0, "mean_tpot_ms": 20.0,
+             "agentic": {"sessions": 64, "prefix_hit_rate": 0.40, "theoretical_prefix_hit": 95.0,
+                         "kv_usage_max": {"prefill": 0.97, "decode": 0.5}}}
+    row = derive.point_table([point], None, None).to_dict("records")[0]
+    assert row["hit_theoretical"] == pytest.approx(0.95)
+    (v,) = diagnose.diagnose([row])
+    assert v.kind == diagnose.KV_CLIFF and v.evidence[0] == (
+        "prefix-cache hit rate 40% achieved vs 95% the trace offers (gap > 10%)"), v

@@ -8,6 +8,7 @@ import streamlit as st
 
 from dashboard import charts, ui
 from launcher.analysis import agentic, derive, diagnose, load
+from launcher.run import figures
 from launcher.run.rundir import RunDir
 
 info = ui.header("KV cache")
@@ -128,9 +129,7 @@ def agentic_point(info, ss: derive.SeriesSet, step: float, clk) -> None:
                         index=names.index(cliff[0]) if cliff and cliff[0] in names
                         else len(names) - 1)
     p = points[pick]
-    offered = p["agentic"].get("trace_hit_rate")
-    if offered is None:
-        offered = p["agentic"].get("theoretical_prefix_hit")
+    offered = figures.offered_hit_rate(p["agentic"])
     th = diagnose.Thresholds()
     tl = agentic.point_timeline(ss, derive.window_of(p), sorted(set(ag.roles.values())),
                                 ag.holder, offered, th.kv_full, step)

@@ -149,7 +149,7 @@ def agentic(info) -> bool:
             continue
         if verdicts is None:
             verdicts = {v.concurrency: v for v in ui.verdicts(info)}
-        hit, offered = ag.get("prefix_hit_rate"), ag.get("trace_hit_rate")
+        hit, offered = ag.get("prefix_hit_rate"), figures.offered_hit_rate(ag)
         turns = ag.get("per_turn") or []
         v = verdicts.get(float(ag.get("sessions") or p.get("max_concurrency") or 0))
         rows.append({"sessions": ag.get("sessions"),
