@@ -348,12 +348,12 @@ def agentic_views(rd: RunDir, vmap: dict) -> str:
         points = load.load_bench(rd.path)
         plan = load.read_plan_safe(rd.path)[0]
         ag = agentic.load_run(rd.path, points, plan)
+        if ag is None:
+            return ""
+        return (ttft_by_context(ag) + sessions_per_decode(ag)
+                + point_timeline(rd, ag, points, plan, vmap))
     except Exception:  # noqa: BLE001 - a report without these beats no report
         return ""
-    if ag is None:
-        return ""
-    return (ttft_by_context(ag) + sessions_per_decode(ag)
-            + point_timeline(rd, ag, points, plan, vmap))
 
 
 def ttft_by_context(ag) -> str:
