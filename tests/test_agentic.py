@@ -160,10 +160,11 @@ def test_aiperf_replays_sessions_through_the_router_and_the_second_turn_hits_the
         # the compute line: the prefills' prefill seconds over their computed prompt tokens
         server = json.loads((art / "server_metrics_export.json").read_text())["metrics"]
         prefills = {u for u, role in views.roles.items() if role == "prefill"}
-        secs = sum(x["stats"]["sum"] for x in server["vllm:request_prefill_time_seconds"][
-            "series"] if x["endpoint_url"] in prefills)
-        computed = sum(x["stats"]["total"] for x in server["vllm:prompt_tokens_by_source"][
-            "series"] if x["endpoint_url"] in prefills
+        # (a series with nothing observed in the phase has no sum)
+        secs = sum(x["stats"].get("sum", 0) for x in server[
+            "vllm:request_prefill_time_seconds"]["series"] if x["endpoint_url"] in prefills)
+        computed = sum(x["stats"].get("total", 0) for x in server[
+            "vllm:prompt_tokens_by_source"]["series"] if x["endpoint_url"] in prefills
             and x["labels"]["source"] == "local_compute")
         assert views.ms_per_token[f"c={c}"] == pytest.approx(1000 * secs / computed)
     assert leftovers(run) == []
