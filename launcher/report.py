@@ -377,6 +377,9 @@ def ttft_by_context(ag) -> str:
                            "line": True, "dash": True,
                            "points": [(x, x * slope, "", f"{point}: {x:,.0f} tokens computed "
                                        f"at {slope:.3f} ms each") for x in (lo, hi)]})
+    from launcher.analysis import agentic
+
+    said = "".join(f"<li>{esc(c)}</li>" for c in agentic.line_crossings(b))
     rows = [f"<td>{esc(r.point)}</td><td>{esc(r.bucket)}</td>" + cell(int(r.requests))
             + cell(r.context_mean, None) + cell(r.ttft_p50_ms, None)
             + cell(r.ttft_p90_ms, None) + cell(r.compute_ms, None)
@@ -384,6 +387,7 @@ def ttft_by_context(ag) -> str:
     return ("<h3>TTFT against the turn's context (agentic)</h3>"
             + svg_chart(series, x_title="the turn's context (prompt tokens)",
                         y_title="TTFT (ms)", height=340, title="TTFT against context")
+            + (f"<ul>{said}</ul>" if said else "")
             + table(["point", "context tokens", "requests", "mean context", "TTFT p50 ms",
                      "TTFT p90 ms", "compute line ms", "p50 ÷ line"], rows)
             + '<p class="note">From AIPerf\'s own per-request records (profile_export.jsonl: '

@@ -207,6 +207,8 @@ def test_aiperf_replays_sessions_through_the_router_and_the_second_turn_hits_the
     assert not at.exception, [e.value for e in at.exception]
     shown = next(x.value for x in at.dataframe if "over_line" in x.value.columns)
     assert list(shown["ttft_p50_ms"]) == list(views.buckets["ttft_p50_ms"])
+    said = "\n".join(f"- {c}" for c in agentic_views.line_crossings(views.buckets))
+    assert said.startswith("- c=2: TTFT p50 ") and said in [m.value for m in at.markdown]
 
 
 def test_the_theoretical_hit_rate_is_what_each_turn_repeats_of_its_session(tmp_path):
@@ -423,6 +425,14 @@ def test_context_buckets_are_round_bounds_labelled_in_tokens():
     b = agentic_views.context_buckets(recs)  # the warm-up and the failed request left out
     assert list(b["bucket"]) == ["7k–10k", "100k–150k"] and list(b["requests"]) == [2, 1]
     assert list(b["ttft_p50_ms"]) == [200.0, 900.0] and list(b["ttft_p90_ms"]) == [280.0, 900.0]
+    # where TTFT p50 leaves the compute line as the context grows
+    b = agentic_views.with_compute_line(b, {"c=4": 0.01})  # 9,250 -> 92.5 ms; 142k -> 1,420
+    assert agentic_views.line_crossings(b) == [
+        "c=4: TTFT p50 under the compute line from the 100k–150k tokens bucket on"]
+    b = agentic_views.with_compute_line(b, {"c=4": 0.001})
+    assert agentic_views.line_crossings(b) == [
+        "c=4: TTFT p50 over the compute line at every context (turns computed again or "
+        "waiting)"]
 
 
 def test_the_compute_line_is_the_prefills_prefill_time_per_computed_token():

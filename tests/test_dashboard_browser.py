@@ -659,7 +659,8 @@ AGENTIC_PAGES = [
                            "c=3: KV capacity cliff. prefill KV at or above 90%"],
      ("c=3: KV use, prefix hits and queue", "prefix-cache hit rate, prefill", 1)),
     ("ttft", "TTFT breakdown", 2, ["TTFT against the turn's context (agentic)",
-                                   "The prefill compute line is the turn's whole context"],
+                                   "The prefill compute line is the turn's whole context",
+                                   "c=3: TTFT p50 "],
      ("TTFT against the turn's context", "prefill compute line", 0)),
 ]
 

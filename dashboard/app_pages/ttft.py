@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, ui
-from launcher.analysis import derive, diagnose
+from launcher.analysis import agentic, derive, diagnose
 
 info = ui.header("TTFT breakdown")
 if info is None:
@@ -164,6 +164,9 @@ def by_context(info) -> None:
                "the prefills measured over the point (vllm:request_prefill_time_seconds ÷ "
                "computed prompt tokens): TTFT well under it is the prefix cache saving work, "
                "TTFT at or over it is a turn computed again or waiting.")
+    crossings = agentic.line_crossings(ag.buckets)
+    if crossings:
+        st.markdown("\n".join(f"- {c}" for c in crossings))
     show = ag.buckets[["point", "bucket", "requests", "context_mean", "ttft_p50_ms",
                        "ttft_p90_ms", "compute_ms", "over_line"]]
     num = st.column_config.NumberColumn

@@ -231,6 +231,28 @@ def with_compute_line(buckets: pd.DataFrame, ms_per_token: dict[Any, float | Non
     return out
 
 
+def line_crossings(buckets: pd.DataFrame) -> list[str]:
+    """Per point, in words, where TTFT p50 leaves the prefill compute line as the context
+    grows: the first bucket from which it stays under the line (prefix hits save more than
+    the queue and the transfer cost), or that it stays over it everywhere."""
+    out = []
+    for point, g in buckets.dropna(subset=["over_line"]).groupby("point", sort=False):
+        under = (g["over_line"] < 1.0).to_numpy()
+        if under.all():
+            out.append(f"{point}: TTFT p50 under the compute line at every context")
+        elif not under.any():
+            out.append(f"{point}: TTFT p50 over the compute line at every context (turns "
+                       "computed again or waiting)")
+        else:
+            j = len(under) - 1  # the start of the last run: where it stays
+            while j > 0 and under[j - 1] == under[-1]:
+                j -= 1
+            where = "under" if under[-1] else "back over"
+            out.append(f"{point}: TTFT p50 {where} the compute line from the "
+                       f"{g['bucket'].iloc[j]} tokens bucket on")
+    return out
+
+
 # --- KV use, prefix hits and queue on one time axis ----------------------------------------
 
 
