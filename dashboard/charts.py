@@ -508,7 +508,8 @@ def ttft_vs_context(requests: pd.DataFrame, curves: pd.DataFrame) -> alt.LayerCh
         strokeDash=alt.StrokeDash("stat:N", title="line", scale=alt.Scale(
             domain=stats, range=[[1, 0], [6, 3], [2, 2]]),
             legend=alt.Legend(orient="bottom", labelLimit=360, symbolType="stroke",
-                              symbolStrokeWidth=2, symbolSize=300)),
+                              symbolStrokeColor="#333", symbolStrokeWidth=2,
+                              symbolSize=300)),
         detail="stat:N",
         tooltip=["point:N", "stat:N",
                  alt.Tooltip("context:Q", format=",.0f", title="context tokens"),

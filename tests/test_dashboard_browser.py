@@ -689,7 +689,7 @@ def test_screenshots_were_written(shots):
     print("screenshots:\n" + "\n".join(f"  {shots / n}" for n in names))
     for want in ("demo-overview.png", "demo-kv.png", "study-study.png", "compare-study.png",
                  "live-overview-2.png",
-                 "study-p2-overview.png", "runs-list.png"):
+                 "study-p2-overview.png", "runs-list.png", "agentic-kv.png"):
         assert want in names
 
 
