@@ -507,9 +507,9 @@ def ttft_vs_context(requests: pd.DataFrame, curves: pd.DataFrame) -> alt.LayerCh
         x=x, y=y, color=color,
         strokeDash=alt.StrokeDash("stat:N", title="line", scale=alt.Scale(
             domain=stats, range=[[1, 0], [6, 3], [2, 2]]),
-            legend=alt.Legend(orient="bottom", labelLimit=360, symbolType="stroke",
-                              symbolStrokeColor="#333", symbolStrokeWidth=2,
-                              symbolSize=300)),
+            legend=alt.Legend(orient="bottom", labelLimit=360)),
+        # a legend symbol per line (as latency_vs_concurrency: the theme draws no stroke)
+        shape=alt.Shape("stat:N", title="line", scale=alt.Scale(domain=stats)),
         detail="stat:N",
         tooltip=["point:N", "stat:N",
                  alt.Tooltip("context:Q", format=",.0f", title="context tokens"),
