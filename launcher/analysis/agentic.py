@@ -269,10 +269,8 @@ def point_timeline(ss: derive.SeriesSet, w: derive.Window, roles: list[str],
     for role in roles:
         kv = ss.select("vllm:kv_cache_usage_perc", role)
         if not kv.empty:
-            top = np.nanmax(np.where(np.isnan(m := bin_max(ss, kv.index, bins)), -1.0, m),
-                            axis=0)
-            g = derive.long_frame(np.where(top < 0, np.nan, top)[None, :],
-                                  pd.DataFrame({"group": ["x"]}), bins)
+            top = np.fmax.reduce(bin_max(ss, kv.index, bins), axis=0)  # NaN: no engine
+            g = derive.long_frame(top[None, :], pd.DataFrame({"group": ["x"]}), bins)
             parts.append(g.assign(measure="KV use", series=f"KV use, {role} (fullest engine)",
                                   role=role))
         wt = ss.select("vllm:num_requests_waiting", role)
