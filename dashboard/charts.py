@@ -332,8 +332,10 @@ def pareto(df: pd.DataFrame, frontier: pd.DataFrame, *, y: str, y_title: str,
     published Pareto (`color`, tokens_per_s_per_user, `y`, concurrency, point, published),
     drawn as dotted curves with hollow diamonds in the colour of the configuration it
     belongs to."""
+    # 4 significant digits: a run of one point has a one-value axis whose tick is the
+    # value itself (82.043590 unformatted)
     x = alt.X("tokens_per_s_per_user:Q", title="tok/s per user (1000 ÷ median TPOT ms)",
-              scale=alt.Scale(zero=False))
+              scale=alt.Scale(zero=False), axis=alt.Axis(format=",.4~r"))
     # A study's few configurations: distinct hues, one name a line beside the plot.
     side = "right" if curves else "bottom"
     col = alt.Color(f"{color}:N", title=color_title,
@@ -535,3 +537,100 @@ def slo_frontier(df: pd.DataFrame, *, limit_ms: float, limit_text: str, metric: 
         title=f"{metric} against its limit ({limit_text}): filled circles pass, hollow "
               "diamonds fail",
         height=280)
+
+
+# --- agentic ---------------------------------------------------------------------------------
+
+
+def ttft_vs_context(requests: pd.DataFrame, curves: pd.DataFrame) -> alt.LayerChart:
+    """An agentic run's TTFT against each turn's context (log-log). `requests`: point,
+    context, ttft_ms (AIPerf's records, dots); `curves`: point, context, value (ms), stat
+    ('TTFT p50' / 'TTFT p90' per context bucket, 'prefill compute line')."""
+    # not niced to whole decades: a trace's contexts span one or two
+    x = alt.X("context:Q", title="the turn's context (prompt tokens, log scale)",
+              scale=alt.Scale(type="log", nice=False, padding=12), axis=alt.Axis(format="~s"))
+    y = alt.Y("value:Q", title="TTFT (ms, log scale)",
+              scale=alt.Scale(type="log", nice=False, padding=12))
+    color = alt.Color("point:N", title="point",
+                      legend=alt.Legend(orient="bottom", columns=6, labelLimit=360))
+    dots = alt.Chart(requests.rename(columns={"ttft_ms": "value"})).mark_circle(
+        size=28, opacity=0.45).encode(
+        x=x, y=y, color=color,
+        tooltip=["point:N", alt.Tooltip("context:Q", format=",.0f", title="context tokens"),
+                 alt.Tooltip("value:Q", format=",.0f", title="TTFT ms")])
+    stats = ["TTFT p50", "TTFT p90", "prefill compute line"]
+    lines = alt.Chart(curves).mark_line(point=True, strokeWidth=2).encode(
+        x=x, y=y, color=color,
+        strokeDash=alt.StrokeDash("stat:N", title="line", scale=alt.Scale(
+            domain=stats, range=[[1, 0], [6, 3], [2, 2]]),
+            legend=alt.Legend(orient="bottom", labelLimit=360)),
+        # a legend symbol per line (as latency_vs_concurrency: the theme draws no stroke)
+        shape=alt.Shape("stat:N", title="line", scale=alt.Scale(domain=stats)),
+        detail="stat:N",
+        tooltip=["point:N", "stat:N",
+                 alt.Tooltip("context:Q", format=",.0f", title="context tokens"),
+                 alt.Tooltip("value:Q", format=",.0f", title="ms")])
+    return (dots + lines).properties(
+        title="TTFT against the turn's context (p50, p90 per bucket; compute line)",
+        height=320)
+
+
+def point_timeline(frame: pd.DataFrame, spans: pd.DataFrame, *, offered: float | None,
+                   kv_full: float, title: str, clock: Clock = WALL_CLOCK) -> alt.LayerChart:
+    """One agentic point on one time axis: KV use and the prefix-cache hit rate (left, %),
+    requests waiting (right), the spans where the prefix KV was full shaded, its 90 % line
+    and the rate the trace offers as dashed rules. `frame`: t, value, measure, series;
+    `spans`: start, end."""
+    tm = _Timed(clock, (frame, ("t",)), (spans, ("start", "end")))
+    d, sp = tm.frames
+    x = tm.x("t")
+    names = list(dict.fromkeys(d["series"]))
+    shade = {"KV use": ["#e45756", "#f58518", "#b279a2"], "hit rate": ["#4c78a8"],
+             "waiting": ["#9d9d9d", "#54a24b"]}
+    used: dict[str, int] = {}
+    colors = []
+    for n in names:
+        m = d.loc[d["series"] == n, "measure"].iloc[0]
+        k = used.get(m, 0)
+        used[m] = k + 1
+        colors.append(shade[m][k % len(shade[m])])
+    color = alt.Color("series:N", title=None, scale=alt.Scale(domain=names, range=colors),
+                      legend=alt.Legend(orient="bottom", columns=2, labelLimit=420))
+    pct = d[d["measure"] != "waiting"]
+    left = [alt.Chart(pct).mark_line(point=True, strokeWidth=2).encode(
+        x=x, y=alt.Y("value:Q", title="KV use, prefix-cache hit rate",
+                     axis=alt.Axis(format=".0%"), scale=alt.Scale(domain=[0, 1])),
+        color=color, tooltip=[tm.tooltip(), "series:N",
+                              alt.Tooltip("value:Q", format=".1%")])]
+    if sp is not None and not sp.empty:
+        left.insert(0, alt.Chart(sp).mark_rect(opacity=0.12, color="#e45756").encode(
+            x=tm.x("start"), x2="end"))
+    rules = pd.DataFrame({"y": [kv_full] + ([offered] if offered is not None else []),
+                          "label": [f"KV {kv_full:.0%}"] + (
+                              [f"the trace offers {offered:.0%}"] if offered is not None
+                              else [])})
+    left.append(alt.Chart(rules).mark_rule(strokeDash=[4, 3], color="#555").encode(
+        y="y:Q", tooltip=["label:N"]))
+    left.append(alt.Chart(rules).mark_text(align="left", dx=4, dy=-6, fontSize=10,
+                                           color="#555").encode(
+        y="y:Q", x=alt.value(0), text="label:N"))
+    waiting = d[d["measure"] == "waiting"]
+    right = alt.Chart(waiting).mark_line(strokeDash=[5, 2], strokeWidth=1.5).encode(
+        x=x, y=alt.Y("value:Q", title="requests waiting", axis=alt.Axis(orient="right")),
+        color=color, tooltip=[tm.tooltip(), "series:N", alt.Tooltip("value:Q", format=",.1f")])
+    return alt.layer(alt.layer(*left), right).resolve_scale(y="independent").properties(
+        title=title, height=260)
+
+
+def sessions_per_endpoint(df: pd.DataFrame) -> alt.Chart:
+    """Sessions each decode endpoint served, per point (df: point, endpoint, sessions)."""
+    return alt.Chart(df).mark_bar().encode(
+        x=alt.X("point:N", title="point (live sessions)", sort=None,
+                axis=alt.Axis(labelAngle=0)),
+        xOffset=alt.XOffset("endpoint:N"),
+        y=alt.Y("sessions:Q", title="sessions", axis=alt.Axis(tickMinStep=1, format="d")),
+        color=alt.Color("endpoint:N", title="decode endpoint",
+                        legend=alt.Legend(orient="bottom", labelLimit=360)),
+        tooltip=["point:N", "endpoint:N", "sessions:Q", "requests:Q", "split:Q"],
+    ).properties(title="Sessions per decode endpoint (from the decodes' own request lines)",
+                 height=220)

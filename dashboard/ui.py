@@ -222,6 +222,21 @@ def decode_endpoints(info: load.RunInfo) -> pd.DataFrame:
                              load.telemetry_fingerprint(info.path))
 
 
+@st.cache_data(max_entries=8, show_spinner="Reading AIPerf's per-request records…")
+def _agentic(path: str, bench_fp: str, plan_fp: str) -> Any:
+    from launcher.analysis import agentic
+
+    p = Path(path)
+    return agentic.load_run(p, _bench(path, bench_fp), load.read_plan_safe(p)[0])
+
+
+def agentic(info: load.RunInfo) -> Any:
+    """An agentic run's per-request records, TTFT by context and sessions per decode
+    (launcher.analysis.agentic.AgenticRun), or None."""
+    return _agentic(str(info.path), load.fingerprint(info.path / "bench"),
+                    load.fingerprint(RunDir(info.path).plan))
+
+
 def verdicts(info: load.RunInfo) -> list:
     from launcher.analysis import diagnose
 

@@ -129,10 +129,14 @@ CHART_MARK: contextvars.ContextVar[str] = contextvars.ContextVar("chart_mark", d
 def svg_chart(series: list[dict], *, x_title: str, y_title: str, frontier: list | None = None,
               log2_x: bool = False, y_from_zero: bool = True, width: int = 860,
               height: int = 400, title: str = "", mark: str = "",
-              hline: tuple[float, str] | None = None) -> str:
+              hline: tuple[float, str] | None = None, rules: tuple = (),
+              spans: tuple = (), x_range: tuple[float, float] | None = None) -> str:
     """A scatter/line chart as inline SVG. `series`: [{"name", "color", "points": [(x, y,
     label, tooltip)], "line": bool, "dash": bool, "hollow": bool}]. `frontier`: [(x, y)]
-    drawn dashed. `hline`: (y, label) a horizontal line across it (an SLO's limit)."""
+    drawn dashed. `hline`: (y, label) a horizontal line across it (an SLO's limit); `rules`
+    more of them. `spans`: (x0, x1, label) shaded. `x_range`: the x axis's ends (charts
+    stacked on one time axis)."""
+    rules = ((hline,) if hline is not None else ()) + tuple(rules)
     pts = [(x, y) for s in series for x, y, *_ in s["points"]
            if math.isfinite(x) and math.isfinite(y) and (x > 0 or not log2_x)]
     if not pts:
@@ -143,7 +147,7 @@ def svg_chart(series: list[dict], *, x_title: str, y_title: str, frontier: list 
     def fx(x: float) -> float:
         return math.log2(x) if log2_x else x
 
-    xs = [fx(x) for x, _ in pts]
+    xs = [fx(x) for x, _ in pts] + (list(x_range) if x_range else [])
     ys = [y for _, y in pts]
     if log2_x:
         values = sorted({x for x, _ in pts})
@@ -156,7 +160,7 @@ def svg_chart(series: list[dict], *, x_title: str, y_title: str, frontier: list 
         xt = nice_ticks(min(xs), max(xs))
         xlabels = [tick_text(v, xt) for v in xt]
         x0, x1 = xt[0], xt[-1]
-    yt = nice_ticks(0.0 if y_from_zero else min(ys), max(ys + ([hline[0]] if hline else [])))
+    yt = nice_ticks(0.0 if y_from_zero else min(ys), max(ys + [r[0] for r in rules]))
     y0, y1 = yt[0], yt[-1]
 
     def px(x: float) -> float:
@@ -187,11 +191,15 @@ def svg_chart(series: list[dict], *, x_title: str, y_title: str, frontier: list 
                f'class="axis-title">{esc(x_title)}</text>')
     out.append(f'<text transform="translate(16 {mt + ph / 2:.1f}) rotate(-90)" '
                f'text-anchor="middle" class="axis-title">{esc(y_title)}</text>')
-    if hline is not None:
-        out.append(f'<line x1="{ml}" x2="{ml + pw}" y1="{py(hline[0]):.1f}" '
-                   f'y2="{py(hline[0]):.1f}" class="limit"><title>{esc(hline[1])}</title>'
-                   f'</line><text x="{ml + 6}" y="{py(hline[0]) - 6:.1f}" class="limit-lab">'
-                   f"{esc(hline[1])}</text>")
+    for a, b, lab in spans:
+        x0_, x1_ = max(px(a), ml), min(px(b), ml + pw)
+        out.append(f'<rect x="{x0_:.1f}" y="{mt}" width="{max(x1_ - x0_, 1):.1f}" '
+                   f'height="{ph}" class="span"><title>{esc(lab)}</title></rect>')
+    for y_, lab in rules:
+        out.append(f'<line x1="{ml}" x2="{ml + pw}" y1="{py(y_):.1f}" '
+                   f'y2="{py(y_):.1f}" class="limit"><title>{esc(lab)}</title>'
+                   f'</line><text x="{ml + 6}" y="{py(y_) - 6:.1f}" class="limit-lab">'
+                   f"{esc(lab)}</text>")
     if frontier:
         fr = sorted(frontier)
         path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in fr)
@@ -378,7 +386,8 @@ def prefix_reuse(s: dict, vmap: dict) -> str:
         if not isinstance(ag, dict):
             continue
         c = p.get("max_concurrency")
-        hit, offered = ag.get("prefix_hit_rate"), ag.get("trace_hit_rate")
+        hit = ag.get("prefix_hit_rate")
+        offered = ag.get("offered_hit_rate", ag.get("trace_hit_rate"))  # older summaries
         v = vmap.get(c) or {}
         rows.append(f'<td class="n">{esc(c)}</td>'
                     + cell(None if hit is None else hit * 100.0, None, 1)
@@ -393,6 +402,141 @@ def prefix_reuse(s: dict, vmap: dict) -> str:
               "the point; offered: each turn's resent session context over all prompt "
               "tokens of the trace (an unbounded cache). A gap with the KV full is the "
               "capacity cliff.</p>")
+
+
+def agentic_views(rd: RunDir, vmap: dict) -> str:
+    """An agentic run ('' for others; docs/agentic.md): TTFT against the turn's context per
+    point, sessions per decode endpoint, and one point's KV use, prefix hits and queue on one
+    time axis with the capacity cliff's evidence shaded."""
+    try:
+        from launcher.analysis import agentic, load
+
+        points = load.load_bench(rd.path)
+        plan = load.read_plan_safe(rd.path)[0]
+        ag = agentic.load_run(rd.path, points, plan)
+        if ag is None:
+            return ""
+        return (ttft_by_context(ag) + sessions_per_decode(ag)
+                + point_timeline(rd, ag, points, plan, vmap))
+    except Exception:  # noqa: BLE001 - a report without these beats no report
+        return ""
+
+
+def ttft_by_context(ag) -> str:
+    b = ag.buckets
+    if b.empty:
+        return ""
+    series = []
+    for k, (point, g) in enumerate(b.groupby("point", sort=False)):
+        color = PALETTE[k % len(PALETTE)]
+        for stat, col, extra in (("p50", "ttft_p50_ms", {"line": True}),
+                                 ("p90", "ttft_p90_ms", {"line": True, "hollow": True})):
+            series.append({"name": f"{point} TTFT {stat}", "color": color, **extra,
+                           "points": [(r.context_mean, getattr(r, col), "",
+                                       f"{point} {r.bucket} tokens: TTFT {stat} "
+                                       f"{getattr(r, col):,.0f} ms ({r.requests} requests)")
+                                      for r in g.itertuples()]})
+        slope = ag.ms_per_token.get(point)
+        if slope:
+            lo, hi = float(g["context_mean"].min()), float(g["context_mean"].max())
+            series.append({"name": f"{point} prefill compute line", "color": color,
+                           "line": True, "dash": True,
+                           "points": [(x, x * slope, "", f"{point}: {x:,.0f} tokens computed "
+                                       f"at {slope:.3f} ms each") for x in (lo, hi)]})
+    from launcher.analysis import agentic
+
+    said = "".join(f"<li>{esc(c)}</li>" for c in agentic.line_crossings(b))
+    rows = [f"<td>{esc(r.point)}</td><td>{esc(r.bucket)}</td>" + cell(int(r.requests))
+            + cell(r.context_mean, None) + cell(r.ttft_p50_ms, None)
+            + cell(r.ttft_p90_ms, None) + cell(r.compute_ms, None)
+            + cell(r.over_line, None, 2) for r in b.itertuples()]
+    return ("<h3>TTFT against the turn's context (agentic)</h3>"
+            + svg_chart(series, x_title="the turn's context (prompt tokens)",
+                        y_title="TTFT (ms)", height=340, title="TTFT against context")
+            + (f"<ul>{said}</ul>" if said else "")
+            + table(["point", "context tokens", "requests", "mean context", "TTFT p50 ms",
+                     "TTFT p90 ms", "compute line ms", "p50 ÷ line"], rows)
+            + '<p class="note">From AIPerf\'s own per-request records (profile_export.jsonl: '
+              "each request's TTFT and the server's prompt-token count, the session's history "
+              "and the turn), profiling phase. The prefill compute line (dashed) is the whole "
+              "context computed at the rate the prefills measured over the point "
+              "(vllm:request_prefill_time_seconds ÷ computed prompt tokens, as AIPerf scraped "
+              "them): TTFT under it is the prefix cache saving work; at or over it, a turn "
+              "computed again or waiting.</p>")
+
+
+def sessions_per_decode(ag) -> str:
+    t = ag.sessions
+    if t.empty:
+        return ('<h3>Sessions per decode endpoint</h3><p class="note">The decodes logged no '
+                "per-request line (the simulator logs one with --enable-log-requests; real "
+                "vLLM's line does not name the conversation), so how the sessions spread is "
+                "not known.</p>")
+    rows = [f"<td>{esc(r.point)}</td><td>{esc(r.endpoint)}</td>" + cell(int(r.sessions))
+            + cell(int(r.requests)) + cell(int(r.split)) for r in t.itertuples()]
+    split = int(t["split"].sum())
+    return ("<h3>Sessions per decode endpoint</h3>"
+            + table(["point", "decode endpoint", "sessions", "requests",
+                     "also on another decode"], rows)
+            + '<p class="note">From the decodes\' own per-request lines (a session is its '
+              "conversation). "
+            + (f"{split} session(s) had turns on more than one decode." if split else
+               "Every session's turns reached one decode endpoint.") + "</p>")
+
+
+def point_timeline(rd: RunDir, ag, points: list[dict], plan, vmap: dict) -> str:
+    """The point with the capacity-cliff verdict (else the top one) on one time axis."""
+    from launcher.analysis import agentic, derive, diagnose, load
+
+    if not load.run_info(rd.path).has_telemetry:
+        return ""
+    cands = [p for p in points if isinstance(p.get("agentic"), dict) and derive.window_of(p)]
+    if not cands:
+        return ""
+    cliff = [p for p in cands
+             if (vmap.get(p.get("max_concurrency")) or {}).get("kind") == diagnose.KV_CLIFF]
+    p = (cliff or cands)[-1]
+    w = derive.window_of(p)
+    from launcher.run.figures import offered_hit_rate
+
+    offered = offered_hit_rate(p["agentic"])
+    th = diagnose.Thresholds()
+    ss = derive.SeriesSet(load.read_telemetry(rd.path, names=load.KV_NAMES), plan)
+    tl = agentic.point_timeline(ss, w, sorted(set(ag.roles.values())), ag.holder, offered,
+                                th.kv_full, plan.telemetry_interval_s if plan else 1.0)
+    f = tl["frame"]
+    if f.empty:
+        return ""
+    span = (0.0, w.end - w.start)
+    pct, wait = [], []
+    for k, (name, g) in enumerate(f.groupby("series", sort=False)):
+        scale = 1.0 if g["measure"].iloc[0] == "waiting" else 100.0
+        mid = [t - w.start for t in g["t"]]  # bins' middles
+        pts = [(x, v * scale, "", f"{name}, bin at +{x:,.1f} s: {v * scale:,.1f}")
+               for x, v in zip(mid, g["value"], strict=True)]
+        s_ = {"name": name, "color": PALETTE[k % len(PALETTE)], "line": True, "points": pts}
+        (wait if g["measure"].iloc[0] == "waiting" else pct).append(s_)
+    rules = [(th.kv_full * 100.0, f"KV {th.kv_full:.0%}")]
+    if offered is not None:
+        rules.append((offered * 100.0, f"the trace offers {offered:.0%}"))
+    spans = [(a - w.start, b - w.start, f"{tl['holder']} KV ≥ {th.kv_full:.0%}")
+             for a, b in tl["full_spans"]]
+    said = agentic.timeline_evidence(tl)
+    label = derive.point_label(p)
+    return (f"<h3>{esc(label)}: KV use, prefix hits and queue on one time axis</h3>"
+            + svg_chart(pct, x_title="seconds into the point", y_title="percent",
+                        height=300, rules=tuple(rules), spans=tuple(spans), x_range=span,
+                        title="KV use and prefix-cache hit rate")
+            + (svg_chart(wait, x_title="seconds into the point", y_title="requests waiting",
+                         height=200, spans=tuple(spans), x_range=span,
+                         title="requests waiting") if wait else "")
+            + '<p class="note">Over the point\'s measured window in '
+              f"{tl['bin_s']:g} s bins of the run's telemetry: KV use of the fullest engine "
+              f"per role, the prefix-cache hit rate of the {esc(tl['holder'])} engines "
+              "(Δvllm:prefix_cache_hits ÷ Δqueries), requests waiting per role; shaded: "
+              f"{esc(tl['holder'])} KV at or above {th.kv_full:.0%}. "
+            + esc("; ".join(said) + "." if said else "The KV stayed under the line.")
+            + "</p>")
 
 
 def speculative(vmap: dict) -> str:
@@ -797,7 +941,7 @@ svg.chart{max-width:100%;height:auto;font-family:inherit}.grid{stroke:#eee}
 .frame{fill:none;stroke:#ccc}.tick{font-size:11px;fill:#555}.axis-title{font-size:12px;
 fill:#333}.lab{font-size:10px;fill:#444}.curve{fill:none;stroke-width:2;opacity:.8}
 .frontier{fill:none;stroke:#333;stroke-width:1.5;stroke-dasharray:6 4}
-.limit{stroke:#c0262d;stroke-width:1.5;stroke-dasharray:3 3}.limit-lab{font-size:11px;
+.limit{stroke:#c0262d;stroke-width:1.5;stroke-dasharray:3 3}.span{fill:#e45756;opacity:.12}.limit-lab{font-size:11px;
 fill:#c0262d}
 .mark{font-size:13px;font-weight:700;fill:#b45309;opacity:.75;letter-spacing:.5px}
 .legend{margin:2px 0 8px}.key{display:inline-block;margin-right:16px;font-size:12.5px}
@@ -835,7 +979,7 @@ def render_run(path: Path) -> str:
             "<h2>What was measured</h2>", measured(rd),
             "<h2>Headline</h2>", headline(s), verdict_block(s),
             "<h2>Summary per sweep point</h2>", summary_table(s, vmap), prefix_reuse(s, vmap),
-            speculative(vmap),
+            agentic_views(rd, vmap), speculative(vmap),
             "<h2>Pareto: throughput per GPU vs interactivity</h2>",
             svg_chart([pareto_series(s.get("points") or [], "", PALETTE[0], vmap)],
                       x_title=X_TITLE, y_title=MEASURE_TITLE,

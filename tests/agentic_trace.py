@@ -5,9 +5,50 @@ readers of what AIPerf and the engines recorded of a run."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 WORDS = 1000
+AIPERF = Path(os.environ.get("PD_AIPERF", "/var/tmp/pd-aiperf/venv/bin/aiperf"))
+INSTALL = "bash tests/aiperf/setup.sh"
+
+
+def aiperf_or_fail(aiperf: Path = AIPERF) -> str:
+    """The aiperf the tests drive; a missing one fails the test (never a skip that passes CI
+    without running it)."""
+    import pytest
+
+    probe = subprocess.run([str(aiperf), "--version"], capture_output=True, text=True,
+                           check=False) if aiperf.exists() else None
+    if probe is None or probe.returncode != 0:
+        pytest.fail(f"aiperf 0.13.0 is not installed at {aiperf}: run `{INSTALL}` (as root; "
+                    "PD_AIPERF may name another environment's aiperf)")
+    return str(aiperf)
+
+
+def agentic_recipe(tmp: Path, trace: Path, aiperf: Path = AIPERF, decodes: int = 1,
+                   block: int = 16, **agentic) -> Path:
+    """Two prefills and `decodes` decodes on simulated engines (KV blocks of `block`
+    tokens, the decodes logging each request), the agentic benchmark at 2 and 3 live
+    sessions with the tokenizer in tmp/tok."""
+    import yaml
+
+    data = {
+        "name": "agentic-sim", "cluster": "local", "engine": "sim", "mode": "disagg",
+        "model": {"path": "sim/toy", "served_name": "toy"},
+        "vllm_args": {"block-size": block},
+        "prefill": {"endpoints": 2},
+        "decode": {"endpoints": decodes, "args": {"enable-log-requests": True}},
+        "benchmark": {"concurrency": [2, 3], "agentic": {
+            "trace": str(trace), "trace_format": "mooncake_trace", "block_size": 64,
+            "tokenizer": str(tmp / "tok"), "aiperf": str(aiperf), "drain_poll_s": 0.3,
+            **agentic}},
+        "accuracy": {"enabled": False},
+    }
+    path = tmp / "agentic.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
 
 
 def write_tokenizer(folder: Path) -> Path:

@@ -8,13 +8,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import helpers
+import numpy as np
+import pandas as pd
 import pytest
 import yaml
 from agentic_trace import (
+    AIPERF,
+    agentic_recipe,
+    aiperf_or_fail,
     conversations_by_engine,
     hit_bounds,
     records,
@@ -23,15 +27,14 @@ from agentic_trace import (
 )
 from helpers import launcher, leftovers
 
-from launcher.analysis import derive, diagnose
+from launcher.analysis import agentic as agentic_views
+from launcher.analysis import derive, diagnose, load
 from launcher.clients import agentic
 from launcher.control import datasets, prepare
 from launcher.errors import UserError
 from launcher.run import results, rundir
 from launcher.schema import srt_slurm, srt_slurm_v2
 
-AIPERF = Path(os.environ.get("PD_AIPERF", "/var/tmp/pd-aiperf/venv/bin/aiperf"))
-INSTALL = "bash tests/aiperf/setup.sh"
 PORT_BASES = range(29400, 31400, 200)
 SESSIONS, TURNS, BLOCK = 3, 3, 16  # the sim's KV block size (the recipe's block-size)
 AGENTIC = (srt_slurm.BUNDLED / "InferenceX/benchmarks/multi_node/srt-slurm-recipes/dsv4/vllm/"
@@ -39,32 +42,11 @@ AGENTIC = (srt_slurm.BUNDLED / "InferenceX/benchmarks/multi_node/srt-slurm-recip
 
 
 def aiperf() -> str:
-    probe = subprocess.run([str(AIPERF), "--version"], capture_output=True, text=True,
-                           check=False) if AIPERF.exists() else None
-    if probe is None or probe.returncode != 0:
-        pytest.fail(f"aiperf 0.13.0 is not installed at {AIPERF}: run `{INSTALL}` (as root; "
-                    "PD_AIPERF may name another environment's aiperf)")
-    return str(AIPERF)
+    return aiperf_or_fail(AIPERF)
 
 
 def recipe_file(tmp: Path, trace: Path, decodes: int = 1, **agentic) -> Path:
-    """Two prefills and `decodes` decodes on simulated engines, the agentic benchmark at 2
-    and 3 live sessions."""
-    data = {
-        "name": "agentic-sim", "cluster": "local", "engine": "sim", "mode": "disagg",
-        "model": {"path": "sim/toy", "served_name": "toy"},
-        "vllm_args": {"block-size": BLOCK},
-        "prefill": {"endpoints": 2},
-        "decode": {"endpoints": decodes, "args": {"enable-log-requests": True}},
-        "benchmark": {"concurrency": [2, 3], "agentic": {
-            "trace": str(trace), "trace_format": "mooncake_trace", "block_size": 64,
-            "tokenizer": str(tmp / "tok"), "aiperf": str(AIPERF), "drain_poll_s": 0.3,
-            **agentic}},
-        "accuracy": {"enabled": False},
-    }
-    path = tmp / "agentic.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    return agentic_recipe(tmp, trace, AIPERF, decodes, block=BLOCK, **agentic)
 
 
 def test_aiperf_replays_sessions_through_the_router_and_the_second_turn_hits_the_prefix(
@@ -130,6 +112,39 @@ def test_aiperf_replays_sessions_through_the_router_and_the_second_turn_hits_the
                 for line in log.read_text().splitlines())
     assert len(convs) == 2 * SESSIONS and turns == 2 * SESSIONS * TURNS, (convs, turns)
     assert all(len(engines) == 1 for engines in convs.values()), convs
+    # what the dashboard and the report show of it, read again from the same files: the
+    # sessions each decode served per point (the engines' lines, none split), and TTFT by
+    # context bucket as AIPerf's own records give it
+    views = agentic_views.load_run(run, load.load_bench(run), load.read_plan_safe(run)[0])
+    t = views.sessions
+    assert list(t.groupby("point", sort=False)["sessions"].sum().items()) == [
+        ("c=2", SESSIONS), ("c=3", SESSIONS)], t
+    assert t["requests"].sum() == 2 * SESSIONS * TURNS and t["split"].sum() == 0, t
+    per_engine = {}
+    for engines in convs.values():
+        (e,) = engines
+        per_engine[e] = per_engine.get(e, 0) + 1
+    assert t.groupby("endpoint")["sessions"].sum().to_dict() == per_engine, (t, per_engine)
+    for c, point in points.items():
+        art = run / "bench" / point["agentic"]["artifacts"]
+        mine = [(r["metrics"]["usage_prompt_tokens"]["value"],
+                 r["metrics"]["time_to_first_token"]["value"]) for r in records(art)]
+        b = views.buckets[views.buckets["point"] == f"c={c}"]
+        assert b["requests"].sum() == SESSIONS * TURNS and len(b) == TURNS, b
+        for r in b.itertuples():  # each turn's context is its own bucket here
+            ttfts = [t for n, t in mine if r.lo <= n < r.hi]
+            assert r.ttft_p50_ms == pytest.approx(float(np.percentile(ttfts, 50)))
+            assert r.ttft_p90_ms == pytest.approx(float(np.percentile(ttfts, 90)))
+        # the compute line: the prefills' prefill seconds over their computed prompt tokens
+        server = json.loads((art / "server_metrics_export.json").read_text())["metrics"]
+        prefills = {u for u, role in views.roles.items() if role == "prefill"}
+        # (a series with nothing observed in the phase has no sum)
+        secs = sum(x["stats"].get("sum", 0) for x in server[
+            "vllm:request_prefill_time_seconds"]["series"] if x["endpoint_url"] in prefills)
+        computed = sum(x["stats"].get("total", 0) for x in server[
+            "vllm:prompt_tokens_by_source"]["series"] if x["endpoint_url"] in prefills
+            and x["labels"]["source"] == "local_compute")
+        assert views.ms_per_token[f"c={c}"] == pytest.approx(1000 * secs / computed)
     assert leftovers(run) == []
     said = " ".join(out.split())
     assert ("agentic points (AIPerf, conc = live sessions): tok/s counts input as the server "
@@ -138,6 +153,10 @@ def test_aiperf_replays_sessions_through_the_router_and_the_second_turn_hits_the
     code, _ = launcher(tmp_path, "report", str(run), "-o", str(tmp_path / "r.html"))
     page = " ".join((tmp_path / "r.html").read_text().split())
     assert code == 0 and "agentic session replay (benchmark.agentic) with AIPerf" in page
+    assert "<h3>TTFT against the turn's context (agentic)</h3>" in page
+    for r in t.itertuples():
+        assert (f'<td>{r.point}</td><td>{r.endpoint}</td><td class="n" '
+                f'data-value="{r.sessions}">{r.sessions}</td>') in page, page
     # AIPerf ended before its summary (killed mid-point): the requests its records hold are
     # kept, the point failed with AIPerf's own last words
     crashed = tmp_path / "aiperf-crashed"
@@ -160,6 +179,14 @@ def test_aiperf_replays_sessions_through_the_router_and_the_second_turn_hits_the
         round(points[c]["agentic"]["prefix_hit_rate"] * 100.0, 6) for c in (2, 3)]
     assert [round(h, 6) for h in shown["offered"]] == [round(792 / 1560 * 100.0, 6)] * 2
     assert "KV capacity cliff" not in list(shown["verdict"])
+    spread = next(x.value for x in at.dataframe if "endpoint" in x.value.columns)
+    assert spread.to_dict("records") == t.to_dict("records")
+    at.switch_page("app_pages/ttft.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    shown = next(x.value for x in at.dataframe if "over_line" in x.value.columns)
+    assert list(shown["ttft_p50_ms"]) == list(views.buckets["ttft_p50_ms"])
+    said = "\n".join(f"- {c}" for c in agentic_views.line_crossings(views.buckets))
+    assert said.startswith("- c=2: TTFT p50 ") and said in [m.value for m in at.markdown]
 
 
 def test_the_theoretical_hit_rate_is_what_each_turn_repeats_of_its_session(tmp_path):
@@ -217,6 +244,22 @@ def test_a_working_set_past_the_prefix_kv_falls_below_the_theoretical_hit_rate(
     assert list(shown["verdict"]) == ["KV capacity cliff"]
     assert [round(x, 6) for x in shown["offered"]] == [round(offered, 6)]
     assert any(w.value.startswith("c=3: KV capacity cliff: ") for w in at.warning)
+    # the point on one time axis (the run's telemetry): the prefill's KV pinned at or above
+    # 90 % for part of it, fewer hits there than the trace offers, shaded on the KV page and
+    # in the report
+    plan = load.read_plan_safe(run)[0]
+    ss = derive.SeriesSet(load.read_telemetry(run, names=load.KV_NAMES), plan)
+    tl = agentic_views.point_timeline(ss, derive.window_of(point), ["decode", "prefill"],
+                                      "prefill", ag["trace_hit_rate"])
+    assert tl["full_spans"] and tl["hit_full"] < ag["trace_hit_rate"] - 0.10, tl
+    said = agentic_views.timeline_evidence(tl)
+    assert said[0].startswith("prefill KV at or above 90% for "), said
+    at.switch_page("app_pages/kv_cache.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "Agentic point: KV use, prefix hits and queue" in [h.value for h in at.subheader]
+    assert f"c=3: KV capacity cliff. {'; '.join(said)}." in [w.value for w in at.warning]
+    assert "<h3>c=3: KV use, prefix hits and queue on one time axis</h3>" in page
+    assert page.count('class="span"') == 2 * len(tl["full_spans"]), page
 
 
 def test_stage_dataset_copies_a_trace_and_refuses_a_broken_one(tmp_path):
@@ -403,3 +446,78 @@ def test_staging_aiperf_for_aarch64_trays_names_the_wheel_the_index_lacks(tmp_pa
         f"'crick~=0.0.8' --no-deps -w {env}/wheels), then run this again (log: "
         f"{env}/prepare.log)")
     assert not (env / "wheels.ready").exists()
+
+
+def test_context_buckets_are_round_bounds_labelled_in_tokens():
+    assert agentic_views.bucket_edges(391, 1192) == [300, 500, 700, 1000, 1500]
+    assert agentic_views.bucket_edges(9000, 142000) == [
+        7000, 10000, 15000, 20000, 30000, 50000, 70000, 100000, 150000]
+    recs = pd.DataFrame([("c=4", 4, "profiling", "s", 0, 0.0, 1.0, float(ttft), float(ctx),
+                          False) for ctx, ttft in ((9000, 100), (9500, 300), (142000, 900))]
+                        + [("c=4", 4, "warmup", "w", 0, 0.0, 1.0, 1.0, 9000.0, False),
+                           ("c=4", 4, "profiling", "e", 0, 0.0, 1.0, 5.0, 9000.0, True)],
+                        columns=agentic_views.RECORD_COLUMNS)
+    b = agentic_views.context_buckets(recs)  # the warm-up and the failed request left out
+    assert list(b["bucket"]) == ["7k–10k", "100k–150k"] and list(b["requests"]) == [2, 1]
+    assert list(b["ttft_p50_ms"]) == [200.0, 900.0] and list(b["ttft_p90_ms"]) == [280.0, 900.0]
+    # where TTFT p50 leaves the compute line as the context grows
+    b = agentic_views.with_compute_line(b, {"c=4": 0.01})  # 9,250 -> 92.5 ms; 142k -> 1,420
+    assert agentic_views.line_crossings(b) == [
+        "c=4: TTFT p50 under the compute line from the 100k–150k tokens bucket on"]
+    b = agentic_views.with_compute_line(b, {"c=4": 0.001})
+    assert agentic_views.line_crossings(b) == [
+        "c=4: TTFT p50 over the compute line at every context (turns computed again or "
+        "waiting)"]
+
+
+def test_the_compute_line_is_the_prefills_prefill_time_per_computed_token():
+    def series(url, stats, **labels):
+        return {"endpoint_url": url, "labels": labels, "stats": stats}
+
+    server = {"metrics": {
+        "vllm:request_prefill_time_seconds": {"series": [
+            series("p0", {"sum": 2.0}), series("p1", {"sum": 1.0}), series("d0", {"sum": 9.0})]},
+        "vllm:prompt_tokens_by_source": {"series": [
+            series("p0", {"total": 1000.0}, source="local_compute"),
+            series("p0", {"total": 5000.0}, source="local_cache_hit"),
+            series("p1", {"total": 500.0}, source="local_compute"),
+            series("d0", {"total": 1500.0}, source="external_kv_transfer")]}}}
+    roles = {"p0": "prefill", "p1": "prefill", "d0": "decode"}
+    assert agentic_views.prefill_ms_per_token(server, roles) == 2.0  # 3 s / 1,500 tokens
+    assert agentic_views.prefill_ms_per_token({"metrics": {}}, roles) is None
+
+
+def test_sessions_per_decode_from_the_engines_lines_logged_in_another_zone():
+    """The engines logged in UTC+05:30 (no zone in vLLM's line), AIPerf's records are unix:
+    each line is put on its point; a session with turns on two decodes is counted as split."""
+    t0 = 1_796_553_000.0
+    recs = pd.DataFrame([("c=2", 2, "profiling", "x", 0, t0, t0 + 10, 1.0, 1.0, False),
+                         ("c=3", 3, "profiling", "y", 0, t0 + 60, t0 + 70, 1.0, 1.0, False)],
+                        columns=agentic_views.RECORD_COLUMNS)
+    ist = 19800.0
+    line = agentic_views.RequestLine
+    lines = [line("decode-0", t0 + ist + 1, "a", 10), line("decode-0", t0 + ist + 5, "a", 20),
+             line("decode-1", t0 + ist + 2, "b", 10), line("decode-0", t0 + ist + 61, "c", 10),
+             line("decode-1", t0 + ist + 65, "c", 20), line("decode-10", None, "d", 10)]
+    t = agentic_views.sessions_per_endpoint(lines, agentic_views.point_spans(recs))
+    assert t.to_dict("records") == [
+        {"point": "c=2", "endpoint": "decode-0", "sessions": 1, "requests": 2, "split": 0},
+        {"point": "c=2", "endpoint": "decode-1", "sessions": 1, "requests": 1, "split": 0},
+        {"point": "c=3", "endpoint": "decode-0", "sessions": 1, "requests": 1, "split": 1},
+        {"point": "c=3", "endpoint": "decode-1", "sessions": 1, "requests": 1, "split": 1},
+        {"point": "outside the points", "endpoint": "decode-10", "sessions": 1,
+         "requests": 1, "split": 0}]
+
+
+def test_a_weka_corpus_offers_aiperfs_theoretical_rate_in_percent_and_gets_the_verdict():
+    """A Weka corpus has no trace_hit_rate: the offered rate is AIPerf's
+    theoretical_prefix_cache_hit, which it gives in percent (95.0 is 95 %)."""
+    point = {"max_concurrency": 64, "status": "ok", "completed": 100, "failed": 0,
+             "mean_ttft_ms": 900.0, "mean_tpot_ms": 20.0,
+             "agentic": {"sessions": 64, "prefix_hit_rate": 0.40, "theoretical_prefix_hit": 95.0,
+                         "kv_usage_max": {"prefill": 0.97, "decode": 0.5}}}
+    row = derive.point_table([point], None, None).to_dict("records")[0]
+    assert row["hit_theoretical"] == pytest.approx(0.95)
+    (v,) = diagnose.diagnose([row])
+    assert v.kind == diagnose.KV_CLIFF and v.evidence[0] == (
+        "prefix-cache hit rate 40% achieved vs 95% the trace offers (gap > 10%)"), v

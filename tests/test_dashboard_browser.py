@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import synth
 from browser.drawn import drawn, now, open_page
-from helpers import stop, streamlit_healthy
+from helpers import free_port_base, launcher, profile_copy, stop, streamlit_healthy
 
 import dashboard
 from dashboard import ui
@@ -642,12 +642,78 @@ def test_pages_listed_in_navigation(server, browser):
         page.close()
 
 
+@pytest.fixture(scope="module")
+def agentic_run(server, tmp_path_factory) -> Path:
+    """One local agentic run shared by the agentic page tests (docs/agentic.md): simulated
+    engines behind the real router, the real AIPerf replaying 3 sessions of 3 turns at 3 live
+    sessions; one prefill of 80 KV blocks (the sessions' prefixes do not fit: the capacity
+    cliff) and two decodes logging each request. Copied where the server reads runs."""
+    from agentic_trace import agentic_recipe, aiperf_or_fail, write_tokenizer, write_trace
+
+    aiperf_or_fail()
+    tmp = tmp_path_factory.mktemp("agentic")
+    write_tokenizer(tmp / "tok")
+    trace = write_trace(tmp / "trace.jsonl", 3, 3)
+    prof = profile_copy(tmp / "local.yaml", "local",
+                        port_base=free_port_base(range(29400, 31400, 200), 200))
+    code, out = launcher(tmp, "submit", str(agentic_recipe(tmp, trace, decodes=2)),
+                         "--set", f"cluster={prof}", "--set", "prefill.endpoints=1",
+                         "--set", "prefill.args={num-gpu-blocks-override: 80}",
+                         "--set", "prefill.env.SIM_PREFILL_TOKENS_PER_S=2000",
+                         "--set", "benchmark.concurrency=[3]")
+    assert code == 0, out
+    (run,) = [p.parent for p in (tmp / "runs").glob("*/plan.json")]
+    _, runs = server
+    dest = runs["demo"].parent / run.name
+    shutil.copytree(run, dest)
+    return dest
+
+
+CHART_TITLES_JS = f"""() => [...document.querySelectorAll('{CHART} svg.marks')].map(s => [
+  (s.querySelector('.role-title-text') || {{}}).textContent,
+  [...s.querySelectorAll('.role-legend-label text, .role-axis-title text')]
+    .map(t => t.textContent),
+  s.querySelectorAll('g.mark-rect path').length])"""
+# (page, title, charts, texts on the page, (chart title starts with, a legend or axis text
+# in it, its rects: the shaded KV-full spans on the timeline)) for the agentic run
+AGENTIC_PAGES = [
+    ("sweep", "Sweep", 5, ["Agentic sessions", "Sessions per decode endpoint"],
+     ("Sessions per decode endpoint", "sessions", 1)),
+    ("kv", "KV cache", 6, ["Agentic point: KV use, prefix hits and queue",
+                           "c=3: KV capacity cliff. prefill KV at or above 90%"],
+     ("c=3: KV use, prefix hits and queue", "prefix-cache hit rate, prefill", 1)),
+    ("ttft", "TTFT breakdown", 2, ["TTFT against the turn's context (agentic)",
+                                   "The prefill compute line is the turn's whole context",
+                                   "c=3: TTFT p50 "],
+     ("TTFT against the turn's context", "prefill compute line", 0)),
+]
+
+
+@pytest.mark.parametrize("path, title, min_charts, wanted, figure", AGENTIC_PAGES,
+                         ids=[p[0] for p in AGENTIC_PAGES])
+def test_the_agentic_pages(server, browser, shots, agentic_run, path, title, min_charts,
+                           wanted, figure):
+    """An agentic run's pages at 1440 and 1280 px, every check of the other pages, with
+    their figures drawn: sessions per decode, the point's KV, hits and queue with the KV-full
+    spans shaded, TTFT against the turn's context with the compute line."""
+    base, _ = server
+    got = visit(browser, f"{base}/{path}?run={agentic_run.name}", title, min_charts,
+                shots / f"agentic-{path}.png", then=lambda page: page.evaluate(CHART_TITLES_JS))
+    for w in wanted:
+        assert w in got["text"], f"{w!r} missing on {path}"
+    start, inside, rects = figure
+    charts_ = [c for c in got["then"] if (c[0] or "").startswith(start)]
+    assert charts_, [c[0] for c in got["then"]]
+    (_, texts, n_rects), = charts_
+    assert inside in texts and n_rects >= rects, (texts, n_rects)
+
+
 def test_screenshots_were_written(shots):
     names = sorted(p.name for p in shots.glob("*.png"))
     print("screenshots:\n" + "\n".join(f"  {shots / n}" for n in names))
     for want in ("demo-overview.png", "demo-kv.png", "study-study.png", "compare-study.png",
                  "live-overview-2.png",
-                 "study-p2-overview.png", "runs-list.png"):
+                 "study-p2-overview.png", "runs-list.png", "agentic-kv.png"):
         assert want in names
 
 

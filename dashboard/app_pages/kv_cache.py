@@ -7,7 +7,8 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, ui
-from launcher.analysis import derive, load
+from launcher.analysis import agentic, derive, diagnose, load
+from launcher.run import figures
 from launcher.run.rundir import RunDir
 
 info = ui.header("KV cache")
@@ -110,6 +111,51 @@ def capacity_section(info, ss: derive.SeriesSet, cap) -> None:
         st.markdown(f"- {n}")
 
 
+def agentic_point(info, ss: derive.SeriesSet, step: float, clk) -> None:
+    """An agentic point on one time axis (docs/agentic.md): the KV use, the prefix-cache hit
+    rate of the engines holding the sessions' prefixes and the queue, with the capacity
+    cliff's evidence (KV pinned full while hits fall and the queue grows) marked."""
+    ag = ui.agentic(info)
+    if ag is None:
+        return
+    points = {derive.point_label(p): p for p in ui.bench(info)
+              if isinstance(p.get("agentic"), dict) and derive.window_of(p)}
+    if not points:
+        return
+    st.subheader("Agentic point: KV use, prefix hits and queue")
+    cliff = [v.point for v in ui.verdicts(info) if v.kind == diagnose.KV_CLIFF]
+    names = list(points)
+    pick = st.selectbox("Point", names, key="kv_agentic_point",
+                        index=names.index(cliff[0]) if cliff and cliff[0] in names
+                        else len(names) - 1)
+    p = points[pick]
+    offered = figures.offered_hit_rate(p["agentic"])
+    th = diagnose.Thresholds()
+    tl = agentic.point_timeline(ss, derive.window_of(p), sorted(set(ag.roles.values())),
+                                ag.holder, offered, th.kv_full, step)
+    if tl["frame"].empty:
+        st.info(f"{pick}: no KV, prefix-cache or queue samples inside the point's window "
+                "(the telemetry missed it).")
+        return
+    spans = pd.DataFrame(tl["full_spans"], columns=["start", "end"])
+    ui.altair(charts.point_timeline(
+        tl["frame"], spans, offered=offered, kv_full=th.kv_full, clock=clk,
+        title=f"{pick}: KV use, prefix hits and queue ({tl['bin_s']:g} s bins; shaded: "
+              f"{tl['holder']} KV ≥ {th.kv_full:.0%})"))
+    said = agentic.timeline_evidence(tl)
+    if pick in cliff:
+        st.warning(f"{pick}: KV capacity cliff. " + "; ".join(said) + ".")
+    elif said:
+        st.caption("; ".join(said) + ".")
+    else:
+        st.caption(f"{tl['holder']} KV stayed under {th.kv_full:.0%} through the point: "
+                   "no capacity cliff.")
+    st.caption("Over the point's measured window: KV use of the fullest engine per role, the "
+               f"prefix-cache hit rate of the {tl['holder']} engines per bin "
+               "(Δvllm:prefix_cache_hits ÷ Δqueries), requests waiting per role (right axis, "
+               "dashed); dashed rules: the KV-full line and the hit rate the trace offers.")
+
+
 def body(info) -> None:  # the run as re-read at each live refresh
     if ui.no_telemetry(info, "KV-cache telemetry"):
         if info.state != "empty":  # a planned run still has the planner's estimate
@@ -160,6 +206,7 @@ def body(info) -> None:  # the run as re-read at each live refresh
     else:
         st.info("No vllm:kv_cache_usage_perc samples (older vLLM names are mapped by the "
                 "scraper; none were found).")
+    agentic_point(info, ss, step, clk)
     capacity_section(info, ss, data.get("capacity"))
 
     st.subheader("Scheduler: waiting, running, preemptions")

@@ -149,7 +149,7 @@ def agentic(info) -> bool:
             continue
         if verdicts is None:
             verdicts = {v.concurrency: v for v in ui.verdicts(info)}
-        hit, offered = ag.get("prefix_hit_rate"), ag.get("trace_hit_rate")
+        hit, offered = ag.get("prefix_hit_rate"), figures.offered_hit_rate(ag)
         turns = ag.get("per_turn") or []
         v = verdicts.get(float(ag.get("sessions") or p.get("max_concurrency") or 0))
         rows.append({"sessions": ag.get("sessions"),
@@ -177,17 +177,52 @@ def agentic(info) -> bool:
         if v.kind == "kv-capacity-cliff":
             st.warning(f"c={v.concurrency:g}: {v.title}. " + "; ".join(v.evidence))
     num = st.column_config.NumberColumn
-    ui.table(t, column_config={
+    # two tables: the ten columns in one did not fit the page at 1280 px
+    ui.table(t[["sessions", "hit", "offered", "verdict", "requests", "turns"]], column_config={
         "sessions": num("live sessions", format="%d"),
         "hit": num("prefix hit %", format="%.1f"),
         "offered": num("the trace offers %", format="%.1f"),
         "verdict": st.column_config.TextColumn("verdict"),
+        "requests": num("requests", format="%d"), "turns": num("turns", format="%d")})
+    ui.table(t[["sessions", "ttft_p90", "ttft_first", "ttft_later", "interactivity"]],
+             column_config={
+        "sessions": num("live sessions", format="%d"),
         "ttft_p90": num("TTFT p90 ms", format="%.0f"),
         "ttft_first": num("TTFT first turn ms", format="%.0f"),
         "ttft_later": num("TTFT later turns ms", format="%.0f"),
-        "interactivity": num("interactivity tok/s", format="%.1f"),
-        "requests": num("requests", format="%d"), "turns": num("turns", format="%d")})
+        "interactivity": num("interactivity tok/s", format="%.1f")})
+    st.caption("TTFT against each turn's context: the TTFT breakdown page; KV use, prefix "
+               "hits and the queue over a point: the KV cache page.")
+    sessions_per_decode(info)
     return True
+
+
+def sessions_per_decode(info) -> None:
+    """How the router spread the sessions over the decode endpoints, per point, from the
+    decodes' own per-request lines (a session is its conversation)."""
+    ag = ui.agentic(info)
+    st.subheader("Sessions per decode endpoint")
+    if ag is None or ag.sessions.empty:
+        st.info("The decodes logged no per-request line, so how the sessions spread is not "
+                "known: the simulator logs one per chat request with --enable-log-requests "
+                "(decode.args.enable-log-requests: true); real vLLM's line does not name "
+                "the conversation and is not read yet.")
+        return
+    t = ag.sessions
+    ui.altair(charts.sessions_per_endpoint(t))
+    split = int(t["split"].sum())
+    if split:
+        st.warning(f"{split} session(s) had turns on more than one decode endpoint: the router "
+                   "did not keep them on one decode (router.decode_policy), so their "
+                   "prefixes were transferred again.")
+    else:
+        st.caption("Every session's turns reached one decode endpoint.")
+    num = st.column_config.NumberColumn
+    ui.table(t, column_config={
+        "endpoint": st.column_config.TextColumn("decode endpoint"),
+        "sessions": num("sessions", format="%d"), "requests": num("requests", format="%d"),
+        "split": num("also on another decode", format="%d",
+                     help="sessions of this point with a turn on another decode endpoint")})
 
 
 def _mean(xs: list) -> float | None:

@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, ui
-from launcher.analysis import derive, diagnose
+from launcher.analysis import agentic, derive, diagnose
 
 info = ui.header("TTFT breakdown")
 if info is None:
@@ -61,6 +61,7 @@ def body(info) -> None:  # the run as re-read at each live refresh
                 "NIXL p99", format="%.0f", help="NIXL transfer time p99"),
             **ms_cfg})
     per_endpoint(info)
+    by_context(info)
     with st.expander("How the split is made, and its caveats", expanded=not has_parts):
         for c in derive.TTFT_CAVEATS:
             st.markdown(f"- {c}")
@@ -125,6 +126,60 @@ def per_endpoint(info) -> None:
         "admission_s": num("D admission ms", format="%.0f"),
         "engine_ttft_s": num("D TTFT ms", format="%.0f"),
         "kv_max": num("KV max %", format="%.1f"),
+    })
+
+
+MAX_DOTS = 3000  # requests drawn as dots (a sample past that); the lines use every one
+
+
+def by_context(info) -> None:
+    """An agentic run (docs/agentic.md): each request's TTFT against its turn's context, from
+    AIPerf's own per-request records, p50/p90 per context bucket, and the prefill compute
+    line (a turn's whole context computed at the rate the prefills measured)."""
+    ag = ui.agentic(info)
+    if ag is None or ag.buckets.empty:
+        return
+    st.subheader("TTFT against the turn's context (agentic)")
+    rec = ag.records
+    ok = rec[(rec["phase"] == "profiling") & ~rec["error"]].dropna(subset=["ttft_ms",
+                                                                       "context"])
+    dots = ok.sample(MAX_DOTS, random_state=0) if len(ok) > MAX_DOTS else ok
+    curves = []
+    for r in ag.buckets.itertuples():
+        curves += [{"point": r.point, "context": r.context_mean, "value": r.ttft_p50_ms,
+                    "stat": "TTFT p50"},
+                   {"point": r.point, "context": r.context_mean, "value": r.ttft_p90_ms,
+                    "stat": "TTFT p90"}]
+    for point, slope in ag.ms_per_token.items():
+        ctx = ok.loc[ok["point"] == point, "context"]
+        if slope and len(ctx):
+            curves += [{"point": point, "context": float(c), "value": float(c) * slope,
+                        "stat": "prefill compute line"} for c in (ctx.min(), ctx.max())]
+    ui.altair(charts.ttft_vs_context(dots[["point", "context", "ttft_ms"]],
+                                     pd.DataFrame(curves)))
+    st.caption("Each request of each point (AIPerf's profile_export.jsonl: its TTFT and the "
+               "server's prompt-token count, the session's history and the turn)"
+               + (f", {MAX_DOTS:,} of {len(ok):,} drawn" if len(ok) > MAX_DOTS else "")
+               + ". The prefill compute line is the turn's whole context computed at the rate "
+               "the prefills measured over the point (vllm:request_prefill_time_seconds ÷ "
+               "computed prompt tokens): TTFT well under it is the prefix cache saving work, "
+               "TTFT at or over it is a turn computed again or waiting.")
+    crossings = agentic.line_crossings(ag.buckets)
+    if crossings:
+        st.markdown("\n".join(f"- {c}" for c in crossings))
+    show = ag.buckets[["point", "bucket", "requests", "context_mean", "ttft_p50_ms",
+                       "ttft_p90_ms", "compute_ms", "over_line"]]
+    num = st.column_config.NumberColumn
+    ui.table(show, column_config={
+        "bucket": st.column_config.TextColumn("context tokens"),
+        "requests": num("requests", format="%d"),
+        "context_mean": num("mean context", format="%.0f"),
+        "ttft_p50_ms": num("TTFT p50 ms", format="%.0f"),
+        "ttft_p90_ms": num("TTFT p90 ms", format="%.0f"),
+        "compute_ms": num("compute line ms", format="%.0f",
+                          help="the mean context × the prefills' ms per computed token"),
+        "over_line": num("p50 ÷ line", format="%.2f",
+                         help="below 1: prefix hits saved prefill work"),
     })
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from launcher.run import figures
 from launcher.run.plandoc import PlanDoc
 
 # A series with no row for this long is "no data", not "unchanged": the store writes a
@@ -346,7 +347,7 @@ def prefix_reuse(p: dict) -> dict[str, float]:
     kv = ag.get("kv_usage_max") if isinstance(ag.get("kv_usage_max"), dict) else {}
     held = kv.get("prefill") if "prefill" in kv else max(kv.values(), default=None)
     return {"hit_achieved": _num(ag.get("prefix_hit_rate")),
-            "hit_theoretical": _num(ag.get("trace_hit_rate")),
+            "hit_theoretical": _num(figures.offered_hit_rate(ag)),
             "prefix_kv_max": _num(held)}
 
 

@@ -36,6 +36,8 @@ KV_NAMES = (
     "vllm:num_requests_kv_fetch_by_stage",
     "vllm:num_preemptions_total",
     "vllm:prompt_tokens_by_source_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:prefix_cache_queries_total",
     "vllm:generation_tokens_total",
     "vllm:nixl_xfer_time_seconds_sum",
     "vllm:nixl_xfer_time_seconds_count",

@@ -199,7 +199,20 @@ def point_figures(result: dict[str, Any], denominators: dict[str, int],
             "sessions", "prefix_hit_rate", "trace_hit_rate", "interactivity_tok_s",
             "error_rate",
             "context_overflow_rate", "submission_valid", "invalid_reasons")}
+        fig["agentic"]["offered_hit_rate"] = offered_hit_rate(ag)
     return fig
+
+
+def offered_hit_rate(ag: dict) -> float | None:
+    """The prefix-cache hit rate an agentic point's trace offers (an unbounded cache), a
+    fraction: the launcher's count for a mooncake_trace (`trace_hit_rate`), else AIPerf's
+    `theoretical_prefix_cache_hit` for a Weka corpus, which AIPerf gives in percent
+    (aiperf 0.13.0 `metrics/theoretical_prefix_cache.py`, unit PERCENT)."""
+    v = ag.get("trace_hit_rate")
+    if isinstance(v, (int, float)):
+        return float(v)
+    v = ag.get("theoretical_prefix_hit")
+    return float(v) / 100.0 if isinstance(v, (int, float)) else None
 
 
 def realized_lengths(result: dict) -> dict | None:
@@ -713,8 +726,8 @@ def render_table(s: dict[str, Any], console: Any = None) -> None:
             "counts it, its cached prefix included (InferenceX's AgentX figure), not "
             "comparable with sa-bench's; prefill prefix-cache hit rate "
             + ", ".join(f"c={p['max_concurrency']} {_pct(p['agentic'].get('prefix_hit_rate'))}"
-                        + (f" (the trace offers {_pct(p['agentic']['trace_hit_rate'])})"
-                           if p["agentic"].get("trace_hit_rate") is not None else "")
+                        + (f" (the trace offers {_pct(offered_hit_rate(p['agentic']))})"
+                           if offered_hit_rate(p["agentic"]) is not None else "")
                         for p in agentic)
             + "; interactivity (1000 ÷ ITL p90) "
             + ", ".join(f"c={p['max_concurrency']} "
