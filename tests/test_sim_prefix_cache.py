@@ -346,3 +346,55 @@ def test_pd_decode_hits_its_own_cache_and_pulls_only_the_rest(tmp_path):
     finally:
         prefill.stop()
         decode.stop()
+
+
+def test_a_hybrid_decode_whose_hit_reaches_the_prefills_end_pulls_nothing_and_frees_it():
+    """A hybrid (GDN/Mamba) model's prefill stops one token short, so its decode pulls
+    prompt - 1 - hit tokens (vLLM's prefill backoff): a first P/D pull brings all but the
+    last token; the same prompt again hits 3 blocks = prompt - 1 on the decode, so nothing
+    is read over NIXL, no transfer is recorded, and the prefill is only told to free its
+    held blocks. Two in-process engines over a real side channel."""
+    from launcher.sim import nixl
+
+    async def run() -> tuple[Engine, Engine]:
+        port = free_ports(2)
+        env = {"SIM_SPEED": "200", "SIM_STATE_BLOCKS_PER_REQUEST": "1",
+               "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"}
+
+        def engine(role: str, side: int) -> Engine:
+            cfg = parse(["serve", "m", "--block-size", str(BS), "--num-gpu-blocks-override",
+                         "40", "--kv-transfer-config", kv_config(role)],
+                        env={**env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)})
+            e = Engine(cfg, 0, role, "127.0.0.1")
+            e.start()
+            return e
+
+        prefill, decode = engine("kv_producer", port), engine("kv_consumer", port + 1)
+        decode.pull = nixl.make_pull(decode.cfg)
+        read, done = nixl.local_handlers(prefill)
+        server = await nixl.serve_side_channel("127.0.0.1", port, read, done, 5.0)
+        ids = list(range(700, 700 + 3 * BS + 1))  # 3 full blocks and 1 token
+        try:
+            for i in range(2):
+                p = Req(f"p{i}", len(ids), 1, remote_decode=True,
+                        hashes=block_hashes(ids, BS))
+                prefill.add(p)
+                await p.event.wait()
+                d = Req(f"d{i}", len(ids), 2, remote=p.kv_params,
+                        hashes=block_hashes(ids, BS))
+                decode.add(d)
+                while not d.finished:
+                    await d.event.wait()
+                    d.event.clear()
+                assert d.finished == "length" and not prefill.held, (d.error, prefill.held)
+        finally:
+            server.close()
+        return prefill, decode
+
+    _, decode = asyncio.run(run())
+    c = decode.stats.counters
+    assert c["vllm:prefix_cache_hits"] == 3 * BS
+    assert c["vllm:prompt_tokens_by_source|external_kv_transfer"] == 3 * BS  # the first
+    assert c["vllm:prompt_tokens_by_source|local_cache_hit"] == 3 * BS  # the second
+    assert c["vllm:prompt_tokens_by_source|local_compute"] == 2  # each one's last token
+    assert decode.stats.hists["vllm:nixl_bytes_transferred"].count == 1
