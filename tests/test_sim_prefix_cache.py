@@ -327,6 +327,9 @@ def test_pd_decode_hits_its_own_cache_and_pulls_only_the_rest(tmp_path):
         assert sample(dt, "vllm:prompt_tokens_cached_by_source_total", source="p2p") == pulled
         assert sample(dt, "vllm:external_prefix_cache_queries_total") == queries - reused
         assert sample(dt, "vllm:external_prefix_cache_hits_total") == pulled
+        # the decode's KV computed per request is its prefill's (kv_transfer_params'
+        # remote_prefill_cached_tokens), not its own
+        assert sample(dt, "vllm:request_prefill_kv_computed_tokens_sum") == queries - reused
         # NIXL read turn 1 whole and of turn 2 only its blocks past the hit
         k = Knobs()
         assert sample(dt, "vllm:nixl_bytes_transferred_count") == 2

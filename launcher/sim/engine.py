@@ -821,8 +821,11 @@ class Engine:
             tpot = (last - first) / (g - 1) if g > 1 else 0.0
             h["vllm:request_time_per_output_token_seconds"].observe(tpot)
             h["vllm:request_num_preemptions"].observe(req.preemptions)
-            h["vllm:request_prefill_kv_computed_tokens"].observe(
-                req.prompt_len - req.external - req.local_hit)
+            cached = req.local_hit + req.external
+            theirs = (req.remote or {}).get("remote_prefill_cached_tokens")
+            if isinstance(theirs, int):
+                cached = max(theirs, 0)  # a decode reports its prefill's cached tokens
+            h["vllm:request_prefill_kv_computed_tokens"].observe(req.prompt_len - cached)
         if req.remote_decode and reason in ("length", "stop"):
             # Producer: keep the blocks until the decode reads them or the lease runs out.
             req.kv_params = self._kv_params(req)
@@ -848,6 +851,7 @@ class Engine:
             "remote_blocks_expiry_time": None,
             "remote_registration_generation": 0,
             "transfer_mode": "pull",
+            "remote_prefill_cached_tokens": req.local_hit + req.external,
         }
 
     # ----- stats log interval --------------------------------------------------------------
