@@ -72,7 +72,8 @@ def test_a_turn_the_prefill_evicted_is_served_from_the_real_store_and_counted_so
     """P/D over NIXL + MooncakeStoreConnector, the real master: a session's first turn is put
     to the store; other prompts evict it from the prefill's GPU blocks; its second turn finds
     it by a real lookup, gets it from the store (tokens counted external, source
-    external_unspecified, not computed), and the decode still pulls the prompt over NIXL."""
+    external_unspecified, not computed), and the decode pulls over NIXL what its own prefix
+    cache lacks (turn 1 whole, of turn 2 the part past turn 1's blocks)."""
     master, rpc = start_master(tmp_path)
     config = tmp_path / "mooncake_store_config.json"
     config.write_text(json.dumps({
@@ -137,11 +138,13 @@ def test_a_turn_the_prefill_evicted_is_served_from_the_real_store_and_counted_so
         assert sample(pt, "vllm:mooncake_store_operation_time_seconds_count",
                       operation="load_get") == 1
         # the decode puts nothing (kv_consumer), looks each prompt up (MultiConnector asks
-        # every child) and still pulls both prompts from the prefill
+        # every child); it kept turn 1's blocks, so of turn 2 it pulls only the rest
         assert sample(dt, "vllm:mooncake_store_operation_total", operation="save_put") == 0
         assert sample(dt, "vllm:mooncake_store_operation_total", operation="lookup_exists") == 2
         assert sample(dt, "vllm:prompt_tokens_cached_by_source_total",
-                      source="p2p") == len(turn1) - 1 + len(turn2) - 1
+                      source="device") == hit
+        assert sample(dt, "vllm:prompt_tokens_cached_by_source_total",
+                      source="p2p") == len(turn1) + len(turn2) - hit
         # the master saw it: the keys it holds, the replica lookups of the get
         mt = master_metrics(master)
         assert sample(mt, "master_key_count") >= 25

@@ -273,38 +273,131 @@ def test_hybrid_state_blocks_are_held_and_freed_but_never_cached():
     assert len(e.pool.cached) == 3  # the prompt's full blocks, not the state blocks
 
 
-def test_pd_prefill_hits_its_cache_and_the_decode_still_pulls_everything(tmp_path):
+def test_pd_decode_hits_its_own_cache_and_pulls_only_the_rest(tmp_path):
+    """A session's second turn on P/D: the prefill computes only its new tail, and the decode
+    finds the first turn's blocks in its own prefix cache and pulls only the rest over NIXL
+    (vLLM's scheduler asks NixlConnector for the tokens past the local hit). Before, the
+    sim's decode hit nothing and pulled every prompt again. The proportions are those real
+    vLLM (CPU) P/D showed (tests/test_vllm_cpu.py, a dense model): the decode hits exactly
+    what the prefill hits, and hit + pulled = its prompt tokens (nothing computed). The
+    decode's cached blocks live under the same LRU: an unrelated prompt that fills its small
+    pool evicts the session's tail blocks first, its head survives."""
+    from launcher.sim.knobs import Knobs
+
     prefill = start_sim(tmp_path, "prefill-0", "m", "--block-size", str(BS),
                         "--kv-transfer-config", kv_config("kv_producer"), SIM_SPEED="20",
                         VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_ports(1)))
     decode = start_sim(tmp_path, "decode-0", "m", "--block-size", str(BS),
+                       "--num-gpu-blocks-override", "30",
                        "--kv-transfer-config", kv_config("kv_consumer"), SIM_SPEED="20",
                        VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_ports(1)))
+
+    def pd(ids: list[int]) -> None:
+        status, p = http_json(prefill.url + "/v1/completions", {
+            "prompt": ids, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}})
+        assert status == 200, p
+        status, d = http_json(decode.url + "/v1/completions", {
+            "prompt": ids, "max_tokens": 3,
+            "kv_transfer_params": p["kv_transfer_params"]}, timeout=15)
+        assert status == 200, d
+
     try:
         prefill.wait_healthy(10)
         decode.wait_healthy(10)
-        ids = list(range(100, 100 + 10 * BS + 5))  # 10 full blocks and a tail
-        for _ in range(2):  # the same prompt twice, prefill then decode
-            status, p = http_json(prefill.url + "/v1/completions", {
-                "prompt": ids, "max_tokens": 1,
-                "kv_transfer_params": {"do_remote_decode": True}})
-            assert status == 200, p
-            status, d = http_json(decode.url + "/v1/completions", {
-                "prompt": ids, "max_tokens": 3,
-                "kv_transfer_params": p["kv_transfer_params"]}, timeout=15)
-            assert status == 200, d
+        turn1 = list(range(100, 100 + 10 * BS + 5))  # 10 full blocks and a tail
+        turn2 = turn1 + list(range(5000, 5000 + 2 * BS + 3))  # the session's next turn
+        pd(turn1)
+        pd(turn2)
         pt, dt = scrape(prefill.url), scrape(decode.url)
-        # the prefill computes the second request's tail only
-        assert sample(pt, "vllm:prefix_cache_hits_total") == 10 * BS
-        assert sample(pt, "vllm:prompt_tokens_by_source_total",
-                      source="local_cache_hit") == 10 * BS
-        # the decode is as before: every prompt token but the last arrives by KV transfer
-        assert sample(dt, "vllm:prefix_cache_hits_total") == 0
-        assert sample(dt, "vllm:prefix_cache_queries_total") == 2 * len(ids)
-        assert sample(dt, "vllm:prompt_tokens_by_source_total",
-                      source="external_kv_transfer") == 2 * (len(ids) - 1)
-        assert sample(dt, "vllm:external_prefix_cache_hits_total") == 2 * (len(ids) - 1)
+        queries = len(turn1) + len(turn2)
+        reused = 10 * BS  # turn 1's whole blocks (its last token's block is not whole)
+        assert sample(pt, "vllm:prefix_cache_hits_total") == reused
+        assert sample(dt, "vllm:prefix_cache_hits_total") == reused
+        assert sample(dt, "vllm:prefix_cache_queries_total") == queries
+
+        def by_source(source: str) -> float:
+            return sample(dt, "vllm:prompt_tokens_by_source_total", source=source)
+
+        pulled = queries - reused
+        assert by_source("local_cache_hit") == reused
+        assert by_source("external_kv_transfer") == pulled
+        assert by_source("local_compute") == 0  # a dense model's decode computes none
+        assert sample(dt, "vllm:prompt_tokens_cached_by_source_total", source="device") \
+            == reused
+        assert sample(dt, "vllm:prompt_tokens_cached_by_source_total", source="p2p") == pulled
+        assert sample(dt, "vllm:external_prefix_cache_queries_total") == queries - reused
+        assert sample(dt, "vllm:external_prefix_cache_hits_total") == pulled
+        # the decode's KV computed per request is its prefill's (kv_transfer_params'
+        # remote_prefill_cached_tokens), not its own
+        assert sample(dt, "vllm:request_prefill_kv_computed_tokens_sum") == queries - reused
+        # NIXL read turn 1 whole and of turn 2 only its blocks past the hit
+        k = Knobs()
         assert sample(dt, "vllm:nixl_bytes_transferred_count") == 2
+        assert sample(dt, "vllm:nixl_bytes_transferred_sum") == \
+            pulled * k.kv_bytes_per_token + 2 * k.kv_state_bytes
+        assert sample(dt, "vllm:nixl_num_descriptors_sum") == (11 + 3) * 60
+
+        # 21 blocks of an unrelated prompt in the decode's 30: the free queue hands out
+        # turn 2's tail first, and the 3rd turn (turn 2 again) finds 9 of its blocks
+        pd(list(range(20000, 20000 + 20 * BS + 1)))
+        before = sample(scrape(decode.url), "vllm:prefix_cache_hits_total")
+        pd(turn2)
+        dt = scrape(decode.url)
+        assert sample(dt, "vllm:prefix_cache_hits_total") - before == 9 * BS
+        assert sample(scrape(prefill.url), "vllm:prefix_cache_hits_total") == \
+            reused + 12 * BS  # the prefill's big pool kept all of turn 2
     finally:
         prefill.stop()
         decode.stop()
+
+
+def test_a_hybrid_decode_whose_hit_reaches_the_prefills_end_pulls_nothing_and_frees_it():
+    """A hybrid (GDN/Mamba) model's prefill stops one token short, so its decode pulls
+    prompt - 1 - hit tokens (vLLM's prefill backoff): a first P/D pull brings all but the
+    last token; the same prompt again hits 3 blocks = prompt - 1 on the decode, so nothing
+    is read over NIXL, no transfer is recorded, and the prefill is only told to free its
+    held blocks. Two in-process engines over a real side channel."""
+    from launcher.sim import nixl
+
+    async def run() -> tuple[Engine, Engine]:
+        port = free_ports(2)
+        env = {"SIM_SPEED": "200", "SIM_STATE_BLOCKS_PER_REQUEST": "1",
+               "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"}
+
+        def engine(role: str, side: int) -> Engine:
+            cfg = parse(["serve", "m", "--block-size", str(BS), "--num-gpu-blocks-override",
+                         "40", "--kv-transfer-config", kv_config(role)],
+                        env={**env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)})
+            e = Engine(cfg, 0, role, "127.0.0.1")
+            e.start()
+            return e
+
+        prefill, decode = engine("kv_producer", port), engine("kv_consumer", port + 1)
+        decode.pull = nixl.make_pull(decode.cfg)
+        read, done = nixl.local_handlers(prefill)
+        server = await nixl.serve_side_channel("127.0.0.1", port, read, done, 5.0)
+        ids = list(range(700, 700 + 3 * BS + 1))  # 3 full blocks and 1 token
+        try:
+            for i in range(2):
+                p = Req(f"p{i}", len(ids), 1, remote_decode=True,
+                        hashes=block_hashes(ids, BS))
+                prefill.add(p)
+                await p.event.wait()
+                d = Req(f"d{i}", len(ids), 2, remote=p.kv_params,
+                        hashes=block_hashes(ids, BS))
+                decode.add(d)
+                while not d.finished:
+                    await d.event.wait()
+                    d.event.clear()
+                assert d.finished == "length" and not prefill.held, (d.error, prefill.held)
+        finally:
+            server.close()
+        return prefill, decode
+
+    _, decode = asyncio.run(run())
+    c = decode.stats.counters
+    assert c["vllm:prefix_cache_hits"] == 3 * BS
+    assert c["vllm:prompt_tokens_by_source|external_kv_transfer"] == 3 * BS  # the first
+    assert c["vllm:prompt_tokens_by_source|local_cache_hit"] == 3 * BS  # the second
+    assert c["vllm:prompt_tokens_by_source|local_compute"] == 2  # each one's last token
+    assert decode.stats.hists["vllm:nixl_bytes_transferred"].count == 1

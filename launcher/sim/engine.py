@@ -392,26 +392,38 @@ class Engine:
             tier, more = next(((t, n - len(hit)) for t, n in req.tier_hits if n > len(hit)),
                               (None, 0))
             if tier is not None:
-                need = more + self.k.state_blocks_per_request + self.pool.free_among(hit)
-                if need > self.pool.num_free:
+                if not self._take_hit(req, hit, computed + more * bs):
                     return False
-                self.pool.touch(hit)
-                req.block_ids = list(hit)
-                req.cached_blocks = len(hit)
-                req.computed = computed
-                self._alloc(req, computed + more * bs)
                 req.tier_hits = [(tier, more)]
                 return LOADING
         n = min(tokens, req.prompt_len + req.generated - computed)
-        need = (-(-(computed + n) // bs) - len(hit) + self.k.state_blocks_per_request
+        return self._take_hit(req, hit, computed + n)
+
+    def _take_hit(self, req: Req, hit: list[int], tokens: int) -> bool:
+        """The request takes its cached blocks `hit` and blocks for `tokens` tokens in all;
+        False, with nothing taken, when they do not fit."""
+        need = (-(-tokens // self.block_size) - len(hit) + self.k.state_blocks_per_request
                 + self.pool.free_among(hit))
         if need > self.pool.num_free:
             return False
         self.pool.touch(hit)
         req.block_ids = list(hit)
         req.cached_blocks = len(hit)
-        req.computed = computed
-        self._alloc(req, computed + n)
+        req.computed = len(hit) * self.block_size
+        self._alloc(req, tokens)
+        return True
+
+    def _admit_remote(self, req: Req) -> bool:
+        """A decode's request with do_remote_prefill: its own prefix-cache hit first, then
+        blocks for the whole prompt; the pull brings only the tokens past the hit (vLLM asks
+        NixlConnector for the tokens past the local hit). A hybrid model's prefill stops one
+        token short (vLLM's prefill backoff): with the hit reaching there, nothing is pulled
+        and the prefill is only told to free its blocks."""
+        hit = self.pool.longest_hit(req.hashes, (req.prompt_len - 1) // self.block_size)
+        if not self._take_hit(req, hit, req.prompt_len):
+            return False
+        backoff = 1 if self.k.state_blocks_per_request else 0
+        req.external = max(0, req.prompt_len - backoff - req.computed)
         return True
 
     def _cache_blocks(self, req: Req, tokens: int) -> None:
@@ -538,8 +550,9 @@ class Engine:
         while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
             req = waiting[0]
             if req.stage == FETCH_WAITING:
-                # Allocate blocks for the whole prompt, then pull it (no compute budget).
-                if not self._alloc(req, req.prompt_len):
+                # The local hit, blocks for the whole prompt, then the pull of the rest
+                # (no compute budget).
+                if not self._admit_remote(req):
                     break
                 waiting.popleft()
                 self._count_lookup(req, lookups)
@@ -647,8 +660,8 @@ class Engine:
         if req.finished:  # aborted meanwhile
             self._free(req)
             return
-        req.external = req.prompt_len - 1
-        req.computed = req.external
+        # the last prompt token is computed here, whatever arrived (vLLM recomputes it)
+        req.computed = min(req.prompt_len - 1, req.computed + req.external)
         req.stage = FETCH_DONE
         self.ready.append(req)
         self.wake.set()
@@ -808,8 +821,11 @@ class Engine:
             tpot = (last - first) / (g - 1) if g > 1 else 0.0
             h["vllm:request_time_per_output_token_seconds"].observe(tpot)
             h["vllm:request_num_preemptions"].observe(req.preemptions)
-            h["vllm:request_prefill_kv_computed_tokens"].observe(
-                req.prompt_len - req.external - req.local_hit)
+            cached = req.local_hit + req.external
+            theirs = (req.remote or {}).get("remote_prefill_cached_tokens")
+            if isinstance(theirs, int):
+                cached = max(theirs, 0)  # a decode reports its prefill's cached tokens
+            h["vllm:request_prefill_kv_computed_tokens"].observe(req.prompt_len - cached)
         if req.remote_decode and reason in ("length", "stop"):
             # Producer: keep the blocks until the decode reads them or the lease runs out.
             req.kv_params = self._kv_params(req)
@@ -835,6 +851,7 @@ class Engine:
             "remote_blocks_expiry_time": None,
             "remote_registration_generation": 0,
             "transfer_mode": "pull",
+            "remote_prefill_cached_tokens": req.local_hit + req.external,
         }
 
     # ----- stats log interval --------------------------------------------------------------

@@ -136,13 +136,18 @@ def make_pull(cfg: SimConfig) -> Callable[[Engine, Req], Awaitable[None]]:
             meta = json.loads(line)
             if not meta.get("ok"):
                 raise KVTransferError(str(meta.get("error")))
-            xfer, post, nbytes, descs = transfer_cost(cfg, int(meta["num_tokens"]))
+            # only the blocks past the decode's local prefix-cache hit are read
+            # (req.external); with none, the prefill is only notified (no transfer)
+            tokens = req.external
+            xfer, post, nbytes, descs = transfer_cost(cfg, tokens)
             t0 = time.time()
-            await asyncio.sleep(xfer / speed)
-            if req.fail_kv:
-                # Injected fault: the read fails; the prefill keeps the blocks until the
-                # lease runs out, as with a real failed NIXL read.
-                raise KVTransferError("NIXL transfer failed (injected by SIM_KV_FAIL_FRACTION)")
+            if tokens:
+                await asyncio.sleep(xfer / speed)
+                if req.fail_kv:
+                    # Injected fault: the read fails; the prefill keeps the blocks until the
+                    # lease runs out, as with a real failed NIXL read.
+                    raise KVTransferError(
+                        "NIXL transfer failed (injected by SIM_KV_FAIL_FRACTION)")
             measured = time.time() - t0
             writer.write(json.dumps({"op": "done", "request_id": msg["request_id"]}).encode()
                          + b"\n")
@@ -153,7 +158,8 @@ def make_pull(cfg: SimConfig) -> Callable[[Engine, Req], Awaitable[None]]:
             ucx.report_once(engine, cfg.knobs.ucx_transport, gpu, gpu,
                             intra_node=host in ("127.0.0.1", "localhost", "::1",
                                                 cfg.side_channel_host))
-            engine.record_transfer(measured, post / speed, nbytes, descs)
+            if tokens:
+                engine.record_transfer(measured, post / speed, nbytes, descs)
         except (OSError, TimeoutError, ValueError) as exc:
             raise KVTransferError(f"side channel {host}:{port}: {exc!r}") from None
         finally:
