@@ -179,8 +179,9 @@ def test_the_master_runs_as_a_step_and_the_engines_use_its_store(agentic_run):
 
 def test_tokens_by_source_show_the_store_hits_per_point(agentic_run):
     """launcher/analysis/kv_tiers.py over the points' windows, as the dashboard and the
-    report read it: the decodes' prompts came by the P->D handoff, the prefills' from their
-    own KV, the store or computing; the store's share is no more than the engines counted."""
+    report read it: the decodes' prompts came from their own KV or by the P->D handoff, the
+    prefills' from their own KV, the store or computing; the store's share is no more than
+    the engines counted."""
     from launcher.analysis import derive, kv_tiers, load
 
     run, _ = agentic_run
@@ -190,7 +191,9 @@ def test_tokens_by_source_show_the_store_hits_per_point(agentic_run):
     assert sorted(set(ps["concurrency"])) == POINTS and (ps["split"] == "tier").all(), ps
     decode, prefill = ps[ps["role"] == "decode"], ps[ps["role"] == "prefill"]
     assert (decode.groupby("point")["handoff"].sum() > 0).all(), decode
-    assert decode[["local_hit", "store_hit", "offload_hit", "external"]].sum().sum() == 0
+    # a decode finds a session's earlier turns in its own KV first, as real vLLM's does
+    assert decode["local_hit"].sum() > 0, decode
+    assert decode[["store_hit", "offload_hit", "external"]].sum().sum() == 0
     assert prefill["handoff"].sum() == 0
     assert (prefill.groupby("point")["computed"].sum() > 0).all(), prefill
     counted = last_values(run, ["vllm:prompt_tokens_cached_by_source_total"])
