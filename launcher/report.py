@@ -45,6 +45,14 @@ X_TITLE = "tok/s per user (1000 ÷ median TPOT ms)"
 # --- small formatting helpers ----------------------------------------------------------------
 
 
+def _three_figures(v: float) -> int:
+    """Decimals that keep three significant figures of a value under 100 (30 MiB reads
+    0.0293 GiB, not 0.00), two at least."""
+    if not isinstance(v, (int, float)) or v != v or v == 0 or abs(v) >= 100:
+        return 2
+    return max(2, 2 - math.floor(math.log10(abs(v))))
+
+
 def esc(x: Any) -> str:
     return html.escape("" if x is None else str(x), quote=True)
 
@@ -359,8 +367,9 @@ def kv_tiers(rd: RunDir) -> str:
         pct = {"used_max", "watermark"}
         hr = [f"<td>{esc(r['point'])}</td>"
               + "".join(cell(r[c] * 100.0, None, 1) if c in pct else
-                        cell(r[c], None, 3 if c.endswith("_per_token") else 2
-                             if c.endswith(("_gib", "_ms")) else 0)
+                        cell(r[c], None, 3 if c.endswith("_per_token") else
+                             _three_figures(r[c]) if c.endswith("_gib") else 2
+                             if c.endswith("_ms") else 0)
                         for c in cols) for r in shown.to_dict("records")]
         out += ["<h3>KV store and master health</h3>",
                 table(["point", *(kv_tiers.HEALTH_TITLES.get(c, c) + (" %" if c in pct else "")

@@ -124,6 +124,8 @@ def test_a_store_runs_report_says_where_prompt_tokens_came_from_and_names_the_st
     assert re.search(r"c=8 prefill [\d,]+ 1\.\d 0\.0 16\.4 0\.0 0\.0 8\d\.\d", words), words
     assert re.search(r"c=8 decode [\d,]+ 0\.0 100\.0 0\.0 0\.0 0\.0 0\.0", words)
     assert "the trace offers %" in text and "KV store and master health" in text
+    # volumes under a GiB keep three figures (0.130 GiB got, 0.521 put), never 0.00
+    assert re.search(r"c=8 0\.130 [\d.]+ 0\.521 ", words), words
     assert "KV store full: puts refused" in text and "KV store evicting" in text
     assert "master_put_start_alloc_failures_total" in text
     healthy = report.render_run(next(p for p in root.iterdir() if p.name.endswith("-healthy")))
