@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.sim import argv as argv_mod
+from launcher.sim import connectors, vllm_flags
 from launcher.sim import knobs as knobs_mod
-from launcher.sim import tiers, vllm_flags
 
 # Destinations of vLLM flags the simulator models; any other flag given is listed at start-up.
 _MODELLED = {
@@ -114,7 +114,7 @@ class SimConfig:
     @property
     def nixl(self) -> bool:
         """A P->D connector in the chain (anything but the store and CPU offload tiers)."""
-        return any(k.get("kv_connector") not in tiers.TIER_CONNECTORS for k in self.kv_chain)
+        return any(k.get("kv_connector") not in connectors.TIER_CONNECTORS for k in self.kv_chain)
 
     @property
     def stats_logging(self) -> bool:
@@ -282,7 +282,7 @@ def parse(argv: list[str], env: dict[str, str] | None = None) -> SimConfig:
         node_rank=ns.node_rank,
         master_addr=ns.master_addr,
         master_port=ns.master_port,
-        kv_chain=tiers.chain(kv),
+        kv_chain=connectors.chain(kv),
         kv_load_failure_policy=str(kv.get("kv_load_failure_policy") or "fail"),
         ignored_flags=ignored,
         argv_warnings=warnings,

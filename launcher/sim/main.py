@@ -16,7 +16,7 @@ async def _serve(cfg: SimConfig, fail: asyncio.Future[int]) -> list[object]:
     """Bring the part up; returns objects to close at exit. Runs as a task."""
     from aiohttp import web
 
-    from launcher.sim import nixl, statslog, tiers
+    from launcher.sim import connectors, nixl, statslog, tiers
     from launcher.sim.answers import Answerer
     from launcher.sim.dp import Head, HeadlessLink
     from launcher.sim.engine import Engine
@@ -92,7 +92,7 @@ async def _serve(cfg: SimConfig, fail: asyncio.Future[int]) -> list[object]:
     hosts.update(head.remote_hosts)
     engines = [Engine(cfg, r, cfg.engine_id, hosts[r]) for r in ranks]
     head.engines = {e.rank: e for e in engines}
-    if any(k.get("kv_connector") in tiers.TIER_CONNECTORS for k in cfg.kv_chain):
+    if any(k.get("kv_connector") in connectors.TIER_CONNECTORS for k in cfg.kv_chain):
         try:
             client, kids = await tiers.open_tiers(
                 cfg, ranks=len(engines) * max(1, cfg.tp_size // cfg.nnodes))

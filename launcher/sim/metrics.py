@@ -414,7 +414,7 @@ def _tier_families(engines: list[GaugeSource], base: list[dict[str, str]], names
     """The KV tiers' families (launcher.sim.tiers), after the P->D connector's as vLLM's
     MultiConnector registers its children's. A store series exists once observed (vLLM binds
     its labels on first use)."""
-    from launcher.sim.tiers import OFFLOADING, SIMPLE_OFFLOAD, STORE
+    from launcher.sim.connectors import OFFLOADING, SIMPLE_OFFLOAD, STORE
 
     def hist_series(fam: _Family, name: str, h: Hist, lab: dict[str, str], created: float):
         acc = 0

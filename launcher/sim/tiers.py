@@ -20,14 +20,12 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from launcher.sim.connectors import OFFLOADING, SIMPLE_OFFLOAD, STORE, TIER_CONNECTORS
+
 if TYPE_CHECKING:
     from launcher.sim.cli import SimConfig
     from launcher.sim.metrics import EngineStats
 
-STORE = "MooncakeStoreConnector"
-OFFLOADING = "OffloadingConnector"
-SIMPLE_OFFLOAD = "SimpleCPUOffloadConnector"
-TIER_CONNECTORS = (STORE, OFFLOADING, SIMPLE_OFFLOAD)
 # vLLM 0.33 distributed/mooncake_store.py: DEFAULT_GLOBAL_SEGMENT_SIZE, DEFAULT_LOCAL_BUFFER_SIZE
 DEFAULT_SEGMENT = 4 * 1024**3
 # simple_cpu_offload_connector.py DEFAULT_CPU_CAPACITY_BYTES
@@ -44,14 +42,6 @@ OFFLOAD_SIZE_BUCKETS = [1e6, 5e6, 10e6, 20e6, 40e6, 60e6, 80e6, 100e6, 150e6, 20
 
 class TierError(Exception):
     """A tier that cannot start; the engine exits with this sentence, as vLLM would."""
-
-
-def chain(kv: dict[str, Any]) -> list[dict[str, Any]]:
-    """The connectors a --kv-transfer-config runs: a MultiConnector's children, else the one."""
-    if kv.get("kv_connector") == "MultiConnector":
-        kids = (kv.get("kv_connector_extra_config") or {}).get("connectors")
-        return [c for c in kids if isinstance(c, dict)] if isinstance(kids, list) else []
-    return [kv] if kv.get("kv_connector") else []
 
 
 def parse_size(value: Any) -> int:
