@@ -396,19 +396,23 @@ def prefix_reuse(s: dict, vmap: dict) -> str:
             continue
         c = p.get("max_concurrency")
         hit = ag.get("prefix_hit_rate")
+        tiers = ag.get("tier_hit_rate")
         offered = ag.get("offered_hit_rate", ag.get("trace_hit_rate"))  # older summaries
         v = vmap.get(c) or {}
         rows.append(f'<td class="n">{esc(c)}</td>'
                     + cell(None if hit is None else hit * 100.0, None, 1)
+                    + cell(None if tiers is None else tiers * 100.0, None, 1)
                     + cell(None if offered is None else offered * 100.0, None, 1)
                     + f"<td>{esc(v.get('short') or '–')}</td>")
     if not rows:
         return ""
     return ("<h3>Prefix reuse (agentic)</h3>"
-            + table(["live sessions", "prefix hit % achieved", "the trace offers %",
-                     "verdict"], rows)
+            + table(["live sessions", "GPU prefix hit % achieved", "store/offload hit %",
+                     "the trace offers %", "verdict"], rows)
             + '<p class="note">Achieved: the prefills\' vllm:prefix_cache_hits ÷ queries over '
-              "the point; offered: each turn's resent session context over all prompt "
+              "the point (their own GPU KV); store/offload: vllm:external_prefix_cache_hits "
+              "÷ queries on the same engines (a KV store or CPU offload; — without one); "
+              "offered: each turn's resent session context over all prompt "
               "tokens of the trace (an unbounded cache). A gap with the KV full is the "
               "capacity cliff.</p>")
 

@@ -228,7 +228,7 @@ def test_a_working_set_past_the_prefix_kv_falls_below_the_theoretical_hit_rate(
     (v,) = diagnose.diagnose(derive.point_table([point], None, None).to_dict("records"))
     assert v.kind == diagnose.KV_CLIFF, v
     achieved, offered = ag["prefix_hit_rate"] * 100, ag["trace_hit_rate"] * 100
-    assert v.evidence[0] == (f"prefix-cache hit rate {achieved:.0f}% achieved vs "
+    assert v.evidence[0] == (f"GPU prefix-cache hit rate {achieved:.0f}% achieved vs "
                              f"{offered:.0f}% the trace offers (gap > 10%)"), v.evidence
     assert leftovers(run) == []
     # the report and the Sweep page show both rates and the verdict (with the telemetry)
@@ -236,6 +236,7 @@ def test_a_working_set_past_the_prefix_kv_falls_below_the_theoretical_hit_rate(
     page = " ".join((tmp_path / "r.html").read_text().split())
     assert code == 0 and "Prefix reuse (agentic)" in page
     assert (f'<td class="n">3</td><td class="n" data-value="{achieved!r}">{achieved:.1f}</td>'
+            '<td class="n">—</td>'  # no store or offload: no tier's hits
             f'<td class="n" data-value="{offered!r}">{offered:.1f}</td>'
             "<td>KV capacity cliff</td>") in page, page
     at = helpers.open_app(run.parent, monkeypatch, run=run.name)
@@ -521,4 +522,33 @@ def test_a_weka_corpus_offers_aiperfs_theoretical_rate_in_percent_and_gets_the_v
     assert row["hit_theoretical"] == pytest.approx(0.95)
     (v,) = diagnose.diagnose([row])
     assert v.kind == diagnose.KV_CLIFF and v.evidence[0] == (
-        "prefix-cache hit rate 40% achieved vs 95% the trace offers (gap > 10%)"), v
+        "GPU prefix-cache hit rate 40% achieved vs 95% the trace offers (gap > 10%)"), v
+
+
+def test_a_stores_hits_are_counted_beside_the_gpus_and_named_in_the_cliff():
+    """On the engines that first see a prompt, external hits are a store's or CPU offload's
+    (a decode's are the handoff, never counted as reuse); the cliff's evidence says how much
+    of the GPU KV's loss a store recovered."""
+    def series(url, total):
+        return {"endpoint_url": url, "stats": {"total": total}}
+
+    server = {"metrics": {
+        "vllm:prefix_cache_queries": {"series": [series("p0", 1000.0), series("d0", 1000.0)]},
+        "vllm:prefix_cache_hits": {"series": [series("p0", 200.0), series("d0", 200.0)]},
+        "vllm:external_prefix_cache_hits": {"series": [series("p0", 300.0),
+                                                       series("d0", 800.0)]}}}
+    cache = agentic.prefix_cache(server, {"p0": "prefill", "d0": "decode"})
+    assert cache["prefill"]["hit_rate"] == 0.2
+    assert agentic.tier_hit_rate(server, cache) is None  # no store's or offload's metrics
+    server["metrics"]["vllm:mooncake_store_operation_total"] = {"series": []}
+    assert agentic.tier_hit_rate(server, cache) == 0.3
+    assert agentic.tier_hit_rate(server, agentic.prefix_cache(server, {"d0": "decode"})) is None
+    point = {"max_concurrency": 64, "status": "ok", "completed": 100, "failed": 0,
+             "mean_ttft_ms": 900.0, "mean_tpot_ms": 20.0,
+             "agentic": {"sessions": 64, "prefix_hit_rate": 0.2, "tier_hit_rate": 0.3,
+                         "trace_hit_rate": 0.9, "kv_usage_max": {"prefill": 0.97}}}
+    row = derive.point_table([point], None, None).to_dict("records")[0]
+    (v,) = diagnose.diagnose([row])
+    assert v.kind == diagnose.KV_CLIFF and v.evidence[-1] == (
+        "a KV store or CPU offload served another 30% of the prompt tokens, not computed "
+        "again (the KV tiers page)"), v

@@ -152,8 +152,10 @@ def agentic(info) -> bool:
         hit, offered = ag.get("prefix_hit_rate"), figures.offered_hit_rate(ag)
         turns = ag.get("per_turn") or []
         v = verdicts.get(float(ag.get("sessions") or p.get("max_concurrency") or 0))
+        tiers = ag.get("tier_hit_rate")
         rows.append({"sessions": ag.get("sessions"),
                      "hit": None if hit is None else hit * 100.0,
+                     "tiers": None if tiers is None else tiers * 100.0,
                      "offered": None if offered is None else offered * 100.0,
                      "verdict": v.label if v else None,
                      "ttft_p90": p.get("p90_ttft_ms"),
@@ -165,8 +167,10 @@ def agentic(info) -> bool:
         return False
     st.subheader("Agentic sessions")
     st.caption("Per point, AIPerf's replay at that many live sessions: the prefills' "
-               "prefix-cache hit rate over the point (vllm:prefix_cache_hits ÷ queries, the "
-               "engines' own counters as AIPerf recorded them) beside the rate the trace "
+               "prefix-cache hit rate in their own (GPU) KV over the point "
+               "(vllm:prefix_cache_hits ÷ queries, the engines' own counters as AIPerf "
+               "recorded them; with a KV store or CPU offload, what it served: "
+               "vllm:external_prefix_cache_hits ÷ queries) beside the rate the trace "
                "offers (each turn's resent session context over all its prompt tokens), "
                "the point's verdict, TTFT p90, mean TTFT of first "
                "and of later turns (AIPerf's per-request records), interactivity = 1000 ÷ "
@@ -178,9 +182,13 @@ def agentic(info) -> bool:
             st.warning(f"c={v.concurrency:g}: {v.title}. " + "; ".join(v.evidence))
     num = st.column_config.NumberColumn
     # two tables: the ten columns in one did not fit the page at 1280 px
-    ui.table(t[["sessions", "hit", "offered", "verdict", "requests", "turns"]], column_config={
+    # a store or CPU offload's hits beside the GPU's, where the run has one
+    tiers = ["tiers"] if t["tiers"].fillna(0).gt(0).any() else []
+    ui.table(t[["sessions", "hit", *tiers, "offered", "verdict", "requests", "turns"]],
+             column_config={
         "sessions": num("live sessions", format="%d"),
-        "hit": num("prefix hit %", format="%.1f"),
+        "hit": num("GPU prefix hit %", format="%.1f"),
+        "tiers": num("store/offload hit %", format="%.1f"),
         "offered": num("the trace offers %", format="%.1f"),
         "verdict": st.column_config.TextColumn("verdict"),
         "requests": num("requests", format="%d"), "turns": num("turns", format="%d")})

@@ -347,6 +347,7 @@ def prefix_reuse(p: dict) -> dict[str, float]:
     kv = ag.get("kv_usage_max") if isinstance(ag.get("kv_usage_max"), dict) else {}
     held = kv.get("prefill") if "prefill" in kv else max(kv.values(), default=None)
     return {"hit_achieved": _num(ag.get("prefix_hit_rate")),
+            "hit_tiers": _num(ag.get("tier_hit_rate")),
             "hit_theoretical": _num(figures.offered_hit_rate(ag)),
             "prefix_kv_max": _num(held)}
 

@@ -172,10 +172,13 @@ def diagnose_point(row: dict[str, Any], th: Thresholds, tpot_ref: float) -> Verd
     if _ok(hit) and _ok(offered) and _ok(held) and offered - hit > th.hit_gap and \
             held >= th.kv_full:
         found.append((1.5, KV_CLIFF, [
-            f"prefix-cache hit rate {_pct(hit)} achieved vs {_pct(offered)} the trace offers "
+            f"GPU prefix-cache hit rate {_pct(hit)} achieved vs {_pct(offered)} the trace offers "
             f"(gap > {_pct(th.hit_gap)})",
             f"KV usage max {_pct(held)} on the engines holding the prefixes "
-            f"(≥ {_pct(th.kv_full)})"]))
+            f"(≥ {_pct(th.kv_full)})"] + ([
+            f"a KV store or CPU offload served another {_pct(_f(row, 'hit_tiers'))} of the "
+            "prompt tokens, not computed again (the KV tiers page)"]
+            if _ok(_f(row, "hit_tiers")) and _f(row, "hit_tiers") > 0 else [])))
 
     if big(pq) and (not _ok(pc) or pq >= th.queue_vs_compute * pc):
         ev = [f"prefill queue {_s(pq)} = {_pct(share(pq))} of {base} "

@@ -170,17 +170,36 @@ def prefix_cache(server: dict | None, roles: dict[str, str]) -> dict[str, dict]:
     usage.cached_tokens (a P/D proxy leaves it at 0)."""
     out: dict[str, dict] = {}
     metrics = (server or {}).get("metrics") or {}
-    for what in ("hits", "queries"):
-        for s in (metrics.get(f"vllm:prefix_cache_{what}") or {}).get("series") or []:
+    # external hits: a KV connector's tokens; on a prefill or an aggregated engine that is a
+    # store or CPU offload hit, on a decode the P->D handoff (docs/kv-store.md)
+    for what, name in (("hits", "vllm:prefix_cache_hits"), ("queries", "vllm:prefix_cache_queries"),
+                       ("external_hits", "vllm:external_prefix_cache_hits")):
+        for s in (metrics.get(name) or {}).get("series") or []:
             role = roles.get(s.get("endpoint_url"))
             total = (s.get("stats") or {}).get("total")
             if role is None or not isinstance(total, (int, float)):
                 continue
             for r in (role, "all"):
-                out.setdefault(r, {"hits": 0.0, "queries": 0.0})[what] += total
+                out.setdefault(r, {"hits": 0.0, "queries": 0.0, "external_hits": 0.0})[what] \
+                    += total
     for v in out.values():
         v["hit_rate"] = v["hits"] / v["queries"] if v["queries"] else None
     return out
+
+
+TIER_METRICS = ("vllm:mooncake_store_", "vllm:kv_offload")  # a store's, CPU offload's
+
+
+def tier_hit_rate(server: dict | None, cache: dict[str, dict]) -> float | None:
+    """The share of the prompt tokens the engines that first see a prompt (the prefills, or
+    aggregated engines) found in a KV store or CPU offload rather than in their own KV; None
+    where no engine exported a store's or offload's metrics (there is none)."""
+    first = cache.get("prefill") or cache.get("agg")
+    names = ((server or {}).get("metrics") or {}).keys()
+    if not first or not first.get("queries") or not any(
+            n.startswith(TIER_METRICS) for n in names):
+        return None
+    return first["external_hits"] / first["queries"]
 
 
 def kv_usage_max(server: dict | None, roles: dict[str, str]) -> dict[str, float]:
@@ -313,6 +332,7 @@ def to_result(art: Path, sessions: int, roles: dict[str, str], exit_code: int,
         "theoretical_prefix_hit": _stat(export, "theoretical_prefix_cache_hit", "avg"),
         "prefix_cache": cache,
         "prefix_hit_rate": (cache.get("prefill") or cache.get("all") or {}).get("hit_rate"),
+        "tier_hit_rate": tier_hit_rate(server, cache),
         "kv_usage_max": kv_usage_max(server, roles),
         "per_turn": per_turn(art / "profile_export.jsonl"),
     }

@@ -196,7 +196,8 @@ def point_figures(result: dict[str, Any], denominators: dict[str, int],
     ag = result.get("agentic")
     if isinstance(ag, dict):  # an AIPerf session replay's own figures (docs/agentic.md)
         fig["agentic"] = {k: ag.get(k) for k in (
-            "sessions", "prefix_hit_rate", "trace_hit_rate", "interactivity_tok_s",
+            "sessions", "prefix_hit_rate", "tier_hit_rate", "trace_hit_rate",
+            "interactivity_tok_s",
             "error_rate",
             "context_overflow_rate", "submission_valid", "invalid_reasons")}
         fig["agentic"]["offered_hit_rate"] = offered_hit_rate(ag)
