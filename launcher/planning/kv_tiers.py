@@ -222,7 +222,7 @@ def _one(cfg: dict, where: str) -> list[str]:
 def parse_size(value: Any) -> int:
     """A size as vLLM's Mooncake config reads it: bytes, or a number with gb/mb/kb/b (powers
     of 1024, any case); the simulator's engines read it the same way."""
-    from launcher.sim.tiers import parse_size as read
+    from launcher.sim.connectors import parse_size as read
 
     if isinstance(value, bool):
         raise ValueError("a size, not true/false")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import shutil
 import sys
 import time
@@ -20,7 +19,13 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.sim.connectors import OFFLOADING, SIMPLE_OFFLOAD, STORE, TIER_CONNECTORS
+from launcher.sim.connectors import (
+    OFFLOADING,
+    SIMPLE_OFFLOAD,
+    STORE,
+    TIER_CONNECTORS,
+    parse_size,
+)
 
 if TYPE_CHECKING:
     from launcher.sim.cli import SimConfig
@@ -42,25 +47,6 @@ OFFLOAD_SIZE_BUCKETS = [1e6, 5e6, 10e6, 20e6, 40e6, 60e6, 80e6, 100e6, 150e6, 20
 
 class TierError(Exception):
     """A tier that cannot start; the engine exits with this sentence, as vLLM would."""
-
-
-def parse_size(value: Any) -> int:
-    """A size as vLLM's Mooncake config reads it (``_parse_size``): bytes, or a number with
-    gb/mb/kb/b, powers of 1024, any case."""
-    if isinstance(value, bool):
-        raise ValueError("a size, not true/false")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        return int(value)
-    m = re.fullmatch(r"\s*([\d.]+)\s*(gb|mb|kb|b)?\s*", str(value).lower())
-    try:
-        number = float(m.group(1)) if m else None
-    except ValueError:
-        number = None
-    if number is None:
-        raise ValueError(f"{value!r} is not a size (bytes, or a number with GB, MB, KB)")
-    return int(number * {"gb": 1024**3, "mb": 1024**2, "kb": 1024, "b": 1}[m.group(2) or "b"])
 
 
 def _extra(kid: dict[str, Any]) -> dict[str, Any]:
