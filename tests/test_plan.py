@@ -193,6 +193,16 @@ def test_addresses_override_names():
         (["decode.args.--port=1"], "the launcher owns every port"),
         (["vllm_args.kv-transfer-config='{\"a\":1}'"], "kv_role per side"),
         (["prefill.env.CUDA_VISIBLE_DEVICES=0"], "pins GPUs"),
+        (["decode.pipeline_parallel=2", "vllm_args.pipeline-parallel-size=null"],
+         "decode: pipeline_parallel 2 with data_parallel 8 is not laid out by this launcher"),
+        (["decode.data_parallel=1", "decode.tensor_parallel=3", "decode.pipeline_parallel=2",
+          "vllm_args.pipeline-parallel-size=null"],
+         "decode.tensor_parallel x pipeline_parallel 3 x 2 is larger than the 4 GPUs"),
+        (["prefill.args.pipeline-parallel-size=2"],
+         "prefill.args: remove 'pipeline-parallel-size': set prefill.pipeline_parallel instead"),
+        (["decode.data_parallel=1", "decode.tensor_parallel=4", "decode.pipeline_parallel=2"],
+         "vllm_args: remove 'pipeline-parallel-size': decode.pipeline_parallel renders "
+         "--pipeline-parallel-size"),
     ],
 )
 def test_impossible_plans_say_what_to_change(sets, words):

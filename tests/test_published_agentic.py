@@ -125,6 +125,15 @@ def assert_one_engine_of_two_stages_over_four_trays(p):
         assert (f"--nnodes 4 --node-rank {rank} --master-addr {head} "
                 f"--master-port {ep.dp_rpc_port}") in a
         assert "--data-parallel-size" not in a and x.argv.count("--pipeline-parallel-size") == 1
+    # what the dry-run prints of it: each node's rank and the engine's shape
+    from launcher import text
+
+    rows = [r for r in text.process_rows(p) if r[2].startswith(ep.name)]
+    assert [r[3].removeprefix(f"http {ep.http_port}, ") for r in rows] == [
+        f"master {ep.dp_rpc_port}, node rank {i} of 4, tp 8 x pp 2" + (" headless" if i else "")
+        for i in range(4)]
+    assert any("tensor parallel 8 x pipeline parallel 2 over 4 nodes (--nnodes 4)" in line
+               for line in text.launch_lines(p.plan))
 
 
 def test_the_mapped_classes_say_what_became_of_them(results):

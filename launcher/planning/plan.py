@@ -238,8 +238,16 @@ def check_owned(recipe: Recipe) -> None:
         for key in args:
             k = flag_key(key)
             base = k.removeprefix("no-")
-            if base in PIPELINE_FLAGS and args[key] == 1 and not staged:
-                continue  # vLLM's default, as published recipes write it
+            if base in PIPELINE_FLAGS:
+                if args[key] is None or args[key] == 1 and not staged:
+                    continue  # removed, or vLLM's default as published recipes write it
+                pools = [f"{r}.pipeline_parallel" for r, p in recipe.pools()
+                         if p.pipeline_parallel > 1]
+                who = where.split(".")[0]
+                own = "<pool>" if who == "vllm_args" else who
+                raise UserError(f"{where}: remove {key!r}: "
+                                + (f"{', '.join(pools)} renders --pipeline-parallel-size"
+                                   if pools else f"set {own}.pipeline_parallel instead"))
             if base in OWNED_FLAGS:
                 why = OWNED_FLAGS[base].replace("<pool>", where.split(".")[0])
                 raise UserError(f"{where}: remove {key!r}: {why}")

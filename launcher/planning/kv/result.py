@@ -177,6 +177,8 @@ class KvCapacity:
     def to_json(self) -> dict:
         d = asdict(self)
         del d["block_words"]
+        if self.pp == 1:  # only a pipelined engine's records say its stages
+            del d["pp"]
         d["endpoint_at_max_length"] = self.endpoint_at_max_length
         d["endpoint_at_mean_length"] = self.endpoint_at_mean_length
         d["lengths"]["mean_total"] = self.lengths.mean_total
