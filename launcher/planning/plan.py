@@ -28,8 +28,6 @@ OWNED_FLAGS = {
     "served-model-name": "set model.served_name",
     "tensor-parallel-size": "set <pool>.tensor_parallel",
     "tp": "set <pool>.tensor_parallel",
-    "pipeline-parallel-size": "set <pool>.pipeline_parallel",
-    "pp": "set <pool>.pipeline_parallel",
     "data-parallel-size": "set <pool>.data_parallel",
     "dp": "set <pool>.data_parallel",
     "data-parallel-size-local": "the planner derives it from <pool>.gpus_per_node",
@@ -55,7 +53,9 @@ OWNED_FLAGS = {
     "master-addr": "the planner sets the head node's address",
     "master-port": "the launcher owns every port",
 }
-PIPELINE_FLAGS = ("pipeline-parallel-size", "pp")  # 1 may stay in args: it changes nothing
+# Owned too (<pool>.pipeline_parallel), but 1, vLLM's default, may stay in args as published
+# recipes write it: it changes nothing.
+PIPELINE_FLAGS = ("pipeline-parallel-size", "pp")
 OWNED_ENV = {
     "CUDA_VISIBLE_DEVICES": "the planner pins GPUs per endpoint",
     "VLLM_NIXL_SIDE_CHANNEL_HOST": "the launcher sets each node's own address",
@@ -490,16 +490,17 @@ def _endpoints(recipe: Recipe, cluster: Cluster, nodes: list[str],
     for role, pool, parts in place(recipe, cluster):
         name = f"{role}-{counters[role]}"
         counters[role] += 1
-        tp_across = pool.model_parallel > len(parts[0][1])
+        spans = pool.model_parallel > len(parts[0][1])
         dp_local = max(1, len(parts[0][1]) // pool.model_parallel)
         vllm_ports = next_port + 2 + pool.data_parallel
         # per_node fronts: the other nodes' API servers take ports after the block
         front_ports = vllm_ports + VLLM_PORT_SPAN * len(parts)
-        every_node = pool.fronts == "per_node" and not tp_across
+        every_node = pool.fronts == "per_node" and not spans
         built = []
         for i, (slot, gpus) in enumerate(parts):
-            # an engine over nodes: one DP rank, its engine core (and KV side channel) on the head
-            ranks = ((0,) if i == 0 else ()) if tp_across else tuple(
+            # an engine over nodes: one DP rank, its engine core (and KV side channel) on the
+            # head
+            ranks = ((0,) if i == 0 else ()) if spans else tuple(
                 range(i * dp_local, (i + 1) * dp_local))
             port = vllm_ports + i * VLLM_PORT_SPAN
             http = next_port if i == 0 else front_ports + i - 1 if every_node else None

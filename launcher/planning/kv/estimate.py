@@ -53,7 +53,8 @@ def estimate(model: ModelFacts, engine: EngineArgs, par: Parallelism, device: De
         other = _with_prefix_caching_flipped(model, engine, par, device, workload, overheads,
                                              name)
     return KvCapacity(
-        name=name, tp=par.tp, dp=par.dp, pp=par.pp, **_layout_fields(layout, reported), **_mem_fields(mem),
+        name=name, tp=par.tp, dp=par.dp, pp=par.pp, **_layout_fields(layout, reported),
+        **_mem_fields(mem),
         num_gpu_blocks=num_blocks, blocks_overridden=engine.num_gpu_blocks_override is not None,
         lengths=lengths, **_requests(layout, engine, device, num_blocks, lengths),
         max_model_len=max_len, vllm_log_max_concurrency=round(log_conc, 2),
