@@ -209,3 +209,13 @@ def test_the_schema_2_forms_of_the_same_classes_import():
     data["frontend"]["type"] = "vllm-router"  # KV events without Dynamo: nothing reads them
     with pytest.raises(UserError, match="roles.prefill.kv_events"):
         srt_slurm.convert(data, "x.yaml", "0" * 64, site_aliases(data))
+
+
+def test_gpus_that_are_not_the_stages_times_the_tensor_parallel_size_are_one_sentence():
+    f = ROOT / "vllm" / "kimi-k3" / "agentic" / "agg-gb200-tp8pp2-mooncake-c16-agentic.yaml"
+    data = yaml.safe_load(f.read_text())
+    data["resources"]["gpus_per_agg"] = 8  # TP8 without its second stage
+    with pytest.raises(UserError) as e:
+        srt_slurm.convert(data, "x.yaml", "0" * 64, site_aliases(data))
+    assert ("resources.gpus_per_agg: 8 is not data-parallel-size x tensor-parallel-size x "
+            "pipeline-parallel-size (16) of vllm_config.aggregated") in " ".join(str(e.value).split())
