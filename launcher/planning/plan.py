@@ -277,6 +277,12 @@ def _check_fit(recipe: Recipe, cluster: Cluster, model: ModelFacts | None) -> No
             raise UserError(
                 f"{role}.gpus_per_node is {use} but a {cluster.name} node has {gpn} GPUs"
             )
+        if pool.pipeline_parallel > 1 and role.disaggregated:
+            raise UserError(
+                f"{role}.pipeline_parallel {pool.pipeline_parallel}: vLLM's NixlConnector does "
+                "not move KV to or from pipeline stages (docs/pipeline-parallel.md); use "
+                f"pipeline stages in an aggregated pool only, or tensor_parallel here"
+            )
         if pool.pipeline_parallel > 1 and pool.data_parallel > 1:
             raise UserError(
                 f"{role}: pipeline_parallel {pool.pipeline_parallel} with data_parallel "
