@@ -61,7 +61,7 @@ class Rendezvous:
         _send(writer, {"op": "ok"})
         await writer.drain()
         first = rank * self.workers_per_node
-        vlog.info(WHERE, f"Node rank {rank} joined (pid {msg.get('pid')}): tensor parallel "
+        vlog.info(WHERE, f"Node rank {rank} joined (pid {msg.get('pid')}): worker "
                          f"ranks {first}-{first + self.workers_per_node - 1}")
         if len(self.joined) == self.cfg.nnodes - 1:
             self.all_joined.set()
