@@ -339,6 +339,7 @@ def _shape(r) -> str:
     def one(pool) -> str:
         return f"{pool.endpoints} x " + shape({"data_parallel": pool.data_parallel,
                                                "tensor_parallel": pool.tensor_parallel,
+                                               "pipeline_parallel": pool.pipeline_parallel,
                                                "expert_parallel": pool.expert_parallel})
 
     if r.mode == "agg":

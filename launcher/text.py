@@ -50,13 +50,14 @@ def process_rows(prepared: Prepared) -> list[tuple[str, str, str, str]]:
             ranks = proc.dp_ranks
             nixl = [ep.nixl_port_base + r for r in ranks]
             parts = [] if proc.headless else [f"http {urlsplit(proc.url).port}"]
-            if ep.tp_across_nodes:
+            if ep.spans_nodes:
                 rank = [p.node for p in ep.parts].index(proc.node)
                 parts.append(f"master {ep.dp_rpc_port}, node rank {rank} of {len(ep.parts)}")
                 if ranks and ep.role.disaggregated:
                     parts.append(f"nixl {_ranges(nixl)}")
-                parts.append(f"tp {ep.pool.tensor_parallel}" + (" headless" if proc.headless
-                                                                else ""))
+                pp = ep.pool.pipeline_parallel
+                parts.append(f"tp {ep.pool.tensor_parallel}" + (f" x pp {pp}" if pp > 1 else "")
+                             + (" headless" if proc.headless else ""))
                 rows.append((proc.node, ",".join(map(str, proc.gpus)), proc.name,
                              ", ".join(parts)))
                 continue
@@ -87,8 +88,10 @@ def launch_lines(plan) -> list[str]:
     several nodes, where the router and clients run, and the profile's step settings."""
     out = []
     for ep in plan.endpoints:
-        if ep.tp_across_nodes:
-            out.append(f"{ep.name}: one engine, tensor parallel {ep.pool.tensor_parallel} over "
+        if ep.spans_nodes:
+            pp = ep.pool.pipeline_parallel
+            out.append(f"{ep.name}: one engine, tensor parallel {ep.pool.tensor_parallel}"
+                       + (f" x pipeline parallel {pp}" if pp > 1 else "") + " over "
                        f"{len(ep.parts)} nodes (--nnodes {len(ep.parts)}): the API server on "
                        f"{ep.head.node}, the other node{'s' if len(ep.parts) > 2 else ''} "
                        "--headless")

@@ -554,6 +554,37 @@ def test_mla_latent_is_not_split_by_tensor_parallelism_and_follows_the_backend_b
     assert geometry({"block-size": 64}, 8).block_size == 64
 
 
+def test_pipeline_stages_hold_their_share_of_the_layers_and_the_fewest_blocks_rule():
+    """TP8 x PP2 of a 61-layer MLA model: vLLM splits the layers 31 + 30 (the remainder to
+    the stages before the last, get_pp_indices), each stage's GPUs hold its layers' pages
+    and its share of the weights, and every stage gets the smallest num_blocks (the 31-layer
+    stage's)."""
+    assert kv.Parallelism(8, pp=2).stages(61) == [(0, 31), (31, 61)]
+    assert kv.Parallelism(pp=4).stages(61) == [(0, 15), (15, 30), (30, 46), (46, 61)]
+    cfg = {**MLA_TINY, "num_hidden_layers": 61, "num_nextn_predict_layers": 0}
+    weights = kv.WeightFacts.from_billions(10, 500, expert_format="nvfp4")
+    facts = kv.ModelFacts.from_config({"architectures": ["KimiK25ForConditionalGeneration"],
+                                       "text_config": cfg}, weights=weights)
+    page = 32 * 576  # FLASHINFER_MLA's 32-token block of an FP8 576-wide latent
+
+    def run(pp, **flags):
+        return kv.estimate(facts, kv.EngineArgs(kv_cache_dtype="fp8", **flags),
+                           kv.Parallelism(8, pp=pp), kv.Device(184.0), kv.Workload(1024, 1024))
+
+    fixed = {"kv_cache_memory_bytes": 40 * 2**30}
+    one, two = run(1, **fixed), run(2, **fixed)
+    assert (one.bytes_per_block, two.bytes_per_block) == (61 * page, 31 * page)
+    assert two.num_gpu_blocks == 40 * 2**30 // (31 * page) > one.num_gpu_blocks
+    assert (two.pp, two.vllm_log_kv_cache_tokens > one.vllm_log_kv_cache_tokens) == (2, True)
+    assert "x PP2" in two.describe()
+    assert any("layer caches 0-30 of 61" in a for a in two.assumptions)
+    profiled_one, profiled_two = run(1), run(2)  # memory left after the stage's weights
+    assert profiled_two.weights_bytes == -(-profiled_one.weights_bytes * 31 // 61)
+    assert profiled_two.num_gpu_blocks == profiled_two.kv_cache_bytes // (31 * page)
+    assert profiled_two.kv_cache_bytes - profiled_one.kv_cache_bytes == \
+        profiled_one.weights_bytes - profiled_two.weights_bytes
+
+
 # The same for a tiny MiniMaxM2 (grouped-query attention: 3 layers, 2 KV heads of 64), whose
 # bf16 cache takes vLLM for CPU's default 128-token block (tests/vllm_cpu/kv_sizes.py).
 GQA_TINY = {"architectures": ["MiniMaxM2ForCausalLM"], "num_hidden_layers": 3,

@@ -298,6 +298,10 @@ def test_a_cpu_offload_tier_counts_its_share_per_rank():
     r = rmod.Recipe.model_validate(data)
     assert kv_tiers.rank_bytes(r, Role.PREFILL) == [("CPU offload", 4 * 1024**3)]
     assert kv_tiers.rank_bytes(r, Role.DECODE) == []
+    # vLLM divides it over the world size: pipeline stages are ranks too
+    data["prefill"]["pipeline_parallel"] = 2
+    staged = rmod.Recipe.model_validate(data)
+    assert kv_tiers.rank_bytes(staged, Role.PREFILL) == [("CPU offload", 2 * 1024**3)]
 
 
 # --- the master, for real -------------------------------------------------------------------

@@ -193,12 +193,47 @@ def test_addresses_override_names():
         (["decode.args.--port=1"], "the launcher owns every port"),
         (["vllm_args.kv-transfer-config='{\"a\":1}'"], "kv_role per side"),
         (["prefill.env.CUDA_VISIBLE_DEVICES=0"], "pins GPUs"),
+        (["decode.pipeline_parallel=2", "vllm_args.pipeline-parallel-size=null"],
+         "decode.pipeline_parallel 2: vLLM's NixlConnector does not move KV to or from "
+         "pipeline stages"),
+        (["prefill.args.pipeline-parallel-size=2"],
+         "prefill.args: remove 'pipeline-parallel-size': set prefill.pipeline_parallel instead"),
+        (["decode.data_parallel=1", "decode.tensor_parallel=4", "decode.pipeline_parallel=2"],
+         "vllm_args: remove 'pipeline-parallel-size': decode.pipeline_parallel renders "
+         "--pipeline-parallel-size"),
     ],
 )
 def test_impossible_plans_say_what_to_change(sets, words):
     with pytest.raises(UserError) as e:
         make(*sets)
     assert words in str(e.value)
+
+
+@pytest.mark.parametrize("sets, words", [
+    (["agg.pipeline_parallel=2"],
+     "agg: pipeline_parallel 2 with data_parallel 8 is not laid out by this launcher"),
+    (["agg.data_parallel=1", "agg.tensor_parallel=3", "agg.pipeline_parallel=2"],
+     "agg.tensor_parallel x pipeline_parallel 3 x 2 is larger than the 4 GPUs"),
+])
+def test_impossible_pipeline_stages_say_what_to_change(sets, words):
+    with pytest.raises(UserError) as e:
+        make(*sets, ref="qwen3.5-397b-gb200-agg")
+    assert words in str(e.value)
+
+
+def test_pipeline_stages_on_one_tray_and_over_two():
+    """TP2 x PP2 fits a tray: no rendezvous; TP4 x PP2 takes two, node rank 1 headless."""
+    one = make("agg.data_parallel=1", "agg.tensor_parallel=2", "agg.pipeline_parallel=2",
+               "agg.expert_parallel=false", ref="qwen3.5-397b-gb200-agg")
+    argv = next(pr for pr in render.processes(one.at("/r")) if pr.kind == "engine").argv
+    assert argv[argv.index("--pipeline-parallel-size") + 1] == "2" and "--nnodes" not in argv
+    assert [len(ep.parts) for ep in one.endpoints] == [1, 1] and one.gpu_count()["agg"] == 8
+    two = make("agg.data_parallel=1", "agg.tensor_parallel=4", "agg.pipeline_parallel=2",
+               ref="qwen3.5-397b-gb200-agg")
+    assert len(two.nodes) == 4 and two.gpu_count()["agg"] == 16
+    eng = [pr for pr in render.processes(two.at("/r")) if pr.endpoint == "agg-0"]
+    assert [pr.argv[pr.argv.index("--node-rank") + 1] for pr in eng] == ["0", "1"]
+    assert [pr.headless for pr in eng] == [False, True]
 
 
 def test_not_enough_nodes():

@@ -18,11 +18,8 @@ from launcher.schema import srt_slurm
 ROOT = srt_slurm.BUNDLED / "InferenceX" / "benchmarks" / "multi_node" / "srt-slurm-recipes"
 FILES = sorted(p for p in ROOT.rglob("*.yaml")
                if "agent" in str(p.relative_to(ROOT)) and "/vllm/" in f"/{p.relative_to(ROOT)}")
-# pipeline parallelism across trays: an engine here is data x tensor parallel only
-REFUSED = {"agg-gb200-tp8pp2-mooncake-c16-agentic.yaml", "agg-gb200-tp8pp2-mooncake-c32-agentic.yaml",
-           "agg-gb200-tp8pp2-mooncake-c48-agentic.yaml", "agg-gb200-tp8pp2-mooncake-c72-agentic.yaml",
-           "agg-gb200-tp8pp2-mooncake-c96-agentic.yaml"}
-
+# an engine of TP8 x PP2 over four trays (vLLM's --nnodes launch)
+PIPELINED = {f"agg-gb200-tp8pp2-mooncake-c{c}-agentic.yaml" for c in (16, 32, 48, 72, 96)}
 
 def site_aliases(data: dict) -> dict[str, str]:
     """What a site's srtslurm.yaml gives: the file's alias as the checkpoint it serves."""
@@ -75,14 +72,11 @@ def test_every_published_gb200_vllm_agentic_recipe_is_bundled():
 @pytest.mark.parametrize("f", FILES, ids=lambda f: f.name)
 def test_a_published_agentic_recipe_imports_and_plans(results, f):
     got = results[f.name]
-    if f.name in REFUSED:
-        assert isinstance(got, UserError), got
-        assert "pipeline-parallel-size 2: an engine here is data x tensor parallel only" in \
-            " ".join(str(got).split())
-        return
     assert not isinstance(got, UserError), got
     data, recipe, report, p = got
     assert not report.refused
+    if f.name in PIPELINED:
+        assert_one_engine_of_two_stages_over_four_trays(p)
     env = {k: str(v) for k, v in data["benchmark"]["env"].items()}
     ag = p.plan.recipe.benchmark.agentic
     assert ag.trace == env.get("WEKA_LOADER_OVERRIDE", "semianalysis_cc_traces_weka_062126")
@@ -114,6 +108,32 @@ def test_a_published_agentic_recipe_imports_and_plans(results, f):
     for b in p.blockers:
         assert ("stage-model" in b or "stage-dataset" in b or "setup_script" in b
                 or "env prepare --cluster gb200-nvl72 --aiperf" in b), b
+
+
+def assert_one_engine_of_two_stages_over_four_trays(p):
+    """TP8 x PP2: one engine over four trays, node rank 0 serving, the others --headless,
+    each started with the stage count and the rendezvous; 16 GPUs counted."""
+    [ep] = p.plan.endpoints
+    assert (ep.pool.tensor_parallel, ep.pool.pipeline_parallel, ep.pool.gpus) == (8, 2, 16)
+    assert len({part.node for part in ep.parts}) == 4 and p.plan.gpu_count()["total"] == 16
+    engines = [x for x in p.rendered.processes if x.endpoint == ep.name]
+    assert [x.headless for x in engines] == [False, True, True, True]
+    head = p.plan.address(ep.head.node)
+    for rank, x in enumerate(engines):
+        a = " ".join(x.argv)
+        assert "--tensor-parallel-size 8 --pipeline-parallel-size 2" in a
+        assert (f"--nnodes 4 --node-rank {rank} --master-addr {head} "
+                f"--master-port {ep.dp_rpc_port}") in a
+        assert "--data-parallel-size" not in a and x.argv.count("--pipeline-parallel-size") == 1
+    # what the dry-run prints of it: each node's rank and the engine's shape
+    from launcher import text
+
+    rows = [r for r in text.process_rows(p) if r[2].startswith(ep.name)]
+    assert [r[3].removeprefix(f"http {ep.http_port}, ") for r in rows] == [
+        f"master {ep.dp_rpc_port}, node rank {i} of 4, tp 8 x pp 2" + (" headless" if i else "")
+        for i in range(4)]
+    assert any("tensor parallel 8 x pipeline parallel 2 over 4 nodes (--nnodes 4)" in line
+               for line in text.launch_lines(p.plan))
 
 
 def test_the_mapped_classes_say_what_became_of_them(results):
@@ -189,3 +209,13 @@ def test_the_schema_2_forms_of_the_same_classes_import():
     data["frontend"]["type"] = "vllm-router"  # KV events without Dynamo: nothing reads them
     with pytest.raises(UserError, match="roles.prefill.kv_events"):
         srt_slurm.convert(data, "x.yaml", "0" * 64, site_aliases(data))
+
+
+def test_gpus_that_are_not_the_stages_times_the_tensor_parallel_size_are_one_sentence():
+    f = ROOT / "vllm" / "kimi-k3" / "agentic" / "agg-gb200-tp8pp2-mooncake-c16-agentic.yaml"
+    data = yaml.safe_load(f.read_text())
+    data["resources"]["gpus_per_agg"] = 8  # TP8 without its second stage
+    with pytest.raises(UserError) as e:
+        srt_slurm.convert(data, "x.yaml", "0" * 64, site_aliases(data))
+    assert ("resources.gpus_per_agg: 8 is not data-parallel-size x tensor-parallel-size x "
+            "pipeline-parallel-size (16) of vllm_config.aggregated") in " ".join(str(e.value).split())

@@ -282,12 +282,14 @@ def test_hybrid_lb_is_inferred_like_vllm():
             "--data-parallel-hybrid-lb", "--headless")
 
 
-# ----- tensor parallel over nodes (--nnodes/--node-rank, TP8 on two 4-GPU trays) -------------
+# ----- one engine over nodes (--nnodes/--node-rank, TP4 x PP2 on two 4-GPU trays) ------------
 
 
-def test_tp_over_two_nodes_serves_once_both_joined_and_dies_with_either(tmp_path):
+def test_an_engine_over_two_nodes_serves_once_both_joined_and_dies_with_either(tmp_path):
+    """World size 8 (TP4 x PP2, vLLM's world_size): four workers a node."""
     master = free_ports(1)
-    tp = ("--tensor-parallel-size", "8", "--nnodes", "2", "--master-addr", "127.0.0.1",
+    tp = ("--tensor-parallel-size", "4", "--pipeline-parallel-size", "2", "--nnodes", "2",
+          "--master-addr", "127.0.0.1",
           "--master-port", str(master), "--kv-transfer-config", kv_config("kv_consumer"),
           "--max-model-len", "32768")
     env = {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_ports(1)), "SIM_SPEED": "20"}
@@ -301,9 +303,13 @@ def test_tp_over_two_nodes_serves_once_both_joined_and_dies_with_either(tmp_path
                           "--headless", headless=True, **env)
         procs.append(other)
         head.wait_healthy(20)
-        assert _engines(scrape(head.url)) == {"0"}  # one engine: TP is inside it
+        assert _engines(scrape(head.url)) == {"0"}  # one engine: TP and PP are inside it
         assert "Node rank 1 joined" in head.log_text()
-        assert "tensor parallel ranks 4-7 running" in other.log_text()
+        assert "worker ranks 4-7 running" in other.log_text()
+        code, out = http_json(f"{head.url}/v1/completions",
+                              {"model": "m", "prompt": "hello", "max_tokens": 4})
+        assert code == 200 and out["usage"]["completion_tokens"] == 4, out
+        assert "-tp4-pp2-" in out["system_fingerprint"]
         other.proc.send_signal(signal.SIGKILL)
         assert _wait_exit(head) not in (None, 0)
         assert "Node rank 1 of the tensor parallel group died" in head.log_text()
@@ -317,3 +323,9 @@ def test_a_tp_node_rank_past_nnodes_is_refused():
 
     with pytest.raises(UsageError, match="--node-rank 2 does not fit --nnodes 2"):
         parse(["serve", "m", "--tensor-parallel-size", "8", "--nnodes", "2", "--node-rank", "2"])
+    with pytest.raises(UsageError, match="--pipeline-parallel-size 3 does not split over "
+                                         "--nnodes 2"):
+        parse(["serve", "m", "--tensor-parallel-size", "1", "--pipeline-parallel-size", "3",
+               "--nnodes", "2"])
+    assert parse(["serve", "m", "--tensor-parallel-size", "1", "--pipeline-parallel-size", "2",
+                  "--nnodes", "2"]).world_size == 2

@@ -97,7 +97,7 @@ def test_a_tp8_decode_over_two_trays_runs_under_pyxis(dsv4_tp8):
     assert "--headless" in other["argv"] and "--headless" not in head["argv"]
     head_log = (run / "logs" / f"{head['name']}.log").read_text()
     assert "Node rank 1 joined" in head_log and head_log.count("POST /v1/completions") >= 2
-    assert "tensor parallel ranks 4-7 running" in (run / "logs" / f"{other['name']}.log").read_text()
+    assert "worker ranks 4-7 running" in (run / "logs" / f"{other['name']}.log").read_text()
     assert json.loads((run / "summary.json").read_text())["verdict"] == "passed"
     assert leftovers(run) == []
 

@@ -48,7 +48,7 @@ def busy_ports(plan: Plan, ours: frozenset[int] = frozenset()) -> list[str]:
                 ]
         if ep.multi_node and ep.head.node in local:
             wanted.append((ep.dp_rpc_port,
-                           f"{ep.name} {'master' if ep.tp_across_nodes else 'dp rpc'}"))
+                           f"{ep.name} {'master' if ep.spans_nodes else 'dp rpc'}"))
     busy = []
     for port, what in sorted(set(wanted)):
         if port in ours:

@@ -83,7 +83,8 @@ def _estimate(plan: Plan, ep: Endpoint, facts: kv.ModelFacts) -> kv.KvCapacity |
         return kv.estimate(
             facts,
             kv.EngineArgs.from_flags(engine_args(plan.recipe, pool)),
-            kv.Parallelism(pool.tensor_parallel, pool.data_parallel, pool.expert_parallel),
+            kv.Parallelism(pool.tensor_parallel, pool.data_parallel, pool.expert_parallel,
+                           pool.pipeline_parallel),
             kv.Device(plan.cluster.gpu_memory_gib, device_kind(plan)),
             kv.Workload(b.input_len, b.output_len, b.range_ratio, rule=b.length_rule),
             name=ep.name,
@@ -109,7 +110,7 @@ def sessions_held(plan: Plan, context: int) -> list[tuple[str, int]]:
             cap = kv.estimate(
                 facts, kv.EngineArgs.from_flags(engine_args(plan.recipe, pool)),
                 kv.Parallelism(pool.tensor_parallel, pool.data_parallel,
-                                     pool.expert_parallel),
+                               pool.expert_parallel, pool.pipeline_parallel),
                 kv.Device(plan.cluster.gpu_memory_gib, device_kind(plan)),
                 kv.Workload(max(1, context - 1), 1, 1.0, rule="sa-bench"), name=ep.name)
         except (kv.NoEstimate, ValueError, KeyError, ZeroDivisionError):

@@ -360,11 +360,11 @@ def engine_env(plan: Plan, role: Role, node: str) -> dict[str, str]:
 def rank_bytes(recipe: Recipe, role: Role) -> list[tuple[str, int]]:
     """[(what, bytes)] of host memory one GPU rank of `role` takes for its KV tiers: its
     share of the Mooncake pool (embedded: global_segment_size + local_buffer_size; standalone:
-    local_buffer_size) and of a CPU offload tier (cpu_bytes_to_use over the engine's tensor
-    parallel ranks, or cpu_bytes_to_use_per_rank)."""
+    local_buffer_size) and of a CPU offload tier (cpu_bytes_to_use over the engine's world
+    size, tensor x pipeline parallel ranks, or cpu_bytes_to_use_per_rank)."""
     out = []
     cfg = role_config(recipe, role)
-    tp = getattr(recipe, role).tensor_parallel
+    tp = getattr(recipe, role).model_parallel
     for kid in chain(cfg):
         name = kid.get("kv_connector")
         extra = extra_of(kid)
@@ -383,7 +383,7 @@ def rank_bytes(recipe: Recipe, role: Role) -> list[tuple[str, int]]:
                 out.append(("CPU offload", int(extra["cpu_bytes_to_use"]) // tp))
         except (TypeError, ValueError):
             continue  # a value the checks above name
-    if (found := offloading_size(recipe, role)) is not None:  # GiB over the TP ranks
+    if (found := offloading_size(recipe, role)) is not None:  # GiB over the world size
         out.append(("CPU offload (--kv-offloading-size)", int(found[1] * GIB) // tp))
     return out
 

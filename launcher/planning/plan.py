@@ -46,11 +46,16 @@ OWNED_FLAGS = {
     "asc": "set <pool>.api_servers",
     "kv-transfer-config": "set kv_connector (the launcher adds kv_role per side)",
     "device-ids": "the planner pins GPUs with CUDA_VISIBLE_DEVICES",
-    "nnodes": "the planner spans tensor parallel over nodes (<pool>.tensor_parallel)",
-    "node-rank": "the planner spans tensor parallel over nodes (<pool>.tensor_parallel)",
+    "nnodes": "the planner spans an engine over nodes (<pool>.tensor_parallel x "
+              "pipeline_parallel)",
+    "node-rank": "the planner spans an engine over nodes (<pool>.tensor_parallel x "
+                 "pipeline_parallel)",
     "master-addr": "the planner sets the head node's address",
     "master-port": "the launcher owns every port",
 }
+# Owned too (<pool>.pipeline_parallel), but 1, vLLM's default, may stay in args as published
+# recipes write it: it changes nothing.
+PIPELINE_FLAGS = ("pipeline-parallel-size", "pp")
 OWNED_ENV = {
     "CUDA_VISIBLE_DEVICES": "the planner pins GPUs per endpoint",
     "VLLM_NIXL_SIDE_CHANNEL_HOST": "the launcher sets each node's own address",
@@ -139,16 +144,16 @@ class Endpoint:
         return tuple(p for p in self.parts if p.http_port is not None)
 
     @property
-    def tp_across_nodes(self) -> bool:
-        """One engine whose tensor parallel group spans the nodes (--nnodes): the head
-        serves, the other nodes' workers are --headless."""
-        return self.multi_node and self.pool.tensor_parallel > len(self.head.gpus)
+    def spans_nodes(self) -> bool:
+        """One engine whose workers (tensor x pipeline parallel) span the nodes (--nnodes):
+        the head serves, the other nodes' workers are --headless."""
+        return self.multi_node and self.pool.model_parallel > len(self.head.gpus)
 
     @property
     def hybrid_lb(self) -> bool:
         """One front per node (--data-parallel-hybrid-lb) rather than one head and
         headless parts."""
-        return self.multi_node and self.pool.fronts == "per_node" and not self.tp_across_nodes
+        return self.multi_node and self.pool.fronts == "per_node" and not self.spans_nodes
 
 
 @dataclass(frozen=True)
@@ -228,10 +233,21 @@ class Plan:
 
 def check_owned(recipe: Recipe) -> None:
     """Reject user args/env that the launcher derives, naming the field to use instead."""
+    staged = any(pool.pipeline_parallel > 1 for _, pool in recipe.pools())
     for where, args in recipe.engine_arg_sources():
         for key in args:
             k = flag_key(key)
             base = k.removeprefix("no-")
+            if base in PIPELINE_FLAGS:
+                if args[key] is None or args[key] == 1 and not staged:
+                    continue  # removed, or vLLM's default as published recipes write it
+                pools = [f"{r}.pipeline_parallel" for r, p in recipe.pools()
+                         if p.pipeline_parallel > 1]
+                who = where.split(".")[0]
+                own = "<pool>" if who == "vllm_args" else who
+                raise UserError(f"{where}: remove {key!r}: "
+                                + (f"{', '.join(pools)} renders --pipeline-parallel-size"
+                                   if pools else f"set {own}.pipeline_parallel instead"))
             if base in OWNED_FLAGS:
                 why = OWNED_FLAGS[base].replace("<pool>", where.split(".")[0])
                 raise UserError(f"{where}: remove {key!r}: {why}")
@@ -261,17 +277,31 @@ def _check_fit(recipe: Recipe, cluster: Cluster, model: ModelFacts | None) -> No
             raise UserError(
                 f"{role}.gpus_per_node is {use} but a {cluster.name} node has {gpn} GPUs"
             )
-        if pool.tensor_parallel > use and (pool.tensor_parallel % use or pool.data_parallel > 1):
+        if pool.pipeline_parallel > 1 and role.disaggregated:
             raise UserError(
-                f"{role}.tensor_parallel {pool.tensor_parallel} is larger than the {use} GPUs "
-                f"per node it may use: tensor parallel over nodes takes whole nodes (a "
-                f"multiple of {use}) and data_parallel 1"
+                f"{role}.pipeline_parallel {pool.pipeline_parallel}: vLLM's NixlConnector does "
+                "not move KV to or from pipeline stages (docs/pipeline-parallel.md); use "
+                f"pipeline stages in an aggregated pool only, or tensor_parallel here"
             )
-        if pool.gpus > use and pool.tensor_parallel <= use:
-            if use % pool.tensor_parallel:
+        if pool.pipeline_parallel > 1 and pool.data_parallel > 1:
+            raise UserError(
+                f"{role}: pipeline_parallel {pool.pipeline_parallel} with data_parallel "
+                f"{pool.data_parallel} is not laid out by this launcher; use data_parallel 1 "
+                "(more endpoints for more replicas)"
+            )
+        mp, what = pool.model_parallel, (
+            f"tensor_parallel {pool.tensor_parallel}" if pool.pipeline_parallel == 1 else
+            f"tensor_parallel x pipeline_parallel {pool.tensor_parallel} x "
+            f"{pool.pipeline_parallel}")
+        if mp > use and (mp % use or pool.data_parallel > 1):
+            raise UserError(
+                f"{role}.{what} is larger than the {use} GPUs per node it may use: an engine "
+                f"over nodes takes whole nodes (a multiple of {use}) and data_parallel 1"
+            )
+        if pool.gpus > use and mp <= use:
+            if use % mp:
                 raise UserError(
-                    f"{role}: {use} GPUs per node is not a multiple of tensor_parallel "
-                    f"{pool.tensor_parallel}"
+                    f"{role}: {use} GPUs per node is not a multiple of {what}"
                 )
             if pool.gpus % use:
                 raise UserError(
@@ -466,16 +496,17 @@ def _endpoints(recipe: Recipe, cluster: Cluster, nodes: list[str],
     for role, pool, parts in place(recipe, cluster):
         name = f"{role}-{counters[role]}"
         counters[role] += 1
-        tp_across = pool.tensor_parallel > len(parts[0][1])
-        dp_local = max(1, len(parts[0][1]) // pool.tensor_parallel)
+        spans = pool.model_parallel > len(parts[0][1])
+        dp_local = max(1, len(parts[0][1]) // pool.model_parallel)
         vllm_ports = next_port + 2 + pool.data_parallel
         # per_node fronts: the other nodes' API servers take ports after the block
         front_ports = vllm_ports + VLLM_PORT_SPAN * len(parts)
-        every_node = pool.fronts == "per_node" and not tp_across
+        every_node = pool.fronts == "per_node" and not spans
         built = []
         for i, (slot, gpus) in enumerate(parts):
-            # TP over nodes: one DP rank, its engine core (and KV side channel) on the head
-            ranks = ((0,) if i == 0 else ()) if tp_across else tuple(
+            # an engine over nodes: one DP rank, its engine core (and KV side channel) on the
+            # head
+            ranks = ((0,) if i == 0 else ()) if spans else tuple(
                 range(i * dp_local, (i + 1) * dp_local))
             port = vllm_ports + i * VLLM_PORT_SPAN
             http = next_port if i == 0 else front_ports + i - 1 if every_node else None

@@ -133,10 +133,12 @@ def serve_argv(plan: Plan, ep: Endpoint, part, concurrency: int | None = None) -
     if part.http_port is not None:
         argv += ["--host", plan.cluster.bind_host, "--port", str(part.http_port)]
     argv += ["--tensor-parallel-size", str(pool.tensor_parallel)]
+    if pool.pipeline_parallel > 1:
+        argv += ["--pipeline-parallel-size", str(pool.pipeline_parallel)]
     if pool.data_parallel > 1:
         argv += ["--data-parallel-size", str(pool.data_parallel)]
         argv += ["--data-parallel-size-local", str(len(part.dp_ranks))]
-    if ep.tp_across_nodes:  # vLLM's multi-node launch: node 0 serves, the others join it
+    if ep.spans_nodes:  # vLLM's multi-node launch: node 0 serves, the others join it
         argv += ["--nnodes", str(len(ep.parts)), "--node-rank", str(ep.parts.index(part)),
                  "--master-addr", plan.address(ep.head.node), "--master-port", str(ep.dp_rpc_port)]
     elif ep.multi_node:
@@ -148,7 +150,7 @@ def serve_argv(plan: Plan, ep: Endpoint, part, concurrency: int | None = None) -
         argv += ["--data-parallel-start-rank", str(part.dp_ranks[0]), "--data-parallel-hybrid-lb"]
     if part.http_port is not None:
         argv += ["--api-server-count", str(pool.api_servers)]
-    elif ep.tp_across_nodes:
+    elif ep.spans_nodes:
         argv.append("--headless")
     else:
         argv += ["--headless", "--data-parallel-start-rank", str(part.dp_ranks[0])]

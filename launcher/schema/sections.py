@@ -321,6 +321,12 @@ class Pool(Strict):
     endpoints: int = Field(default=1, ge=0, le=MAX_ENDPOINTS)
     data_parallel: int = Field(default=1, ge=1, le=1024)
     tensor_parallel: int = Field(default=1, ge=1, le=64)
+    pipeline_parallel: int = Field(
+        default=1, ge=1, le=64,
+        description="--pipeline-parallel-size: stages of the model's layers, each "
+        "tensor_parallel GPUs; an engine of tensor_parallel x pipeline_parallel GPUs larger "
+        "than a node spans whole nodes (vLLM's --nnodes launch, docs/pipeline-parallel.md)",
+    )
     expert_parallel: bool = False
     gpus_per_node: int | None = Field(
         default=None, ge=1, le=64, description="GPUs each node gives this endpoint (default: all)"
@@ -368,8 +374,13 @@ class Pool(Strict):
         return v
 
     @property
+    def model_parallel(self) -> int:
+        """GPUs of one data-parallel rank: vLLM's world size, tensor x pipeline parallel."""
+        return self.tensor_parallel * self.pipeline_parallel
+
+    @property
     def gpus(self) -> int:
-        return self.data_parallel * self.tensor_parallel
+        return self.data_parallel * self.model_parallel
 
     def args_at(self, concurrency: int | None) -> dict[str, FlagValue]:
         """args with every args_from_concurrency step at or below `concurrency` on top, in

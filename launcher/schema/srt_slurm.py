@@ -594,6 +594,11 @@ def _pools(src: _Source, out: dict) -> str:
         pool["tensor_parallel"], pool["data_parallel"] = tp, dp
         src.map(f"{key}.tensor-parallel-size", f"{ours}.tensor_parallel: {tp}")
         src.map(f"{key}.data-parallel-size", f"{ours}.data_parallel: {dp}")
+        if args.get("pipeline-parallel-size", 1) != 1:  # 1, vLLM's default, passes through
+            pp = _int_flag(src, f"{key}.pipeline-parallel-size",
+                           args.pop("pipeline-parallel-size"))
+            pool["pipeline_parallel"] = pp
+            src.map(f"{key}.pipeline-parallel-size", f"{ours}.pipeline_parallel: {pp}")
         if "enable-expert-parallel" in args:
             pool["expert_parallel"] = bool(args.pop("enable-expert-parallel"))
             src.map(f"{key}.enable-expert-parallel", f"{ours}.expert_parallel: "
@@ -623,7 +628,7 @@ def _pools(src: _Source, out: dict) -> str:
         pool["endpoints"] = workers
         src.map(f"resources.{short}_workers", f"{ours}.endpoints: {workers}")
         _gpus_per(src, res, short, ours, pool, gpn)
-        if dp > 1 and dp * tp > gpn:
+        if dp > 1 and dp * tp * pool.get("pipeline_parallel", 1) > gpn:
             pool["fronts"] = "per_node"  # srt-slurm's dp_launch_mode per_node: a front per node
         pools[ours] = pool
     _dp_launch_mode(src)
@@ -693,21 +698,19 @@ def _pools(src: _Source, out: dict) -> str:
 
 def _gpus_per(src: _Source, res: dict, short: str, ours: str, pool: dict, gpn: int) -> None:
     key = f"resources.gpus_per_{short}"
-    have = pool["data_parallel"] * pool["tensor_parallel"]
-    pp = pool["args"].get("pipeline-parallel-size") if "args" in pool else None
+    pp = pool.get("pipeline_parallel", 1)
+    have = pool["data_parallel"] * pool["tensor_parallel"] * pp
+    names = "data-parallel-size x tensor-parallel-size" + (
+        " x pipeline-parallel-size" if pp > 1 else "")
     if key.split(".")[1] in res:
         n = src.get(key)
-        if isinstance(pp, int) and pp > 1 and n == have * pp:
-            src.refuse(key, f"{n} GPUs for pipeline-parallel-size {pp}: an engine here is "
-                       "data x tensor parallel only (no pipeline stages across trays); use "
-                       f"tensor-parallel-size {have * pp // pool['data_parallel']} or "
-                       f"data-parallel-size {have * pp // pool['tensor_parallel']} instead")
-        elif n != have:
-            src.refuse(key, f"{show(n)} is not data-parallel-size x tensor-parallel-size "
-                       f"({have}) of vllm_config.{'aggregated' if short == 'agg' else short}: "
-                       "make them agree")
+        if n != have:
+            src.refuse(key, f"{show(n)} is not {names} ({have}) of "
+                       f"vllm_config.{'aggregated' if short == 'agg' else short}: make them "
+                       "agree")
         else:
-            src.map(key, f"{ours}.data_parallel x {ours}.tensor_parallel = {have}")
+            src.map(key, f"{ours}.data_parallel x {ours}.tensor_parallel"
+                    + (f" x {ours}.pipeline_parallel" if pp > 1 else "") + f" = {have}")
 
 
 def _dp_launch_mode(src: _Source) -> None:
@@ -1375,7 +1378,8 @@ def _observability(src: _Source, out: dict) -> None:
 ORDER = ("name", "description", "cluster", "engine", "engine_version", "mode", "model",
          "container", "kv_connector", "vllm_args", "env", "prefill", "decode", "agg", "router",
          "benchmark", "accuracy", "telemetry", "slurm", "health")
-POOL_ORDER = ("endpoints", "data_parallel", "tensor_parallel", "expert_parallel", "fronts",
+POOL_ORDER = ("endpoints", "data_parallel", "tensor_parallel", "pipeline_parallel",
+              "expert_parallel", "fronts",
               "api_servers", "args", "env")
 
 
@@ -1396,9 +1400,11 @@ def shape(pool: dict) -> str:
     """A pool's shape as srt-slurm's file names write it: DEP8, TEP4, TP8, DP2."""
     dp, tp = pool.get("data_parallel", 1), pool.get("tensor_parallel", 1)
     ep = pool.get("expert_parallel", False)
+    pp = pool.get("pipeline_parallel", 1)
+    stages = f" x PP{pp}" if pp > 1 else ""
     if dp > 1:
-        return f"{'DEP' if ep else 'DP'}{dp}" + (f" x TP{tp}" if tp > 1 else "")
-    return f"{'TEP' if ep else 'TP'}{tp}"
+        return f"{'DEP' if ep else 'DP'}{dp}" + (f" x TP{tp}" if tp > 1 else "") + stages
+    return f"{'TEP' if ep else 'TP'}{tp}" + stages
 
 
 def _description(out: dict, source: str, sha256: str, provenance: list[str],

@@ -27,6 +27,7 @@ _MODELLED = {
     "model_tag", "model", "host", "port", "served_model_name", "data_parallel_size",
     "data_parallel_size_local", "data_parallel_address", "data_parallel_rpc_port",
     "data_parallel_start_rank", "data_parallel_hybrid_lb", "headless", "tensor_parallel_size",
+    "pipeline_parallel_size",
     "api_server_count", "speculative_config", "nnodes", "node_rank", "master_addr", "master_port",
     "kv_transfer_config", "block_size", "num_gpu_blocks_override", "max_num_seqs",
     "max_num_batched_tokens", "max_model_len", "stream_interval", "gpu_memory_utilization",
@@ -87,8 +88,9 @@ class SimConfig:
     # has a front of its own (vLLM's local_engines_only: hybrid LB, or the external LB it
     # switches to with one local rank, engine/arg_utils.py:2488-2505, config/parallel.py:657).
     hybrid_lb: bool = False
-    # tensor parallel over several nodes (vLLM's --nnodes/--node-rank/--master-addr/-port)
     num_spec_tokens: int = 0  # --speculative-config's num_speculative_tokens (MTP and the like)
+    pp_size: int = 1  # --pipeline-parallel-size: stages of tp_size workers each
+    # one engine's workers over several nodes (vLLM's --nnodes/--node-rank/--master-addr/-port)
     nnodes: int = 1
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
@@ -115,6 +117,11 @@ class SimConfig:
     def nixl(self) -> bool:
         """A P->D connector in the chain (anything but the store and CPU offload tiers)."""
         return any(k.get("kv_connector") not in connectors.TIER_CONNECTORS for k in self.kv_chain)
+
+    @property
+    def world_size(self) -> int:
+        """One engine's workers: tensor x pipeline parallel (vLLM's world_size)."""
+        return self.tp_size * self.pp_size
 
     @property
     def stats_logging(self) -> bool:
@@ -198,8 +205,10 @@ def parse(argv: list[str], env: dict[str, str] | None = None) -> SimConfig:
     start = ns.data_parallel_start_rank or 0
     if ns.nnodes < 1 or not 0 <= ns.node_rank < ns.nnodes:
         raise UsageError(f"--node-rank {ns.node_rank} does not fit --nnodes {ns.nnodes}")
-    if ns.nnodes > 1 and ns.tensor_parallel_size % ns.nnodes:
-        raise UsageError(f"--tensor-parallel-size {ns.tensor_parallel_size} does not split "
+    world = ns.tensor_parallel_size * ns.pipeline_parallel_size
+    if ns.nnodes > 1 and world % ns.nnodes:
+        raise UsageError(f"--tensor-parallel-size {ns.tensor_parallel_size} x "
+                         f"--pipeline-parallel-size {ns.pipeline_parallel_size} does not split "
                          f"over --nnodes {ns.nnodes}")
     if ns.headless and ns.api_server_count not in (None, 0):
         raise UsageError("--headless cannot be combined with --api-server-count > 0")
@@ -278,6 +287,7 @@ def parse(argv: list[str], env: dict[str, str] | None = None) -> SimConfig:
         enable_prefix_caching=ns.enable_prefix_caching is not False,
         hybrid_lb=hybrid_lb,
         num_spec_tokens=_spec_tokens(ns.speculative_config),
+        pp_size=ns.pipeline_parallel_size,
         nnodes=ns.nnodes,
         node_rank=ns.node_rank,
         master_addr=ns.master_addr,

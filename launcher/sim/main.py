@@ -95,7 +95,7 @@ async def _serve(cfg: SimConfig, fail: asyncio.Future[int]) -> list[object]:
     if any(k.get("kv_connector") in connectors.TIER_CONNECTORS for k in cfg.kv_chain):
         try:
             client, kids = await tiers.open_tiers(
-                cfg, ranks=len(engines) * max(1, cfg.tp_size // cfg.nnodes))
+                cfg, ranks=len(engines) * max(1, cfg.world_size // cfg.nnodes))
         except tiers.TierError as exc:
             vlog.error("core.py:1586", f"EngineCore failed to start: {exc}", proc="EngineCore_DP0")
             stop(1)

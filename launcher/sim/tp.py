@@ -1,5 +1,5 @@
-"""Tensor parallel over several nodes (--nnodes N --node-rank R --master-addr A
---master-port P): one engine whose TP workers span N nodes, as vLLM's multi-node launch.
+"""One engine over several nodes (--nnodes N --node-rank R --master-addr A --master-port P):
+its tensor x pipeline parallel workers span N nodes, as vLLM's multi-node launch.
 
 Node rank 0 runs the API server and the engine; it serves only once every other node's
 workers have joined at A:P (vLLM's workers meet in torch.distributed's rendezvous there, so
@@ -36,13 +36,13 @@ class Rendezvous:
 
     @property
     def workers_per_node(self) -> int:
-        return self.cfg.tp_size // self.cfg.nnodes
+        return self.cfg.world_size // self.cfg.nnodes
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(
             self._handle, bind_host(self.cfg.master_addr), self.cfg.master_port, limit=_LIMIT)
-        vlog.info(WHERE, f"Waiting for {self.cfg.nnodes - 1} other node(s) of tensor parallel "
-                         f"size {self.cfg.tp_size} at {self.cfg.master_addr}:"
+        vlog.info(WHERE, f"Waiting for {self.cfg.nnodes - 1} other node(s) of world size "
+                         f"{self.cfg.world_size} at {self.cfg.master_addr}:"
                          f"{self.cfg.master_port}")
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -61,7 +61,7 @@ class Rendezvous:
         _send(writer, {"op": "ok"})
         await writer.drain()
         first = rank * self.workers_per_node
-        vlog.info(WHERE, f"Node rank {rank} joined (pid {msg.get('pid')}): tensor parallel "
+        vlog.info(WHERE, f"Node rank {rank} joined (pid {msg.get('pid')}): worker "
                          f"ranks {first}-{first + self.workers_per_node - 1}")
         if len(self.joined) == self.cfg.nnodes - 1:
             self.all_joined.set()
@@ -97,8 +97,8 @@ async def join(cfg: SimConfig, fail: FailFn) -> asyncio.Task[None]:
     if msg.get("op") != "ok":
         raise ConnectionError(f"node rank 0 refused node rank {cfg.node_rank}: "
                               f"{msg.get('error')}")
-    per = cfg.tp_size // cfg.nnodes
-    vlog.info(WHERE, f"Headless node rank {cfg.node_rank} of {cfg.nnodes}: tensor parallel "
+    per = cfg.world_size // cfg.nnodes
+    vlog.info(WHERE, f"Headless node rank {cfg.node_rank} of {cfg.nnodes}: worker "
                      f"ranks {cfg.node_rank * per}-{(cfg.node_rank + 1) * per - 1} running")
 
     async def watch() -> None:

@@ -149,6 +149,17 @@ class Parallelism:
     tp: int = 1
     dp: int = 1
     expert_parallel: bool = False
+    pp: int = 1  # pipeline stages, each tp GPUs holding its share of the layers
+
+    def stages(self, layers: int) -> list[tuple[int, int]]:
+        """[start, end) of each pipeline stage's layers as vLLM splits them
+        (distributed/utils.py get_pp_indices, VLLM_PP_LAYER_PARTITION unset): layers // pp
+        each, the remainder one more each on the stages before the last."""
+        sizes = [layers // self.pp] * self.pp
+        for i in range(2, layers % self.pp + 2):
+            sizes[-i] += 1
+        starts = [sum(sizes[:i]) for i in range(self.pp)]
+        return [(a, a + n) for a, n in zip(starts, sizes, strict=True)]
 
     @property
     def ep(self) -> int:

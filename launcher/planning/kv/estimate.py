@@ -36,10 +36,9 @@ def estimate(model: ModelFacts, engine: EngineArgs, par: Parallelism, device: De
     prefix caching changes the layout (GDN state), the result also carries the same
     estimate with it the other way (`other_prefix_caching`), which is what the flag is worth."""
     reported = archs.caches(model, engine, par.tp, device)
-    layout = grouping.plan(list(reported.specs))
-    mem = kv_memory(model, engine, par, device, overheads)
-    assumptions = [*reported.notes, *mem.notes]
-    num_blocks = mem.kv_cache_bytes // layout.bytes_per_block  # kv_cache_planning.py:681
+    layout, mem, num_blocks, stage_note = _fewest_blocks(model, engine, par, device, overheads,
+                                                         reported)
+    assumptions = [*reported.notes, *mem.notes, *stage_note]
     if engine.num_gpu_blocks_override is not None:
         num_blocks = engine.num_gpu_blocks_override
         assumptions.append(f"--num-gpu-blocks-override {num_blocks}")
@@ -54,13 +53,38 @@ def estimate(model: ModelFacts, engine: EngineArgs, par: Parallelism, device: De
         other = _with_prefix_caching_flipped(model, engine, par, device, workload, overheads,
                                              name)
     return KvCapacity(
-        name=name, tp=par.tp, dp=par.dp, **_layout_fields(layout, reported), **_mem_fields(mem),
+        name=name, tp=par.tp, dp=par.dp, pp=par.pp, **_layout_fields(layout, reported),
+        **_mem_fields(mem),
         num_gpu_blocks=num_blocks, blocks_overridden=engine.num_gpu_blocks_override is not None,
         lengths=lengths, **_requests(layout, engine, device, num_blocks, lengths),
         max_model_len=max_len, vllm_log_max_concurrency=round(log_conc, 2),
         vllm_log_kv_cache_tokens=int(log_conc * max_len), assumptions=tuple(assumptions),
         sources=_sources(model, device, reported), prefix_caching=prefix_caching(engine)[0],
         prefix_caching_why=prefix_caching(engine)[1], other_prefix_caching=other)
+
+
+def _fewest_blocks(model, engine, par, device, overheads, reported: Caches):
+    """(layout, memory, num_gpu_blocks, notes) of the GPU with the fewest blocks: one per
+    pipeline stage, each holding its stage's layer caches and its share of the weights;
+    vLLM gives every worker the smallest num_blocks of all (v1/core/kv_cache_utils.py
+    get_kv_cache_configs). Without pipeline parallelism, the one stage holds every layer."""
+    specs = list(reported.specs)
+    best = None
+    for a, b in par.stages(len(specs)):
+        if a == b:
+            raise ValueError(f"pipeline_parallel {par.pp} leaves a stage without layers "
+                             f"({len(specs)} layer caches)")
+        layout = grouping.plan(specs[a:b])
+        mem = kv_memory(model, engine, par, device, overheads, (b - a) / len(specs))
+        blocks = mem.kv_cache_bytes // layout.bytes_per_block  # kv_cache_planning.py:681
+        if best is None or blocks < best[2]:
+            best = (layout, mem, blocks, (a, b))
+    layout, mem, blocks, (a, b) = best
+    note = [] if par.pp == 1 else [
+        f"pipeline parallel {par.pp}: layer caches {a}-{b - 1} of {len(specs)} on the stage "
+        "with the fewest blocks (weights counted by the same share; vLLM takes every "
+        "stage's smallest num_blocks)"]
+    return layout, mem, blocks, note
 
 
 def _layout_fields(layout: grouping.Layout, reported: Caches) -> dict:

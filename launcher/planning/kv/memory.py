@@ -72,18 +72,21 @@ class Memory:
 
 
 def kv_memory(model, engine: EngineArgs, par: Parallelism, device: Device,
-              overheads: Overheads | None) -> Memory:
+              overheads: Overheads | None, share: float = 1.0) -> Memory:
     """Memory per GPU: ceil(total x utilization) - weights - overheads (gpu_worker.py:753-757),
-    or --kv-cache-memory-bytes as given."""
+    or --kv-cache-memory-bytes as given. `share`: the part of the layers (and so of the
+    weights) this GPU's pipeline stage holds."""
     requested = math.ceil(round(device.memory_gib * GIB) * engine.gpu_memory_utilization)
     notes = []
     weights = 0
     if model.weights:
         w = model.weights
-        weights = weight_bytes_per_gpu(w, par, model.dtype, engine)
+        weights = math.ceil(weight_bytes_per_gpu(w, par, model.dtype, engine) * share)
         notes.append(
             f"weights {weights / GIB:.1f} GiB/GPU ({w.dense_params / 1e9:.2f}B {model.dtype} "
-            f"/ TP{par.tp} + {w.expert_params / 1e9:.1f}B {w.expert_format} experts / EP{par.ep})"
+            f"/ TP{par.tp} + {w.expert_params / 1e9:.1f}B {w.expert_format} experts / EP{par.ep}"
+            + (f", x {share:.3g} of the layers on this pipeline stage" if share != 1 else "")
+            + ")"
         )
     if engine.kv_cache_memory_bytes is not None:
         kv_bytes, overhead = engine.kv_cache_memory_bytes, 0

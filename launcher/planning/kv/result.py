@@ -68,6 +68,7 @@ class KvCapacity:
     blocks_overridden: bool = False  # --num-gpu-blocks-override: the cache is that many blocks
     # what the growing and the window groups hold, in words (the dry-run's, not plan.json's)
     block_words: tuple[str, str] = field(default=("attention", ""), compare=False)
+    pp: int = 1  # pipeline stages: blocks/rank are every stage's (the fewest of them)
 
     @property
     def endpoint_at_max_length(self) -> int:
@@ -97,7 +98,8 @@ class KvCapacity:
     def _headline(self) -> str:
         n = self.lengths
         return (
-            f"KV capacity {self.name} (DP{self.dp} x TP{self.tp}): about "
+            f"KV capacity {self.name} (DP{self.dp} x TP{self.tp}"
+            f"{f' x PP{self.pp}' if self.pp > 1 else ''}): about "
             f"{self.endpoint_at_mean_length:,} concurrent requests for the sweep's length mix "
             f"(mean {n.mean_total:,.0f} tokens), {self.endpoint_at_max_length:,} if all reach "
             f"{n.max_total:,}; {self.num_gpu_blocks:,} blocks/rank of {self.block_size} tokens "
@@ -175,6 +177,8 @@ class KvCapacity:
     def to_json(self) -> dict:
         d = asdict(self)
         del d["block_words"]
+        if self.pp == 1:  # only a pipelined engine's records say its stages
+            del d["pp"]
         d["endpoint_at_max_length"] = self.endpoint_at_max_length
         d["endpoint_at_mean_length"] = self.endpoint_at_mean_length
         d["lengths"]["mean_total"] = self.lengths.mean_total
