@@ -268,3 +268,13 @@ def test_a_store_the_engine_cannot_reach_is_one_sentence_at_start(tmp_path):
                 "'MOONCAKE_CONFIG_PATH' is not set.") in sim.log_text()
     finally:
         sim.stop()
+
+
+def test_a_simple_offload_size_per_rank_counts_every_rank_of_tp_and_pp():
+    """cpu_bytes_to_use_per_rank times vLLM's world size (TP x PP), not TP alone."""
+    kv = {"kv_connector": "SimpleCPUOffloadConnector", "kv_role": "kv_both",
+          "kv_connector_extra_config": {"cpu_bytes_to_use_per_rank": 10 * BS * 1024}}
+    cfg = parse(["serve", "m", "--block-size", str(BS), "--tensor-parallel-size", "2",
+                 "--pipeline-parallel-size", "2", "--kv-transfer-config", json.dumps(kv)],
+                env={"SIM_KV_BYTES_PER_TOKEN": "1024"})
+    assert tiers.CpuTier(cfg, kv).capacity == 40

@@ -324,8 +324,8 @@ class OffloadCounters:
 class CpuTier(Tier):
     """OffloadingConnector / SimpleCPUOffloadConnector: the engine's own pool of KV blocks in
     host memory, least recently used out first. Its size is the connector's cpu_bytes_to_use
-    (the engine's, over its TP ranks); copies each way take bytes / SIM_OFFLOAD_BANDWIDTH_GBPS
-    (scaled by SIM_SPEED). The blocks are bookkeeping only: nothing leaves the process."""
+    (the engine's, over its ranks: TP x PP, vLLM's world size); copies each way take
+    bytes / SIM_OFFLOAD_BANDWIDTH_GBPS (scaled by SIM_SPEED). The blocks are bookkeeping only: nothing leaves the process."""
 
     source = "host"
 
@@ -336,7 +336,7 @@ class CpuTier(Tier):
         if self.name == SIMPLE_OFFLOAD:
             per = extra.get("cpu_bytes_to_use_per_rank")
             total = int(extra.get("cpu_bytes_to_use", DEFAULT_SIMPLE_CPU_BYTES))
-            size = int(per) * cfg.tp_size if per is not None else total
+            size = int(per) * cfg.world_size if per is not None else total
         else:
             size = int(extra.get("cpu_bytes_to_use", 0) or 0)
         self.capacity = max(0, size // max(1, self.block_bytes))
