@@ -68,7 +68,8 @@ def _held(gate_path: Path, lock_path: Path, alone: bool):
 
 # A test that asserts how long something takes (`@pytest.mark.alone`) runs with no other
 # test beside it: `make test` runs them after the rest, one at a time; within one parallel
-# run they take the CPU's lock alone. Module fixtures start outside the locks. The dev cluster's lock is taken
+# run they take the CPU's lock alone. A dev-cluster module's fixtures take the cluster's lock
+# while they set up (below). The dev cluster's lock is taken
 # before the CPU's, always, so no two tests wait on each other.
 @pytest.fixture(autouse=True)
 def _cpu_to_itself(request, tmp_path_factory):
@@ -92,7 +93,29 @@ def _cpu_to_itself(request, tmp_path_factory):
         held.enter_context(_held(root / "cpu.turnstile", root / "cpu.lock", alone))
         # a wait here is a worker idle, not a test working: the timing table tells them apart
         request.node.user_properties.append(("waited_s", time.monotonic() - t0))
-        yield
+        _HOLDING[0] = True
+        try:
+            yield
+        finally:
+            _HOLDING[0] = False
+
+
+_HOLDING = [False]  # this worker's test holds the locks (a fixture set up inside it: no more)
+
+
+# A dev-cluster module's own fixtures (a run several tests read) submit jobs too: they take
+# the cluster's lock, shared, while they set up, so they never start beside a test that has
+# the whole cluster (enroot taken away, a node killed) and fail or wedge its job.
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    if fixturedef.scope != "module" or not os.environ.get("PYTEST_XDIST_WORKER") or \
+            _HOLDING[0] or not any(
+            item.get_closest_marker("slurm") for item in request.session.items
+            if item.module is request.module):
+        return (yield)
+    root = request.config._tmp_path_factory.getbasetemp().parent
+    with _held(root / "devcluster.turnstile", root / "devcluster.lock", False):
+        return (yield)
 
 
 # --- the suite measures itself --------------------------------------------------------------
