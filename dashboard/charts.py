@@ -210,9 +210,10 @@ def with_windows(chart: alt.Chart, tm: _Timed) -> alt.Chart | alt.LayerChart:
     return layer + chart if layer is not None else chart
 
 
-def legend_columns(labels: pd.Series, width_px: int = 440, most: int = 4) -> int:
-    """As many legend columns as fit a half-page chart (~7 px a character, 30 px of
-    symbol and gap): long labels wrap into fewer columns instead of being cut off."""
+def legend_columns(labels: pd.Series, width_px: int = 360, most: int = 4) -> int:
+    """As many legend columns as fit a half-page chart at the narrowest page (402 px at
+    1280 px, less the axis's room; ~7 px a character, 30 px of symbol and gap): long labels
+    wrap into fewer columns instead of widening the chart past its column."""
     longest = max((len(str(x)) for x in labels.dropna().unique()), default=8)
     return max(1, min(most, width_px // (longest * 7 + 30)))
 

@@ -234,3 +234,13 @@ def test_kv_page_compares_predicted_and_observed_capacity(runs, monkeypatch):
     body = "\n".join(m.value for m in at.markdown)
     assert "extrapolated: running ÷ KV usage" in body
     assert "prediction assumes: every request reaches ISL + OSL tokens" in body
+
+
+def test_a_legend_of_long_endpoint_names_fits_a_half_page_column_at_1280_px():
+    """Half of the 818 px main column at 1280 px is 402 px: a legend of 'decode-0@local-1'
+    names gets the columns that fit there (3 of them made the chart 426 px wide)."""
+    from dashboard.charts import legend_columns
+
+    labels = pd.Series([f"{r}-{i}@local-1" for r in ("decode", "prefill") for i in range(3)])
+    n = legend_columns(labels)
+    assert n >= 1 and n * (labels.str.len().max() * 7 + 30) <= 402 - 40, n
