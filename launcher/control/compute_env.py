@@ -174,19 +174,26 @@ def prepare(cluster: Cluster, runs_root: Path, quiet: bool = False) -> Runtime:
     return ensure(cluster, runtime(cluster, runs_root), quiet)
 
 
-def ensure(cluster: Cluster, rt: Runtime, quiet: bool = False) -> Runtime:
-    """Make the shared environment's inputs exist: the wheelhouse for the compute nodes'
-    arch and Python (downloaded here once per lock) and this launcher's source copy.
-    The venv itself is built inside the job, on a compute node, by bootstrap.sh."""
-    if rt.mode == "submitter" or rt.env is None:
-        return rt
+def _env_folder(rt: Runtime, what: str) -> Path:
+    """The folder a wheelhouse goes to, made; one sentence where no wheels are known for the
+    nodes' arch or the folder cannot be made."""
     if rt.arch not in PLATFORMS:
         raise UserError(f"compute_env: no wheels are known for arch {rt.arch!r}")
     env = Path(rt.env)
     try:
         env.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise UserError(f"cannot create the compute environment folder {env}: {e}") from None
+        raise UserError(f"cannot create {what} {env}: {e}") from None
+    return env
+
+
+def ensure(cluster: Cluster, rt: Runtime, quiet: bool = False) -> Runtime:
+    """Make the shared environment's inputs exist: the wheelhouse for the compute nodes'
+    arch and Python (downloaded here once per lock) and this launcher's source copy.
+    The venv itself is built inside the job, on a compute node, by bootstrap.sh."""
+    if rt.mode == "submitter" or rt.env is None:
+        return rt
+    env = _env_folder(rt, "the compute environment folder")
     _fetch_wheels(env, rt, requirements(), "the compute environment's", quiet)
     (env / "bootstrap.sh").write_text(bootstrap_script(cluster, rt))
     _copy_source(Path(rt.src))
@@ -257,13 +264,7 @@ def prepare_aiperf(cluster: Cluster, runs_root: Path, quiet: bool = False) -> Pa
             f"AIPerf {AIPERF_VERSION} needs Python {', '.join(AIPERF_PYTHONS)} but "
             f"{cluster.name}'s compute environment is Python {ai.python_version}: set the "
             "profile's compute_env.python and python_version to one of those")
-    if ai.arch not in PLATFORMS:
-        raise UserError(f"compute_env: no wheels are known for arch {ai.arch!r}")
-    env = Path(ai.env)
-    try:
-        env.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"cannot create AIPerf's environment folder {env}: {e}") from None
+    env = _env_folder(ai, "AIPerf's environment folder")
     _fetch_wheels(env, ai, [f"aiperf=={AIPERF_VERSION}"], f"AIPerf {AIPERF_VERSION}'s", quiet)
     (env / "bootstrap.sh").write_text(bootstrap_script(cluster, ai, f"AIPerf {AIPERF_VERSION}"))
     return env
