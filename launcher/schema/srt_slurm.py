@@ -1154,6 +1154,14 @@ def _agentic_benchmark(src: _Source) -> dict:
             f"failed_request_threshold {AGENTX_DEFAULTS['failed_request_threshold']:g}")
     text = {str(k): "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
             for k, v in env.items()}
+
+    def seconds(key: str, v: str, field: str, said: str) -> None:
+        try:
+            ag[field] = float(v)
+            src.map(key, said)
+        except ValueError:
+            src.refuse(key, f"{show(v)}: seconds, a number")
+
     for k, v in text.items():
         key = f"benchmark.env.{k}"
         if k == "WEKA_LOADER_OVERRIDE":
@@ -1171,11 +1179,7 @@ def _agentic_benchmark(src: _Source) -> dict:
                 out["concurrency"] = conc
                 src.map(key, "benchmark.concurrency (live sessions)")
         elif k == "DURATION":
-            try:
-                ag["duration_s"] = float(v)
-                src.map(key, "benchmark.agentic.duration_s")
-            except ValueError:
-                src.refuse(key, f"{show(v)}: seconds, a number")
+            seconds(key, v, "duration_s", "benchmark.agentic.duration_s")
         elif k == "AIPERF_MAX_CONTEXT_LENGTH":
             if v.isdigit() and int(v) > 0:
                 ag["max_context"] = int(v)
@@ -1210,19 +1214,11 @@ def _agentic_benchmark(src: _Source) -> dict:
             src.map(key, "benchmark.agentic.extra_inputs (AIPerf's --extra-inputs, after the "
                     "launcher's ignore_eos:true)")
         elif k == "AIPERF_BENCHMARK_GRACE_PERIOD":
-            try:
-                ag["grace_period_s"] = float(v)
-                src.map(key, "benchmark.agentic.grace_period_s (AIPerf's "
-                        "--benchmark-grace-period, as the script passes it)")
-            except ValueError:
-                src.refuse(key, f"{show(v)}: seconds, a number")
+            seconds(key, v, "grace_period_s", "benchmark.agentic.grace_period_s (AIPerf's "
+                    "--benchmark-grace-period, as the script passes it)")
         elif k == "AIPERF_AGENTIC_CACHE_WARMUP_DURATION":
-            try:
-                ag["cache_warmup_s"] = float(v)
-                src.map(key, "benchmark.agentic.cache_warmup_s (AIPerf's "
-                        "--agentic-cache-warmup-duration)")
-            except ValueError:
-                src.refuse(key, f"{show(v)}: seconds, a number")
+            seconds(key, v, "cache_warmup_s", "benchmark.agentic.cache_warmup_s (AIPerf's "
+                    "--agentic-cache-warmup-duration)")
         elif k == "AIPERF_REQUIRED_SERVER_METRIC_PREFIX":
             src.map(key, "AIPerf records every engine's /metrics (vllm:*) in "
                     "server_metrics_export.json")
