@@ -81,11 +81,14 @@ class Backend:
         return cls(None, run_dir)
 
     def kill(self, popen: subprocess.Popen) -> None:
+        """SIGTERM the group, SIGKILL what is left of it after 5 s."""
         _signal_group(popen, signal.SIGTERM)
-        try:
-            popen.wait(timeout=5)
-        except subprocess.TimeoutExpired:
+        deadline = time.monotonic() + 5
+        while not _ended(popen) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not _ended(popen):
             _signal_group(popen, signal.SIGKILL)
+            _reap([popen], 5)
 
     def spawn(self, argv: list[str], log_path: Path) -> subprocess.Popen:
         """`argv` in its own process group, stdout and stderr appended to `log_path`."""
@@ -118,7 +121,7 @@ class Backend:
             h.stopped = True
             if h.exit_code() is None:
                 _signal_group(h.popen, signal.SIGKILL)
-        _reap(handles, 2)
+        _reap([h.popen for h in handles], 2)
 
     def stop(self, handles: list[Handle], grace_s: float = 10.0, gentle: bool = True) -> None:
         """SIGTERM every group at once (or the scheduler's step), then SIGKILL what is left
@@ -139,27 +142,62 @@ def _terminate(
 ) -> None:
     """SIGTERM each live process group (except those in `signalled`, told another way), wait
     up to `grace_s` for all of them, SIGKILL what is left, and reap."""
-    live = [h for h in handles if h.exit_code() is None]
+    live = [h for h in handles if not _ended(h.popen)]
     for h in live:
         h.stopped = True
         if h.proc.name not in signalled:
             _signal_group(h.popen, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while live and time.monotonic() < deadline:
-        live = [h for h in live if h.exit_code() is None]
+        live = [h for h in live if not _ended(h.popen)]
         time.sleep(0.05)
     for h in live:
         _signal_group(h.popen, signal.SIGKILL)
-    _reap(handles, 5)
+    _reap([h.popen for h in handles], 5)
 
 
-def _reap(handles: list[Handle], timeout_s: float) -> None:
-    """Wait for each process (no zombies), at most `timeout_s` each."""
-    for h in handles:
+def _ended(popen: subprocess.Popen) -> bool:
+    """The process and every other member of its group are gone. A leader's exit is not
+    enough: vLLM's API server can end (or crash on exit) while its engine core, worker or
+    multiprocessing resource tracker still runs in its group."""
+    return popen.poll() is not None and not _group_runs(popen.pid)
+
+
+def _group_runs(pgid: int) -> bool:
+    """A process of group `pgid` runs. A zombie does not: it only waits for its parent (a
+    SIGKILLed member reparented to a pid 1 that is slow to reap)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        pids = [d for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return True
+    for pid in pids:
         try:
-            h.popen.wait(timeout=timeout_s)
+            with open(f"/proc/{pid}/stat") as f:
+                state, _ppid, pgrp = f.read().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(pgrp) == pgid and state != "Z":
+            return True
+    return False
+
+
+def _reap(popens: list[subprocess.Popen], timeout_s: float) -> None:
+    """Wait for each process (no zombies) and the rest of its group, at most `timeout_s`
+    each."""
+    for popen in popens:
+        try:
+            popen.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            pass
+            continue
+        deadline = time.monotonic() + timeout_s
+        while _group_runs(popen.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def _signal_group(popen: subprocess.Popen, sig: int) -> None:
