@@ -103,18 +103,23 @@ def _cpu_to_itself(request, tmp_path_factory):
 _HOLDING = [False]  # this worker's test holds the locks (a fixture set up inside it: no more)
 
 
-# A dev-cluster module's own fixtures (a run several tests read) submit jobs too: they take
-# the cluster's lock, shared, while they set up, so they never start beside a test that has
-# the whole cluster (enroot taken away, a node killed) and fail or wedge its job.
+# A module fixture that dev-cluster tests read (a run several of them check) submits jobs
+# too: it takes the cluster's lock, shared, while it sets up, so it never starts beside a
+# test that has the whole cluster (enroot taken away, a node killed) and fails or wedges its
+# job. A module fixture only other tests use waits for nobody.
 @pytest.hookimpl(wrapper=True)
 def pytest_fixture_setup(fixturedef, request):
     if fixturedef.scope != "module" or not os.environ.get("PYTEST_XDIST_WORKER") or \
             _HOLDING[0] or not any(
             item.get_closest_marker("slurm") for item in request.session.items
-            if item.module is request.module):
+            if item.module is request.module and fixturedef.argname in item.fixturenames):
         return (yield)
+    import time
+
     root = request.config._tmp_path_factory.getbasetemp().parent
+    t0 = time.monotonic()
     with _held(root / "devcluster.turnstile", root / "devcluster.lock", False):
+        request._pyfuncitem.user_properties.append(("waited_s", time.monotonic() - t0))
         return (yield)
 
 
@@ -157,9 +162,9 @@ def pytest_runtest_logreport(report):
     if worker is not None:
         _WORKERS[worker.id] = _WORKERS.get(worker.id, 0.0) + report.duration
     if report.when == "setup":
-        for k, v in report.user_properties:
-            if k == "waited_s":
-                _WAITED[nodeid] = v
+        waited = [v for k, v in report.user_properties if k == "waited_s"]
+        if waited:
+            _WAITED[nodeid] = sum(waited)
 
 
 def pytest_terminal_summary(terminalreporter):
