@@ -27,7 +27,7 @@ def cli(tmp_path):
     return run
 
 
-# --- tests in parallel (pytest-xdist, `make test` runs `-n 3 --dist loadgroup`) ----------
+# --- tests in parallel (pytest-xdist, `make test` runs `-n 4 --dist loadgroup`) ----------
 # Most of the suite waits on processes and timers, so a few workers share the 2 cores. What
 # tests share decides who runs with whom. The dev cluster's tests (one Slurm cluster of 6
 # nodes) run in two lanes, first (the longest groups), each on one worker in turn: their jobs
