@@ -193,3 +193,18 @@ def test_recipes_is_a_short_table_and_show_has_the_detail(tmp_path):
     assert "nvidia/Qwen3.5-397B-A17B-NVFP4" in seed and "4 x DEP2 : 1 x DEP8" in seed, seed
     code, shown = cli(tmp_path, "recipes", "show", "qwen3.5-397b-gb200-disagg")
     assert code == 0 and "description:" in shown, shown
+
+
+def test_the_newest_of_two_runs_made_in_one_second_is_the_one_made_last(tmp_path):
+    """A run's id starts with its second: `status` after two dry-runs in one second (the
+    second one's name sorting first) shows the second, not the one whose name sorts last."""
+    import os
+
+    from launcher.control import runs as runs_mod
+
+    for i, name in enumerate(("20261206-153922-qwen3.5-397b", "20261206-153922-local-sim")):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "recipe.yaml").write_text("name: x\n")
+        os.utime(run / "recipe.yaml", ns=(1_000_000_000 + i, 1_000_000_000 + i))
+    assert runs_mod.find(tmp_path, None).run_id == "20261206-153922-local-sim"

@@ -142,7 +142,18 @@ def all_runs(runs_dir: Path) -> list[RunDir]:
     out: list[RunDir] = []
     for e in entries(runs_dir):
         out += e.runs if isinstance(e, Study) else [e]
-    return sorted(out, key=lambda r: r.run_id, reverse=True)
+    return sorted(out, key=_age, reverse=True)
+
+
+def _age(run: RunDir) -> tuple[str, int, str]:
+    """A run's id starts with the second it was made: two made in one second (a dry-run
+    right after another) are told apart by when their recipe file was written, not by
+    their names."""
+    try:
+        written = run.recipe.stat().st_mtime_ns
+    except OSError:
+        written = 0
+    return run.run_id[:15], written, run.run_id
 
 
 def study_of(run: RunDir) -> Study | None:
