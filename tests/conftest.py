@@ -34,39 +34,22 @@ def cli(tmp_path):
 # fit side by side and keep their ports apart by job id and the launcher's port locks. A test
 # that needs the whole cluster (`@pytest.mark.whole_cluster`: it kills or drains a node,
 # takes enroot away, or waits for every node idle) runs with no other dev-cluster test beside
-# it: every one of them runs first in the first lane, while the second lane's worker runs
-# tests that need no cluster (SECOND_LANE_LEAD), so neither lane waits for the other. Any
-# other test runs with its module, whose module fixtures then start once. Local runs keep
-# apart by themselves (each holds its own block of ports).
+# it. Any other test runs with its module, whose module fixtures then start once. Local runs
+# keep apart by themselves (each holds its own block of ports).
 DEVCLUSTER = "devcluster"
 # the second lane's modules: about half the dev cluster's time that is not whole_cluster
 SECOND_LANE = {"test_slurm_run", "test_pyxis", "test_rack_faults", "test_srt_devcluster",
                "test_prometheus"}
-# modules with no dev-cluster test, about as long as the whole-cluster tests together
-SECOND_LANE_LEAD = {"test_dashboard_browser", "test_local_run", "test_newcomer_cli"}
-
-
-def _lane(item) -> tuple[str, float]:
-    """The test's xdist group, and its place in the run order (lower first)."""
-    module = item.module.__name__
-    if item.get_closest_marker("slurm"):
-        if item.get_closest_marker("whole_cluster"):
-            # the tests that kill a node's slurmd last: Slurm leaves a node it lost out of
-            # its placements for up to ~30 s after it is back (test_slurm_run says more)
-            return DEVCLUSTER, 0.5 if module in ("test_faults", "test_study_faults") else 0
-        return DEVCLUSTER + ("-2" if module in SECOND_LANE else ""), 2
-    if module in SECOND_LANE_LEAD:
-        return DEVCLUSTER + "-2", 1
-    return module, 3
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    order = {}
     for item in items:
-        group, order[item.nodeid] = _lane(item)
+        group = item.module.__name__
+        if item.get_closest_marker("slurm"):
+            group = DEVCLUSTER + ("-2" if group in SECOND_LANE else "")
         item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: order[item.nodeid])  # stable: each module's order kept
+    items.sort(key=lambda item: not item.get_closest_marker("slurm"))  # stable: order kept
 
 
 @contextmanager
