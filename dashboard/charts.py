@@ -321,6 +321,20 @@ def topology(df: pd.DataFrame) -> alt.Chart:
                                     height=alt.Step(26 if n_nodes <= 18 else 14))
 
 
+def _fine_axis(values: pd.Series, ticks: int = 5) -> alt.Axis:
+    """An axis whose labels have the decimals its tick step needs: points 82.80 to 82.84
+    apart take ticks 0.01 apart, which 4 significant digits would show as 82.8 twice. One
+    value alone: 4 significant digits (the tick is the value itself, 82.043590
+    unformatted)."""
+    v = pd.to_numeric(values, errors="coerce").dropna()
+    span = float(v.max() - v.min()) if len(v) else 0.0
+    if not (span > 0 and math.isfinite(span)):
+        return alt.Axis(format=",.4~r")
+    # Vega's ticks are 1, 2 or 5 x 10^k, at least 10^floor(log10(span / count)) apart
+    decimals = max(0, -math.floor(math.log10(span / ticks)))
+    return alt.Axis(format=f",.{decimals}~f", tickCount=ticks)
+
+
 def pareto(df: pd.DataFrame, frontier: pd.DataFrame, *, y: str, y_title: str,
            color: str = "run", color_title: str = "run", curves: bool = False,
            title: str | None = None, height: int = 360,
@@ -333,10 +347,8 @@ def pareto(df: pd.DataFrame, frontier: pd.DataFrame, *, y: str, y_title: str,
     published Pareto (`color`, tokens_per_s_per_user, `y`, concurrency, point, published),
     drawn as dotted curves with hollow diamonds in the colour of the configuration it
     belongs to."""
-    # 4 significant digits: a run of one point has a one-value axis whose tick is the
-    # value itself (82.043590 unformatted)
     x = alt.X("tokens_per_s_per_user:Q", title="tok/s per user (1000 ÷ median TPOT ms)",
-              scale=alt.Scale(zero=False), axis=alt.Axis(format=",.4~r"))
+              scale=alt.Scale(zero=False), axis=_fine_axis(df["tokens_per_s_per_user"]))
     # A study's few configurations: distinct hues, one name a line beside the plot.
     side = "right" if curves else "bottom"
     col = alt.Color(f"{color}:N", title=color_title,
