@@ -153,6 +153,43 @@ def pytest_configure(config):
 
 _WORKERS: dict[str, float] = {}  # pytest-xdist worker -> seconds inside its tests
 _WAITED: dict[str, float] = {}  # test -> seconds its worker waited for the tests' locks
+_CPU: dict[str, float] = {}  # test -> CPU seconds of its worker and the children it reaped
+
+
+def _own_cpu() -> float:
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+# The CPU a test costs where it can be counted: its worker's and that of the processes it ran
+# and waited for (a local run's engines, a CLI call); not what runs under slurmd or a browser.
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    t0 = _own_cpu()
+    try:
+        return (yield)
+    finally:
+        item.user_properties.append(("cpu_s", _own_cpu() - t0))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    t0 = _own_cpu()
+    try:
+        return (yield)
+    finally:
+        item.user_properties.append(("cpu_s", _own_cpu() - t0))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    t0 = _own_cpu()
+    try:
+        return (yield)
+    finally:
+        item.user_properties.append(("cpu_s", _own_cpu() - t0))
 
 
 def pytest_runtest_logreport(report):
@@ -161,6 +198,8 @@ def pytest_runtest_logreport(report):
     worker = getattr(getattr(report, "node", None), "gateway", None)
     if worker is not None:
         _WORKERS[worker.id] = _WORKERS.get(worker.id, 0.0) + report.duration
+    if report.when == "teardown":  # its properties hold every phase's
+        _CPU[nodeid] = sum(v for k, v in report.user_properties if k == "cpu_s")
     if report.when == "setup":
         waited = [v for k, v in report.user_properties if k == "waited_s"]
         if waited:
@@ -199,16 +238,25 @@ def pytest_terminal_summary(terminalreporter):
         share = (t[0] - _CPU0[0][0]) / (t[1] - _CPU0[0][1])
         w(f"cores busy: {share * cores:.1f} of {cores} on average ({100 * share:.0f} %, the "
           f"whole machine's)")
-    w("slowest modules (share of the wall time):")
+    cpu_by_module: dict[str, float] = {}
+    for nodeid, sec in _CPU.items():
+        mod = nodeid.split("::")[0]
+        cpu_by_module[mod] = cpu_by_module.get(mod, 0.0) + sec
+    if _CPU:
+        w(f"CPU counted in the tests (their workers and the processes they waited for): "
+          f"{sum(_CPU.values()):.0f} s")
+    w("slowest modules (share of the wall time; CPU counted in them):")
     for mod, sec in sorted(modules.items(), key=lambda kv: -kv[1])[:12]:
-        w(f"  {sec:7.1f} s  {100 * sec / wall:5.1f} %  {mod}")
+        w(f"  {sec:7.1f} s  {100 * sec / wall:5.1f} %  {cpu_by_module.get(mod, 0.0):6.0f} s CPU  {mod}")
     w("slowest tests:")
     for nodeid, sec in tests[:15]:
         w(f"  {sec:7.1f} s  {100 * sec / wall:5.1f} %  {nodeid}")
-    # every test's time, for comparing runs: .pytest_cache/timing.tsv (seconds, node id),
+    # every test's time, for comparing runs: .pytest_cache/timing.tsv (seconds, node id,
+    # CPU seconds counted),
     # timing-alone.tsv for `make test`'s second run (-m alone)
     cache = Path(terminalreporter.config.rootpath) / ".pytest_cache"
     marks = re.sub(r"\W+", "-", terminalreporter.config.option.markexpr or "").strip("-")
     name = "timing.tsv" if marks in ("", "not-alone") else f"timing-{marks}.tsv"
     if cache.is_dir():
-        (cache / name).write_text("".join(f"{s:.2f}\t{n}\n" for n, s in tests))
+        (cache / name).write_text("".join(f"{s:.2f}\t{n}\t{_CPU.get(n, 0.0):.2f}\n"
+                                          for n, s in tests))
