@@ -72,3 +72,30 @@ def test_a_stand_in_reports_its_own_version_and_nothing_to_check():
                                             "engine_commit": None, "engine_platform": None}
     assert engines.SIM.expected_version("0.33") is None
     assert engines.VLLM_GPU.expected_version("0.33") == "0.33"
+
+
+def test_the_fingerprints_packages_are_every_distributions_name_and_version(tmp_path):
+    """nodecheck reads each package's headers only; what it lists is what importlib's full
+    parse gives, for every installed distribution, and for one whose long description holds
+    a line that looks like a header."""
+    from importlib import metadata
+
+    from launcher.control import nodecheck
+
+    want = {}
+    for d in metadata.distributions():
+        if name := (d.metadata.get("Name") or "").lower():
+            want[name] = d.version
+    assert nodecheck.packages() == dict(sorted(want.items())) and len(want) > 20
+    info = tmp_path / "odd_pkg-1.2.3.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\r\nName: Odd-Pkg\r\nVersion: 1.2.3\r\n"
+                                   "\r\nVersion: 9.9.9\r\nName: not-this\r\n")
+    import sys
+
+    sys.path.insert(0, str(tmp_path))
+    try:
+        found = nodecheck.packages()
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert found["odd-pkg"] == "1.2.3" and "not-this" not in found

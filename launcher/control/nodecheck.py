@@ -27,6 +27,7 @@ import fcntl
 import json
 import os
 import platform
+import re
 import resource
 import shutil
 import socket
@@ -141,13 +142,19 @@ def driver_facts() -> dict | None:
 
 def packages() -> dict[str, str]:
     """Every installed distribution's version (the image's, as the engine imports them)."""
+    import email.parser
     from importlib import metadata
 
+    # the headers only, each file read once: `d.metadata` parses the whole file, long
+    # description included, and `d.version` parses it again (hundreds of packages in an image)
+    headers = email.parser.HeaderParser()
     out = {}
     for d in metadata.distributions():
-        name = (d.metadata.get("Name") or "").lower()
+        text = d.read_text("METADATA") or d.read_text("PKG-INFO") or ""
+        head = headers.parsestr(re.split(r"\r?\n\r?\n", text, maxsplit=1)[0])
+        name = (head.get("Name") or "").lower()
         if name:
-            out[name] = d.version
+            out[name] = head.get("Version")
     return dict(sorted(out.items()))
 
 
