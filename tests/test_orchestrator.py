@@ -58,13 +58,14 @@ class FakeBackend(Backend):
     def spawn(self, argv: list[str], log_path: Path) -> FakePopen:
         """Preflight steps: write what nodecheck would find, everything fine."""
         where = argv[argv.index("--where") + 1]
-        node = argv[argv.index("--node") + 1] if "--node" in argv else self.plan.nodes[0]
-        facts = {"node": node, "resolved": "127.0.0.1", "gpus": {"count": 4},
-                 "nofile": {"hard": 1 << 20}, "engine_version": "simulator",
-                 "argv_checks": [], "files": [], "aiohttp": True}  # fmt: skip
-        out = preflight.facts_file(self.run_dir, node, where)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(facts))
+        nodes = [argv[i + 1] for i, a in enumerate(argv) if a == "--node"] or self.plan.nodes[:1]
+        for node in nodes:
+            facts = {"node": node, "resolved": "127.0.0.1", "gpus": {"count": 4},
+                     "nofile": {"hard": 1 << 20}, "engine_version": "simulator",
+                     "argv_checks": [], "files": [], "aiohttp": True}  # fmt: skip
+            out = preflight.facts_file(self.run_dir, node, where)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(facts))
         return FakePopen(0)
 
     def start(self, proc: Process, argv: list[str] | None = None) -> Handle:

@@ -145,6 +145,44 @@ def test_preflight_facts_are_written_per_node_and_place(serving_run):
         assert all(c["ok"] for c in inside["argv_checks"]) and inside["argv_checks"]
 
 
+def test_one_check_covers_the_nodes_of_one_machine_and_keeps_each_nodes_own(tmp_path):
+    """The local profile's nodes are one machine: its dry-run has one host check and one
+    check inside the engine's environment, for every node. That one process still writes
+    each node's facts, each holding only the command lines of that node's engines, so a bad
+    one is charged to its own node."""
+    import subprocess
+    import sys
+
+    code, out = launcher(tmp_path, "submit", "local-sim", "--dry-run")
+    assert code == 0, out
+    (run,) = [p.parent for p in (tmp_path / "runs").glob("*/plan.json")]
+    commands = (run / "commands.sh").read_text()
+    for where in ("host", "container"):
+        (line,) = [x for x in commands.splitlines() if f"--where {where}" in x]
+        assert line.endswith("--node local-1 --node local-2 --node local-3"), line
+    doc = json.loads((run / "plan.json").read_text())
+    (bad,) = [p for p in doc["processes"] if p["name"] == "prefill-1@local-3"]
+    bad["argv"] += ["--max-num-seqs", "many"]
+    (run / "plan.json").write_text(json.dumps(doc))
+    for where in ("host", "container"):
+        p = subprocess.run([sys.executable, "-m", "launcher.control.nodecheck", "--run-dir",
+                            str(run), "--where", where, "--engine", "sim", "--node", "local-1",
+                            "--node", "local-3"], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+    one, three = (json.loads((run / "preflight" / f"{n}.container.json").read_text())
+                  for n in ("local-1", "local-3"))
+    assert [c["process"] for c in one["argv_checks"]] == ["decode-0@local-1"]
+    assert all(c["ok"] for c in one["argv_checks"])
+    assert [(c["process"], c["ok"]) for c in three["argv_checks"]] == [
+        ("prefill-0@local-3", True), ("prefill-1@local-3", False)]
+    assert "--max-num-seqs" in three["argv_checks"][1]["message"]
+    assert one["node"] == "local-1" and three["node"] == "local-3"
+    assert one["packages"] == three["packages"] and one["packages"]
+    assert not (run / "preflight" / "local-2.container.json").exists()
+    for n in ("local-1", "local-3"):
+        assert json.loads((run / "preflight" / f"{n}.host.json").read_text())["node"] == n
+
+
 # --- pure checks --------------------------------------------------------------------------
 
 

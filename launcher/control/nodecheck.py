@@ -2,6 +2,7 @@
 
     python3 -m launcher.control.nodecheck --run-dir R --where host [--interface IF]
     python3 -m launcher.control.nodecheck --run-dir R --where container --engine vllm
+    python3 -m launcher.control.nodecheck ... --node local-1 --node local-2   (one host's nodes)
 
 Standard library only: it runs on the host from the compute environment, and inside the
 engine's container from the launcher's read-only mount, where only vLLM's Python is there.
@@ -403,55 +404,63 @@ def _hybrid(folder: Path) -> bool | None:
     return None if facts is None else facts.hybrid
 
 
-def container_facts(node: str, run_dir: Path, engine: str) -> dict:
+def container_facts(nodes: list[str], run_dir: Path, engine: str) -> dict[str, dict]:
+    """Each node's facts; `nodes` share this environment (the local profile's nodes are one
+    host), so what is the environment's is found once, and vLLM's parser built once for
+    every node's command lines."""
     plan = json.loads((run_dir / "plan.json").read_text())
-    facts: dict = {
-        "node": node,
-        "root": root_id(),
-        "python": platform.python_version(),
-        "engine": engine,
-        **engine_build(engine),
-    }
+    shared: dict = {"root": root_id(), "python": platform.python_version(), "engine": engine,
+                    **engine_build(engine)}
     try:
         import aiohttp  # noqa: F401
 
-        facts["aiohttp"] = True
+        shared["aiohttp"] = True
     except ImportError:
-        facts["aiohttp"] = False
-    argvs = []  # every command line an engine here runs, its restarts' too
+        shared["aiohttp"] = False
+    argvs: list[tuple[str, str, list[str]]] = []  # (node, process, argv), restarts' too
     for p in plan.get("processes", []):
-        if p.get("node") != node or p.get("kind") != "engine":
+        if p.get("node") not in nodes or p.get("kind") != "engine":
             continue
         lines = [(p["name"], p.get("argv", []))] + [
             (f"{p['name']} (from concurrency {r.get('from_concurrency')})", r.get("argv", []))
             for r in p.get("restarts") or [] if isinstance(r, dict)]
-        argvs += [(n, a[a.index("serve"):]) for n, a in lines if "serve" in a]
-    facts["argv_checks"] = []
-    if argvs and facts["engine_version"]:
+        argvs += [(p["node"], n, a[a.index("serve"):]) for n, a in lines if "serve" in a]
+    checks: dict[str, list[dict]] = {n: [] for n in nodes}
+    parser = None
+    if argvs and shared["engine_version"]:
         from launcher.control import argcheck
 
-        result = argcheck.check(engine, [a for _, a in argvs])
-        facts["parser"] = {k: result.get(k) for k in ("version", "parser", "error")}
-        for (name, _), r in zip(argvs, result.get("results") or [], strict=False):
-            facts["argv_checks"].append({"process": name, "ok": r["ok"], "message": r["message"]})
-    facts["model"] = model_check(plan)
-    facts["tokenizers"] = tokenizer_checks(plan, node)
-    facts["numa_bind"] = numa_check(plan, node)
-    facts["store"] = store_check(plan, node)
-    facts["packages"] = packages()
-    facts["torch_cuda"] = torch_cuda()
-    facts["files"] = [
-        {"process": proc, "what": what, "path": path, "ok": os.access(path, os.R_OK)}
-        for proc, what, path in files_read(plan, node)
-    ]
-    return facts
+        result = argcheck.check(engine, [a for _, _, a in argvs])
+        parser = {k: result.get(k) for k in ("version", "parser", "error")}
+        for (node, name, _), r in zip(argvs, result.get("results") or [], strict=False):
+            checks[node].append({"process": name, "ok": r["ok"], "message": r["message"]})
+    model, pkgs, torch = model_check(plan), packages(), torch_cuda()
+    out = {}
+    for node in nodes:
+        facts = {"node": node, **shared, "argv_checks": checks[node]}
+        if parser is not None and any(n == node for n, _, _ in argvs):
+            facts["parser"] = parser
+        facts["model"] = model
+        facts["tokenizers"] = tokenizer_checks(plan, node)
+        facts["numa_bind"] = numa_check(plan, node)
+        facts["store"] = store_check(plan, node)
+        facts["packages"] = pkgs
+        facts["torch_cuda"] = torch
+        facts["files"] = [
+            {"process": proc, "what": what, "path": path, "ok": os.access(path, os.R_OK)}
+            for proc, what, path in files_read(plan, node)
+        ]
+        out[node] = facts
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m launcher.control.nodecheck")
     ap.add_argument("--run-dir", required=True, type=Path)
     ap.add_argument("--where", choices=("host", "container"), required=True)
-    ap.add_argument("--node", default=None, help="default: Slurm's name for this node")
+    ap.add_argument("--node", action="append", default=[],
+                    help="default: Slurm's name for this node; several: nodes that are this "
+                         "one host (the local profile's), checked in one go")
     ap.add_argument("--engine", default="vllm", choices=("vllm", "sim"))
     ap.add_argument("--interface", default=None)
     ap.add_argument("--runtime", default=None, help="the profile's container runtime")
@@ -461,27 +470,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--imex-channel", default=None, help="its number, or auto")
     a = ap.parse_args(argv)
     imex = imex_channels(a.imex_dir, a.imex_channel)
-    node = a.node or node_name()
+    nodes = list(dict.fromkeys(a.node)) or [node_name()]
     t0 = time.monotonic()
     if not (a.run_dir / "plan.json").is_file():
         # said in words preflight.step_failures knows: there is nowhere to write facts
-        print(f"nodecheck: {node}: the run directory {a.run_dir} is not visible here",
-              file=sys.stderr, flush=True)
+        for node in nodes:
+            print(f"nodecheck: {node}: the run directory {a.run_dir} is not visible here",
+                  file=sys.stderr, flush=True)
         return 3
     if a.where == "host":
-        facts = host_facts(node, a.interface, imex)
-        if a.runtime == "pyxis":
-            facts["pyxis"] = container_runtime_facts(a.mount_source, a.image_cache)
+        pyxis = container_runtime_facts(a.mount_source, a.image_cache) \
+            if a.runtime == "pyxis" else None
+        found = {}
+        for node in nodes:
+            found[node] = host_facts(node, a.interface, imex)
+            if pyxis is not None:
+                found[node]["pyxis"] = pyxis
     else:
-        facts = container_facts(node, a.run_dir, a.engine)
+        found = container_facts(nodes, a.run_dir, a.engine)
         if imex is not None:
-            facts["imex_channels"] = imex
-    facts["seconds"] = round(time.monotonic() - t0, 2)
-    out = a.run_dir / "preflight" / f"{node}.{a.where}.json"
+            for facts in found.values():
+                facts["imex_channels"] = imex
     from launcher.run.rundir import write_json
 
-    write_json(out, facts)
-    print(json.dumps(facts))
+    for node, facts in found.items():
+        facts["seconds"] = round(time.monotonic() - t0, 2)
+        write_json(a.run_dir / "preflight" / f"{node}.{a.where}.json", facts)
+        print(json.dumps(facts))
     return 0
 
 

@@ -108,10 +108,12 @@ class Local:
                         stages: list[tuple[str, list[str]]]) -> list[tuple[str, Commands]]:
         """(name, commands) of the preflight: the host check on every node, the stages
         (the image's import, the model's download) on the first node, then the check inside
-        the engine's container on every node. Here: one command per node."""
-        steps = [("preflight-host", [[*host, "--node", n] for n in plan.nodes])]
+        the engine's container on every node. Here the nodes are one machine: one command
+        checks them all (what is the machine's is found once, vLLM's parser built once)."""
+        every = [x for n in plan.nodes for x in ("--node", n)]
+        steps = [("preflight-host", [[*host, *every]])]
         steps += [(name, [cmd]) for name, cmd in stages]
-        return [*steps, ("preflight-container", [[*inside, "--node", n] for n in plan.nodes])]
+        return [*steps, ("preflight-container", [[*inside, *every]])]
 
     def batch_script(self, plan: Plan, nodes: int, folder: str,
                      minutes: int | None = None) -> str | None:

@@ -8,14 +8,10 @@
 echo "commands.sh is for reading and for copying one line at a time" >&2; exit 2
 
 # preflight-host: the checks before anything starts -> <RUN_DIR>/logs/preflight-host.log
-<PYTHON> -m launcher.control.nodecheck --run-dir <RUN_DIR> --where host --node local-1
-<PYTHON> -m launcher.control.nodecheck --run-dir <RUN_DIR> --where host --node local-2
-<PYTHON> -m launcher.control.nodecheck --run-dir <RUN_DIR> --where host --node local-3
+<PYTHON> -m launcher.control.nodecheck --run-dir <RUN_DIR> --where host --node local-1 --node local-2 --node local-3
 
 # preflight-container: the checks before anything starts -> <RUN_DIR>/logs/preflight-container.log
-<PYTHON> -m launcher.control.nodecheck --run-dir <RUN_DIR> --where container --engine sim --node local-1
-<PYTHON> -m launcher.control.nodecheck --run-dir <RUN_DIR> --where container --engine sim --node local-2
-<PYTHON> -m launcher.control.nodecheck --run-dir <RUN_DIR> --where container --engine sim --node local-3
+<PYTHON> -m launcher.control.nodecheck --run-dir <RUN_DIR> --where container --engine sim --node local-1 --node local-2 --node local-3
 
 # agent@local-1 (agent) on local-1 -> <RUN_DIR>/logs/agent@local-1.log
 env PD_PROCESS=agent@local-1 PD_RUN_DIR=<RUN_DIR> <PYTHON> -m launcher.telemetry.agent --run-dir <RUN_DIR> --node local-1 --interval 0.5 --exporter-addr 127.0.0.1 --exporter-port 24010 > <RUN_DIR>/logs/agent@local-1.log 2>&1 &

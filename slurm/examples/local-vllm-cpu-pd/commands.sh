@@ -9,12 +9,10 @@ echo "commands.sh is for reading and for copying one line at a time" >&2; exit 2
 # Container steps (none): image /var/tmp/pd-vllm-cpu/venv; they see only the image and: <RUN_DIR>, /opt/pd-launcher/launcher (ro)
 
 # preflight-host: the checks before anything starts -> <RUN_DIR>/logs/preflight-host.log
-<PYTHON> -m launcher.control.nodecheck --run-dir <RUN_DIR> --where host --node local-1
-<PYTHON> -m launcher.control.nodecheck --run-dir <RUN_DIR> --where host --node local-2
+<PYTHON> -m launcher.control.nodecheck --run-dir <RUN_DIR> --where host --node local-1 --node local-2
 
 # preflight-container: the checks before anything starts -> <RUN_DIR>/logs/preflight-container.log
-env PYTHONPATH=<REPO> PATH=/var/tmp/pd-vllm-cpu/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin python3 -m launcher.control.nodecheck --run-dir <RUN_DIR> --where container --engine vllm --node local-1
-env PYTHONPATH=<REPO> PATH=/var/tmp/pd-vllm-cpu/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin python3 -m launcher.control.nodecheck --run-dir <RUN_DIR> --where container --engine vllm --node local-2
+env PYTHONPATH=<REPO> PATH=/var/tmp/pd-vllm-cpu/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin python3 -m launcher.control.nodecheck --run-dir <RUN_DIR> --where container --engine vllm --node local-1 --node local-2
 
 # agent@local-1 (agent) on local-1 -> <RUN_DIR>/logs/agent@local-1.log
 env PD_PROCESS=agent@local-1 PD_RUN_DIR=<RUN_DIR> <PYTHON> -m launcher.telemetry.agent --run-dir <RUN_DIR> --node local-1 --interval 1 --exporter-addr 127.0.0.1 --exporter-port 24010 > <RUN_DIR>/logs/agent@local-1.log 2>&1 &
