@@ -11,12 +11,15 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from launcher.errors import UserError
 from launcher.run.vocab import Role
 from launcher.schema.sections import flag_key
 from launcher.schema.wording import did_you_mean, show
 
 if TYPE_CHECKING:
-    from launcher.planning.plan import Plan
+    from collections.abc import Sequence
+
+    from launcher.planning.plan import Endpoint, Plan
     from launcher.schema.recipe import Recipe
 
 # vLLM 0.33.0 distributed/kv_transfer/kv_connector/factory.py: every registered name.
@@ -56,6 +59,36 @@ class MasterPorts:
 def master_ports(plan: Plan) -> MasterPorts:
     base = plan.router_port + STORE_SLOT  # router_port is the job's port base
     return MasterPorts(base, base + 1, base + 2)
+
+
+# Mooncake's store client binds a port of its own in each process that opens the store, at
+# random in [MC_STORE_CLIENT_MIN_PORT, MC_STORE_CLIENT_MAX_PORT] (12300-14300 unless set),
+# retrying on a busy one: left alone it lands on ports the launcher planned for the router or
+# an engine that starts later. Each plan keeps a range of its own for them after its
+# endpoints' ports: 4 per GPU of the engines sharing the store (a client per rank, room for
+# the retries), at least 16. docs/kv-store.md.
+CLIENT_PORTS_PER_GPU = 4
+MOONCAKE_CLIENT_PORTS = ((1024, 32767), (61000, 65535))  # what Mooncake takes; else 12300-14300
+
+
+def client_ports_needed(recipe: Recipe, endpoints: Sequence[Endpoint]) -> int:
+    roles = store_roles(recipe) if recipe.kv_store is not None else []
+    gpus = sum(len(p.gpus) for ep in endpoints if ep.role in roles for p in ep.parts)
+    return max(16, CLIENT_PORTS_PER_GPU * gpus) if roles else 0
+
+
+def client_ports(first: int, count: int) -> tuple[int, int] | None:
+    """The store clients' range, or a sentence naming the fix where Mooncake would not take
+    it (it would fall back to its own range, among other jobs' ports)."""
+    if not count:
+        return None
+    lo, hi = first, first + count - 1
+    if not any(a <= lo and hi <= b for a, b in MOONCAKE_CLIENT_PORTS):
+        raise UserError(f"the KV store's clients would take ports {lo}-{hi}, which Mooncake "
+                        "refuses (it takes 1024-32767 or 61000-65535, else falls back to "
+                        "12300-14300, among other jobs' ports): lower the cluster profile's "
+                        "port_base")
+    return lo, hi
 
 
 def master_node(plan: Plan) -> str:
@@ -351,7 +384,10 @@ def engine_env(plan: Plan, role: Role, node: str) -> dict[str, str]:
             "MOONCAKE_CONFIG_PATH": config_path(plan),
             "MOONCAKE_MASTER": master_address(plan),
             "MOONCAKE_TE_META_DATA_SERVER": f"http://{host}:{p.metadata}/metadata",
-            "MOONCAKE_LOCAL_HOSTNAME": plan.address(node)}
+            "MOONCAKE_LOCAL_HOSTNAME": plan.address(node),
+            **({"MC_STORE_CLIENT_MIN_PORT": str(plan.store_client_ports[0]),
+                "MC_STORE_CLIENT_MAX_PORT": str(plan.store_client_ports[1])}
+               if plan.store_client_ports else {})}
 
 
 # --- host memory ----------------------------------------------------------------------------

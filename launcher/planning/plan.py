@@ -174,6 +174,8 @@ class Plan:
     mount_dir: str | None = None
     port_span: int = 0  # ports from router_port up that the plan uses
     model: ModelFacts | None = None  # config.json and model.facts, read when it was made
+    # the KV store's clients (Mooncake picks each one's port in this range, both ends in)
+    store_client_ports: tuple[int, int] | None = None
 
     def at(self, run_dir: str, mount_dir: str | None = None) -> Plan:
         """This plan for the run directory `run_dir` (`mount_dir`: a study's folder)."""
@@ -595,6 +597,10 @@ def make_plan(
         addresses = schedulers.of(cluster).addresses(nodes)
     base = cluster.port_base
     endpoints, span = _endpoints(recipe, cluster, nodes, base)
+    from launcher.planning import kv_tiers
+
+    store_ports = kv_tiers.client_ports_needed(recipe, endpoints)
+    endpoint_span, span = span, span + store_ports
     if port_slot is None:
         shift = job_port_shift(job_id, cluster, max(span, study_span or 0))
     else:
@@ -615,4 +621,5 @@ def make_plan(
         job_id=job_id,
         port_span=span,
         model=model,
+        store_client_ports=kv_tiers.client_ports(base + endpoint_span, store_ports),
     )
