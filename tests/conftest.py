@@ -165,8 +165,9 @@ def _own_cpu() -> float:
 
 # The CPU a test costs where it can be counted: its worker's and that of the processes it ran
 # and waited for (a local run's engines, a CLI call); not what runs under slurmd or a browser.
+# One wrapper for the three phases (pytest passes each hook only the arguments it names).
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_setup(item):
+def _cpu_counted(item):
     t0 = _own_cpu()
     try:
         return (yield)
@@ -174,22 +175,7 @@ def pytest_runtest_setup(item):
         item.user_properties.append(("cpu_s", _own_cpu() - t0))
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item):
-    t0 = _own_cpu()
-    try:
-        return (yield)
-    finally:
-        item.user_properties.append(("cpu_s", _own_cpu() - t0))
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item, nextitem):
-    t0 = _own_cpu()
-    try:
-        return (yield)
-    finally:
-        item.user_properties.append(("cpu_s", _own_cpu() - t0))
+pytest_runtest_setup = pytest_runtest_call = pytest_runtest_teardown = _cpu_counted
 
 
 def pytest_runtest_logreport(report):
@@ -206,6 +192,14 @@ def pytest_runtest_logreport(report):
             _WAITED[nodeid] = sum(waited)
 
 
+def _by_module(per_test: dict[str, float]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for nodeid, sec in per_test.items():
+        mod = nodeid.split("::")[0]
+        out[mod] = out.get(mod, 0.0) + sec
+    return out
+
+
 def pytest_terminal_summary(terminalreporter):
     import time
 
@@ -213,10 +207,7 @@ def pytest_terminal_summary(terminalreporter):
         return
     wall = time.monotonic() - _T0[0]
     tests = sorted(_TIMES.items(), key=lambda kv: -kv[1])
-    modules: dict[str, float] = {}
-    for nodeid, sec in _TIMES.items():
-        mod = nodeid.split("::")[0]
-        modules[mod] = modules.get(mod, 0.0) + sec
+    modules = _by_module(_TIMES)
     w = terminalreporter.write_line
     w("")
     inside = sum(_TIMES.values())
@@ -238,10 +229,7 @@ def pytest_terminal_summary(terminalreporter):
         share = (t[0] - _CPU0[0][0]) / (t[1] - _CPU0[0][1])
         w(f"cores busy: {share * cores:.1f} of {cores} on average ({100 * share:.0f} %, the "
           f"whole machine's)")
-    cpu_by_module: dict[str, float] = {}
-    for nodeid, sec in _CPU.items():
-        mod = nodeid.split("::")[0]
-        cpu_by_module[mod] = cpu_by_module.get(mod, 0.0) + sec
+    cpu_by_module = _by_module(_CPU)
     if _CPU:
         w(f"CPU counted in the tests (their workers and the processes they waited for): "
           f"{sum(_CPU.values()):.0f} s")
