@@ -39,36 +39,17 @@ def cli(tmp_path):
 DEVCLUSTER = "devcluster"
 # the second lane's modules: about half the dev cluster's time that is not whole_cluster
 SECOND_LANE = {"test_slurm_run", "test_pyxis", "test_rack_faults", "test_srt_devcluster",
-               "test_prometheus", "test_said_before_submit"}
-# Groups start in this order, each on the next free worker: the two lanes, then the modules
-# that took longest (a fresh clone's timing.tsv: real vLLM, Chromium, studies), then the rest
-# in file order, so no long module starts last and runs on alone at the end. Only an order: a
-# stale list costs minutes, never a result.
-_GROUP = pytest.StashKey[str]()  # an item's xdist group
-LONGEST_FIRST = ("test_vllm_cpu", "test_dashboard_browser", "test_newcomer_cli", "test_workload",
-                 "test_slo_study", "test_study_records", "test_dashboard_apptest",
-                 "test_local_run", "test_vllm_cpu_kv_tiers", "test_rack_faults", "test_agentic",
-                 "test_preflight", "test_follow_concurrency", "test_recommend", "test_fuzz",
-                 "test_kv_tiers")
-
-
-def pytest_configure(config):
-    # pytest-xdist would start the groups with the most tests first, whatever their length
-    config.option.loadscopereorder = False
-    _started(config)
+               "test_prometheus"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    rank = {DEVCLUSTER: 0, DEVCLUSTER + "-2": 1,
-            **{m: 2 + i for i, m in enumerate(LONGEST_FIRST)}}
     for item in items:
         group = item.module.__name__
         if item.get_closest_marker("slurm"):
             group = DEVCLUSTER + ("-2" if group in SECOND_LANE else "")
         item.add_marker(pytest.mark.xdist_group(group))
-        item.stash[_GROUP] = group
-    items.sort(key=lambda item: rank.get(item.stash[_GROUP], len(rank)))  # stable: order kept
+    items.sort(key=lambda item: not item.get_closest_marker("slurm"))  # stable: order kept
 
 
 @contextmanager
@@ -162,7 +143,7 @@ def _cpu_ticks() -> tuple[int, int] | None:
     return sum(fields) - idle, sum(fields)
 
 
-def _started(config):
+def pytest_configure(config):
     import time
 
     _T0.append(time.monotonic())
