@@ -283,8 +283,9 @@ def body(info) -> None:  # the run as re-read at each live refresh
         fails = data.get("nixl_fail")
         totals = {k.split(":", 1)[1]: v for k, v in data.items() if k.startswith("total:")}
         if fails is not None and sum(totals.values()) > 0:
-            ui.altair(charts.line(fails, title="NIXL failures per bin: transport failures vs "
-                                  "KV lease expiry", y_title=f"count per {bin_s:g} s",
+            # the kinds (failed transfers, expired leases) are the legend's
+            ui.altair(charts.line(fails, title="NIXL failures per bin, by kind",
+                                  y_title=f"count per {bin_s:g} s",
                                   color_title="kind", windows=wins, clock=clk))
         else:
             st.success("No failed NIXL transfers and no expired KV leases in this range.")
