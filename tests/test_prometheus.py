@@ -455,13 +455,17 @@ def _teardown_ts(run: Path) -> float:
                 if e.get("event") == "stage" and e.get("stage") == "teardown")
 
 
+SCRAPE_TIMEOUT_S = 1.0  # both tests' Prometheus configuration (scrape_timeout: 1s)
+
+
 def compare_kv_usage(prom: Prometheus, run: Path, start: float, end: float) -> dict:
     """`vllm:kv_cache_usage_perc` per engine, Prometheus against the run's telemetry.
 
     Prometheus scraped each API server at its time T, the agent at its own beat. Under the
     steady load (long requests that only grow) each engine's usage only rises between beats,
     so the value Prometheus got at T lies between what the agent recorded at its beat before T
-    and at its beat after T: exact bounds, no tolerance. Samples in [start, end] are checked.
+    and at its beat after the engine answered (by T + the scrape timeout; Prometheus stamps
+    the scrape's start): exact bounds, no tolerance. Samples in [start, end] are checked.
     """
     from launcher.telemetry import store
 
@@ -485,7 +489,7 @@ def compare_kv_usage(prom: Prometheus, run: Path, start: float, end: float) -> d
         for t, v in samples:
             if not start <= t <= end:
                 continue
-            vals = _step_values(rows, t - 0.05, t + interval + 0.3)
+            vals = _step_values(rows, t - 0.05, t + SCRAPE_TIMEOUT_S + interval + 0.3)
             stats["checked"] += 1
             if not vals or not min(vals) <= v <= max(vals):
                 bad.append((proc, engine, round(t, 3), v, vals))
@@ -498,9 +502,11 @@ def compare_kv_usage(prom: Prometheus, run: Path, start: float, end: float) -> d
 
 
 def compare_host_series(prom: Prometheus, run: Path, start: float) -> int:
-    """The exporter's host series per node against the run's telemetry: at scrape time T the
-    exporter serves the agent's latest sample, taken within one beat (plus the beat's own
-    work) before T, so the value equals one the agent recorded in that span."""
+    """The exporter's host series per node against the run's telemetry: Prometheus stamps a
+    sample T, the scrape's start; the exporter answers with the agent's latest sample by
+    T + the scrape timeout (a loaded host answers late: a newer beat may be in by then), taken
+    within one beat (plus the beat's own work) before T at the earliest, so the value equals
+    one the agent recorded in that span."""
     from launcher.telemetry import store
 
     run_id = run.name
@@ -521,7 +527,7 @@ def compare_host_series(prom: Prometheus, run: Path, start: float) -> int:
             s = tel[tel["node"] == lab["node"]]
             rows = list(zip(s["ts"], s["value"], strict=True))
             for t, v in samples:
-                vals = _step_values(rows, t - 2 * interval - 0.5, t + 0.05)
+                vals = _step_values(rows, t - 2 * interval - 0.5, t + SCRAPE_TIMEOUT_S)
                 checked += 1
                 if not any(abs(v - x) <= 1e-12 * max(1.0, abs(v)) for x in vals):
                     misses.append((lab["node"], round(t, 3), v, vals[-3:]))
