@@ -23,6 +23,7 @@ from launcher.errors import UserError
 from launcher.planning import kv_tiers
 from launcher.schema import recipe as rmod
 from launcher.schema import srt_slurm, srt_slurm_v2
+from launcher.telemetry.store import read_samples
 from tests import helpers
 
 HERE = Path(__file__).parent
@@ -399,10 +400,7 @@ def test_the_master_killed_mid_run_ends_the_run_within_seconds_naming_it(tmp_pat
     assert seen[0]["process"] == "mooncake-master" and seen[0]["ts"] - killed_at < 5, seen
     assert list((run / "bench").rglob("*.json"))  # the sweep point before it is kept
     assert not helpers.leftovers(run)
-    import pandas as pd
-
-    frames = [pd.read_parquet(x) for x in (run / "telemetry").glob("*/samples-*.parquet")]
-    seen = pd.concat(frames)
+    seen = read_samples(run)
     names = set(seen[seen["process"] == "mooncake-master"]["name"].astype(str))
     assert "master_allocated_bytes" in names  # its /metrics, scraped by the node's agent
     # ... and read by the KV tiers view under the names the running binary exports
@@ -575,9 +573,7 @@ def test_the_master_runs_as_a_slurm_step_before_the_engines_on_the_dev_cluster(t
     assert not helpers.leftovers(run)  # the engines' store clients included
     # the simulated engines spoke to that master through Mooncake's client: the prefill put
     # its blocks, both looked prompts up, and the master holds keys (telemetry scraped both)
-    import pandas as pd
-
-    seen = pd.concat(pd.read_parquet(x) for x in (run / "telemetry").glob("*/samples-*.parquet"))
+    seen = read_samples(run)
     ops = seen[seen["name"] == "vllm:mooncake_store_operation_total"]
 
     def most(frame, role: str, op: str) -> float:

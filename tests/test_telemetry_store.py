@@ -94,6 +94,44 @@ def test_rotation_compacts_to_parquet_and_filters_push_down(tmp_path: Path) -> N
     assert read_samples(tmp_path, nodes=["other"]).empty
 
 
+def test_a_segment_under_the_threshold_stays_text_and_one_at_it_is_compacted(
+        tmp_path: Path) -> None:
+    """`compact_min_bytes` (the agent's: short runs stay text): at close and at rotation,
+    a smaller segment is left as text, one of that size or more becomes parquet; both read
+    back the same rows, and a killed writer's orphans follow the same rule."""
+    rows = _rows("n1", 1000.0, 10)
+    small = tmp_path / "small" / "telemetry" / "n1"
+    w = SampleWriter(small, compact_min_bytes=10**6)
+    w.write(rows)
+    w.close()
+    (seg,) = small.glob("samples-*")
+    assert seg.suffix == ".tsv" and seg.stat().st_size < 10**6
+    big = tmp_path / "big" / "telemetry" / "n1"
+    w = SampleWriter(big, compact_min_bytes=seg.stat().st_size)  # exactly its size
+    w.write(rows)
+    w.close()
+    assert [p.suffix for p in big.glob("samples-*")] == [".parquet"]
+    a, b = (sorted(read_samples(tmp_path / d).itertuples(index=False)) for d in ("small", "big"))
+    assert len(a) == 30 and a == b  # the same rows (parquet orders ties by name)
+    # rotation: each rotated segment is judged alone (2 kB segments, threshold between)
+    rot = tmp_path / "rot" / "telemetry" / "n1"
+    w = SampleWriter(rot, rotate_bytes=2000, compact_min_bytes=1500)
+    for k in range(6):
+        w.write(_rows("n1", 1000.0 + 10 * k, 10))
+        w.flush()
+    w.close()
+    segs = sorted(rot.glob("samples-*"), key=lambda p: p.stem)  # by start time
+    assert len(segs) >= 3 and all(p.suffix == ".parquet" for p in segs[:-1]), segs  # >= 2 kB
+    assert segs[-1].suffix == ".parquet" or segs[-1].stat().st_size < 1500, segs[-1]
+    assert len(read_samples(tmp_path / "rot")) == 180
+    # orphans of a killed writer: the next writer compacts only those worth it
+    orphan = small / "samples-0000000000001-999.tsv"
+    orphan.write_bytes(seg.read_bytes())
+    w = SampleWriter(small, compact_min_bytes=10**6)
+    w.close()
+    assert orphan.exists() and not orphan.with_suffix(".parquet").exists()
+
+
 def test_state_at_start_gives_each_series_its_value_at_the_window_start(tmp_path: Path) -> None:
     w = SampleWriter(tmp_path / "telemetry" / "n1")
     w.write([(100.0, "n1", "p", "0", "a", {}, 1.0), (150.0, "n1", "p", "0", "a", {}, 2.0),
