@@ -123,6 +123,58 @@ def pytest_fixture_setup(fixturedef, request):
         return (yield)
 
 
+# --- real vLLM for CPU: NIXL's poller takes idle CPU only ---------------------------------------
+# Every NIXL engine of vLLM for CPU has a thread that busy-polls UCX for the engine's whole life,
+# idle or serving: one core per engine (docs/vllm-cpu.md). On 2 cores two P/D engines take half
+# of what the rest of the suite gets, so the session lowers such a thread to nice 19 once it has
+# wanted a core for a whole second (running or waiting to run: the kernel's schedstat, which a
+# loaded machine does not hide); it then runs on CPU nobody else wants. Only a worker's threads
+# other than its main one are touched, and only from the session's own process.
+POLLER_CORE_SHARE = 0.8
+
+
+def _nixl_pollers_nice(stop) -> None:
+    import time
+
+    seen: dict[int, int] = {}  # tid -> ns it had run or waited to run, at the last look
+    niced: set[int] = set()
+    last = time.monotonic()
+    while not stop.wait(1.0):
+        now, wanted = time.monotonic(), {}
+        for pid in (int(d) for d in os.listdir("/proc") if d.isdigit()):
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    if f.read().strip() != "VLLM::Worker":
+                        continue
+                for tid in (int(t) for t in os.listdir(f"/proc/{pid}/task")):
+                    if tid == pid or tid in niced:
+                        continue
+                    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                        ran, waited = f.read().split()[:2]
+                    wanted[tid] = int(ran) + int(waited)
+            except (OSError, ValueError):
+                continue
+        for tid, ns in wanted.items():
+            if tid in seen and ns - seen[tid] >= POLLER_CORE_SHARE * (now - last) * 1e9:
+                try:
+                    os.setpriority(os.PRIO_PROCESS, tid, 19)
+                    niced.add(tid)
+                except OSError:
+                    pass
+        seen, last = wanted, now
+
+
+def pytest_sessionstart(session):
+    if os.environ.get("PYTEST_XDIST_WORKER") or not os.path.isdir("/proc"):
+        return
+    import threading
+
+    stop = threading.Event()
+    threading.Thread(target=_nixl_pollers_nice, args=(stop,), daemon=True,
+                     name="nixl-pollers-nice").start()
+    session.config.add_cleanup(stop.set)
+
+
 # --- the suite measures itself --------------------------------------------------------------
 # At the end of every run: the slowest tests and modules with their share of the wall time
 # (setup + call + teardown; a module fixture's end-to-end run is charged to its first test).
