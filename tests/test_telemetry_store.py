@@ -127,9 +127,12 @@ def test_a_segment_under_the_threshold_stays_text_and_one_at_it_is_compacted(
     # orphans of a killed writer: the next writer compacts only those worth it
     orphan = small / "samples-0000000000001-999.tsv"
     orphan.write_bytes(seg.read_bytes())
+    empty = small / "samples-0000000000002-999.tsv"
+    empty.write_bytes(b"")
     w = SampleWriter(small, compact_min_bytes=10**6)
     w.close()
     assert orphan.exists() and not orphan.with_suffix(".parquet").exists()
+    assert not empty.exists() and not empty.with_suffix(".parquet").exists()  # as compaction did
 
 
 def test_state_at_start_gives_each_series_its_value_at_the_window_start(tmp_path: Path) -> None:

@@ -197,8 +197,7 @@ class SampleWriter:
         except OSError as e:
             self._trouble(e, STORE_META)
         # Text segments left by a killed predecessor: compact them now (one writer per dir).
-        orphans = [p for p in sorted(self.node_dir.glob("samples-*.tsv"))
-                   if self._worth_compacting(p)]
+        orphans = self._to_compact(sorted(self.node_dir.glob("samples-*.tsv")))
         if orphans:
             self._compact_async(orphans)
         try:
@@ -249,8 +248,9 @@ class SampleWriter:
         except OSError as e:  # no new segment: keep appending to the old one
             self._trouble(e, "a new samples segment")
             return
-        if old is not None and self._worth_compacting(old):
-            self._compact_async([old])
+        todo = self._to_compact([old]) if old is not None else []
+        if todo:
+            self._compact_async(todo)
 
     def _open_new_locked(self) -> None:
         old_fd = self._fd
@@ -269,15 +269,26 @@ class SampleWriter:
                 self.dropped_rows += 1
         self._torn = False
 
-    def _worth_compacting(self, path: Path) -> bool:
-        """A segment is compacted when it is at least `compact_min_bytes`: a smaller one reads
-        as fast as text, and the columnar writer costs its process 0.3 s of CPU to load."""
+    def _to_compact(self, paths: list[Path]) -> list[Path]:
+        """The closed segments to compact: those of at least `compact_min_bytes` (a smaller one
+        reads as fast as text, and the columnar writer costs its process 0.3 s of CPU to load).
+        An empty one is removed here, as compaction would, without loading it."""
         if not self.compact:
-            return False
-        try:
-            return path.stat().st_size >= max(1, self.compact_min_bytes)
-        except OSError:
-            return False
+            return []
+        out = []
+        for path in paths:
+            try:
+                size = path.stat().st_size
+            except OSError:
+                continue
+            if size == 0:
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError:
+                    pass
+            elif size >= self.compact_min_bytes:
+                out.append(path)
+        return out
 
     def _compact_async(self, paths: list[Path]) -> None:
         t = threading.Thread(target=_compact_quietly, args=(paths,), daemon=True,
@@ -422,17 +433,7 @@ class SampleWriter:
             if self._raw_fd >= 0:
                 _close_quietly(self._raw_fd, sync=True)
         if last is not None:
-            try:
-                size = last.stat().st_size
-            except OSError:
-                size = -1
-            if size > 0 and self._worth_compacting(last):
-                _compact_quietly([last])
-            elif size == 0 and self.compact:
-                try:
-                    last.unlink(missing_ok=True)
-                except OSError:
-                    pass
+            _compact_quietly(self._to_compact([last]))
         deadline = time.time() + wait_compaction
         for t in self._compactors:
             t.join(max(0.0, deadline - time.time()))
