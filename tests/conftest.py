@@ -29,17 +29,26 @@ def cli(tmp_path):
 
 # --- tests in parallel (pytest-xdist, `make test` runs `-n 3 --dist loadgroup`) ----------
 # Most of the suite waits on processes and timers, so a few workers share the 2 cores. What
-# tests share decides who runs with whom. The dev cluster's tests (one Slurm cluster of 6
-# nodes) run in two lanes, first (the longest groups), each on one worker in turn: their jobs
-# fit side by side and keep their ports apart by job id and the launcher's port locks. A test
-# that needs the whole cluster (`@pytest.mark.whole_cluster`: it kills or drains a node,
-# takes enroot away, or waits for every node idle) runs with no other dev-cluster test beside
-# it. Any other test runs with its module, whose module fixtures then start once. Local runs
-# keep apart by themselves (each holds its own block of ports).
+# tests share decides who runs with whom. The dev cluster's tests run in two lanes, first
+# (the longest groups), each on one worker in turn and each on its own partition of the dev
+# cluster (slurm/devcluster/up.sh: `dev`, `dev2`, 6 nodes each): what a lane's tests submit
+# goes there (SBATCH_PARTITION and its salloc/srun twins, which Slurm reads over #SBATCH
+# lines), so a test that kills or drains a node or waits for every node idle
+# (`@pytest.mark.whole_partition`) disturbs only its own lane, which runs one test at a time
+# anyway. A test that takes something from every node (enroot: `@pytest.mark.whole_cluster`)
+# runs with no other dev-cluster test beside it. Any other test runs with its module, whose
+# module fixtures then start once. Local runs keep apart by themselves (each holds its own
+# block of ports).
 DEVCLUSTER = "devcluster"
-# the second lane's modules: about half the dev cluster's time that is not whole_cluster
+PARTITIONS = ("dev", "dev2")  # the lanes' partitions, in the order their locks are taken
+# the second lane's modules: about half the dev cluster's time
 SECOND_LANE = {"test_slurm_run", "test_pyxis", "test_rack_faults", "test_srt_devcluster",
-               "test_prometheus"}
+               "test_prometheus", "test_gb200_path", "test_salloc"}
+PARTITION_ENV = ("SBATCH_PARTITION", "SALLOC_PARTITION", "SLURM_PARTITION")
+
+
+def lane_partition(module_name: str) -> str:
+    return PARTITIONS[1] if module_name in SECOND_LANE else PARTITIONS[0]
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
@@ -66,11 +75,33 @@ def _held(gate_path: Path, lock_path: Path, alone: bool):
         yield
 
 
+@contextmanager
+def _on_partition(root: Path, part: str, whole_partition: bool, whole_cluster: bool):
+    """The dev cluster's partition `part` taken (shared, or alone), every partition alone for
+    a whole-cluster test (always in one order: no two wait on each other), and what is
+    submitted meanwhile sent to `part`."""
+    saved = {k: os.environ.get(k) for k in PARTITION_ENV}
+    with ExitStack() as held:
+        for p in PARTITIONS if whole_cluster else (part,):
+            held.enter_context(_held(root / f"devcluster-{p}.turnstile",
+                                     root / f"devcluster-{p}.lock",
+                                     whole_cluster or whole_partition))
+        os.environ.update(dict.fromkeys(PARTITION_ENV, part))
+        try:
+            yield
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
 # A test that asserts how long something takes (`@pytest.mark.alone`) runs with no other
 # test beside it: `make test` runs them after the rest, one at a time; within one parallel
-# run they take the CPU's lock alone. A dev-cluster module's fixtures take the cluster's lock
-# while they set up (below). The dev cluster's lock is taken
-# before the CPU's, always, so no two tests wait on each other.
+# run they take the CPU's lock alone. A dev-cluster module's fixtures take their partition's
+# lock while they set up (below). The dev cluster's locks are taken before the CPU's, always,
+# so no two tests wait on each other.
 @pytest.fixture(autouse=True)
 def _cpu_to_itself(request, tmp_path_factory):
     if not os.environ.get("PYTEST_XDIST_WORKER"):
@@ -86,9 +117,10 @@ def _cpu_to_itself(request, tmp_path_factory):
     t0 = time.monotonic()
     with ExitStack() as held:
         if on_cluster:
-            whole = request.node.get_closest_marker("whole_cluster") is not None
-            held.enter_context(_held(root / "devcluster.turnstile", root / "devcluster.lock",
-                                     whole))
+            marked = request.node.get_closest_marker
+            held.enter_context(_on_partition(root, lane_partition(request.module.__name__),
+                                             marked("whole_partition") is not None,
+                                             marked("whole_cluster") is not None))
         alone = request.node.get_closest_marker("alone") is not None
         held.enter_context(_held(root / "cpu.turnstile", root / "cpu.lock", alone))
         # a wait here is a worker idle, not a test working: the timing table tells them apart
@@ -104,9 +136,10 @@ _HOLDING = [False]  # this worker's test holds the locks (a fixture set up insid
 
 
 # A module fixture that dev-cluster tests read (a run several of them check) submits jobs
-# too: it takes the cluster's lock, shared, while it sets up, so it never starts beside a
-# test that has the whole cluster (enroot taken away, a node killed) and fails or wedges its
-# job. A module fixture only other tests use waits for nobody.
+# too: it takes its partition's lock, shared, while it sets up, so it never starts beside a
+# test that has the partition or the cluster to itself (enroot taken away, a node killed) and
+# fails or wedges its job, and its jobs go to that partition. A module fixture only other
+# tests use waits for nobody.
 @pytest.hookimpl(wrapper=True)
 def pytest_fixture_setup(fixturedef, request):
     if fixturedef.scope != "module" or not os.environ.get("PYTEST_XDIST_WORKER") or \
@@ -118,7 +151,7 @@ def pytest_fixture_setup(fixturedef, request):
 
     root = request.config._tmp_path_factory.getbasetemp().parent
     t0 = time.monotonic()
-    with _held(root / "devcluster.turnstile", root / "devcluster.lock", False):
+    with _on_partition(root, lane_partition(request.module.__name__), False, False):
         request._pyfuncitem.user_properties.append(("waited_s", time.monotonic() - t0))
         return (yield)
 
@@ -272,9 +305,9 @@ def pytest_terminal_summary(terminalreporter):
     if _WAITED:
         waited = sum(_WAITED.values())
         top = sorted(_WAITED.items(), key=lambda kv: -kv[1])[:3]
-        w(f"waiting for the tests' locks (alone, whole_cluster), of the time inside tests: "
-          f"{waited:.0f} s, most before " + ", ".join(f"{n.split('::')[-1]} ({v:.0f} s)"
-                                                     for n, v in top))
+        w(f"waiting for the tests' locks (alone, whole_partition, whole_cluster), of the time "
+          f"inside tests: {waited:.0f} s, most before "
+          + ", ".join(f"{n.split('::')[-1]} ({v:.0f} s)" for n, v in top))
     if _CPU0 and (t := _cpu_ticks()) and t[1] > _CPU0[0][1]:
         # near all cores busy: more workers would only queue; well below: they would help
         cores = os.cpu_count() or 1

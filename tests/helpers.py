@@ -44,6 +44,14 @@ def in_fixture_scope(name: str) -> bool:
     return not name.startswith(FIXTURE_GAPS)
 
 
+def devcluster_partition() -> str:
+    """The dev-cluster partition this test's jobs go to: its lane's (tests/conftest.py sets
+    SBATCH_PARTITION), else the default one, `dev`."""
+    import os
+
+    return os.environ.get("SBATCH_PARTITION") or "dev"
+
+
 def launcher(tmp_path: Path, *args: str, timeout: float = 300) -> tuple[int, str]:
     """`python -m launcher ARGS --runs-dir TMP/runs` as a user runs it: (exit code, output)."""
     p = subprocess.run(

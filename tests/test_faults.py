@@ -394,7 +394,7 @@ def bring_back(node: str) -> None:
     raise AssertionError(f"{node} did not come back: {s}")
 
 
-@pytest.mark.whole_cluster
+@pytest.mark.whole_partition
 @pytest.mark.slurm
 @pytest.mark.parametrize("part", ["prefill", "decode", "batch"])
 def test_node_loss_is_named_as_node_loss(tmp_path, part):

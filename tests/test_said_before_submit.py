@@ -343,6 +343,19 @@ def test_past_the_partitions_max_time_a_run_is_blocked(cli, tmp_path):
             "min) is longer than partition batch's MaxTime of 3 h 00 min (180 min)") in out, out
 
 
+def test_the_partition_judged_is_the_one_sbatch_takes_from_the_environment(cli, tmp_path):
+    """sbatch takes SBATCH_PARTITION over the script's --partition line: the limits a run
+    is judged by are that partition's, whatever the recipe names."""
+    env = _fake_scontrol(tmp_path, "PartitionName=fromenv MaxNodes=UNLIMITED MaxTime=03:00:00")
+    rc, out, err = cli("submit", SEED, "--dry-run", "--set", "slurm.partition=batch",
+                       "--runs-dir", str(tmp_path / "r"), env={**env, "SBATCH_PARTITION": "fromenv"})
+    assert rc == 0, err
+    assert "longer than partition fromenv's MaxTime of 3 h 00 min (180 min)" in out, out
+    rc, out, err = cli("submit", SEED, "--dry-run", "--set", "slurm.partition=batch",
+                       "--runs-dir", str(tmp_path / "s"), env=env)
+    assert rc == 0 and "fromenv" not in out, out  # batch: not the partition scontrol knows
+
+
 @pytest.mark.slurm
 def test_a_check_records_what_the_scheduler_said(cli, tmp_path):
     """On the dev cluster: a check the scheduler refuses is a refused submission; one it

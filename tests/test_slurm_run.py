@@ -11,6 +11,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import helpers
 import pytest
 import yaml
 from helpers import launcher, leftovers, recipe_per_prefill_count
@@ -154,15 +155,18 @@ def test_prefill_never_healthy_times_out_with_its_log(tmp_path):
 
 
 def all_idle(timeout=90, settle_s=5.0) -> None:
-    """Every dev-cluster node idle and no job in the queue, for `settle_s` on end (a previous
-    test's job may still be ending): within a second or so of a job's end, Slurm 22.05 here
-    has placed the next jobs around some of its nodes as if they were busy."""
+    """Every node of this lane's dev-cluster partition idle and no job queued for it, for
+    `settle_s` on end (a previous test's job may still be ending): within a second or so of
+    a job's end, Slurm 22.05 here has placed the next jobs around some of its nodes as if
+    they were busy."""
+    part = helpers.devcluster_partition()
     deadline = time.monotonic() + timeout
     since = None
     while time.monotonic() < deadline:
-        states = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True,
-                                text=True).stdout.split()
-        queued = subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout.strip()
+        states = subprocess.run(["sinfo", "-h", "-N", "-p", part, "-o", "%t"],
+                                capture_output=True, text=True).stdout.split()
+        queued = subprocess.run(["squeue", "-h", "-p", part], capture_output=True,
+                                text=True).stdout.strip()
         if states and all(s == "idle" for s in states) and not queued:
             since = since or time.monotonic()
             if time.monotonic() - since >= settle_s:
@@ -170,10 +174,10 @@ def all_idle(timeout=90, settle_s=5.0) -> None:
         else:
             since = None
         time.sleep(0.5)
-    raise AssertionError(f"dev cluster nodes not idle in {timeout} s: {states}")
+    raise AssertionError(f"partition {part}'s nodes not idle in {timeout} s: {states}")
 
 
-@pytest.mark.whole_cluster
+@pytest.mark.whole_partition
 def test_a_study_submits_one_job_per_value_and_jobs_sharing_a_host_do_not_collide(tmp_path):
     """1 and 2 prefill endpoints take 3 + 3 of the 6 nodes: the two jobs run side by side on
     this one host, and each plans its ports inside its allocation. Each holds 30 s: for up
@@ -257,7 +261,7 @@ def _a_run_of_its_own(run: Path, points: int = 2) -> None:
     assert leftovers(run) == []
 
 
-@pytest.mark.whole_cluster
+@pytest.mark.whole_partition
 @pytest.mark.alone  # figures measured against each other / sample times matched
 def test_a_study_in_one_allocation_loads_each_engine_once_and_matches_runs_of_their_own(
         tmp_path):
@@ -309,7 +313,7 @@ def test_a_study_in_one_allocation_loads_each_engine_once_and_matches_runs_of_th
             assert abs(shared[c] - v) <= SPREAD * v, (n, c, shared[c], v)
 
 
-@pytest.mark.whole_cluster
+@pytest.mark.whole_partition
 def test_scancel_during_the_third_configuration_keeps_the_first_two(tmp_path):
     """A study in one allocation ended by scancel: the configuration in progress is
     cancelled, the finished ones keep their results, nothing is left in the job."""
@@ -337,7 +341,7 @@ def test_scancel_during_the_third_configuration_keeps_the_first_two(tmp_path):
     assert all(leftovers(r) == [] for r in runs)
 
 
-@pytest.mark.whole_cluster
+@pytest.mark.whole_partition
 def test_a_study_loads_each_decode_setting_once_for_every_configurations_points(tmp_path):
     """Two configurations whose decode needs another command line from 16 and again from
     32 (args_from_concurrency), in one Slurm job: every configuration's 8 on the first

@@ -74,7 +74,7 @@ def _in_hold(run: Path) -> bool:
     return st.state == "running" and st.stage == "hold"
 
 
-@pytest.mark.whole_cluster
+@pytest.mark.whole_partition
 @pytest.mark.slurm
 def test_a_node_lost_in_the_second_configuration_fails_it_and_the_third_runs(tmp_path):
     """1..3 prefill endpoints in one allocation of 4 nodes run as 3, 1, 2. During the

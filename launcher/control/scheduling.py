@@ -108,9 +108,12 @@ class SlurmActions:
         return nodes
 
     def partition(self, name: str | None) -> Partition | None:
-        """The partition a job goes to (`name`, else the default one) as this host's Slurm
-        has it (`scontrol show partition`), or None when it cannot be asked (no scontrol, a
-        controller that does not answer, a partition it does not know)."""
+        """The partition a job goes to as this host's Slurm has it (`scontrol show
+        partition`), or None when it cannot be asked (no scontrol, a controller that does
+        not answer, a partition it does not know). That is SBATCH_PARTITION where the
+        environment sets it (sbatch takes it over the script's --partition line), else
+        `name`, else the default one."""
+        name = os.environ.get("SBATCH_PARTITION") or name
         if shutil.which("scontrol") is None:
             return None
         argv = ["scontrol", "-o", "show", "partition", *([name] if name else [])]

@@ -4,7 +4,9 @@
 # Idempotent: running it again only starts what is missing. Needs root.
 #
 #   DEVCLUSTER_DIR     state folder (config, logs, spool, pids)   default /var/tmp/pd-devcluster
-#   DEVCLUSTER_NODES   number of nodes gb200-01..                 default 6
+#   DEVCLUSTER_NODES   number of nodes gb200-01..                 default 12
+#   DEVCLUSTER_PARTITIONS  partitions dev, dev2, ... splitting the nodes in order
+#                      (dev, the default one, gets any remainder)  default 2
 #   DEVCLUSTER_GPUS    fake GPUs per node                         default 4
 #   DEVCLUSTER_CPUS    CPUs declared per node                     default 16
 #   DEVCLUSTER_MEM_MB  RealMemory declared per node               default 16384
@@ -15,7 +17,8 @@
 set -euo pipefail
 
 DIR=${DEVCLUSTER_DIR:-/var/tmp/pd-devcluster}
-NODES=${DEVCLUSTER_NODES:-6}
+NODES=${DEVCLUSTER_NODES:-12}
+PARTS=${DEVCLUSTER_PARTITIONS:-2}
 GPUS=${DEVCLUSTER_GPUS:-4}
 CPUS=${DEVCLUSTER_CPUS:-16}
 MEM_MB=${DEVCLUSTER_MEM_MB:-16384}
@@ -32,6 +35,9 @@ log() { echo "devcluster: $*" >&2; }
 [ "$(id -u)" = 0 ] || die "run as root (it installs packages and starts daemons): sudo bash $0"
 case "$NODES" in ''|*[!0-9]*) die "DEVCLUSTER_NODES must be a number, got '$NODES'";; esac
 [ "$NODES" -ge 1 ] && [ "$NODES" -le 99 ] || die "DEVCLUSTER_NODES must be 1..99, got $NODES"
+case "$PARTS" in ''|*[!0-9]*) die "DEVCLUSTER_PARTITIONS must be a number, got '$PARTS'";; esac
+[ "$PARTS" -ge 1 ] && [ "$PARTS" -le "$NODES" ] \
+    || die "DEVCLUSTER_PARTITIONS must be 1..$NODES (a node or more each), got $PARTS"
 
 # ---------------------------------------------------------------- packages
 need_pkgs=()
@@ -56,6 +62,27 @@ NODE_EXPR="${PREFIX}[01-${NODE_LAST}]"
 [ "$NODES" = 1 ] && NODE_EXPR="${PREFIX}01"
 NODE_NAMES=()
 for i in $(seq 1 "$NODES"); do NODE_NAMES+=("$(printf '%s%02d' "$PREFIX" "$i")"); done
+# Partitions: dev (the default), dev2, ...: consecutive nodes, the same limits, so that
+# jobs of one never wait for, or share a node with, another's (the tests give each of their
+# two dev-cluster lanes one).
+range_expr() {  # first last (1-based)
+    if [ "$1" = "$2" ]; then printf '%s%02d' "$PREFIX" "$1"
+    else printf '%s[%02d-%02d]' "$PREFIX" "$1" "$2"; fi
+}
+PART_LINES=""
+PART_SUMMARY=""
+per=$((NODES / PARTS))
+first=1
+for k in $(seq 1 "$PARTS"); do
+    name=$PARTITION; [ "$k" = 1 ] || name="$PARTITION$k"
+    count=$per; [ "$k" = 1 ] && count=$((per + NODES % PARTS))
+    last=$((first + count - 1))
+    default=NO; [ "$k" = 1 ] && default=YES
+    PART_LINES+="PartitionName=$name Nodes=$(range_expr "$first" "$last") Default=$default MaxTime=INFINITE State=UP"$'\n'
+    PART_SUMMARY+="${PART_SUMMARY:+, }$name $(range_expr "$first" "$last")"
+    first=$((last + 1))
+done
+PART_LINES=${PART_LINES%$'\n'}
 PORT_LAST=$((SLURMD_PORT + NODES - 1))
 PORT_EXPR="[${SLURMD_PORT}-${PORT_LAST}]"
 [ "$NODES" = 1 ] && PORT_EXPR=$SLURMD_PORT
@@ -129,7 +156,7 @@ SlurmdTimeout=20
 InactiveLimit=0
 MaxStepCount=100000
 NodeName=$NODE_EXPR NodeAddr=127.0.0.1 Port=$PORT_EXPR CPUs=$CPUS RealMemory=$MEM_MB Gres=gpu:$GPUS State=UNKNOWN
-PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+$PART_LINES
 EOF
 )
 GPU_FILES="$DIR/dev/gpu[0-$((GPUS - 1))]"
@@ -273,9 +300,9 @@ done
 resumed=0
 deadline=$((SECONDS + TIMEOUT))
 while :; do
-    bad=$(sinfo -h -N -p "$PARTITION" -o '%N %t' 2>/dev/null \
+    bad=$(sinfo -h -N -o '%N %t' 2>/dev/null | sort -u \
         | awk '$2 !~ /^(idle|alloc|mix|comp)$/ {print}' || true)
-    total=$(sinfo -h -N -p "$PARTITION" -o '%N' 2>/dev/null | sort -u | wc -l)
+    total=$(sinfo -h -N -o '%N' 2>/dev/null | sort -u | wc -l)
     if [ -z "$bad" ] && [ "$total" = "$NODES" ]; then break; fi
     if [ "$resumed" = 0 ] && [ $((SECONDS + TIMEOUT - deadline)) -ge 5 ]; then
         down=$(printf '%s\n' "$bad" | awk '$2 ~ /^(down|drain|drng|fail|inval)/ && $2 !~ /\*$/ {print $1}' | sort -u | paste -sd, -)
@@ -287,7 +314,7 @@ while :; do
     fi
     if [ "$SECONDS" -ge "$deadline" ]; then
         echo "devcluster: error: nodes not ready after ${TIMEOUT}s:" >&2
-        sinfo -N -p "$PARTITION" -o '%N %t %E' >&2 || true
+        sinfo -N -o '%N %P %t %E' >&2 || true
         tail_logs
         exit 1
     fi
@@ -320,8 +347,8 @@ if [ "$ctld_started_at" != 0 ]; then
 fi
 
 # ---------------------------------------------------------------- summary
-states=$(sinfo -h -p "$PARTITION" -o '%t:%D' | paste -sd' ' -)
-echo "devcluster: up: partition $PARTITION, nodes $NODE_EXPR ($NODES x ${GPUS} GPUs, ${CPUS} CPUs), $states, started: ${started[*]:-nothing (already running)}, state $DIR"
+states=$(sinfo -h -N -o '%N %t' | sort -u | awk '{print $2}' | sort | uniq -c | awk '{printf "%s%s:%s", sep, $2, $1; sep=" "}')
+echo "devcluster: up: partitions $PART_SUMMARY ($NODES x ${GPUS} GPUs, ${CPUS} CPUs), $states, started: ${started[*]:-nothing (already running)}, state $DIR"
 if [ "$ETC_LINKED" = 1 ]; then
     echo "devcluster: /etc/slurm/slurm.conf -> $CONF (clients need no env; or: export SLURM_CONF=$CONF)"
 else
