@@ -79,14 +79,16 @@ def _held(gate_path: Path, lock_path: Path, alone: bool):
 def _on_partition(root: Path, part: str, whole_partition: bool, whole_cluster: bool):
     """The dev cluster's partition `part` taken (shared, or alone), every partition alone for
     a whole-cluster test (always in one order: no two wait on each other), and what is
-    submitted meanwhile sent to `part`."""
+    submitted meanwhile sent to `part`: by the environment for the second lane; the first
+    lane's is the default partition, where a test naming slurm.partition gets that one."""
     saved = {k: os.environ.get(k) for k in PARTITION_ENV}
     with ExitStack() as held:
         for p in PARTITIONS if whole_cluster else (part,):
             held.enter_context(_held(root / f"devcluster-{p}.turnstile",
                                      root / f"devcluster-{p}.lock",
                                      whole_cluster or whole_partition))
-        os.environ.update(dict.fromkeys(PARTITION_ENV, part))
+        if part != PARTITIONS[0]:
+            os.environ.update(dict.fromkeys(PARTITION_ENV, part))
         try:
             yield
         finally:

@@ -263,6 +263,7 @@ def test_enroot_missing_on_the_nodes_is_one_sentence(tmp_path):
     exe = shutil.which("enroot")
     assert exe, "enroot is not installed: run slurm/devcluster/containers.sh"
     aside = exe + ".away"
+    queue_empty()
     os.rename(exe, aside)
     run = None
     try:
@@ -283,6 +284,16 @@ def test_enroot_missing_on_the_nodes_is_one_sentence(tmp_path):
     assert len(nodes) == 4 and f"{nodes[0]}: enroot is not installed" in err, err
     assert f"{nodes[-1]}: enroot is not installed" in err
     assert drained == set(nodes), drained
+
+
+def queue_empty(timeout: float = 90) -> None:
+    """No job left in any partition: the other lane's last job may still be ending, and its
+    epilog, too, would fail while enroot is away and drain its nodes."""
+    deadline = time.monotonic() + timeout
+    while out := subprocess.run(["squeue", "-h", "-o", "%i %P %T"], capture_output=True,
+                                text=True).stdout.strip():
+        assert time.monotonic() < deadline, f"jobs still in the queue after {timeout} s: {out}"
+        time.sleep(0.5)
 
 
 def resume_drained() -> set[str]:
