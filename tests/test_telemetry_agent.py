@@ -232,3 +232,90 @@ def test_a_stopped_agent_samples_once_more_before_it_exits(tmp_path):
     first, last = df["ts"].min(), df["ts"].max()
     assert last - first >= 0.25 and abs(last - stopped) < 0.2, (first, last, stopped)
     assert read_agent_info(tmp_path)["n1"]["final"]
+
+
+class KeepAliveServer:
+    """HTTP/1.1 /metrics that keeps a connection open between requests and closes it after
+    `idle_s` without one, as vLLM's uvicorn does after 5 s; counts connections and GETs."""
+
+    def __init__(self, text: str, idle_s: float) -> None:
+        self.connections = 0
+        self.gets = 0
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            timeout = idle_s  # the socket's: an idle connection is closed after it
+
+            def setup(self) -> None:
+                outer.connections += 1
+                super().setup()
+
+            def do_GET(self) -> None:  # noqa: N802
+                outer.gets += 1
+                body = text.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+def test_a_target_keeps_its_connection_and_one_closed_while_idle_costs_no_scrape(tmp_path):
+    """Scrapes of a target share one kept-alive connection; one the endpoint closed while it
+    was idle is not a failed scrape (no gap): the GET goes once more on a new connection."""
+    import asyncio
+
+    from launcher.telemetry.scrape import Scraper, Target
+    from launcher.telemetry.store import SampleWriter
+
+    srv = KeepAliveServer((FIX / "vllm_metrics_v0.33.0_generated_decode_dp2_nixl.prom").read_text(), idle_s=0.3)
+    scraper = Scraper("n1", [Target("decode-0@n1", srv.url)], timeout=2.0)
+    writer = SampleWriter(tmp_path / "n1")
+
+    async def scrapes() -> list:
+        status = [await scraper.scrape_once(writer) for _ in range(3)]
+        await asyncio.sleep(1.0)  # the endpoint closes the idle connection
+        status.append(await scraper.scrape_once(writer))
+        await scraper.close()
+        return status
+
+    try:
+        status = asyncio.run(scrapes())
+    finally:
+        writer.close()
+        srv.httpd.shutdown()
+        srv.httpd.server_close()
+    assert status == [{"decode-0@n1": None}] * 4, status
+    assert (srv.connections, srv.gets) == (2, 4)
+    assert read_gaps(tmp_path).empty
+
+
+def test_the_agent_does_without_aiohttp(tmp_path):
+    """An agent starts on every node of every run: it scrapes with the standard library,
+    and aiohttp's import (~0.15 s of CPU each start) stays out of it."""
+    srv = KeepAliveServer((FIX / "vllm_metrics_v0.33.0_generated_decode_dp2_nixl.prom").read_text(), idle_s=5)
+    code = ("import asyncio, sys\n"
+            "from launcher.telemetry import agent\n"
+            "from launcher.telemetry.scrape import Scraper, Target\n"
+            "from launcher.telemetry.store import SampleWriter\n"
+            f"s = Scraper('n1', [Target('decode-0@n1', {srv.url!r})])\n"
+            f"w = SampleWriter({str(tmp_path / 'n1')!r})\n"
+            "print(asyncio.run(s.scrape_once(w)), 'aiohttp' in sys.modules)\n"
+            "w.close()\n")
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             cwd=REPO, timeout=60)
+    finally:
+        srv.httpd.shutdown()
+        srv.httpd.server_close()
+    assert out.stdout.split("}")[-1].strip() == "False", (out.stdout, out.stderr)
+    assert out.stdout.startswith("{'decode-0@n1': None}"), (out.stdout, out.stderr)
