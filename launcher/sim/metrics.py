@@ -12,6 +12,8 @@ from __future__ import annotations
 import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
+from functools import lru_cache
+from math import copysign
 from typing import Any, Protocol
 
 # Bucket bounds of vllm/v1/metrics/buckets.py and nixl/stats.py (0.33), as in the fixtures.
@@ -385,7 +387,17 @@ class GaugeSource(Protocol):
     def cache_config(self) -> dict[str, str]: ...
 
 
+# Every scrape renders every series (a DP-2 page is ~80 KB, ~900 lines), and the agent asks
+# every 0.5-1 s: the same label sets and mostly the same values come back each time, so both
+# are formatted once and looked up after (6.5 ms a page before, most of it here).
 def _fmt(v: float) -> str:
+    if v == 0:  # 0.0 and -0.0 are one key to a cache
+        return "-0.0" if copysign(1.0, v) < 0 else "0.0"
+    return _go_float(v)
+
+
+@lru_cache(maxsize=1 << 16)
+def _go_float(v: float) -> str:
     from prometheus_client.utils import floatToGoString
 
     return floatToGoString(v)
@@ -395,8 +407,13 @@ def _esc(v: str) -> str:
     return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
+@lru_cache(maxsize=1 << 16)  # a DP-64 page has ~30,000 label sets
+def _label_text(items: tuple[tuple[str, str], ...]) -> str:
+    return "{" + ",".join(f'{k}="{_esc(v)}"' for k, v in sorted(items)) + "}"
+
+
 def _labels(d: dict[str, str]) -> str:
-    return "{" + ",".join(f'{k}="{_esc(d[k])}"' for k in sorted(d)) + "}"
+    return _label_text(tuple(d.items()))
 
 
 class _Family:
