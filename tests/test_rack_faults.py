@@ -257,9 +257,12 @@ print(json.dumps(out))
     assert got["fast"] is False and got["ok"] and got["head"] == "<s>[user]"
     assert got["T"] == 1 + len("[user][assistant]")  # <s> is one token; the body not counted
     (bad,) = got["check_without"]
-    assert not bad["ok"] and bad["message"] == got["refused"] and bad["seconds"] < 30
     (good,) = got["check_with"]
     assert good["ok"], good
+    # the refusal comes as fast as the load: never after transformers' 15 s remote-code prompt
+    # (measured against the load beside it, since a loaded machine stretches both)
+    assert not bad["ok"] and bad["message"] == got["refused"], bad
+    assert bad["seconds"] < good["seconds"] + 10, (bad, good)
     # the judge makes it one sentence naming the node, the client and the fix
     plan = planned(tmp_path, KIMI)
     from launcher.planning import render

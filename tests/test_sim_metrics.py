@@ -79,7 +79,10 @@ def test_aggregated_engine_logging(tmp_path):
 
 
 def test_unread_kv_expires_on_the_prefill_and_late_pull_fails(tmp_path):
-    cfg = kv_config("kv_producer").replace('"backends"', '"kv_lease_duration": 1, "backends"')
+    # a lease of 3 s: the stats intervals (0.5 s) around its expiry are idle ones even when a
+    # loaded machine delays a tick (a 1 s lease's expiry once fell in the interval after the
+    # request's, which vLLM logs at INFO)
+    cfg = kv_config("kv_producer").replace('"backends"', '"kv_lease_duration": 3, "backends"')
     prefill = start_sim(tmp_path, "prefill-0", "m", "--kv-transfer-config", cfg,
                         "--api-server-count", "1", SIM_SPEED="20",
                         VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_ports(1)),
