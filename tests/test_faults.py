@@ -586,10 +586,17 @@ class Ext4:
         if subprocess.run(["umount", str(self.where)], capture_output=True).returncode:
             subprocess.run(["umount", "-l", str(self.where)], capture_output=True)
         if self.loop:
+            # detached now, or (autoclear) once the last mount of it goes: a container's mount
+            # namespace of the run's job may still hold its bind of the run directory for a
+            # moment after the job left the queue
             subprocess.run(["losetup", "-d", self.loop], capture_output=True)
-            left = subprocess.run(["losetup", "-j", str(self.image)], capture_output=True,
-                                  text=True).stdout
-            assert not left.strip(), f"loop device left: {left}"
+            deadline = time.monotonic() + 30
+            while left := subprocess.run(["losetup", "-j", str(self.image)],
+                                         capture_output=True, text=True).stdout.strip():
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            assert not left, f"loop device left: {left}"
         self.image.unlink(missing_ok=True)
 
 
