@@ -81,22 +81,16 @@ def _on_partition(root: Path, part: str, whole_partition: bool, whole_cluster: b
     a whole-cluster test (always in one order: no two wait on each other), and what is
     submitted meanwhile sent to `part`: by the environment for the second lane; the first
     lane's is the default partition, where a test naming slurm.partition gets that one."""
-    saved = {k: os.environ.get(k) for k in PARTITION_ENV}
     with ExitStack() as held:
         for p in PARTITIONS if whole_cluster else (part,):
             held.enter_context(_held(root / f"devcluster-{p}.turnstile",
                                      root / f"devcluster-{p}.lock",
                                      whole_cluster or whole_partition))
+        env = held.enter_context(pytest.MonkeyPatch.context())
         if part != PARTITIONS[0]:
-            os.environ.update(dict.fromkeys(PARTITION_ENV, part))
-        try:
-            yield
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+            for k in PARTITION_ENV:
+                env.setenv(k, part)
+        yield
 
 
 # A test that asserts how long something takes (`@pytest.mark.alone`) runs with no other

@@ -590,13 +590,9 @@ class Ext4:
             # namespace of the run's job may still hold its bind of the run directory for a
             # moment after the job left the queue
             subprocess.run(["losetup", "-d", self.loop], capture_output=True)
-            deadline = time.monotonic() + 30
-            while left := subprocess.run(["losetup", "-j", str(self.image)],
-                                         capture_output=True, text=True).stdout.strip():
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.5)
-            assert not left, f"loop device left: {left}"
+            helpers.wait_for(lambda: not subprocess.run(
+                ["losetup", "-j", str(self.image)], capture_output=True, text=True
+            ).stdout.strip(), 30, f"no loop device left on {self.image}", poll=0.5)
         self.image.unlink(missing_ok=True)
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import in_image, launcher, leftovers, server_of
+from helpers import in_image, launcher, leftovers, server_of, wait_for
 from test_gb200_path import REPO, SERVE_ONLY, profile, submit, wait_end
 
 from launcher.run import rundir
@@ -289,11 +289,9 @@ def test_enroot_missing_on_the_nodes_is_one_sentence(tmp_path):
 def queue_empty(timeout: float = 90) -> None:
     """No job left in any partition: the other lane's last job may still be ending, and its
     epilog, too, would fail while enroot is away and drain its nodes."""
-    deadline = time.monotonic() + timeout
-    while out := subprocess.run(["squeue", "-h", "-o", "%i %P %T"], capture_output=True,
-                                text=True).stdout.strip():
-        assert time.monotonic() < deadline, f"jobs still in the queue after {timeout} s: {out}"
-        time.sleep(0.5)
+    wait_for(lambda: not subprocess.run(["squeue", "-h"], capture_output=True,
+                                        text=True).stdout.strip(),
+             timeout, "every job of every partition to leave the queue", poll=0.5)
 
 
 def resume_drained() -> set[str]:

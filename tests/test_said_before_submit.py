@@ -354,6 +354,13 @@ def test_the_partition_judged_is_the_one_sbatch_takes_from_the_environment(cli, 
     rc, out, err = cli("submit", SEED, "--dry-run", "--set", "slurm.partition=batch",
                        "--runs-dir", str(tmp_path / "s"), env=env)
     assert rc == 0 and "fromenv" not in out, out  # batch: not the partition scontrol knows
+    # a study's one allocation names it too where its limits are not known
+    rc, out, err = cli("submit", SEED, "--sweep", *STUDY, *SHORT_ARGS, "--dry-run",
+                       "--runs-dir", str(tmp_path / "t"), env={
+                           **_fake_scontrol(tmp_path, "Partition fromenv not found"),
+                           "SBATCH_PARTITION": "fromenv"})
+    assert rc == 0, err
+    assert "partition fromenv's MaxTime and MaxNodes are not known here" in out, out
 
 
 @pytest.mark.slurm

@@ -585,11 +585,10 @@ def choose(allocation: str | None, compared: study.Comparison, runs: list[Prepar
         # the one job covers its worst case: every load round at health.timeout_s
         recipe_minutes = max(p.plan.recipe.slurm.minutes for p in runs)
         minutes = max(recipe_minutes, -(-int(compared.one_most_s + lead) // 60))
-        part = scheduling.partition_limits(largest.plan.cluster,
-                                           largest.plan.recipe.slurm.partition)
+        name = scheduling.sbatch_partition(largest.plan.recipe.slurm.partition)
+        part = scheduling.partition_limits(largest.plan.cluster, name)
         limits = (study.Limits(True, part.name, part.max_minutes, part.max_nodes,
-                               part.max_time) if part else
-                  study.Limits(partition=largest.plan.recipe.slurm.partition))
+                               part.max_time) if part else study.Limits(partition=name))
     choice = study.Choice(way, allocation, compared, tuple(p.nodes for p in runs),
                           recipe_minutes, minutes, lead, limits)
     over = choice.over() if way == "one" else None

@@ -108,12 +108,10 @@ class SlurmActions:
         return nodes
 
     def partition(self, name: str | None) -> Partition | None:
-        """The partition a job goes to as this host's Slurm has it (`scontrol show
-        partition`), or None when it cannot be asked (no scontrol, a controller that does
-        not answer, a partition it does not know). That is SBATCH_PARTITION where the
-        environment sets it (sbatch takes it over the script's --partition line), else
-        `name`, else the default one."""
-        name = os.environ.get("SBATCH_PARTITION") or name
+        """The partition a job goes to (`sbatch_partition(name)`, else the default one) as
+        this host's Slurm has it (`scontrol show partition`), or None when it cannot be asked
+        (no scontrol, a controller that does not answer, a partition it does not know)."""
+        name = sbatch_partition(name)
         if shutil.which("scontrol") is None:
             return None
         argv = ["scontrol", "-o", "show", "partition", *([name] if name else [])]
@@ -194,6 +192,12 @@ class SlurmActions:
                                timeout=10)
             except (OSError, subprocess.TimeoutExpired):
                 pass
+
+
+def sbatch_partition(name: str | None) -> str | None:
+    """The partition sbatch sends a job to whose script names `name`: SBATCH_PARTITION where
+    the environment sets it (sbatch takes it over the script's --partition line)."""
+    return os.environ.get("SBATCH_PARTITION") or name
 
 
 def allocation_nodes() -> list[str] | None:

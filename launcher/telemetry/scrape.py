@@ -368,12 +368,15 @@ class Scraper:
         u = urlsplit(url)
         path = (u.path or "/") + (f"?{u.query}" if u.query else "")
 
+        def connect() -> http.client.HTTPConnection:
+            return http.client.HTTPConnection(u.hostname, u.port, timeout=self.timeout)
+
         def ask(conn):
             conn.request("GET", path)
             return conn.getresponse()
 
         kept = self._idle.pop(url, None)
-        conn = kept or http.client.HTTPConnection(u.hostname, u.port, timeout=self.timeout)
+        conn = kept or connect()
         try:
             try:
                 resp = ask(conn)
@@ -381,7 +384,7 @@ class Scraper:
                 if kept is None:
                     raise
                 conn.close()
-                conn = http.client.HTTPConnection(u.hostname, u.port, timeout=self.timeout)
+                conn = connect()
                 resp = ask(conn)
             body = resp.read()
         except BaseException:
