@@ -250,19 +250,23 @@ doc = {{"processes": [{{"name": "bench-c4", "node": "n1", "kind": "bench", "argv
 out["check_without"] = nodecheck.tokenizer_checks(doc, "n1")
 doc["processes"][0]["argv"] = argv + ["--trust-remote-code"]
 out["check_with"] = nodecheck.tokenizer_checks(doc, "n1")
+# once more if slow: a loaded machine's stall seldom comes twice, a wait on a prompt always
+if out["check_without"][0]["seconds"] >= out["check_with"][0]["seconds"] + 10:
+    doc["processes"][0]["argv"] = argv
+    out["check_without"] += nodecheck.tokenizer_checks(doc, "n1")
 print(json.dumps(out))
 """)
     assert got["refused"].startswith(f"--tokenizer {folder}: cannot load it (")
     assert "--trust-remote-code" in got["refused"] and "trust-remote-code" in got["refused"]
     assert got["fast"] is False and got["ok"] and got["head"] == "<s>[user]"
     assert got["T"] == 1 + len("[user][assistant]")  # <s> is one token; the body not counted
-    (bad,) = got["check_without"]
+    bad = min(got["check_without"], key=lambda c: c["seconds"])
     (good,) = got["check_with"]
     assert good["ok"], good
     # the refusal comes as fast as the load: never after transformers' 15 s remote-code prompt
     # (measured against the load beside it, since a loaded machine stretches both)
-    assert not bad["ok"] and bad["message"] == got["refused"], bad
-    assert bad["seconds"] < good["seconds"] + 10, (bad, good)
+    assert all(not c["ok"] and c["message"] == got["refused"] for c in got["check_without"]), got
+    assert bad["seconds"] < good["seconds"] + 10, (got["check_without"], good)
     # the judge makes it one sentence naming the node, the client and the fix
     plan = planned(tmp_path, KIMI)
     from launcher.planning import render

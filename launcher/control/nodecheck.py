@@ -374,8 +374,11 @@ def tokenizer_checks(plan: dict, node: str) -> list[dict]:
         seen.add(key)
         t0 = time.monotonic()
         try:
+            # no stdin: a tokenizer's own code, or transformers asking whether to trust it,
+            # must never wait on a prompt
             r = subprocess.run([sys.executable, "-m", BENCH_MODULE, *flags, CHECK_TOKENIZER],
-                               capture_output=True, text=True, timeout=300,
+                               stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                               timeout=300,
                                env={**os.environ, **(p.get("env") or {})})
             lines = r.stdout.strip().splitlines()
             got = json.loads(lines[-1]) if r.returncode == 0 and lines else {
