@@ -579,6 +579,8 @@ def test_live_run_shows_sweep_progress_that_advances(tmp_path_factory, browser, 
                                    loading={"decode-0@node01": 1.0, "prefill-0@node02": 1.0,
                                             "prefill-1@node02": 1.0})
                 page.get_by_text(re.compile(r"^Sweep point 2 of 4")).wait_for(timeout=30_000)
+                # the panel's bar is redrawn first and the engines' line after it, in one rerun
+                page.get_by_text("All 3 engines finished loading").wait_for(timeout=30_000)
                 text = page.inner_text("body")
                 assert re.search(r"about \dm \d\ds left in the sweep", text), text
                 assert "All 3 engines finished loading" in text
