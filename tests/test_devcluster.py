@@ -174,6 +174,10 @@ def _argv0(pid: int) -> str:
         return ""
 
 
+# Alone on the cluster: Slurm's messages for the killed srun's step (its task's exit, the
+# step's end) go to that srun's ports, and an srun that starts meanwhile anywhere on this
+# host may have taken one: it then aborts its own step (docs/contracts.md).
+@pytest.mark.whole_cluster
 def test_srun_client_kill_and_step_cancel(tmp_path):
     """SIGTERM to srun ends its step; SIGKILL to the whole srun process group leaves the step
     running until `scancel JOB.STEP` (what an orchestrator must do for lost clients)."""
@@ -210,6 +214,39 @@ def test_srun_client_kill_and_step_cancel(tmp_path):
         wait_for(lambda: not live_pids(marker), 10, f"step {step_id} to go after scancel")
     finally:
         sh("scancel", job, check=False)
+        wait_done(job)  # its steps' last messages are sent before the job has ended
+
+
+@pytest.mark.whole_cluster  # it kills an srun and cancels its step: see the test above
+def test_a_killed_sruns_step_has_ended_when_the_launcher_has_cancelled_it(tmp_path,
+                                                                          monkeypatch):
+    """The launcher's stop SIGKILLs an srun that outlived its grace, then cancels the step it
+    left; it returns once that step has ended, so the step's last messages (sent to the dead
+    srun's ports) are gone before the next sruns start."""
+    from launcher.control import scheduling
+
+    job = sbatch("#!/bin/bash\nsleep 300\n", tmp_path, "--nodes=1", "--output=out.txt")
+    wait_for(lambda: job_state(job) == "RUNNING", 30, f"job {job} to run")
+    try:
+        marker = f"pdtest-left-{uuid.uuid4().hex[:8]}"
+        p = subprocess.Popen(
+            ["srun", f"--jobid={job}", "--overlap", "--nodes=1", "--ntasks=1",
+             f"--job-name={marker}", "bash", "-c", f"exec -a {marker} sleep 300"],
+            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+        wait_for(lambda: any(_argv0(x) == marker for x in live_pids(marker)), 20,
+                 "the step task")
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+        monkeypatch.setenv("SLURM_JOB_ID", job)
+        scheduling.SLURM.cancel_steps({marker})
+        steps = sh("squeue", "-h", "-s", "-j", job, "-o", "%i %j", check=False)
+        assert marker not in steps, steps
+        assert not live_pids(marker)
+    finally:
+        sh("scancel", job, check=False)
+        wait_done(job)
 
 
 def test_batch_only_signal_reaches_batch_shell_not_steps(tmp_path):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 
 LOCAL_CHECK = "the local profile has no scheduler to ask; plan is valid"
 ASK_TIMEOUT_S = 5.0  # a controller that does not answer must not hold up a dry-run
+# How long a stop waits for the steps it cancelled to end (KillWait's usual 30 s)
+STEP_END_WAIT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -184,14 +187,22 @@ class SlurmActions:
         return set(ids)
 
     def cancel_steps(self, names: set[str]) -> None:
-        """An srun that had to be SIGKILLed leaves its step running: cancel it by name."""
-        ids = [i for v in step_ids(names).values() for i in v]
-        if ids:
-            try:
-                subprocess.run(["scancel", "--signal=KILL", *ids], capture_output=True,
-                               timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
+        """An srun that had to be SIGKILLed leaves its step running: cancel it by name, and
+        return once it has ended (at most STEP_END_WAIT_S). Until then Slurm sends the step's
+        messages to the dead srun's ports, and an srun started meanwhile on this host that
+        took one of them aborts its own step (docs/contracts.md)."""
+        ids = {i for v in step_ids(names).values() for i in v}
+        if not ids:
+            return
+        try:
+            subprocess.run(["scancel", "--signal=KILL", *sorted(ids)], capture_output=True,
+                           timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return
+        deadline = time.monotonic() + STEP_END_WAIT_S
+        while ids & {i for v in step_ids(names).values() for i in v} and \
+                time.monotonic() < deadline:
+            time.sleep(0.2)
 
 
 def sbatch_partition(name: str | None) -> str | None:
