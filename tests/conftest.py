@@ -35,10 +35,11 @@ def cli(tmp_path):
 # goes there (SBATCH_PARTITION and its salloc/srun twins, which Slurm reads over #SBATCH
 # lines), so a test that kills or drains a node or waits for every node idle
 # (`@pytest.mark.whole_partition`) disturbs only its own lane, which runs one test at a time
-# anyway. A test that takes something from every node (enroot: `@pytest.mark.whole_cluster`)
-# runs with no other dev-cluster test beside it. Any other test runs with its module, whose
-# module fixtures then start once. Local runs keep apart by themselves (each holds its own
-# block of ports).
+# anyway. A test that takes something from every node (enroot), or cancels the step of a
+# killed srun (whose messages could then end any srun on this host: docs/contracts.md), runs
+# with no other dev-cluster test beside it (`@pytest.mark.whole_cluster`). Any other test runs
+# with its module, whose module fixtures then start once. Local runs keep apart by themselves
+# (each holds its own block of ports).
 DEVCLUSTER = "devcluster"
 PARTITIONS = ("dev", "dev2")  # the lanes' partitions, in the order their locks are taken
 # the second lane's modules: about half the dev cluster's time
