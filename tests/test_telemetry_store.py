@@ -261,6 +261,31 @@ def test_compaction_of_an_empty_or_torn_segment(tmp_path: Path) -> None:
     assert not seg.exists()
 
 
+def test_a_segment_compacted_while_the_reader_lists_the_files_is_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer's thread compacts a segment (parquet written, then the text removed) at
+    any moment of a read: here right after the reader's first listing, whichever kind it
+    lists first. Its rows are read all the same (fresh41 read none of them once)."""
+    node = tmp_path / "telemetry" / "n1"
+    w = SampleWriter(node, compact=False)
+    w.write(_rows("n1", 1000.0, 50))
+    w.close()
+    (seg,) = node.glob("samples-*.tsv")
+    glob = Path.glob
+
+    def listing_then_compaction(self, pattern, *args, **kwargs):
+        found = list(glob(self, pattern, *args, **kwargs))
+        if pattern.startswith("samples-") and seg.exists():
+            compact_segment(seg)
+        return iter(found)
+
+    monkeypatch.setattr(Path, "glob", listing_then_compaction)
+    df = read_samples(tmp_path)
+    monkeypatch.undo()
+    assert not seg.exists() and seg.with_suffix(".parquet").exists()
+    assert len(df) == 150, df
+
+
 @pytest.mark.alone
 @pytest.mark.parametrize("n", [20000])
 def test_reader_is_fast_with_name_filter(tmp_path: Path, n: int) -> None:

@@ -621,11 +621,13 @@ def node_dirs(run_dir: Path, nodes: Iterable[str] | None = None) -> list[Path]:
 
 
 def _segments(node_dir: Path) -> tuple[list[Path], list[Path]]:
-    """(parquet files, text files); a text segment already compacted is left out."""
+    """(parquet files, text files); a text segment already compacted is left out. Text is
+    listed first: a segment compacted between the two listings is then in the second (the
+    other order missed it), and one compacted after is read from its parquet by the caller."""
+    listed = sorted(node_dir.glob("samples-*.tsv"))
     parquet = sorted(node_dir.glob("samples-*.parquet"))
     done = {p.stem for p in parquet}
-    text = sorted(p for p in node_dir.glob("samples-*.tsv") if p.stem not in done)
-    return parquet, text
+    return parquet, [p for p in listed if p.stem not in done]
 
 
 def _filter_expr(names, name_prefix, processes, start, end):
