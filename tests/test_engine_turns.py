@@ -28,7 +28,7 @@ class FakeHandle:
 
 
 class FakeBackend:
-    def stop(self, handles, grace_s=0.0):
+    def stop(self, handles, grace_s=0.0, settle=True):
         pass
 
 

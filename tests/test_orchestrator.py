@@ -54,6 +54,7 @@ class FakeBackend(Backend):
         self.script = script
         self.started: list[str] = []
         self.stopped: list[str] = []
+        self.settles: list[bool] = []  # each stop's `settle`
 
     def spawn(self, argv: list[str], log_path: Path) -> FakePopen:
         """Preflight steps: write what nodecheck would find, everything fine."""
@@ -83,7 +84,9 @@ class FakeBackend(Backend):
         log.write_text(f"{proc.name} starting\n")
         return Handle(proc, FakePopen(code, after, result), log)
 
-    def stop(self, handles: list[Handle], grace_s: float = 10.0, gentle: bool = True) -> None:
+    def stop(self, handles: list[Handle], grace_s: float = 10.0, gentle: bool = True,
+             settle: bool = True) -> None:
+        self.settles.append(settle)
         for h in handles:
             if h.exit_code() is None:
                 h.popen.returncode = -15
@@ -143,6 +146,8 @@ def test_stages_run_in_order_and_every_process_is_stopped(setup):
                            "accuracy", "teardown"]  # fmt: skip
     servers = {p.name for p in orch.planned if not p.kind.client}
     assert servers <= set(backend.stopped), "teardown left a server running"
+    # no srun of the job follows a run's last teardown: it keeps to its budget
+    assert backend.settles and not any(backend.settles), backend.settles
     assert [p for p in backend.started if p.startswith("bench-")] == [
         "bench-c4", "bench-c16", "bench-c64"
     ]

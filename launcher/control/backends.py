@@ -123,9 +123,11 @@ class Backend:
                 _signal_group(h.popen, signal.SIGKILL)
         _reap([h.popen for h in handles], 2)
 
-    def stop(self, handles: list[Handle], grace_s: float = 10.0, gentle: bool = True) -> None:
+    def stop(self, handles: list[Handle], grace_s: float = 10.0, gentle: bool = True,
+             settle: bool = True) -> None:
         """SIGTERM every group at once (or the scheduler's step), then SIGKILL what is left
-        after `grace_s`."""
+        after `grace_s`. `settle`: more sruns of this job follow, so return only once the
+        steps of SIGKILLed sruns have ended (SlurmActions.cancel_steps)."""
         live = [h for h in handles if h.exit_code() is None]
         told = self.sched.signal_steps({h.proc.name for h in live}) if gentle else set()
         for h in live:  # stopped by us, even if one ends before _terminate looks
@@ -134,7 +136,7 @@ class Backend:
         _terminate(handles, grace_s, signalled=told)
         killed = {h.proc.name for h in handles if h.popen.returncode == -signal.SIGKILL}
         if killed and gentle:
-            self.sched.cancel_steps(killed)
+            self.sched.cancel_steps(killed, wait=settle)
 
 
 def _terminate(

@@ -812,7 +812,9 @@ class Orchestrator:
             # the agents take one last sample when told to stop (the servers are gone by then)
             grace = max(1.0, budget * share.get(kinds[0], 0.2))
             try:
-                self.backend.stop(group, grace_s=grace, gentle=not lost)
+                # a study's next configuration starts sruns right after: let killed ones'
+                # steps end first; a run's last teardown keeps to its budget instead
+                self.backend.stop(group, grace_s=grace, gentle=not lost, settle=keep_engines)
             except Exception as e:  # a stop that fails must not leave the rest running
                 say(f"warning: stopping {[h.proc.name for h in group]} failed: {e!r}")
         for h in self.processes.handles:

@@ -65,13 +65,15 @@ class EnginePool:
             if on := sorted({h.proc.node for h in e.handles} & nodes):
                 self.drop(ep, run, f"its node {', '.join(on)} was lost", lost=True)
 
-    def drop(self, ep: str, run: str, why: str, lost: bool = False) -> None:
+    def drop(self, ep: str, run: str, why: str, lost: bool = False,
+             settle: bool = True) -> None:
+        """`settle`: sruns follow (Backend.stop); not at the allocation's end."""
         e = self.loaded.pop(ep)
         live = [h for h in e.handles if h.exit_code() is None]
         if live and lost:
             e.backend.abandon(live)
         elif live:
-            e.backend.stop(live, grace_s=STOP_GRACE_S)
+            e.backend.stop(live, grace_s=STOP_GRACE_S, settle=settle)
         self.events.append({"event": "stopped", "endpoint": ep, "run": run, "why": why,
                             "ts": time.time()})
 
@@ -83,4 +85,4 @@ class EnginePool:
 
     def stop_all(self, run: str, why: str) -> None:
         for ep in list(self.loaded):
-            self.drop(ep, run, why)
+            self.drop(ep, run, why, settle=False)

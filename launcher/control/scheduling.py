@@ -89,7 +89,7 @@ class LocalActions:
         get their process group's)."""
         return set()
 
-    def cancel_steps(self, names: set[str]) -> None:
+    def cancel_steps(self, names: set[str], wait: bool = True) -> None:
         """What the scheduler still runs for processes whose own process was SIGKILLed."""
 
 
@@ -186,11 +186,11 @@ class SlurmActions:
             return set()
         return set(ids)
 
-    def cancel_steps(self, names: set[str]) -> None:
+    def cancel_steps(self, names: set[str], wait: bool = True) -> None:
         """An srun that had to be SIGKILLed leaves its step running: cancel it by name, and
-        return once it has ended (at most STEP_END_WAIT_S). Until then Slurm sends the step's
-        messages to the dead srun's ports, and an srun started meanwhile on this host that
-        took one of them aborts its own step (docs/contracts.md)."""
+        (`wait`) return once it has ended, at most STEP_END_WAIT_S. Until then Slurm sends
+        the step's messages to the dead srun's ports, and an srun started meanwhile on this
+        host that took one of them aborts its own step (docs/contracts.md)."""
         ids = {i for v in step_ids(names).values() for i in v}
         if not ids:
             return
@@ -199,7 +199,7 @@ class SlurmActions:
                            timeout=10)
         except (OSError, subprocess.TimeoutExpired):
             return
-        deadline = time.monotonic() + STEP_END_WAIT_S
+        deadline = time.monotonic() + (STEP_END_WAIT_S if wait else 0.0)
         while ids & {i for v in step_ids(names).values() for i in v} and \
                 time.monotonic() < deadline:
             time.sleep(0.2)
