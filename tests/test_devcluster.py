@@ -174,6 +174,19 @@ def _argv0(pid: int) -> str:
         return ""
 
 
+def step_srun(job: str, marker: str) -> subprocess.Popen:
+    """An srun of one task in `job` (its own process group), step and task named `marker`,
+    returned once the task runs."""
+    p = subprocess.Popen(
+        ["srun", f"--jobid={job}", "--overlap", "--nodes=1", "--ntasks=1",
+         f"--job-name={marker}", "bash", "-c", f"exec -a {marker} sleep 300"],
+        env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    wait_for(lambda: any(_argv0(x) == marker for x in live_pids(marker)), 20, "the step task")
+    return p
+
+
 # Alone on the cluster: Slurm's messages for the killed srun's step (its task's exit, the
 # step's end) go to that srun's ports, and an srun that starts meanwhile anywhere on this
 # host may have taken one: it then aborts its own step (docs/contracts.md).
@@ -187,16 +200,7 @@ def test_srun_client_kill_and_step_cancel(tmp_path):
         procs = {}
         for sig_name in ("TERM", "KILL"):
             marker = f"pdtest-{sig_name}-{uuid.uuid4().hex[:8]}"
-            p = subprocess.Popen(
-                ["srun", f"--jobid={job}", "--overlap", "--nodes=1", "--ntasks=1",
-                 f"--job-name={marker}", "bash", "-c", f"exec -a {marker} sleep 300"],
-                env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )  # fmt: skip
-            procs[sig_name] = (p, marker)
-            wait_for(
-                lambda m=marker: any(_argv0(x) == m for x in live_pids(m)), 20, "the step task"
-            )
+            procs[sig_name] = (step_srun(job, marker), marker)
         p, marker = procs["TERM"]
         os.killpg(p.pid, signal.SIGTERM)
         wait_for(lambda: not any(_argv0(x) == marker for x in live_pids(marker)), 10,
@@ -229,14 +233,7 @@ def test_a_killed_sruns_step_has_ended_when_the_launcher_has_cancelled_it(tmp_pa
     wait_for(lambda: job_state(job) == "RUNNING", 30, f"job {job} to run")
     try:
         marker = f"pdtest-left-{uuid.uuid4().hex[:8]}"
-        p = subprocess.Popen(
-            ["srun", f"--jobid={job}", "--overlap", "--nodes=1", "--ntasks=1",
-             f"--job-name={marker}", "bash", "-c", f"exec -a {marker} sleep 300"],
-            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )  # fmt: skip
-        wait_for(lambda: any(_argv0(x) == marker for x in live_pids(marker)), 20,
-                 "the step task")
+        p = step_srun(job, marker)
         os.killpg(p.pid, signal.SIGKILL)
         p.wait(10)
         monkeypatch.setenv("SLURM_JOB_ID", job)

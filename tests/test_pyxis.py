@@ -285,7 +285,8 @@ def test_enroot_missing_on_the_nodes_is_one_sentence(tmp_path):
     assert f"{nodes[-1]}: enroot is not installed" in err
     # this job's epilog failed on each of its nodes, each drained; a node of the other lane's
     # may drain meanwhile too (back from a loss, it runs its lost job's epilog late)
-    assert epilog_failed_on(job) == set(nodes), (epilog_failed_on(job), nodes)
+    failed = epilog_failed_on(job)
+    assert failed == set(nodes), (failed, nodes)
     assert set(nodes) <= drained, drained
 
 

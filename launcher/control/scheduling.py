@@ -191,7 +191,10 @@ class SlurmActions:
         (`wait`) return once it has ended, at most STEP_END_WAIT_S. Until then Slurm sends
         the step's messages to the dead srun's ports, and an srun started meanwhile on this
         host that took one of them aborts its own step (docs/contracts.md)."""
-        ids = {i for v in step_ids(names).values() for i in v}
+        def listed() -> set[str]:
+            return {i for v in step_ids(names).values() for i in v}
+
+        ids = listed()
         if not ids:
             return
         try:
@@ -200,8 +203,7 @@ class SlurmActions:
         except (OSError, subprocess.TimeoutExpired):
             return
         deadline = time.monotonic() + (STEP_END_WAIT_S if wait else 0.0)
-        while ids & {i for v in step_ids(names).values() for i in v} and \
-                time.monotonic() < deadline:
+        while time.monotonic() < deadline and ids & listed():
             time.sleep(0.2)
 
 
