@@ -201,3 +201,34 @@ def test_energy_per_token_comes_from_the_energy_counter_of_the_working_gpus():
     assert row["joules_per_request"] == pytest.approx(200.0)
     bare = derive.point_table([point], PLAN, derive.SeriesSet(df.iloc[0:0], PLAN)).iloc[0]
     assert math.isnan(bare["joules_per_output_token"]) and math.isnan(bare["energy_j"])
+
+
+def test_a_selection_asked_again_is_the_same_and_others_are_their_own():
+    """select() keeps what it found per set: asked again it gives the same series; a
+    different name, role or label gives that one's, as a set asked first would."""
+    rows = []
+    for proc, name, labels in (("decode-0@n1", "vllm:kv_cache_usage_perc", "{}"),
+                               ("prefill-0@n2", "vllm:kv_cache_usage_perc", "{}"),
+                               ("decode-0@n1", "vllm:num_requests_waiting_by_reason",
+                                '{"reason":"capacity"}'),
+                               ("decode-0@n1", "vllm:num_requests_waiting_by_reason",
+                                '{"reason":"deferred"}')):
+        rows.append((1.0, proc.split("@")[1], proc, "0", name, labels, 1.0))
+    df = pd.DataFrame(rows, columns=["ts", "node", "process", "engine", "name", "labels", "value"])
+
+    def asked(ss, *args, **labels):
+        return [(r.process, r.labels) for r in ss.select(*args, **labels).itertuples()]
+
+    queries = [(("vllm:kv_cache_usage_perc",), {}),
+               (("vllm:kv_cache_usage_perc", "decode"), {}),
+               (("vllm:kv_cache_usage_perc", "prefill"), {}),
+               (("vllm:num_requests_waiting_by_reason",), {"reason": "capacity"}),
+               (("vllm:num_requests_waiting_by_reason",), {"reason": "deferred"}),
+               ((("vllm:kv_cache_usage_perc", "vllm:num_requests_waiting_by_reason"),), {})]
+    kept = derive.SeriesSet(df, PLAN)
+    for args, labels in queries * 2:
+        assert asked(kept, *args, **labels) == asked(derive.SeriesSet(df, PLAN), *args,
+                                                     **labels), (args, labels)
+    assert asked(kept, "vllm:kv_cache_usage_perc", "prefill") == [("prefill-0@n2", "{}")]
+    assert asked(kept, "vllm:num_requests_waiting_by_reason", reason="deferred") == [
+        ("decode-0@n1", '{"reason":"deferred"}')]

@@ -106,6 +106,7 @@ class SeriesSet:
     role from the plan) plus each series' (ts, value) arrays, for interpolation."""
 
     def __init__(self, df: pd.DataFrame, plan: PlanDoc | None) -> None:
+        self._selected: dict[tuple, pd.DataFrame] = {}
         if df.empty:
             self.meta = pd.DataFrame(columns=["process", "engine", "name", "labels", "node",
                                               "endpoint", "role", "engine_key"])
@@ -142,13 +143,20 @@ class SeriesSet:
 
     def select(self, name: str | tuple[str, ...], role: str | None = None,
                **labels: str) -> pd.DataFrame:
-        m = self.meta
-        names = (name,) if isinstance(name, str) else name
-        sel = m[m["name"].isin(names)]
-        if role is not None:
-            sel = sel[sel["role"] == role]
-        for k, v in labels.items():
-            sel = sel[[parse_labels(s).get(k) == v for s in sel["labels"]]]
+        """The series of `name` (of `role`, with `labels`): rows of `meta`, not to be
+        changed. Kept per set: a page asks the same for every sweep point, and each pandas
+        filter costs more than the point's arithmetic."""
+        names = (name,) if isinstance(name, str) else tuple(name)
+        key = (names, role, tuple(sorted(labels.items())))
+        sel = self._selected.get(key)
+        if sel is None:
+            m = self.meta
+            sel = m[m["name"].isin(names)]
+            if role is not None:
+                sel = sel[sel["role"] == role]
+            for k, v in labels.items():
+                sel = sel[[parse_labels(s).get(k) == v for s in sel["labels"]]]
+            self._selected[key] = sel
         return sel
 
     def label_values(self, ids: pd.Index, key: str) -> list[str]:
