@@ -153,6 +153,22 @@ def pytest_fixture_setup(fixturedef, request):
         return (yield)
 
 
+# --- Streamlit's scan of the installed packages, once per process -------------------------
+# Every AppTest scans every installed distribution's metadata for components (0.25 s each,
+# about a fifth of a page test): the environment does not change within a session, so one
+# scan serves them all. Should Streamlit move the scan, the tests only go slower.
+def _streamlit_scan_once() -> None:
+    import functools
+
+    try:
+        from streamlit.components.v2 import manifest_scanner
+    except ImportError:
+        return
+    scan = getattr(manifest_scanner, "scan_component_manifests", None)
+    if scan is not None and not hasattr(scan, "cache_info"):
+        manifest_scanner.scan_component_manifests = functools.lru_cache(maxsize=1)(scan)
+
+
 # --- real vLLM for CPU: NIXL's poller takes idle CPU only ---------------------------------------
 # Every NIXL engine of vLLM for CPU has a thread that busy-polls UCX for the engine's whole life,
 # idle or serving: one core per engine (docs/vllm-cpu.md). On 2 cores two P/D engines take half
@@ -229,6 +245,7 @@ def pytest_configure(config):
     import time
 
     _T0.append(time.monotonic())
+    _streamlit_scan_once()
     if not os.environ.get("PYTEST_XDIST_WORKER") and (t := _cpu_ticks()):
         _CPU0.append(t)
 
