@@ -41,7 +41,7 @@ test: setup
 	bash tests/vllm_cpu/setup.sh
 	@# the tests that time something run after the rest, one at a time: waiting for the
 	@# other workers to drain before each left two of them idle
-	$(BIN)/python -m pytest -n 3 --dist loadgroup -m "not alone"; rc=$$?; \
+	$(BIN)/python -m pytest -n 3 --dist loadgroup --no-loadscope-reorder -m "not alone"; rc=$$?; \
 	$(BIN)/python -m pytest -m alone; rc_alone=$$?; \
 	test $$rc -eq 0 && test $$rc_alone -eq 0
 

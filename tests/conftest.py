@@ -46,6 +46,12 @@ PARTITIONS = ("dev", "dev2")  # the lanes' partitions, in the order their locks 
 SECOND_LANE = {"test_slurm_run", "test_pyxis", "test_rack_faults", "test_srt_devcluster",
                "test_prometheus", "test_gb200_path", "test_salloc"}
 PARTITION_ENV = ("SBATCH_PARTITION", "SALLOC_PARTITION", "SLURM_PARTITION")
+# After the lanes, the modules the timing table names longest start first, longest first
+# (`make test` passes --no-loadscope-reorder, which keeps this order instead of xdist's by
+# number of tests): one started last would run alone while the other workers stand idle.
+LONGEST_FIRST = ("test_vllm_cpu", "test_dashboard_browser", "test_workload",
+                 "test_newcomer_cli", "test_slo_study", "test_local_run", "test_preflight",
+                 "test_vllm_cpu_kv_tiers", "test_fuzz", "test_agentic")
 
 
 def lane_partition(module_name: str) -> str:
@@ -59,7 +65,13 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("slurm"):
             group = DEVCLUSTER + ("-2" if group in SECOND_LANE else "")
         item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: not item.get_closest_marker("slurm"))  # stable: order kept
+    def order(item) -> int:
+        if item.get_closest_marker("slurm"):
+            return 0
+        name = item.module.__name__
+        return 1 + (LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST))
+
+    items.sort(key=order)  # stable: the collection's order within each
 
 
 @contextmanager
