@@ -89,9 +89,11 @@ def fixed_length(text: str) -> str:
 def test_the_store_clients_get_ports_of_the_plans_own_that_nothing_else_takes(tmp_path):
     """Mooncake's store client binds a port at random in MC_STORE_CLIENT_MIN_PORT..MAX_PORT
     (12300-14300 unless set): left there it took the router's port of a run whose block
-    began at 12800, and the router then failed to bind. Every engine sharing the store gets
-    a range inside its plan's port span, apart from every port the plan gives anything else,
-    4 per GPU sharing the store; a profile whose ports Mooncake would not take is refused."""
+    began at 12800, and the router then failed to bind; its transfer engine's two listening
+    ports come from MC_MIN_RPC_PORT..MAX (15000-17000): one took a decode's port in a block
+    at 15800. Every engine sharing the store gets a range for each inside its plan's port
+    span, apart from every port the plan gives anything else, 4 per GPU sharing the store; a
+    profile whose ports Mooncake would not take is refused."""
     from launcher.planning import plan as plan_mod
     from launcher.planning import render
     from launcher.schema import cluster
@@ -102,8 +104,10 @@ def test_the_store_clients_get_ports_of_the_plans_own_that_nothing_else_takes(tm
         r = rmod.load(str(store_recipe(tmp_path)))
         p = plan_mod.make_plan(r, c, cluster.profile_nodes(c, plan_mod.nodes_needed(r, c)))
         lo, hi = p.store_client_ports
+        rlo, rhi = p.store_rpc_ports
         gpus = sum(len(x.gpus) for ep in p.endpoints for x in ep.parts)
         assert hi - lo + 1 == 4 * gpus and p.router_port <= lo and hi < p.router_port + p.port_span
+        assert rhi - rlo + 1 == 4 * gpus and hi < rlo and rhi < p.router_port + p.port_span
         others = {p.router_port, p.router_metrics_port, *p.exporter_ports.values(),
                   *dataclasses.astuple(kv_tiers.master_ports(p))}
         for ep in p.endpoints:
@@ -111,14 +115,16 @@ def test_the_store_clients_get_ports_of_the_plans_own_that_nothing_else_takes(tm
             for part in ep.parts:
                 others |= set(range(part.vllm_port, part.vllm_port + plan_mod.VLLM_PORT_SPAN))
                 others |= {part.http_port} - {None}
-        assert not others & set(range(lo, hi + 1)) and max(others) < lo
+        assert not others & set(range(lo, rhi + 1)) and max(others) < lo
         engines = [x for x in render.processes(p) if str(x.kind) == "engine"]
         assert engines and all((x.env["MC_STORE_CLIENT_MIN_PORT"], x.env["MC_STORE_CLIENT_MAX_PORT"])
                                == (str(lo), str(hi)) for x in engines)
+        assert all((x.env["MC_MIN_RPC_PORT"], x.env["MC_MAX_RPC_PORT"]) == (str(rlo), str(rhi))
+                   for x in engines)
     # without a store, no range and the same span as before
     plain = rmod.load("local-sim")
     p = plan_mod.make_plan(plain, local, cluster.profile_nodes(local, plan_mod.nodes_needed(plain, local)))
-    assert p.store_client_ports is None
+    assert p.store_client_ports is None and p.store_rpc_ports is None
     high = local.model_copy(update={"port_base": 40000})
     r = rmod.load(str(store_recipe(tmp_path)))
     with pytest.raises(UserError, match=r"the KV store's clients would take ports 40\d+-40\d+, "

@@ -83,9 +83,11 @@ def test_a_turn_the_prefill_evicted_is_served_from_the_real_store_and_counted_so
     env = {"PYTHONHASHSEED": "0", "MOONCAKE_CONFIG_PATH": str(config),
            "MOONCAKE_LOCAL_HOSTNAME": "127.0.0.1", "SIM_STORE_PYTHON": STORE_PYTHON,
            "SIM_SPEED": "20", "SIM_KV_BYTES_PER_TOKEN": "1024"}
-    # the store clients' ports: this test's own, not Mooncake's 12300-14300 (other runs' ports)
-    clients = free_ports(16)
-    env.update(MC_STORE_CLIENT_MIN_PORT=str(clients), MC_STORE_CLIENT_MAX_PORT=str(clients + 15))
+    # the store clients' ports and their transfer engines': this test's own, not Mooncake's
+    # 12300-14300 and 15000-17000 (other runs' ports)
+    clients, engines = free_ports(16), free_ports(16)
+    env.update(MC_STORE_CLIENT_MIN_PORT=str(clients), MC_STORE_CLIENT_MAX_PORT=str(clients + 15),
+               MC_MIN_RPC_PORT=str(engines), MC_MAX_RPC_PORT=str(engines + 15))
     store = {"kv_connector": "MooncakeStoreConnector"}
     prefill = start_sim(tmp_path, "prefill-0", "m", "--block-size", str(BS),
                         "--num-gpu-blocks-override", "14",

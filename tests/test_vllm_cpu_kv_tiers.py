@@ -49,8 +49,9 @@ def test_real_pd_over_nixl_and_the_mooncake_store_and_cpu_offload_refused(tmp_pa
                                   "local_buffer_size": "32MB",
                                   "master_server_address": f"127.0.0.1:{rpc}"}))
     model = str(CPU_DIR / "models" / "tiny-dense")
-    # the store clients' ports: this test's own, not Mooncake's 12300-14300 (other runs' ports)
-    clients = free_ports(16)
+    # the store clients' ports and their transfer engines': this test's own, not Mooncake's
+    # 12300-14300 and 15000-17000 (other runs' ports)
+    clients, engines = free_ports(16), free_ports(16)
 
     def engine(name: str, kv: dict, core: str) -> SimProc:
         env = {**os.environ, "PATH": f"{CPU_DIR / 'venv' / 'bin'}:{os.environ['PATH']}",
@@ -59,7 +60,8 @@ def test_real_pd_over_nixl_and_the_mooncake_store_and_cpu_offload_refused(tmp_pa
                "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_ports(1)),
                "VLLM_CPU_OMP_THREADS_BIND": core, "VLLM_SERVER_DEV_MODE": "1",
                "MC_STORE_CLIENT_MIN_PORT": str(clients),
-               "MC_STORE_CLIENT_MAX_PORT": str(clients + 15)}
+               "MC_STORE_CLIENT_MAX_PORT": str(clients + 15),
+               "MC_MIN_RPC_PORT": str(engines), "MC_MAX_RPC_PORT": str(engines + 15)}
         port = free_ports(1)
         return SimProc([str(CPU_DIR / "venv" / "bin" / "vllm"), "serve", model,
                         "--port", str(port), "--max-model-len", "1024",

@@ -61,12 +61,14 @@ def master_ports(plan: Plan) -> MasterPorts:
     return MasterPorts(base, base + 1, base + 2)
 
 
-# Mooncake's store client binds a port of its own in each process that opens the store, at
+# Mooncake's store client takes a port of its own in each process that opens the store, at
 # random in [MC_STORE_CLIENT_MIN_PORT, MC_STORE_CLIENT_MAX_PORT] (12300-14300 unless set),
-# retrying on a busy one: left alone it lands on ports the launcher planned for the router or
-# an engine that starts later. Each plan keeps a range of its own for them after its
-# endpoints' ports: 4 per GPU of the engines sharing the store (a client per rank, room for
-# the retries), at least 16. docs/kv-store.md.
+# and its transfer engine listens on two more (RPC, TCP data) at random in
+# [MC_MIN_RPC_PORT, MC_MAX_RPC_PORT] (15000-17000 unless set), retrying on busy ones: left
+# alone they land on ports the launcher planned for the router or an engine that starts
+# later. Each plan keeps two ranges of its own after its endpoints' ports, one for each: 4
+# per GPU of the engines sharing the store (a client per rank, room for the retries), at
+# least 16. docs/kv-store.md.
 CLIENT_PORTS_PER_GPU = 4
 MOONCAKE_CLIENT_PORTS = ((1024, 32767), (61000, 65535))  # what Mooncake takes; else 12300-14300
 
@@ -78,16 +80,16 @@ def client_ports_needed(recipe: Recipe, endpoints: Sequence[Endpoint]) -> int:
 
 
 def client_ports(first: int, count: int) -> tuple[int, int] | None:
-    """The store clients' range, or a sentence naming the fix where Mooncake would not take
-    it (it would fall back to its own range, among other jobs' ports)."""
+    """A range for the store clients' ports, or a sentence naming the fix where Mooncake
+    would not take it (it would fall back to its own range, among other jobs' ports)."""
     if not count:
         return None
     lo, hi = first, first + count - 1
     if not any(a <= lo and hi <= b for a, b in MOONCAKE_CLIENT_PORTS):
         raise UserError(f"the KV store's clients would take ports {lo}-{hi}, which Mooncake "
                         "refuses (it takes 1024-32767 or 61000-65535, else falls back to "
-                        "12300-14300, among other jobs' ports): lower the cluster profile's "
-                        "port_base")
+                        "its own ranges, among other jobs' ports): lower the cluster "
+                        "profile's port_base")
     return lo, hi
 
 
@@ -387,7 +389,10 @@ def engine_env(plan: Plan, role: Role, node: str) -> dict[str, str]:
             "MOONCAKE_LOCAL_HOSTNAME": plan.address(node),
             **({"MC_STORE_CLIENT_MIN_PORT": str(plan.store_client_ports[0]),
                 "MC_STORE_CLIENT_MAX_PORT": str(plan.store_client_ports[1])}
-               if plan.store_client_ports else {})}
+               if plan.store_client_ports else {}),
+            **({"MC_MIN_RPC_PORT": str(plan.store_rpc_ports[0]),
+                "MC_MAX_RPC_PORT": str(plan.store_rpc_ports[1])}
+               if plan.store_rpc_ports else {})}
 
 
 # --- host memory ----------------------------------------------------------------------------

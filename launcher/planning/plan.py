@@ -174,8 +174,10 @@ class Plan:
     mount_dir: str | None = None
     port_span: int = 0  # ports from router_port up that the plan uses
     model: ModelFacts | None = None  # config.json and model.facts, read when it was made
-    # the KV store's clients (Mooncake picks each one's port in this range, both ends in)
+    # the KV store's clients (Mooncake picks each one's port in this range, both ends in),
+    # and their transfer engines' listening ports (RPC and TCP data), a range of their own
     store_client_ports: tuple[int, int] | None = None
+    store_rpc_ports: tuple[int, int] | None = None
 
     def at(self, run_dir: str, mount_dir: str | None = None) -> Plan:
         """This plan for the run directory `run_dir` (`mount_dir`: a study's folder)."""
@@ -600,7 +602,7 @@ def make_plan(
     from launcher.planning import kv_tiers
 
     store_ports = kv_tiers.client_ports_needed(recipe, endpoints)
-    endpoint_span, span = span, span + store_ports
+    endpoint_span, span = span, span + 2 * store_ports  # the clients', then their engines'
     if port_slot is None:
         shift = job_port_shift(job_id, cluster, max(span, study_span or 0))
     else:
@@ -622,4 +624,5 @@ def make_plan(
         port_span=span,
         model=model,
         store_client_ports=kv_tiers.client_ports(base + endpoint_span, store_ports),
+        store_rpc_ports=kv_tiers.client_ports(base + endpoint_span + store_ports, store_ports),
     )
