@@ -257,7 +257,8 @@ def pytest_configure(config):
     import time
 
     _T0.append(time.monotonic())
-    _streamlit_scan_once()
+    if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", 0):
+        _streamlit_scan_once()  # where tests run: not in pytest-xdist's controller
     if not os.environ.get("PYTEST_XDIST_WORKER") and (t := _cpu_ticks()):
         _CPU0.append(t)
 

@@ -70,7 +70,7 @@ def master_ports(plan: Plan) -> MasterPorts:
 # per GPU of the engines sharing the store (a client per rank, room for the retries), at
 # least 16. docs/kv-store.md.
 CLIENT_PORTS_PER_GPU = 4
-MOONCAKE_CLIENT_PORTS = ((1024, 32767), (61000, 65535))  # what Mooncake takes; else 12300-14300
+MOONCAKE_CLIENT_PORTS = ((1024, 32767), (61000, 65535))  # what Mooncake takes; else its own
 
 
 def client_ports_needed(recipe: Recipe, endpoints: Sequence[Endpoint]) -> int:
