@@ -181,21 +181,75 @@ def _streamlit_scan_once() -> None:
         manifest_scanner.scan_component_manifests = functools.lru_cache(maxsize=1)(scan)
 
 
-# --- real vLLM for CPU: NIXL's poller takes idle CPU only ---------------------------------------
+# --- real vLLM for CPU: NIXL's pollers capped together -----------------------------------------
 # Every NIXL engine of vLLM for CPU has a thread that busy-polls UCX for the engine's whole life,
-# idle or serving: one core per engine (docs/vllm-cpu.md). On 2 cores two P/D engines take half
-# of what the rest of the suite gets, so the session lowers such a thread to nice 19 once it has
-# wanted a core for a whole second (running or waiting to run: the kernel's schedstat, which a
-# loaded machine does not hide); it then runs on CPU nobody else wants. Only a worker's threads
-# other than its main one are touched, and only from the session's own process.
+# idle or serving: one core per engine (docs/vllm-cpu.md). Nice does not tame it: each run's
+# processes are a session of their own, and with the kernel's autogroups (on by default) a nice
+# value weighs only against the same session's threads, so a niced poller still takes its
+# session's full share of the machine. The session therefore moves every such thread, once it
+# has wanted a core for a whole second (running or waiting to run: the kernel's schedstat), into
+# one CPU cgroup capped at a fifth of a core for all of them together; the polls still come
+# every few tens of milliseconds, so transfers go on. Where no cgroup can be made (no cpu
+# controller, not root), the thread is niced, which still helps within its own session. Only a
+# worker's threads other than its main one are touched, and only from the session's process.
 POLLER_CORE_SHARE = 0.8
+POLLERS_CAP_US = (10_000, 50_000)  # CPU time per period, for all the pollers together
 
 
-def _nixl_pollers_nice(stop) -> None:
+_POLLERS: list[tuple[Path, Path] | None] = [None]  # the session's cgroup for them, if any
+
+
+def _pollers_cgroup() -> tuple[Path, Path] | None:
+    """A new CPU cgroup capped at POLLERS_CAP_US: (its folder, the file a thread id is written
+    to); None where none can be made."""
+    quota, period = POLLERS_CAP_US
+    name = f"pd-tests-nixl-pollers-{os.getpid()}"
+    v1, v2 = Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")
+    for stale in [*v1.glob("pd-tests-nixl-pollers-*"), *v2.glob("pd-tests-nixl-pollers-*")]:
+        if not Path(f"/proc/{stale.name.rsplit('-', 1)[1]}").exists():
+            try:  # an earlier session's, ended without its cleanup; empty once its engines are
+                stale.rmdir()
+            except OSError:
+                pass
+    try:
+        if (v1 / "cpu.cfs_quota_us").is_file():
+            g = v1 / name
+            g.mkdir(exist_ok=True)
+            (g / "cpu.cfs_period_us").write_text(str(period))
+            (g / "cpu.cfs_quota_us").write_text(str(quota))
+            return g, g / "tasks"
+        if "cpu" in (v2 / "cgroup.subtree_control").read_text().split():
+            g = v2 / name
+            g.mkdir(exist_ok=True)
+            (g / "cgroup.type").write_text("threaded")
+            (g / "cpu.max").write_text(f"{quota} {period}")
+            return g, g / "cgroup.threads"
+    except OSError:
+        pass
+    return None
+
+
+def _pollers_release(group: tuple[Path, Path] | None) -> None:
+    """The cgroup removed, any thread still in it handed back to its parent first."""
+    if group is None:
+        return
+    folder, threads = group
+    try:
+        for tid in threads.read_text().split():
+            try:
+                (folder.parent / threads.name).write_text(tid)
+            except OSError:
+                pass
+        folder.rmdir()
+    except OSError:
+        pass
+
+
+def _nixl_pollers_capped(stop, group: tuple[Path, Path] | None) -> None:
     import time
 
     seen: dict[int, int] = {}  # tid -> ns it had run or waited to run, at the last look
-    niced: set[int] = set()
+    moved: set[int] = set()
     last = time.monotonic()
     while not stop.wait(1.0):
         now, wanted = time.monotonic(), {}
@@ -205,7 +259,7 @@ def _nixl_pollers_nice(stop) -> None:
                     if f.read().strip() != "VLLM::Worker":
                         continue
                 for tid in (int(t) for t in os.listdir(f"/proc/{pid}/task")):
-                    if tid == pid or tid in niced:
+                    if tid == pid or tid in moved:
                         continue
                     with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
                         ran, waited = f.read().split()[:2]
@@ -215,10 +269,17 @@ def _nixl_pollers_nice(stop) -> None:
         for tid, ns in wanted.items():
             if tid in seen and ns - seen[tid] >= POLLER_CORE_SHARE * (now - last) * 1e9:
                 try:
-                    os.setpriority(os.PRIO_PROCESS, tid, 19)
-                    niced.add(tid)
+                    if group is not None:
+                        group[1].write_text(str(tid))
+                    else:
+                        os.setpriority(os.PRIO_PROCESS, tid, 19)
+                    moved.add(tid)
                 except OSError:
-                    pass
+                    try:
+                        os.setpriority(os.PRIO_PROCESS, tid, 19)
+                        moved.add(tid)
+                    except OSError:
+                        pass
         seen, last = wanted, now
 
 
@@ -228,9 +289,17 @@ def pytest_sessionstart(session):
     import threading
 
     stop = threading.Event()
-    threading.Thread(target=_nixl_pollers_nice, args=(stop,), daemon=True,
-                     name="nixl-pollers-nice").start()
-    session.config.add_cleanup(stop.set)
+    group = _POLLERS[0] = _pollers_cgroup()
+    t = threading.Thread(target=_nixl_pollers_capped, args=(stop, group), daemon=True,
+                         name="nixl-pollers-capped")
+    t.start()
+
+    def end() -> None:
+        stop.set()
+        t.join(5)
+        _pollers_release(group)
+
+    session.config.add_cleanup(end)
 
 
 # --- the suite measures itself --------------------------------------------------------------
@@ -341,6 +410,16 @@ def pytest_terminal_summary(terminalreporter):
         share = (t[0] - _CPU0[0][0]) / (t[1] - _CPU0[0][1])
         w(f"cores busy: {share * cores:.1f} of {cores} on average ({100 * share:.0f} %, the "
           f"whole machine's)")
+    if (group := _POLLERS[0]) is not None:
+        try:
+            stat = dict(line.split() for line in (group[0] / "cpu.stat").read_text().splitlines())
+            held_s = (int(stat.get("throttled_time", 0))  # ns in cgroup v1, us in v2
+                      or int(stat.get("throttled_usec", 0)) * 1000) / 1e9
+            w(f"NIXL pollers capped ({POLLERS_CAP_US[0] // 1000} ms per "
+              f"{POLLERS_CAP_US[1] // 1000} ms, all together): held back {held_s:.0f} s in "
+              f"{stat.get('nr_throttled')} of {stat.get('nr_periods')} periods")
+        except (OSError, ValueError):
+            pass
     cpu_by_module = _by_module(_CPU)
     if _CPU:
         w(f"CPU counted in the tests (their workers and the processes they waited for): "
