@@ -199,11 +199,11 @@ POLLERS_CAP_US = (10_000, 50_000)  # CPU time per period, for all the pollers to
 _POLLERS: list[tuple[Path, Path] | None] = [None]  # the session's cgroup for them, if any
 
 
-def _pollers_cgroup() -> tuple[Path, Path] | None:
-    """A new CPU cgroup capped at POLLERS_CAP_US: (its folder, the file a thread id is written
-    to); None where none can be made."""
+def _pollers_cgroup(owner: int | None = None) -> tuple[Path, Path] | None:
+    """A new CPU cgroup capped at POLLERS_CAP_US, named after the process `owner` (this one):
+    (its folder, the file a thread id is written to); None where none can be made."""
     quota, period = POLLERS_CAP_US
-    name = f"pd-tests-nixl-pollers-{os.getpid()}"
+    name = f"pd-tests-nixl-pollers-{owner or os.getpid()}"
     v1, v2 = Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")
     for stale in [*v1.glob("pd-tests-nixl-pollers-*"), *v2.glob("pd-tests-nixl-pollers-*")]:
         if not Path(f"/proc/{stale.name.rsplit('-', 1)[1]}").exists():
@@ -245,7 +245,8 @@ def _pollers_release(group: tuple[Path, Path] | None) -> None:
         pass
 
 
-def _nixl_pollers_capped(stop, group: tuple[Path, Path] | None) -> None:
+def _nixl_pollers_capped(stop, group: tuple[Path, Path] | None,
+                         process: str = "VLLM::Worker") -> None:
     import time
 
     seen: dict[int, int] = {}  # tid -> ns it had run or waited to run, at the last look
@@ -256,7 +257,7 @@ def _nixl_pollers_capped(stop, group: tuple[Path, Path] | None) -> None:
         for pid in (int(d) for d in os.listdir("/proc") if d.isdigit()):
             try:
                 with open(f"/proc/{pid}/comm") as f:
-                    if f.read().strip() != "VLLM::Worker":
+                    if f.read().strip() != process:
                         continue
                 for tid in (int(t) for t in os.listdir(f"/proc/{pid}/task")):
                     if tid == pid or tid in moved:

@@ -1,6 +1,7 @@
 """The session's guard against NIXL's busy poller (conftest.py, docs/vllm-cpu.md): a thread of a
-`VLLM::Worker` process that wants a whole core is lowered to nice 19, on a loaded machine too;
-the process's main thread and its quiet threads keep their priority."""
+`VLLM::Worker` process that wants a whole core is moved into a CPU cgroup with a cap, which then
+holds it back (or lowered to nice 19 where no cgroup can be made), on a loaded machine too; the
+process's main thread and its quiet threads are left where they are."""
 
 from __future__ import annotations
 
@@ -9,12 +10,18 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import conftest
+import pytest
 
-WORKER = """
+# vLLM's worker is `VLLM::Worker`; this one has a name of its own, so that the session's guard
+# (which looks for vLLM's) leaves it to the guard under test
+NAME = "PDTEST::Worker"
+WORKER = f"""
+NAME = {NAME!r}
 import ctypes, sys, threading, time
-ctypes.CDLL(None).prctl(15, b"VLLM::Worker", 0, 0, 0)  # PR_SET_NAME: what vLLM's worker is called
+ctypes.CDLL(None).prctl(15, NAME.encode(), 0, 0, 0)  # PR_SET_NAME, as vLLM names its worker
 def spin():
     while True:
         pass
@@ -25,21 +32,67 @@ time.sleep(60)
 """
 
 
-def test_a_busy_worker_thread_is_niced_and_its_other_threads_are_not():
+def _cpu_cgroup(tid: int) -> str:
+    """The CPU cgroup of thread `tid` (cgroup v1's cpu hierarchy, else v2's)."""
+    lines = Path(f"/proc/{tid}/cgroup").read_text().splitlines()
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return path
+    return next(line.split(":", 2)[2] for line in lines if line.startswith("0::"))
+
+
+def _until(check, seconds: float = 20) -> bool:
+    deadline = time.monotonic() + seconds
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return check()
+
+
+@pytest.fixture
+def worker():
     p = subprocess.Popen([sys.executable, "-c", WORKER], stdout=subprocess.PIPE, text=True)
     stop = threading.Event()
     try:
         main, spinner, quiet = (int(x) for x in p.stdout.readline().split())
         assert main == p.pid
-        guard = threading.Thread(target=conftest._nixl_pollers_nice, args=(stop,), daemon=True)
-        guard.start()
-        deadline = time.monotonic() + 20
-        while os.getpriority(os.PRIO_PROCESS, spinner) != 19 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert os.getpriority(os.PRIO_PROCESS, spinner) == 19
-        assert os.getpriority(os.PRIO_PROCESS, main) == 0
-        assert os.getpriority(os.PRIO_PROCESS, quiet) == 0
+        yield p, main, spinner, quiet, stop
     finally:
         stop.set()
         p.kill()
         p.wait()
+
+
+def test_a_busy_worker_thread_is_capped_in_a_cgroup_and_its_other_threads_are_not(worker):
+    p, main, spinner, quiet, stop = worker
+    group = conftest._pollers_cgroup(owner=p.pid)
+    if group is None:
+        pytest.skip("no CPU cgroup can be made here (not root, or no cpu controller)")
+    try:
+        before = {t: _cpu_cgroup(t) for t in (main, quiet)}
+        guard = threading.Thread(target=conftest._nixl_pollers_capped, args=(stop, group, NAME),
+                                 daemon=True)
+        guard.start()
+        assert _until(lambda: _cpu_cgroup(spinner) == "/" + group[0].name), _cpu_cgroup(spinner)
+        assert {t: _cpu_cgroup(t) for t in (main, quiet)} == before
+        assert os.getpriority(os.PRIO_PROCESS, spinner) == 0  # moved, not niced
+
+        def throttled() -> int:
+            stat = dict(line.split() for line in (group[0] / "cpu.stat").read_text().splitlines())
+            return int(stat["nr_throttled"])
+
+        assert _until(lambda: throttled() > 0, 10), "the cap never held the spinner back"
+    finally:
+        stop.set()
+        conftest._pollers_release(group)  # hands the spinner back first
+    assert not group[0].exists()
+
+
+def test_where_no_cgroup_can_be_made_a_busy_worker_thread_is_niced(worker):
+    p, main, spinner, quiet, stop = worker
+    guard = threading.Thread(target=conftest._nixl_pollers_capped, args=(stop, None, NAME),
+                             daemon=True)
+    guard.start()
+    assert _until(lambda: os.getpriority(os.PRIO_PROCESS, spinner) == 19)
+    assert os.getpriority(os.PRIO_PROCESS, main) == 0
+    assert os.getpriority(os.PRIO_PROCESS, quiet) == 0
