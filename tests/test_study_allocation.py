@@ -274,7 +274,7 @@ def test_a_damaged_plan_of_turns_is_one_sentence(tmp_path):
 
 
 def test_a_configuration_the_study_ends_between_its_visits_is_cancelled_with_its_points(
-        tmp_path):
+        tmp_path, monkeypatch):
     """A configuration begun in an earlier visit (running, between visits) and not reached
     again: cancelled, saying its earlier visits' points are kept, and summarised with them;
     one never begun: `not run`."""
@@ -288,8 +288,17 @@ def test_a_configuration_the_study_ends_between_its_visits_is_cancelled_with_its
     begun.event("visit_end", points=[4])
     fresh = rundir.RunDir(tmp_path / "fresh")
     fresh.path.mkdir()
+    seen = {}  # the events there when the final state is written (docs/contracts.md)
+
+    def spy(rd, rec, write=rundir.RunDir.write_record):
+        if State(rec.state).final:
+            seen[rd.path.name] = [e["event"] for e in rd.events()]
+        write(rd, rec)
+
+    monkeypatch.setattr(rundir.RunDir, "write_record", spy)
     for rd in (begun, fresh):
         control_study._not_run(rd, "the study ended before its turn (SIGTERM)")
+    assert seen == {"begun": ["visit_end", "cancelled"], "fresh": ["cancelled"]}, seen
     rec = begun.read_record()
     assert rec.state == State.CANCELLED and rec.started is not None
     assert rec.error == ("cancelled before its later visits: the study ended before its turn "

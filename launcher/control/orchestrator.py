@@ -988,8 +988,8 @@ def run(run_dir: Path, shared: InStudy | None = None) -> int:
     def finish_early(state: State, error: str, culprit: str | None = None) -> None:
         record.state, record.error, record.culprit = state, error, culprit
         record.failed_stage, record.ended = record.stage, time.time()
+        book.event(str(state), error=error)  # before the final state: readers wait for that
         book.save()
-        book.event(str(state), error=error)
         say(f"run {state}: {error}")
 
     try:

@@ -62,8 +62,8 @@ def _not_run(run: RunDir, why: str) -> None:
             rec.error = (f"cancelled before its later visits: {why}; the points measured in "
                          "its earlier visits are kept")
             rec.failed_stage = None
+            run.event("cancelled", error=rec.error)  # before the final state, as every run's
             run.write_record(rec)
-            run.event("cancelled", error=rec.error)
             try:  # its summary: the points it has, labelled as a cancelled run's
                 from launcher.run import figures
 
@@ -72,9 +72,9 @@ def _not_run(run: RunDir, why: str) -> None:
             except Exception as e:  # noqa: BLE001 - the record above is what must stay
                 say(f"could not write {run.run_id}'s summary: {e!r}")
             return
+        run.event("cancelled", error=f"not run: {why}")
         run.write_record(RunRecord(state=State.CANCELLED, started=None, ended=now, updated=now,
                                    error=f"not run: {why}", host=socket.gethostname()))
-        run.event("cancelled", error=f"not run: {why}")
     except OSError as e:
         say(f"could not record that {run.run_id} was not run: {e}")
 
