@@ -229,6 +229,13 @@ def _pollers_cgroup(owner: int | None = None) -> tuple[Path, Path] | None:
     return None
 
 
+def _cgroup_stat(folder: Path) -> dict[str, int]:
+    """A cgroup's cpu.stat: nr_periods, nr_throttled, throttled_time (ns, v1) or
+    throttled_usec (v2)."""
+    return {k: int(v) for k, v in (line.split() for line in
+                                   (folder / "cpu.stat").read_text().splitlines())}
+
+
 def _pollers_release(group: tuple[Path, Path] | None) -> None:
     """The cgroup removed, any thread still in it handed back to its parent first."""
     if group is None:
@@ -243,6 +250,22 @@ def _pollers_release(group: tuple[Path, Path] | None) -> None:
         folder.rmdir()
     except OSError:
         pass
+
+
+def _tame(tid: int, group: tuple[Path, Path] | None) -> bool:
+    """Thread `tid` into the group, else to nice 19; False when neither could be done (it has
+    ended, or this process may not)."""
+    if group is not None:
+        try:
+            group[1].write_text(str(tid))
+            return True
+        except OSError:
+            pass
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, 19)
+        return True
+    except OSError:
+        return False
 
 
 def _nixl_pollers_capped(stop, group: tuple[Path, Path] | None,
@@ -268,19 +291,9 @@ def _nixl_pollers_capped(stop, group: tuple[Path, Path] | None,
             except (OSError, ValueError):
                 continue
         for tid, ns in wanted.items():
-            if tid in seen and ns - seen[tid] >= POLLER_CORE_SHARE * (now - last) * 1e9:
-                try:
-                    if group is not None:
-                        group[1].write_text(str(tid))
-                    else:
-                        os.setpriority(os.PRIO_PROCESS, tid, 19)
-                    moved.add(tid)
-                except OSError:
-                    try:
-                        os.setpriority(os.PRIO_PROCESS, tid, 19)
-                        moved.add(tid)
-                    except OSError:
-                        pass
+            if tid in seen and ns - seen[tid] >= POLLER_CORE_SHARE * (now - last) * 1e9 \
+                    and _tame(tid, group):
+                moved.add(tid)
         seen, last = wanted, now
 
 
@@ -413,9 +426,8 @@ def pytest_terminal_summary(terminalreporter):
           f"whole machine's)")
     if (group := _POLLERS[0]) is not None:
         try:
-            stat = dict(line.split() for line in (group[0] / "cpu.stat").read_text().splitlines())
-            held_s = (int(stat.get("throttled_time", 0))  # ns in cgroup v1, us in v2
-                      or int(stat.get("throttled_usec", 0)) * 1000) / 1e9
+            stat = _cgroup_stat(group[0])
+            held_s = (stat.get("throttled_time", 0) or stat.get("throttled_usec", 0) * 1000) / 1e9
             w(f"NIXL pollers capped ({POLLERS_CAP_US[0] // 1000} ms per "
               f"{POLLERS_CAP_US[1] // 1000} ms, all together): held back {held_s:.0f} s in "
               f"{stat.get('nr_throttled')} of {stat.get('nr_periods')} periods")

@@ -9,11 +9,11 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import conftest
 import pytest
+from helpers import wait_for
 
 # vLLM's worker is `VLLM::Worker`; this one has a name of its own, so that the session's guard
 # (which looks for vLLM's) leaves it to the guard under test
@@ -42,13 +42,6 @@ def _cpu_cgroup(tid: int) -> str:
     return next(line.split(":", 2)[2] for line in lines if line.startswith("0::"))
 
 
-def _until(check, seconds: float = 20) -> bool:
-    deadline = time.monotonic() + seconds
-    while not check() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return check()
-
-
 @pytest.fixture
 def worker():
     p = subprocess.Popen([sys.executable, "-c", WORKER], stdout=subprocess.PIPE, text=True)
@@ -73,15 +66,12 @@ def test_a_busy_worker_thread_is_capped_in_a_cgroup_and_its_other_threads_are_no
         guard = threading.Thread(target=conftest._nixl_pollers_capped, args=(stop, group, NAME),
                                  daemon=True)
         guard.start()
-        assert _until(lambda: _cpu_cgroup(spinner) == "/" + group[0].name), _cpu_cgroup(spinner)
+        wait_for(lambda: _cpu_cgroup(spinner) == "/" + group[0].name, 20,
+                 "the spinner moved into the group")
         assert {t: _cpu_cgroup(t) for t in (main, quiet)} == before
         assert os.getpriority(os.PRIO_PROCESS, spinner) == 0  # moved, not niced
-
-        def throttled() -> int:
-            stat = dict(line.split() for line in (group[0] / "cpu.stat").read_text().splitlines())
-            return int(stat["nr_throttled"])
-
-        assert _until(lambda: throttled() > 0, 10), "the cap never held the spinner back"
+        wait_for(lambda: conftest._cgroup_stat(group[0])["nr_throttled"] > 0, 10,
+                 "the cap to hold the spinner back")
     finally:
         stop.set()
         conftest._pollers_release(group)  # hands the spinner back first
@@ -93,6 +83,6 @@ def test_where_no_cgroup_can_be_made_a_busy_worker_thread_is_niced(worker):
     guard = threading.Thread(target=conftest._nixl_pollers_capped, args=(stop, None, NAME),
                              daemon=True)
     guard.start()
-    assert _until(lambda: os.getpriority(os.PRIO_PROCESS, spinner) == 19)
+    wait_for(lambda: os.getpriority(os.PRIO_PROCESS, spinner) == 19, 20, "the spinner niced")
     assert os.getpriority(os.PRIO_PROCESS, main) == 0
     assert os.getpriority(os.PRIO_PROCESS, quiet) == 0
