@@ -575,9 +575,32 @@ class Ext4:
             time.sleep(0.2)
         raise AssertionError(f"{self.where} did not turn read-only")
 
+    def mounted_in(self) -> list[str]:
+        """'pid (command)' of one process per mount namespace that has this filesystem mounted."""
+        rdev = os.stat(self.loop).st_rdev
+        dev, seen, found = f"{os.major(rdev)}:{os.minor(rdev)}", set(), []
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                ns = os.readlink(proc / "ns" / "mnt")
+                if ns in seen:
+                    continue
+                seen.add(ns)
+                if any(line.split()[2] == dev for line in (proc / "mountinfo").read_text().splitlines()):
+                    found.append(f"{proc.name} ({(proc / 'comm').read_text().strip()})")
+            except OSError:  # gone meanwhile
+                continue
+        return found
+
     def recover(self) -> None:
         """What an admin does next: unmount, fsck, mount (read-only) to get the data back."""
         subprocess.run(["umount", str(self.where)], check=True, capture_output=True)
+        # fsck needs it unmounted everywhere: a container's mount namespace of the run's job
+        # may still hold it for a moment after the job left the queue (fresh60: "in use")
+        try:
+            helpers.wait_for(lambda: not self.mounted_in(), 60,
+                             f"{self.loop} to be unmounted in every mount namespace")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; still mounted in the namespace of {self.mounted_in()}") from None
         r = subprocess.run(["e2fsck", "-fy", self.loop], capture_output=True, text=True)
         assert r.returncode in (0, 1), r.stdout + r.stderr  # 1: errors corrected
         subprocess.run(["mount", "-o", "ro", self.loop, str(self.where)], check=True)
