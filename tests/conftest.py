@@ -35,9 +35,10 @@ def cli(tmp_path):
 # goes there (SBATCH_PARTITION and its salloc/srun twins, which Slurm reads over #SBATCH
 # lines), so a test that kills or drains a node or waits for every node idle
 # (`@pytest.mark.whole_partition`) disturbs only its own lane, which runs one test at a time
-# anyway. A test that takes something from every node (enroot), or cancels the step of a
-# killed srun (whose messages could then end any srun on this host: docs/contracts.md), runs
-# with no other dev-cluster test beside it (`@pytest.mark.whole_cluster`). Any other test runs
+# anyway; that includes a test that kills an srun (Slurm's messages for its step could end
+# another srun of the partition: docs/contracts.md; each partition's sruns have ports of their
+# own). A test that takes something from every node (enroot) runs with no other dev-cluster
+# test beside it (`@pytest.mark.whole_cluster`). Any other test runs
 # with its module, whose module fixtures then start once. Local runs keep apart by themselves
 # (each holds its own block of ports).
 DEVCLUSTER = "devcluster"
@@ -46,6 +47,7 @@ PARTITIONS = ("dev", "dev2")  # the lanes' partitions, in the order their locks 
 SECOND_LANE = {"test_slurm_run", "test_pyxis", "test_rack_faults", "test_srt_devcluster",
                "test_prometheus", "test_gb200_path", "test_salloc"}
 PARTITION_ENV = ("SBATCH_PARTITION", "SALLOC_PARTITION", "SLURM_PARTITION")
+DEVCLUSTER_DIR = Path(os.environ.get("DEVCLUSTER_DIR", "/var/tmp/pd-devcluster"))
 # After the lanes, the modules the timing table names longest start first, longest first
 # (`make test` passes --no-loadscope-reorder, which keeps this order instead of xdist's by
 # number of tests): one started last would run alone while the other workers stand idle.
@@ -103,6 +105,11 @@ def _on_partition(root: Path, part: str, whole_partition: bool, whole_cluster: b
         if part != PARTITIONS[0]:
             for k in PARTITION_ENV:
                 env.setenv(k, part)
+            # its own srun ports for an srun started here (in its jobs, its nodes' slurmd
+            # says so): up.sh writes one config per partition
+            conf = DEVCLUSTER_DIR / "etc" / f"slurm.{part}.conf"
+            if conf.exists():
+                env.setenv("SLURM_CONF", str(conf))
         yield
 
 

@@ -187,10 +187,11 @@ def step_srun(job: str, marker: str) -> subprocess.Popen:
     return p
 
 
-# Alone on the cluster: Slurm's messages for the killed srun's step (its task's exit, the
-# step's end) go to that srun's ports, and an srun that starts meanwhile anywhere on this
-# host may have taken one: it then aborts its own step (docs/contracts.md).
-@pytest.mark.whole_cluster
+# Alone on its partition: Slurm's messages for the killed srun's step (its task's exit, the
+# step's end) go to that srun's ports, and an srun that starts meanwhile may have taken one:
+# it then aborts its own step (docs/contracts.md). The other partition's sruns have ports of
+# their own (slurm/devcluster/up.sh).
+@pytest.mark.whole_partition
 def test_srun_client_kill_and_step_cancel(tmp_path):
     """SIGTERM to srun ends its step; SIGKILL to the whole srun process group leaves the step
     running until `scancel JOB.STEP` (what an orchestrator must do for lost clients)."""
@@ -221,7 +222,7 @@ def test_srun_client_kill_and_step_cancel(tmp_path):
         wait_done(job)  # its steps' last messages are sent before the job has ended
 
 
-@pytest.mark.whole_cluster  # it kills an srun and cancels its step: see the test above
+@pytest.mark.whole_partition  # it kills an srun and cancels its step: see the test above
 def test_a_killed_sruns_step_has_ended_when_the_launcher_has_cancelled_it(tmp_path,
                                                                           monkeypatch):
     """The launcher's stop SIGKILLs an srun that outlived its grace, then cancels the step it
@@ -244,6 +245,58 @@ def test_a_killed_sruns_step_has_ended_when_the_launcher_has_cancelled_it(tmp_pa
     finally:
         sh("scancel", job, check=False)
         wait_done(job)
+
+
+def _srun_ports(conf: Path) -> range:
+    m = re.search(r"^SrunPortRange=(\d+)-(\d+)$", conf.read_text(), re.M)
+    assert m, f"{conf} names no SrunPortRange"
+    return range(int(m.group(1)), int(m.group(2)) + 1)
+
+
+def test_each_partitions_sruns_listen_on_ports_no_other_partition_takes(tmp_path):
+    """Each partition's slurmds read a config whose srun ports are the partition's own, outside
+    the kernel's ephemeral ports, and a job's srun listens only there: Slurm's messages for a
+    killed srun's step then reach no other partition's srun (docs/contracts.md)."""
+    import psutil
+
+    nodes_of = {}
+    for ln in sh("sinfo", "-h", "-o", "%R %N").splitlines():
+        part, expr = ln.split()
+        nodes_of[part] = sh("scontrol", "show", "hostnames", expr).split()
+    assert len(nodes_of) >= 2, nodes_of
+    conf_of = {}  # node -> the config its slurmd reads
+    for proc in psutil.process_iter(["cmdline"]):
+        argv = proc.info["cmdline"] or []
+        if argv[:2] == ["slurmd", "-N"]:
+            try:
+                conf_of[argv[2]] = Path(proc.environ()["SLURM_CONF"])
+            except (psutil.Error, KeyError):
+                pass
+    ranges = {}
+    for part, nodes in nodes_of.items():
+        confs = {conf_of.get(n) for n in nodes}
+        assert len(confs) == 1 and None not in confs, f"{part}: slurmds read {confs}"
+        ranges[part] = _srun_ports(confs.pop())
+    lo, hi = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    names = sorted(ranges)
+    for i, a in enumerate(names):
+        assert ranges[a].start > hi or ranges[a].stop <= lo, f"{a}: {ranges[a]} is ephemeral"
+        for b in names[i + 1:]:
+            assert not set(ranges[a]) & set(ranges[b]), f"{a} and {b} share srun ports"
+
+    script = """#!/bin/bash
+srun --nodes=1 --ntasks=1 sleep 5 &
+sleep 2
+echo "conf=$SLURM_CONF"
+ss -Hltnp | grep "pid=$!," | awk '{print $4}'
+wait
+"""
+    job = sbatch(script, tmp_path, "--nodes=1", "--output=out.txt")
+    assert wait_done(job) == "COMPLETED"
+    out = (tmp_path / "out.txt").read_text()
+    ports = [int(x.rsplit(":", 1)[1]) for x in re.findall(r"^\S+:\d+$", out, re.M)]
+    assert ports, out
+    assert all(port in ranges[PARTITION] for port in ports), (ranges[PARTITION], out)
 
 
 def test_batch_only_signal_reaches_batch_shell_not_steps(tmp_path):

@@ -69,19 +69,38 @@ range_expr() {  # first last (1-based)
     if [ "$1" = "$2" ]; then printf '%s%02d' "$PREFIX" "$1"
     else printf '%s[%02d-%02d]' "$PREFIX" "$1" "$2"; fi
 }
+# Each partition's srun ports: a range of its own above the kernel's ephemeral ports
+# (32768-60999), so that Slurm's messages for a killed srun's step (they go to that srun's
+# ports, and srun does not check which step a message is for) can only reach an srun of the
+# same partition, never another lane's: on a real cluster they are other hosts' ports.
+# The partition's slurmds read a config that differs in that line alone (jobs then get it as
+# SLURM_CONF); clients on this host read the first partition's, or name theirs.
+SRUN_PORTS_FIRST=61000
+SRUN_PORTS_SPAN=$(( (65000 - SRUN_PORTS_FIRST) / PARTS )); [ "$SRUN_PORTS_SPAN" -le 2000 ] || SRUN_PORTS_SPAN=2000
 PART_LINES=""
 PART_SUMMARY=""
+PART_NAMES=()
+declare -A NODE_PART=()  # node -> its partition's index (1-based)
 per=$((NODES / PARTS))
 first=1
 for k in $(seq 1 "$PARTS"); do
     name=$PARTITION; [ "$k" = 1 ] || name="$PARTITION$k"
+    PART_NAMES+=("$name")
     count=$per; [ "$k" = 1 ] && count=$((per + NODES % PARTS))
     last=$((first + count - 1))
     default=NO; [ "$k" = 1 ] && default=YES
     PART_LINES+="PartitionName=$name Nodes=$(range_expr "$first" "$last") Default=$default MaxTime=INFINITE State=UP"$'\n'
     PART_SUMMARY+="${PART_SUMMARY:+, }$name $(range_expr "$first" "$last")"
+    for i in $(seq "$first" "$last"); do NODE_PART[${NODE_NAMES[$((i - 1))]}]=$k; done
     first=$((last + 1))
 done
+srun_ports() {  # partition index (1-based)
+    local lo=$((SRUN_PORTS_FIRST + ($1 - 1) * SRUN_PORTS_SPAN))
+    echo "$lo-$((lo + SRUN_PORTS_SPAN - 1))"
+}
+part_conf() {  # partition index: the config its slurmds and clients read
+    if [ "$1" = 1 ]; then echo "$CONF"; else echo "$DIR/etc/slurm.${PART_NAMES[$(($1 - 1))]}.conf"; fi
+}
 PART_LINES=${PART_LINES%$'\n'}
 PORT_LAST=$((SLURMD_PORT + NODES - 1))
 PORT_EXPR="[${SLURMD_PORT}-${PORT_LAST}]"
@@ -155,6 +174,8 @@ MessageTimeout=10
 SlurmdTimeout=20
 InactiveLimit=0
 MaxStepCount=100000
+# The partitions' configs differ in SrunPortRange alone (above): not worth an error per node.
+DebugFlags=NO_CONF_HASH
 NodeName=$NODE_EXPR NodeAddr=127.0.0.1 Port=$PORT_EXPR CPUs=$CPUS RealMemory=$MEM_MB Gres=gpu:$GPUS State=UNKNOWN
 $PART_LINES
 EOF
@@ -173,7 +194,9 @@ write_if_changed() {  # file content
         changed=1
     fi
 }
-write_if_changed "$CONF" "$new_conf"
+for k in $(seq 1 "$PARTS"); do
+    write_if_changed "$(part_conf "$k")" "$new_conf"$'\n'"SrunPortRange=$(srun_ports "$k")"
+done
 write_if_changed "$DIR/etc/gres.conf" "$new_gres"
 write_if_changed "$DIR/etc/cgroup.conf" "$new_cgroup"
 # An empty plugstack until containers.sh loads pyxis into it.
@@ -289,7 +312,8 @@ for n in "${NODE_NAMES[@]}"; do
     pf=$(slurmd_pidfile "$n")
     if ! pid_alive "$pf" slurmd "$n"; then
         rm -f "$pf"
-        slurmd -N "$n" || { tail_logs; die "slurmd -N $n did not start"; }
+        SLURM_CONF=$(part_conf "${NODE_PART[$n]}") slurmd -N "$n" \
+            || { tail_logs; die "slurmd -N $n did not start"; }
         started+=("$n")
     fi
 done
@@ -349,6 +373,9 @@ fi
 # ---------------------------------------------------------------- summary
 states=$(sinfo -h -N -o '%N %t' | sort -u | awk '{print $2}' | sort | uniq -c | awk '{printf "%s%s:%s", sep, $2, $1; sep=" "}')
 echo "devcluster: up: partitions $PART_SUMMARY ($NODES x ${GPUS} GPUs, ${CPUS} CPUs), $states, started: ${started[*]:-nothing (already running)}, state $DIR"
+ports=""
+for k in $(seq 1 "$PARTS"); do ports+="${ports:+, }${PART_NAMES[$((k - 1))]} $(srun_ports "$k") ($(part_conf "$k"))"; done
+echo "devcluster: srun ports: $ports"
 if [ "$ETC_LINKED" = 1 ]; then
     echo "devcluster: /etc/slurm/slurm.conf -> $CONF (clients need no env; or: export SLURM_CONF=$CONF)"
 else
