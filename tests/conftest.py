@@ -193,13 +193,20 @@ def _streamlit_scan_once() -> None:
 # idle or serving: one core per engine (docs/vllm-cpu.md). Nice does not tame it: each run's
 # processes are a session of their own, and with the kernel's autogroups (on by default) a nice
 # value weighs only against the same session's threads, so a niced poller still takes its
-# session's full share of the machine. The session therefore moves every such thread, once it
-# has wanted a core for a whole second (running or waiting to run: the kernel's schedstat), into
-# one CPU cgroup capped at a fifth of a core for all of them together; the polls still come
-# every few tens of milliseconds, so transfers go on. Where no cgroup can be made (no cpu
-# controller, not root), the thread is niced, which still helps within its own session. Only a
-# worker's threads other than its main one are touched, and only from the session's process.
+# session's full share of the machine. The session therefore moves every such thread into one
+# CPU cgroup capped at a fifth of a core for all of them together; the polls still come every
+# few tens of milliseconds, so transfers go on. A poller is a thread that has wanted a core
+# (running or waiting to run: the kernel's schedstat) for POLLER_SECONDS seconds in a row
+# without ever blocking (its voluntary context switches): a poll with a timeout of 0 never
+# sleeps, while a thread that works, such as NIXL's handshake in Python, waits for the GIL or
+# a lock every few milliseconds. Capping such a worker too starved it: a hybrid model's
+# handshake took 13 s to add the remote agent (0.09 s alone) and its first transfer 71 s,
+# the decode spinning meanwhile (docs/vllm-cpu.md). Where no cgroup can be made (no cpu
+# controller, not root), the thread is niced, which still helps within its own session. Only
+# a worker's threads other than its main one are touched, and only from the session's process.
 POLLER_CORE_SHARE = 0.8
+POLLER_SECONDS = 3
+POLLER_MAX_BLOCKS = 2  # voluntary context switches a second that still count as never blocking
 POLLERS_CAP_US = (10_000, 50_000)  # CPU time per period, for all the pollers together
 
 
@@ -275,33 +282,46 @@ def _tame(tid: int, group: tuple[Path, Path] | None) -> bool:
         return False
 
 
+def _thread_load(pid: int, tid: int) -> tuple[int, int]:
+    """Thread `tid`'s ns run or waited to run, and its voluntary context switches, so far."""
+    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+        ran, waited = f.read().split()[:2]
+    with open(f"/proc/{pid}/task/{tid}/status") as f:
+        blocks = next(int(line.split()[1]) for line in f
+                      if line.startswith("voluntary_ctxt_switches:"))
+    return int(ran) + int(waited), blocks
+
+
 def _nixl_pollers_capped(stop, group: tuple[Path, Path] | None,
                          process: str = "VLLM::Worker") -> None:
     import time
 
-    seen: dict[int, int] = {}  # tid -> ns it had run or waited to run, at the last look
+    seen: dict[int, tuple[int, int]] = {}  # tid -> its load at the last look
+    spun: dict[int, int] = {}  # tid -> seconds in a row it spun without blocking
     moved: set[int] = set()
     last = time.monotonic()
     while not stop.wait(1.0):
-        now, wanted = time.monotonic(), {}
+        now, loads = time.monotonic(), {}
         for pid in (int(d) for d in os.listdir("/proc") if d.isdigit()):
             try:
                 with open(f"/proc/{pid}/comm") as f:
                     if f.read().strip() != process:
                         continue
                 for tid in (int(t) for t in os.listdir(f"/proc/{pid}/task")):
-                    if tid == pid or tid in moved:
-                        continue
-                    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                        ran, waited = f.read().split()[:2]
-                    wanted[tid] = int(ran) + int(waited)
-            except (OSError, ValueError):
+                    if tid != pid and tid not in moved:
+                        loads[tid] = _thread_load(pid, tid)
+            except (OSError, ValueError, StopIteration):
                 continue
-        for tid, ns in wanted.items():
-            if tid in seen and ns - seen[tid] >= POLLER_CORE_SHARE * (now - last) * 1e9 \
-                    and _tame(tid, group):
+        for tid, (ns, blocks) in loads.items():
+            if tid in seen and ns - seen[tid][0] >= POLLER_CORE_SHARE * (now - last) * 1e9 \
+                    and blocks - seen[tid][1] <= POLLER_MAX_BLOCKS * (now - last):
+                spun[tid] = spun.get(tid, 0) + 1
+            else:
+                spun.pop(tid, None)
+            if spun.get(tid, 0) >= POLLER_SECONDS and _tame(tid, group):
                 moved.add(tid)
-        seen, last = wanted, now
+        seen, last = loads, now
+        spun = {t: n for t, n in spun.items() if t in loads}
 
 
 def pytest_sessionstart(session):
