@@ -211,10 +211,19 @@ def planned_ports(run: Path) -> set[int]:
     return ports
 
 
-def bound(ports: set[int]) -> list[int]:
-    """Planned ports something still listens on."""
+def bound(ports: set[int], ended: float) -> list[int]:
+    """Planned ports something still listens on, but for processes started after the run
+    `ended` (unix s): not the run's, but a later run's that the free ports drew there (fresh66:
+    a local run's agents on the ports a dev-cluster run's agents had left)."""
+    def born_after_the_end(pid: int | None) -> bool:
+        try:
+            return pid is not None and psutil.Process(pid).create_time() > ended
+        except psutil.Error:
+            return False
+
     return sorted({c.laddr.port for c in psutil.net_connections(kind="tcp")
-                   if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port in ports})
+                   if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port in ports
+                   and not born_after_the_end(c.pid)})
 
 
 def left_behind(run: Path) -> list[str]:
@@ -295,6 +304,7 @@ def finish(tmp_path: Path, run: Path, row: Row, fault_ts: float, *, culprit: str
            reconcile: bool = False, end_within: float = DETECT_S) -> str:
     """The checks every fault ends with; fills and records the table row."""
     st = wait_end(run, reconcile=reconcile)
+    ended = time.time()
     row.state, row.culprit = st.state, culprit
     row.detect_s, row.end_s = detect_time(run, fault_ts), end_time(st, fault_ts)
     if st.slurm_job_id:
@@ -304,7 +314,7 @@ def finish(tmp_path: Path, run: Path, row: Row, fault_ts: float, *, culprit: str
         time.sleep(0.5)  # processes Slurm is still ending (KillWait)
     procs = left_behind(run)
     steps = steps_left(st.slurm_job_id)
-    ports = bound(planned_ports(run))
+    ports = bound(planned_ports(run), ended)
     row.procs, row.steps, row.ports = len(procs), len(steps), len(ports)
     out = cli_status(tmp_path, run)
     logs = [f for f in (run / "logs").glob("*.log") if f.stat().st_size > 0]
