@@ -16,9 +16,11 @@ local files (no hub access). Requests are built and filtered by lm-eval's own co
 
 from __future__ import annotations
 
+import atexit
 import copy
 import json
 import logging
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -35,6 +37,7 @@ logging.disable(logging.WARNING)
 def load_task(train: str, test: str, fewshot_split: str = "train"):
     yaml_path = Path(lm_eval.tasks.__file__).parent / "gsm8k" / "gsm8k.yaml"
     d = Path(tempfile.mkdtemp(prefix="gsm8k-oracle-"))
+    atexit.register(shutil.rmtree, d, True)  # read again while the task loads its data
     (d / "gsm8k_local.yaml").write_text(json.dumps({  # JSON is YAML
         "include": str(yaml_path), "task": "gsm8k", "dataset_path": "json",
         "dataset_name": None, "fewshot_split": fewshot_split,
