@@ -379,13 +379,17 @@ def cmdline(pid: int) -> str:
 
 
 def lose_node(node: str) -> int:
+    """Everything of `node` stops at once, then dies, as when a node loses power: killed one
+    by one, a slurmstepd that outlived its batch script reported the script's SIGKILL to
+    slurmctld first, and the job ended FAILED instead of by the node's loss (fresh68)."""
     victims = node_pids(node)
     assert any("slurmd" in cmdline(p) for p in victims), f"no slurmd of {node} among {victims}"
-    for pid in victims:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in victims:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
     return len(victims)
 
 
