@@ -312,16 +312,14 @@ def _nixl_pollers_capped(stop, group: tuple[Path, Path] | None,
                         loads[tid] = _thread_load(pid, tid)
             except (OSError, ValueError, StopIteration):
                 continue
+        spinning = {}
         for tid, (ns, blocks) in loads.items():
             if tid in seen and ns - seen[tid][0] >= POLLER_CORE_SHARE * (now - last) * 1e9 \
                     and blocks - seen[tid][1] <= POLLER_MAX_BLOCKS * (now - last):
-                spun[tid] = spun.get(tid, 0) + 1
-            else:
-                spun.pop(tid, None)
-            if spun.get(tid, 0) >= POLLER_SECONDS and _tame(tid, group):
-                moved.add(tid)
-        seen, last = loads, now
-        spun = {t: n for t, n in spun.items() if t in loads}
+                spinning[tid] = spun.get(tid, 0) + 1
+                if spinning[tid] >= POLLER_SECONDS and _tame(tid, group):
+                    moved.add(tid)
+        seen, spun, last = loads, spinning, now
 
 
 def pytest_sessionstart(session):

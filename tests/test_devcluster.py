@@ -17,18 +17,18 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import DEVCLUSTER_DIR
 from helpers import wait_for
 
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[1]
-STATE_DIR = Path(os.environ.get("DEVCLUSTER_DIR", "/var/tmp/pd-devcluster"))
 PARTITION = "dev"
 
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    conf = STATE_DIR / "etc" / "slurm.conf"
+    conf = DEVCLUSTER_DIR / "etc" / "slurm.conf"
     # up.sh links /etc/slurm/slurm.conf; SLURM_CONF also covers DEVCLUSTER_NO_ETC=1.
     if "SLURM_CONF" not in env and conf.exists():
         env["SLURM_CONF"] = str(conf)

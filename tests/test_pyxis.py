@@ -16,14 +16,14 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import DEVCLUSTER_DIR
 from helpers import in_image, launcher, leftovers, server_of, wait_for
 from test_gb200_path import REPO, SERVE_ONLY, profile, submit, wait_end
 
 from launcher.run import rundir
 
 pytestmark = pytest.mark.slurm
-DEVCLUSTER = Path(os.environ.get("DEVCLUSTER_DIR", "/var/tmp/pd-devcluster"))
-ENGINE_REF = DEVCLUSTER / "images" / "engine.ref"
+ENGINE_REF = DEVCLUSTER_DIR / "images" / "engine.ref"
 TAG_IMAGE = "127.0.0.1:5000/pd/devcluster-engine:bookworm"
 
 
@@ -51,7 +51,7 @@ def job_of(run: Path) -> str:
 def pyxis_lines(job: str) -> list[tuple[str, str]]:
     """(node, message) of every pyxis line slurmd logged for the job's steps."""
     out = []
-    for log in sorted((DEVCLUSTER / "log").glob("slurmd.*.log")):
+    for log in sorted((DEVCLUSTER_DIR / "log").glob("slurmd.*.log")):
         node = log.name.split(".")[1]
         for line in log.read_text(errors="replace").splitlines():
             if f"] [{job}." in line and "pyxis:" in line:
@@ -300,7 +300,7 @@ def queue_empty(timeout: float = 90) -> None:
 
 def epilog_failed_on(job: str) -> set[str]:
     """The nodes slurmctld drained for a failed epilog of `job` (its log says which job)."""
-    log = (DEVCLUSTER / "log" / "slurmctld.log").read_text(errors="replace")
+    log = (DEVCLUSTER_DIR / "log" / "slurmctld.log").read_text(errors="replace")
     return set(re.findall(rf"job_epilog_complete: JobId={job} epilog error on (\S+), draining",
                           log))
 
