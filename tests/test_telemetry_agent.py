@@ -12,10 +12,12 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import pytest
 from helpers import FIXTURES
 
 from launcher.run.plandoc import NodeDoc, PlanDoc, Process
@@ -232,6 +234,60 @@ def test_a_stopped_agent_samples_once_more_before_it_exits(tmp_path):
     first, last = df["ts"].min(), df["ts"].max()
     assert last - first >= 0.25 and abs(last - stopped) < 0.2, (first, last, stopped)
     assert read_agent_info(tmp_path)["n1"]["final"]
+
+
+def test_asked_for_a_sample_the_agent_takes_one_now_and_answers_once_it_is_written(tmp_path):
+    """The teardown asks every agent for a sample before it stops the servers: their last
+    requests' counts (a gate of a few questions ends within one beat) are on record though
+    the next beat would come only after the servers are gone."""
+    import asyncio
+
+    from launcher.control import watch
+
+    dec = MetricsServer((FIX / "vllm_metrics_v0.33.0_generated_decode_dp2_nixl.prom").read_text())
+    port = free_port()
+    plan = PlanDoc(
+        run_id="t", recipe="t", cluster="local", engine="sim", mode="disagg", model_path="m",
+        served_name="m", telemetry_interval_s=30.0, nodes=[NodeDoc("n1", "127.0.0.1", 2)],
+        endpoints=[], processes=[engine("decode-0@n1", dec.url, [0, 1])],
+        router_url="http://127.0.0.1:9", router_metrics_url="http://127.0.0.1:9/metrics",
+        gpu_count={"total": 2},
+    )
+    (tmp_path / "plan.json").write_text(json.dumps(plan.to_json()))
+    agent = agent_mod.Agent(tmp_path, "n1", gpu=False, exporter_port=port,
+                            exporter_addr="127.0.0.1")
+    url = f"http://127.0.0.1:{port}/metrics"
+    assert watch.agent_sample(url, 1.0) is None  # its loop not running yet: no sample
+    loop = asyncio.new_event_loop()
+    t = threading.Thread(target=lambda: loop.run_until_complete(agent.run()))
+    t.start()
+    try:
+        deadline = time.monotonic() + 10
+        while agent.ticks < 1:
+            assert time.monotonic() < deadline, "no first beat"
+            time.sleep(0.05)
+        asked = time.time()
+        ts = watch.agent_sample(url, 5.0)  # 30 s before the next beat
+        assert ts is not None and asked <= ts <= time.time(), (asked, ts)
+        assert agent.ticks == 2 and dec.hits == 2
+        df = read_samples(tmp_path)
+        gen = df[(df["name"] == "vllm:generation_tokens_total") & (df["engine"] == "0")]
+        # the second GET's, at the time answered (the store keeps milliseconds)
+        assert gen["value"].max() == 1002.0 and abs(gen["ts"].max() - ts) < 1e-3
+        # what else reaches /sample: a GET (a browser, a scraper) takes nothing
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/sample", timeout=5)
+        assert e.value.code == 405 and agent.ticks == 2
+        # the orchestrator's round: a node whose agent does not answer is named
+        nw = watch.NodeWatch(["n1", "n2"], slurm=False)
+        nw.agents = {"n1": url, "n2": f"http://127.0.0.1:{free_port()}/metrics"}
+        assert nw.sample(["n1", "n2"], 2.0) == ["n2"] and agent.ticks == 3
+    finally:
+        loop.call_soon_threadsafe(agent.stop)
+        t.join(timeout=10)
+        loop.close()
+        dec.kill()
+    assert not t.is_alive()
 
 
 class KeepAliveServer:

@@ -18,6 +18,7 @@ telemetry directory went read-only or full is known while the run goes on.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -25,6 +26,7 @@ import subprocess
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -117,6 +119,20 @@ def agent_writes(url: str, timeout: float = 2.0) -> dict | None:
     return out
 
 
+def agent_sample(url: str, timeout: float) -> float | None:
+    """Ask the agent behind this exporter URL for one sample now; its time once written, or
+    None when it did not answer in `timeout` (launcher.telemetry.exporter, `POST /sample`)."""
+    parts = urllib.parse.urlsplit(url)
+    target = urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/sample",
+                                      f"timeout={timeout:g}", ""))
+    try:
+        req = urllib.request.Request(target, data=b"", method="POST")
+        with urllib.request.urlopen(req, timeout=timeout + 1.0) as resp:
+            return float(json.loads(resp.read(1 << 12))["ts"])
+    except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 class NodeWatch:
     """Lost nodes (`lost`, node -> why) and each agent's write counts (`writes`), kept up to
     date by a background thread; `confirm()` asks every node at once."""
@@ -185,6 +201,16 @@ class NodeWatch:
                 self.beat(pool)
         finally:
             pool.shutdown(wait=False)
+
+    def sample(self, nodes: list[str], timeout: float) -> list[str]:
+        """The agents of these nodes (those watched, not lost) take one sample now, all at
+        once; the nodes whose agent did not say it had within `timeout`."""
+        nodes = [n for n in nodes if n in self.agents and n not in self.lost]
+        if not nodes:
+            return []
+        with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
+            answers = list(pool.map(lambda n: agent_sample(self.agents[n], timeout), nodes))
+        return [n for n, ts in zip(nodes, answers, strict=True) if ts is None]
 
     def beat(self, pool: ThreadPoolExecutor | None = None, knock_too: bool = True,
              timeout: float = 2.0) -> None:

@@ -168,7 +168,8 @@ class Agent:
             try:
                 from launcher.telemetry.exporter import Exporter
 
-                self.exporter = Exporter(node, exporter_port, addr=exporter_addr)
+                self.exporter = Exporter(node, exporter_port, addr=exporter_addr,
+                                         on_sample=self.sample_now)
             except Exception as e:  # noqa: BLE001 - no exporter never stops collection
                 self.exporter_error = f"exporter on port {exporter_port} failed: {e}"
                 self.notices.append(self.exporter_error)
@@ -188,6 +189,8 @@ class Agent:
             if collector.available:
                 self.gpu_sampler = GpuSampler(collector, self.gpu_sink, self.interval)
         self.stop_event = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tick_lock = asyncio.Lock()  # a requested sample never overlaps the beat's
         self.started = time.time()
         self.ticks = 0
         self.late_ticks = 0
@@ -217,16 +220,33 @@ class Agent:
                 self.writer.write(rows)
                 self.log_rows += len(rows)
 
-    async def tick(self) -> None:
-        ts = time.time()
-        self.last_status = await self.scraper.scrape_once(self.writer, ts)
-        self._host_rows(ts)
-        self._log_rows()
-        self.writer.flush()
-        self.ticks += 1
-        self.watch_writes()
-        if ts - self._last_info >= INFO_EVERY_S or (self.info_error and self.ticks % 5 == 0):
-            self.write_info()
+    async def tick(self) -> float:
+        async with self._tick_lock:
+            ts = time.time()
+            self.last_status = await self.scraper.scrape_once(self.writer, ts)
+            self._host_rows(ts)
+            self._log_rows()
+            self.writer.flush()
+            self.ticks += 1
+            self.watch_writes()
+            if ts - self._last_info >= INFO_EVERY_S or (self.info_error and self.ticks % 5 == 0):
+                self.write_info()
+            return ts
+
+    def sample_now(self, timeout: float) -> float | None:
+        """From another thread (the exporter's `POST /sample`): one beat begun after this
+        call, its time once written; None when the loop is not running or it took longer
+        than `timeout`. The teardown asks before it stops the servers: the periodic beat may
+        come only after they are gone, and their last requests' counts with them."""
+        loop = self._loop
+        if loop is None or loop.is_closed() or self.stop_event.is_set():
+            return None
+        done = asyncio.run_coroutine_threadsafe(self.tick(), loop)
+        try:
+            return done.result(timeout)
+        except Exception:  # noqa: BLE001 - late, cancelled or failed: no sample to name
+            done.cancel()
+            return None
 
     def watch_writes(self) -> None:
         """Say when the node directory stops and starts taking writes; serve the counts."""
@@ -277,7 +297,7 @@ class Agent:
 
     # --- main loop -----------------------------------------------------------------------
     async def run(self, duration: float | None = None) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
                 loop.add_signal_handler(sig, self.stop_event.set)
@@ -305,6 +325,7 @@ class Agent:
             if self.stop_event.is_set():
                 await self.last_tick()
         finally:
+            self._loop = None
             await self.shutdown()
 
     async def last_tick(self) -> None:

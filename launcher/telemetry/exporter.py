@@ -23,9 +23,10 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qs
 
 _BAD = re.compile(r"[^a-zA-Z0-9_]")
 
@@ -251,10 +252,20 @@ def _source(name: str) -> str:
     return "gpu" if name.startswith("gpu:") else "host"
 
 
+SAMPLE_PATH = "/sample"
+SAMPLE_MAX_WAIT_S = 30.0
+
+
 class Exporter:
+    """`GET /metrics` (any path but one): the latest samples. `POST /sample?timeout=S`: one
+    sample taken now by `on_sample` (the agent's), answered with its time once written, so the
+    teardown records the servers' last counters before it stops them (503 when it took longer
+    than S; 404 without `on_sample`)."""
+
     def __init__(self, node: str, port: int, *, addr: str = "0.0.0.0",  # noqa: S104
-                 stale_after_s: float = 60.0) -> None:
-        from prometheus_client import CollectorRegistry, start_http_server
+                 stale_after_s: float = 60.0,
+                 on_sample: Callable[[float], float | None] | None = None) -> None:
+        from prometheus_client import CollectorRegistry, make_wsgi_app
 
         self.node = node
         self.addr = addr
@@ -266,8 +277,28 @@ class Exporter:
         self._writes: dict[str, Any] = {}  # the writer's status (set_writes)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
-        self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
+        self.on_sample = on_sample
+        self._metrics_app = make_wsgi_app(self.registry)
+        self._server = _serve(addr, port, self._app)
         self.port = self._server.server_address[1]  # the real one when asked for port 0
+
+    def _app(self, environ: dict, start_response: Callable) -> list[bytes]:
+        if environ.get("PATH_INFO") != SAMPLE_PATH:
+            return self._metrics_app(environ, start_response)
+        if environ.get("REQUEST_METHOD") != "POST":
+            return _answer(start_response, "405 Method Not Allowed", {"error": "POST only"})
+        if self.on_sample is None:
+            return _answer(start_response, "404 Not Found", {"error": "no sampler"})
+        query = parse_qs(environ.get("QUERY_STRING", ""))
+        try:
+            wait = min(SAMPLE_MAX_WAIT_S, max(0.0, float(query.get("timeout", ["5"])[0])))
+        except ValueError:
+            return _answer(start_response, "400 Bad Request", {"error": "timeout: seconds"})
+        ts = self.on_sample(wait)
+        if ts is None:
+            return _answer(start_response, "503 Service Unavailable",
+                           {"error": f"no sample within {wait:g} s"})
+        return _answer(start_response, "200 OK", {"ts": ts})
 
     def update(self, rows: list[tuple]) -> None:
         """Rows `(ts, node, process, engine, name, labels, value)` of one sample."""
@@ -356,3 +387,32 @@ class Exporter:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def _answer(start_response: Callable, status: str, doc: dict) -> list[bytes]:
+    body = json.dumps(doc).encode()
+    start_response(status, [("Content-Type", "application/json"),
+                            ("Content-Length", str(len(body)))])
+    return [body]
+
+
+def _serve(addr: str, port: int, app: Callable) -> Any:
+    """A threaded WSGI server for `app` in a daemon thread; IPv6 addresses too."""
+    import socket
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    family, _, _, _, sockaddr = socket.getaddrinfo(
+        addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+
+    class Server(ThreadingMixIn, WSGIServer):
+        address_family = family
+        daemon_threads = True  # a slow client never holds the agent's exit
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            pass  # the agent's log is for the run, not for every scrape
+
+    server = make_server(sockaddr[0], port, app, Server, handler_class=Quiet)
+    threading.Thread(target=server.serve_forever, name="exporter", daemon=True).start()
+    return server
