@@ -312,3 +312,46 @@ def test_run_record_survives_a_round_trip():
     rec = RunRecord(state=State.FAILED, stage=Stage.SWEEP, culprit="decode-0@n1")
     again = RunRecord.from_json(json.loads(json.dumps(dataclasses.asdict(rec))))
     assert again == rec
+
+
+def test_a_preflight_step_that_hangs_or_is_cancelled_is_killed_and_a_finished_one_timed(
+        tmp_path, monkeypatch):
+    """The host check runs before the orchestrator exists (a node's stuck mount would hang
+    it): the same step runner as the container check, with its deadline and its kill."""
+    import os
+
+    from launcher.control.record import Book
+    from launcher.errors import Cancelled, RunFailed
+
+    run = RunDir(tmp_path)
+    book = Book(run, RunRecord())
+    backend = Backend.for_steps(tmp_path)
+    spawned = []
+    spawn = backend.spawn
+    monkeypatch.setattr(backend, "spawn", lambda *a: spawned.append(spawn(*a)) or spawned[-1])
+
+    monkeypatch.setattr(orchestrator, "STEP_TIMEOUT_S", 0.5)
+    with pytest.raises(RunFailed, match=r"preflight-host did not finish in 0.5 s; see "
+                                        r"logs/preflight-host.log"):
+        orchestrator.run_step(backend, run, book, "preflight-host",
+                              [["sleep", "30"], ["sleep", "30"]], lambda: None)
+    assert len(spawned) == 2 and all(p.poll() is not None for p in spawned)  # both, together
+
+    def cancel():
+        raise Cancelled("cancelled by SIGTERM")
+
+    monkeypatch.setattr(orchestrator, "STEP_TIMEOUT_S", 60.0)
+    with pytest.raises(Cancelled):
+        orchestrator.run_step(backend, run, book, "preflight-host", [["sleep", "30"]], cancel)
+    assert spawned[-1].poll() is not None
+    with pytest.raises(ProcessLookupError):
+        os.kill(spawned[-1].pid, 0)
+
+    assert orchestrator.run_step(backend, run, book, "preflight-container",
+                                 [["true"], ["sh", "-c", "sleep 0.3"]], lambda: None)
+    assert not orchestrator.run_step(backend, run, book, "preflight-container", [["false"]],
+                                     lambda: None)
+    steps = [e for e in run.events() if e["event"] == "preflight_step"]
+    assert [(e["step"], e["ok"]) for e in steps] == [("preflight-container", True),
+                                                     ("preflight-container", False)]
+    assert 0.3 <= steps[0]["seconds"] < 10, steps

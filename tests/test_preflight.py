@@ -143,6 +143,16 @@ def test_preflight_facts_are_written_per_node_and_place(serving_run):
         inside = json.loads((run / "preflight" / f"{node}.container.json").read_text())
         assert inside["engine_version"] == "simulator"
         assert all(c["ok"] for c in inside["argv_checks"]) and inside["argv_checks"]
+        # a slow step's time split: the process's start (whole-second boot time), its checks
+        for f in (host, inside):
+            assert f["process_started"] - 1 <= f["written"] - f["seconds"], f
+    # and each step's own seconds, from the orchestrator's side
+    steps = {e["step"]: e for e in rundir.RunDir(run).events() if e["event"] == "preflight_step"}
+    assert set(steps) == {"preflight-host", "preflight-container"}, steps
+    for e in steps.values():
+        assert e["ok"] and 0 < e["seconds"] < 600, e
+    host = json.loads((run / "preflight" / "local-1.host.json").read_text())
+    assert host["written"] <= steps["preflight-host"]["ts"], (host, steps)
 
 
 def test_one_check_covers_the_nodes_of_one_machine_and_keeps_each_nodes_own(tmp_path):

@@ -455,6 +455,18 @@ def container_facts(nodes: list[str], run_dir: Path, engine: str) -> dict[str, d
     return out
 
 
+def process_started() -> float | None:
+    """This process's start, unix seconds to about one (the boot time /proc gives is whole
+    seconds); None off Linux."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return round(boot + ticks / os.sysconf("SC_CLK_TCK"), 2)
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m launcher.control.nodecheck")
     ap.add_argument("--run-dir", required=True, type=Path)
@@ -494,8 +506,12 @@ def main(argv: list[str] | None = None) -> int:
                 facts["imex_channels"] = imex
     from launcher.run.rundir import write_json
 
+    started = process_started()
     for node, facts in found.items():
+        # a slow step's time split: before this process (Slurm, pyxis), its imports, the checks
         facts["seconds"] = round(time.monotonic() - t0, 2)
+        facts["process_started"] = started
+        facts["written"] = round(time.time(), 3)
         write_json(a.run_dir / "preflight" / f"{node}.{a.where}.json", facts)
         print(json.dumps(facts))
     return 0

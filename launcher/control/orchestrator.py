@@ -368,23 +368,11 @@ class Orchestrator:
 
     # --- stages ---
     def run_step(self, name: str, commands: list[list[str]]) -> bool:
-        """A preflight step to its end (cancellable), its output in logs/<name>.log; whether
-        every command of it exited 0."""
-        log = self.run.log(name)
-        # one command per node on the local profile: together, as srun runs them on Slurm
-        popens = [self.backend.spawn(cmd, log) for cmd in commands]
-        deadline = time.monotonic() + STEP_TIMEOUT_S
-        while any(p.poll() is None for p in popens):
+        def cancelled() -> None:
             if self.cancel_reason or self.run.read_cancel() is not None:
-                for p in popens:
-                    self.backend.kill(p)
-                self.check_processes()
-            if time.monotonic() > deadline:
-                for p in popens:
-                    self.backend.kill(p)
-                raise RunFailed(f"{name} did not finish in {STEP_TIMEOUT_S:g} s; see {log}")
-            time.sleep(POLL_S)
-        return all(p.returncode == 0 for p in popens)
+                self.check_processes()  # raises Cancelled, naming whose
+
+        return run_step(self.backend, self.run, self.book, name, commands, cancelled)
 
     def run_all(self) -> None:
         r = self.plan.recipe
@@ -835,6 +823,30 @@ class Orchestrator:
         self.processes.write()
 
 
+def run_step(backend: Backend, run: rundir.RunDir, book: Book, name: str,
+             commands: list[list[str]], cancelled: Callable[[], None]) -> bool:
+    """A preflight step to its end, its output in logs/<name>.log; whether every command of
+    it exited 0. `cancelled` raises when the run is being cancelled; the step's processes are
+    killed on any way out but their own end, a hung one (a node's stuck mount) included."""
+    t0 = time.monotonic()
+    # one command per node on the local profile: together, as srun runs them on Slurm
+    popens = [backend.spawn(cmd, run.log(name)) for cmd in commands]
+    try:
+        while any(p.poll() is None for p in popens):
+            cancelled()
+            if time.monotonic() - t0 > STEP_TIMEOUT_S:
+                raise RunFailed(f"{name} did not finish in {STEP_TIMEOUT_S:g} s; see "
+                                f"logs/{name}.log")
+            time.sleep(POLL_S)
+    finally:
+        for p in popens:
+            if p.poll() is None:
+                backend.kill(p)
+    ok = all(p.returncode == 0 for p in popens)
+    book.event("preflight_step", step=name, ok=ok, seconds=round(time.monotonic() - t0, 2))
+    return ok
+
+
 def restart_loads(engines: list[Process], points: list[int], load_s: float) -> list[float]:
     """Per point in sweep order, the load before it: `load_s` where an engine's command line
     changes from the point before (args_from_concurrency restarts it), else 0."""
@@ -984,14 +996,11 @@ def run(run_dir: Path, shared: InStudy | None = None) -> int:
 
     def early_step(name: str, commands: list[list[str]]) -> None:
         """A step before the orchestrator exists (the host check): cancellable by signal."""
-        backend = Backend.for_steps(run.path)
-        for cmd in commands:
-            popen = backend.spawn(cmd, run.log(name))
-            while popen.poll() is None:
-                if signals.reason:
-                    backend.kill(popen)
-                    raise Cancelled(signals.reason)
-                time.sleep(POLL_S)
+        def cancelled() -> None:
+            if signals.reason:
+                raise Cancelled(signals.reason)
+
+        run_step(Backend.for_steps(run.path), run, book, name, commands, cancelled)
 
     def finish_early(state: State, error: str, culprit: str | None = None) -> None:
         record.state, record.error, record.culprit = state, error, culprit
