@@ -211,19 +211,22 @@ def planned_ports(run: Path) -> set[int]:
     return ports
 
 
-def bound(ports: set[int], ended: float) -> list[int]:
-    """Planned ports something still listens on, but for processes started after the run
-    `ended` (unix s): not the run's, but a later run's that the free ports drew there (fresh66:
-    a local run's agents on the ports a dev-cluster run's agents had left)."""
-    def born_after_the_end(pid: int | None) -> bool:
+def bound(ports: set[int], run: Path, ended: float) -> list[int]:
+    """Planned ports something still listens on, but for another run's processes that the
+    freed ports drew there: by their PD_RUN_DIR (fresh71: a dev2 run's agents took the block
+    4 s after Slurm killed this run's), or started after this run `ended` (fresh66: a local
+    run's agents). A listener whose environment cannot be read counts as this run's."""
+    def someone_elses(pid: int | None) -> bool:
         try:
-            return pid is not None and psutil.Process(pid).create_time() > ended
+            proc = psutil.Process(pid or -1)
+            other = proc.environ().get("PD_RUN_DIR")
+            return (other is not None and Path(other) != run) or proc.create_time() > ended
         except psutil.Error:
             return False
 
     return sorted({c.laddr.port for c in psutil.net_connections(kind="tcp")
                    if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port in ports
-                   and not born_after_the_end(c.pid)})
+                   and not someone_elses(c.pid)})
 
 
 def left_behind(run: Path) -> list[str]:
@@ -314,7 +317,7 @@ def finish(tmp_path: Path, run: Path, row: Row, fault_ts: float, *, culprit: str
         time.sleep(0.5)  # processes Slurm is still ending (KillWait)
     procs = left_behind(run)
     steps = steps_left(st.slurm_job_id)
-    ports = bound(planned_ports(run), ended)
+    ports = bound(planned_ports(run), run, ended)
     row.procs, row.steps, row.ports = len(procs), len(steps), len(ports)
     out = cli_status(tmp_path, run)
     logs = [f for f in (run / "logs").glob("*.log") if f.stat().st_size > 0]
